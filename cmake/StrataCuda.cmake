@@ -1,0 +1,22 @@
+# CUDA backend: built whenever nvcc can be found, used only when a device is present.
+set(STRATA_HAVE_CUDA OFF)
+if(STRATA_ENABLE_CUDA)
+  include(CheckLanguage)
+  # check_language(CUDA) only looks on PATH; the toolkit lives under /usr/local/cuda here.
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    # CMake 3.25 cannot pass C++20 to nvcc: .cu files are C++17.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(STRATA_HAVE_CUDA ON)
+  endif()
+endif()
+message(STATUS "Strata CUDA backend: ${STRATA_HAVE_CUDA} (nvcc: ${CMAKE_CUDA_COMPILER})")

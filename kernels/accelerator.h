@@ -1,0 +1,30 @@
+// What accelerators this process can use. Built with CUDA, this asks the runtime; any
+// runtime error (no driver, no device) means "no GPU" and the engine runs on the CPU.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct AcceleratorDevice {
+  int index = 0;
+  std::string name;
+  size_t memory_bytes = 0;
+  int compute_major = 0;
+  int compute_minor = 0;
+};
+
+struct AcceleratorInfo {
+  bool cuda_built = false;             // this binary contains the CUDA backend
+  std::vector<AcceleratorDevice> devices;
+  std::string reason;                  // why there is none, when devices is empty
+
+  bool available() const { return !devices.empty(); }
+  std::string str() const;
+};
+
+AcceleratorInfo probe_accelerators();
+
+}  // namespace strata

@@ -1,0 +1,331 @@
+#include "kernels/cpu_backend.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/error.h"
+
+namespace strata {
+namespace {
+
+// Below this many elements an OpenMP fork costs more than the loop.
+constexpr int64_t kParallelElems = 1 << 15;
+// Rows of a half-precision weight dequantised at a time before one GEMM call.
+constexpr int64_t kDequantRows = 256;
+
+float dot(const float* a, const float* b, int32_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int32_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void check_linear_args(int64_t m, const Tensor& w) {
+  STRATA_CHECK(w.shape.rank == 2, "linear weight must be 2-D, got {}", w.describe());
+  STRATA_CHECK(m >= 0, "linear rows {}", m);
+}
+
+}  // namespace
+
+void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kBF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(s[i]) << 16;
+        std::memcpy(&dst[i], &bits, 4);
+      }
+      return;
+    }
+    case DType::kF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      int64_t i = 0;
+#if defined(__F16C__)
+      for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+      }
+#endif
+      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::kI32:
+      break;
+  }
+  STRATA_CHECK(false, "row_to_f32: {} is not a float type", dtype_name(dtype));
+}
+
+CpuBackend::CpuBackend(int threads) {
+  threads_ = threads > 0 ? threads : omp_get_num_procs();
+  omp_set_num_threads(threads_);
+  openblas_set_num_threads(threads_);
+}
+
+std::string CpuBackend::name() const { return fmt::format("cpu ({} threads)", threads_); }
+
+void* CpuBackend::allocate(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) fail(ErrorKind::kOverloaded, "cpu backend: out of memory allocating {} bytes", bytes);
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void CpuBackend::deallocate(void* p) { std::free(p); }
+
+void CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind) {
+  std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+  check_linear_args(m, w);
+  if (m == 0) return;
+  if (w.dtype == DType::kF32) {
+    linear_f32(x, m, w, bias, y);
+  } else {
+    linear_half(x, m, w, bias, y);
+  }
+}
+
+void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+  const auto n = static_cast<blasint>(w.shape[0]);
+  const auto k = static_cast<blasint>(w.shape[1]);
+  const float beta = bias != nullptr ? 1.0f : 0.0f;
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, static_cast<size_t>(n) * 4);
+  }
+  if (m == 1) {
+    // Single-row decode: GEMV streams the weight once at memory bandwidth.
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.as<const float>(), k, x, 1, beta, y, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k,
+                w.as<const float>(), k, beta, y, n);
+  }
+}
+
+// f16 / bf16 weights: dequantise a block of rows into f32 scratch, then GEMM that block.
+void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+  const int64_t n = w.shape[0];
+  const int64_t k = w.shape[1];
+  const size_t elem = dtype_size(w.dtype);
+  const int64_t block = std::min(n, kDequantRows);
+  dequant_scratch_.resize(static_cast<size_t>(block * k));
+  float* wf = dequant_scratch_.data();
+  for (int64_t r0 = 0; r0 < n; r0 += block) {
+    const int64_t rows = std::min(block, n - r0);
+    const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(r0 * k) * elem;
+#pragma omp parallel for schedule(static) if (rows * k > kParallelElems)
+    for (int64_t r = 0; r < rows; ++r) row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
+    if (m == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(rows), static_cast<blasint>(k),
+                  1.0f, wf, static_cast<blasint>(k), x, 1, 0.0f, y + r0, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
+                  static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x, static_cast<blasint>(k),
+                  wf, static_cast<blasint>(k), 0.0f, y + r0, static_cast<blasint>(n));
+    }
+  }
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) y[r * n + c] += bias[c];
+  }
+}
+
+void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {
+  STRATA_CHECK(table.shape.rank == 2, "embedding table {}", table.describe());
+  const int64_t vocab = table.shape[0];
+  const int64_t h = table.shape[1];
+  const size_t elem = dtype_size(table.dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    STRATA_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} outside vocabulary of {}", ids[i], vocab);
+    const auto* row = static_cast<const char*>(table.data) + static_cast<size_t>(ids[i] * h) * elem;
+    row_to_f32(table.dtype, row, y + i * h, h);
+  }
+}
+
+void CpuBackend::rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                          float* y) {
+#pragma omp parallel for schedule(static) if (m * h > kParallelElems)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * h;
+    float* yr = y + r * h;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < h; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < h; ++i) yr[i] = weight[i] * (inv * xr[i]);
+  }
+}
+
+void CpuBackend::layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
+                            const float* bias, float eps, float* y) {
+#pragma omp parallel for schedule(static) if (m * h > kParallelElems)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * h;
+    float* yr = y + r * h;
+    float mean = 0.0f;
+#pragma omp simd reduction(+ : mean)
+    for (int64_t i = 0; i < h; ++i) mean += xr[i];
+    mean /= static_cast<float>(h);
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int64_t i = 0; i < h; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<float>(h);
+    const float inv = 1.0f / std::sqrt(var + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < h; ++i) yr[i] = (xr[i] - mean) * inv * weight[i] + bias[i];
+  }
+}
+
+void CpuBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
+                      const int32_t* positions, const RopeTables& tables) {
+  const int32_t half = head_dim / 2;
+  STRATA_CHECK(half == tables.half_dim, "rope: head_dim {} vs table half {}", head_dim, tables.half_dim);
+  const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
+  for (int64_t r = 0; r < m; ++r) {
+    const int32_t pos = positions[r];
+    STRATA_CHECK(pos >= 0 && pos < tables.max_positions, "rope: position {} outside [0, {})", pos,
+                 tables.max_positions);
+    const float* c = tables.cos + static_cast<int64_t>(pos) * half;
+    const float* s = tables.sin + static_cast<int64_t>(pos) * half;
+    for (int32_t hd = 0; hd < n_heads; ++hd) {
+      float* v = x + r * width + static_cast<int64_t>(hd) * head_dim;
+      for (int32_t j = 0; j < half; ++j) {
+        const float a = v[j];
+        const float b = v[j + half];
+        v[j] = a * c[j] - b * s[j];
+        v[j + half] = b * c[j] + a * s[j];
+      }
+    }
+  }
+}
+
+void CpuBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void CpuBackend::relu(float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void CpuBackend::add(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
+#pragma omp parallel for schedule(static) if (m * n > kParallelElems)
+  for (int64_t r = 0; r < m; ++r) {
+    float* xr = x + r * n;
+    float mx = xr[0];
+    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, xr[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      xr[i] = std::exp(xr[i] - mx);
+      sum += xr[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
+  }
+}
+
+void CpuBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                          const KvLayerView& cache) {
+  const int32_t hd = cache.head_dim;
+  const int64_t width = static_cast<int64_t>(cache.n_kv_heads) * hd;
+  for (const SeqSlice& s : seqs) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "kv slot {} of {}", s.slot, cache.n_slots);
+    STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "kv cache overflow: {} + {} > capacity {}",
+                 s.n_past, s.n_new, cache.capacity);
+    float* kslot = cache.k + static_cast<size_t>(s.slot) * cache.slot_stride();
+    float* vslot = cache.v + static_cast<size_t>(s.slot) * cache.slot_stride();
+    for (int32_t t = 0; t < s.n_new; ++t) {
+      const int64_t row = s.row_begin + t;
+      const size_t pos_off = static_cast<size_t>(s.n_past + t) * hd;
+      for (int32_t h = 0; h < cache.n_kv_heads; ++h) {
+        const size_t dst = static_cast<size_t>(h) * cache.head_stride() + pos_off;
+        std::memcpy(kslot + dst, k + row * width + h * hd, static_cast<size_t>(hd) * 4);
+        std::memcpy(vslot + dst, v + row * width + h * hd, static_cast<size_t>(hd) * 4);
+      }
+    }
+  }
+}
+
+void CpuBackend::attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                           const AttentionDims& dims, float* out) {
+  const int32_t hd = dims.head_dim;
+  const int32_t group = dims.n_heads / dims.n_kv_heads;
+  const int64_t width = static_cast<int64_t>(dims.n_heads) * hd;
+  // Flatten (sequence, new row, head) into one index space so short decode rows and long
+  // prefill rows share the threads evenly. (sequence, offset within it) of every flat row
+  // lives in member storage reused across calls.
+  row_seq_.clear();
+  row_offset_.clear();
+  int64_t work = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int32_t t = 0; t < seqs[i].n_new; ++t) {
+      row_seq_.push_back(static_cast<int32_t>(i));
+      row_offset_.push_back(t);
+    }
+    work += static_cast<int64_t>(seqs[i].n_new) * (seqs[i].n_past + seqs[i].n_new) * width;
+  }
+  const auto total_rows = static_cast<int64_t>(row_seq_.size());
+  const int64_t tasks = total_rows * dims.n_heads;
+  const size_t per_thread = static_cast<size_t>(cache.capacity);
+  const auto nthreads = static_cast<size_t>(omp_get_max_threads());
+  if (attn_scratch_.size() < per_thread * nthreads) attn_scratch_.resize(per_thread * nthreads);
+
+#pragma omp parallel for schedule(dynamic, 4) if (work > kParallelElems)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const auto flat_row = static_cast<size_t>(task / dims.n_heads);
+    const auto h = static_cast<int32_t>(task % dims.n_heads);
+    const SeqSlice& s = seqs[static_cast<size_t>(row_seq_[flat_row])];
+    const int32_t t = row_offset_[flat_row];
+    const int64_t row = s.row_begin + t;
+    const int32_t n_ctx = s.n_past + t + 1;
+    const int32_t kvh = h / group;
+    const size_t base = static_cast<size_t>(s.slot) * cache.slot_stride() +
+                        static_cast<size_t>(kvh) * cache.head_stride();
+    const float* kbase = cache.k + base;
+    const float* vbase = cache.v + base;
+    const float* qr = q + row * width + static_cast<int64_t>(h) * hd;
+    float* scores = attn_scratch_.data() + per_thread * static_cast<size_t>(omp_get_thread_num());
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < n_ctx; ++p) {
+      scores[p] = dot(qr, kbase + static_cast<size_t>(p) * hd, hd) * dims.scale;
+      mx = std::max(mx, scores[p]);
+    }
+    float sum = 0.0f;
+    for (int32_t p = 0; p < n_ctx; ++p) {
+      scores[p] = std::exp(scores[p] - mx);
+      sum += scores[p];
+    }
+    const float inv = 1.0f / sum;
+    float* o = out + row * width + static_cast<int64_t>(h) * hd;
+    std::fill(o, o + hd, 0.0f);
+    for (int32_t p = 0; p < n_ctx; ++p) {
+      const float wgt = scores[p] * inv;
+      const float* vr = vbase + static_cast<size_t>(p) * hd;
+#pragma omp simd
+      for (int32_t d = 0; d < hd; ++d) o[d] += wgt * vr[d];
+    }
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,56 @@
+// The reference backend: host memory, OpenBLAS for GEMM/GEMV, OpenMP loops elsewhere.
+#pragma once
+
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace strata {
+
+class CpuBackend final : public Backend {
+ public:
+  // threads <= 0: all cores. Sets both OpenMP's and OpenBLAS's thread count.
+  explicit CpuBackend(int threads = 0);
+
+  std::string name() const override;
+  Device device() const override { return Device::kHost; }
+  int threads() const { return threads_; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) override;
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
+  void synchronize() override {}
+
+  void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
+  void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
+  void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                float* y) override;
+  void layer_norm(const float* x, int64_t m, int64_t h, const float* weight, const float* bias,
+                  float eps, float* y) override;
+  void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
+            const RopeTables& tables) override;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void relu(float* x, int64_t n) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void softmax(float* x, int64_t m, int64_t n) override;
+  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                const KvLayerView& cache) override;
+  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                 const AttentionDims& dims, float* out) override;
+
+ private:
+  void linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
+  void linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
+
+  int threads_;
+  // Scratch reused across calls so the per-token path allocates nothing once warm.
+  std::vector<float> attn_scratch_;
+  std::vector<float> dequant_scratch_;
+  std::vector<int32_t> row_seq_;
+  std::vector<int32_t> row_offset_;
+};
+
+// Converts one row of f32/f16/bf16 values to f32 (vectorised where the CPU allows).
+void row_to_f32(DType dtype, const void* src, float* dst, int64_t n);
+
+}  // namespace strata

@@ -1,0 +1,475 @@
+// The CUDA backend class. Compiled as C++20 by the host compiler (it implements backend.h,
+// which needs <span>); the device kernels live in cuda_kernels.cu behind the C++17
+// launcher header cuda_kernels.h. Built into strata_kernels in every configuration: without
+// CUDA only the make_cuda_backend() stub that reports kUnimplemented is compiled.
+#include "kernels/cuda/cuda_backend.h"
+
+#include "kernels/error.h"
+
+#if STRATA_HAVE_CUDA
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace strata {
+namespace {
+
+using cuda_kernels::KernelStatus;
+using cuda_kernels::RowDesc;
+
+// ---- One status check for the CUDA runtime, cuBLAS and our kernel launches. ----
+
+bool status_ok(cudaError_t s) {
+  return s == cudaSuccess;
+}
+bool status_ok(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_SUCCESS;
+}
+bool status_ok(KernelStatus s) {
+  return s.cuda_error == static_cast<int>(cudaSuccess);
+}
+
+std::string status_text(cudaError_t s) {
+  return fmt::format("{} ({})", cudaGetErrorName(s), cudaGetErrorString(s));
+}
+std::string status_text(cublasStatus_t s) {
+  return fmt::format("{} ({})", cublasGetStatusName(s), cublasGetStatusString(s));
+}
+std::string status_text(KernelStatus s) {
+  return status_text(static_cast<cudaError_t>(s.cuda_error));
+}
+
+// Out of memory is worth retrying later; anything else is a failure.
+ErrorKind status_kind(cudaError_t s) {
+  return s == cudaErrorMemoryAllocation ? ErrorKind::kOverloaded : ErrorKind::kFailed;
+}
+ErrorKind status_kind(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_ALLOC_FAILED ? ErrorKind::kOverloaded : ErrorKind::kFailed;
+}
+ErrorKind status_kind(KernelStatus s) {
+  return status_kind(static_cast<cudaError_t>(s.cuda_error));
+}
+
+template <typename Status>
+void check_status(Status s, const char* file, int line, const char* call) {
+  if (status_ok(s)) [[likely]]
+    return;
+  // A failed runtime call also sets the thread's last error; clear it so the next launch's
+  // cudaGetLastError() does not report this failure a second time (sticky errors stay).
+  if constexpr (!std::is_same_v<Status, cublasStatus_t>) cudaGetLastError();
+  throw Error(status_kind(s),
+              fmt::format("{}:{}: {} failed: {}", file, line, call, status_text(s)));
+}
+
+#define STRATA_CUDA_CHECK(call) check_status((call), __FILE__, __LINE__, #call)
+
+// ---- RAII for CUDA handles. ----
+
+struct StreamDeleter {
+  void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+};
+struct CublasDeleter {
+  void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+};
+struct EventDeleter {
+  void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+};
+struct DeviceFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+struct PinnedFree {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
+using CublasPtr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter>;
+using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+using DevicePtr = std::unique_ptr<void, DeviceFree>;
+using PinnedPtr = std::unique_ptr<void, PinnedFree>;
+
+int checked_int(int64_t v, const char* what) {
+  STRATA_CHECK(v >= 0 && v <= INT_MAX, "cuda backend: {} = {} does not fit a CUDA int", what, v);
+  return static_cast<int>(v);
+}
+
+cuda_kernels::ElemType elem_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return cuda_kernels::ElemType::kF32;
+    case DType::kF16:
+      return cuda_kernels::ElemType::kF16;
+    case DType::kBF16:
+      return cuda_kernels::ElemType::kBF16;
+    case DType::kI32:
+      break;
+  }
+  STRATA_CHECK(false, "cuda backend: {} is not a float type", dtype_name(t));
+  return cuda_kernels::ElemType::kF32;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+
+  std::string name() const override { return name_; }
+  Device device() const override { return Device::kCuda; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) override;
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
+  void synchronize() override;
+
+  void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
+  void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
+  void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                float* y) override;
+  void layer_norm(const float* x, int64_t m, int64_t h, const float* weight, const float* bias,
+                  float eps, float* y) override;
+  void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
+            const RopeTables& tables) override;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void relu(float* x, int64_t n) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void softmax(float* x, int64_t m, int64_t n) override;
+  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                const KvLayerView& cache) override;
+  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                 const AttentionDims& dims, float* out) override;
+
+ private:
+  // Makes this backend's device current on the calling thread.
+  void activate() const;
+  cuda_kernels::StreamHandle stream() const { return stream_.get(); }
+  // Grow-only device scratch; growing waits for the stream so no queued kernel still uses
+  // the old allocation when it is freed.
+  void* device_scratch(DevicePtr& buf, size_t& capacity, size_t bytes);
+  // Flattens the slices into one RowDesc per new row (checked against the cache on the
+  // host) and uploads them through pinned staging memory; returns the device table.
+  const RowDesc* upload_rows(std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                             int64_t& n_rows);
+  static cuda_kernels::KvCacheDesc cache_desc(const KvLayerView& cache);
+
+  int device_;
+  std::string name_;
+  // Declaration order is creation order; members are destroyed in reverse, so scratch
+  // memory goes first, then the event, the cuBLAS handle and finally the stream it uses.
+  StreamPtr stream_;
+  CublasPtr cublas_;
+  EventPtr upload_done_;  // recorded after the last copy out of pinned_rows_
+  PinnedPtr pinned_rows_;
+  size_t pinned_rows_bytes_ = 0;
+  DevicePtr rows_;
+  size_t rows_bytes_ = 0;
+  DevicePtr half_x_;  // x rounded to the weight's half type for linear
+  size_t half_x_bytes_ = 0;
+};
+
+CudaBackend::CudaBackend(int device_index) : device_(device_index) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(ErrorKind::kFailed, "cuda:{}: the CUDA runtime cannot be used: cudaGetDeviceCount: {}",
+         device_index, status_text(err));
+  }
+  if (device_index < 0 || device_index >= count)
+    fail(ErrorKind::kFailed, "cuda:{}: no such device ({} CUDA device(s) present)", device_index,
+         count);
+  STRATA_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  name_ = fmt::format("cuda:{} {} (sm_{}{})", device_, prop.name, prop.major, prop.minor);
+
+  cudaStream_t s = nullptr;
+  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_.reset(s);
+  cublasHandle_t h = nullptr;
+  STRATA_CUDA_CHECK(cublasCreate(&h));
+  cublas_.reset(h);
+  STRATA_CUDA_CHECK(cublasSetStream(h, s));
+  // Plain f32 GEMMs stay f32 (no TF32 unless NVIDIA_TF32_OVERRIDE says otherwise).
+  STRATA_CUDA_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  cudaEvent_t e = nullptr;
+  STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  upload_done_.reset(e);
+}
+
+CudaBackend::~CudaBackend() {
+  // Nothing may throw here: wait for queued work, then the members free themselves.
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != device_) cudaSetDevice(device_);
+  if (stream_) cudaStreamSynchronize(stream_.get());
+  cudaGetLastError();
+}
+
+void CudaBackend::activate() const {
+  int current = -1;
+  STRATA_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) STRATA_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+void* CudaBackend::device_scratch(DevicePtr& buf, size_t& capacity, size_t bytes) {
+  if (bytes <= capacity && buf) return buf.get();
+  const size_t want = std::max(bytes, capacity * 2);
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  buf.reset();
+  capacity = 0;
+  void* p = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(&p, want));
+  buf.reset(p);
+  capacity = want;
+  return p;
+}
+
+void* CudaBackend::allocate(size_t bytes) {
+  activate();
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(status_kind(err), "{}: out of device memory allocating {} bytes: {}", name_, bytes,
+         status_text(err));
+  }
+  // Zeroed like the CPU backend's memory (stream-ordered before any later op or copy).
+  const cudaError_t set = cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_.get());
+  if (set != cudaSuccess) {
+    cudaFree(p);
+    STRATA_CUDA_CHECK(set);
+  }
+  return p;
+}
+
+void CudaBackend::deallocate(void* p) {
+  // Called from destructors (DeviceBuffer): never throws. Queued work that may still read
+  // p finishes first; a failure here resurfaces at the next checked call if it is sticky.
+  if (p == nullptr) return;
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != device_) cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_.get());
+  cudaFree(p);
+  cudaGetLastError();
+}
+
+void CudaBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  if (bytes == 0) return;
+  activate();
+  cudaMemcpyKind k = cudaMemcpyDeviceToDevice;
+  switch (kind) {
+    case CopyKind::kHostToDevice:
+      k = cudaMemcpyHostToDevice;
+      break;
+    case CopyKind::kDeviceToHost:
+      k = cudaMemcpyDeviceToHost;
+      break;
+    case CopyKind::kDeviceToDevice:
+      k = cudaMemcpyDeviceToDevice;
+      break;
+  }
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, stream_.get()));
+  // Host memory is the caller's again when copy() returns (as on the CPU backend): the
+  // source may be reused, the destination read. Device-to-device stays stream-ordered.
+  if (kind != CopyKind::kDeviceToDevice) STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaBackend::synchronize() {
+  activate();
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+// f16 / bf16 weights: x (m x k, small) is rounded to the weight's type in scratch and one
+// cublasGemmEx multiplies the half inputs with f32 accumulation (CUBLAS_COMPUTE_32F) into
+// f32 y. We round x rather than dequantise w: w is the big operand (n x k, read once per
+// call at memory bandwidth in decode), and dequantising it would need a weight-sized f32
+// scratch and triple the bytes moved, while x is m x k and converts in microseconds. The
+// price is x's rounding (2^-11 relative for f16, 2^-8 for bf16) and, for f16, activations
+// beyond +-65504 saturating to infinity; the tensor cores run at full rate either way.
+void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+  STRATA_CHECK(w.shape.rank == 2, "linear weight must be 2-D, got {}", w.describe());
+  STRATA_CHECK(m >= 0, "linear rows {}", m);
+  if (m == 0) return;
+  activate();
+  const int mi = checked_int(m, "linear rows");
+  const int n = checked_int(w.shape[0], "linear out features");
+  const int k = checked_int(w.shape[1], "linear in features");
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  cublasHandle_t h = cublas_.get();
+  if (w.dtype == DType::kF32) {
+    // Row-major y[m,n] = x[m,k] w[n,k]^T is column-major y^T[n,m] = (w^T)^T[n,k] x^T[k,m],
+    // where the row-major w and x read as column-major w^T (k x n) and x^T (k x m).
+    const auto* wf = w.as<const float>();
+    if (m == 1) {
+      STRATA_CUDA_CHECK(cublasSgemv(h, CUBLAS_OP_T, k, n, &one, wf, k, x, 1, &zero, y, 1));
+    } else {
+      STRATA_CUDA_CHECK(
+          cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mi, k, &one, wf, k, x, k, &zero, y, n));
+    }
+  } else {
+    STRATA_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+                 "linear weight {} is not f32/f16/bf16", w.describe());
+    const cudaDataType_t type = w.dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+    const int64_t elems = m * static_cast<int64_t>(k);
+    void* xh = device_scratch(half_x_, half_x_bytes_, static_cast<size_t>(elems) * 2);
+    STRATA_CUDA_CHECK(cuda_kernels::f32_to_half(x, xh, elem_type(w.dtype), elems, stream()));
+    STRATA_CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mi, k, &one, w.data, type, k, xh,
+                                   type, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+  }
+  if (bias != nullptr) STRATA_CUDA_CHECK(cuda_kernels::add_bias(y, bias, m, n, stream()));
+}
+
+void CudaBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {
+  STRATA_CHECK(table.shape.rank == 2, "embedding table {}", table.describe());
+  if (n == 0) return;
+  activate();
+  checked_int(n, "embedding rows");
+  STRATA_CUDA_CHECK(cuda_kernels::embedding(ids, n, table.data, elem_type(table.dtype),
+                                            table.shape[0], table.shape[1], y, stream()));
+}
+
+void CudaBackend::rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                           float* y) {
+  activate();
+  checked_int(m, "rms_norm rows");
+  STRATA_CUDA_CHECK(cuda_kernels::rms_norm(x, m, h, weight, eps, y, stream()));
+}
+
+void CudaBackend::layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
+                             const float* bias, float eps, float* y) {
+  activate();
+  checked_int(m, "layer_norm rows");
+  STRATA_CUDA_CHECK(cuda_kernels::layer_norm(x, m, h, weight, bias, eps, y, stream()));
+}
+
+void CudaBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
+                       const int32_t* positions, const RopeTables& tables) {
+  STRATA_CHECK(head_dim / 2 == tables.half_dim, "rope: head_dim {} vs table half {}", head_dim,
+               tables.half_dim);
+  activate();
+  checked_int(m, "rope rows");
+  STRATA_CUDA_CHECK(cuda_kernels::rope(x, m, n_heads, head_dim, positions, tables.cos, tables.sin,
+                                       tables.max_positions, stream()));
+}
+
+void CudaBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::silu_mul(gate, up, out, n, stream()));
+}
+
+void CudaBackend::relu(float* x, int64_t n) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::relu(x, n, stream()));
+}
+
+void CudaBackend::add(float* y, const float* x, int64_t n) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::add(y, x, n, stream()));
+}
+
+void CudaBackend::softmax(float* x, int64_t m, int64_t n) {
+  activate();
+  checked_int(m, "softmax rows");
+  STRATA_CUDA_CHECK(cuda_kernels::softmax(x, m, n, stream()));
+}
+
+cuda_kernels::KvCacheDesc CudaBackend::cache_desc(const KvLayerView& cache) {
+  return cuda_kernels::KvCacheDesc{cache.k,
+                                   cache.v,
+                                   cache.n_kv_heads,
+                                   cache.head_dim,
+                                   static_cast<int64_t>(cache.slot_stride()),
+                                   static_cast<int64_t>(cache.head_stride())};
+}
+
+const RowDesc* CudaBackend::upload_rows(std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                                        int64_t& n_rows) {
+  n_rows = 0;
+  for (const SeqSlice& s : seqs) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "kv slot {} of {}", s.slot, cache.n_slots);
+    STRATA_CHECK(s.n_new >= 0 && s.n_past >= 0 && s.row_begin >= 0,
+                 "bad sequence slice: rows {}+{} past {}", s.row_begin, s.n_new, s.n_past);
+    STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "kv cache overflow: {} + {} > capacity {}",
+                 s.n_past, s.n_new, cache.capacity);
+    n_rows += s.n_new;
+  }
+  if (n_rows == 0) return nullptr;
+  checked_int(n_rows, "batch rows");
+  const size_t bytes = static_cast<size_t>(n_rows) * sizeof(RowDesc);
+  // The pinned staging buffer may still be the source of the previous upload.
+  STRATA_CUDA_CHECK(cudaEventSynchronize(upload_done_.get()));
+  if (bytes > pinned_rows_bytes_) {
+    pinned_rows_.reset();
+    pinned_rows_bytes_ = 0;
+    const size_t want = std::max(bytes, size_t{4096});
+    void* p = nullptr;
+    STRATA_CUDA_CHECK(cudaMallocHost(&p, want));
+    pinned_rows_.reset(p);
+    pinned_rows_bytes_ = want;
+  }
+  auto* host = static_cast<RowDesc*>(pinned_rows_.get());
+  size_t i = 0;
+  for (const SeqSlice& s : seqs)
+    for (int32_t t = 0; t < s.n_new; ++t)
+      host[i++] = RowDesc{s.row_begin + t, s.slot, s.n_past + t};
+  void* dev = device_scratch(rows_, rows_bytes_, bytes);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  STRATA_CUDA_CHECK(cudaEventRecord(upload_done_.get(), stream_.get()));
+  return static_cast<const RowDesc*>(dev);
+}
+
+void CudaBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                           const KvLayerView& cache) {
+  activate();
+  int64_t n_rows = 0;
+  const RowDesc* rows = upload_rows(seqs, cache, n_rows);
+  if (n_rows == 0) return;
+  STRATA_CUDA_CHECK(cuda_kernels::kv_store(k, v, rows, n_rows, cache_desc(cache), stream()));
+}
+
+void CudaBackend::attention(const float* q, std::span<const SeqSlice> seqs,
+                            const KvLayerView& cache, const AttentionDims& dims, float* out) {
+  STRATA_CHECK(dims.n_kv_heads == cache.n_kv_heads && dims.head_dim == cache.head_dim,
+               "attention dims (kv heads {}, head_dim {}) vs cache (kv heads {}, head_dim {})",
+               dims.n_kv_heads, dims.head_dim, cache.n_kv_heads, cache.head_dim);
+  STRATA_CHECK(dims.n_kv_heads > 0 && dims.n_heads % dims.n_kv_heads == 0,
+               "attention: {} query heads do not group over {} kv heads", dims.n_heads,
+               dims.n_kv_heads);
+  STRATA_CHECK(dims.head_dim > 0 && dims.head_dim <= cuda_kernels::kMaxAttentionHeadDim,
+               "attention: head_dim {} outside (0, {}]", dims.head_dim,
+               cuda_kernels::kMaxAttentionHeadDim);
+  activate();
+  int64_t n_rows = 0;
+  const RowDesc* rows = upload_rows(seqs, cache, n_rows);
+  if (n_rows == 0) return;
+  STRATA_CUDA_CHECK(cuda_kernels::attention(q, rows, n_rows, cache_desc(cache), dims.n_heads,
+                                            dims.scale, out, stream()));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  return std::make_unique<CudaBackend>(device_index);
+}
+
+}  // namespace strata
+
+#else  // !STRATA_HAVE_CUDA
+
+namespace strata {
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  fail(ErrorKind::kUnimplemented, "cuda:{}: this binary was built without the CUDA backend",
+       device_index);
+}
+
+}  // namespace strata
+
+#endif

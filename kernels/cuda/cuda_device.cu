@@ -1,0 +1,38 @@
+// Device query for the CUDA backend. Any runtime error counts as "no GPU": on a machine
+// with only the stub driver cudaGetDeviceCount returns cudaErrorInsufficientDriver.
+#include <cuda_runtime.h>
+
+#include "kernels/accelerator.h"
+
+namespace strata {
+
+AcceleratorInfo probe_accelerators() {
+  AcceleratorInfo info;
+  info.cuda_built = true;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    info.reason = std::string("CUDA runtime: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky error so later calls start clean
+    return info;
+  }
+  if (count == 0) {
+    info.reason = "CUDA runtime reports 0 devices";
+    return info;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    AcceleratorDevice d;
+    d.index = i;
+    d.name = prop.name;
+    d.memory_bytes = prop.totalGlobalMem;
+    d.compute_major = prop.major;
+    d.compute_minor = prop.minor;
+    info.devices.push_back(d);
+  }
+  if (info.devices.empty()) info.reason = "no CUDA device answered a properties query";
+  return info;
+}
+
+}  // namespace strata

@@ -1,0 +1,389 @@
+// Device kernels of the CUDA backend and their launchers (declared in cuda_kernels.h).
+// Simple, correct kernels: grid-stride loops for elementwise work, one block per row for
+// row reductions, one block per (row, head) for attention. Arithmetic is f32 throughout
+// with IEEE division and square root (no fast-math), matching the CPU reference closely.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace strata::cuda_kernels {
+namespace {
+
+constexpr int kThreads = 256;      // elementwise and row kernels
+constexpr int kAttnThreads = 128;  // attention: keys scored per tile, one per thread
+constexpr int kAttnPerThread = kMaxAttentionHeadDim / kAttnThreads;
+constexpr int64_t kMaxBlocks = 1 << 20;  // grid-stride loops cover the rest
+
+cudaStream_t as_stream(StreamHandle s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+KernelStatus last_status() {
+  return KernelStatus{static_cast<int>(cudaGetLastError())};
+}
+
+unsigned elementwise_blocks(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Threads for a per-row kernel over `width` elements: a multiple of 32, at most kThreads.
+unsigned row_threads(int64_t width) {
+  const int64_t t = (width + 31) / 32 * 32;
+  return static_cast<unsigned>(t < kThreads ? (t > 0 ? t : 32) : kThreads);
+}
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+  __device__ static float identity() { return 0.0f; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ static float identity() { return -INFINITY; }
+};
+
+template <typename Op>
+__device__ float warp_reduce(float v) {
+  Op op;
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Reduces one value per thread over the whole block and returns the result to every
+// thread. blockDim.x must be a multiple of 32. Safe to call repeatedly in a kernel.
+template <typename Op>
+__device__ float block_reduce(float v) {
+  __shared__ float partial[33];
+  v = warp_reduce<Op>(v);
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
+  __syncthreads();  // every thread has read the previous call's result
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const unsigned n_warps = (blockDim.x + 31u) >> 5;
+  v = threadIdx.x < n_warps ? partial[threadIdx.x] : Op::identity();
+  if (warp == 0) v = warp_reduce<Op>(v);
+  if (threadIdx.x == 0) partial[32] = v;
+  __syncthreads();
+  return partial[32];
+}
+
+__device__ float load_as_f32(const void* base, ElemType type, int64_t i) {
+  switch (type) {
+    case ElemType::kF16:
+      return __half2float(__ushort_as_half(static_cast<const unsigned short*>(base)[i]));
+    case ElemType::kBF16:
+      return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(base)[i])
+                             << 16);
+    case ElemType::kF32:
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t m, int64_t n) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[i % n];
+}
+
+__global__ void f32_to_f16_kernel(const float* src, unsigned short* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = __half_as_ushort(__float2half_rn(src[i]));
+}
+
+__global__ void f32_to_bf16_kernel(const float* src, unsigned short* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+}
+
+// One block per output row.
+__global__ void embedding_kernel(const int32_t* ids, const void* table, ElemType type,
+                                 int64_t vocab, int64_t h, float* y) {
+  const int64_t r = blockIdx.x;
+  const int32_t id = ids[r];
+  float* yr = y + r * h;
+  if (id < 0 || id >= vocab) {
+    for (int64_t i = threadIdx.x; i < h; i += blockDim.x) yr[i] = 0.0f;
+    return;
+  }
+  const int64_t base = static_cast<int64_t>(id) * h;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) yr[i] = load_as_f32(table, type, base + i);
+}
+
+__global__ void rms_norm_kernel(const float* x, int64_t h, const float* weight, float eps,
+                                float* y) {
+  const float* xr = x + blockIdx.x * h;
+  float* yr = y + blockIdx.x * h;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_reduce<SumOp>(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(h) + eps);
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) yr[i] = weight[i] * (inv * xr[i]);
+}
+
+__global__ void layer_norm_kernel(const float* x, int64_t h, const float* weight, const float* bias,
+                                  float eps, float* y) {
+  const float* xr = x + blockIdx.x * h;
+  float* yr = y + blockIdx.x * h;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) sum += xr[i];
+  const float mean = block_reduce<SumOp>(sum) / static_cast<float>(h);
+  float var = 0.0f;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) var += (xr[i] - mean) * (xr[i] - mean);
+  var = block_reduce<SumOp>(var) / static_cast<float>(h);
+  const float inv = 1.0f / sqrtf(var + eps);
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x)
+    yr[i] = (xr[i] - mean) * inv * weight[i] + bias[i];
+}
+
+// Grid (row, head); threads over the half_dim rotation pairs (j, j + half).
+__global__ void rope_kernel(float* x, int32_t n_heads, int32_t head_dim, const int32_t* positions,
+                            const float* cos_table, const float* sin_table, int32_t max_positions) {
+  const int64_t r = blockIdx.x;
+  const int32_t pos = positions[r];
+  if (pos < 0 || pos >= max_positions) return;
+  const int32_t half = head_dim / 2;
+  float* v = x + r * static_cast<int64_t>(n_heads) * head_dim +
+             static_cast<int64_t>(blockIdx.y) * head_dim;
+  const float* c = cos_table + static_cast<int64_t>(pos) * half;
+  const float* s = sin_table + static_cast<int64_t>(pos) * half;
+  for (int32_t j = threadIdx.x; j < half; j += blockDim.x) {
+    const float a = v[j];
+    const float b = v[j + half];
+    v[j] = a * c[j] - b * s[j];
+    v[j + half] = b * c[j] + a * s[j];
+  }
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void relu_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void softmax_kernel(float* x, int64_t n) {
+  float* xr = x + blockIdx.x * n;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, xr[i]);
+  mx = block_reduce<MaxOp>(mx);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float e = expf(xr[i] - mx);
+    xr[i] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / block_reduce<SumOp>(sum);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+}
+
+// Grid (flat row, kv head); threads over head_dim.
+__global__ void kv_store_kernel(const float* k, const float* v, const RowDesc* rows,
+                                KvCacheDesc c) {
+  const RowDesc d = rows[blockIdx.x];
+  const int32_t h = static_cast<int32_t>(blockIdx.y);
+  const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const int64_t src = static_cast<int64_t>(d.row) * width + static_cast<int64_t>(h) * c.head_dim;
+  const int64_t dst = static_cast<int64_t>(d.slot) * c.slot_stride +
+                      static_cast<int64_t>(h) * c.head_stride +
+                      static_cast<int64_t>(d.pos) * c.head_dim;
+  for (int32_t i = threadIdx.x; i < c.head_dim; i += blockDim.x) {
+    c.k[dst + i] = k[src + i];
+    c.v[dst + i] = v[src + i];
+  }
+}
+
+// Grid (flat row, query head), kAttnThreads threads. The keys 0 .. pos are visited in tiles
+// of kAttnThreads (one score per thread) with an online softmax: the running maximum m,
+// the running denominator l and the output accumulators are rescaled by exp(m_old - m_new)
+// whenever a tile raises the maximum, so any context length fits in fixed shared memory.
+// Each thread owns output dimensions tid, tid + kAttnThreads, ... (< head_dim).
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_kernel(const float* q, const RowDesc* rows, KvCacheDesc c, int32_t n_heads,
+                     int32_t group, float scale, float* out) {
+  extern __shared__ float smem[];
+  const int32_t hd = c.head_dim;
+  float* s_q = smem;       // [head_dim]
+  float* s_p = smem + hd;  // [kAttnThreads] exp(score - m) of the current tile
+  const RowDesc d = rows[blockIdx.x];
+  const int32_t h = static_cast<int32_t>(blockIdx.y);
+  const int64_t width = static_cast<int64_t>(n_heads) * hd;
+  const float* qr = q + static_cast<int64_t>(d.row) * width + static_cast<int64_t>(h) * hd;
+  for (int32_t i = threadIdx.x; i < hd; i += blockDim.x) s_q[i] = qr[i];
+  __syncthreads();
+
+  const int32_t kvh = h / group;
+  const int64_t base =
+      static_cast<int64_t>(d.slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
+  const float* kb = c.k + base;
+  const float* vb = c.v + base;
+  const int32_t n_ctx = d.pos + 1;
+
+  float m = -INFINITY;
+  float l = 0.0f;
+  float acc[kAttnPerThread];
+#pragma unroll
+  for (int i = 0; i < kAttnPerThread; ++i) acc[i] = 0.0f;
+
+  for (int32_t t0 = 0; t0 < n_ctx; t0 += kAttnThreads) {
+    const int32_t p = t0 + static_cast<int32_t>(threadIdx.x);
+    float s = -INFINITY;
+    if (p < n_ctx) {
+      const float* kr = kb + static_cast<int64_t>(p) * hd;
+      float dot = 0.0f;
+      for (int32_t i = 0; i < hd; ++i) dot += s_q[i] * kr[i];
+      s = dot * scale;
+    }
+    const float m_new = fmaxf(m, block_reduce<MaxOp>(s));
+    const float e = p < n_ctx ? expf(s - m_new) : 0.0f;
+    s_p[threadIdx.x] = e;
+    const float tile_sum = block_reduce<SumOp>(e);  // its barriers also publish s_p
+    const float corr = expf(m - m_new);             // 0 on the first tile (m = -inf)
+    l = l * corr + tile_sum;
+    const int32_t count = n_ctx - t0 < kAttnThreads ? n_ctx - t0 : kAttnThreads;
+#pragma unroll
+    for (int i = 0; i < kAttnPerThread; ++i) {
+      const int32_t dd = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
+      if (dd < hd) {
+        float a = acc[i] * corr;
+        for (int32_t j = 0; j < count; ++j)
+          a += s_p[j] * vb[static_cast<int64_t>(t0 + j) * hd + dd];
+        acc[i] = a;
+      }
+    }
+    m = m_new;
+    __syncthreads();  // s_p is rewritten by the next tile
+  }
+  float* o = out + static_cast<int64_t>(d.row) * width + static_cast<int64_t>(h) * hd;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < kAttnPerThread; ++i) {
+    const int32_t dd = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
+    if (dd < hd) o[dd] = acc[i] * inv;
+  }
+}
+
+}  // namespace
+
+KernelStatus add_bias(float* y, const float* bias, int64_t m, int64_t n, StreamHandle stream) {
+  if (m <= 0 || n <= 0) return {};
+  add_bias_kernel<<<elementwise_blocks(m * n), kThreads, 0, as_stream(stream)>>>(y, bias, m, n);
+  return last_status();
+}
+
+KernelStatus f32_to_half(const float* src, void* dst, ElemType dst_type, int64_t n,
+                         StreamHandle stream) {
+  if (n <= 0) return {};
+  auto* d = static_cast<unsigned short*>(dst);
+  if (dst_type == ElemType::kBF16) {
+    f32_to_bf16_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(src, d, n);
+  } else {
+    f32_to_f16_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(src, d, n);
+  }
+  return last_status();
+}
+
+KernelStatus embedding(const int32_t* ids, int64_t n, const void* table, ElemType type,
+                       int64_t vocab, int64_t h, float* y, StreamHandle stream) {
+  if (n <= 0 || h <= 0) return {};
+  embedding_kernel<<<static_cast<unsigned>(n), row_threads(h), 0, as_stream(stream)>>>(
+      ids, table, type, vocab, h, y);
+  return last_status();
+}
+
+KernelStatus rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                      float* y, StreamHandle stream) {
+  if (m <= 0 || h <= 0) return {};
+  rms_norm_kernel<<<static_cast<unsigned>(m), row_threads(h), 0, as_stream(stream)>>>(x, h, weight,
+                                                                                      eps, y);
+  return last_status();
+}
+
+KernelStatus layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
+                        const float* bias, float eps, float* y, StreamHandle stream) {
+  if (m <= 0 || h <= 0) return {};
+  layer_norm_kernel<<<static_cast<unsigned>(m), row_threads(h), 0, as_stream(stream)>>>(
+      x, h, weight, bias, eps, y);
+  return last_status();
+}
+
+KernelStatus rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
+                  const float* cos_table, const float* sin_table, int32_t max_positions,
+                  StreamHandle stream) {
+  if (m <= 0 || n_heads <= 0 || head_dim < 2) return {};
+  const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>(n_heads));
+  rope_kernel<<<grid, row_threads(head_dim / 2), 0, as_stream(stream)>>>(
+      x, n_heads, head_dim, positions, cos_table, sin_table, max_positions);
+  return last_status();
+}
+
+KernelStatus silu_mul(const float* gate, const float* up, float* out, int64_t n,
+                      StreamHandle stream) {
+  if (n <= 0) return {};
+  silu_mul_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(gate, up, out, n);
+  return last_status();
+}
+
+KernelStatus relu(float* x, int64_t n, StreamHandle stream) {
+  if (n <= 0) return {};
+  relu_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(x, n);
+  return last_status();
+}
+
+KernelStatus add(float* y, const float* x, int64_t n, StreamHandle stream) {
+  if (n <= 0) return {};
+  add_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(y, x, n);
+  return last_status();
+}
+
+KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream) {
+  if (m <= 0 || n <= 0) return {};
+  softmax_kernel<<<static_cast<unsigned>(m), row_threads(n), 0, as_stream(stream)>>>(x, n);
+  return last_status();
+}
+
+KernelStatus kv_store(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
+                      const KvCacheDesc& cache, StreamHandle stream) {
+  if (n_rows <= 0 || cache.n_kv_heads <= 0 || cache.head_dim <= 0) return {};
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads));
+  kv_store_kernel<<<grid, row_threads(cache.head_dim), 0, as_stream(stream)>>>(k, v, rows, cache);
+  return last_status();
+}
+
+KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
+                       const KvCacheDesc& cache, int32_t n_heads, float scale, float* out,
+                       StreamHandle stream) {
+  if (n_rows <= 0 || n_heads <= 0) return {};
+  if (cache.head_dim <= 0 || cache.head_dim > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
+      n_heads % cache.n_kv_heads != 0)
+    return KernelStatus{static_cast<int>(cudaErrorInvalidValue)};
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
+  const size_t shared = static_cast<size_t>(cache.head_dim + kAttnThreads) * sizeof(float);
+  attention_kernel<<<grid, kAttnThreads, shared, as_stream(stream)>>>(
+      q, rows, cache, n_heads, n_heads / cache.n_kv_heads, scale, out);
+  return last_status();
+}
+
+}  // namespace strata::cuda_kernels

@@ -1,0 +1,75 @@
+// Launchers for the CUDA backend's device kernels (cuda_kernels.cu). Plain C++17 with no
+// CUDA includes, so the C++20 backend class (cuda_backend.cpp) can call into nvcc-compiled
+// code without nvcc ever seeing a C++20 header: pointers are device pointers, a stream is
+// a cudaStream_t passed as void*, and every launcher returns the cudaError_t of its
+// launch (as an int inside KernelStatus) for the caller's status check. Launchers never
+// synchronise, log or throw.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::cuda_kernels {
+
+using StreamHandle = void*;  // a cudaStream_t
+
+// cudaError_t of a launch (cudaGetLastError() right after it); 0 is cudaSuccess.
+struct KernelStatus {
+  int cuda_error = 0;
+};
+
+enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// One new row of a ragged batch, flattened on the host from the SeqSlices: activation row
+// `row` is the token at position `pos` of the sequence in KV cache slot `slot`.
+struct RowDesc {
+  int32_t row;
+  int32_t slot;
+  int32_t pos;
+};
+
+// Largest head_dim the attention kernel accepts (its per-thread accumulators are fixed).
+constexpr int kMaxAttentionHeadDim = 512;
+
+// y[r, c] += bias[c] for r < m, c < n.
+KernelStatus add_bias(float* y, const float* bias, int64_t m, int64_t n, StreamHandle stream);
+// dst[i] = round_to_nearest_even(src[i]) as f16 or bf16 (dst_type != kF32).
+KernelStatus f32_to_half(const float* src, void* dst, ElemType dst_type, int64_t n,
+                         StreamHandle stream);
+// y[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros.
+KernelStatus embedding(const int32_t* ids, int64_t n, const void* table, ElemType type,
+                       int64_t vocab, int64_t h, float* y, StreamHandle stream);
+KernelStatus rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                      float* y, StreamHandle stream);
+KernelStatus layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
+                        const float* bias, float eps, float* y, StreamHandle stream);
+// Rotate-half rope in place on x[m, n_heads * head_dim]; rows whose position lies outside
+// [0, max_positions) are left untouched.
+KernelStatus rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
+                  const float* cos_table, const float* sin_table, int32_t max_positions,
+                  StreamHandle stream);
+KernelStatus silu_mul(const float* gate, const float* up, float* out, int64_t n,
+                      StreamHandle stream);
+KernelStatus relu(float* x, int64_t n, StreamHandle stream);
+KernelStatus add(float* y, const float* x, int64_t n, StreamHandle stream);
+KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream);
+
+// Cache layout as KvLayerView: [slot][kv_head][capacity][head_dim].
+struct KvCacheDesc {
+  float* k;
+  float* v;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+  int64_t slot_stride;  // elements
+  int64_t head_stride;  // elements
+};
+
+// Writes k/v rows ([*, n_kv_heads * head_dim]) of every RowDesc into the cache.
+KernelStatus kv_store(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
+                      const KvCacheDesc& cache, StreamHandle stream);
+// Causal attention: row d attends over cache positions 0 .. d.pos of its slot. One block
+// per (row, head); head_dim <= kMaxAttentionHeadDim.
+KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
+                       const KvCacheDesc& cache, int32_t n_heads, float scale, float* out,
+                       StreamHandle stream);
+
+}  // namespace strata::cuda_kernels

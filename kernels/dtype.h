@@ -1,0 +1,52 @@
+// Element types. Storage may be f32, f16 or bf16; arithmetic always accumulates in f32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace strata {
+
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3 };
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kI32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t);
+// Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "i32".
+std::optional<DType> parse_dtype(std::string_view name);
+
+// Scalar conversions (reference; the kernels use F16C / AVX-512 where available).
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// Converts n elements of type `src_type` to f32.
+void convert_to_f32(DType src_type, const void* src, float* dst, size_t n);
+// Converts n f32 elements to `dst_type`.
+void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n);
+
+}  // namespace strata

@@ -1,0 +1,73 @@
+#include "kernels/profiling_backend.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+namespace strata {
+
+template <typename Fn>
+void ProfilingBackend::timed(Op op, Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  inner_.synchronize();
+  seconds_[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++calls_[op];
+}
+
+void ProfilingBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  timed(kCopy, [&] { inner_.copy(dst, src, bytes, kind); });
+}
+void ProfilingBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+  timed(kLinear, [&] { inner_.linear(x, m, w, bias, y); });
+}
+void ProfilingBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {
+  timed(kEmbedding, [&] { inner_.embedding(ids, n, table, y); });
+}
+void ProfilingBackend::rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps, float* y) {
+  timed(kRmsNorm, [&] { inner_.rms_norm(x, m, h, weight, eps, y); });
+}
+void ProfilingBackend::layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
+                                  const float* bias, float eps, float* y) {
+  timed(kLayerNorm, [&] { inner_.layer_norm(x, m, h, weight, bias, eps, y); });
+}
+void ProfilingBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
+                            const int32_t* positions, const RopeTables& tables) {
+  timed(kRope, [&] { inner_.rope(x, m, n_heads, head_dim, positions, tables); });
+}
+void ProfilingBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  timed(kSiluMul, [&] { inner_.silu_mul(gate, up, out, n); });
+}
+void ProfilingBackend::relu(float* x, int64_t n) {
+  timed(kRelu, [&] { inner_.relu(x, n); });
+}
+void ProfilingBackend::add(float* y, const float* x, int64_t n) {
+  timed(kAdd, [&] { inner_.add(y, x, n); });
+}
+void ProfilingBackend::softmax(float* x, int64_t m, int64_t n) {
+  timed(kSoftmax, [&] { inner_.softmax(x, m, n); });
+}
+void ProfilingBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                                const KvLayerView& cache) {
+  timed(kKvStore, [&] { inner_.kv_store(k, v, seqs, cache); });
+}
+void ProfilingBackend::attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                                 const AttentionDims& dims, float* out) {
+  timed(kAttention, [&] { inner_.attention(q, seqs, cache, dims, out); });
+}
+
+std::string ProfilingBackend::json() const {
+  static constexpr const char* kNames[kNumOps] = {"copy", "linear", "embedding", "rms_norm",
+                                                  "layer_norm", "rope", "silu_mul", "relu", "add",
+                                                  "softmax", "kv_store", "attention"};
+  std::string s = "{";
+  for (int i = 0; i < kNumOps; ++i) {
+    if (calls_[static_cast<size_t>(i)] == 0) continue;
+    if (s.size() > 1) s += ", ";
+    s += fmt::format(R"("{}": {{"calls": {}, "seconds": {:.6f}}})", kNames[i], calls_[static_cast<size_t>(i)],
+                     seconds_[static_cast<size_t>(i)]);
+  }
+  return s + "}";
+}
+
+}  // namespace strata

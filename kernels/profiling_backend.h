@@ -1,0 +1,53 @@
+// A decorator that times every operation of another backend (synchronising after each, so
+// the numbers are per-op wall time). Used by `strata bench --profile` to show where a step
+// goes; it is never on the default path.
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace strata {
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
+
+  std::string name() const override { return inner_.name() + " (profiled)"; }
+  Device device() const override { return inner_.device(); }
+  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p) override { inner_.deallocate(p); }
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
+  void synchronize() override { inner_.synchronize(); }
+  void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
+  void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
+  void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps, float* y) override;
+  void layer_norm(const float* x, int64_t m, int64_t h, const float* weight, const float* bias,
+                  float eps, float* y) override;
+  void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
+            const RopeTables& tables) override;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void relu(float* x, int64_t n) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void softmax(float* x, int64_t m, int64_t n) override;
+  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                const KvLayerView& cache) override;
+  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+                 const AttentionDims& dims, float* out) override;
+
+  // {"linear": {"calls": n, "seconds": s}, ...}
+  std::string json() const;
+
+ private:
+  enum Op { kCopy, kLinear, kEmbedding, kRmsNorm, kLayerNorm, kRope, kSiluMul, kRelu, kAdd,
+            kSoftmax, kKvStore, kAttention, kNumOps };
+  template <typename Fn>
+  void timed(Op op, Fn&& fn);
+
+  Backend& inner_;
+  std::array<double, kNumOps> seconds_{};
+  std::array<long, kNumOps> calls_{};
+};
+
+}  // namespace strata

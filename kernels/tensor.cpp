@@ -1,0 +1,74 @@
+#include "kernels/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/error.h"
+
+namespace strata {
+
+Shape::Shape(std::initializer_list<int64_t> d) {
+  STRATA_CHECK(d.size() <= kMaxDims, "rank {} > {}", d.size(), kMaxDims);
+  for (int64_t v : d) dims[static_cast<size_t>(rank++)] = v;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= dims[static_cast<size_t>(i)];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank != o.rank) return false;
+  for (int i = 0; i < rank; ++i)
+    if (dims[static_cast<size_t>(i)] != o.dims[static_cast<size_t>(i)]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(dims[static_cast<size_t>(i)]);
+  }
+  return s + "]";
+}
+
+float* Tensor::f32() const {
+  STRATA_CHECK(dtype == DType::kF32, "tensor {} is not f32", describe());
+  return static_cast<float*>(data);
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t n) const {
+  STRATA_CHECK(shape.rank >= 1 && begin >= 0 && begin + n <= shape[0], "rows({}, {}) of {}",
+               begin, n, describe());
+  Tensor t = *this;
+  t.shape.dims[0] = n;
+  const int64_t row_elems = shape[0] == 0 ? 0 : shape.numel() / shape[0];
+  t.data = static_cast<char*>(data) + static_cast<size_t>(begin * row_elems) * dtype_size(dtype);
+  return t;
+}
+
+std::string Tensor::describe() const {
+  return fmt::format("{}{}@{}", dtype_name(dtype), shape.str(),
+                     device == Device::kHost ? "host" : "cuda");
+}
+
+void Buffer::Free::operator()(void* p) const { std::free(p); }
+
+Buffer::Buffer(size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) fail(ErrorKind::kOverloaded, "out of host memory allocating {} bytes", bytes);
+  std::memset(p, 0, rounded);
+  ptr_.reset(p);
+}
+
+OwnedTensor::OwnedTensor(DType dtype, Shape shape) : storage(static_cast<size_t>(shape.numel()) * dtype_size(dtype)) {
+  view.data = storage.data();
+  view.dtype = dtype;
+  view.shape = shape;
+}
+
+}  // namespace strata

@@ -1,0 +1,119 @@
+// strata bench: synthetic prompts through the generator, reported as JSON together with this
+// machine's limits measured in the same run and the achieved fraction of each bound.
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+#include "kernels/limits.h"
+#include "launch/engine.h"
+
+namespace strata::cli {
+namespace {
+
+struct BenchOptions {
+  EngineOptions engine;
+  int prompt_len = 128;
+  int gen_len = 64;
+  int batch = 1;
+  uint64_t seed = 1;
+  bool measure_limits = true;
+  int warmup = 1;
+};
+
+std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const BenchOptions& o) {
+  Rng rng(o.seed);
+  std::vector<GenerationRequest> reqs(static_cast<size_t>(o.batch));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].id = std::to_string(i);
+    for (int t = 0; t < o.prompt_len; ++t)
+      reqs[i].prompt_ids.push_back(3 + static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.vocab - 3)));
+    reqs[i].max_new_tokens = o.gen_len;
+    reqs[i].ignore_eos = true;  // every sequence produces exactly gen_len tokens
+  }
+  return reqs;
+}
+
+// Matmul + attention FLOPs actually executed: every prompt row goes through the layers, but
+// only the last prompt row and each decode row go through the LM head.
+double executed_flops(const ModelShape& s, int batch, int prompt_len, int gen_len) {
+  const double layer_matmul = 2.0 * static_cast<double>(s.n_layers * (s.attention_params_per_layer() +
+                                                                     s.mlp_params_per_layer()));
+  const double head = 2.0 * static_cast<double>(s.vocab * s.hidden);
+  const double attn_per_ctx = 4.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim);
+  double per_seq = 0;
+  for (int p = 1; p <= prompt_len; ++p) per_seq += layer_matmul + attn_per_ctx * p;
+  per_seq += head;
+  for (int g = 1; g < gen_len; ++g) per_seq += layer_matmul + attn_per_ctx * (prompt_len + g) + head;
+  return per_seq * batch;
+}
+
+long peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss * 1024L;
+}
+
+int run_bench(BenchOptions o) {
+  if (o.batch <= 0 || o.prompt_len <= 0 || o.gen_len <= 0)
+    fail_input("--batch, --prompt-len and --gen-len must be positive");
+  o.engine.max_batch = o.batch;
+  Engine e = make_engine(o.engine);
+  const ModelShape shape = e.config.shape();
+  Generator gen(*e.model, e.generator);
+  for (int w = 0; w < o.warmup; ++w) {  // touch weights and scratch once
+    BenchOptions small = o;
+    small.batch = 1;
+    small.prompt_len = std::min(o.prompt_len, 8);
+    small.gen_len = 2;
+    gen.run(synthetic_requests(e.config, small));
+  }
+  GenerationStats stats;
+  gen.run(synthetic_requests(e.config, o), &stats);
+
+  nlohmann::json j;
+  j["model"] = o.engine.model;
+  j["shape"] = shape.str();
+  j["params"] = shape.total_params();
+  j["weight_dtype"] = dtype_name(e.config.dtype);
+  j["batch"] = o.batch;
+  j["prompt_len"] = o.prompt_len;
+  j["gen_len"] = o.gen_len;
+  j["threads"] = e.cpu->threads();
+  if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
+  j["result"] = nlohmann::json::parse(stats.json());
+  j["peak_rss_bytes"] = peak_rss_bytes();
+  const double step_s = stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;
+  const double flops = executed_flops(shape, o.batch, o.prompt_len, o.gen_len);
+  j["decode_step_seconds"] = step_s;
+  j["decode_weight_bytes_per_step"] = shape.decode_weight_bytes();
+  j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
+  if (o.measure_limits) {
+    const MachineLimits lim = measure_machine_limits(j["threads"].get<int>());
+    j["limits"] = nlohmann::json::parse(lim.json());
+    const double bw_bound_s = static_cast<double>(shape.decode_weight_bytes()) / (lim.memory_bandwidth_gbs * 1e9);
+    j["decode_bandwidth_bound_step_seconds"] = bw_bound_s;
+    j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? bw_bound_s / step_s : 0;
+    j["generation_fraction_of_gemm_peak"] = flops / stats.total_seconds() / 1e9 / lim.gemm_gflops;
+  }
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Measure generation throughput on synthetic prompts (JSON)");
+  add_engine_options(*cmd, o->engine);
+  cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens per sequence")->check(positive());
+  cmd->add_option("--gen-len", o->gen_len, "Generated tokens per sequence")->check(positive());
+  cmd->add_option("--batch", o->batch, "Sequences")->check(positive());
+  cmd->add_option("--seed", o->seed, "Seed of the synthetic prompts");
+  cmd->add_option("--warmup", o->warmup, "Warm-up runs before the measured one")->check(non_negative());
+  cmd->add_flag("!--no-limits", o->measure_limits, "Skip measuring memory bandwidth and GEMM peak");
+  return {cmd, [o] { return run_bench(*o); }};
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,36 @@
+// The `strata` subcommands. Each registers its options on a CLI11 subcommand and returns
+// the function that runs it (exit code) once parsing succeeded.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace strata::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command add_generate(CLI::App& app);
+Command add_bench(CLI::App& app);
+Command add_limits(CLI::App& app);
+
+// Number checks whose messages say the rule and the value ("must be >= 0, got -5").
+CLI::Validator non_negative();
+CLI::Validator positive();
+
+// Options every engine command shares.
+struct EngineOptions {
+  std::string model;
+  int threads = 0;
+  std::string dtype = "f32";  // dummy weights
+  uint64_t weight_seed = 0;   // dummy weights
+  int max_batch = 32;
+  int max_step_tokens = 512;
+  bool profile = false;  // time every backend op (adds a synchronisation per op)
+};
+void add_engine_options(CLI::App& cmd, EngineOptions& o);
+
+}  // namespace strata::cli

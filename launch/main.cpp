@@ -1,0 +1,40 @@
+// strata: the command-line entry point. Every error ends as one line on stderr and a
+// non-zero exit: 2 for bad command-line input, 1 for everything else.
+#include <cstdio>
+#include <exception>
+
+#include "kernels/error.h"
+#include "launch/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Strata: LLM inference on machines whose accelerator memory is too small"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "strata 0.1.0");
+  const strata::cli::Command commands[] = {
+      strata::cli::add_generate(app),
+      strata::cli::add_bench(app),
+      strata::cli::add_limits(app),
+  };
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help / --version
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "strata: error: %s (see strata --help)\n", e.what());
+    return 2;
+  }
+  try {
+    for (const auto& c : commands)
+      if (c.app->parsed()) return c.run();
+    return 2;
+  } catch (const strata::InputError& e) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 2;
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "strata: error (%s): %s\n", strata::error_kind_name(e.kind()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 1;
+  }
+}

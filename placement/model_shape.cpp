@@ -1,0 +1,65 @@
+#include "placement/model_shape.h"
+
+#include <fmt/format.h>
+
+namespace strata {
+
+int64_t ModelShape::attention_params_per_layer() const {
+  const int64_t q_out = n_heads * head_dim;
+  const int64_t kv_out = n_kv_heads * head_dim;
+  int64_t p = hidden * q_out + 2 * hidden * kv_out + q_out * hidden;
+  if (linear_bias) p += q_out + 2 * kv_out + hidden;
+  return p;
+}
+
+int64_t ModelShape::mlp_params_per_layer() const {
+  int64_t p = (gated_mlp ? 3 : 2) * hidden * intermediate;
+  if (linear_bias) p += intermediate + hidden;
+  return p;
+}
+
+int64_t ModelShape::params_per_layer() const {
+  const int64_t norms = 2 * hidden * (norm_bias ? 2 : 1);
+  return attention_params_per_layer() + mlp_params_per_layer() + norms;
+}
+
+int64_t ModelShape::embedding_params() const {
+  return vocab * hidden + (learned_positions ? (max_positions + 2) * hidden : 0);
+}
+
+int64_t ModelShape::head_params() const { return tied_head ? 0 : vocab * hidden; }
+
+int64_t ModelShape::total_params() const {
+  return n_layers * params_per_layer() + embedding_params() + head_params() +
+         hidden * (norm_bias ? 2 : 1);
+}
+
+int64_t ModelShape::decode_weight_bytes() const {
+  const int64_t per_token_rows = hidden * (learned_positions ? 2 : 1);
+  const int64_t head = vocab * hidden;  // read in full whether tied or not
+  return (n_layers * params_per_layer() + per_token_rows + head) * weight_bytes_per_elem;
+}
+
+int64_t ModelShape::kv_bytes_per_token_per_layer(int64_t elem_bytes) const {
+  return 2 * n_kv_heads * head_dim * elem_bytes;
+}
+
+double ModelShape::flops_per_token(int64_t context) const {
+  const double matmul = 2.0 * static_cast<double>(n_layers * (attention_params_per_layer() +
+                                                              mlp_params_per_layer()) +
+                                                  vocab * hidden);
+  // QK^T and PV: 2 * n_heads * head_dim * context multiply-adds per layer.
+  const double attn = 4.0 * static_cast<double>(n_layers * n_heads * head_dim * context);
+  return matmul + attn;
+}
+
+std::string ModelShape::str() const {
+  return fmt::format(
+      "ModelShape(h1={}, h2={}, layers={}, heads={}, kv_heads={}, head_dim={}, vocab={}, "
+      "max_pos={}, {}, {}, params={:.3f}M)",
+      hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab, max_positions,
+      gated_mlp ? "gated MLP" : "plain MLP", tied_head ? "tied head" : "untied head",
+      static_cast<double>(total_params()) / 1e6);
+}
+
+}  // namespace strata

@@ -1,0 +1,47 @@
+// The numbers of a transformer that decide memory and cost: what FlexGen's cost model
+// (appendix A.3) calls h1 (hidden), h2 (MLP intermediate), l (layers), s, n, b.
+// Everything here is arithmetic on the shape; it never touches weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace strata {
+
+struct ModelShape {
+  int64_t hidden = 0;        // h1
+  int64_t intermediate = 0;  // h2
+  int64_t n_layers = 0;      // l
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+  bool gated_mlp = false;           // SwiGLU: gate + up + down; else fc1 + fc2
+  bool learned_positions = false;   // OPT: a [max_positions + 2, hidden] table
+  bool linear_bias = false;         // q/k/v/o and MLP projections carry a bias
+  bool norm_bias = false;           // LayerNorm (weight + bias) vs RMSNorm (weight)
+  bool tied_head = true;            // lm_head shares the token embedding
+  int64_t weight_bytes_per_elem = 4;
+
+  // Parameter counts.
+  int64_t attention_params_per_layer() const;
+  int64_t mlp_params_per_layer() const;
+  int64_t params_per_layer() const;  // incl. norms and biases
+  int64_t embedding_params() const;  // token (+ position) tables
+  int64_t head_params() const;       // 0 when tied
+  int64_t total_params() const;
+
+  // Bytes read from weights for one decode step of the whole model (every matrix once,
+  // the embedding only as rows, the head in full).
+  int64_t decode_weight_bytes() const;
+  // KV cache bytes per token per layer (K and V, f32).
+  int64_t kv_bytes_per_token_per_layer(int64_t elem_bytes = 4) const;
+  // Matmul FLOPs of one token through every layer and the head, attention over `context`
+  // cached tokens included (2 FLOPs per multiply-add).
+  double flops_per_token(int64_t context) const;
+
+  std::string str() const;
+};
+
+}  // namespace strata

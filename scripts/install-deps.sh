@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Strata builds, tests and runs with.
+# Idempotent: packages already present are left alone; safe to run twice.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-openmp-dev
+  libopenmpi-dev openmpi-bin
+  libcapnp-dev capnproto
+  libhiredis-dev redis-server
+  libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev
+  coinor-libclp-dev
+  libsentencepiece-dev
+  nlohmann-json3-dev libcli11-dev
+  liburing-dev libnuma-dev
+  python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

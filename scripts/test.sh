@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up this machine (Debian packages), builds Strata and runs the test suite.
+#   scripts/test.sh              Release build in build/, all tests (GPU tests skip without a GPU)
+#   scripts/test.sh --sanitize   ASan + UBSan build in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=build
+CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DSTRATA_WERROR=ON)
+if [ "${1:-}" = "--sanitize" ]; then
+  BUILD_DIR=build-asan
+  CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=ON -DSTRATA_WERROR=ON)
+  # OpenMP's runtime keeps thread-local state that LeakSanitizer reports at exit.
+  export ASAN_OPTIONS=detect_leaks=0
+fi
+
+bash scripts/install-deps.sh
+cmake -S . -B "$BUILD_DIR" -G Ninja "${CMAKE_ARGS[@]}"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 600

@@ -1,0 +1,1323 @@
+// CpuBackend, dtype conversions and sampling against naive references written here
+// (ggml test-backend-ops style). Every op runs on random inputs and is compared with a
+// double-precision reference under a normalised error bound
+//   max |got - ref| / max(1, max |ref|)
+// and every output buffer sits between canary guard bytes that must survive the op.
+// Outputs start as NaN so an element the op forgets to write fails the comparison.
+#include <gtest/gtest.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/dtype.h"
+#include "kernels/error.h"
+#include "kernels/sampling.h"
+#include "kernels/tensor.h"
+
+namespace strata {
+
+// Readable parameter names in gtest output (found by ADL for DType).
+[[maybe_unused]] static void PrintTo(DType t, std::ostream* os) {
+  *os << dtype_name(t);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Helpers: guarded buffers, references for the storage types, error measure.
+// ---------------------------------------------------------------------------------------
+
+constexpr size_t kGuardBytes = 64;
+
+uint8_t canary(size_t i) {
+  return static_cast<uint8_t>(0xA5u + 37u * i);
+}
+
+float nan_f32() {
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
+// n elements of T between two runs of canary bytes; payload 64-byte aligned.
+template <typename T>
+class Guarded {
+ public:
+  explicit Guarded(size_t n, T fill = T{})
+      : n_(n), buf_(2 * kGuardBytes + std::max<size_t>(n, 1) * sizeof(T)) {
+    auto* b = static_cast<uint8_t*>(buf_.data());
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      b[i] = canary(i);
+      b[kGuardBytes + n_ * sizeof(T) + i] = canary(i + kGuardBytes);
+    }
+    std::fill(data(), data() + n_, fill);
+  }
+  T* data() const { return reinterpret_cast<T*>(static_cast<uint8_t*>(buf_.data()) + kGuardBytes); }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) const { return data()[i]; }
+  std::vector<T> vec() const { return std::vector<T>(data(), data() + n_); }
+  void assign(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), n_);
+    std::copy(v.begin(), v.end(), data());
+  }
+
+  ::testing::AssertionResult guards_intact() const {
+    const auto* b = static_cast<const uint8_t*>(buf_.data());
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      if (b[i] != canary(i))
+        return ::testing::AssertionFailure()
+               << "guard byte " << (kGuardBytes - i) << " before the buffer was overwritten";
+      if (b[kGuardBytes + n_ * sizeof(T) + i] != canary(i + kGuardBytes))
+        return ::testing::AssertionFailure() << "guard byte " << i << " after the buffer (of " << n_
+                                             << " elements) was overwritten";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  size_t n_;
+  Buffer buf_;
+};
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Exact value of an f16 / bf16 bit pattern, computed from the definition (independent of
+// the library's converters, which are tested against these).
+double ref_f16(uint16_t h) {
+  const int sign = (h >> 15) & 1;
+  const int exp = (h >> 10) & 0x1f;
+  const int mant = h & 0x3ff;
+  double v;
+  if (exp == 0) {
+    v = std::ldexp(static_cast<double>(mant), -24);
+  } else if (exp == 0x1f) {
+    v = mant == 0 ? std::numeric_limits<double>::infinity()
+                  : std::numeric_limits<double>::quiet_NaN();
+  } else {
+    v = std::ldexp(static_cast<double>(1024 + mant), exp - 25);
+  }
+  return sign ? -v : v;
+}
+
+double ref_bf16(uint16_t h) {
+  const int sign = (h >> 15) & 1;
+  const int exp = (h >> 7) & 0xff;
+  const int mant = h & 0x7f;
+  double v;
+  if (exp == 0) {
+    v = std::ldexp(static_cast<double>(mant), -133);
+  } else if (exp == 0xff) {
+    v = mant == 0 ? std::numeric_limits<double>::infinity()
+                  : std::numeric_limits<double>::quiet_NaN();
+  } else {
+    v = std::ldexp(static_cast<double>(128 + mant), exp - 134);
+  }
+  return sign ? -v : v;
+}
+
+// Round-to-nearest-even onto a grid of magnitudes given by `value(code)` (monotonic for
+// codes 0 .. inf_code, where value(inf_code) is the first power of two past the largest
+// finite value, so that overflow rounds exactly as IEEE does). Returns the magnitude code.
+template <typename ValueFn>
+uint32_t ref_round_magnitude(double a, uint32_t inf_code, ValueFn value) {
+  uint32_t lo = 0;
+  uint32_t hi = inf_code;
+  if (a >= value(inf_code)) return inf_code;
+  while (hi - lo > 1) {  // invariant: value(lo) <= a < value(hi)
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (value(mid) <= a) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const double midpoint = (value(lo) + value(hi)) / 2;  // exact in double
+  if (a < midpoint) return lo;
+  if (a > midpoint) return hi;
+  return (lo & 1u) ? hi : lo;
+}
+
+uint16_t ref_f32_to_f16(float f) {
+  const auto sign = static_cast<uint16_t>(std::signbit(f) ? 0x8000u : 0u);
+  if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7e00u);
+  const uint32_t code = ref_round_magnitude(
+      std::fabs(static_cast<double>(f)), 0x7c00u,
+      [](uint32_t c) { return c == 0x7c00u ? 65536.0 : ref_f16(static_cast<uint16_t>(c)); });
+  return static_cast<uint16_t>(sign | code);
+}
+
+uint16_t ref_f32_to_bf16(float f) {
+  const auto sign = static_cast<uint16_t>(std::signbit(f) ? 0x8000u : 0u);
+  if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7fc0u);
+  const uint32_t code =
+      ref_round_magnitude(std::fabs(static_cast<double>(f)), 0x7f80u, [](uint32_t c) {
+        return c == 0x7f80u ? std::ldexp(1.0, 128) : ref_bf16(static_cast<uint16_t>(c));
+      });
+  return static_cast<uint16_t>(sign | code);
+}
+
+bool f16_is_nan(uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+}
+bool bf16_is_nan(uint16_t h) {
+  return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// max |got - ref| / max(1, max |ref|); infinity when got has a NaN/inf where ref is finite.
+double norm_err(const float* got, const std::vector<double>& ref) {
+  double max_ref = 0.0;
+  double max_diff = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = got[i];
+    if (!std::isfinite(g)) return std::numeric_limits<double>::infinity();
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_diff = std::max(max_diff, std::fabs(g - ref[i]));
+  }
+  return max_diff / std::max(1.0, max_ref);
+}
+
+// Error bounds. f32 math in the backend vs exact double math here.
+constexpr double kTolF32 = 1e-5;
+// Half-precision inputs are decoded exactly on both sides, so only the f32 accumulation
+// differs; the bound is looser only to leave room for a different (blocked) summation.
+constexpr double kTolHalf = 2e-5;
+
+// A 2-D tensor of the given dtype holding `values` rounded to that dtype (via the
+// reference rounding), stored in a guarded buffer; `exact` receives the stored values.
+struct WeightTensor {
+  Guarded<uint8_t> storage;
+  Tensor view;
+  std::vector<double> exact;
+
+  WeightTensor(DType dtype, int64_t rows, int64_t cols, const std::vector<float>& values)
+      : storage(static_cast<size_t>(rows * cols) * dtype_size(dtype)) {
+    view.data = storage.data();
+    view.dtype = dtype;
+    view.shape = Shape{rows, cols};
+    exact.resize(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      switch (dtype) {
+        case DType::kF32:
+          reinterpret_cast<float*>(storage.data())[i] = values[i];
+          exact[i] = values[i];
+          break;
+        case DType::kF16: {
+          const uint16_t h = ref_f32_to_f16(values[i]);
+          std::memcpy(storage.data() + 2 * i, &h, 2);
+          exact[i] = ref_f16(h);
+          break;
+        }
+        case DType::kBF16: {
+          const uint16_t h = ref_f32_to_bf16(values[i]);
+          std::memcpy(storage.data() + 2 * i, &h, 2);
+          exact[i] = ref_bf16(h);
+          break;
+        }
+        case DType::kI32:
+          ADD_FAILURE() << "not a float dtype";
+          break;
+      }
+    }
+  }
+};
+
+std::string dtype_label(DType t) {
+  return dtype_name(t);
+}
+
+// ---------------------------------------------------------------------------------------
+// linear
+// ---------------------------------------------------------------------------------------
+
+using LinearParam = std::tuple<DType, int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, bool /*bias*/>;
+
+class LinearTest : public ::testing::TestWithParam<LinearParam> {};
+
+TEST_P(LinearTest, MatchesReference) {
+  const auto [dtype, m, n, k, with_bias] = GetParam();
+  CpuBackend cpu(2);
+  WeightTensor w(dtype, n, k, random_floats(static_cast<size_t>(n * k), 11));
+  Guarded<float> x(static_cast<size_t>(m * k));
+  x.assign(random_floats(x.size(), 12));
+  Guarded<float> bias(static_cast<size_t>(n));
+  bias.assign(random_floats(bias.size(), 13, -2.0f, 2.0f));
+  Guarded<float> y(static_cast<size_t>(m * n), nan_f32());
+  const std::vector<float> x_before = x.vec();
+
+  cpu.linear(x.data(), m, w.view, with_bias ? bias.data() : nullptr, y.data());
+
+  std::vector<double> ref(static_cast<size_t>(m * n));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      double s = with_bias ? static_cast<double>(bias[static_cast<size_t>(c)]) : 0.0;
+      for (int64_t i = 0; i < k; ++i)
+        s += static_cast<double>(x[static_cast<size_t>(r * k + i)]) *
+             w.exact[static_cast<size_t>(c * k + i)];
+      ref[static_cast<size_t>(r * n + c)] = s;
+    }
+  EXPECT_LT(norm_err(y.data(), ref), dtype == DType::kF32 ? kTolF32 : kTolHalf);
+  EXPECT_TRUE(y.guards_intact());
+  EXPECT_TRUE(x.guards_intact());
+  EXPECT_TRUE(w.storage.guards_intact());
+  EXPECT_EQ(x.vec(), x_before) << "linear modified its input";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, LinearTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(int64_t{1}), ::testing::Values(int64_t{37}, int64_t{300}),
+                       ::testing::Values(int64_t{53}, int64_t{129}), ::testing::Bool()),
+    [](const auto& tp) {
+      return dtype_label(std::get<0>(tp.param)) + "_m" + std::to_string(std::get<1>(tp.param)) +
+             "_n" + std::to_string(std::get<2>(tp.param)) + "_k" +
+             std::to_string(std::get<3>(tp.param)) + (std::get<4>(tp.param) ? "_bias" : "_nobias");
+    });
+
+INSTANTIATE_TEST_SUITE_P(
+    CpuBatch, LinearTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(int64_t{3}, int64_t{16}),
+                       ::testing::Values(int64_t{37}, int64_t{300}),
+                       ::testing::Values(int64_t{1}, int64_t{53}), ::testing::Bool()),
+    [](const auto& tp) {
+      return dtype_label(std::get<0>(tp.param)) + "_m" + std::to_string(std::get<1>(tp.param)) +
+             "_n" + std::to_string(std::get<2>(tp.param)) + "_k" +
+             std::to_string(std::get<3>(tp.param)) + (std::get<4>(tp.param) ? "_bias" : "_nobias");
+    });
+
+TEST(CpuBackendLinear, ZeroRowsWritesNothingAndRejectsNon2dWeight) {
+  CpuBackend cpu(1);
+  WeightTensor w(DType::kF32, 4, 3, random_floats(12, 1));
+  Guarded<float> y(4, 7.0f);
+  cpu.linear(nullptr, 0, w.view, nullptr, y.data());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], 7.0f);
+  EXPECT_TRUE(y.guards_intact());
+  Tensor bad = w.view;
+  bad.shape = Shape{12};
+  EXPECT_THROW(cpu.linear(y.data(), 1, bad, nullptr, y.data()), Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// embedding
+// ---------------------------------------------------------------------------------------
+
+class EmbeddingTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(EmbeddingTest, GathersRowsExactly) {
+  const DType dtype = GetParam();
+  constexpr int64_t vocab = 50;
+  for (const int64_t h : {int64_t{37}, int64_t{64}, int64_t{1}}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    CpuBackend cpu(1);
+    WeightTensor table(dtype, vocab, h,
+                       random_floats(static_cast<size_t>(vocab * h), 21, -4.0f, 4.0f));
+    const std::vector<int32_t> ids = {0, 49, 7, 7, 13, 0, 48, 25, 1};
+    const auto n = static_cast<int64_t>(ids.size());
+    Guarded<int32_t> id_buf(ids.size());
+    id_buf.assign(ids);
+    Guarded<float> y(static_cast<size_t>(n * h), nan_f32());
+    cpu.embedding(id_buf.data(), n, table.view, y.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < h; ++c) {
+        const double want = table.exact[static_cast<size_t>(ids[static_cast<size_t>(i)] * h + c)];
+        ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(i * h + c)]), want)
+            << "row " << i << " col " << c;
+      }
+    EXPECT_TRUE(y.guards_intact());
+    EXPECT_TRUE(table.storage.guards_intact());
+  }
+}
+
+TEST_P(EmbeddingTest, RejectsIdsOutsideVocabulary) {
+  CpuBackend cpu(1);
+  WeightTensor table(GetParam(), 10, 4, random_floats(40, 22));
+  Guarded<float> y(4);
+  for (const int32_t bad : {-1, 10, 1 << 30}) {
+    EXPECT_THROW(cpu.embedding(&bad, 1, table.view, y.data()), Error) << bad;
+  }
+  EXPECT_TRUE(y.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, EmbeddingTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& tp) { return dtype_label(tp.param); });
+
+// ---------------------------------------------------------------------------------------
+// rms_norm, layer_norm
+// ---------------------------------------------------------------------------------------
+
+using NormParam = std::tuple<int64_t /*m*/, int64_t /*h*/>;
+class NormTest : public ::testing::TestWithParam<NormParam> {};
+
+TEST_P(NormTest, RmsNorm) {
+  const auto [m, h] = GetParam();
+  CpuBackend cpu(2);
+  Guarded<float> x(static_cast<size_t>(m * h));
+  x.assign(random_floats(x.size(), 31, -3.0f, 3.0f));
+  Guarded<float> w(static_cast<size_t>(h));
+  w.assign(random_floats(w.size(), 32, 0.5f, 1.5f));
+  Guarded<float> y(x.size(), nan_f32());
+  const float eps = 1e-5f;
+  cpu.rms_norm(x.data(), m, h, w.data(), eps, y.data());
+  std::vector<double> ref(x.size());
+  for (int64_t r = 0; r < m; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < h; ++i)
+      ss += static_cast<double>(x[static_cast<size_t>(r * h + i)]) *
+            x[static_cast<size_t>(r * h + i)];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(h) + eps);
+    for (int64_t i = 0; i < h; ++i)
+      ref[static_cast<size_t>(r * h + i)] =
+          w[static_cast<size_t>(i)] * inv * x[static_cast<size_t>(r * h + i)];
+  }
+  EXPECT_LT(norm_err(y.data(), ref), kTolF32);
+  EXPECT_TRUE(y.guards_intact());
+}
+
+TEST_P(NormTest, LayerNorm) {
+  const auto [m, h] = GetParam();
+  CpuBackend cpu(2);
+  Guarded<float> x(static_cast<size_t>(m * h));
+  x.assign(random_floats(x.size(), 41, 2.0f, 6.0f));  // non-zero mean
+  Guarded<float> w(static_cast<size_t>(h));
+  w.assign(random_floats(w.size(), 42, 0.5f, 1.5f));
+  Guarded<float> b(static_cast<size_t>(h));
+  b.assign(random_floats(b.size(), 43, -1.0f, 1.0f));
+  Guarded<float> y(x.size(), nan_f32());
+  const float eps = 1e-5f;
+  cpu.layer_norm(x.data(), m, h, w.data(), b.data(), eps, y.data());
+  std::vector<double> ref(x.size());
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x.data() + r * h;
+    double mean = 0.0;
+    for (int64_t i = 0; i < h; ++i) mean += xr[i];
+    mean /= static_cast<double>(h);
+    double var = 0.0;
+    for (int64_t i = 0; i < h; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<double>(h);
+    const double inv = 1.0 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < h; ++i)
+      ref[static_cast<size_t>(r * h + i)] =
+          (xr[i] - mean) * inv * w[static_cast<size_t>(i)] + b[static_cast<size_t>(i)];
+  }
+  // The f32 two-pass mean/variance loses a little more than a plain dot product when the
+  // row has a large mean relative to its spread (h = 1 has zero variance: output = bias).
+  EXPECT_LT(norm_err(y.data(), ref), 4 * kTolF32);
+  EXPECT_TRUE(y.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, NormTest,
+                         ::testing::Values(NormParam{1, 1}, NormParam{1, 64}, NormParam{4, 67},
+                                           NormParam{33, 1024}),
+                         [](const auto& tp) {
+                           return "m" + std::to_string(std::get<0>(tp.param)) + "_h" +
+                                  std::to_string(std::get<1>(tp.param));
+                         });
+
+// ---------------------------------------------------------------------------------------
+// rope
+// ---------------------------------------------------------------------------------------
+
+// cos/sin tables [max_positions, head_dim / 2] for angle(pos, j) = pos * theta^(-2j / head_dim).
+struct RopeTableHost {
+  std::vector<float> cos, sin;
+  RopeTables view(int32_t max_positions, int32_t half) const {
+    return RopeTables{cos.data(), sin.data(), max_positions, half};
+  }
+};
+
+double rope_angle(int32_t pos, int32_t j, int32_t head_dim, double theta) {
+  return pos * std::pow(theta, -2.0 * j / head_dim);
+}
+
+RopeTableHost make_rope_tables(int32_t max_positions, int32_t head_dim, double theta) {
+  const int32_t half = head_dim / 2;
+  RopeTableHost t;
+  t.cos.resize(static_cast<size_t>(max_positions * half));
+  t.sin.resize(t.cos.size());
+  for (int32_t p = 0; p < max_positions; ++p)
+    for (int32_t j = 0; j < half; ++j) {
+      const double a = rope_angle(p, j, head_dim, theta);
+      t.cos[static_cast<size_t>(p * half + j)] = static_cast<float>(std::cos(a));
+      t.sin[static_cast<size_t>(p * half + j)] = static_cast<float>(std::sin(a));
+    }
+  return t;
+}
+
+// Rotate-half: (x_j, x_{j+half}) -> (x_j cos - x_{j+half} sin, x_{j+half} cos + x_j sin).
+std::vector<double> ref_rope(const std::vector<float>& x, int64_t m, int32_t n_heads,
+                             int32_t head_dim, const std::vector<int32_t>& positions,
+                             double theta) {
+  const int32_t half = head_dim / 2;
+  std::vector<double> out(x.begin(), x.end());
+  for (int64_t r = 0; r < m; ++r)
+    for (int32_t hd = 0; hd < n_heads; ++hd) {
+      const size_t base = static_cast<size_t>(r * n_heads * head_dim + hd * head_dim);
+      for (int32_t j = 0; j < half; ++j) {
+        const double a = rope_angle(positions[static_cast<size_t>(r)], j, head_dim, theta);
+        const double x0 = x[base + static_cast<size_t>(j)];
+        const double x1 = x[base + static_cast<size_t>(j + half)];
+        out[base + static_cast<size_t>(j)] = x0 * std::cos(a) - x1 * std::sin(a);
+        out[base + static_cast<size_t>(j + half)] = x1 * std::cos(a) + x0 * std::sin(a);
+      }
+    }
+  return out;
+}
+
+TEST(CpuBackendRope, RotateHalfMatchesReference) {
+  constexpr int32_t n_heads = 3, head_dim = 16, max_pos = 64;
+  constexpr double theta = 10000.0;
+  const std::vector<int32_t> positions = {0, 1, 5, 63, 17, 5};
+  const auto m = static_cast<int64_t>(positions.size());
+  const RopeTableHost tables = make_rope_tables(max_pos, head_dim, theta);
+  CpuBackend cpu(1);
+  Guarded<float> x(static_cast<size_t>(m * n_heads * head_dim));
+  const std::vector<float> input = random_floats(x.size(), 51, -2.0f, 2.0f);
+  x.assign(input);
+  cpu.rope(x.data(), m, n_heads, head_dim, positions.data(), tables.view(max_pos, head_dim / 2));
+  EXPECT_LT(norm_err(x.data(), ref_rope(input, m, n_heads, head_dim, positions, theta)), kTolF32);
+  EXPECT_TRUE(x.guards_intact());
+  // Position 0 is the identity.
+  for (int i = 0; i < n_heads * head_dim; ++i)
+    EXPECT_EQ(x[static_cast<size_t>(i)], input[static_cast<size_t>(i)]);
+}
+
+TEST(CpuBackendRope, RejectsBadPositionsAndTableMismatch) {
+  constexpr int32_t head_dim = 8, max_pos = 4;
+  const RopeTableHost tables = make_rope_tables(max_pos, head_dim, 10000.0);
+  CpuBackend cpu(1);
+  std::vector<float> x(head_dim, 1.0f);
+  for (const int32_t bad : {-1, max_pos}) {
+    EXPECT_THROW(cpu.rope(x.data(), 1, 1, head_dim, &bad, tables.view(max_pos, head_dim / 2)),
+                 Error)
+        << bad;
+  }
+  const int32_t ok = 1;
+  EXPECT_THROW(cpu.rope(x.data(), 1, 1, head_dim, &ok, tables.view(max_pos, head_dim / 2 + 1)),
+               Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise: silu_mul, relu, add; softmax
+// ---------------------------------------------------------------------------------------
+
+class ElementwiseTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ElementwiseTest, SiluMul) {
+  const int64_t n = GetParam();
+  const auto sz = static_cast<size_t>(n);
+  CpuBackend cpu(2);
+  Guarded<float> gate(sz), up(sz), out(sz, nan_f32());
+  gate.assign(random_floats(sz, 61, -8.0f, 8.0f));
+  up.assign(random_floats(sz, 62, -2.0f, 2.0f));
+  if (n >= 4) {  // saturation at both ends, and zero
+    gate[0] = -100.0f;
+    gate[1] = 100.0f;
+    gate[2] = 0.0f;
+  }
+  const std::vector<float> g0 = gate.vec(), u0 = up.vec();
+  cpu.silu_mul(gate.data(), up.data(), out.data(), n);
+  std::vector<double> ref(sz);
+  for (size_t i = 0; i < sz; ++i)
+    ref[i] = g0[i] / (1.0 + std::exp(-static_cast<double>(g0[i]))) * u0[i];
+  EXPECT_LT(norm_err(out.data(), ref), kTolF32);
+  EXPECT_TRUE(out.guards_intact());
+  EXPECT_EQ(gate.vec(), g0);
+  EXPECT_EQ(up.vec(), u0);
+  // In place over the gate.
+  cpu.silu_mul(gate.data(), up.data(), gate.data(), n);
+  EXPECT_LT(norm_err(gate.data(), ref), kTolF32);
+  EXPECT_TRUE(gate.guards_intact());
+}
+
+TEST_P(ElementwiseTest, Relu) {
+  const int64_t n = GetParam();
+  const auto sz = static_cast<size_t>(n);
+  CpuBackend cpu(2);
+  Guarded<float> x(sz);
+  x.assign(random_floats(sz, 71, -1.0f, 1.0f));
+  if (n >= 4) {
+    x[0] = -0.0f;
+    x[1] = 1e-30f;
+    x[2] = -1e-30f;
+  }
+  const std::vector<float> x0 = x.vec();
+  cpu.relu(x.data(), n);
+  std::vector<double> ref(sz);
+  for (size_t i = 0; i < sz; ++i) ref[i] = x0[i] > 0.0f ? x0[i] : 0.0;
+  for (size_t i = 0; i < sz; ++i) ASSERT_EQ(static_cast<double>(x[i]), ref[i]) << i;
+  EXPECT_TRUE(x.guards_intact());
+}
+
+TEST_P(ElementwiseTest, Add) {
+  const int64_t n = GetParam();
+  const auto sz = static_cast<size_t>(n);
+  CpuBackend cpu(2);
+  Guarded<float> y(sz), x(sz);
+  y.assign(random_floats(sz, 81, -10.0f, 10.0f));
+  x.assign(random_floats(sz, 82, -10.0f, 10.0f));
+  const std::vector<float> y0 = y.vec(), x0 = x.vec();
+  cpu.add(y.data(), x.data(), n);
+  std::vector<double> ref(sz);
+  for (size_t i = 0; i < sz; ++i) ref[i] = static_cast<double>(y0[i]) + x0[i];
+  EXPECT_LT(norm_err(y.data(), ref), 1e-6);
+  EXPECT_TRUE(y.guards_intact());
+  EXPECT_EQ(x.vec(), x0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, ElementwiseTest,
+                         ::testing::Values(int64_t{1}, int64_t{1000}, int64_t{(1 << 15) + 7}),
+                         [](const auto& tp) { return "n" + std::to_string(tp.param); });
+
+using SoftmaxParam = std::tuple<int64_t /*m*/, int64_t /*n*/>;
+class SoftmaxTest : public ::testing::TestWithParam<SoftmaxParam> {};
+
+TEST_P(SoftmaxTest, RowsMatchReference) {
+  const auto [m, n] = GetParam();
+  const auto sz = static_cast<size_t>(m * n);
+  CpuBackend cpu(2);
+  Guarded<float> x(sz);
+  std::vector<float> in = random_floats(sz, 91, -10.0f, 10.0f);
+  // Large row offsets: without subtracting the row maximum exp() overflows or underflows.
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      in[static_cast<size_t>(r * n + i)] += (r % 3 == 0 ? 500.0f : r % 3 == 1 ? -500.0f : 0.0f);
+  x.assign(in);
+  cpu.softmax(x.data(), m, n);
+  std::vector<double> ref(sz);
+  for (int64_t r = 0; r < m; ++r) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < n; ++i)
+      mx = std::max(mx, static_cast<double>(in[static_cast<size_t>(r * n + i)]));
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(in[static_cast<size_t>(r * n + i)] - mx);
+    for (int64_t i = 0; i < n; ++i)
+      ref[static_cast<size_t>(r * n + i)] = std::exp(in[static_cast<size_t>(r * n + i)] - mx) / sum;
+  }
+  EXPECT_LT(norm_err(x.data(), ref), kTolF32);
+  EXPECT_TRUE(x.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, SoftmaxTest,
+                         ::testing::Values(SoftmaxParam{1, 1}, SoftmaxParam{3, 17},
+                                           SoftmaxParam{5, 1000}, SoftmaxParam{40, 1024}),
+                         [](const auto& tp) {
+                           return "m" + std::to_string(std::get<0>(tp.param)) + "_n" +
+                                  std::to_string(std::get<1>(tp.param));
+                         });
+
+// ---------------------------------------------------------------------------------------
+// kv_store + attention over a ragged batch
+// ---------------------------------------------------------------------------------------
+
+struct AttnCase {
+  std::string name;
+  int32_t n_heads, n_kv_heads, head_dim, n_slots, capacity;
+  std::vector<SeqSlice> seqs;
+  int32_t rows;  // activation rows (some may belong to no sequence)
+  int threads;
+};
+
+[[maybe_unused]] void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+// Row 4 belongs to no sequence (must stay untouched); one sequence has no new rows.
+std::vector<SeqSlice> small_batch() {
+  return {SeqSlice{0, 3, 0, 2}, SeqSlice{3, 1, 7, 0}, SeqSlice{5, 4, 5, 3}, SeqSlice{9, 0, 3, 1}};
+}
+
+std::vector<AttnCase> attn_cases() {
+  return {
+      {"gqa_4q_2kv", 4, 2, 8, 4, 16, small_batch(), 9, 1},
+      {"mha_4q_4kv", 4, 4, 8, 4, 16, small_batch(), 9, 2},
+      {"mqa_4q_1kv", 4, 1, 8, 4, 16, small_batch(), 9, 2},
+      // Big enough for the parallel path (per-thread score scratch), several threads.
+      {"gqa_large",
+       4,
+       2,
+       64,
+       3,
+       64,
+       {SeqSlice{0, 20, 0, 1}, SeqSlice{20, 1, 40, 0}, SeqSlice{21, 7, 30, 2}},
+       28,
+       3},
+  };
+}
+
+// The full state of the test: host cache before/after, inputs, and the references.
+struct AttnFixture {
+  AttnCase c;
+  size_t cache_elems;
+  std::vector<float> k_cache0, v_cache0;  // before kv_store
+  std::vector<float> k_new, v_new, q;
+  std::vector<float> k_expect, v_expect;  // after kv_store
+  std::vector<double> out_ref;            // only rows that belong to a sequence are meaningful
+  std::vector<bool> row_used;
+
+  size_t cache_index(int32_t slot, int32_t kvh, int32_t pos, int32_t d) const {
+    return ((static_cast<size_t>(slot) * c.n_kv_heads + kvh) * c.capacity + pos) * c.head_dim + d;
+  }
+
+  explicit AttnFixture(AttnCase ac) : c(std::move(ac)) {
+    cache_elems = static_cast<size_t>(c.n_slots) * c.n_kv_heads * c.capacity * c.head_dim;
+    // Unwritten cache positions hold NaN: reading one (a causality or indexing bug) poisons
+    // the output. The history of every used sequence is random.
+    k_cache0.assign(cache_elems, nan_f32());
+    v_cache0.assign(cache_elems, nan_f32());
+    std::mt19937 rng(101);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (const SeqSlice& s : c.seqs)
+      for (int32_t h = 0; h < c.n_kv_heads; ++h)
+        for (int32_t p = 0; p < s.n_past; ++p)
+          for (int32_t d = 0; d < c.head_dim; ++d) {
+            k_cache0[cache_index(s.slot, h, p, d)] = dist(rng);
+            v_cache0[cache_index(s.slot, h, p, d)] = dist(rng);
+          }
+    const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+    const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
+    k_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 102);
+    v_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 103);
+    q = random_floats(static_cast<size_t>(c.rows) * q_width, 104, -3.0f, 3.0f);
+
+    k_expect = k_cache0;
+    v_expect = v_cache0;
+    for (const SeqSlice& s : c.seqs)
+      for (int32_t t = 0; t < s.n_new; ++t)
+        for (int32_t h = 0; h < c.n_kv_heads; ++h)
+          for (int32_t d = 0; d < c.head_dim; ++d) {
+            const size_t src = static_cast<size_t>(s.row_begin + t) * kv_width +
+                               static_cast<size_t>(h * c.head_dim + d);
+            k_expect[cache_index(s.slot, h, s.n_past + t, d)] = k_new[src];
+            v_expect[cache_index(s.slot, h, s.n_past + t, d)] = v_new[src];
+          }
+
+    out_ref.assign(static_cast<size_t>(c.rows) * q_width, 0.0);
+    row_used.assign(static_cast<size_t>(c.rows), false);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    const int32_t group = c.n_heads / c.n_kv_heads;
+    for (const SeqSlice& s : c.seqs)
+      for (int32_t t = 0; t < s.n_new; ++t) {
+        const int32_t row = s.row_begin + t;
+        row_used[static_cast<size_t>(row)] = true;
+        const int32_t n_ctx = s.n_past + t + 1;
+        for (int32_t h = 0; h < c.n_heads; ++h) {
+          const int32_t kvh = h / group;
+          const float* qr =
+              q.data() + static_cast<size_t>(row) * q_width + static_cast<size_t>(h * c.head_dim);
+          std::vector<double> sc(static_cast<size_t>(n_ctx));
+          double mx = -INFINITY;
+          for (int32_t p = 0; p < n_ctx; ++p) {
+            double dot = 0.0;
+            for (int32_t d = 0; d < c.head_dim; ++d)
+              dot += static_cast<double>(qr[d]) * k_expect[cache_index(s.slot, kvh, p, d)];
+            sc[static_cast<size_t>(p)] = dot * scale;
+            mx = std::max(mx, sc[static_cast<size_t>(p)]);
+          }
+          double sum = 0.0;
+          for (auto& v : sc) sum += (v = std::exp(v - mx));
+          for (int32_t d = 0; d < c.head_dim; ++d) {
+            double o = 0.0;
+            for (int32_t p = 0; p < n_ctx; ++p)
+              o += sc[static_cast<size_t>(p)] / sum * v_expect[cache_index(s.slot, kvh, p, d)];
+            out_ref[static_cast<size_t>(row) * q_width + static_cast<size_t>(h * c.head_dim + d)] =
+                o;
+          }
+        }
+      }
+  }
+};
+
+// Bitwise comparison (the cache holds NaN sentinels).
+::testing::AssertionResult same_bits(const float* got, const std::vector<float>& want) {
+  for (size_t i = 0; i < want.size(); ++i)
+    if (bits_of(got[i]) != bits_of(want[i]))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << ", want " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+constexpr float kUntouched = 12345.0f;
+
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, KvStoreThenAttentionMatchReference) {
+  const AttnFixture f(GetParam());
+  const AttnCase& c = f.c;
+  CpuBackend cpu(c.threads);
+  Guarded<float> kc(f.cache_elems), vc(f.cache_elems);
+  kc.assign(f.k_cache0);
+  vc.assign(f.v_cache0);
+  Guarded<float> k_new(f.k_new.size()), v_new(f.v_new.size()), q(f.q.size());
+  k_new.assign(f.k_new);
+  v_new.assign(f.v_new);
+  q.assign(f.q);
+  const KvLayerView view{kc.data(), vc.data(), c.n_slots, c.capacity, c.n_kv_heads, c.head_dim};
+
+  cpu.kv_store(k_new.data(), v_new.data(), c.seqs, view);
+  EXPECT_TRUE(same_bits(kc.data(), f.k_expect)) << "K cache";
+  EXPECT_TRUE(same_bits(vc.data(), f.v_expect)) << "V cache";
+  EXPECT_TRUE(kc.guards_intact());
+  EXPECT_TRUE(vc.guards_intact());
+
+  const AttentionDims dims{c.n_heads, c.n_kv_heads, c.head_dim,
+                           static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+  const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
+  for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
+    SCOPED_TRACE("round " + std::to_string(round));
+    Guarded<float> out(f.q.size(), kUntouched);
+    cpu.attention(q.data(), c.seqs, view, dims, out.data());
+    EXPECT_TRUE(out.guards_intact());
+    std::vector<double> ref_used;
+    std::vector<float> got_used;
+    for (int32_t r = 0; r < c.rows; ++r) {
+      for (size_t i = 0; i < q_width; ++i) {
+        const size_t idx = static_cast<size_t>(r) * q_width + i;
+        if (f.row_used[static_cast<size_t>(r)]) {
+          ref_used.push_back(f.out_ref[idx]);
+          got_used.push_back(out[idx]);
+        } else {
+          ASSERT_EQ(bits_of(out[idx]), bits_of(kUntouched))
+              << "row " << r << " belongs to no sequence";
+        }
+      }
+    }
+    EXPECT_LT(norm_err(got_used.data(), ref_used), kTolF32);
+    // The cache and q are inputs of attention.
+    EXPECT_TRUE(same_bits(kc.data(), f.k_expect));
+    EXPECT_TRUE(same_bits(q.data(), f.q));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, AttentionTest, ::testing::ValuesIn(attn_cases()),
+                         [](const auto& tp) { return tp.param.name; });
+
+TEST(CpuBackendKvStore, RejectsBadSlotAndOverflow) {
+  CpuBackend cpu(1);
+  std::vector<float> kc(2 * 1 * 4 * 2, 0.0f), vc(kc.size(), 0.0f), k(2, 1.0f), v(2, 1.0f);
+  const KvLayerView view{kc.data(), vc.data(), 2, 4, 1, 2};
+  const std::vector<SeqSlice> bad_slot = {SeqSlice{0, 1, 0, 2}};
+  EXPECT_THROW(cpu.kv_store(k.data(), v.data(), bad_slot, view), Error);
+  const std::vector<SeqSlice> overflow = {SeqSlice{0, 1, 4, 0}};
+  EXPECT_THROW(cpu.kv_store(k.data(), v.data(), overflow, view), Error);
+  for (float e : kc) EXPECT_EQ(e, 0.0f);
+  // Exactly filling the slot is fine: position 3 of slot 1 is the last element.
+  const std::vector<SeqSlice> full = {SeqSlice{0, 1, 3, 1}};
+  EXPECT_NO_THROW(cpu.kv_store(k.data(), v.data(), full, view));
+  EXPECT_EQ(kc.back(), 1.0f);
+  EXPECT_EQ(vc.back(), 1.0f);
+}
+
+TEST(CpuBackendMemory, AllocateIsZeroedAlignedAndCopies) {
+  CpuBackend cpu(1);
+  EXPECT_EQ(cpu.device(), Device::kHost);
+  DeviceBuffer a(cpu, 1000), b(cpu, 1000);
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+  for (size_t i = 0; i < 250; ++i) EXPECT_EQ(a.f32()[i], 0.0f);
+  const std::vector<float> src = random_floats(250, 5);
+  cpu.copy(a.data(), src.data(), 1000, CopyKind::kHostToDevice);
+  cpu.copy(b.data(), a.data(), 1000, CopyKind::kDeviceToDevice);
+  std::vector<float> back(250);
+  cpu.copy(back.data(), b.data(), 1000, CopyKind::kDeviceToHost);
+  EXPECT_EQ(back, src);
+}
+
+// ---------------------------------------------------------------------------------------
+// dtype conversions
+// ---------------------------------------------------------------------------------------
+
+TEST(DtypeF16, EveryNonNanPatternRoundTrips) {
+  int checked = 0;
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const auto h = static_cast<uint16_t>(b);
+    if (f16_is_nan(h)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(h))) << std::hex << b;
+      EXPECT_TRUE(f16_is_nan(f32_to_f16(f16_to_f32(h)))) << std::hex << b;
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(f16_to_f32(h)), h) << std::hex << "0x" << b;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 65536 - 2 * 1023);
+}
+
+TEST(DtypeF16, DecodeMatchesDefinition) {
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const auto h = static_cast<uint16_t>(b);
+    const float got = f16_to_f32(h);
+    if (f16_is_nan(h)) {
+      EXPECT_TRUE(std::isnan(got));
+      EXPECT_EQ(std::signbit(got), (b & 0x8000u) != 0);
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(got), ref_f16(h)) << std::hex << "0x" << b;
+    ASSERT_EQ(std::signbit(got), (b & 0x8000u) != 0) << std::hex << "0x" << b;
+  }
+}
+
+// Floats spread over every interesting range for f16: random bit patterns (mostly far out
+// of range), values whose exponent lands in or near f16's (normal, subnormal, overflow),
+// exact halfway points between neighbouring f16 values, and hand-picked edges.
+std::vector<float> f16_probe_floats() {
+  std::vector<float> v;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) v.push_back(from_bits(static_cast<uint32_t>(rng())));
+  std::uniform_int_distribution<int> exp_dist(-28, 17);
+  std::uniform_int_distribution<uint32_t> mant_dist(0, (1u << 23) - 1);
+  for (int i = 0; i < 400000; ++i) {
+    const float f =
+        std::ldexp(1.0f + static_cast<float>(mant_dist(rng)) / 8388608.0f, exp_dist(rng));
+    v.push_back((i & 1) ? -f : f);
+  }
+  for (uint32_t h = 0; h < 0x7c00u; ++h) {  // halfway between h and h + 1, and just beside it
+    const double lo = ref_f16(static_cast<uint16_t>(h));
+    const double hi = h + 1 == 0x7c00u ? 65536.0 : ref_f16(static_cast<uint16_t>(h + 1));
+    const auto mid = static_cast<float>((lo + hi) / 2);
+    v.push_back(mid);
+    v.push_back(std::nextafter(mid, 0.0f));
+    v.push_back(std::nextafter(mid, 1e30f));
+    v.push_back(-mid);
+  }
+  const float edges[] = {0.0f,
+                         -0.0f,
+                         1.0f,
+                         65504.0f,
+                         65519.99f,
+                         65520.0f,
+                         65536.0f,
+                         1e10f,
+                         std::ldexp(1.0f, -24),
+                         std::ldexp(1.0f, -25),
+                         std::nextafter(std::ldexp(1.0f, -25), 1.0f),
+                         std::ldexp(1.0f, -26),
+                         std::ldexp(1.0f, -14),
+                         std::nextafter(std::ldexp(1.0f, -14), 0.0f),
+                         std::numeric_limits<float>::denorm_min(),
+                         std::numeric_limits<float>::max(),
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity()};
+  for (float e : edges) {
+    v.push_back(e);
+    v.push_back(-e);
+  }
+  return v;
+}
+
+TEST(DtypeF16, EncodeIsRoundToNearestEven) {
+  // Sanity of the reference itself on known cases.
+  ASSERT_EQ(ref_f32_to_f16(1.0f), 0x3c00u);
+  ASSERT_EQ(ref_f32_to_f16(65504.0f), 0x7bffu);
+  ASSERT_EQ(ref_f32_to_f16(65520.0f), 0x7c00u);
+  ASSERT_EQ(ref_f32_to_f16(std::ldexp(1.0f, -25)), 0x0000u);
+  ASSERT_EQ(ref_f32_to_f16(std::ldexp(3.0f, -25)), 0x0002u);         // 1.5 ulp -> 2 (even)
+  ASSERT_EQ(ref_f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00u);  // tie -> even
+  ASSERT_EQ(ref_f32_to_f16(1.0f + std::ldexp(3.0f, -11)), 0x3c02u);  // tie -> even
+  size_t n = 0;
+  for (const float f : f16_probe_floats()) {
+    const uint16_t got = f32_to_f16(f);
+    const uint16_t want = ref_f32_to_f16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(f16_is_nan(got)) << f;
+      continue;
+    }
+    ASSERT_EQ(got, want) << "f = " << f << " (bits 0x" << std::hex << bits_of(f) << ")";
+    ++n;
+  }
+  EXPECT_GT(n, 600000u);
+}
+
+TEST(DtypeF16, MatchesF16cHardware) {
+#if defined(__F16C__)
+  for (const float f : f16_probe_floats()) {
+    const auto hw = static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+    const uint16_t got = f32_to_f16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(f16_is_nan(got) && f16_is_nan(hw)) << f;
+      continue;
+    }
+    ASSERT_EQ(got, hw) << "f = " << f << " (bits 0x" << std::hex << bits_of(f) << ")";
+  }
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const auto h = static_cast<uint16_t>(b);
+    const float hw = _cvtsh_ss(h);
+    if (f16_is_nan(h)) continue;
+    ASSERT_EQ(bits_of(f16_to_f32(h)), bits_of(hw)) << std::hex << "0x" << b;
+  }
+#else
+  GTEST_SKIP() << "built without F16C";
+#endif
+}
+
+TEST(DtypeBf16, RoundToNearestEvenCases) {
+  struct Case {
+    uint32_t f32_bits;
+    uint16_t want;
+  };
+  const Case cases[] = {
+      {0x3f800000u, 0x3f80u},                          // 1.0 exact
+      {0x3f807fffu, 0x3f80u},                          // just below half: down
+      {0x3f808000u, 0x3f80u},                          // tie, lower is even: down
+      {0x3f808001u, 0x3f81u},                          // just above half: up
+      {0x3f818000u, 0x3f82u},                          // tie, lower is odd: up to even
+      {0x3f81ffffu, 0x3f82u}, {0xbf808000u, 0xbf80u},  // negative tie
+      {0xbf818000u, 0xbf82u}, {0x7f7f8000u, 0x7f80u},  // tie at the top: up to inf (even)
+      {0x7f7fffffu, 0x7f80u},                          // FLT_MAX rounds to inf
+      {0x7f7f7fffu, 0x7f7fu}, {0x00000001u, 0x0000u},  // smallest subnormal: down to +0
+      {0x00008000u, 0x0000u},                          // subnormal tie: even
+      {0x00018000u, 0x0002u}, {0x80000000u, 0x8000u},  // -0
+      {0x7f800000u, 0x7f80u},                          // inf
+      {0xff800000u, 0xff80u},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(f32_to_bf16(from_bits(c.f32_bits)), c.want) << std::hex << "0x" << c.f32_bits;
+    EXPECT_EQ(ref_f32_to_bf16(from_bits(c.f32_bits)), c.want)
+        << std::hex << "reference, 0x" << c.f32_bits;
+  }
+  // NaNs stay NaN, even a signalling NaN whose payload lies only in the low 16 bits
+  // (truncation would turn it into infinity), and keep their sign.
+  for (const uint32_t nan_bits : {0x7f800001u, 0x7fc00000u, 0xff800001u, 0x7fffffffu}) {
+    const uint16_t got = f32_to_bf16(from_bits(nan_bits));
+    EXPECT_TRUE(bf16_is_nan(got)) << std::hex << nan_bits << " -> " << got;
+    EXPECT_EQ(got & 0x8000u, (nan_bits >> 16) & 0x8000u);
+  }
+}
+
+TEST(DtypeBf16, RoundTripAndRandomAgainstReference) {
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const auto h = static_cast<uint16_t>(b);
+    if (bf16_is_nan(h)) continue;
+    ASSERT_EQ(static_cast<double>(bf16_to_f32(h)), ref_bf16(h)) << std::hex << b;
+    ASSERT_EQ(f32_to_bf16(bf16_to_f32(h)), h) << std::hex << b;
+  }
+  std::mt19937 rng(17);
+  for (int i = 0; i < 300000; ++i) {
+    const float f = from_bits(static_cast<uint32_t>(rng()));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_bf16(f), ref_f32_to_bf16(f)) << std::hex << bits_of(f);
+  }
+}
+
+TEST(DtypeConvert, ArraysMatchScalarsAndRejectI32) {
+  const std::vector<float> src = random_floats(1001, 3, -70000.0f, 70000.0f);
+  for (const DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Guarded<uint8_t> packed(src.size() * dtype_size(t));
+    convert_from_f32(t, src.data(), packed.data(), src.size());
+    Guarded<float> back(src.size(), nan_f32());
+    convert_to_f32(t, packed.data(), back.data(), src.size());
+    Guarded<float> rows(src.size(), nan_f32());
+    row_to_f32(t, packed.data(), rows.data(), static_cast<int64_t>(src.size()));
+    for (size_t i = 0; i < src.size(); ++i) {
+      uint16_t h = 0;
+      if (t != DType::kF32) std::memcpy(&h, packed.data() + 2 * i, 2);
+      const double want = t == DType::kF32   ? src[i]
+                          : t == DType::kF16 ? ref_f16(ref_f32_to_f16(src[i]))
+                                             : ref_bf16(ref_f32_to_bf16(src[i]));
+      if (t == DType::kF16) {
+        ASSERT_EQ(h, ref_f32_to_f16(src[i])) << i;
+      }
+      if (t == DType::kBF16) {
+        ASSERT_EQ(h, ref_f32_to_bf16(src[i])) << i;
+      }
+      ASSERT_EQ(static_cast<double>(back[i]), want) << i;
+      ASSERT_EQ(static_cast<double>(rows[i]), want) << i;
+    }
+    EXPECT_TRUE(packed.guards_intact());
+    EXPECT_TRUE(back.guards_intact());
+    EXPECT_TRUE(rows.guards_intact());
+  }
+  float f = 1.0f;
+  int32_t i32 = 0;
+  EXPECT_THROW(convert_to_f32(DType::kI32, &i32, &f, 1), Error);
+  EXPECT_THROW(convert_from_f32(DType::kI32, &f, &i32, 1), Error);
+  EXPECT_THROW(row_to_f32(DType::kI32, &i32, &f, 1), Error);
+}
+
+TEST(DtypeNames, ParseAndSize) {
+  EXPECT_EQ(parse_dtype("f32"), DType::kF32);
+  EXPECT_EQ(parse_dtype("bfloat16"), DType::kBF16);
+  EXPECT_EQ(parse_dtype("float16"), DType::kF16);
+  EXPECT_EQ(parse_dtype("i32"), DType::kI32);
+  EXPECT_FALSE(parse_dtype("f64").has_value());
+  EXPECT_STREQ(dtype_name(DType::kBF16), "bf16");
+  EXPECT_EQ(dtype_size(DType::kF32), 4u);
+  EXPECT_EQ(dtype_size(DType::kF16), 2u);
+  EXPECT_EQ(dtype_size(DType::kBF16), 2u);
+}
+
+// ---------------------------------------------------------------------------------------
+// sampling
+// ---------------------------------------------------------------------------------------
+
+// argmax with ties to the lowest id, written independently.
+int32_t ref_argmax(const std::vector<float>& x) {
+  int32_t best = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (x[i] > x[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+std::vector<double> ref_softmax(const std::vector<float>& logits, double temperature) {
+  double mx = -INFINITY;
+  for (float l : logits) mx = std::max(mx, l / temperature);
+  std::vector<double> p(logits.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::exp(logits[i] / temperature - mx));
+  for (auto& v : p) v /= sum;
+  return p;
+}
+
+std::vector<double> frequencies(const std::vector<float>& logits, const SamplingParams& params,
+                                int draws) {
+  Sampler sampler;
+  Rng rng(params.seed);
+  std::vector<double> freq(logits.size(), 0.0);
+  for (int i = 0; i < draws; ++i) {
+    const int32_t t =
+        sampler.sample(logits.data(), static_cast<int32_t>(logits.size()), params, rng);
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, static_cast<int32_t>(logits.size()));
+    freq[static_cast<size_t>(t)] += 1.0 / draws;
+  }
+  return freq;
+}
+
+TEST(Sampling, GreedyIsArgmaxWithTiesToLowestId) {
+  Sampler sampler;
+  Rng rng(1);
+  const SamplingParams greedy;  // temperature 0
+  const std::vector<std::vector<float>> cases = {
+      {1.0f, 3.0f, 3.0f, 2.0f},        // tie in the middle
+      {5.0f, 5.0f, 5.0f},              // all equal
+      {-3.0f, -1.0f, -2.0f, -1.0f},    // negatives
+      {0.0f, 0.0f, 0.0f, 0.0f, 9.0f},  // last
+      {-INFINITY, -INFINITY, -5.0f},
+      {42.0f},
+  };
+  const int32_t want[] = {1, 0, 1, 4, 2, 0};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto n = static_cast<int32_t>(cases[i].size());
+    EXPECT_EQ(argmax(cases[i].data(), n), want[i]) << i;
+    EXPECT_EQ(sampler.sample(cases[i].data(), n, greedy, rng), want[i]) << i;
+  }
+  const std::vector<float> logits = random_floats(1000, 9, -5.0f, 5.0f);
+  EXPECT_EQ(sampler.sample(logits.data(), 1000, greedy, rng), ref_argmax(logits));
+}
+
+TEST(Sampling, SameSeedSameSequence) {
+  const std::vector<float> logits = random_floats(100, 10, -2.0f, 2.0f);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  auto run = [&](uint64_t seed) {
+    Sampler sampler;
+    Rng rng(seed);
+    std::vector<int32_t> seq;
+    for (int i = 0; i < 200; ++i) seq.push_back(sampler.sample(logits.data(), 100, p, rng));
+    return seq;
+  };
+  EXPECT_EQ(run(1234), run(1234));
+  EXPECT_NE(run(1234), run(1235));
+  Rng a(99), b(99), c(100);
+  bool differs = false;
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t va = a.next();
+    EXPECT_EQ(va, b.next());
+    differs |= va != c.next();
+  }
+  EXPECT_TRUE(differs);
+}
+
+// xoshiro256** seeded through splitmix64, written from the published reference code
+// (prng.di.unimi.it), so the generator is the documented one on every platform.
+TEST(Sampling, RngIsXoshiro256StarStarSeededBySplitmix64) {
+  auto splitmix64 = [](uint64_t& x) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  uint64_t zero = 0;
+  ASSERT_EQ(splitmix64(zero), 0xe220a8397b1dcdafull);  // splitmix64's known first output for 0
+  auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{0xdeadbeefcafef00dull}}) {
+    uint64_t x = seed;
+    uint64_t s[4];
+    for (auto& w : s) w = splitmix64(x);
+    Rng rng(seed);
+    for (int i = 0; i < 1000; ++i) {
+      const uint64_t want = rotl(s[1] * 5, 7) * 9;
+      const uint64_t t = s[1] << 17;
+      s[2] ^= s[0];
+      s[3] ^= s[1];
+      s[1] ^= s[2];
+      s[0] ^= s[3];
+      s[2] ^= t;
+      s[3] = rotl(s[3], 45);
+      ASSERT_EQ(rng.next(), want) << "seed " << seed << " draw " << i;
+    }
+  }
+}
+
+TEST(Sampling, UniformIsInUnitIntervalWithMeanHalf) {
+  Rng rng(5);
+  double sum = 0.0;
+  constexpr int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    const float u = rng.uniform();
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.01);
+}
+
+TEST(Sampling, TopKOneIsGreedyAtAnyTemperature) {
+  std::vector<float> logits = random_floats(64, 11, -3.0f, 3.0f);
+  logits[10] = 3.5f;
+  logits[40] = 3.5f;  // tie with a higher id
+  ASSERT_EQ(ref_argmax(logits), 10);
+  Sampler sampler;
+  for (const float temp : {0.05f, 0.7f, 1.0f, 5.0f, 100.0f}) {
+    SamplingParams p;
+    p.temperature = temp;
+    p.top_k = 1;
+    Rng rng(77);
+    for (int i = 0; i < 300; ++i) ASSERT_EQ(sampler.sample(logits.data(), 64, p, rng), 10) << temp;
+  }
+}
+
+TEST(Sampling, TinyTopPIsGreedy) {
+  std::vector<float> logits = random_floats(64, 12, -1.0f, 1.0f);
+  logits[5] = 1.2f;
+  logits[33] = 1.2f;
+  Sampler sampler;
+  for (const float temp : {0.5f, 1.0f, 10.0f}) {
+    SamplingParams p;
+    p.temperature = temp;
+    p.top_p = 1e-6f;
+    Rng rng(78);
+    for (int i = 0; i < 300; ++i) ASSERT_EQ(sampler.sample(logits.data(), 64, p, rng), 5) << temp;
+  }
+}
+
+TEST(Sampling, FrequenciesMatchSoftmax) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 2024;
+  const std::vector<double> want = ref_softmax(logits, 1.0);
+  const std::vector<double> got = frequencies(logits, p, 20000);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 0.02) << "token " << i;
+
+  p.temperature = 0.5f;  // sharper
+  const std::vector<double> want_cold = ref_softmax(logits, 0.5);
+  const std::vector<double> got_cold = frequencies(logits, p, 20000);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got_cold[i], want_cold[i], 0.02) << "token " << i;
+}
+
+TEST(Sampling, TopKAndTopPRenormaliseTheKeptTokens) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
+  const std::vector<double> full = ref_softmax(logits, 1.0);
+  // Sorted: 1 (2.0), 4 (1.5), 0 (1.0), 2 (0.5), 5 (0.0), 3 (-1.0).
+  SamplingParams k3;
+  k3.temperature = 1.0f;
+  k3.top_k = 3;
+  k3.seed = 7;
+  {
+    const double z = full[1] + full[4] + full[0];
+    const std::vector<double> got = frequencies(logits, k3, 20000);
+    const std::vector<double> want = {full[0] / z, full[1] / z, 0.0, 0.0, full[4] / z, 0.0};
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 0.02) << "top_k token " << i;
+  }
+  // Nucleus: smallest prefix reaching p. full[1] + full[4] is about 0.58, + full[0] about 0.79.
+  SamplingParams p7;
+  p7.temperature = 1.0f;
+  p7.top_p = 0.7f;
+  p7.seed = 8;
+  ASSERT_LT(full[1] + full[4], 0.7);
+  ASSERT_GT(full[1] + full[4] + full[0], 0.7);
+  {
+    const double z = full[1] + full[4] + full[0];
+    const std::vector<double> got = frequencies(logits, p7, 20000);
+    const std::vector<double> want = {full[0] / z, full[1] / z, 0.0, 0.0, full[4] / z, 0.0};
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 0.02) << "top_p token " << i;
+  }
+}
+
+TEST(Sampling, ValidateRejectsOutOfRangeValues) {
+  const SamplingParams ok;
+  EXPECT_NO_THROW(ok.validate());
+  SamplingParams good;
+  good.temperature = 0.8f;
+  good.top_k = 40;
+  good.top_p = 1.0f;
+  EXPECT_NO_THROW(good.validate());
+
+  auto expect_rejects = [](SamplingParams p, const char* field) {
+    try {
+      p.validate();
+      ADD_FAILURE() << "accepted " << p.str();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    }
+  };
+  SamplingParams p;
+  p.temperature = -0.1f;
+  expect_rejects(p, "temperature");
+  p.temperature = std::numeric_limits<float>::quiet_NaN();
+  expect_rejects(p, "temperature");
+  p.temperature = std::numeric_limits<float>::infinity();
+  expect_rejects(p, "temperature");
+  p = SamplingParams{};
+  p.top_p = 0.0f;
+  expect_rejects(p, "top_p");
+  p.top_p = 1.5f;
+  expect_rejects(p, "top_p");
+  p.top_p = -0.5f;
+  expect_rejects(p, "top_p");
+  p.top_p = std::numeric_limits<float>::quiet_NaN();
+  expect_rejects(p, "top_p");
+  p = SamplingParams{};
+  p.top_k = -1;
+  expect_rejects(p, "top_k");
+}
+
+}  // namespace
+}  // namespace strata

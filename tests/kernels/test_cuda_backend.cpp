@@ -1,0 +1,620 @@
+// The CUDA backend against the CPU reference backend: every op runs on the same random
+// inputs on both (the CUDA side through host<->device copies), results are compared under
+// a normalised error bound  max |gpu - cpu| / max(1, max |cpu|),  and every device output
+// buffer sits between canary guard bytes that must survive the op. Device outputs start
+// as NaN (all bits set) so an element a kernel forgets to write fails the comparison.
+//
+// Without a GPU every test but CudaAvailability skips with probe_accelerators()'s reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/accelerator.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/dtype.h"
+#include "kernels/error.h"
+#include "kernels/tensor.h"
+
+namespace strata {
+
+// Readable parameter names in gtest output (found by ADL for DType).
+[[maybe_unused]] static void PrintTo(DType t, std::ostream* os) {
+  *os << dtype_name(t);
+}
+
+namespace {
+
+constexpr size_t kGuardBytes = 64;  // keeps the payload as aligned as the allocation
+
+uint8_t canary(size_t i) {
+  return static_cast<uint8_t>(0xA5u + 37u * i);
+}
+
+const AcceleratorInfo& probe() {
+  static const AcceleratorInfo info = probe_accelerators();
+  return info;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// max |got - ref| / max(1, max |ref|); infinity when got is not finite where ref is.
+double norm_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double max_ref = 0.0;
+  double max_diff = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i]))
+      return std::numeric_limits<double>::infinity();
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+  }
+  return max_diff / std::max(1.0, max_ref);
+}
+
+::testing::AssertionResult same_bits(const std::vector<float>& got,
+                                     const std::vector<float>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < want.size(); ++i)
+    if (bits_of(got[i]) != bits_of(want[i]))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << ", want " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+constexpr double kTolF32 = 1e-5;
+// linear with f16/bf16 weights rounds x to the weight type on the GPU (cuda_backend.cpp),
+// the CPU keeps x in f32: the difference is x's rounding error summed over k.
+constexpr double kTolLinearF16 = 2e-3;
+constexpr double kTolLinearBF16 = 1.5e-2;
+// With x pre-rounded on both sides only the accumulation differs (tensor cores may
+// accumulate with truncation).
+constexpr double kTolLinearHalfSameInputs = 1e-4;
+
+// n elements of T in device memory between canary guard regions.
+template <typename T>
+class DeviceGuarded {
+ public:
+  DeviceGuarded(Backend& backend, size_t n)
+      : backend_(&backend),
+        n_(n),
+        buf_(backend, 2 * kGuardBytes + std::max<size_t>(n, 1) * sizeof(T)) {
+    std::vector<uint8_t> image(buf_.size(), 0xffu);  // payload: all bits set (NaN for f32)
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      image[i] = canary(i);
+      image[kGuardBytes + n_ * sizeof(T) + i] = canary(i + kGuardBytes);
+    }
+    backend.copy(buf_.data(), image.data(), image.size(), CopyKind::kHostToDevice);
+  }
+  DeviceGuarded(Backend& backend, const std::vector<T>& values)
+      : DeviceGuarded(backend, values.size()) {
+    upload(values);
+  }
+
+  T* data() const { return reinterpret_cast<T*>(static_cast<uint8_t*>(buf_.data()) + kGuardBytes); }
+  size_t size() const { return n_; }
+
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), n_);
+    if (n_ > 0) backend_->copy(data(), v.data(), n_ * sizeof(T), CopyKind::kHostToDevice);
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    if (n_ > 0) backend_->copy(v.data(), data(), n_ * sizeof(T), CopyKind::kDeviceToHost);
+    return v;
+  }
+  ::testing::AssertionResult guards_intact() const {
+    std::vector<uint8_t> image(buf_.size());
+    backend_->copy(image.data(), buf_.data(), image.size(), CopyKind::kDeviceToHost);
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      if (image[i] != canary(i))
+        return ::testing::AssertionFailure()
+               << "device guard byte " << (kGuardBytes - i) << " before the buffer was overwritten";
+      if (image[kGuardBytes + n_ * sizeof(T) + i] != canary(i + kGuardBytes))
+        return ::testing::AssertionFailure()
+               << "device guard byte " << i << " after the buffer (of " << n_
+               << " elements) was overwritten";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  Backend* backend_;
+  size_t n_;
+  DeviceBuffer buf_;
+};
+
+// A weight stored as `dtype` in host memory (for the CPU backend) and on the device.
+struct DualWeight {
+  std::vector<uint8_t> host_bytes;
+  Tensor host;
+  std::unique_ptr<DeviceGuarded<uint8_t>> dev;
+  Tensor device;
+
+  DualWeight(Backend& gpu, DType dtype, int64_t rows, int64_t cols,
+             const std::vector<float>& values) {
+    host_bytes.resize(values.size() * dtype_size(dtype));
+    convert_from_f32(dtype, values.data(), host_bytes.data(), values.size());
+    host.data = host_bytes.data();
+    host.dtype = dtype;
+    host.shape = Shape{rows, cols};
+    host.device = Device::kHost;
+    dev = std::make_unique<DeviceGuarded<uint8_t>>(gpu, host_bytes);
+    device = host;
+    device.data = dev->data();
+    device.device = Device::kCuda;
+  }
+};
+
+// Every GPU test: skipped with the probe's reason when there is no device.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!probe().available()) GTEST_SKIP() << "no CUDA device: " << probe().reason;
+    gpu_ = make_cuda_backend(0);
+    cpu_ = std::make_unique<CpuBackend>(2);
+  }
+  Backend& gpu() { return *gpu_; }
+  CpuBackend& cpu() { return *cpu_; }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<CpuBackend> cpu_;
+};
+
+template <typename P>
+class CudaParamTest : public CudaTest, public ::testing::WithParamInterface<P> {};
+
+// ---------------------------------------------------------------------------------------
+// Runs without a GPU too.
+// ---------------------------------------------------------------------------------------
+
+TEST(CudaAvailability, ProbeAndFactoryFailCleanlyWithoutDevice) {
+  const AcceleratorInfo& info = probe();
+  EXPECT_TRUE(info.cuda_built) << "test_cuda_backend is only built with CUDA";
+  if (!info.available()) {
+    EXPECT_FALSE(info.reason.empty());
+    EXPECT_NE(info.str().find(info.reason), std::string::npos);
+    try {
+      auto backend = make_cuda_backend(0);
+      ADD_FAILURE() << "make_cuda_backend(0) succeeded without a device";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kFailed) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+    }
+    // Asking again still fails cleanly (no sticky state, no crash).
+    EXPECT_THROW(make_cuda_backend(0), Error);
+  } else {
+    const auto count = static_cast<int>(info.devices.size());
+    EXPECT_NO_THROW(make_cuda_backend(0));
+    EXPECT_THROW(make_cuda_backend(count), Error);
+    EXPECT_THROW(make_cuda_backend(-1), Error);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------
+
+TEST_F(CudaTest, AllocateCopySynchronize) {
+  EXPECT_EQ(gpu().device(), Device::kCuda);
+  EXPECT_FALSE(gpu().name().empty());
+  DeviceBuffer a(gpu(), 4000), b(gpu(), 4000);
+  std::vector<float> back(1000, 1.0f);
+  gpu().copy(back.data(), a.data(), 4000, CopyKind::kDeviceToHost);
+  for (float v : back) ASSERT_EQ(v, 0.0f) << "allocate() memory is zeroed";
+  const std::vector<float> src = random_floats(1000, 1);
+  gpu().copy(a.data(), src.data(), 4000, CopyKind::kHostToDevice);
+  gpu().copy(b.data(), a.data(), 4000, CopyKind::kDeviceToDevice);
+  gpu().synchronize();
+  gpu().copy(back.data(), b.data(), 4000, CopyKind::kDeviceToHost);
+  EXPECT_EQ(back, src);
+  DeviceGuarded<float> g(gpu(), src);
+  EXPECT_EQ(g.download(), src);
+  EXPECT_TRUE(g.guards_intact());
+}
+
+// ---------------------------------------------------------------------------------------
+// linear
+// ---------------------------------------------------------------------------------------
+
+using LinearParam = std::tuple<DType, int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, bool /*bias*/>;
+using CudaLinearTest = CudaParamTest<LinearParam>;
+
+TEST_P(CudaLinearTest, MatchesCpu) {
+  const auto [dtype, m, n, k, with_bias] = GetParam();
+  DualWeight w(gpu(), dtype, n, k, random_floats(static_cast<size_t>(n * k), 11));
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 12);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(n), 13, -2.0f, 2.0f);
+  DeviceGuarded<float> dx(gpu(), x), dbias(gpu(), bias), dy(gpu(), static_cast<size_t>(m * n));
+
+  std::vector<float> want(static_cast<size_t>(m * n));
+  cpu().linear(x.data(), m, w.host, with_bias ? bias.data() : nullptr, want.data());
+  gpu().linear(dx.data(), m, w.device, with_bias ? dbias.data() : nullptr, dy.data());
+  const std::vector<float> got = dy.download();
+
+  const double tol = dtype == DType::kF32   ? kTolF32
+                     : dtype == DType::kF16 ? kTolLinearF16
+                                            : kTolLinearBF16;
+  EXPECT_LT(norm_err(got, want), tol);
+  EXPECT_TRUE(dy.guards_intact());
+  EXPECT_EQ(dx.download(), x) << "linear modified its input";
+  EXPECT_TRUE(w.dev->guards_intact());
+
+  if (dtype != DType::kF32) {
+    // Same inputs on both sides (x rounded to the weight type first): only the
+    // accumulation order may differ.
+    std::vector<uint8_t> packed(x.size() * 2);
+    convert_from_f32(dtype, x.data(), packed.data(), x.size());
+    std::vector<float> xr(x.size());
+    convert_to_f32(dtype, packed.data(), xr.data(), x.size());
+    cpu().linear(xr.data(), m, w.host, with_bias ? bias.data() : nullptr, want.data());
+    gpu().linear(dx.data(), m, w.device, with_bias ? dbias.data() : nullptr, dy.data());
+    EXPECT_LT(norm_err(dy.download(), want), kTolLinearHalfSameInputs);
+  }
+}
+
+std::string linear_name(const ::testing::TestParamInfo<LinearParam>& tp) {
+  return std::string(dtype_name(std::get<0>(tp.param))) + "_m" +
+         std::to_string(std::get<1>(tp.param)) + "_n" + std::to_string(std::get<2>(tp.param)) +
+         "_k" + std::to_string(std::get<3>(tp.param)) +
+         (std::get<4>(tp.param) ? "_bias" : "_nobias");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, CudaLinearTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(int64_t{1}, int64_t{3}, int64_t{16}),
+                       ::testing::Values(int64_t{37}, int64_t{300}),
+                       ::testing::Values(int64_t{1}, int64_t{53}, int64_t{129}), ::testing::Bool()),
+    linear_name);
+
+// ---------------------------------------------------------------------------------------
+// embedding
+// ---------------------------------------------------------------------------------------
+
+using CudaEmbeddingTest = CudaParamTest<DType>;
+
+TEST_P(CudaEmbeddingTest, MatchesCpuExactly) {
+  constexpr int64_t vocab = 50;
+  for (const int64_t h : {int64_t{1}, int64_t{37}, int64_t{300}}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    DualWeight table(gpu(), GetParam(), vocab, h,
+                     random_floats(static_cast<size_t>(vocab * h), 21, -4.0f, 4.0f));
+    const std::vector<int32_t> ids = {0, 49, 7, 7, 13, 0, 48, 25, 1};
+    const auto n = static_cast<int64_t>(ids.size());
+    DeviceGuarded<int32_t> dids(gpu(), ids);
+    DeviceGuarded<float> dy(gpu(), static_cast<size_t>(n * h));
+    std::vector<float> want(static_cast<size_t>(n * h));
+    cpu().embedding(ids.data(), n, table.host, want.data());
+    gpu().embedding(dids.data(), n, table.device, dy.data());
+    EXPECT_TRUE(same_bits(dy.download(), want));
+    EXPECT_TRUE(dy.guards_intact());
+  }
+}
+
+TEST_P(CudaEmbeddingTest, IdOutsideVocabularyGivesZeroRow) {
+  DualWeight table(gpu(), GetParam(), 10, 8, random_floats(80, 22));
+  const std::vector<int32_t> ids = {3, -1, 10};
+  DeviceGuarded<int32_t> dids(gpu(), ids);
+  DeviceGuarded<float> dy(gpu(), 24);
+  gpu().embedding(dids.data(), 3, table.device, dy.data());
+  const std::vector<float> got = dy.download();
+  for (size_t i = 8; i < 24; ++i) EXPECT_EQ(got[i], 0.0f) << i;
+  std::vector<float> row3(8);
+  cpu().embedding(&ids[0], 1, table.host, row3.data());
+  EXPECT_TRUE(same_bits(std::vector<float>(got.begin(), got.begin() + 8), row3));
+  EXPECT_TRUE(dy.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaEmbeddingTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& tp) { return std::string(dtype_name(tp.param)); });
+
+// ---------------------------------------------------------------------------------------
+// rms_norm, layer_norm
+// ---------------------------------------------------------------------------------------
+
+using NormParam = std::tuple<int64_t /*m*/, int64_t /*h*/>;
+using CudaNormTest = CudaParamTest<NormParam>;
+
+TEST_P(CudaNormTest, RmsNorm) {
+  const auto [m, h] = GetParam();
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * h), 31, -3.0f, 3.0f);
+  const std::vector<float> w = random_floats(static_cast<size_t>(h), 32, 0.5f, 1.5f);
+  DeviceGuarded<float> dx(gpu(), x), dw(gpu(), w), dy(gpu(), x.size());
+  std::vector<float> want(x.size());
+  cpu().rms_norm(x.data(), m, h, w.data(), 1e-5f, want.data());
+  gpu().rms_norm(dx.data(), m, h, dw.data(), 1e-5f, dy.data());
+  EXPECT_LT(norm_err(dy.download(), want), kTolF32);
+  EXPECT_TRUE(dy.guards_intact());
+}
+
+TEST_P(CudaNormTest, LayerNorm) {
+  const auto [m, h] = GetParam();
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * h), 41, 2.0f, 6.0f);
+  const std::vector<float> w = random_floats(static_cast<size_t>(h), 42, 0.5f, 1.5f);
+  const std::vector<float> b = random_floats(static_cast<size_t>(h), 43, -1.0f, 1.0f);
+  DeviceGuarded<float> dx(gpu(), x), dw(gpu(), w), db(gpu(), b), dy(gpu(), x.size());
+  std::vector<float> want(x.size());
+  cpu().layer_norm(x.data(), m, h, w.data(), b.data(), 1e-5f, want.data());
+  gpu().layer_norm(dx.data(), m, h, dw.data(), db.data(), 1e-5f, dy.data());
+  EXPECT_LT(norm_err(dy.download(), want), 4 * kTolF32);
+  EXPECT_TRUE(dy.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaNormTest,
+                         ::testing::Values(NormParam{1, 1}, NormParam{1, 64}, NormParam{4, 67},
+                                           NormParam{33, 1024}, NormParam{2, 5000}),
+                         [](const auto& tp) {
+                           return "m" + std::to_string(std::get<0>(tp.param)) + "_h" +
+                                  std::to_string(std::get<1>(tp.param));
+                         });
+
+// ---------------------------------------------------------------------------------------
+// rope
+// ---------------------------------------------------------------------------------------
+
+TEST_F(CudaTest, RopeMatchesCpu) {
+  constexpr int32_t n_heads = 3, max_pos = 64;
+  constexpr double theta = 10000.0;
+  for (const int32_t head_dim : {16, 128}) {
+    SCOPED_TRACE("head_dim=" + std::to_string(head_dim));
+    const int32_t half = head_dim / 2;
+    std::vector<float> cos_t(static_cast<size_t>(max_pos * half)), sin_t(cos_t.size());
+    for (int32_t p = 0; p < max_pos; ++p)
+      for (int32_t j = 0; j < half; ++j) {
+        const double a = p * std::pow(theta, -2.0 * j / head_dim);
+        cos_t[static_cast<size_t>(p * half + j)] = static_cast<float>(std::cos(a));
+        sin_t[static_cast<size_t>(p * half + j)] = static_cast<float>(std::sin(a));
+      }
+    const std::vector<int32_t> positions = {0, 1, 5, 63, 17, 5};
+    const auto m = static_cast<int64_t>(positions.size());
+    std::vector<float> x =
+        random_floats(static_cast<size_t>(m * n_heads * head_dim), 51, -2.0f, 2.0f);
+    DeviceGuarded<float> dx(gpu(), x), dcos(gpu(), cos_t), dsin(gpu(), sin_t);
+    DeviceGuarded<int32_t> dpos(gpu(), positions);
+    cpu().rope(x.data(), m, n_heads, head_dim, positions.data(),
+               RopeTables{cos_t.data(), sin_t.data(), max_pos, half});
+    gpu().rope(dx.data(), m, n_heads, head_dim, dpos.data(),
+               RopeTables{dcos.data(), dsin.data(), max_pos, half});
+    EXPECT_LT(norm_err(dx.download(), x), kTolF32);
+    EXPECT_TRUE(dx.guards_intact());
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise, softmax
+// ---------------------------------------------------------------------------------------
+
+using CudaElementwiseTest = CudaParamTest<int64_t>;
+
+TEST_P(CudaElementwiseTest, SiluMul) {
+  const auto n = static_cast<size_t>(GetParam());
+  std::vector<float> gate = random_floats(n, 61, -8.0f, 8.0f);
+  const std::vector<float> up = random_floats(n, 62, -2.0f, 2.0f);
+  if (n >= 3) {
+    gate[0] = -100.0f;
+    gate[1] = 100.0f;
+    gate[2] = 0.0f;
+  }
+  DeviceGuarded<float> dg(gpu(), gate), du(gpu(), up), dout(gpu(), n);
+  std::vector<float> want(n);
+  cpu().silu_mul(gate.data(), up.data(), want.data(), GetParam());
+  gpu().silu_mul(dg.data(), du.data(), dout.data(), GetParam());
+  EXPECT_LT(norm_err(dout.download(), want), kTolF32);
+  EXPECT_TRUE(dout.guards_intact());
+  EXPECT_EQ(dg.download(), gate);
+}
+
+TEST_P(CudaElementwiseTest, Relu) {
+  const auto n = static_cast<size_t>(GetParam());
+  std::vector<float> x = random_floats(n, 71);
+  if (n >= 3) {
+    x[0] = -0.0f;
+    x[1] = 1e-30f;
+    x[2] = -1e-30f;
+  }
+  DeviceGuarded<float> dx(gpu(), x);
+  cpu().relu(x.data(), GetParam());
+  gpu().relu(dx.data(), GetParam());
+  const std::vector<float> got = dx.download();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], x[i]) << i;
+  EXPECT_TRUE(dx.guards_intact());
+}
+
+TEST_P(CudaElementwiseTest, Add) {
+  const auto n = static_cast<size_t>(GetParam());
+  std::vector<float> y = random_floats(n, 81, -10.0f, 10.0f);
+  const std::vector<float> x = random_floats(n, 82, -10.0f, 10.0f);
+  DeviceGuarded<float> dy(gpu(), y), dx(gpu(), x);
+  cpu().add(y.data(), x.data(), GetParam());
+  gpu().add(dy.data(), dx.data(), GetParam());
+  EXPECT_TRUE(same_bits(dy.download(), y));  // one correctly rounded add on both sides
+  EXPECT_TRUE(dy.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaElementwiseTest,
+                         ::testing::Values(int64_t{1}, int64_t{1000}, int64_t{(1 << 15) + 7},
+                                           int64_t{3000001}),
+                         [](const auto& tp) { return "n" + std::to_string(tp.param); });
+
+using SoftmaxParam = std::tuple<int64_t /*m*/, int64_t /*n*/>;
+using CudaSoftmaxTest = CudaParamTest<SoftmaxParam>;
+
+TEST_P(CudaSoftmaxTest, MatchesCpu) {
+  const auto [m, n] = GetParam();
+  std::vector<float> x = random_floats(static_cast<size_t>(m * n), 91, -10.0f, 10.0f);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      x[static_cast<size_t>(r * n + i)] += (r % 3 == 0 ? 500.0f : r % 3 == 1 ? -500.0f : 0.0f);
+  DeviceGuarded<float> dx(gpu(), x);
+  cpu().softmax(x.data(), m, n);
+  gpu().softmax(dx.data(), m, n);
+  EXPECT_LT(norm_err(dx.download(), x), kTolF32);
+  EXPECT_TRUE(dx.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaSoftmaxTest,
+                         ::testing::Values(SoftmaxParam{1, 1}, SoftmaxParam{3, 17},
+                                           SoftmaxParam{5, 1000}, SoftmaxParam{40, 1024},
+                                           SoftmaxParam{2, 32000}),
+                         [](const auto& tp) {
+                           return "m" + std::to_string(std::get<0>(tp.param)) + "_n" +
+                                  std::to_string(std::get<1>(tp.param));
+                         });
+
+// ---------------------------------------------------------------------------------------
+// kv_store + attention over a ragged batch
+// ---------------------------------------------------------------------------------------
+
+struct AttnCase {
+  std::string name;
+  int32_t n_heads, n_kv_heads, head_dim, n_slots, capacity;
+  std::vector<SeqSlice> seqs;
+  int32_t rows;  // activation rows; row 4 of the small batch belongs to no sequence
+};
+
+[[maybe_unused]] void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+std::vector<SeqSlice> small_batch() {
+  return {SeqSlice{0, 3, 0, 2}, SeqSlice{3, 1, 7, 0}, SeqSlice{5, 4, 5, 3}, SeqSlice{9, 0, 3, 1}};
+}
+
+std::vector<AttnCase> attn_cases() {
+  return {
+      {"gqa_4q_2kv", 4, 2, 8, 4, 16, small_batch(), 9},
+      {"mha_4q_4kv", 4, 4, 8, 4, 16, small_batch(), 9},
+      {"mqa_4q_1kv", 4, 1, 8, 4, 16, small_batch(), 9},
+      {"gqa_hd64",
+       4,
+       2,
+       64,
+       3,
+       64,
+       {SeqSlice{0, 20, 0, 1}, SeqSlice{20, 1, 40, 0}, SeqSlice{21, 7, 30, 2}},
+       28},
+      // Context longer than one 128-key tile of the kernel, head_dim over 128 and odd.
+      {"gqa_long_hd160", 8, 2, 160, 2, 400, {SeqSlice{0, 2, 300, 1}, SeqSlice{2, 130, 0, 0}}, 132},
+  };
+}
+
+constexpr float kUntouched = 12345.0f;
+
+using CudaAttentionTest = CudaParamTest<AttnCase>;
+
+TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
+  const AttnCase& c = GetParam();
+  const size_t cache_elems =
+      static_cast<size_t>(c.n_slots) * c.n_kv_heads * c.capacity * c.head_dim;
+  auto idx = [&](int32_t slot, int32_t h, int32_t p, int32_t d) {
+    return ((static_cast<size_t>(slot) * c.n_kv_heads + h) * c.capacity + p) * c.head_dim + d;
+  };
+  // Unwritten positions are NaN (reading one poisons the output); histories are random.
+  std::vector<float> kc(cache_elems, std::numeric_limits<float>::quiet_NaN()), vc = kc;
+  std::mt19937 rng(101);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const SeqSlice& s : c.seqs)
+    for (int32_t h = 0; h < c.n_kv_heads; ++h)
+      for (int32_t p = 0; p < s.n_past; ++p)
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          kc[idx(s.slot, h, p, d)] = dist(rng);
+          vc[idx(s.slot, h, p, d)] = dist(rng);
+        }
+  const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
+  const std::vector<float> k_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 102);
+  const std::vector<float> v_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 103);
+  const std::vector<float> q =
+      random_floats(static_cast<size_t>(c.rows) * q_width, 104, -3.0f, 3.0f);
+
+  DeviceGuarded<float> dkc(gpu(), kc), dvc(gpu(), vc), dk(gpu(), k_new), dv(gpu(), v_new),
+      dq(gpu(), q);
+  const KvLayerView host_view{kc.data(),  vc.data(),    c.n_slots,
+                              c.capacity, c.n_kv_heads, c.head_dim};
+  const KvLayerView dev_view{dkc.data(), dvc.data(),   c.n_slots,
+                             c.capacity, c.n_kv_heads, c.head_dim};
+
+  cpu().kv_store(k_new.data(), v_new.data(), c.seqs, host_view);
+  gpu().kv_store(dk.data(), dv.data(), c.seqs, dev_view);
+  EXPECT_TRUE(same_bits(dkc.download(), kc)) << "K cache";
+  EXPECT_TRUE(same_bits(dvc.download(), vc)) << "V cache";
+  EXPECT_TRUE(dkc.guards_intact());
+  EXPECT_TRUE(dvc.guards_intact());
+
+  const AttentionDims dims{c.n_heads, c.n_kv_heads, c.head_dim,
+                           static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+  std::vector<float> want(q.size(), kUntouched);
+  cpu().attention(q.data(), c.seqs, host_view, dims, want.data());
+  for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
+    SCOPED_TRACE("round " + std::to_string(round));
+    DeviceGuarded<float> dout(gpu(), std::vector<float>(q.size(), kUntouched));
+    gpu().attention(dq.data(), c.seqs, dev_view, dims, dout.data());
+    const std::vector<float> got = dout.download();
+    std::vector<bool> used(static_cast<size_t>(c.rows), false);
+    for (const SeqSlice& s : c.seqs)
+      for (int32_t t = 0; t < s.n_new; ++t) used[static_cast<size_t>(s.row_begin + t)] = true;
+    // Rows of some sequence are compared; the others must still hold the sentinel (kept
+    // out of the comparison so it does not inflate the normalisation).
+    std::vector<float> got_used, want_used;
+    for (int32_t r = 0; r < c.rows; ++r)
+      for (size_t i = 0; i < q_width; ++i) {
+        const size_t e = static_cast<size_t>(r) * q_width + i;
+        if (used[static_cast<size_t>(r)]) {
+          got_used.push_back(got[e]);
+          want_used.push_back(want[e]);
+        } else {
+          ASSERT_EQ(bits_of(got[e]), bits_of(kUntouched))
+              << "row " << r << " belongs to no sequence";
+        }
+      }
+    EXPECT_LT(norm_err(got_used, want_used), kTolF32);
+    EXPECT_TRUE(dout.guards_intact());
+  }
+  EXPECT_TRUE(same_bits(dkc.download(), kc)) << "attention modified the cache";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttentionTest, ::testing::ValuesIn(attn_cases()),
+                         [](const auto& tp) { return tp.param.name; });
+
+TEST_F(CudaTest, KvStoreRejectsBadSlotAndOverflow) {
+  DeviceGuarded<float> kc(gpu(), 2 * 4 * 2), vc(gpu(), 2 * 4 * 2), k(gpu(), 2), v(gpu(), 2);
+  const KvLayerView view{kc.data(), vc.data(), 2, 4, 1, 2};
+  const std::vector<SeqSlice> bad_slot = {SeqSlice{0, 1, 0, 2}};
+  EXPECT_THROW(gpu().kv_store(k.data(), v.data(), bad_slot, view), Error);
+  const std::vector<SeqSlice> overflow = {SeqSlice{0, 1, 4, 0}};
+  EXPECT_THROW(gpu().kv_store(k.data(), v.data(), overflow, view), Error);
+  // The backend is still usable afterwards.
+  const std::vector<SeqSlice> ok = {SeqSlice{0, 1, 3, 1}};
+  EXPECT_NO_THROW(gpu().kv_store(k.data(), v.data(), ok, view));
+  EXPECT_NO_THROW(gpu().synchronize());
+}
+
+}  // namespace
+}  // namespace strata

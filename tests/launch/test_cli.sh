@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The strata command line: bad input exits non-zero with one clear line on stderr; good
+# input produces the documented JSON. Usage: test_cli.sh STRATA_BINARY STORIES_MODEL_DIR
+set -u
+STRATA=$1
+MODEL=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+passes=0
+
+# expect_error NAME PATTERN ARGS... : non-zero exit, exactly one stderr line matching PATTERN.
+expect_error() {
+  local name=$1 pattern=$2
+  shift 2
+  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local lines
+  lines=$(grep -vc '^\[' "$TMP/err")  # log lines start with "[time]"; the error line does not
+  if [ "$rc" -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$TMP/err"; then
+    echo "FAIL $name: rc=$rc, $lines non-log stderr lines, wanted /$pattern/:"
+    cat "$TMP/err"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: $(grep -v '^\[' "$TMP/err")"
+    passes=$((passes + 1))
+  fi
+}
+
+expect_error missing-model-dir "/no/such/model" generate --model /no/such/model --prompt hi
+expect_error unknown-dummy "unknown dummy model 'opt-9z'" generate --model dummy:opt-9z --prompt "1 2"
+expect_error negative-tokens "max-new-tokens: must be >= 0, got -5" generate --model "$MODEL" --prompt hi --max-new-tokens -5
+: >"$TMP/empty.txt"
+expect_error empty-prompt-file "empty.txt' is empty" generate --model "$MODEL" --prompt-file "$TMP/empty.txt"
+expect_error missing-prompt-file "cannot open prompt file" generate --model "$MODEL" --prompt-file "$TMP/none.txt"
+expect_error no-prompts "no prompts" generate --model "$MODEL"
+expect_error bad-top-p "top_p must be in" generate --model "$MODEL" --prompt hi --top-p 1.5
+expect_error bad-format "format" generate --model "$MODEL" --prompt hi --format xml
+expect_error no-subcommand "subcommand" 
+expect_error ids-for-tokenizerless "token ids" generate --model dummy:llama-110m --prompt "hello world" --max-new-tokens 1
+expect_error bench-negative-batch "batch: must be > 0, got -1" bench --model "$MODEL" --batch -1
+
+# Good input: one JSON object per prompt with the documented fields, in order.
+printf 'Once upon a time\nThe little dog\n' >"$TMP/prompts.txt"
+if "$STRATA" generate --model "$MODEL" --prompt-file "$TMP/prompts.txt" --max-new-tokens 8 \
+    --format json >"$TMP/out" 2>"$TMP/err"; then
+  n=$(wc -l <"$TMP/out")
+  first=$(head -1 "$TMP/out")
+  case "$first" in
+    '{"prompt":"Once upon a time","prompt_ids":[1,403,407,261,378],"output_ids":[432,383,286,261,376,298,315,421],"text":"Once upon a time, there was a little girl","completion":", there was a little girl","stop_reason":"length"}')
+      if [ "$n" -eq 2 ] && grep -q '"summary"' "$TMP/err"; then
+        echo "ok   json-output"; passes=$((passes + 1))
+      else
+        echo "FAIL json-output: $n lines or no summary"; failures=$((failures + 1))
+      fi ;;
+    *) echo "FAIL json-output: $first"; failures=$((failures + 1)) ;;
+  esac
+else
+  echo "FAIL json-output: exit $?"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,274 @@
+// OPT: a one-token example computed by hand from closed-form expressions, a naive
+// double-precision reference of Hugging Face's OPTForCausalLM over several tokens (learned
+// positions at offset 2, pre-LayerNorm, ReLU, final layer norm, tied head, biases), both
+// loaded through real safetensors files; and dummy:opt-125m determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "kernels/cpu_backend.h"
+#include "worker/generator.h"
+#include "worker/loader.h"
+#include "worker/safetensors.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TinyOpt {
+  int hidden, heads, ffn, vocab, layers, max_pos;
+  std::map<std::string, std::vector<float>> tensors;
+  std::map<std::string, Shape> shapes;
+
+  void set(const std::string& name, Shape shape, std::vector<float> values) {
+    EXPECT_EQ(static_cast<int64_t>(values.size()), shape.numel()) << name;
+    tensors[name] = std::move(values);
+    shapes[name] = shape;
+  }
+  std::vector<float>& at(const std::string& name) { return tensors.at(name); }
+
+  // Writes config.json + model.safetensors; `prefix` is "model." or "" (both occur in the wild).
+  std::string write(const std::string& test_name, const std::string& prefix = "model.") {
+    const fs::path dir = fs::path(STRATA_TEST_TMP) / test_name;
+    fs::create_directories(dir);
+    const nlohmann::json config = {
+        {"architectures", {"OPTForCausalLM"}}, {"model_type", "opt"}, {"hidden_size", hidden},
+        {"ffn_dim", ffn}, {"num_hidden_layers", layers}, {"num_attention_heads", heads},
+        {"vocab_size", vocab}, {"max_position_embeddings", max_pos}, {"do_layer_norm_before", true},
+        {"word_embed_proj_dim", hidden}, {"activation_function", "relu"}, {"bos_token_id", 2},
+        {"eos_token_id", 2}, {"torch_dtype", "float32"}};
+    std::ofstream(dir / "config.json") << config.dump();
+    std::vector<TensorToWrite> out;
+    for (auto& [name, values] : tensors) {
+      Tensor t;
+      t.data = values.data();
+      t.shape = shapes[name];
+      out.push_back({prefix + name, t});
+    }
+    write_safetensors((dir / "model.safetensors").string(), out);
+    return dir.string();
+  }
+};
+
+std::vector<float> random_values(std::mt19937& rng, size_t n, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TinyOpt random_opt(unsigned seed) {
+  TinyOpt m{8, 2, 12, 11, 2, 16, {}, {}};
+  std::mt19937 rng(seed);
+  const int64_t h = m.hidden, f = m.ffn;
+  m.set("decoder.embed_tokens.weight", {m.vocab, h}, random_values(rng, static_cast<size_t>(m.vocab * h), 1.0f));
+  m.set("decoder.embed_positions.weight", {m.max_pos + 2, h}, random_values(rng, static_cast<size_t>((m.max_pos + 2) * h), 1.0f));
+  m.set("decoder.final_layer_norm.weight", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
+  m.set("decoder.final_layer_norm.bias", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
+  for (int l = 0; l < m.layers; ++l) {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+      m.set(p + "self_attn." + proj + ".weight", {h, h}, random_values(rng, static_cast<size_t>(h * h), 0.5f));
+      m.set(p + "self_attn." + proj + ".bias", {h}, random_values(rng, static_cast<size_t>(h), 0.2f));
+    }
+    for (const char* ln : {"self_attn_layer_norm", "final_layer_norm"}) {
+      auto w = random_values(rng, static_cast<size_t>(h), 0.3f);
+      for (auto& x : w) x += 1.0f;
+      m.set(p + ln + ".weight", {h}, w);
+      m.set(p + ln + ".bias", {h}, random_values(rng, static_cast<size_t>(h), 0.2f));
+    }
+    m.set(p + "fc1.weight", {f, h}, random_values(rng, static_cast<size_t>(f * h), 0.5f));
+    m.set(p + "fc1.bias", {f}, random_values(rng, static_cast<size_t>(f), 0.2f));
+    m.set(p + "fc2.weight", {h, f}, random_values(rng, static_cast<size_t>(h * f), 0.5f));
+    m.set(p + "fc2.bias", {h}, random_values(rng, static_cast<size_t>(h), 0.2f));
+  }
+  return m;
+}
+
+// --- naive reference, double precision, straight from HF's modeling_opt.py ---------------
+using Vec = std::vector<double>;
+
+Vec layer_norm(const Vec& x, const std::vector<float>& w, const std::vector<float>& b) {
+  double mean = 0, var = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  for (double v : x) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(x.size());
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i];
+  return y;
+}
+
+Vec linear(const Vec& x, const std::vector<float>& w, const std::vector<float>* b, size_t out) {
+  Vec y(out, 0.0);
+  for (size_t o = 0; o < out; ++o) {
+    for (size_t i = 0; i < x.size(); ++i) y[o] += static_cast<double>(w[o * x.size() + i]) * x[i];
+    if (b) y[o] += (*b)[o];
+  }
+  return y;
+}
+
+std::vector<Vec> reference_logits(TinyOpt& m, const std::vector<int32_t>& ids) {
+  const size_t h = static_cast<size_t>(m.hidden), hd = h / static_cast<size_t>(m.heads);
+  std::vector<Vec> x(ids.size(), Vec(h));
+  for (size_t t = 0; t < ids.size(); ++t)
+    for (size_t i = 0; i < h; ++i)
+      x[t][i] = m.at("decoder.embed_tokens.weight")[static_cast<size_t>(ids[t]) * h + i] +
+                m.at("decoder.embed_positions.weight")[(t + 2) * h + i];  // offset 2
+  for (int l = 0; l < m.layers; ++l) {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    auto W = [&](const std::string& n) -> std::vector<float>& { return m.at(p + n); };
+    std::vector<Vec> q, k, v;
+    for (auto& xt : x) {
+      const Vec hn = layer_norm(xt, W("self_attn_layer_norm.weight"), W("self_attn_layer_norm.bias"));
+      q.push_back(linear(hn, W("self_attn.q_proj.weight"), &W("self_attn.q_proj.bias"), h));
+      k.push_back(linear(hn, W("self_attn.k_proj.weight"), &W("self_attn.k_proj.bias"), h));
+      v.push_back(linear(hn, W("self_attn.v_proj.weight"), &W("self_attn.v_proj.bias"), h));
+    }
+    for (size_t t = 0; t < x.size(); ++t) {
+      Vec attn(h, 0.0);
+      for (size_t hh = 0; hh < static_cast<size_t>(m.heads); ++hh) {
+        std::vector<double> s(t + 1);
+        double mx = -1e300, sum = 0;
+        for (size_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (size_t j = 0; j < hd; ++j) d += q[t][hh * hd + j] * k[u][hh * hd + j];
+          s[u] = d / std::sqrt(static_cast<double>(hd));  // HF scales q by head_dim^-0.5
+          mx = std::max(mx, s[u]);
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (size_t u = 0; u <= t; ++u)
+          for (size_t j = 0; j < hd; ++j) attn[hh * hd + j] += s[u] / sum * v[u][hh * hd + j];
+      }
+      const Vec o = linear(attn, W("self_attn.out_proj.weight"), &W("self_attn.out_proj.bias"), h);
+      for (size_t i = 0; i < h; ++i) x[t][i] += o[i];
+      const Vec hn = layer_norm(x[t], W("final_layer_norm.weight"), W("final_layer_norm.bias"));
+      Vec f = linear(hn, W("fc1.weight"), &W("fc1.bias"), static_cast<size_t>(m.ffn));
+      for (auto& e : f) e = std::max(e, 0.0);  // ReLU
+      const Vec d = linear(f, W("fc2.weight"), &W("fc2.bias"), h);
+      for (size_t i = 0; i < h; ++i) x[t][i] += d[i];
+    }
+  }
+  std::vector<Vec> logits;
+  for (auto& xt : x) {
+    const Vec y = layer_norm(xt, m.at("decoder.final_layer_norm.weight"), m.at("decoder.final_layer_norm.bias"));
+    logits.push_back(linear(y, m.at("decoder.embed_tokens.weight"), nullptr, static_cast<size_t>(m.vocab)));  // tied
+  }
+  return logits;
+}
+
+std::vector<float> strata_logits(const std::string& dir, const std::vector<int32_t>& ids, int32_t chunk) {
+  CpuBackend backend(1);
+  LoadedModel lm = load_model(dir);
+  Model model(lm.config, std::move(lm.weights), backend, 64);
+  KvCache cache(backend, model.config(), 1, static_cast<int32_t>(ids.size()));
+  std::vector<float> out(ids.size() * static_cast<size_t>(model.config().vocab));
+  StepBatch batch;
+  for (size_t pos = 0; pos < ids.size(); pos += static_cast<size_t>(chunk)) {
+    const size_t n = std::min(ids.size() - pos, static_cast<size_t>(chunk));
+    batch.clear();
+    batch.add(0, static_cast<int32_t>(pos), std::span(ids).subspan(pos, n), false);
+    for (int32_t r = 0; r < static_cast<int32_t>(n); ++r) batch.logit_rows.push_back(r);
+    model.forward(batch, cache, out.data() + pos * static_cast<size_t>(model.config().vocab));
+  }
+  return out;
+}
+
+TEST(Opt, OneTokenByHand) {
+  // hidden 2, one head, ffn 2, vocab 3. Token 1 at position 0 reads position row 0 + 2.
+  TinyOpt m{2, 1, 2, 3, 1, 4, {}, {}};
+  m.set("decoder.embed_tokens.weight", {3, 2}, {0, 1, 1, 0, 1, 1});
+  std::vector<float> pos(12, 0.0f);
+  pos[2 * 2 + 1] = 2.0f;  // row 2 = [0, 2]; rows 0 and 1 stay zero
+  m.set("decoder.embed_positions.weight", {6, 2}, pos);
+  const std::string p = "decoder.layers.0.";
+  m.set(p + "self_attn_layer_norm.weight", {2}, {1, 1});
+  m.set(p + "self_attn_layer_norm.bias", {2}, {0, 0});
+  m.set(p + "final_layer_norm.weight", {2}, {1, 1});
+  m.set(p + "final_layer_norm.bias", {2}, {0, 0});
+  m.set(p + "self_attn.q_proj.weight", {2, 2}, {3, 1, 4, 1});  // one token: q, k do not matter
+  m.set(p + "self_attn.q_proj.bias", {2}, {5, 9});
+  m.set(p + "self_attn.k_proj.weight", {2, 2}, {2, 6, 5, 3});
+  m.set(p + "self_attn.k_proj.bias", {2}, {5, 8});
+  m.set(p + "self_attn.v_proj.weight", {2, 2}, {1, 0, 0, 1});
+  m.set(p + "self_attn.v_proj.bias", {2}, {0.5f, 0});
+  m.set(p + "self_attn.out_proj.weight", {2, 2}, {0, 1, 1, 0});
+  m.set(p + "self_attn.out_proj.bias", {2}, {0, 0});
+  m.set(p + "fc1.weight", {2, 2}, {1, 0, 0, 1});
+  m.set(p + "fc1.bias", {2}, {0, 0});
+  m.set(p + "fc2.weight", {2, 2}, {2, 0, 0, 1});
+  m.set(p + "fc2.bias", {2}, {0, 1});
+  m.set("decoder.final_layer_norm.weight", {2}, {1, 2});
+  m.set("decoder.final_layer_norm.bias", {2}, {0, 1});
+  const std::string dir = m.write("OneTokenByHand");
+
+  // x = embed[1] + pos[2] = [1, 2]; LN -> [-a, a] with a = 0.5 / sqrt(0.25 + eps).
+  const double eps = 1e-5, a = 0.5 / std::sqrt(0.25 + eps);
+  // One key: softmax = 1, attention = v = [-a + 0.5, a]; out_proj swaps: [a, 0.5 - a].
+  double x0 = 1 + a, x1 = 2 + 0.5 - a;
+  // MLP LN: deviations +-d, d = (x0 - x1) / 2, normalised to +-b.
+  const double d = (x0 - x1) / 2, b = d / std::sqrt(d * d + eps);
+  // fc1 = identity, ReLU keeps [b, 0] (b > 0); fc2 = diag(2, 1) + [0, 1] -> [2b, 1].
+  x0 += 2 * b;
+  x1 += 1;
+  // Final LN with weight [1, 2], bias [0, 1]: +-c, c = ((x0 - x1) / 2) / sqrt(...).
+  const double e = (x0 - x1) / 2, c = e / std::sqrt(e * e + eps);
+  const double y0 = c, y1 = -c * 2 + 1;
+  // Tied head: logits = embed . y
+  const double expected[3] = {y1, y0, y0 + y1};
+
+  const auto got = strata_logits(dir, {1}, 1);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], expected[i], 1e-5) << "logit " << i;
+}
+
+TEST(Opt, MatchesNaiveReferenceOverSeveralTokens) {
+  TinyOpt m = random_opt(7);
+  const std::string dir = m.write("NaiveReference");
+  const std::vector<int32_t> ids = {2, 5, 9, 1, 0, 10, 3};
+  const auto ref = reference_logits(m, ids);
+  for (int32_t chunk : {7, 1, 3}) {
+    const auto got = strata_logits(dir, ids, chunk);
+    for (size_t t = 0; t < ids.size(); ++t)
+      for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
+        EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5) << "t=" << t << " v=" << v << " chunk " << chunk;
+  }
+}
+
+TEST(Opt, CheckpointsWithoutModelPrefixLoadTheSame) {
+  TinyOpt m = random_opt(11);
+  const std::vector<int32_t> ids = {2, 4, 6};
+  const auto with = strata_logits(m.write("Prefixed", "model."), ids, 3);
+  const auto without = strata_logits(m.write("Unprefixed", ""), ids, 3);
+  EXPECT_EQ(with, without);
+}
+
+TEST(Opt, DummyOpt125mIsDeterministicForASeed) {
+  CpuBackend backend(2);
+  auto run = [&](uint64_t weight_seed) {
+    LoadOptions lo;
+    lo.dummy_seed = weight_seed;
+    LoadedModel lm = load_model("dummy:opt-125m", lo);
+    EXPECT_EQ(lm.config.hidden, 768);
+    EXPECT_EQ(lm.config.n_layers, 12);
+    EXPECT_EQ(lm.config.vocab, 50272);
+    Model model(lm.config, std::move(lm.weights), backend, 16);
+    Generator gen(model, GeneratorOptions{2, 16, 0});
+    GenerationRequest a{"a", {2, 100, 200, 300}, 6, {}, true};
+    GenerationRequest b{"b", {2, 7}, 6, SamplingParams{1.0f, 0, 1.0f, 5}, true};
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& r : gen.run({a, b})) out.push_back(r.output_ids);
+    return out;
+  };
+  const auto first = run(0);
+  EXPECT_EQ(first, run(0));
+  EXPECT_EQ(first[0].size(), 6u);
+  EXPECT_NE(first, run(1)) << "a different weight seed should change the model";
+}
+
+}  // namespace
+}  // namespace strata

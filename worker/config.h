@@ -1,0 +1,69 @@
+// Model configuration from a Hugging Face config.json (Llama and OPT families), or from a
+// named dummy shape. One struct for both families: the layer code reads the differences
+// (norm kind, activation, positions, biases) from it instead of forking per architecture.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kernels/dtype.h"
+#include "placement/model_shape.h"
+
+namespace strata {
+
+enum class ModelFamily { kLlama, kOpt };
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kLlama;
+  std::string source;  // file or dummy name, for messages
+  int32_t hidden = 0;
+  int32_t intermediate = 0;
+  int32_t n_layers = 0;
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t vocab = 0;
+  int32_t max_positions = 0;
+  float norm_eps = 1e-5f;
+  DType dtype = DType::kF32;  // torch_dtype: how weights are stored
+
+  // Llama: RoPE (rotate-half), RMSNorm, SwiGLU.
+  float rope_theta = 10000.0f;
+  std::string rope_scaling_type;  // "", "linear" or "llama3"
+  float rope_factor = 1.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int32_t rope_original_max_positions = 0;
+
+  // OPT: learned positions (offset 2), LayerNorm, ReLU, optional project in/out.
+  int32_t position_offset = 0;
+  bool do_layer_norm_before = true;
+  int32_t word_embed_proj_dim = 0;  // == hidden unless OPT-350m style
+
+  bool attention_bias = false;  // q/k/v/o biases
+  bool mlp_bias = false;        // MLP biases
+  bool tie_word_embeddings = false;
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;
+
+  bool is_llama() const { return family == ModelFamily::kLlama; }
+  bool is_opt() const { return family == ModelFamily::kOpt; }
+  int32_t q_width() const { return n_heads * head_dim; }
+  int32_t kv_width() const { return n_kv_heads * head_dim; }
+  ModelShape shape() const;
+  std::string str() const;
+
+  // Throws InputError naming `source`, the field and the value when the numbers cannot
+  // describe a model (e.g. heads not dividing the hidden size).
+  void validate() const;
+};
+
+// Parses a config.json object. `source` names the file in error messages.
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
+// Reads and parses <dir>/config.json.
+ModelConfig load_model_config(const std::string& dir);
+
+}  // namespace strata

@@ -1,0 +1,225 @@
+#include "worker/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/error.h"
+
+namespace strata {
+
+void StepBatch::clear() {
+  tokens.clear();
+  positions.clear();
+  seqs.clear();
+  logit_rows.clear();
+}
+
+size_t StepBatch::add(int32_t slot, int32_t n_past, std::span<const int32_t> new_tokens,
+                      bool want_logits) {
+  SeqSlice s;
+  s.row_begin = rows();
+  s.n_new = static_cast<int32_t>(new_tokens.size());
+  s.n_past = n_past;
+  s.slot = slot;
+  for (int32_t i = 0; i < s.n_new; ++i) {
+    tokens.push_back(new_tokens[static_cast<size_t>(i)]);
+    positions.push_back(n_past + i);
+  }
+  if (want_logits && s.n_new > 0) logit_rows.push_back(s.row_begin + s.n_new - 1);
+  seqs.push_back(s);
+  return seqs.size() - 1;
+}
+
+Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows)
+    : config_(config), weights_(std::move(weights)), backend_(backend), max_rows_(max_rows) {
+  STRATA_CHECK(max_rows > 0, "max_rows {}", max_rows);
+  const auto rows = static_cast<size_t>(max_rows);
+  const size_t wide = static_cast<size_t>(std::max({config.hidden, config.q_width(),
+                                                    config.word_embed_proj_dim}));
+  auto buf = [&](size_t width) { return DeviceBuffer(backend, rows * width * sizeof(float)); };
+  x_ = buf(wide);
+  h_ = buf(wide);
+  q_ = buf(static_cast<size_t>(config.q_width()));
+  k_ = buf(static_cast<size_t>(config.kv_width()));
+  v_ = buf(static_cast<size_t>(config.kv_width()));
+  attn_ = buf(static_cast<size_t>(config.q_width()));
+  f1_ = buf(static_cast<size_t>(config.intermediate));
+  f2_ = buf(static_cast<size_t>(config.intermediate));
+  sel_ = buf(wide);
+  logits_ = buf(static_cast<size_t>(config.vocab));
+  tokens_ = DeviceBuffer(backend, rows * sizeof(int32_t));
+  positions_ = DeviceBuffer(backend, rows * sizeof(int32_t));
+  if (config.is_llama()) build_rope_tables();
+}
+
+// cos/sin of position * inv_freq, in f32 like the reference implementations, with the
+// inverse frequencies adjusted by the config's rope scaling.
+void Model::build_rope_tables() {
+  const int32_t half = config_.head_dim / 2;
+  const int32_t n_pos = config_.max_positions;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int32_t j = 0; j < half; ++j) {
+    float f = 1.0f / std::pow(config_.rope_theta,
+                              static_cast<float>(2 * j) / static_cast<float>(config_.head_dim));
+    if (config_.rope_scaling_type == "linear") {
+      f /= config_.rope_factor;
+    } else if (config_.rope_scaling_type == "llama3") {
+      const float old_ctx = static_cast<float>(config_.rope_original_max_positions);
+      const float low_wavelen = old_ctx / config_.rope_low_freq_factor;
+      const float high_wavelen = old_ctx / config_.rope_high_freq_factor;
+      const float wavelen = 2.0f * static_cast<float>(M_PI) / f;
+      if (wavelen > low_wavelen) {
+        f /= config_.rope_factor;
+      } else if (wavelen >= high_wavelen) {
+        const float smooth = (old_ctx / wavelen - config_.rope_low_freq_factor) /
+                             (config_.rope_high_freq_factor - config_.rope_low_freq_factor);
+        f = (1.0f - smooth) * f / config_.rope_factor + smooth * f;
+      }
+    }
+    inv_freq[static_cast<size_t>(j)] = f;
+  }
+  std::vector<float> cos_t(static_cast<size_t>(n_pos) * half), sin_t(cos_t.size());
+  for (int32_t p = 0; p < n_pos; ++p) {
+    for (int32_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(j)];
+      cos_t[static_cast<size_t>(p) * half + j] = std::cos(angle);
+      sin_t[static_cast<size_t>(p) * half + j] = std::sin(angle);
+    }
+  }
+  rope_cos_ = DeviceBuffer(backend_, cos_t.size() * sizeof(float));
+  rope_sin_ = DeviceBuffer(backend_, sin_t.size() * sizeof(float));
+  backend_.copy(rope_cos_.data(), cos_t.data(), cos_t.size() * sizeof(float), CopyKind::kHostToDevice);
+  backend_.copy(rope_sin_.data(), sin_t.data(), sin_t.size() * sizeof(float), CopyKind::kHostToDevice);
+  rope_ = {rope_cos_.f32(), rope_sin_.f32(), n_pos, half};
+}
+
+void Model::norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y) {
+  if (config_.is_opt()) {
+    backend_.layer_norm(x, rows, config_.hidden, w.f32(), b.f32(), config_.norm_eps, y);
+  } else {
+    backend_.rms_norm(x, rows, config_.hidden, w.f32(), config_.norm_eps, y);
+  }
+}
+
+void Model::forward(const StepBatch& batch, KvCache& cache, float* logits) {
+  const int32_t rows = batch.rows();
+  STRATA_CHECK(rows > 0 && rows <= max_rows_, "step of {} rows (max {})", rows, max_rows_);
+  for (int32_t p : batch.positions)
+    STRATA_CHECK(p >= 0 && p < config_.max_positions, "position {} outside the model's {} positions", p,
+                 config_.max_positions);
+  backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
+                CopyKind::kHostToDevice);
+  backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
+                CopyKind::kHostToDevice);
+  embed(batch, rows);
+  for (int32_t i = 0; i < config_.n_layers; ++i) layer(i, batch, cache, rows);
+  head(batch, logits);
+}
+
+void Model::embed(const StepBatch& batch, int32_t rows) {
+  const auto* ids = static_cast<const int32_t*>(tokens_.data());
+  const ModelWeights& w = weights_;
+  if (w.project_in.data != nullptr) {
+    backend_.embedding(ids, rows, w.embed, h_.f32());
+    backend_.linear(h_.f32(), rows, w.project_in, nullptr, x_.f32());
+  } else {
+    backend_.embedding(ids, rows, w.embed, x_.f32());
+  }
+  if (config_.is_opt()) {
+    // Learned positions are stored with an offset of 2 (a fairseq legacy). OPT has no RoPE,
+    // so positions_ can hold table rows from here on.
+    scratch_ids_.resize(static_cast<size_t>(rows));
+    for (int32_t r = 0; r < rows; ++r)
+      scratch_ids_[static_cast<size_t>(r)] = batch.positions[static_cast<size_t>(r)] + config_.position_offset;
+    backend_.copy(positions_.data(), scratch_ids_.data(), scratch_ids_.size() * sizeof(int32_t),
+                  CopyKind::kHostToDevice);
+    backend_.embedding(static_cast<const int32_t*>(positions_.data()), rows, w.positions, h_.f32());
+    backend_.add(x_.f32(), h_.f32(), static_cast<int64_t>(rows) * config_.hidden);
+  }
+}
+
+void Model::layer(int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows) {
+  const LayerWeights& L = weights_.layers[static_cast<size_t>(i)];
+  const bool pre_norm = !config_.is_opt() || config_.do_layer_norm_before;
+  const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
+
+  const float* attn_in = x_.f32();
+  if (pre_norm) {
+    norm(L.attn_norm, L.attn_norm_bias, x_.f32(), rows, h_.f32());
+    attn_in = h_.f32();
+  }
+  if (attn_in != h_.f32()) backend_.copy(h_.data(), attn_in, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
+  attention_block(L, batch, cache.layer(i), rows);  // h_ -> h_ (output projection)
+  backend_.add(x_.f32(), h_.f32(), n);
+  if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x_.f32(), rows, x_.f32());
+
+  if (pre_norm) {
+    norm(L.mlp_norm, L.mlp_norm_bias, x_.f32(), rows, h_.f32());
+  } else {
+    backend_.copy(h_.data(), x_.data(), static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
+  }
+  mlp_block(L, rows);  // h_ -> h_
+  backend_.add(x_.f32(), h_.f32(), n);
+  if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x_.f32(), rows, x_.f32());
+}
+
+void Model::attention_block(const LayerWeights& L, const StepBatch& batch, const KvLayerView& kv,
+                            int32_t rows) {
+  const float* in = h_.f32();
+  backend_.linear(in, rows, L.q, L.q_bias.data ? L.q_bias.f32() : nullptr, q_.f32());
+  backend_.linear(in, rows, L.k, L.k_bias.data ? L.k_bias.f32() : nullptr, k_.f32());
+  backend_.linear(in, rows, L.v, L.v_bias.data ? L.v_bias.f32() : nullptr, v_.f32());
+  if (config_.is_llama()) {
+    const auto* pos = static_cast<const int32_t*>(positions_.data());
+    backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, pos, rope_);
+    backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, pos, rope_);
+  }
+  backend_.kv_store(k_.f32(), v_.f32(), batch.seqs, kv);
+  AttentionDims dims{config_.n_heads, config_.n_kv_heads, config_.head_dim,
+                     1.0f / std::sqrt(static_cast<float>(config_.head_dim))};
+  backend_.attention(q_.f32(), batch.seqs, kv, dims, attn_.f32());
+  backend_.linear(attn_.f32(), rows, L.o, L.o_bias.data ? L.o_bias.f32() : nullptr, h_.f32());
+}
+
+void Model::mlp_block(const LayerWeights& L, int32_t rows) {
+  const int64_t n = static_cast<int64_t>(rows) * config_.intermediate;
+  const float* up_bias = L.up_bias.data ? L.up_bias.f32() : nullptr;
+  if (config_.is_llama()) {
+    backend_.linear(h_.f32(), rows, L.gate, nullptr, f1_.f32());
+    backend_.linear(h_.f32(), rows, L.up, up_bias, f2_.f32());
+    backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
+  } else {
+    backend_.linear(h_.f32(), rows, L.up, up_bias, f1_.f32());
+    backend_.relu(f1_.f32(), n);
+  }
+  backend_.linear(f1_.f32(), rows, L.down, L.down_bias.data ? L.down_bias.f32() : nullptr, h_.f32());
+}
+
+// Final norm and LM head on the requested rows only.
+void Model::head(const StepBatch& batch, float* logits) {
+  const auto n = static_cast<int32_t>(batch.logit_rows.size());
+  if (n == 0) return;
+  const size_t row_bytes = static_cast<size_t>(config_.hidden) * sizeof(float);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t r = batch.logit_rows[static_cast<size_t>(i)];
+    STRATA_CHECK(r >= 0 && r < batch.rows(), "logit row {} of {}", r, batch.rows());
+    backend_.copy(static_cast<char*>(sel_.data()) + static_cast<size_t>(i) * row_bytes,
+                  static_cast<const char*>(x_.data()) + static_cast<size_t>(r) * row_bytes, row_bytes,
+                  CopyKind::kDeviceToDevice);
+  }
+  const ModelWeights& w = weights_;
+  float* hidden = sel_.f32();
+  if (w.final_norm.data != nullptr) {
+    norm(w.final_norm, w.final_norm_bias, hidden, n, h_.f32());
+    hidden = h_.f32();
+  }
+  if (w.project_out.data != nullptr) {
+    backend_.linear(hidden, n, w.project_out, nullptr, f1_.f32());
+    hidden = f1_.f32();
+  }
+  backend_.linear(hidden, n, w.lm_head, nullptr, logits_.f32());
+  backend_.copy(logits, logits_.data(), static_cast<size_t>(n) * config_.vocab * sizeof(float),
+                CopyKind::kDeviceToHost);
+}
+
+}  // namespace strata

@@ -1,0 +1,66 @@
+// The transformer, written once against the backend interface for both families; the
+// config says which norm, activation, positions and biases a layer uses.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/config.h"
+#include "worker/kv_cache.h"
+#include "worker/weights.h"
+
+namespace strata {
+
+// The work of one forward step: rows (one per new token) of several sequences, packed
+// without padding, and which rows need logits.
+struct StepBatch {
+  std::vector<int32_t> tokens;     // one per row
+  std::vector<int32_t> positions;  // one per row
+  std::vector<SeqSlice> seqs;
+  std::vector<int32_t> logit_rows;  // rows whose next-token logits are wanted, in output order
+
+  void clear();
+  int32_t rows() const { return static_cast<int32_t>(tokens.size()); }
+  // Appends `n` tokens of the sequence in `slot` that already has `n_past` cached; if
+  // `want_logits`, its last row's logits are requested. Returns the slice index.
+  size_t add(int32_t slot, int32_t n_past, std::span<const int32_t> new_tokens, bool want_logits);
+};
+
+class Model {
+ public:
+  // max_rows bounds the rows of one step; activation memory is allocated once for it.
+  Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  Backend& backend() { return backend_; }
+  int32_t max_rows() const { return max_rows_; }
+
+  // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
+  void forward(const StepBatch& batch, KvCache& cache, float* logits);
+
+ private:
+  void embed(const StepBatch& batch, int32_t rows);
+  void layer(int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
+  void attention_block(const LayerWeights& L, const StepBatch& batch, const KvLayerView& kv,
+                       int32_t rows);
+  void mlp_block(const LayerWeights& L, int32_t rows);
+  void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
+  void head(const StepBatch& batch, float* logits);
+  void build_rope_tables();
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  Backend& backend_;
+  int32_t max_rows_;
+
+  // Activations, [max_rows, width] each, on the backend's device.
+  DeviceBuffer x_, h_, q_, k_, v_, attn_, f1_, f2_, sel_, logits_, tokens_, positions_;
+  DeviceBuffer rope_cos_, rope_sin_;
+  RopeTables rope_;
+  std::vector<int32_t> scratch_ids_;
+};
+
+}  // namespace strata

@@ -1,0 +1,90 @@
+#include "worker/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+
+Tokenizer::~Tokenizer() = default;
+
+std::unique_ptr<Tokenizer> Tokenizer::ids_only(const ModelConfig& config) {
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  t->bos_ = config.bos_token_id;
+  t->vocab_ = config.vocab;
+  return t;
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelConfig& config) {
+  auto t = ids_only(config);
+  const fs::path model = fs::path(dir) / "tokenizer.model";
+  if (!fs::exists(model)) return t;
+  t->sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = t->sp_->Load(model.string());
+  if (!status.ok()) fail_input("{}: cannot load sentencepiece model: {}", model.string(), status.ToString());
+  if (t->sp_->GetPieceSize() > config.vocab)
+    fail_input("{}: tokenizer has {} pieces but the model's vocab_size is {}", model.string(),
+               t->sp_->GetPieceSize(), config.vocab);
+  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(tc)) {
+    std::ifstream in(tc);
+    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) fail_input("{}: not valid JSON", tc.string());
+    if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) t->add_bos_ = j["add_bos_token"].get<bool>();
+  }
+  if (t->bos_ < 0) t->bos_ = t->sp_->bos_id();
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  std::vector<int32_t> ids;
+  if (sp_ != nullptr) {
+    if (add_bos_ && bos_ >= 0) ids.push_back(bos_);
+    std::vector<int> pieces;
+    const auto status = sp_->Encode(text, &pieces);
+    if (!status.ok()) fail_input("cannot tokenize prompt: {}", status.ToString());
+    ids.insert(ids.end(), pieces.begin(), pieces.end());
+    return ids;
+  }
+  // Id-only: integers separated by spaces or commas.
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (p < end) {
+    if (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') {
+      ++p;
+      continue;
+    }
+    int32_t v = 0;
+    const auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || v < 0 || v >= vocab_)
+      fail_input("this model has no tokenizer, so prompts are token ids in [0, {}); cannot read '{}'",
+                 vocab_, std::string(p, static_cast<size_t>(std::min<ptrdiff_t>(end - p, 20))));
+    ids.push_back(v);
+    p = next;
+  }
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (sp_ != nullptr) {
+    std::vector<int> v(ids.begin(), ids.end());
+    std::string out;
+    const auto status = sp_->Decode(v, &out);
+    if (!status.ok()) fail_input("cannot detokenize: {}", status.ToString());
+    return out;
+  }
+  std::string out;
+  for (int32_t id : ids) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(id);
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,43 @@
+// Text <-> token ids. Models with a sentencepiece `tokenizer.model` get a real tokenizer;
+// a model without one (dummy shapes, OPT checkpoints with a BPE vocab) takes and returns
+// token ids as whitespace- or comma-separated integers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/config.h"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace strata {
+
+class Tokenizer {
+ public:
+  // Loads <dir>/tokenizer.model if present (and tokenizer_config.json for add_bos_token);
+  // otherwise an id-passthrough tokenizer. Throws InputError for a corrupt tokenizer file.
+  static std::unique_ptr<Tokenizer> load(const std::string& dir, const ModelConfig& config);
+  // Id passthrough for models without a tokenizer.
+  static std::unique_ptr<Tokenizer> ids_only(const ModelConfig& config);
+  ~Tokenizer();
+
+  bool has_vocabulary() const { return sp_ != nullptr; }
+  // Prompt text -> ids, BOS first when the model adds one. For an id-only tokenizer the
+  // text must be integers ("1 403 407" or "1,403,407"); anything else is an InputError.
+  std::vector<int32_t> encode(const std::string& text) const;
+  // Ids -> text (control tokens such as BOS print as nothing). Id-only: "1 403 407".
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+ private:
+  Tokenizer() = default;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  bool add_bos_ = true;
+  int32_t bos_ = -1;
+  int32_t vocab_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,169 @@
+#include "worker/weights.h"
+
+#include <filesystem>
+#include <functional>
+
+#include <unistd.h>
+
+#include "kernels/error.h"
+#include "kernels/log.h"
+#include "worker/dummy.h"
+#include "worker/safetensors.h"
+
+namespace strata {
+namespace {
+
+enum class Role { kMatrix, kVector };
+
+// Produces one tensor by name, checked against the shape the config implies.
+using FetchFn = std::function<Tensor(const std::string& name, Shape expected, Role role, int64_t fan_in)>;
+
+struct NameTable {
+  std::string embed, positions, project_in, project_out, final_norm, lm_head;
+  std::string layer_prefix;  // followed by "{i}."
+  std::string attn_norm, q, k, v, o, mlp_norm, gate, up, down;
+};
+
+NameTable llama_names() {
+  return {"model.embed_tokens", "", "", "", "model.norm", "lm_head",
+          "model.layers.", "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+          "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj",
+          "mlp.up_proj", "mlp.down_proj"};
+}
+
+// OPT checkpoints name their tensors with or without the leading "model.".
+NameTable opt_names(const std::string& root) {
+  return {root + "decoder.embed_tokens", root + "decoder.embed_positions",
+          root + "decoder.project_in", root + "decoder.project_out",
+          root + "decoder.final_layer_norm", "lm_head", root + "decoder.layers.",
+          "self_attn_layer_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+          "self_attn.out_proj", "final_layer_norm", "", "fc1", "fc2"};
+}
+
+void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const FetchFn& fetch,
+                 LayerWeights& L) {
+  const std::string p = n.layer_prefix + std::to_string(i) + ".";
+  const int64_t h = c.hidden, qw = c.q_width(), kvw = c.kv_width(), f = c.intermediate;
+  const bool ln = c.is_opt();
+  L.attn_norm = fetch(p + n.attn_norm + ".weight", {h}, Role::kVector, 0);
+  if (ln) L.attn_norm_bias = fetch(p + n.attn_norm + ".bias", {h}, Role::kVector, -1);
+  L.q = fetch(p + n.q + ".weight", {qw, h}, Role::kMatrix, h);
+  L.k = fetch(p + n.k + ".weight", {kvw, h}, Role::kMatrix, h);
+  L.v = fetch(p + n.v + ".weight", {kvw, h}, Role::kMatrix, h);
+  L.o = fetch(p + n.o + ".weight", {h, qw}, Role::kMatrix, qw);
+  if (c.attention_bias) {
+    L.q_bias = fetch(p + n.q + ".bias", {qw}, Role::kVector, -1);
+    L.k_bias = fetch(p + n.k + ".bias", {kvw}, Role::kVector, -1);
+    L.v_bias = fetch(p + n.v + ".bias", {kvw}, Role::kVector, -1);
+    L.o_bias = fetch(p + n.o + ".bias", {h}, Role::kVector, -1);
+  }
+  L.mlp_norm = fetch(p + n.mlp_norm + ".weight", {h}, Role::kVector, 0);
+  if (ln) L.mlp_norm_bias = fetch(p + n.mlp_norm + ".bias", {h}, Role::kVector, -1);
+  if (c.is_llama()) L.gate = fetch(p + n.gate + ".weight", {f, h}, Role::kMatrix, h);
+  L.up = fetch(p + n.up + ".weight", {f, h}, Role::kMatrix, h);
+  L.down = fetch(p + n.down + ".weight", {h, f}, Role::kMatrix, f);
+  if (c.mlp_bias) {
+    L.up_bias = fetch(p + n.up + ".bias", {f}, Role::kVector, -1);
+    L.down_bias = fetch(p + n.down + ".bias", {h}, Role::kVector, -1);
+  }
+}
+
+ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const FetchFn& fetch) {
+  ModelWeights w;
+  const int64_t h = c.hidden;
+  const int64_t e = c.is_opt() ? c.word_embed_proj_dim : c.hidden;
+  w.embed = fetch(n.embed + ".weight", {c.vocab, e}, Role::kMatrix, -1);
+  if (c.is_opt()) {
+    w.positions = fetch(n.positions + ".weight", {c.max_positions + c.position_offset, h},
+                        Role::kMatrix, -1);
+    if (e != h) {
+      w.project_in = fetch(n.project_in + ".weight", {h, e}, Role::kMatrix, e);
+      w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
+    }
+  }
+  // OPT-350m style (post-LN) models have no final layer norm.
+  if (!c.is_opt() || c.do_layer_norm_before) {
+    w.final_norm = fetch(n.final_norm + ".weight", {h}, Role::kVector, 0);
+    if (c.is_opt()) w.final_norm_bias = fetch(n.final_norm + ".bias", {h}, Role::kVector, -1);
+  }
+  w.lm_head = c.tie_word_embeddings ? w.embed
+                                    : fetch(n.lm_head + ".weight", {c.vocab, e}, Role::kMatrix, e);
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int32_t i = 0; i < c.n_layers; ++i) build_layer(c, n, i, fetch, w.layers[static_cast<size_t>(i)]);
+  return w;
+}
+
+Tensor own(ModelWeights& w, DType dtype, Shape shape) {
+  w.owned.push_back(std::make_unique<OwnedTensor>(dtype, shape));
+  return w.owned.back()->view;
+}
+
+}  // namespace
+
+int64_t ModelWeights::matrix_bytes() const {
+  int64_t total = static_cast<int64_t>(embed.bytes() + positions.bytes() + project_in.bytes() +
+                                       project_out.bytes());
+  if (lm_head.data != embed.data) total += static_cast<int64_t>(lm_head.bytes());
+  for (const LayerWeights& L : layers) {
+    for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      total += static_cast<int64_t>(t->bytes());
+  }
+  return total;
+}
+
+ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir) {
+  auto archive = std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir));
+  NameTable names = llama_names();
+  if (config.is_opt()) {
+    const bool prefixed = archive->find("model.decoder.embed_tokens.weight").tensor != nullptr;
+    names = opt_names(prefixed ? "model." : "");
+  }
+  ModelWeights w;
+  w.archive = archive;
+  FetchFn fetch = [&](const std::string& name, Shape expected, Role role, int64_t) -> Tensor {
+    const auto entry = archive->find(name);
+    if (entry.tensor == nullptr)
+      fail_input("{}: tensor '{}' is missing from the checkpoint (required by {})", dir, name,
+                 config.source);
+    const SafetensorsTensor& t = *entry.tensor;
+    if (!(t.shape == expected))
+      fail_input("{}: tensor '{}' has shape {} but {} implies {}", entry.file->path(), name,
+                 t.shape.str(), config.source, expected.str());
+    if (t.dtype == DType::kI32)
+      fail_input("{}: tensor '{}' has dtype i32; weights must be f32, f16 or bf16",
+                 entry.file->path(), name);
+    Tensor view = entry.file->view(t);
+    if (role == Role::kMatrix || view.dtype == DType::kF32) return view;
+    Tensor f = own(w, DType::kF32, expected);
+    convert_to_f32(view.dtype, view.data, f.as<float>(), static_cast<size_t>(expected.numel()));
+    return f;
+  };
+  ModelWeights built = build_weights(config, names, fetch);
+  built.owned = std::move(w.owned);
+  built.archive = archive;
+  log::get("worker")->debug("loaded {} ({} bytes of matrices)", dir, built.matrix_bytes());
+  return built;
+}
+
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed) {
+  // Refuse before allocating: a 175B shape must say it does not fit, not die in the OOM killer.
+  const double need = static_cast<double>(config.shape().total_params()) * dtype_size(config.dtype);
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (need > 0.9 * have)
+    fail(ErrorKind::kOverloaded,
+         "{}: weights need {:.1f} GiB in {} but this host has {:.1f} GiB of memory (limit 90%); "
+         "running models larger than memory needs the offloading engine",
+         config.source, need / (1 << 30), dtype_name(config.dtype), have / (1 << 30));
+  ModelWeights w;
+  FetchFn fetch = [&](const std::string& name, Shape expected, Role role, int64_t fan_in) -> Tensor {
+    Tensor t = own(w, role == Role::kMatrix ? config.dtype : DType::kF32, expected);
+    fill_dummy_tensor(seed, name, fan_in, t);
+    return t;
+  };
+  const NameTable names = config.is_opt() ? opt_names("model.") : llama_names();
+  ModelWeights built = build_weights(config, names, fetch);
+  built.owned = std::move(w.owned);
+  return built;
+}
+
+}  // namespace strata

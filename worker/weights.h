@@ -1,0 +1,53 @@
+// The weights of one model, as views the layer code reads: matrices keep their storage
+// dtype (f32/f16/bf16), small vectors (norms, biases) are converted to f32 once at load.
+// Tensors come from a safetensors checkpoint (memory-mapped) or from the dummy generator;
+// both go through the same table of names and the same shape checks against the config.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "worker/config.h"
+
+namespace strata {
+
+class SafetensorsArchive;
+
+struct LayerWeights {
+  Tensor attn_norm, attn_norm_bias;  // bias: LayerNorm only
+  Tensor q, k, v, o;
+  Tensor q_bias, k_bias, v_bias, o_bias;
+  Tensor mlp_norm, mlp_norm_bias;
+  Tensor gate;  // gated MLP only (Llama SwiGLU)
+  Tensor up;    // Llama up_proj / OPT fc1
+  Tensor down;  // Llama down_proj / OPT fc2
+  Tensor up_bias, down_bias;
+};
+
+struct ModelWeights {
+  Tensor embed;      // [vocab, word_embed_proj_dim]
+  Tensor positions;  // OPT: [max_positions + 2, hidden]
+  Tensor project_in, project_out;  // OPT when word_embed_proj_dim != hidden
+  Tensor final_norm, final_norm_bias;
+  Tensor lm_head;  // == embed when tied
+  std::vector<LayerWeights> layers;
+
+  // Storage behind generated or converted tensors, and the mapping behind checkpoint views.
+  std::vector<std::unique_ptr<OwnedTensor>> owned;
+  std::shared_ptr<const SafetensorsArchive> archive;
+
+  int64_t matrix_bytes() const;  // bytes of all weights as stored
+};
+
+// Loads <dir>/model.safetensors (or the sharded index). Throws InputError naming the file
+// and tensor for a missing tensor, a shape that disagrees with the config, or a non-float
+// dtype.
+ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir);
+
+// Generates the weights of a dummy shape deterministically from `seed`.
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed);
+
+}  // namespace strata
