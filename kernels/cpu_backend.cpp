@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "kernels/gemv.h"
 
 namespace strata {
 namespace {
@@ -19,11 +20,18 @@ constexpr int64_t kParallelElems = 1 << 15;
 // Rows of a half-precision weight dequantised at a time before one GEMM call.
 constexpr int64_t kDequantRows = 256;
 
-float dot(const float* a, const float* b, int32_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int32_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+// Softmax over row[0, valid) in place; row[valid, n) (future positions) becomes 0.
+void causal_softmax_row(float* row, int32_t valid, int32_t n) {
+  float mx = row[0];
+  for (int32_t p = 1; p < valid; ++p) mx = std::max(mx, row[p]);
+  float sum = 0.0f;
+  for (int32_t p = 0; p < valid; ++p) {
+    row[p] = std::exp(row[p] - mx);
+    sum += row[p];
+  }
+  const float inv = 1.0f / sum;
+  for (int32_t p = 0; p < valid; ++p) row[p] *= inv;
+  std::fill(row + valid, row + n, 0.0f);
 }
 
 void check_linear_args(int64_t m, const Tensor& w) {
@@ -90,7 +98,18 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind) {
 void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
   check_linear_args(m, w);
   if (m == 0) return;
-  if (w.dtype == DType::kF32) {
+  if (m <= kGemvMaxRows) {
+    // Decode: stream each weight row once for all m rows, at memory bandwidth.
+    const int64_t n = w.shape[0];
+#pragma omp parallel if (n * w.shape[1] > kParallelElems)
+    {
+      const int64_t nt = omp_get_num_threads();
+      const int64_t t = omp_get_thread_num();
+      const int64_t chunk = (n + nt - 1) / nt;
+      const int64_t begin = std::min(n, t * chunk);
+      gemv_rows(x, m, w, bias, y, begin, std::min(n, begin + chunk));
+    }
+  } else if (w.dtype == DType::kF32) {
     linear_f32(x, m, w, bias, y);
   } else {
     linear_half(x, m, w, bias, y);
@@ -104,13 +123,8 @@ void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const fl
   if (bias != nullptr) {
     for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, static_cast<size_t>(n) * 4);
   }
-  if (m == 1) {
-    // Single-row decode: GEMV streams the weight once at memory bandwidth.
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.as<const float>(), k, x, 1, beta, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k,
-                w.as<const float>(), k, beta, y, n);
-  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k,
+              w.as<const float>(), k, beta, y, n);
 }
 
 // f16 / bf16 weights: dequantise a block of rows into f32 scratch, then GEMM that block.
@@ -126,14 +140,9 @@ void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const f
     const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(r0 * k) * elem;
 #pragma omp parallel for schedule(static) if (rows * k > kParallelElems)
     for (int64_t r = 0; r < rows; ++r) row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
-    if (m == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(rows), static_cast<blasint>(k),
-                  1.0f, wf, static_cast<blasint>(k), x, 1, 0.0f, y + r0, 1);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
-                  static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x, static_cast<blasint>(k),
-                  wf, static_cast<blasint>(k), 0.0f, y + r0, static_cast<blasint>(n));
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
+                static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x, static_cast<blasint>(k),
+                wf, static_cast<blasint>(k), 0.0f, y + r0, static_cast<blasint>(n));
   }
   if (bias != nullptr) {
     for (int64_t r = 0; r < m; ++r)
@@ -267,63 +276,52 @@ void CpuBackend::kv_store(const float* k, const float* v, std::span<const SeqSli
   }
 }
 
+// One task per (sequence, query head): S = scale * Q K^T over the sequence's cache, causal
+// softmax per row, O = P V. BLAS does the products (GEMV for a decode row, GEMM for a
+// prefill chunk); inside the parallel region OpenBLAS runs single-threaded.
 void CpuBackend::attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
                            const AttentionDims& dims, float* out) {
   const int32_t hd = dims.head_dim;
   const int32_t group = dims.n_heads / dims.n_kv_heads;
   const int64_t width = static_cast<int64_t>(dims.n_heads) * hd;
-  // Flatten (sequence, new row, head) into one index space so short decode rows and long
-  // prefill rows share the threads evenly. (sequence, offset within it) of every flat row
-  // lives in member storage reused across calls.
-  row_seq_.clear();
-  row_offset_.clear();
+  size_t scratch_per_task = 0;
   int64_t work = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    for (int32_t t = 0; t < seqs[i].n_new; ++t) {
-      row_seq_.push_back(static_cast<int32_t>(i));
-      row_offset_.push_back(t);
-    }
-    work += static_cast<int64_t>(seqs[i].n_new) * (seqs[i].n_past + seqs[i].n_new) * width;
+  for (const SeqSlice& s : seqs) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "attention: slot {} of {}", s.slot, cache.n_slots);
+    STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "attention: {} + {} positions > capacity {}",
+                 s.n_past, s.n_new, cache.capacity);
+    scratch_per_task = std::max(scratch_per_task, static_cast<size_t>(s.n_new) * static_cast<size_t>(s.n_past + s.n_new));
+    work += static_cast<int64_t>(s.n_new) * (s.n_past + s.n_new) * width;
   }
-  const auto total_rows = static_cast<int64_t>(row_seq_.size());
-  const int64_t tasks = total_rows * dims.n_heads;
-  const size_t per_thread = static_cast<size_t>(cache.capacity);
   const auto nthreads = static_cast<size_t>(omp_get_max_threads());
-  if (attn_scratch_.size() < per_thread * nthreads) attn_scratch_.resize(per_thread * nthreads);
+  if (attn_scratch_.size() < scratch_per_task * nthreads) attn_scratch_.resize(scratch_per_task * nthreads);
+  const auto tasks = static_cast<int64_t>(seqs.size()) * dims.n_heads;
 
-#pragma omp parallel for schedule(dynamic, 4) if (work > kParallelElems)
+#pragma omp parallel for schedule(dynamic, 1) if (work > kParallelElems)
   for (int64_t task = 0; task < tasks; ++task) {
-    const auto flat_row = static_cast<size_t>(task / dims.n_heads);
+    const SeqSlice& s = seqs[static_cast<size_t>(task / dims.n_heads)];
     const auto h = static_cast<int32_t>(task % dims.n_heads);
-    const SeqSlice& s = seqs[static_cast<size_t>(row_seq_[flat_row])];
-    const int32_t t = row_offset_[flat_row];
-    const int64_t row = s.row_begin + t;
-    const int32_t n_ctx = s.n_past + t + 1;
-    const int32_t kvh = h / group;
+    if (s.n_new == 0) continue;
+    const int32_t ctx = s.n_past + s.n_new;
     const size_t base = static_cast<size_t>(s.slot) * cache.slot_stride() +
-                        static_cast<size_t>(kvh) * cache.head_stride();
-    const float* kbase = cache.k + base;
-    const float* vbase = cache.v + base;
-    const float* qr = q + row * width + static_cast<int64_t>(h) * hd;
-    float* scores = attn_scratch_.data() + per_thread * static_cast<size_t>(omp_get_thread_num());
-    float mx = -INFINITY;
-    for (int32_t p = 0; p < n_ctx; ++p) {
-      scores[p] = dot(qr, kbase + static_cast<size_t>(p) * hd, hd) * dims.scale;
-      mx = std::max(mx, scores[p]);
+                        static_cast<size_t>(h / group) * cache.head_stride();
+    const float* k = cache.k + base;
+    const float* v = cache.v + base;
+    const float* qh = q + s.row_begin * width + static_cast<int64_t>(h) * hd;
+    float* oh = out + s.row_begin * width + static_cast<int64_t>(h) * hd;
+    float* scores = attn_scratch_.data() + scratch_per_task * static_cast<size_t>(omp_get_thread_num());
+    if (s.n_new == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, ctx, hd, dims.scale, k, hd, qh, 1, 0.0f, scores, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, dims.scale, qh,
+                  static_cast<blasint>(width), k, hd, 0.0f, scores, ctx);
     }
-    float sum = 0.0f;
-    for (int32_t p = 0; p < n_ctx; ++p) {
-      scores[p] = std::exp(scores[p] - mx);
-      sum += scores[p];
-    }
-    const float inv = 1.0f / sum;
-    float* o = out + row * width + static_cast<int64_t>(h) * hd;
-    std::fill(o, o + hd, 0.0f);
-    for (int32_t p = 0; p < n_ctx; ++p) {
-      const float wgt = scores[p] * inv;
-      const float* vr = vbase + static_cast<size_t>(p) * hd;
-#pragma omp simd
-      for (int32_t d = 0; d < hd; ++d) o[d] += wgt * vr[d];
+    for (int32_t t = 0; t < s.n_new; ++t) causal_softmax_row(scores + static_cast<size_t>(t) * ctx, s.n_past + t + 1, ctx);
+    if (s.n_new == 1) {
+      cblas_sgemv(CblasRowMajor, CblasTrans, ctx, hd, 1.0f, v, hd, scores, 1, 0.0f, oh, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.n_new, hd, ctx, 1.0f, scores, ctx, v,
+                  hd, 0.0f, oh, static_cast<blasint>(width));
     }
   }
 }

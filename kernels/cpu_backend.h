@@ -46,8 +46,6 @@ class CpuBackend final : public Backend {
   // Scratch reused across calls so the per-token path allocates nothing once warm.
   std::vector<float> attn_scratch_;
   std::vector<float> dequant_scratch_;
-  std::vector<int32_t> row_seq_;
-  std::vector<int32_t> row_offset_;
 };
 
 // Converts one row of f32/f16/bf16 values to f32 (vectorised where the CPU allows).

@@ -2,7 +2,9 @@
 // machine's limits measured in the same run and the achieved fraction of each bound.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
@@ -49,6 +51,31 @@ double executed_flops(const ModelShape& s, int batch, int prompt_len, int gen_le
   return per_seq * batch;
 }
 
+// `strata limits` in a child process, so its large buffers never count in this process's
+// peak RSS.
+MachineLimits measure_limits_in_child(int threads) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);  // the shell has its own
+  if (ec) fail(ErrorKind::kFailed, "cannot find this executable: {}", ec.message());
+  const std::string cmd = fmt::format("'{}' limits --threads {} 2>/dev/null", self.string(), threads);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) fail(ErrorKind::kFailed, "cannot run '{}'", cmd);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
+  const int rc = pclose(pipe);
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  if (rc != 0 || j.is_discarded() || !j.contains("gemm_gflops"))
+    fail(ErrorKind::kFailed, "'{}' failed (exit {}): {}", cmd, rc, out);
+  MachineLimits m;
+  m.threads = threads;
+  m.memory_bandwidth_gbs = j["memory_bandwidth_gbs"];
+  m.memory_read_gbs = j["memory_read_gbs"];
+  m.gemm_gflops = j["gemm_gflops"];
+  m.gemm_n = j["gemm_n"];
+  return m;
+}
+
 long peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -69,6 +96,8 @@ int run_bench(BenchOptions o) {
     small.gen_len = 2;
     gen.run(synthetic_requests(e.config, small));
   }
+  MachineLimits before;
+  if (o.measure_limits) before = measure_limits_in_child(e.cpu->threads());
   GenerationStats stats;
   gen.run(synthetic_requests(e.config, o), &stats);
 
@@ -90,11 +119,22 @@ int run_bench(BenchOptions o) {
   j["decode_weight_bytes_per_step"] = shape.decode_weight_bytes();
   j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
   if (o.measure_limits) {
-    const MachineLimits lim = measure_machine_limits(j["threads"].get<int>());
+    // Shared machines are noisy: take the better of a measurement before and after the run,
+    // so a slow moment never makes the achieved fraction look better than it is.
+    MachineLimits lim = measure_limits_in_child(e.cpu->threads());
+    lim.memory_bandwidth_gbs = std::max(lim.memory_bandwidth_gbs, before.memory_bandwidth_gbs);
+    lim.memory_read_gbs = std::max(lim.memory_read_gbs, before.memory_read_gbs);
+    lim.gemm_gflops = std::max(lim.gemm_gflops, before.gemm_gflops);
     j["limits"] = nlohmann::json::parse(lim.json());
-    const double bw_bound_s = static_cast<double>(shape.decode_weight_bytes()) / (lim.memory_bandwidth_gbs * 1e9);
-    j["decode_bandwidth_bound_step_seconds"] = bw_bound_s;
-    j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? bw_bound_s / step_s : 0;
+    // A decode step must read every weight once: bytes / bandwidth is its floor. Triad is
+    // the conventional figure; the read-only stream is the pattern a GEMV actually has.
+    const auto bytes = static_cast<double>(shape.decode_weight_bytes());
+    const double triad_bound_s = bytes / (lim.memory_bandwidth_gbs * 1e9);
+    const double read_bound_s = bytes / (lim.memory_read_gbs * 1e9);
+    j["decode_bandwidth_bound_step_seconds"] = triad_bound_s;
+    j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? triad_bound_s / step_s : 0;
+    j["decode_read_bound_step_seconds"] = read_bound_s;
+    j["decode_fraction_of_read_bound"] = step_s > 0 ? read_bound_s / step_s : 0;
     j["generation_fraction_of_gemm_peak"] = flops / stats.total_seconds() / 1e9 / lim.gemm_gflops;
   }
   std::printf("%s\n", j.dump(2).c_str());

@@ -116,7 +116,8 @@ std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest
   const auto slots = static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(options_.max_batch), waiting.size()));
   KvCache cache(model_.backend(), model_.config(), slots, capacity);
   stats.kv_cache_bytes = cache.bytes();
-  logits_.resize(static_cast<size_t>(model_.max_rows()) * static_cast<size_t>(model_.config().vocab));
+  // At most one logits row per sequence per step: the batch bounds the rows.
+  logits_.resize(static_cast<size_t>(slots) * static_cast<size_t>(model_.config().vocab));
 
   std::vector<Running> pool(requests.size());
   std::vector<Running*> running;

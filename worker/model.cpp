@@ -46,7 +46,8 @@ Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, 
   f1_ = buf(static_cast<size_t>(config.intermediate));
   f2_ = buf(static_cast<size_t>(config.intermediate));
   sel_ = buf(wide);
-  logits_ = buf(static_cast<size_t>(config.vocab));
+  logits_ = DeviceBuffer(backend, static_cast<size_t>(std::min(max_rows, kLogitChunk)) *
+                                      static_cast<size_t>(config.vocab) * sizeof(float));
   tokens_ = DeviceBuffer(backend, rows * sizeof(int32_t));
   positions_ = DeviceBuffer(backend, rows * sizeof(int32_t));
   if (config.is_llama()) build_rope_tables();
@@ -195,14 +196,24 @@ void Model::mlp_block(const LayerWeights& L, int32_t rows) {
   backend_.linear(f1_.f32(), rows, L.down, L.down_bias.data ? L.down_bias.f32() : nullptr, h_.f32());
 }
 
-// Final norm and LM head on the requested rows only.
+// Final norm and LM head on the requested rows only, kLogitChunk rows at a time so the
+// logits buffer stays small even when every row of a long prompt wants logits.
 void Model::head(const StepBatch& batch, float* logits) {
   const auto n = static_cast<int32_t>(batch.logit_rows.size());
-  if (n == 0) return;
+  const int32_t chunk = std::min(max_rows_, kLogitChunk);
+  for (int32_t c0 = 0; c0 < n; c0 += chunk) {
+    const int32_t rows = std::min(chunk, n - c0);
+    head_chunk(std::span(batch.logit_rows).subspan(static_cast<size_t>(c0), static_cast<size_t>(rows)),
+               batch.rows(), logits + static_cast<size_t>(c0) * static_cast<size_t>(config_.vocab));
+  }
+}
+
+void Model::head_chunk(std::span<const int32_t> rows, int32_t batch_rows, float* logits) {
+  const auto n = static_cast<int32_t>(rows.size());
   const size_t row_bytes = static_cast<size_t>(config_.hidden) * sizeof(float);
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t r = batch.logit_rows[static_cast<size_t>(i)];
-    STRATA_CHECK(r >= 0 && r < batch.rows(), "logit row {} of {}", r, batch.rows());
+    const int32_t r = rows[static_cast<size_t>(i)];
+    STRATA_CHECK(r >= 0 && r < batch_rows, "logit row {} of {}", r, batch_rows);
     backend_.copy(static_cast<char*>(sel_.data()) + static_cast<size_t>(i) * row_bytes,
                   static_cast<const char*>(x_.data()) + static_cast<size_t>(r) * row_bytes, row_bytes,
                   CopyKind::kDeviceToDevice);

@@ -49,6 +49,9 @@ class Model {
   void mlp_block(const LayerWeights& L, int32_t rows);
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
   void head(const StepBatch& batch, float* logits);
+  void head_chunk(std::span<const int32_t> rows, int32_t batch_rows, float* logits);
+
+  static constexpr int32_t kLogitChunk = 64;
   void build_rope_tables();
 
   ModelConfig config_;
