@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       strata::cli::add_generate(app),
       strata::cli::add_bench(app),
       strata::cli::add_limits(app),
+      strata::cli::add_score(app),
   };
   try {
     app.parse(argc, argv);

@@ -59,5 +59,28 @@ else
   echo "FAIL json-output: exit $?"; cat "$TMP/err"; failures=$((failures + 1))
 fi
 
+# score: teacher-forced logits through the CLI equal the llama2.c reference rows.
+if "$STRATA" score --model "$MODEL" --prompt "Once upon a time" --logits-out "$TMP/logits.f32" \
+    >"$TMP/score.json" 2>"$TMP/err" &&
+  python3 - "$TMP/score.json" "$TMP/logits.f32" "$MODEL/reference/once_upon_a_time.logits.f32" <<'PY'
+import json, struct, sys
+s = json.loads(open(sys.argv[1]).read())
+assert s["ids"] == [1, 403, 407, 261, 378], s["ids"]
+assert len(s["logprobs"]) == 4 and all(lp < 0 for lp in s["logprobs"]), s["logprobs"]
+got = open(sys.argv[2], "rb").read()
+ref = open(sys.argv[3], "rb").read()[: len(got)]
+assert len(got) == 5 * 512 * 4, len(got)
+a = struct.unpack(f"<{len(got)//4}f", got)
+b = struct.unpack(f"<{len(ref)//4}f", ref)
+worst = max(abs(x - y) for x, y in zip(a, b))
+assert worst < 1e-4, worst
+PY
+then
+  echo "ok   score-logits"; passes=$((passes + 1))
+else
+  echo "FAIL score-logits"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error score-no-text "no text to score" score --model "$MODEL"
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

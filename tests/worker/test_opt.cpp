@@ -13,6 +13,7 @@
 #include "kernels/cpu_backend.h"
 #include "worker/generator.h"
 #include "worker/loader.h"
+#include "worker/scoring.h"
 #include "worker/safetensors.h"
 
 namespace strata {
@@ -166,17 +167,7 @@ std::vector<float> strata_logits(const std::string& dir, const std::vector<int32
   CpuBackend backend(1);
   LoadedModel lm = load_model(dir);
   Model model(lm.config, std::move(lm.weights), backend, 64);
-  KvCache cache(backend, model.config(), 1, static_cast<int32_t>(ids.size()));
-  std::vector<float> out(ids.size() * static_cast<size_t>(model.config().vocab));
-  StepBatch batch;
-  for (size_t pos = 0; pos < ids.size(); pos += static_cast<size_t>(chunk)) {
-    const size_t n = std::min(ids.size() - pos, static_cast<size_t>(chunk));
-    batch.clear();
-    batch.add(0, static_cast<int32_t>(pos), std::span(ids).subspan(pos, n), false);
-    for (int32_t r = 0; r < static_cast<int32_t>(n); ++r) batch.logit_rows.push_back(r);
-    model.forward(batch, cache, out.data() + pos * static_cast<size_t>(model.config().vocab));
-  }
-  return out;
+  return teacher_forced_logits(model, ids, chunk);
 }
 
 TEST(Opt, OneTokenByHand) {

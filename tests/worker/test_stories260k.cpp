@@ -10,6 +10,7 @@
 #include "support/stories_reference.h"
 #include "worker/generator.h"
 #include "worker/loader.h"
+#include "worker/scoring.h"
 
 namespace strata {
 namespace {
@@ -33,27 +34,16 @@ class Stories260K : public ::testing::Test {
     delete refs_;
   }
 
-  // Logits of every position of `seq`, fed `chunk` tokens per step.
   static std::vector<float> teacher_forced(const std::vector<int32_t>& seq, int32_t chunk) {
-    const int32_t vocab = model_->config().vocab;
-    KvCache cache(*backend_, model_->config(), 1, static_cast<int32_t>(seq.size()));
-    std::vector<float> out(seq.size() * static_cast<size_t>(vocab));
-    StepBatch batch;
-    for (size_t pos = 0; pos < seq.size(); pos += static_cast<size_t>(chunk)) {
-      const size_t n = std::min(seq.size() - pos, static_cast<size_t>(chunk));
-      batch.clear();
-      batch.add(0, static_cast<int32_t>(pos), std::span(seq).subspan(pos, n), false);
-      for (int32_t r = 0; r < static_cast<int32_t>(n); ++r) batch.logit_rows.push_back(r);
-      model_->forward(batch, cache, out.data() + pos * static_cast<size_t>(vocab));
-    }
-    return out;
+    return teacher_forced_logits(*model_, seq, chunk);
   }
 
-  static GenerationRequest greedy_request(const StoriesReference& r, int32_t tokens = 64) {
+  // Greedy request for the reference's prompt; by default as many tokens as it holds.
+  static GenerationRequest greedy_request(const StoriesReference& r, int32_t tokens = -1) {
     GenerationRequest q;
     q.id = r.name;
     q.prompt_ids = r.prompt_ids;
-    q.max_new_tokens = tokens;
+    q.max_new_tokens = tokens >= 0 ? tokens : static_cast<int32_t>(r.output_ids.size());
     return q;
   }
 
@@ -69,9 +59,9 @@ Tokenizer* Stories260K::tokenizer_ = nullptr;
 Model* Stories260K::model_ = nullptr;
 
 TEST_F(Stories260K, FixturesArePresent) {
-  ASSERT_GE(refs_->size(), 5u);
+  ASSERT_GE(refs_->size(), 1u);
   for (const auto& r : *refs_) {
-    EXPECT_EQ(r.output_ids.size(), 64u) << r.name;
+    EXPECT_GE(r.output_ids.size(), 1u) << r.name;
     EXPECT_EQ(r.logits.size(), r.sequence().size() * 512u) << r.name;
   }
 }
@@ -120,7 +110,8 @@ TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
   std::vector<GenerationRequest> reqs;
   for (const auto& r : *refs_) reqs.push_back(greedy_request(r));
   // Different budgets make sequences leave at different steps, freeing slots mid-run.
-  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].max_new_tokens = 64 - static_cast<int32_t>(i) * 9;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    reqs[i].max_new_tokens = std::max(1, reqs[i].max_new_tokens - static_cast<int32_t>(i) * 9);
   Generator single(*model_, GeneratorOptions{1, 512, 0});
   std::vector<std::vector<int32_t>> expected;
   for (const auto& q : reqs) expected.push_back(single.run({q})[0].output_ids);
@@ -165,13 +156,16 @@ TEST_F(Stories260K, SampledGenerationIsReproducibleAndBatchIndependent) {
     EXPECT_EQ(a[i].output_ids, b[i].output_ids);
     EXPECT_EQ(b[i].output_ids, c[i].output_ids);
     const auto& greedy = (*refs_)[i].output_ids;
-    if (!std::equal(a[i].output_ids.begin(), a[i].output_ids.end(), greedy.begin())) any_differs_from_greedy = true;
+    const size_t n = std::min(a[i].output_ids.size(), greedy.size());
+    if (!std::equal(a[i].output_ids.begin(), a[i].output_ids.begin() + static_cast<std::ptrdiff_t>(n), greedy.begin()))
+      any_differs_from_greedy = true;
   }
   EXPECT_TRUE(any_differs_from_greedy) << "sampling at temperature 0.9 never left the greedy path";
 }
 
 TEST_F(Stories260K, BadRequestsGetErrorsAndOthersStillRun) {
   std::vector<GenerationRequest> reqs;
+  ASSERT_GE((*refs_)[0].output_ids.size(), 8u);
   reqs.push_back(greedy_request((*refs_)[0], 8));
   GenerationRequest empty;
   empty.id = "empty";
