@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
       strata::cli::add_bench(app),
       strata::cli::add_limits(app),
       strata::cli::add_score(app),
+      strata::cli::add_profile(app),
+      strata::cli::add_plan(app),
   };
   try {
     app.parse(argc, argv);

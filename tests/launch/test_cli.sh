@@ -82,5 +82,31 @@ else
 fi
 expect_error score-no-text "no text to score" score --model "$MODEL"
 
+# plan: FlexGen's OPT-30B / T4 example picks the paper's placement; a tiny budget is refused.
+if "$STRATA" plan --model dummy:opt-30b --gpu-mem 16 --cpu-mem 208 --disk-mem 1500 \
+    --prompt-len 512 --gen-len 32 --format json >"$TMP/plan.json" 2>"$TMP/err" &&
+  python3 - "$TMP/plan.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))["policy"]
+assert "ngb=3," in p and "w=20/80/0" in p and "c=0/100/0" in p and "h=0/100/0" in p, p
+PY
+then
+  echo "ok   plan-opt30b-t4"; passes=$((passes + 1))
+else
+  echo "FAIL plan-opt30b-t4"; cat "$TMP/plan.json" "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error plan-infeasible "short by" plan --model dummy:opt-175b --gpu-mem 1 --cpu-mem 2 --disk-mem 10
+expect_error plan-bad-policy "gbs" plan --model dummy:opt-30b --policy gbs=0,ngb=1
+
+# profile: measures the disk around the page cache and says so.
+if "$STRATA" profile --disk-dir "$TMP" --disk-mib 16 --out "$TMP/profile.json" >/dev/null 2>"$TMP/err" &&
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['disk']['read_gbs'] > 0 and d['disk']['write_gbs'] > 0, d" "$TMP/profile.json"
+then
+  echo "ok   profile"; passes=$((passes + 1))
+else
+  echo "FAIL profile"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error profile-bad-dir "not a directory" profile --disk-dir /no/such/dir --disk-mib 1
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

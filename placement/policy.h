@@ -1,0 +1,55 @@
+// FlexGen's offloading policy (§4.2): the zig-zag block schedule (GPU batch size x number
+// of GPU batches) and where weights, KV cache and activations live, as percentages over
+// GPU, CPU and disk (wg/wc/wd, cg/cc/cd, hg/hc/hd; each disk share is 100 - GPU - CPU),
+// plus the switches FlexGen exposes: 4-bit compression of weights / cache (§5), attention
+// on the CPU when the cache is there ("computation delegation", §4.2) and overlap of I/O
+// with compute (Algorithm 1). A plain struct that prints itself; nothing here runs it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+struct Policy {
+  int64_t gpu_batch_size = 1;   // gbs
+  int64_t num_gpu_batches = 1;  // GPU batches in a block
+  int w_gpu_percent = 100;      // wg
+  int w_cpu_percent = 0;        // wc
+  int cache_gpu_percent = 100;  // cg
+  int cache_cpu_percent = 0;    // cc
+  int act_gpu_percent = 100;    // hg
+  int act_cpu_percent = 0;      // hc
+  bool compress_weight = false;
+  bool compress_cache = false;
+  bool cpu_cache_compute = false;  // attention on the CPU for the cache kept off the GPU
+  bool overlap = true;
+
+  // Guards the block-size product and the cost model's arithmetic against absurd input.
+  static constexpr int64_t kMaxBatch = int64_t{1} << 20;
+
+  int w_disk_percent() const { return 100 - w_gpu_percent - w_cpu_percent; }
+  int cache_disk_percent() const { return 100 - cache_gpu_percent - cache_cpu_percent; }
+  int act_disk_percent() const { return 100 - act_gpu_percent - act_cpu_percent; }
+  // FlexGen's block size bls (the "effective batch size").
+  int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
+
+  // Throws InputError naming the field, its value and what is allowed.
+  void validate() const;
+
+  // FlexGen's tuple style: "Policy(gpu_batch_size=48, num_gpu_batches=3, w=(20,80,0), ...)".
+  std::string str() const;
+  // The command-line form that parse() reads back: "gbs=48,ngb=3,w=20/80/0,...".
+  std::string compact() const;
+
+  // Comma-separated key=value: gbs, ngb (positive integers), w, c, h ("GPU/CPU/DISK"
+  // integer percentages summing to 100), cw, cc, cpu_attn, overlap (0 or 1). Keys left out
+  // keep the defaults above; a key given twice, an unknown key or a bad value is an
+  // InputError that names the key, the value and what is allowed.
+  static Policy parse(std::string_view text);
+
+  bool operator==(const Policy&) const = default;
+};
+
+}  // namespace strata

@@ -1,0 +1,249 @@
+// FlexGen's policy search (§4.3, Eq. 1): the placement LP against the cost model, the
+// outer search over (gbs, number of GPU batches), its refusals, and the paper's worked
+// example -- OPT-30B on the T4 machine, prompt 512, 32 generated tokens.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/error.h"
+#include "placement/policy_search.h"
+
+namespace strata {
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+const Workload kWorkload{512, 32};
+
+ModelShape opt(int64_t hidden, int64_t ffn, int64_t layers, int64_t heads) {
+  ModelShape m;
+  m.hidden = hidden;
+  m.intermediate = ffn;
+  m.n_layers = layers;
+  m.n_heads = heads;
+  m.n_kv_heads = heads;
+  m.head_dim = hidden / heads;
+  m.vocab = 50272;
+  m.max_positions = 2048;
+  m.learned_positions = true;
+  m.linear_bias = true;
+  m.norm_bias = true;
+  m.tied_head = true;
+  m.weight_bytes_per_elem = 2;  // fp16
+  return m;
+}
+
+ModelShape opt_30b() {
+  return opt(7168, 28672, 48, 56);
+}
+ModelShape opt_6_7b() {
+  return opt(4096, 16384, 32, 32);
+}
+
+// FlexGen's policy for OPT-30B on the T4 (Table 4, 15, 21, 23): 7.32 token/s measured.
+const char* kPaperOpt30b = "gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1";
+constexpr double kPaperOpt30bThroughput = 7.32;
+
+std::string search_error(const HardwareSpec& hw, const SearchOptions& o = {}) {
+  try {
+    search_policy(opt_30b(), kWorkload, hw, o);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(PolicySearch, Opt30bOnT4LandsInThePapersRegion) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  const SearchResult r = search_policy(opt_30b(), kWorkload, hw);
+  const CostEstimate paper = estimate_cost(opt_30b(), kWorkload, Policy::parse(kPaperOpt30b), hw);
+  fmt::print("  FlexGen (Tables 15/21): {} -> {:.2f} token/s measured, {:.3f} predicted here\n",
+             Policy::parse(kPaperOpt30b).str(), kPaperOpt30bThroughput, paper.throughput);
+  fmt::print("  search:                 {} -> {:.3f} token/s predicted\n", r.policy.str(),
+             r.cost.throughput);
+  fmt::print("  {}\n", r.str());
+  const Policy& p = r.policy;
+  EXPECT_GE(p.gpu_batch_size, 32);  // the grid's neighbours of 48
+  EXPECT_LE(p.gpu_batch_size, 64);
+  EXPECT_GE(p.num_gpu_batches, 2);
+  EXPECT_LE(p.num_gpu_batches, 4);
+  EXPECT_NEAR(p.w_gpu_percent, 20, 5);  // about 20% of the weights on the GPU,
+  EXPECT_EQ(p.w_disk_percent(), 0);     // the rest on the CPU
+  EXPECT_EQ(p.cache_cpu_percent, 100);  // cache and activations on the CPU
+  EXPECT_EQ(p.act_cpu_percent, 100);
+  EXPECT_TRUE(p.cpu_cache_compute);
+  EXPECT_NEAR(r.cost.throughput, kPaperOpt30bThroughput, 0.1 * kPaperOpt30bThroughput);
+  EXPECT_TRUE(r.cost.fits(hw));
+}
+
+// The exact answer, pinned so that a change to the model or the search that moves it is
+// noticed. In the paper's region (see above): FlexGen's gbs 48 is one grid step away, and
+// for gbs 16..64 the model predicts the same throughput at the same block size and weight
+// share, the tie going to the larger GPU batch.
+TEST(PolicySearch, Opt30bOnT4Pinned) {
+  const SearchResult r = search_policy(opt_30b(), kWorkload, HardwareSpec::flexgen_t4());
+  EXPECT_EQ(r.policy.str(),
+            "Policy(gpu_batch_size=64, num_gpu_batches=3, w=(20,80,0), c=(0,100,0), "
+            "h=(0,100,0), compress_weight=0, compress_cache=0, cpu_attention=1, overlap=1)");
+  EXPECT_NEAR(r.cost.throughput, 7.4848, 1e-3);
+  EXPECT_EQ(r.cost.prefill.binding, "comp");
+  EXPECT_EQ(r.cost.decode.binding, "ctog+comp");
+}
+
+TEST(PolicySearch, TiesWithinTheToleranceGoToTheSmallestBlock) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  SearchOptions exact;
+  exact.tie_tolerance = 0;
+  const SearchResult fastest = search_policy(opt_30b(), kWorkload, hw, exact);
+  const SearchResult chosen = search_policy(opt_30b(), kWorkload, hw);
+  const CostEstimate paper = estimate_cost(opt_30b(), kWorkload, Policy::parse(kPaperOpt30b), hw);
+  fmt::print("  highest predicted throughput: {} -> {:.3f} token/s\n", fastest.policy.str(),
+             fastest.cost.throughput);
+  EXPECT_GE(fastest.cost.throughput, chosen.cost.throughput);
+  EXPECT_GE(fastest.cost.throughput, paper.throughput);
+  EXPECT_GE(chosen.cost.throughput, 0.95 * fastest.cost.throughput);
+  EXPECT_LE(chosen.policy.block_size(), fastest.policy.block_size());
+}
+
+TEST(PolicySearch, LpIsALowerBoundOnAnyFeasiblePolicy) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  const Policy paper = Policy::parse(kPaperOpt30b);
+  const auto lp = solve_placement_lp(opt_30b(), kWorkload, paper, hw);
+  ASSERT_TRUE(lp.has_value());
+  const CostEstimate at_paper = estimate_cost(opt_30b(), kWorkload, paper, hw);
+  EXPECT_LE(lp->time_per_sequence, at_paper.time_per_sequence() * (1 + 1e-9));
+  // Moving only the weights between GPU and CPU, the LP finds FlexGen's 20% (relaxed to
+  // what the GPU can hold: about 21.6% at gbs 48).
+  EXPECT_NEAR(lp->placement[kWg], 0.216, 0.005);
+  EXPECT_NEAR(lp->placement[kCc], 1.0, 1e-6);
+  EXPECT_NEAR(lp->placement[kHc], 1.0, 1e-6);
+}
+
+TEST(PolicySearch, LpOptimumSatisfiesEveryConstraintAndItsEpigraphIsTight) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  for (auto [gbs, ngb] : {std::pair{8, 4}, {48, 3}, {64, 1}, {32, 8}}) {
+    Policy s;
+    s.gpu_batch_size = gbs, s.num_gpu_batches = ngb, s.cpu_cache_compute = true;
+    const auto lp = solve_placement_lp(opt_30b(), kWorkload, s, hw);
+    ASSERT_TRUE(lp.has_value()) << gbs << "x" << ngb;
+    const Placement& x = lp->placement;
+    for (int first : {kWg, kCg, kHg}) EXPECT_NEAR(x[first] + x[first + 1] + x[first + 2], 1, 1e-9);
+    for (double v : x) EXPECT_TRUE(v >= 0 && v <= 1);
+    const CostModelTerms t = cost_model_terms(opt_30b(), kWorkload, s, hw);
+    const double slack = 1 + 1e-7;
+    EXPECT_LE(t.gpu_prefill.eval(x), hw.gpu_mem * slack);
+    EXPECT_LE(t.gpu_decode.eval(x), hw.gpu_mem * slack);
+    EXPECT_LE(t.cpu_prefill.eval(x), hw.cpu_mem * slack);
+    EXPECT_LE(t.cpu_decode.eval(x), hw.cpu_mem * slack);
+    EXPECT_LE(t.disk.eval(x), hw.disk_mem * slack);
+    const auto top = [&](const PhaseTerms& p) {
+      double m = 0;
+      for (const TimeBound& b : p.bounds) m = std::max(m, b.time.eval(x));
+      return m;
+    };
+    const double per_seq = (top(t.prefill) + 31 * top(t.decode)) * 48 / double(gbs * ngb);
+    EXPECT_NEAR(lp->time_per_sequence, per_seq, 1e-6 * per_seq) << gbs << "x" << ngb;
+  }
+}
+
+TEST(PolicySearch, AModelThatFitsOnTheGpuStaysThere) {
+  // FlexGen runs OPT-6.7B entirely on the T4 (Table 15: 2x1, all on the GPU).
+  const SearchResult r = search_policy(opt_6_7b(), kWorkload, HardwareSpec::flexgen_t4());
+  fmt::print("  OPT-6.7B: {} -> {:.2f} token/s predicted (FlexGen: 2x1, all on GPU, 25.26)\n",
+             r.policy.str(), r.cost.throughput);
+  EXPECT_EQ(r.policy.w_gpu_percent, 100);
+  EXPECT_EQ(r.policy.cache_gpu_percent, 100);
+  EXPECT_EQ(r.policy.act_gpu_percent, 100);
+}
+
+TEST(PolicySearch, PerfectOverlapTradesGpuWeightsForGpuCache) {
+  // Under A.3 as printed the weight transfer hides behind decode compute, so GPU memory is
+  // worth more as cache (which spares CPU attention) than as weights: the opposite of what
+  // FlexGen measured and chose, and why the T4 preset uses the fitted overlap model.
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.overlap_model = OverlapModel::kPaper;
+  const SearchResult r = search_policy(opt_30b(), kWorkload, hw);
+  fmt::print("  A.3 perfect overlap: {} -> {:.3f} token/s predicted\n", r.policy.str(),
+             r.cost.throughput);
+  EXPECT_GT(r.policy.cache_gpu_percent, 0);
+  EXPECT_LT(r.policy.w_gpu_percent, 20);
+}
+
+TEST(PolicySearch, HonoursTheOptions) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  SearchOptions o;
+  o.gpu_batch_sizes = {48};
+  o.max_num_gpu_batches = 3;
+  o.weight_step_percent = 10;
+  const SearchResult r = search_policy(opt_30b(), kWorkload, hw, o);
+  EXPECT_EQ(r.policy.gpu_batch_size, 48);
+  EXPECT_LE(r.policy.num_gpu_batches, 3);
+  EXPECT_EQ(r.policy.w_gpu_percent % 10, 0);
+  EXPECT_EQ(r.schedules_tried, 3);
+
+  o = SearchOptions{};
+  o.compress_weight = true;
+  const SearchResult packed = search_policy(opt_30b(), kWorkload, hw, o);
+  EXPECT_TRUE(packed.policy.compress_weight);
+  EXPECT_GE(packed.cost.throughput, search_policy(opt_30b(), kWorkload, hw).cost.throughput);
+
+  o = SearchOptions{};
+  o.overlap = false;
+  EXPECT_FALSE(search_policy(opt_30b(), kWorkload, hw, o).policy.overlap);
+}
+
+TEST(PolicySearch, RejectsBadOptions) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  SearchOptions o;
+  o.weight_step_percent = 7;
+  EXPECT_NE(search_error(hw, o).find("weight_step_percent=7 must divide 100"), std::string::npos);
+  o = SearchOptions{};
+  o.max_num_gpu_batches = 0;
+  EXPECT_NE(search_error(hw, o).find("max_num_gpu_batches=0"), std::string::npos);
+  o = SearchOptions{};
+  o.gpu_batch_sizes = {16, 0};
+  EXPECT_NE(search_error(hw, o).find("GPU batch size 0"), std::string::npos);
+  o = SearchOptions{};
+  o.tie_tolerance = 1.5;
+  EXPECT_NE(search_error(hw, o).find("tie_tolerance"), std::string::npos);
+  o = SearchOptions{};
+  o.compress_cache = true;  // with cpu_attention, which FlexGen turns off for it
+  EXPECT_NE(search_error(hw, o).find("compress_cache=1 with cpu_attention=1"), std::string::npos);
+}
+
+TEST(PolicySearch, TooLittleGpuMemorySaysHowMuchIsMissing) {
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.gpu_mem = 1 * kGiB;
+  // The least GPU memory any placement of the smallest schedule needs: everything off the
+  // GPU, which still double-buffers a layer's weights and holds its working set.
+  const CostEstimate least = estimate_cost(
+      opt_30b(), kWorkload, Policy::parse("gbs=1,ngb=1,w=0/100/0,c=0/100/0,h=0/100/0,cpu_attn=1"),
+      HardwareSpec::flexgen_t4());
+  EXPECT_EQ(search_error(hw),
+            fmt::format("policy search: no policy fits. GPU memory: the smallest configuration "
+                        "(gpu_batch_size=1, num_gpu_batches=1) needs {} but gpu_mem is 1.0 GiB "
+                        "(short by {})",
+                        format_gib(least.peak.gpu()), format_gib(least.peak.gpu() - kGiB)));
+}
+
+TEST(PolicySearch, TooLittleCpuMemorySaysSo) {
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.cpu_mem = 0.5 * kGiB;  // less than one layer's staging buffer
+  const std::string e = search_error(hw);
+  EXPECT_NE(e.find("CPU memory: the smallest configuration"), std::string::npos) << e;
+  EXPECT_NE(e.find("but cpu_mem is 0.5 GiB (short by"), std::string::npos) << e;
+  EXPECT_EQ(e.find("GPU memory"), std::string::npos) << e;
+}
+
+TEST(PolicySearch, AModelLargerThanAllTiersIsChargedToTheDisk) {
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.cpu_mem = 10 * kGiB;
+  hw.disk_mem = 10 * kGiB;  // 36 GiB in all for 55 GiB of weights
+  const std::string e = search_error(hw);
+  EXPECT_NE(e.find("Disk memory: the smallest configuration"), std::string::npos) << e;
+  EXPECT_NE(e.find("but disk_mem is 10.0 GiB (short by"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,85 @@
+#include "worker/direct_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "kernels/error.h"
+
+namespace strata {
+
+DirectFile DirectFile::create(const std::string& path) {
+  DirectFile f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+  f.direct_ = f.fd_ >= 0;
+  if (f.fd_ < 0 && errno == EINVAL) f.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (f.fd_ < 0) fail_input("cannot create '{}': {}", path, std::strerror(errno));
+  return f;
+}
+
+DirectFile::DirectFile(DirectFile&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)),
+      direct_(o.direct_),
+      unlink_(std::exchange(o.unlink_, false)),
+      path_(std::move(o.path_)) {}
+
+DirectFile& DirectFile::operator=(DirectFile&& o) noexcept {
+  if (this != &o) {
+    this->~DirectFile();
+    fd_ = std::exchange(o.fd_, -1);
+    direct_ = o.direct_;
+    unlink_ = std::exchange(o.unlink_, false);
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
+DirectFile::~DirectFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (unlink_ && !path_.empty()) ::unlink(path_.c_str());
+  fd_ = -1;
+}
+
+void DirectFile::check_aligned(const void* buf, size_t bytes, uint64_t offset, const char* op) const {
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(buf) % kDirectAlignment == 0 && bytes % kDirectAlignment == 0 &&
+                   offset % kDirectAlignment == 0,
+               "{} of {}: buffer {}, {} bytes at offset {} must be {}-byte aligned", op, path_, buf,
+               bytes, offset, kDirectAlignment);
+}
+
+void DirectFile::write(const void* buf, size_t bytes, uint64_t offset) const {
+  check_aligned(buf, bytes, offset, "write");
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd_, static_cast<const char*>(buf) + done, bytes - done,
+                               static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail(ErrorKind::kFailed, "write of {} bytes at offset {} to '{}' failed: {}", bytes, offset, path_,
+           n < 0 ? std::strerror(errno) : "no progress (disk full?)");
+    done += static_cast<size_t>(n);
+  }
+}
+
+void DirectFile::sync() const {
+  if (::fdatasync(fd_) != 0) fail(ErrorKind::kFailed, "fdatasync of '{}' failed: {}", path_, std::strerror(errno));
+}
+
+void DirectFile::read(void* buf, size_t bytes, uint64_t offset) const {
+  check_aligned(buf, bytes, offset, "read");
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, static_cast<char*>(buf) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail(ErrorKind::kFailed, "read of {} bytes at offset {} from '{}' failed: {}", bytes, offset, path_,
+           n < 0 ? std::strerror(errno) : "end of file");
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace strata
