@@ -29,6 +29,8 @@
 #include "kernels/sampling.h"
 #include "kernels/tensor.h"
 
+#include "support/guarded.h"
+
 namespace strata {
 
 // Readable parameter names in gtest output (found by ADL for DType).
@@ -38,66 +40,17 @@ namespace strata {
 
 namespace {
 
+using testing::canary;
+using testing::Guarded;
+using testing::kGuardBytes;
+using testing::random_floats;
+
 // ---------------------------------------------------------------------------------------
 // Helpers: guarded buffers, references for the storage types, error measure.
 // ---------------------------------------------------------------------------------------
 
-constexpr size_t kGuardBytes = 64;
-
-uint8_t canary(size_t i) {
-  return static_cast<uint8_t>(0xA5u + 37u * i);
-}
-
 float nan_f32() {
   return std::numeric_limits<float>::quiet_NaN();
-}
-
-// n elements of T between two runs of canary bytes; payload 64-byte aligned.
-template <typename T>
-class Guarded {
- public:
-  explicit Guarded(size_t n, T fill = T{})
-      : n_(n), buf_(2 * kGuardBytes + std::max<size_t>(n, 1) * sizeof(T)) {
-    auto* b = static_cast<uint8_t*>(buf_.data());
-    for (size_t i = 0; i < kGuardBytes; ++i) {
-      b[i] = canary(i);
-      b[kGuardBytes + n_ * sizeof(T) + i] = canary(i + kGuardBytes);
-    }
-    std::fill(data(), data() + n_, fill);
-  }
-  T* data() const { return reinterpret_cast<T*>(static_cast<uint8_t*>(buf_.data()) + kGuardBytes); }
-  size_t size() const { return n_; }
-  T& operator[](size_t i) const { return data()[i]; }
-  std::vector<T> vec() const { return std::vector<T>(data(), data() + n_); }
-  void assign(const std::vector<T>& v) {
-    ASSERT_EQ(v.size(), n_);
-    std::copy(v.begin(), v.end(), data());
-  }
-
-  ::testing::AssertionResult guards_intact() const {
-    const auto* b = static_cast<const uint8_t*>(buf_.data());
-    for (size_t i = 0; i < kGuardBytes; ++i) {
-      if (b[i] != canary(i))
-        return ::testing::AssertionFailure()
-               << "guard byte " << (kGuardBytes - i) << " before the buffer was overwritten";
-      if (b[kGuardBytes + n_ * sizeof(T) + i] != canary(i + kGuardBytes))
-        return ::testing::AssertionFailure() << "guard byte " << i << " after the buffer (of " << n_
-                                             << " elements) was overwritten";
-    }
-    return ::testing::AssertionSuccess();
-  }
-
- private:
-  size_t n_;
-  Buffer buf_;
-};
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
 }
 
 // Exact value of an f16 / bf16 bit pattern, computed from the definition (independent of

@@ -28,6 +28,8 @@
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 
+#include "support/guarded.h"
+
 namespace strata {
 
 // Readable parameter names in gtest output (found by ADL for DType).
@@ -37,23 +39,13 @@ namespace strata {
 
 namespace {
 
-constexpr size_t kGuardBytes = 64;  // keeps the payload as aligned as the allocation
-
-uint8_t canary(size_t i) {
-  return static_cast<uint8_t>(0xA5u + 37u * i);
-}
+using testing::canary;
+using testing::kGuardBytes;
+using testing::random_floats;
 
 const AcceleratorInfo& probe() {
   static const AcceleratorInfo info = probe_accelerators();
   return info;
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
 }
 
 uint32_t bits_of(float f) {
