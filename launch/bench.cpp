@@ -116,6 +116,13 @@ int run_bench(BenchOptions o) {
   const double step_s = stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;
   const double flops = executed_flops(shape, o.batch, o.prompt_len, o.gen_len);
   j["decode_step_seconds"] = step_s;
+  if (const LayerStreamer* st = e.model->streamer()) {
+    const StreamStats ss = st->stats();
+    j["disk_stream"] = {{"layers_read", ss.layers_read}, {"bytes_read", ss.bytes_read},
+                        {"read_seconds", ss.read_seconds}, {"compute_wait_seconds", ss.wait_seconds},
+                        {"read_gbs", ss.read_seconds > 0 ? static_cast<double>(ss.bytes_read) / ss.read_seconds / 1e9 : 0.0},
+                        {"overlap", o.engine.overlap}};
+  }
   j["decode_weight_bytes_per_step"] = shape.decode_weight_bytes();
   j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
   if (o.measure_limits) {

@@ -33,7 +33,13 @@ struct EngineOptions {
   int max_batch = 32;
   int max_step_tokens = 512;
   bool profile = false;  // time every backend op (adds a synchronisation per op)
+  std::string cpu_mem;    // host memory for weights ("800MiB", "2GiB"; empty: no limit)
+  std::string disk_dir = "/tmp";
+  bool overlap = true;
 };
+
+// "1.5GiB", "800MiB", "64KiB", "4096" (bytes need a unit: B) -> bytes; a bare number is GiB.
+int64_t parse_size(const std::string& text, const char* option);
 void add_engine_options(CLI::App& cmd, EngineOptions& o);
 
 }  // namespace strata::cli

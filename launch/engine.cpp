@@ -29,6 +29,9 @@ Engine make_engine(const EngineOptions& o) {
   LoadOptions lo;
   lo.dummy_dtype = parse_dtype(o.dtype).value_or(DType::kF32);
   lo.dummy_seed = o.weight_seed;
+  lo.cpu_mem = o.cpu_mem.empty() ? -1 : parse_size(o.cpu_mem, "--cpu-mem");
+  lo.disk_dir = o.disk_dir;
+  lo.overlap = o.overlap;
   LoadedModel m = load_model(o.model, lo);
   log->info("model: {}", m.config.str());
   e.config = m.config;
@@ -36,7 +39,8 @@ Engine make_engine(const EngineOptions& o) {
   e.generator.max_batch = o.max_batch;
   e.generator.max_step_tokens = o.max_step_tokens;
   const int32_t rows = std::max(o.max_batch, o.max_step_tokens);
-  e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows);
+  if (!m.placement.disk_layers.empty()) log->info("weights: {}", m.placement.str());
+  e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows, std::move(m.streamer));
   return e;
 }
 

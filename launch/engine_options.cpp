@@ -1,3 +1,4 @@
+#include "kernels/error.h"
 #include "launch/commands.h"
 
 namespace strata::cli {
@@ -23,6 +24,25 @@ CLI::Validator number_check(const char* rule, bool (*ok)(double)) {
 CLI::Validator non_negative() { return number_check(">= 0", [](double x) { return x >= 0; }); }
 CLI::Validator positive() { return number_check("> 0", [](double x) { return x > 0; }); }
 
+int64_t parse_size(const std::string& text, const char* option) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  double scale = 0;
+  if (unit.empty() || unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
+  if (unit == "K" || unit == "KiB") scale = 1024.0;
+  if (unit == "B") scale = 1.0;
+  if (used == 0 || scale == 0 || !(v >= 0))
+    fail_input("{}: cannot read size '{}' (examples: 1.5GiB, 800MiB, 64KiB; a bare number is GiB)", option, text);
+  return static_cast<int64_t>(v * scale);
+}
+
 void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--model", o.model, "Model directory (config.json + safetensors) or dummy:NAME")
       ->required();
@@ -34,6 +54,10 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--max-step-tokens", o.max_step_tokens, "Rows of one prefill step (longer prompts are chunked)")
       ->check(positive());
   cmd.add_flag("--profile", o.profile, "Time every backend operation and report the totals");
+  cmd.add_option("--cpu-mem", o.cpu_mem,
+                 "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir");
+  cmd.add_option("--disk-dir", o.disk_dir, "Where layers that do not fit --cpu-mem are kept");
+  cmd.add_flag("!--no-overlap", o.overlap, "Read disk layers only when needed (no prefetch)");
 }
 
 }  // namespace strata::cli

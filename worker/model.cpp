@@ -30,8 +30,13 @@ size_t StepBatch::add(int32_t slot, int32_t n_past, std::span<const int32_t> new
   return seqs.size() - 1;
 }
 
-Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows)
-    : config_(config), weights_(std::move(weights)), backend_(backend), max_rows_(max_rows) {
+Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows,
+             std::unique_ptr<LayerStreamer> streamer)
+    : config_(config),
+      weights_(std::move(weights)),
+      streamer_(std::move(streamer)),
+      backend_(backend),
+      max_rows_(max_rows) {
   STRATA_CHECK(max_rows > 0, "max_rows {}", max_rows);
   const auto rows = static_cast<size_t>(max_rows);
   const size_t wide = static_cast<size_t>(std::max({config.hidden, config.q_width(),
@@ -113,7 +118,10 @@ void Model::forward(const StepBatch& batch, KvCache& cache, float* logits) {
   backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
                 CopyKind::kHostToDevice);
   embed(batch, rows);
-  for (int32_t i = 0; i < config_.n_layers; ++i) layer(i, batch, cache, rows);
+  for (int32_t i = 0; i < config_.n_layers; ++i) {
+    const bool streamed = streamer_ != nullptr && streamer_->on_disk(i);
+    layer(streamed ? streamer_->acquire(i) : weights_.layers[static_cast<size_t>(i)], i, batch, cache, rows);
+  }
   head(batch, logits);
 }
 
@@ -139,8 +147,7 @@ void Model::embed(const StepBatch& batch, int32_t rows) {
   }
 }
 
-void Model::layer(int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows) {
-  const LayerWeights& L = weights_.layers[static_cast<size_t>(i)];
+void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows) {
   const bool pre_norm = !config_.is_opt() || config_.do_layer_norm_before;
   const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
 

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "worker/config.h"
 #include "worker/kv_cache.h"
+#include "worker/layer_store.h"
 #include "worker/weights.h"
 
 namespace strata {
@@ -31,11 +33,14 @@ struct StepBatch {
 class Model {
  public:
   // max_rows bounds the rows of one step; activation memory is allocated once for it.
-  Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows);
+  // `streamer` (optional) serves the layers the loader moved to disk.
+  Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows,
+        std::unique_ptr<LayerStreamer> streamer = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
+  const LayerStreamer* streamer() const { return streamer_.get(); }
   int32_t max_rows() const { return max_rows_; }
 
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
@@ -43,7 +48,7 @@ class Model {
 
  private:
   void embed(const StepBatch& batch, int32_t rows);
-  void layer(int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
+  void layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
   void attention_block(const LayerWeights& L, const StepBatch& batch, const KvLayerView& kv,
                        int32_t rows);
   void mlp_block(const LayerWeights& L, int32_t rows);
@@ -56,6 +61,7 @@ class Model {
 
   ModelConfig config_;
   ModelWeights weights_;
+  std::unique_ptr<LayerStreamer> streamer_;
   Backend& backend_;
   int32_t max_rows_;
 

@@ -68,7 +68,8 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
   }
 }
 
-ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const FetchFn& fetch) {
+ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
+                           const LayerSink& sink, std::vector<std::unique_ptr<OwnedTensor>>& owned) {
   ModelWeights w;
   const int64_t h = c.hidden;
   const int64_t e = c.is_opt() ? c.word_embed_proj_dim : c.hidden;
@@ -89,7 +90,14 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
   w.lm_head = c.tie_word_embeddings ? w.embed
                                     : fetch(n.lm_head + ".weight", {c.vocab, e}, Role::kMatrix, e);
   w.layers.resize(static_cast<size_t>(c.n_layers));
-  for (int32_t i = 0; i < c.n_layers; ++i) build_layer(c, n, i, fetch, w.layers[static_cast<size_t>(i)]);
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    LayerWeights& L = w.layers[static_cast<size_t>(i)];
+    const size_t mark = owned.size();
+    build_layer(c, n, i, fetch, L);
+    if (!sink) continue;
+    sink(i, L);
+    if (L.q.data == nullptr) owned.resize(mark);  // the sink took the layer elsewhere
+  }
   return w;
 }
 
@@ -111,7 +119,8 @@ int64_t ModelWeights::matrix_bytes() const {
   return total;
 }
 
-ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir) {
+ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
+                                     const LayerSink& sink) {
   auto archive = std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir));
   NameTable names = llama_names();
   if (config.is_opt()) {
@@ -138,21 +147,21 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
     convert_to_f32(view.dtype, view.data, f.as<float>(), static_cast<size_t>(expected.numel()));
     return f;
   };
-  ModelWeights built = build_weights(config, names, fetch);
+  ModelWeights built = build_weights(config, names, fetch, sink, w.owned);
   built.owned = std::move(w.owned);
   built.archive = archive;
   log::get("worker")->debug("loaded {} ({} bytes of matrices)", dir, built.matrix_bytes());
   return built;
 }
 
-ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed) {
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink) {
   // Refuse before allocating: a 175B shape must say it does not fit, not die in the OOM killer.
   const double need = static_cast<double>(config.shape().total_params()) * dtype_size(config.dtype);
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (need > 0.9 * have)
+  if (!sink && need > 0.9 * have)
     fail(ErrorKind::kOverloaded,
          "{}: weights need {:.1f} GiB in {} but this host has {:.1f} GiB of memory (limit 90%); "
-         "running models larger than memory needs the offloading engine",
+         "give a --cpu-mem budget and a --disk-dir to keep the rest on disk",
          config.source, need / (1 << 30), dtype_name(config.dtype), have / (1 << 30));
   ModelWeights w;
   FetchFn fetch = [&](const std::string& name, Shape expected, Role role, int64_t fan_in) -> Tensor {
@@ -161,7 +170,7 @@ ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed) {
     return t;
   };
   const NameTable names = config.is_opt() ? opt_names("model.") : llama_names();
-  ModelWeights built = build_weights(config, names, fetch);
+  ModelWeights built = build_weights(config, names, fetch, sink, w.owned);
   built.owned = std::move(w.owned);
   return built;
 }

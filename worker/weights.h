@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,12 +43,17 @@ struct ModelWeights {
   int64_t matrix_bytes() const;  // bytes of all weights as stored
 };
 
+// Called after each layer is built and before the next, e.g. to move it to disk; a sink
+// that empties the layer also frees the memory the loader allocated for it.
+using LayerSink = std::function<void(int32_t layer, LayerWeights& weights)>;
+
 // Loads <dir>/model.safetensors (or the sharded index). Throws InputError naming the file
 // and tensor for a missing tensor, a shape that disagrees with the config, or a non-float
 // dtype.
-ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir);
+ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
+                                     const LayerSink& sink = {});
 
 // Generates the weights of a dummy shape deterministically from `seed`.
-ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed);
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink = {});
 
 }  // namespace strata

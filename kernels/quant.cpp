@@ -1,0 +1,476 @@
+#include "kernels/quant.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define STRATA_QUANT_AVX2 1
+#else
+#define STRATA_QUANT_AVX2 0
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/error.h"
+
+namespace strata {
+namespace {
+
+// Below this many elements an OpenMP fork costs more than the loop.
+constexpr int64_t kParallelElems = 1 << 15;
+// Weight rows of linear_4bit kept in cache while every 4-row tile of x passes over them
+// (16 rows of k = 4096 are 32 KiB of codes).
+constexpr int64_t kRowBlock = 16;
+// Activation rows per tile: 4 rows x 2 accumulators stay in registers with the codes.
+constexpr int64_t kTileRows = 4;
+
+struct GroupStats {
+  float min = 0.0f;
+  float scale = 0.0f;
+  bool ok = true;  // finite values and a finite range
+};
+
+// min and scale of n values x[0], x[stride], ...
+GroupStats group_stats(const float* x, int64_t n, int64_t stride) {
+  float mn = x[0];
+  float mx = x[0];
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i * stride];
+    finite = finite && std::isfinite(v);  // std::min/max would silently skip a NaN
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  const float scale = (mx - mn) / static_cast<float>(kQuantLevels);
+  if (!finite || !std::isfinite(scale)) return {0.0f, 0.0f, false};  // encodes as 0, then throws
+  return {mn, scale, true};
+}
+
+inline uint8_t encode(float x, float mn, float scale) {
+  if (scale == 0.0f) return 0;  // a constant group: min alone is exact
+  const float q = std::nearbyint((x - mn) / scale);
+  return static_cast<uint8_t>(std::clamp(q, 0.0f, static_cast<float>(kQuantLevels)));
+}
+
+// n (even) values sharing one (min, scale) into n / 2 bytes, even index in the low nibble.
+void encode_run(const float* x, int64_t n, GroupStats s, uint8_t* out) {
+  for (int64_t i = 0; i < n; i += 2)
+    out[i / 2] = static_cast<uint8_t>(encode(x[i], s.min, s.scale) |
+                                      (encode(x[i + 1], s.min, s.scale) << 4));
+}
+
+// Quantises whole rows of a row-grouped tensor; returns a bad group's index or -1.
+int64_t quantize_along_rows(const float* x, int64_t row_begin, int64_t n_rows, QuantizedTensor& t) {
+  const QuantLayout& l = t.layout;
+  const int64_t g = l.group_size;
+  const int64_t gpr = l.cols / g;
+  auto* packed = t.packed.as<uint8_t>();
+  auto* mins = t.mins.as<float>();
+  auto* scales = t.scales.as<float>();
+  int64_t bad = std::numeric_limits<int64_t>::max();
+  // Errors are collected, not thrown: an exception must not leave an OpenMP region.
+#pragma omp parallel for schedule(static) reduction(min : bad) if (n_rows * l.cols > kParallelElems)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t row = row_begin + r;
+    for (int64_t j = 0; j < gpr; ++j) {
+      const float* xg = x + r * l.cols + j * g;
+      const GroupStats s = group_stats(xg, g, 1);
+      if (!s.ok) bad = std::min(bad, row * gpr + j);
+      mins[row * gpr + j] = s.min;
+      scales[row * gpr + j] = s.scale;
+      encode_run(xg, g, s, packed + (row * l.cols + j * g) / 2);
+    }
+  }
+  return bad == std::numeric_limits<int64_t>::max() ? -1 : bad;
+}
+
+// Quantises whole row groups of a column-grouped tensor; returns a bad group's index or -1.
+int64_t quantize_along_columns(const float* x, int64_t row_begin, int64_t n_rows,
+                               QuantizedTensor& t) {
+  const QuantLayout& l = t.layout;
+  const int64_t g = l.group_size;
+  auto* packed = t.packed.as<uint8_t>();
+  auto* mins = t.mins.as<float>();
+  auto* scales = t.scales.as<float>();
+  int64_t bad = std::numeric_limits<int64_t>::max();
+#pragma omp parallel for schedule(static) reduction(min : bad) if (n_rows * l.cols > kParallelElems)
+  for (int64_t rg = 0; rg < n_rows / g; ++rg) {
+    const float* xb = x + rg * g * l.cols;
+    const int64_t meta = (row_begin / g + rg) * l.cols;  // this row group's [cols] of metadata
+    for (int64_t c = 0; c < l.cols; ++c) {
+      const GroupStats s = group_stats(xb + c, g, l.cols);
+      if (!s.ok) bad = std::min(bad, meta + c);
+      mins[meta + c] = s.min;
+      scales[meta + c] = s.scale;
+    }
+    for (int64_t i = 0; i < g; ++i) {
+      const float* xr = xb + i * l.cols;
+      uint8_t* out = packed + (row_begin + rg * g + i) * l.cols / 2;
+      for (int64_t c = 0; c < l.cols; c += 2)
+        out[c / 2] = static_cast<uint8_t>(
+            encode(xr[c], mins[meta + c], scales[meta + c]) |
+            (encode(xr[c + 1], mins[meta + c + 1], scales[meta + c + 1]) << 4));
+    }
+  }
+  return bad == std::numeric_limits<int64_t>::max() ? -1 : bad;
+}
+
+[[noreturn]] void fail_group(const QuantLayout& l, int64_t group) {
+  const bool along_row = l.axis == QuantAxis::kAlongRow;
+  const int64_t per = along_row ? l.cols / l.group_size : l.cols;
+  const int64_t row = along_row ? group / per : group / per * l.group_size;
+  const int64_t col = along_row ? group % per * l.group_size : group % per;
+  fail_input(
+      "4-bit quantization of {}: group {} (from row {}, column {}) holds a non-finite value "
+      "or a range beyond f32",
+      l.str(), group, row, col);
+}
+
+inline float decode(uint8_t byte, int64_t index, float mn, float scale) {
+  const int q = (index & 1) != 0 ? byte >> 4 : byte & 0x0f;
+  return std::fma(static_cast<float>(q), scale, mn);  // one rounding, as the AVX2 paths do
+}
+
+#if STRATA_QUANT_AVX2
+// 16 codes from 8 bytes as two vectors of floats: elements 0-7 and 8-15.
+inline void unpack16(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i even = _mm_and_si128(bytes, mask);
+  const __m128i odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  const __m128i q = _mm_unpacklo_epi8(even, odd);  // back to element order
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// n (even) values sharing one (min, scale) from n / 2 bytes.
+void decode_run(const uint8_t* p, int64_t n, float mn, float scale, float* out) {
+  int64_t i = 0;
+#if STRATA_QUANT_AVX2
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256 vm = _mm256_set1_ps(mn);
+  for (; i + 16 <= n; i += 16) {
+    __m256 lo, hi;
+    unpack16(p + i / 2, lo, hi);
+    _mm256_storeu_ps(out + i, _mm256_fmadd_ps(lo, vs, vm));
+    _mm256_storeu_ps(out + i + 8, _mm256_fmadd_ps(hi, vs, vm));
+  }
+#endif
+  for (; i < n; ++i) out[i] = decode(p[i / 2], i, mn, scale);
+}
+
+void dequantize_row(const QuantizedTensor& t, int64_t row, float* out) {
+  const QuantLayout& l = t.layout;
+  const auto* p = t.packed.as<const uint8_t>() + row * l.cols / 2;
+  const auto* mins = t.mins.as<const float>();
+  const auto* scales = t.scales.as<const float>();
+  if (l.axis == QuantAxis::kAlongRow) {
+    const int64_t gpr = l.cols / l.group_size;
+    for (int64_t j = 0; j < gpr; ++j)
+      decode_run(p + j * l.group_size / 2, l.group_size, mins[row * gpr + j], scales[row * gpr + j],
+                 out + j * l.group_size);
+  } else {
+    const int64_t meta = row / l.group_size * l.cols;
+    for (int64_t c = 0; c < l.cols; ++c)
+      out[c] = decode(p[c / 2], c, mins[meta + c], scales[meta + c]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// linear_4bit. Per group j of a row: sum_c x[c] * (q[c] * scale + min)
+//   = scale * sum_c x[c] * q[c] + min * sum_c x[c],
+// so the inner loop is one FMA per code, and the min term is a dot of the row's mins with
+// per-group sums of x computed once per call (xsum).
+//
+// The AVX2 path avoids byte shuffles, which bound a nibble-unpacking loop on this machine
+// (4 per 16 codes, about 2.7 codes a cycle): it loads 64 codes (32 bytes) as eight 32-bit
+// lanes, lane l holding codes 8l .. 8l+7, and masks out nibble s of every lane in place:
+// codes {s, 8+s, ..., 56+s} times 16^s, exact as floats. x is rearranged and divided by 16^s
+// once per call to match (xperm), so each 8 codes cost an and, a convert and one FMA per
+// activation row.
+// ---------------------------------------------------------------------------------------
+
+constexpr int64_t kBlock = 64;  // codes per 32-byte load of the AVX2 path
+
+struct LinearArgs {
+  const float* x;  // [m, k]; on the AVX2 path rearranged per 64-value block (xperm)
+  int64_t m;
+  int64_t k;
+  int64_t n;
+  int64_t g;
+  int64_t gpr;  // groups per row
+  const uint8_t* packed;
+  const float* mins;
+  const float* scales;
+  const float* xsum;  // [m, gpr]
+  const float* bias;
+  float* y;
+};
+
+// Per-call scratch in the calling thread; it only grows, so the per-token path allocates
+// nothing once warm.
+struct LinearScratch {
+  std::vector<float> xsum;
+  std::vector<float> xperm;
+};
+
+bool use_avx2(int64_t group_size) {
+  return STRATA_QUANT_AVX2 && group_size % kBlock == 0;
+}
+
+LinearScratch& linear_scratch(int64_t m, int64_t k, int64_t g) {
+  thread_local LinearScratch s;
+  const auto need_sum = static_cast<size_t>(m * (k / g));
+  const auto need_perm = use_avx2(g) ? static_cast<size_t>(m * k) : 0;
+  if (s.xsum.size() < need_sum) s.xsum.resize(need_sum);
+  if (s.xperm.size() < need_perm) s.xperm.resize(need_perm);
+  return s;
+}
+
+// Sums of x over each group, [m, k / g]: groups tile each row of x exactly.
+void group_sums(const float* x, int64_t m, int64_t k, int64_t g, float* sums) {
+  for (int64_t i = 0; i < m * (k / g); ++i) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < g; ++c) s += x[i * g + c];
+    sums[i] = s;
+  }
+}
+
+// Within each 64-value block: out[8 * s + l] = x[8 * l + s] / 16^s (s < 7), an 8 x 8
+// transpose that also undoes the place value of nibble s (see nibble()): a power of two, so
+// exact unless |x| < 2^-102, where the product turns subnormal.
+void rearrange_blocks(const float* x, int64_t n, float* out) {
+  for (int64_t b = 0; b < n; b += kBlock)
+    for (int64_t s = 0; s < 8; ++s) {
+      const float place = s == 7 ? 1.0f : std::ldexp(1.0f, -4 * static_cast<int>(s));
+      for (int64_t l = 0; l < 8; ++l) out[b + 8 * s + l] = x[b + 8 * l + s] * place;
+    }
+}
+
+// y[i, row] from the scaled code dot product of that row: adds the min term and the bias.
+void finish_row(const LinearArgs& a, int64_t i, int64_t row, float scaled_dot) {
+  const float* mins = a.mins + row * a.gpr;
+  const float* xs = a.xsum + i * a.gpr;
+  float s = scaled_dot;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < a.gpr; ++j) s += mins[j] * xs[j];
+  a.y[i * a.n + row] = s + (a.bias != nullptr ? a.bias[row] : 0.0f);
+}
+
+// Any even group size, any machine: one weight row against activation row i (x in order).
+void row_scalar(const LinearArgs& a, int64_t i, int64_t row) {
+  const float* x = a.x + i * a.k;
+  const uint8_t* p = a.packed + row * a.k / 2;
+  float total = 0.0f;
+  for (int64_t j = 0; j < a.gpr; ++j) {
+    float dot = 0.0f;
+    for (int64_t c = j * a.g; c < (j + 1) * a.g; c += 2)
+      dot +=
+          static_cast<float>(p[c / 2] & 0x0f) * x[c] + static_cast<float>(p[c / 2] >> 4) * x[c + 1];
+    total += dot * a.scales[row * a.gpr + j];
+  }
+  finish_row(a, i, row, total);
+}
+
+#if STRATA_QUANT_AVX2
+// Nibble s of each 32-bit lane, left in place: q * 16^s, exact in f32 (xperm holds x / 16^s).
+// The top nibble is shifted down instead, as in place it would read as a negative int32.
+inline __m256i nibble(__m256i v, int s) {
+  if (s == 7) return _mm256_srli_epi32(v, 28);
+  return _mm256_and_si256(v, _mm256_set1_epi32(0x0f << (4 * s)));
+}
+
+// R weight rows against M activation rows from i0; group_size % 64 == 0. Each code vector
+// serves all M rows; two accumulators per pair hide the FMA latency, and a group's dot is
+// scaled into `total` when the group ends.
+template <int M, int R>
+void tile_avx2(const LinearArgs& a, int64_t i0, int64_t row) {
+  __m256 total[M][R];
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) total[i][r] = _mm256_setzero_ps();
+  const uint8_t* codes[R];  // row r's codes: element c is in byte c / 2
+  for (int r = 0; r < R; ++r) codes[r] = a.packed + (row + r) * a.k / 2;
+  for (int64_t j = 0; j < a.gpr; ++j) {
+    __m256 acc[M][R][2];
+    for (int i = 0; i < M; ++i)
+      for (int r = 0; r < R; ++r) acc[i][r][0] = acc[i][r][1] = _mm256_setzero_ps();
+    for (int64_t c = j * a.g; c < (j + 1) * a.g; c += kBlock) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes[r] + (c >> 1)));
+#pragma GCC unroll 8  // constant nibble masks, accumulators in registers
+        for (int s = 0; s < 8; ++s) {
+          const __m256 q = _mm256_cvtepi32_ps(nibble(v, s));
+#pragma GCC unroll 4
+          for (int i = 0; i < M; ++i) {
+            const __m256 xv = _mm256_loadu_ps(a.x + (i0 + i) * a.k + c + 8 * s);
+            acc[i][r][s & 1] = _mm256_fmadd_ps(q, xv, acc[i][r][s & 1]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 scale = _mm256_set1_ps(a.scales[(row + r) * a.gpr + j]);
+      for (int i = 0; i < M; ++i)
+        total[i][r] =
+            _mm256_fmadd_ps(_mm256_add_ps(acc[i][r][0], acc[i][r][1]), scale, total[i][r]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) finish_row(a, i0 + i, row + r, hsum(total[i][r]));
+}
+
+// Rows [n0, n1) against the mt (1..4) activation rows from i0.
+void rows_avx2(const LinearArgs& a, int64_t i0, int64_t mt, int64_t n0, int64_t n1) {
+  int64_t row = n0;
+  if (mt == 1) {  // one activation row leaves registers for four weight rows
+    for (; row + 4 <= n1; row += 4) tile_avx2<1, 4>(a, i0, row);
+  }
+  for (; row < n1; ++row) {
+    switch (mt) {
+      case 1:
+        tile_avx2<1, 1>(a, i0, row);
+        break;
+      case 2:
+        tile_avx2<2, 1>(a, i0, row);
+        break;
+      case 3:
+        tile_avx2<3, 1>(a, i0, row);
+        break;
+      default:
+        tile_avx2<4, 1>(a, i0, row);
+        break;
+    }
+  }
+}
+#endif
+
+// Output rows [n0, n1) for every activation row, 4 activation rows at a time.
+void linear_block(const LinearArgs& a, int64_t n0, int64_t n1) {
+  for (int64_t i0 = 0; i0 < a.m; i0 += kTileRows) {
+    const int64_t mt = std::min(kTileRows, a.m - i0);
+#if STRATA_QUANT_AVX2
+    if (use_avx2(a.g)) {
+      rows_avx2(a, i0, mt, n0, n1);
+      continue;
+    }
+#endif
+    for (int64_t row = n0; row < n1; ++row)
+      for (int64_t i = i0; i < i0 + mt; ++i) row_scalar(a, i, row);
+  }
+}
+
+}  // namespace
+
+const char* quant_axis_name(QuantAxis axis) {
+  return axis == QuantAxis::kAlongRow ? "along rows" : "along columns";
+}
+
+std::string QuantLayout::str() const {
+  return fmt::format("q4[{}, {}] g{} {}", rows, cols, group_size, quant_axis_name(axis));
+}
+
+void check_quant_layout(const QuantLayout& l) {
+  if (l.rows < 0 || l.cols < 0)
+    fail_input("4-bit quantization: negative shape [{}, {}]", l.rows, l.cols);
+  if (l.group_size <= 0 || l.group_size % 2 != 0)
+    fail_input("4-bit quantization: group size {} must be even and positive (two codes a byte)",
+               l.group_size);
+  if (l.cols % 2 != 0)
+    fail_input(
+        "4-bit quantization: {} columns of a [{}, {}] tensor must be even so rows are whole bytes",
+        l.cols, l.rows, l.cols);
+  const bool along_row = l.axis == QuantAxis::kAlongRow;
+  const int64_t dim = along_row ? l.cols : l.rows;
+  if (dim % l.group_size != 0)
+    fail_input(
+        "4-bit quantization: group size {} does not divide the {} {} of a [{}, {}] tensor "
+        "(groups {})",
+        l.group_size, dim, along_row ? "columns" : "rows", l.rows, l.cols, quant_axis_name(l.axis));
+}
+
+size_t quantized_bytes(const QuantLayout& l) {
+  check_quant_layout(l);
+  return static_cast<size_t>(l.numel() / 2) + 2 * sizeof(float) * static_cast<size_t>(l.n_groups());
+}
+
+QuantizedTensor allocate_quantized(const QuantLayout& l) {
+  check_quant_layout(l);
+  QuantizedTensor t;
+  t.layout = l;
+  t.packed = Buffer(static_cast<size_t>(l.numel() / 2));
+  t.mins = Buffer(sizeof(float) * static_cast<size_t>(l.n_groups()));
+  t.scales = Buffer(sizeof(float) * static_cast<size_t>(l.n_groups()));
+  return t;
+}
+
+QuantizedTensor quantize_4bit(const float* x, const QuantLayout& layout) {
+  QuantizedTensor t = allocate_quantized(layout);
+  quantize_rows(x, 0, layout.rows, t);
+  return t;
+}
+
+void quantize_rows(const float* x, int64_t row_begin, int64_t n_rows, QuantizedTensor& t) {
+  const QuantLayout& l = t.layout;
+  STRATA_CHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= l.rows,
+               "quantize rows [{}, {}) of {}", row_begin, row_begin + n_rows, l.str());
+  STRATA_CHECK(x != nullptr || n_rows * l.cols == 0, "quantize {}: null input", l.str());
+  const bool along_row = l.axis == QuantAxis::kAlongRow;
+  STRATA_CHECK(along_row || (row_begin % l.group_size == 0 && n_rows % l.group_size == 0),
+               "quantize rows [{}, {}) of {}: not whole groups", row_begin, row_begin + n_rows,
+               l.str());
+  const int64_t bad = along_row ? quantize_along_rows(x, row_begin, n_rows, t)
+                                : quantize_along_columns(x, row_begin, n_rows, t);
+  if (bad >= 0) fail_group(l, bad);
+}
+
+void dequantize_4bit(const QuantizedTensor& t, float* out) {
+  dequantize_rows(t, 0, t.layout.rows, out);
+}
+
+void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows, float* out) {
+  const QuantLayout& l = t.layout;
+  STRATA_CHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= l.rows,
+               "dequantize rows [{}, {}) of {}", row_begin, row_begin + n_rows, l.str());
+#pragma omp parallel for schedule(static) if (n_rows * l.cols > kParallelElems)
+  for (int64_t r = 0; r < n_rows; ++r) dequantize_row(t, row_begin + r, out + r * l.cols);
+}
+
+void linear_4bit(const float* x, int64_t m, const QuantizedTensor& w, const float* bias, float* y) {
+  const QuantLayout& l = w.layout;
+  STRATA_CHECK(l.axis == QuantAxis::kAlongRow,
+               "linear_4bit needs a weight grouped along rows, got {}", l.str());
+  STRATA_CHECK(m >= 0, "linear_4bit rows {}", m);
+  if (m == 0 || l.rows == 0) return;
+  LinearScratch& scratch = linear_scratch(m, l.cols, l.group_size);
+  group_sums(x, m, l.cols, l.group_size, scratch.xsum.data());
+  if (use_avx2(l.group_size)) rearrange_blocks(x, m * l.cols, scratch.xperm.data());
+  const LinearArgs a{.x = use_avx2(l.group_size) ? scratch.xperm.data() : x,
+                     .m = m,
+                     .k = l.cols,
+                     .n = l.rows,
+                     .g = l.group_size,
+                     .gpr = l.cols / l.group_size,
+                     .packed = w.packed.as<const uint8_t>(),
+                     .mins = w.mins.as<const float>(),
+                     .scales = w.scales.as<const float>(),
+                     .xsum = scratch.xsum.data(),
+                     .bias = bias,
+                     .y = y};
+  const int64_t n_blocks = (a.n + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (a.n * a.k > kParallelElems)
+  for (int64_t b = 0; b < n_blocks; ++b)
+    linear_block(a, b * kRowBlock, std::min(a.n, (b + 1) * kRowBlock));
+}
+
+}  // namespace strata

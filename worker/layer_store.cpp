@@ -1,0 +1,222 @@
+#include "worker/layer_store.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "kernels/error.h"
+#include "kernels/log.h"
+
+namespace strata {
+namespace {
+
+// Every tensor member of LayerWeights, in a fixed order.
+constexpr Tensor LayerWeights::*kMembers[] = {
+    &LayerWeights::attn_norm, &LayerWeights::attn_norm_bias, &LayerWeights::q,
+    &LayerWeights::k,         &LayerWeights::v,              &LayerWeights::o,
+    &LayerWeights::q_bias,    &LayerWeights::k_bias,         &LayerWeights::v_bias,
+    &LayerWeights::o_bias,    &LayerWeights::mlp_norm,       &LayerWeights::mlp_norm_bias,
+    &LayerWeights::gate,      &LayerWeights::up,             &LayerWeights::down,
+    &LayerWeights::up_bias,   &LayerWeights::down_bias};
+
+// How long compute waits for a layer before calling the disk dead.
+constexpr auto kReadDeadline = std::chrono::seconds(120);
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void* aligned_in(Buffer& b) {
+  return reinterpret_cast<void*>(align_up(reinterpret_cast<uintptr_t>(b.data())));
+}
+
+// Gives the pages behind a mapped checkpoint view back to the kernel. Only whole pages
+// inside the tensor: a page it shares with a neighbour (or an allocator header) is kept.
+void drop_pages(const Tensor& t) {
+  if (t.data == nullptr || t.bytes() == 0) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGE_SIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(t.data) + t.bytes()) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
+LayerLayout LayerLayout::of(const LayerWeights& example) {
+  LayerLayout l;
+  for (auto member : kMembers) {
+    const Tensor& t = example.*member;
+    if (t.data == nullptr) continue;
+    l.fields_.push_back({member, t.dtype, t.shape, l.bytes_});
+    l.bytes_ = align_up(l.bytes_ + t.bytes(), 64);
+  }
+  l.bytes_ = align_up(l.bytes_);
+  return l;
+}
+
+void LayerLayout::pack(const LayerWeights& src, void* blob) const {
+  for (const Field& f : fields_) {
+    const Tensor& t = src.*(f.member);
+    STRATA_CHECK(t.shape == f.shape && t.dtype == f.dtype, "layer tensor {} does not match the layout",
+                 t.describe());
+    std::memcpy(static_cast<char*>(blob) + f.offset, t.data, t.bytes());
+  }
+}
+
+LayerWeights LayerLayout::bind(void* blob) const {
+  LayerWeights w;
+  for (const Field& f : fields_) {
+    Tensor& t = w.*(f.member);
+    t.data = static_cast<char*>(blob) + f.offset;
+    t.dtype = f.dtype;
+    t.shape = f.shape;
+  }
+  return w;
+}
+
+LayerStreamer::LayerStreamer(DirectFile file, LayerLayout layout, std::vector<int32_t> disk_layers,
+                             bool overlap)
+    : file_(std::move(file)), layout_(std::move(layout)), disk_layers_(std::move(disk_layers)), overlap_(overlap) {
+  STRATA_CHECK(!disk_layers_.empty(), "a layer streamer needs at least one disk layer");
+  for (Slot& s : slots_) {
+    s.storage = Buffer(layout_.bytes() + kDirectAlignment);
+    s.blob = aligned_in(s.storage);
+    s.view = layout_.bind(s.blob);
+  }
+  io_ = std::thread([this] { io_loop(); });
+  std::lock_guard lock(mu_);
+  request(slots_[0], disk_layers_.front());  // the first token needs it first
+}
+
+LayerStreamer::~LayerStreamer() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  io_.join();
+}
+
+bool LayerStreamer::on_disk(int32_t layer) const {
+  return std::binary_search(disk_layers_.begin(), disk_layers_.end(), layer);
+}
+
+size_t LayerStreamer::index_of(int32_t layer) const {
+  return static_cast<size_t>(std::lower_bound(disk_layers_.begin(), disk_layers_.end(), layer) -
+                             disk_layers_.begin());
+}
+
+int32_t LayerStreamer::next_disk_layer(int32_t layer) const {
+  const size_t i = index_of(layer) + 1;
+  return disk_layers_[i == disk_layers_.size() ? 0 : i];
+}
+
+void LayerStreamer::request(Slot& slot, int32_t layer) {
+  slot.layer = layer;
+  slot.ready = false;
+  pending_ = &slot;
+  cv_.notify_all();
+}
+
+const LayerWeights& LayerStreamer::acquire(int32_t layer) {
+  STRATA_CHECK(on_disk(layer), "layer {} is not on disk", layer);
+  std::unique_lock lock(mu_);
+  Slot* slot = slots_[0].layer == layer ? &slots_[0] : slots_[1].layer == layer ? &slots_[1] : nullptr;
+  if (slot == nullptr) {  // not prefetched (first use, or overlap off): read it now
+    while (pending_ != nullptr) cv_.wait(lock);  // never two reads into flight
+    slot = &slots_[1 - current_];
+    request(*slot, layer);
+  }
+  const double t0 = now_s();
+  if (!cv_.wait_for(lock, kReadDeadline, [&] { return slot->ready || !io_error_.empty(); }))
+    fail(ErrorKind::kFailed, "reading layer {} from '{}' did not finish within {} s", layer, file_.path(),
+         kReadDeadline.count());
+  if (!io_error_.empty()) fail(ErrorKind::kFailed, "{}", io_error_);
+  stats_.wait_seconds += now_s() - t0;
+  current_ = static_cast<size_t>(slot - slots_);
+  // The other slot held the previous disk layer, whose compute is over: refill it.
+  if (overlap_) request(slots_[1 - current_], next_disk_layer(layer));
+  return slot->view;
+}
+
+void LayerStreamer::io_loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || pending_ != nullptr; });
+    if (stop_) return;
+    Slot* slot = pending_;
+    const int32_t layer = slot->layer;
+    lock.unlock();
+    const double t0 = now_s();
+    std::string error;
+    try {
+      file_.read(slot->blob, layout_.bytes(), index_of(layer) * layout_.bytes());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const double dt = now_s() - t0;
+    lock.lock();
+    if (!error.empty()) io_error_ = error;
+    slot->ready = true;
+    pending_ = nullptr;
+    stats_.layers_read += 1;
+    stats_.bytes_read += static_cast<int64_t>(layout_.bytes());
+    stats_.read_seconds += dt;
+    cv_.notify_all();
+  }
+}
+
+StreamStats LayerStreamer::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+LayerOffloader::LayerOffloader(std::vector<int32_t> disk_layers, const std::string& dir)
+    : disk_layers_(std::move(disk_layers)) {
+  namespace fs = std::filesystem;
+  if (disk_layers_.empty()) return;
+  if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);
+  file_ = DirectFile::create((fs::path(dir) / fmt::format("strata-weights-{}.bin", getpid())).string());
+  file_.unlink_on_close();
+}
+
+void LayerOffloader::operator()(int32_t layer, LayerWeights& w) {
+  const auto it = std::lower_bound(disk_layers_.begin(), disk_layers_.end(), layer);
+  if (it == disk_layers_.end() || *it != layer) return;
+  if (layout_.bytes() == 0) {
+    layout_ = LayerLayout::of(w);
+    staging_ = Buffer(layout_.bytes() + kDirectAlignment);
+  }
+  void* blob = aligned_in(staging_);
+  std::memset(blob, 0, layout_.bytes());
+  layout_.pack(w, blob);
+  file_.write(blob, layout_.bytes(), static_cast<uint64_t>(it - disk_layers_.begin()) * layout_.bytes());
+  for (auto member : kMembers) drop_pages(w.*member);  // mapped checkpoint pages
+  w = LayerWeights{};
+}
+
+std::unique_ptr<LayerStreamer> LayerOffloader::finish(size_t n_layers, bool overlap) {
+  if (disk_layers_.empty()) return nullptr;
+  STRATA_CHECK(layout_.bytes() > 0, "no disk layer was written");
+  log::get("worker")->info("{} of {} layers on disk in {} ({:.1f} MiB each{})", disk_layers_.size(), n_layers,
+                           file_.path(), static_cast<double>(layout_.bytes()) / (1 << 20),
+                           file_.direct() ? ", O_DIRECT" : ", buffered: the filesystem refused O_DIRECT");
+  staging_ = Buffer();
+  return std::make_unique<LayerStreamer>(std::move(file_), layout_, disk_layers_, overlap);
+}
+
+std::vector<int32_t> spread_disk_layers(int32_t n_layers, int32_t n_disk) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < n_layers; ++i) {
+    // Layer i goes to disk when the running share crosses an integer: evenly spread, so
+    // every disk read has resident layers' compute to hide behind.
+    if ((static_cast<int64_t>(i) + 1) * n_disk / n_layers > static_cast<int64_t>(i) * n_disk / n_layers)
+      out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace strata
