@@ -137,8 +137,11 @@ const LayerWeights& LayerStreamer::acquire(int32_t layer) {
   if (!io_error_.empty()) fail(ErrorKind::kFailed, "{}", io_error_);
   stats_.wait_seconds += now_s() - t0;
   current_ = static_cast<size_t>(slot - slots_);
-  // The other slot held the previous disk layer, whose compute is over: refill it.
-  if (overlap_) request(slots_[1 - current_], next_disk_layer(layer));
+  // The other slot held the previous disk layer, whose compute is over: refill it (unless it
+  // already holds what comes next, as with a single disk layer).
+  Slot& other = slots_[1 - current_];
+  const int32_t next = next_disk_layer(layer);
+  if (overlap_ && other.layer != next && pending_ == nullptr) request(other, next);
   return slot->view;
 }
 
