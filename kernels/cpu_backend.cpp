@@ -240,18 +240,7 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
 
 void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
 #pragma omp parallel for schedule(static) if (m * n > kParallelElems)
-  for (int64_t r = 0; r < m; ++r) {
-    float* xr = x + r * n;
-    float mx = xr[0];
-    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, xr[i]);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      xr[i] = std::exp(xr[i] - mx);
-      sum += xr[i];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
-  }
+  for (int64_t r = 0; r < m; ++r) causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n));
 }
 
 void CpuBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,

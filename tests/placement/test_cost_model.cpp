@@ -12,6 +12,7 @@
 
 #include "kernels/error.h"
 #include "placement/cost_model.h"
+#include "support/opt_shapes.h"
 #include "placement/hardware.h"
 
 namespace strata {
@@ -36,24 +37,7 @@ ModelShape tiny_shape() {
   return m;
 }
 
-// OPT-30B (FlexGen's ablation model): fp16, h1 7168, h2 28672, 48 layers, 56 heads.
-ModelShape opt_30b() {
-  ModelShape m;
-  m.hidden = 7168;
-  m.intermediate = 28672;
-  m.n_layers = 48;
-  m.n_heads = 56;
-  m.n_kv_heads = 56;
-  m.head_dim = 128;
-  m.vocab = 50272;
-  m.max_positions = 2048;
-  m.learned_positions = true;
-  m.linear_bias = true;
-  m.norm_bias = true;
-  m.tied_head = true;
-  m.weight_bytes_per_elem = 2;
-  return m;
-}
+using testing::opt_30b;
 
 // Round numbers, so the expected values below read like the paper's formulas.
 HardwareSpec round_hardware(OverlapModel model) {

@@ -9,6 +9,7 @@
 
 #include "kernels/error.h"
 #include "placement/policy_search.h"
+#include "support/opt_shapes.h"
 
 namespace strata {
 namespace {
@@ -17,21 +18,7 @@ constexpr double kGiB = double(int64_t{1} << 30);
 const Workload kWorkload{512, 32};
 
 ModelShape opt(int64_t hidden, int64_t ffn, int64_t layers, int64_t heads) {
-  ModelShape m;
-  m.hidden = hidden;
-  m.intermediate = ffn;
-  m.n_layers = layers;
-  m.n_heads = heads;
-  m.n_kv_heads = heads;
-  m.head_dim = hidden / heads;
-  m.vocab = 50272;
-  m.max_positions = 2048;
-  m.learned_positions = true;
-  m.linear_bias = true;
-  m.norm_bias = true;
-  m.tied_head = true;
-  m.weight_bytes_per_elem = 2;  // fp16
-  return m;
+  return testing::opt_shape(hidden, ffn, layers, heads);
 }
 
 ModelShape opt_30b() {
