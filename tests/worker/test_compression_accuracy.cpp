@@ -1,0 +1,145 @@
+// What 4-bit group-wise weight compression (FlexGen §5) costs stories260K in accuracy.
+// FlexGen dequantises a weight just before use, so computing with round-tripped weights
+// (quantise, dequantise, then f32 math) is exactly what the compressed engine computes.
+// Reports teacher-forced perplexity on the reference continuations and top-1 agreement with
+// the uncompressed model (docs/OFFLOADING.md records the numbers).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "kernels/cpu_backend.h"
+#include "kernels/quant.h"
+#include "kernels/sampling.h"
+#include "support/stories_reference.h"
+#include "worker/loader.h"
+#include "worker/scoring.h"
+
+namespace strata {
+namespace {
+
+// Replaces every layer matrix by its 4-bit round trip (groups of 64 along rows where the
+// row length allows, else along columns).
+void round_trip_layer_matrices(ModelWeights& w) {
+  for (LayerWeights& L : w.layers) {
+    for (Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+      QuantLayout layout{t->shape[0], t->shape[1], kQuantGroupSize, QuantAxis::kAlongRow};
+      if (layout.cols % kQuantGroupSize != 0) layout.axis = QuantAxis::kAlongColumn;
+      ASSERT_EQ(t->dtype, DType::kF32);
+      const QuantizedTensor q = quantize_4bit(t->as<const float>(), layout);
+      w.owned.push_back(std::make_unique<OwnedTensor>(DType::kF32, t->shape));
+      dequantize_4bit(q, w.owned.back()->view.as<float>());
+      *t = w.owned.back()->view;
+    }
+  }
+}
+
+// The CPU backend with a 4-bit KV cache: every new key and value row is stored as its
+// round trip, grouped along the hidden dimension (group 64, or the row when it is shorter).
+class Q4CacheBackend final : public Backend {
+ public:
+  explicit Q4CacheBackend(CpuBackend& inner) : inner_(inner) {}
+  std::string name() const override { return "cpu with 4-bit KV cache"; }
+  Device device() const override { return Device::kHost; }
+  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p) override { inner_.deallocate(p); }
+  void copy(void* d, const void* s, size_t b, CopyKind k) override { inner_.copy(d, s, b, k); }
+  void synchronize() override {}
+  void linear(const float* x, int64_t m, const Tensor& w, const float* b, float* y) override { inner_.linear(x, m, w, b, y); }
+  void embedding(const int32_t* ids, int64_t n, const Tensor& t, float* y) override { inner_.embedding(ids, n, t, y); }
+  void rms_norm(const float* x, int64_t m, int64_t h, const float* w, float eps, float* y) override {
+    inner_.rms_norm(x, m, h, w, eps, y);
+  }
+  void layer_norm(const float* x, int64_t m, int64_t h, const float* w, const float* b, float eps, float* y) override {
+    inner_.layer_norm(x, m, h, w, b, eps, y);
+  }
+  void rope(float* x, int64_t m, int32_t nh, int32_t hd, const int32_t* pos, const RopeTables& t) override {
+    inner_.rope(x, m, nh, hd, pos, t);
+  }
+  void silu_mul(const float* g, const float* u, float* o, int64_t n) override { inner_.silu_mul(g, u, o, n); }
+  void relu(float* x, int64_t n) override { inner_.relu(x, n); }
+  void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
+  void softmax(float* x, int64_t m, int64_t n) override { inner_.softmax(x, m, n); }
+  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& c, const AttentionDims& d,
+                 float* out) override {
+    inner_.attention(q, seqs, c, d, out);
+  }
+  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs, const KvLayerView& c) override {
+    int64_t rows = 0;
+    for (const SeqSlice& s : seqs) rows = std::max<int64_t>(rows, s.row_begin + s.n_new);
+    const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+    const QuantLayout layout{rows, width, std::min<int64_t>(width, kQuantGroupSize), QuantAxis::kAlongRow};
+    std::vector<float> kq(static_cast<size_t>(rows * width)), vq(kq.size());
+    dequantize_4bit(quantize_4bit(k, layout), kq.data());
+    dequantize_4bit(quantize_4bit(v, layout), vq.data());
+    inner_.kv_store(kq.data(), vq.data(), seqs, c);
+  }
+
+ private:
+  CpuBackend& inner_;
+};
+
+struct Accuracy {
+  double perplexity = 0;
+  double top1_agreement = 0;  // vs the reference (uncompressed) argmax
+  double max_logit_diff = 0;
+};
+
+Accuracy measure(Model& model) {
+  const auto refs = testing::load_stories_references();
+  double nll = 0;
+  int64_t count = 0, agree = 0;
+  Accuracy a;
+  for (const auto& r : refs) {
+    const auto seq = r.sequence();
+    const auto logits = teacher_forced_logits(model, seq, 64);
+    const auto lp = next_token_logprobs(logits, seq, r.vocab);
+    // The continuation: positions whose next token is a generated one.
+    for (size_t i = r.prompt_ids.size() - 1; i + 1 < seq.size(); ++i) {
+      nll -= lp[i];
+      const float* got = logits.data() + i * static_cast<size_t>(r.vocab);
+      const float* ref = r.logits.data() + i * static_cast<size_t>(r.vocab);
+      agree += argmax(got, r.vocab) == argmax(ref, r.vocab);
+      ++count;
+      for (int32_t v = 0; v < r.vocab; ++v) a.max_logit_diff = std::max(a.max_logit_diff, double(std::fabs(got[v] - ref[v])));
+    }
+  }
+  a.perplexity = std::exp(nll / static_cast<double>(count));
+  a.top1_agreement = static_cast<double>(agree) / static_cast<double>(count);
+  return a;
+}
+
+TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
+  CpuBackend backend(2);
+  LoadedModel plain = load_model(testing::stories_dir());
+  Model f32_model(plain.config, std::move(plain.weights), backend, 128);
+  const Accuracy base = measure(f32_model);
+
+  LoadedModel compressed = load_model(testing::stories_dir());
+  round_trip_layer_matrices(compressed.weights);
+  Model q4_model(compressed.config, std::move(compressed.weights), backend, 128);
+  const Accuracy q4 = measure(q4_model);
+
+  std::printf("stories260K continuations: perplexity f32 %.4f, 4-bit weights %.4f; top-1 agreement %.4f; "
+              "max |logit diff| %.4f\n",
+              base.perplexity, q4.perplexity, q4.top1_agreement, q4.max_logit_diff);
+  EXPECT_DOUBLE_EQ(base.top1_agreement, 1.0);  // the f32 model is the reference
+
+  // Weights and cache both compressed.
+  Q4CacheBackend q4_cache(backend);
+  LoadedModel both = load_model(testing::stories_dir());
+  round_trip_layer_matrices(both.weights);
+  Model both_model(both.config, std::move(both.weights), q4_cache, 128);
+  const Accuracy q4_both = measure(both_model);
+  std::printf("stories260K continuations: 4-bit weights and KV cache: perplexity %.4f; top-1 agreement %.4f\n",
+              q4_both.perplexity, q4_both.top1_agreement);
+  EXPECT_GT(q4_both.top1_agreement, 0.5);
+  EXPECT_NE(q4_both.perplexity, q4.perplexity) << "the cache round trip should change the model";
+  EXPECT_GT(q4.max_logit_diff, 1e-3) << "the round trip should change the model";
+  EXPECT_GT(q4.top1_agreement, 0.6);
+  EXPECT_LT(q4.perplexity, base.perplexity * 2.0);
+}
+
+}  // namespace
+}  // namespace strata
