@@ -39,16 +39,6 @@ float* Tensor::f32() const {
   return static_cast<float*>(data);
 }
 
-Tensor Tensor::rows(int64_t begin, int64_t n) const {
-  STRATA_CHECK(shape.rank >= 1 && begin >= 0 && begin + n <= shape[0], "rows({}, {}) of {}",
-               begin, n, describe());
-  Tensor t = *this;
-  t.shape.dims[0] = n;
-  const int64_t row_elems = shape[0] == 0 ? 0 : shape.numel() / shape[0];
-  t.data = static_cast<char*>(data) + static_cast<size_t>(begin * row_elems) * dtype_size(dtype);
-  return t;
-}
-
 std::string Tensor::describe() const {
   return fmt::format("{}{}@{}", dtype_name(dtype), shape.str(),
                      device == Device::kHost ? "host" : "cuda");

@@ -42,8 +42,6 @@ struct Tensor {
     return static_cast<T*>(data);
   }
   float* f32() const;  // checks dtype
-  // Rows [begin, begin + n) of a tensor whose first dimension is rows.
-  Tensor rows(int64_t begin, int64_t n) const;
   std::string describe() const;  // "f32[4, 64]@host"
 };
 

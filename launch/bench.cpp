@@ -37,17 +37,12 @@ std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const Be
   return reqs;
 }
 
-// Matmul + attention FLOPs actually executed: every prompt row goes through the layers, but
-// only the last prompt row and each decode row go through the LM head.
+// FLOPs actually executed: every prompt row goes through the layers, but only the last
+// prompt row and each decode row go through the LM head.
 double executed_flops(const ModelShape& s, int batch, int prompt_len, int gen_len) {
-  const double layer_matmul = 2.0 * static_cast<double>(s.n_layers * (s.attention_params_per_layer() +
-                                                                     s.mlp_params_per_layer()));
-  const double head = 2.0 * static_cast<double>(s.vocab * s.hidden);
-  const double attn_per_ctx = 4.0 * static_cast<double>(s.n_layers * s.n_heads * s.head_dim);
-  double per_seq = 0;
-  for (int p = 1; p <= prompt_len; ++p) per_seq += layer_matmul + attn_per_ctx * p;
-  per_seq += head;
-  for (int g = 1; g < gen_len; ++g) per_seq += layer_matmul + attn_per_ctx * (prompt_len + g) + head;
+  double per_seq = s.head_flops();
+  for (int p = 1; p <= prompt_len; ++p) per_seq += s.layer_flops_per_token(p);
+  for (int g = 1; g < gen_len; ++g) per_seq += s.layer_flops_per_token(prompt_len + g) + s.head_flops();
   return per_seq * batch;
 }
 

@@ -40,18 +40,15 @@ int64_t ModelShape::decode_weight_bytes() const {
   return (n_layers * params_per_layer() + per_token_rows + head) * weight_bytes_per_elem;
 }
 
-int64_t ModelShape::kv_bytes_per_token_per_layer(int64_t elem_bytes) const {
-  return 2 * n_kv_heads * head_dim * elem_bytes;
-}
-
-double ModelShape::flops_per_token(int64_t context) const {
-  const double matmul = 2.0 * static_cast<double>(n_layers * (attention_params_per_layer() +
-                                                              mlp_params_per_layer()) +
-                                                  vocab * hidden);
+double ModelShape::layer_flops_per_token(int64_t context) const {
+  const double matmul =
+      2.0 * static_cast<double>(n_layers * (attention_params_per_layer() + mlp_params_per_layer()));
   // QK^T and PV: 2 * n_heads * head_dim * context multiply-adds per layer.
   const double attn = 4.0 * static_cast<double>(n_layers * n_heads * head_dim * context);
   return matmul + attn;
 }
+
+double ModelShape::head_flops() const { return 2.0 * static_cast<double>(vocab * hidden); }
 
 std::string ModelShape::str() const {
   return fmt::format(

@@ -35,11 +35,10 @@ struct ModelShape {
   // Bytes read from weights for one decode step of the whole model (every matrix once,
   // the embedding only as rows, the head in full).
   int64_t decode_weight_bytes() const;
-  // KV cache bytes per token per layer (K and V, f32).
-  int64_t kv_bytes_per_token_per_layer(int64_t elem_bytes = 4) const;
-  // Matmul FLOPs of one token through every layer and the head, attention over `context`
-  // cached tokens included (2 FLOPs per multiply-add).
-  double flops_per_token(int64_t context) const;
+  // FLOPs (2 per multiply-add) of one token through every layer, attention over `context`
+  // cached tokens included; and of one row through the LM head.
+  double layer_flops_per_token(int64_t context) const;
+  double head_flops() const;
 
   std::string str() const;
 };

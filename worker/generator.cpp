@@ -192,7 +192,7 @@ void Generator::decode(std::vector<Running*>& running, KvCache& cache, Generatio
   stats.decode_seconds += now_s() - t0;
 }
 
-bool Generator::accept(Running& seq, const float* logits, KvCache& cache) {
+void Generator::accept(Running& seq, const float* logits, KvCache& cache) {
   const ModelConfig& c = model_.config();
   const GenerationRequest& req = *seq.request;
   GenerationResult& res = *seq.result;
@@ -214,7 +214,6 @@ bool Generator::accept(Running& seq, const float* logits, KvCache& cache) {
     cache.release(seq.slot);
     seq.slot = -1;
   }
-  return done;
 }
 
 }  // namespace strata

@@ -74,8 +74,8 @@ class Generator {
   int32_t plan_capacity(const std::vector<GenerationRequest>& requests) const;
   void prefill(std::vector<Running*>& admitted, KvCache& cache, GenerationStats& stats);
   void decode(std::vector<Running*>& running, KvCache& cache, GenerationStats& stats);
-  // Samples from `logits` for `seq` and retires it if it is done. Returns true if done.
-  bool accept(Running& seq, const float* logits, KvCache& cache);
+  // Samples from `logits` for `seq` and retires it (freeing its slot) if it is done.
+  void accept(Running& seq, const float* logits, KvCache& cache);
 
   Model& model_;
   GeneratorOptions options_;

@@ -6,11 +6,6 @@
 
 namespace strata {
 
-size_t KvCache::bytes_needed(const ModelConfig& c, int32_t n_slots, int32_t capacity) {
-  return 2 * static_cast<size_t>(c.n_layers) * static_cast<size_t>(n_slots) *
-         static_cast<size_t>(capacity) * static_cast<size_t>(c.kv_width()) * sizeof(float);
-}
-
 KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_t capacity)
     : n_slots_(n_slots),
       capacity_(capacity),

@@ -25,9 +25,6 @@ class KvCache {
   void release(int32_t slot);
   int32_t free_slots() const { return static_cast<int32_t>(free_.size()); }
 
-  // Bytes one configuration would take, so callers can refuse a plan before allocating.
-  static size_t bytes_needed(const ModelConfig& config, int32_t n_slots, int32_t capacity);
-
  private:
   struct Layer {
     DeviceBuffer k, v;
