@@ -56,6 +56,11 @@ struct RopeTables {
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
+// Names one transfer() so compute or the host can wait for it; id 0 is "nothing to wait for".
+struct TransferTicket {
+  uint64_t id = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -67,6 +72,18 @@ class Backend {
   virtual void deallocate(void* p) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
   virtual void synchronize() = 0;
+
+  // Copies that overlap compute (FlexGen Algorithm 1's loads of the next layer). A transfer
+  // runs after all compute enqueued before it (so it may overwrite memory that compute
+  // read) and beside compute enqueued after it. Compute that reads `dst` must first call
+  // compute_waits(); the host must call host_waits() before it reuses `src`. The defaults
+  // copy at once, which is what a host backend needs.
+  virtual TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind);
+  virtual void compute_waits(TransferTicket ticket);
+  virtual void host_waits(TransferTicket ticket);
+  // Host memory that transfer() can copy from without a bounce (page-locked on CUDA).
+  virtual void* allocate_host(size_t bytes);
+  virtual void deallocate_host(void* p);
 
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n]). w is f32, f16 or bf16; x, y, bias f32.
   virtual void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) = 0;
@@ -94,10 +111,12 @@ class Backend {
 };
 
 // Device memory owned by a backend, freed through it (RAII for backend allocations).
+// host() makes one of the backend's transfer-ready host buffers instead.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(Backend& backend, size_t bytes);
+  static DeviceBuffer host(Backend& backend, size_t bytes);
   DeviceBuffer(DeviceBuffer&& o) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -109,9 +128,12 @@ class DeviceBuffer {
   size_t size() const { return bytes_; }
 
  private:
+  void release();
+
   Backend* backend_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  bool host_ = false;
 };
 
 }  // namespace strata

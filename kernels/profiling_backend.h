@@ -20,6 +20,14 @@ class ProfilingBackend final : public Backend {
   void deallocate(void* p) override { inner_.deallocate(p); }
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override { inner_.synchronize(); }
+  // Transfers are what the profile must not serialise: passed through untimed.
+  TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    return inner_.transfer(dst, src, bytes, kind);
+  }
+  void compute_waits(TransferTicket t) override { inner_.compute_waits(t); }
+  void host_waits(TransferTicket t) override { inner_.host_waits(t); }
+  void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
+  void deallocate_host(void* p) override { inner_.deallocate_host(p); }
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
   void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps, float* y) override;

@@ -36,6 +36,9 @@ struct EngineOptions {
   std::string cpu_mem;    // host memory for weights ("800MiB", "2GiB"; empty: no limit)
   std::string disk_dir = "/tmp";
   bool overlap = true;
+  std::string device = "auto";  // auto | cpu | cuda[:N]
+  std::string gpu_mem;          // accelerator memory for weights (empty: no limit)
+  std::string policy;           // FlexGen policy (placement/policy.h); weight shares used
 };
 
 // "1.5GiB", "800MiB", "64KiB", "4096" (bytes need a unit: B) -> bytes; a bare number is GiB.

@@ -3,26 +3,73 @@
 #include <algorithm>
 
 #include "kernels/accelerator.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "placement/policy.h"
 
 namespace strata::cli {
+namespace {
+
+// -1: compute on the host; otherwise the CUDA device index to compute on.
+int pick_device(const std::string& choice, const AcceleratorInfo& acc) {
+  auto log = log::get("launch");
+  if (choice == "cpu") return -1;
+  if (choice == "auto") {
+    if (!acc.available()) {
+      log->info("{}; using the CPU", acc.str());
+      return -1;
+    }
+    log->info("found {}", acc.str());
+    return 0;
+  }
+  int index = 0;
+  if (choice.rfind("cuda:", 0) == 0) {
+    try {
+      index = std::stoi(choice.substr(5));
+    } catch (const std::exception&) {
+      index = -1;
+    }
+  } else if (choice != "cuda") {
+    fail_input("--device '{}': expected auto, cpu, cuda or cuda:N", choice);
+  }
+  if (!acc.available()) fail_input("--device {}: {}", choice, acc.str());
+  if (index < 0 || static_cast<size_t>(index) >= acc.devices.size())
+    fail_input("--device {}: no such device ({} present)", choice, acc.devices.size());
+  return index;
+}
+
+// The parts of a policy the engine runs today; the rest is refused, not ignored.
+void apply_policy(const std::string& text, LoadOptions& lo) {
+  if (text.empty()) return;
+  const Policy p = Policy::parse(text);
+  p.validate();
+  const Policy defaults;
+  if (p.cache_gpu_percent != defaults.cache_gpu_percent || p.act_gpu_percent != defaults.act_gpu_percent ||
+      p.compress_weight || p.compress_cache || p.cpu_cache_compute)
+    fail_input("--policy '{}': only the weight shares (w=) and overlap are run by this engine so far; "
+               "cache/activation placement, compression and CPU attention are not implemented yet",
+               text);
+  lo.w_gpu_percent = p.w_gpu_percent;
+  lo.w_cpu_percent = p.w_cpu_percent;
+  lo.overlap = lo.overlap && p.overlap;
+}
+
+}  // namespace
 
 Engine make_engine(const EngineOptions& o) {
   auto log = log::get("launch");
-  const AcceleratorInfo acc = probe_accelerators();
   Engine e;
-  auto cpu = std::make_unique<CpuBackend>(o.threads);
-  if (acc.available()) {
-    log->info("found {}; the engine computes on the CPU until the CUDA engine path lands", acc.str());
-  } else {
-    log->info("{}; using the CPU", acc.str());
-  }
-  log->info("backend: {}", cpu->name());
-  e.cpu = std::move(cpu);
+  e.cpu = std::make_unique<CpuBackend>(o.threads);
+  const int device = pick_device(o.device, probe_accelerators());
   e.backend = e.cpu.get();
+  if (device >= 0) {
+    e.gpu = make_cuda_backend(device);
+    e.backend = e.gpu.get();
+  }
+  log->info("backend: {}", e.backend->name());
   if (o.profile) {
-    e.profiler = std::make_unique<ProfilingBackend>(*e.cpu);
+    e.profiler = std::make_unique<ProfilingBackend>(*e.backend);
     e.backend = e.profiler.get();
   }
 
@@ -30,17 +77,22 @@ Engine make_engine(const EngineOptions& o) {
   lo.dummy_dtype = parse_dtype(o.dtype).value_or(DType::kF32);
   lo.dummy_seed = o.weight_seed;
   lo.cpu_mem = o.cpu_mem.empty() ? -1 : parse_size(o.cpu_mem, "--cpu-mem");
+  lo.gpu_mem = o.gpu_mem.empty() ? -1 : parse_size(o.gpu_mem, "--gpu-mem");
+  if (device < 0 && lo.gpu_mem >= 0) log->warn("--gpu-mem ignored: the engine computes on the CPU");
   lo.disk_dir = o.disk_dir;
   lo.overlap = o.overlap;
+  lo.device = device >= 0 ? e.backend : nullptr;
+  apply_policy(o.policy, lo);
   LoadedModel m = load_model(o.model, lo);
   log->info("model: {}", m.config.str());
+  log->info("weights: {}", m.placement.str());
   e.config = m.config;
   e.tokenizer = std::move(m.tokenizer);
   e.generator.max_batch = o.max_batch;
   e.generator.max_step_tokens = o.max_step_tokens;
   const int32_t rows = std::max(o.max_batch, o.max_step_tokens);
-  if (!m.placement.disk_layers.empty()) log->info("weights: {}", m.placement.str());
-  e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows, std::move(m.streamer));
+  e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows, std::move(m.streamer),
+                                    std::move(m.feeder));
   return e;
 }
 

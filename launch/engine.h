@@ -14,6 +14,7 @@ namespace strata::cli {
 
 struct Engine {
   std::unique_ptr<CpuBackend> cpu;
+  std::unique_ptr<Backend> gpu;                // the CUDA backend when the engine computes on a GPU
   std::unique_ptr<ProfilingBackend> profiler;  // wraps the compute backend with --profile
   Backend* backend = nullptr;                  // what the model computes on
   ModelConfig config;

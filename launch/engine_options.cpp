@@ -57,7 +57,12 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--cpu-mem", o.cpu_mem,
                  "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir");
   cmd.add_option("--disk-dir", o.disk_dir, "Where layers that do not fit --cpu-mem are kept");
-  cmd.add_flag("!--no-overlap", o.overlap, "Read disk layers only when needed (no prefetch)");
+  cmd.add_flag("!--no-overlap", o.overlap, "Load streamed layers only when needed (no prefetch)");
+  cmd.add_option("--device", o.device, "Compute on: auto (a GPU if present), cpu, cuda or cuda:N");
+  cmd.add_option("--gpu-mem", o.gpu_mem,
+                 "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");
+  cmd.add_option("--policy", o.policy,
+                 "FlexGen policy, e.g. 'gbs=8,ngb=2,w=20/80/0,c=100/0/0' (weights placed by w=GPU/CPU/DISK %)");
 }
 
 }  // namespace strata::cli

@@ -145,6 +145,11 @@ const LayerWeights& LayerStreamer::acquire(int32_t layer) {
   return slot->view;
 }
 
+const void* LayerStreamer::acquire_blob(int32_t layer) {
+  acquire(layer);
+  return slots_[current_].blob;
+}
+
 void LayerStreamer::io_loop() {
   std::unique_lock lock(mu_);
   while (true) {
@@ -197,6 +202,10 @@ void LayerOffloader::operator()(int32_t layer, LayerWeights& w) {
   std::memset(blob, 0, layout_.bytes());
   layout_.pack(w, blob);
   file_.write(blob, layout_.bytes(), static_cast<uint64_t>(it - disk_layers_.begin()) * layout_.bytes());
+  release_layer(w);
+}
+
+void release_layer(LayerWeights& w) {
   for (auto member : kMembers) drop_pages(w.*member);  // mapped checkpoint pages
   w = LayerWeights{};
 }

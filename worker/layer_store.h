@@ -57,6 +57,9 @@ class LayerStreamer {
   // Weights of disk layer `layer`, valid until the next acquire(); starts the read of the
   // disk layer that follows it (wrapping to the first one for the next token).
   const LayerWeights& acquire(int32_t layer);
+  // The same, as the layer's packed blob (layout().bytes() long).
+  const void* acquire_blob(int32_t layer);
+  const LayerLayout& layout() const { return layout_; }
   StreamStats stats() const;
   size_t staging_bytes() const { return 2 * layout_.bytes(); }
 
@@ -105,6 +108,10 @@ class LayerOffloader {
   LayerLayout layout_;
   Buffer staging_;
 };
+
+// Empties a layer that was copied elsewhere, giving back the pages of mapped checkpoint
+// tensors (the loader frees what it allocated once the layer is empty).
+void release_layer(LayerWeights& w);
 
 // `n_disk` of `n_layers` layers, spread evenly (ascending).
 std::vector<int32_t> spread_disk_layers(int32_t n_layers, int32_t n_disk);

@@ -1,34 +1,123 @@
 #include "worker/loader.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "kernels/error.h"
 #include "worker/dummy.h"
 
-#include <algorithm>
-
 namespace strata {
+namespace {
 
-std::string WeightPlacement::str() const {
-  return fmt::format("WeightPlacement(fixed {:.1f} MiB, layer {:.1f} MiB, staging {:.1f} MiB, {} layers on disk)",
-                     static_cast<double>(fixed_bytes) / (1 << 20), static_cast<double>(layer_bytes) / (1 << 20),
-                     static_cast<double>(staging_bytes) / (1 << 20), disk_layers.size());
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// `k` of the indices in `free` (ascending), spread evenly over them.
+std::vector<int32_t> spread_over(const std::vector<int32_t>& free, int32_t k) {
+  std::vector<int32_t> out;
+  for (int32_t pick : spread_disk_layers(static_cast<int32_t>(free.size()), k))
+    out.push_back(free[static_cast<size_t>(pick)]);
+  return out;
 }
 
-WeightPlacement place_weights(const ModelConfig& c, int64_t cpu_mem) {
+// Layer counts per tier from policy shares, rounded to whole layers.
+void counts_from_shares(const WeightBudget& b, int32_t n, int32_t& n_gpu, int32_t& n_cpu) {
+  if (b.w_gpu_percent < 0 || b.w_cpu_percent < 0 || b.w_gpu_percent + b.w_cpu_percent > 100)
+    fail_input("weight shares wg={} wc={} must be >= 0 and sum to at most 100", b.w_gpu_percent,
+               b.w_cpu_percent);
+  n_gpu = static_cast<int32_t>(std::lround(n * b.w_gpu_percent / 100.0));
+  n_cpu = std::min(n - n_gpu, static_cast<int32_t>(std::lround(n * (b.w_gpu_percent + b.w_cpu_percent) / 100.0)) - n_gpu);
+  if (!b.device_compute) {  // the host computes: GPU shares are host-resident too
+    n_cpu += n_gpu;
+    n_gpu = 0;
+  }
+}
+
+// Layer counts per tier from the budgets alone: fill the compute tier, then the host.
+void counts_from_budgets(const WeightBudget& b, const WeightPlacement& p, int32_t n, int32_t& n_gpu,
+                         int32_t& n_cpu) {
+  const int64_t L = p.layer_bytes;
+  n_gpu = 0;
+  if (b.device_compute) {
+    if (b.gpu_mem < 0 || p.fixed_bytes + n * L <= b.gpu_mem) {
+      n_gpu = n;
+    } else {
+      n_gpu = static_cast<int32_t>(std::clamp<int64_t>((b.gpu_mem - p.fixed_bytes - 2 * L) / L, 0, n));
+    }
+  }
+  const int32_t rest = n - n_gpu;
+  const int64_t host_fixed = b.device_compute ? 0 : p.fixed_bytes;
+  if (b.cpu_mem < 0 || host_fixed + rest * L <= b.cpu_mem) {
+    n_cpu = rest;
+  } else {
+    n_cpu = static_cast<int32_t>(std::clamp<int64_t>((b.cpu_mem - host_fixed - 2 * L) / L, 0, rest));
+  }
+}
+
+void check_budget(const char* option, int64_t budget, int64_t need, const WeightPlacement& p, const char* what) {
+  if (budget < 0 || need <= budget) return;
+  fail_input("{} {:.1f} MiB is too small for this weight placement: {} need {:.1f} MiB (short by {:.1f} MiB; {})",
+             option, mib(budget), what, mib(need), mib(need - budget), p.str());
+}
+
+}  // namespace
+
+int32_t WeightPlacement::count(Tier t) const {
+  return static_cast<int32_t>(std::count(tiers.begin(), tiers.end(), t));
+}
+
+int64_t WeightPlacement::gpu_bytes() const {
+  if (!device_compute) return 0;
+  return fixed_bytes + count(Tier::kGpu) * layer_bytes + device_staging_bytes;
+}
+
+int64_t WeightPlacement::cpu_bytes() const {
+  return (device_compute ? 0 : fixed_bytes) + count(Tier::kCpu) * layer_bytes + staging_bytes;
+}
+
+std::string WeightPlacement::str() const {
+  return fmt::format(
+      "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} MiB, "
+      "device slots {:.1f} MiB, host staging {:.1f} MiB)",
+      device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
+      mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes));
+}
+
+WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
   const ModelShape s = c.shape();
+  const int32_t n = c.n_layers;
   WeightPlacement p;
+  p.device_compute = b.device_compute;
   p.layer_bytes = static_cast<int64_t>(align_up(static_cast<size_t>(s.params_per_layer() * s.weight_bytes_per_elem)));
   p.fixed_bytes = (s.embedding_params() + s.head_params()) * s.weight_bytes_per_elem + 2 * s.hidden * 4;
-  if (cpu_mem < 0 || p.fixed_bytes + c.n_layers * p.layer_bytes <= cpu_mem) return p;
-  p.staging_bytes = 2 * p.layer_bytes;
-  const int64_t room = cpu_mem - p.fixed_bytes - p.staging_bytes;
-  if (room < 0)
-    fail_input("--cpu-mem {:.1f} MiB is too small for {}: embeddings and head need {:.1f} MiB and two "
-               "staging layers {:.1f} MiB (short by {:.1f} MiB)",
-               static_cast<double>(cpu_mem) / (1 << 20), c.source, static_cast<double>(p.fixed_bytes) / (1 << 20),
-               static_cast<double>(p.staging_bytes) / (1 << 20), static_cast<double>(-room) / (1 << 20));
-  const auto resident = static_cast<int32_t>(std::min<int64_t>(room / p.layer_bytes, c.n_layers));
-  p.disk_layers = spread_disk_layers(c.n_layers, c.n_layers - resident);
+  int32_t n_gpu = 0, n_cpu = 0;
+  if (b.w_gpu_percent >= 0 || b.w_cpu_percent >= 0) {
+    counts_from_shares(b, n, n_gpu, n_cpu);
+  } else {
+    counts_from_budgets(b, p, n, n_gpu, n_cpu);
+  }
+  const int32_t n_disk = n - n_gpu - n_cpu;
+  if (b.device_compute && n_gpu < n) p.device_staging_bytes = 2 * p.layer_bytes;
+  if (n_disk > 0) p.staging_bytes = 2 * p.layer_bytes;
+
+  p.tiers.assign(static_cast<size_t>(n), Tier::kGpu);
+  p.disk_layers = spread_disk_layers(n, n_disk);
+  std::vector<int32_t> left;
+  for (int32_t i = 0; i < n; ++i)
+    if (!std::binary_search(p.disk_layers.begin(), p.disk_layers.end(), i)) left.push_back(i);
+  for (int32_t i : p.disk_layers) p.tiers[static_cast<size_t>(i)] = Tier::kDisk;
+  for (int32_t i : spread_over(left, n_cpu)) p.tiers[static_cast<size_t>(i)] = Tier::kCpu;
+
+  if (b.device_compute)
+    check_budget("--gpu-mem", b.gpu_mem, p.gpu_bytes(), p, "embeddings, head, GPU-tier layers and two device slots");
+  check_budget("--cpu-mem", b.cpu_mem, p.cpu_bytes(), p,
+               b.device_compute ? "CPU-tier layers and disk staging" : "embeddings, head, resident layers and disk staging");
   return p;
+}
+
+WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem) {
+  WeightBudget b;
+  b.cpu_mem = cpu_mem;
+  return place_weights(config, b);
 }
 
 LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
@@ -36,10 +125,24 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   LoadedModel m;
   const bool dummy = is_dummy_model(spec);
   m.config = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
-  m.placement = place_weights(m.config, options.cpu_mem);
+  WeightBudget budget{options.device != nullptr, options.gpu_mem, options.cpu_mem, options.w_gpu_percent,
+                      options.w_cpu_percent};
+  m.placement = place_weights(m.config, budget);
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
+  if (options.device != nullptr)
+    m.feeder = std::make_unique<LayerFeeder>(*options.device, m.placement.tiers, options.overlap);
   LayerSink sink;
-  if (!m.placement.disk_layers.empty()) sink = [&](int32_t i, LayerWeights& w) { offloader(i, w); };
+  if (m.feeder != nullptr) {
+    sink = [&](int32_t i, LayerWeights& w) {
+      if (m.placement.tiers[static_cast<size_t>(i)] == Tier::kDisk) {
+        offloader(i, w);
+      } else {
+        m.feeder->take(i, w);
+      }
+    };
+  } else if (!m.placement.disk_layers.empty()) {
+    sink = [&](int32_t i, LayerWeights& w) { offloader(i, w); };
+  }
   if (dummy) {
     m.weights = make_dummy_weights(m.config, options.dummy_seed, sink);
     m.tokenizer = Tokenizer::ids_only(m.config);
@@ -47,7 +150,13 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     m.weights = load_checkpoint_weights(m.config, spec, sink);
     m.tokenizer = Tokenizer::load(spec, m.config);
   }
-  m.streamer = offloader.finish(m.weights.layers.size(), options.overlap);
+  auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
+  if (m.feeder != nullptr) {
+    m.feeder->finish(std::move(streamer));
+    upload_fixed_weights(*options.device, m.weights);
+  } else {
+    m.streamer = std::move(streamer);
+  }
   return m;
 }
 

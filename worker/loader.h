@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "worker/config.h"
+#include "worker/layer_feeder.h"
 #include "worker/layer_store.h"
 #include "worker/tokenizer.h"
 #include "worker/weights.h"
@@ -23,26 +25,53 @@ struct LoadOptions {
   int64_t cpu_mem = -1;
   std::string disk_dir = "/tmp";
   bool overlap = true;  // prefetch the next disk layer while computing
+  // The accelerator the model computes on (nullptr: the host computes). Then the fixed
+  // tensors and GPU-tier layers live on it and the rest stream to it (layer_feeder.h).
+  Backend* device = nullptr;
+  int64_t gpu_mem = -1;  // accelerator memory for weights, bytes (< 0: no limit)
+  // Weight shares from a policy (wg, wc; the disk gets the rest). < 0: fill the GPU, then
+  // the host, then the disk, as the budgets allow.
+  int w_gpu_percent = -1;
+  int w_cpu_percent = -1;
 };
 
-// How a weight budget splits the layers: what stays resident, what goes to disk.
+// The budgets and shares a weight placement must honour (see LoadOptions).
+struct WeightBudget {
+  bool device_compute = false;
+  int64_t gpu_mem = -1;
+  int64_t cpu_mem = -1;
+  int w_gpu_percent = -1;
+  int w_cpu_percent = -1;
+};
+
+// How the budgets split the layers over the tiers (FlexGen's wg/wc/wd at layer granularity).
+// With host compute the GPU tier is empty and "cpu" means resident in host memory.
 struct WeightPlacement {
-  int64_t fixed_bytes = 0;    // embeddings, positions, head, final norm: always resident
-  int64_t layer_bytes = 0;    // one layer as stored
-  int64_t staging_bytes = 0;  // two layer buffers, only when some layer is on disk
-  std::vector<int32_t> disk_layers;
+  bool device_compute = false;
+  int64_t fixed_bytes = 0;           // embeddings, positions, head, final norm: on the compute tier
+  int64_t layer_bytes = 0;           // one layer as stored
+  int64_t device_staging_bytes = 0;  // two device slots, when some layer streams to the device
+  int64_t staging_bytes = 0;         // two host buffers, when some layer is on disk
+  std::vector<Tier> tiers;           // per layer
+  std::vector<int32_t> disk_layers;  // the layers whose tier is disk, ascending
+
+  int32_t count(Tier t) const;
+  int64_t gpu_bytes() const;  // on the accelerator
+  int64_t cpu_bytes() const;  // in host memory
   std::string str() const;
 };
-// Throws InputError naming the budget and the shortfall when even the fixed part and the
-// staging buffers do not fit.
-WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem);
+// Throws InputError naming the budget and the shortfall when a share or the fixed part
+// and the staging buffers do not fit.
+WeightPlacement place_weights(const ModelConfig& config, const WeightBudget& budget);
+WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem);  // host compute
 
 struct LoadedModel {
   ModelConfig config;
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
   WeightPlacement placement;
-  std::unique_ptr<LayerStreamer> streamer;  // nullptr when every layer is resident
+  std::unique_ptr<LayerStreamer> streamer;  // host compute: nullptr when every layer is resident
+  std::unique_ptr<LayerFeeder> feeder;      // device compute: serves every layer
 };
 
 LoadedModel load_model(const std::string& spec, const LoadOptions& options = {});

@@ -31,10 +31,11 @@ size_t StepBatch::add(int32_t slot, int32_t n_past, std::span<const int32_t> new
 }
 
 Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows,
-             std::unique_ptr<LayerStreamer> streamer)
+             std::unique_ptr<LayerStreamer> streamer, std::unique_ptr<LayerFeeder> feeder)
     : config_(config),
       weights_(std::move(weights)),
       streamer_(std::move(streamer)),
+      feeder_(std::move(feeder)),
       backend_(backend),
       max_rows_(max_rows) {
   STRATA_CHECK(max_rows > 0, "max_rows {}", max_rows);
@@ -119,10 +120,15 @@ void Model::forward(const StepBatch& batch, KvCache& cache, float* logits) {
                 CopyKind::kHostToDevice);
   embed(batch, rows);
   for (int32_t i = 0; i < config_.n_layers; ++i) {
-    const bool streamed = streamer_ != nullptr && streamer_->on_disk(i);
-    layer(streamed ? streamer_->acquire(i) : weights_.layers[static_cast<size_t>(i)], i, batch, cache, rows);
+    layer(layer_weights(i), i, batch, cache, rows);
   }
   head(batch, logits);
+}
+
+const LayerWeights& Model::layer_weights(int32_t i) {
+  if (feeder_ != nullptr) return feeder_->acquire(i);
+  if (streamer_ != nullptr && streamer_->on_disk(i)) return streamer_->acquire(i);
+  return weights_.layers[static_cast<size_t>(i)];
 }
 
 void Model::embed(const StepBatch& batch, int32_t rows) {

@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "worker/config.h"
 #include "worker/kv_cache.h"
+#include "worker/layer_feeder.h"
 #include "worker/layer_store.h"
 #include "worker/weights.h"
 
@@ -33,20 +34,23 @@ struct StepBatch {
 class Model {
  public:
   // max_rows bounds the rows of one step; activation memory is allocated once for it.
-  // `streamer` (optional) serves the layers the loader moved to disk.
+  // `streamer` (optional, host compute) serves the layers the loader moved to disk;
+  // `feeder` (device compute) serves every layer on the device.
   Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows,
-        std::unique_ptr<LayerStreamer> streamer = nullptr);
+        std::unique_ptr<LayerStreamer> streamer = nullptr, std::unique_ptr<LayerFeeder> feeder = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
-  const LayerStreamer* streamer() const { return streamer_.get(); }
+  const LayerStreamer* streamer() const { return feeder_ ? feeder_->disk() : streamer_.get(); }
+  const LayerFeeder* feeder() const { return feeder_.get(); }
   int32_t max_rows() const { return max_rows_; }
 
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
   void forward(const StepBatch& batch, KvCache& cache, float* logits);
 
  private:
+  const LayerWeights& layer_weights(int32_t i);
   void embed(const StepBatch& batch, int32_t rows);
   void layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
   void attention_block(const LayerWeights& L, const StepBatch& batch, const KvLayerView& kv,
@@ -62,6 +66,7 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<LayerStreamer> streamer_;
+  std::unique_ptr<LayerFeeder> feeder_;
   Backend& backend_;
   int32_t max_rows_;
 

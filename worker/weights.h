@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "worker/config.h"
 
@@ -39,6 +40,8 @@ struct ModelWeights {
   // Storage behind generated or converted tensors, and the mapping behind checkpoint views.
   std::vector<std::unique_ptr<OwnedTensor>> owned;
   std::shared_ptr<const SafetensorsArchive> archive;
+  // Device copies when the model computes on an accelerator (see layer_feeder.h).
+  std::vector<DeviceBuffer> device_owned;
 
   int64_t matrix_bytes() const;  // bytes of all weights as stored
 };

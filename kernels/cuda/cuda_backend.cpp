@@ -126,6 +126,11 @@ class CudaBackend final : public Backend {
   void deallocate(void* p) override;
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override;
+  TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override;
+  void compute_waits(TransferTicket ticket) override;
+  void host_waits(TransferTicket ticket) override;
+  void* allocate_host(size_t bytes) override;
+  void deallocate_host(void* p) override;
 
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
@@ -170,6 +175,17 @@ class CudaBackend final : public Backend {
   size_t rows_bytes_ = 0;
   DevicePtr half_x_;  // x rounded to the weight's half type for linear
   size_t half_x_bytes_ = 0;
+
+  // transfer(): its own stream, so copies run beside kernels. A ticket's event sits in a
+  // ring; a ticket older than the ring waits on a newer event of the same in-order stream,
+  // which is later, so still correct.
+  void init_transfers();
+  cudaEvent_t ticket_event(TransferTicket t) const { return ticket_events_[t.id % kTicketRing].get(); }
+  static constexpr size_t kTicketRing = 16;
+  StreamPtr transfer_stream_;
+  EventPtr compute_mark_;  // where compute stood when a transfer was issued
+  EventPtr ticket_events_[kTicketRing];
+  uint64_t next_ticket_ = 1;
 };
 
 CudaBackend::CudaBackend(int device_index) : device_(device_index) {
@@ -200,6 +216,20 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   cudaEvent_t e = nullptr;
   STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   upload_done_.reset(e);
+  init_transfers();
+}
+
+void CudaBackend::init_transfers() {
+  cudaStream_t s = nullptr;
+  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  transfer_stream_.reset(s);
+  auto make_event = [](EventPtr& out) {
+    cudaEvent_t e = nullptr;
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    out.reset(e);
+  };
+  make_event(compute_mark_);
+  for (EventPtr& e : ticket_events_) make_event(e);
 }
 
 CudaBackend::~CudaBackend() {
@@ -207,6 +237,7 @@ CudaBackend::~CudaBackend() {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current != device_) cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_.get());
+  if (transfer_stream_) cudaStreamSynchronize(transfer_stream_.get());
   cudaGetLastError();
 }
 
@@ -282,6 +313,43 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind) 
 void CudaBackend::synchronize() {
   activate();
   STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+TransferTicket CudaBackend::transfer(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  if (bytes == 0) return {};
+  activate();
+  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+  STRATA_CUDA_CHECK(cudaEventRecord(compute_mark_.get(), stream_.get()));
+  STRATA_CUDA_CHECK(cudaStreamWaitEvent(transfer_stream_.get(), compute_mark_.get(), 0));
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, transfer_stream_.get()));
+  const TransferTicket t{next_ticket_++};
+  STRATA_CUDA_CHECK(cudaEventRecord(ticket_event(t), transfer_stream_.get()));
+  return t;
+}
+
+void CudaBackend::compute_waits(TransferTicket ticket) {
+  if (ticket.id == 0) return;
+  activate();
+  STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ticket_event(ticket), 0));
+}
+
+void CudaBackend::host_waits(TransferTicket ticket) {
+  if (ticket.id == 0) return;
+  activate();
+  STRATA_CUDA_CHECK(cudaEventSynchronize(ticket_event(ticket)));
+}
+
+void* CudaBackend::allocate_host(size_t bytes) {
+  activate();
+  void* p = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+  return p;
+}
+
+void CudaBackend::deallocate_host(void* p) {
+  if (p != nullptr) cudaFreeHost(p);
 }
 
 // f16 / bf16 weights: x (m x k, small) is rounded to the weight's type in scratch and one

@@ -1,0 +1,165 @@
+// Weights fed to a compute device from three tiers (layer_feeder.h): whatever the split over
+// GPU / CPU / disk and with prefetch on or off, generation equals the all-resident run token
+// for token. Built twice: with the CPU backend standing in for the device (every CI run;
+// transfers are plain copies, so the schedule's bookkeeping is what is tested) and, as the
+// `gpu` label, with the CUDA backend where a GPU is present.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "kernels/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/error.h"
+#include "support/stories_reference.h"
+#include "worker/generator.h"
+#include "worker/loader.h"
+#include "worker/scoring.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string disk_dir() {
+  const fs::path d = fs::path(STRATA_TEST_TMP) / "layer_feeder";
+  fs::create_directories(d);
+  return d.string();
+}
+
+// The device under test, or nullptr (and the test skips) when there is none.
+std::unique_ptr<Backend> make_device() {
+#ifdef STRATA_TEST_CUDA
+  try {
+    return make_cuda_backend(0);
+  } catch (const Error&) {
+    return nullptr;
+  }
+#else
+  return std::make_unique<CpuBackend>(2);
+#endif
+}
+
+struct FeedRun {
+  std::vector<std::vector<int32_t>> outputs;
+  FeedStats feed;
+  WeightPlacement placement;
+  int64_t layer_bytes = 0;  // as the feeder packs it
+};
+
+std::vector<GenerationRequest> requests_for(const std::string& model, int32_t vocab) {
+  std::vector<GenerationRequest> reqs;
+  if (model == testing::stories_dir()) {
+    for (const auto& r : testing::load_stories_references())
+      reqs.push_back({r.name, r.prompt_ids, static_cast<int32_t>(r.output_ids.size()), {}, false});
+    return reqs;
+  }
+  // Dummy weights: mixed prompt lengths and budgets; ids spread over the vocabulary.
+  for (int32_t i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt;
+    for (int32_t t = 0; t < 3 + 5 * i; ++t) prompt.push_back((17 + 131 * t + 7 * i) % vocab);
+    reqs.push_back({fmt::format("r{}", i), prompt, 4 + 3 * i, {}, true});
+  }
+  return reqs;
+}
+
+// Generates with the model's weights placed by the shares (wg, wc; < 0: all on the device).
+FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap) {
+  LoadOptions lo;
+  lo.device = &device;
+  lo.dummy_dtype = DType::kF16;
+  lo.disk_dir = disk_dir();
+  lo.overlap = overlap;
+  lo.w_gpu_percent = wg;
+  lo.w_cpu_percent = wc;
+  LoadedModel m = load_model(model, lo);
+  FeedRun run;
+  run.placement = m.placement;
+  Model engine(m.config, std::move(m.weights), device, 64, nullptr, std::move(m.feeder));
+  Generator gen(engine, GeneratorOptions{3, 64, 0});
+  for (const auto& res : gen.run(requests_for(model, m.config.vocab))) {
+    EXPECT_TRUE(res.error.empty()) << res.error;
+    run.outputs.push_back(res.output_ids);
+  }
+  run.feed = engine.feeder()->stats();
+  run.layer_bytes = static_cast<int64_t>(engine.feeder()->layer_bytes());
+  return run;
+}
+
+class LayerFeederTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    device_ = make_device();
+    if (!device_) GTEST_SKIP() << "no CUDA device";
+  }
+  std::unique_ptr<Backend> device_;
+};
+
+TEST_P(LayerFeederTest, EveryWeightSplitGivesTheAllResidentOutput) {
+  const std::string model = GetParam();
+  const FeedRun resident = generate(*device_, model, 100, 0, true);
+  EXPECT_EQ(resident.feed.layers_from_cpu + resident.feed.layers_from_disk, 0);
+  if (model == testing::stories_dir()) {
+    const auto refs = testing::load_stories_references();
+    for (size_t i = 0; i < refs.size(); ++i) EXPECT_EQ(resident.outputs[i], refs[i].output_ids) << refs[i].name;
+  }
+  struct Split {
+    int wg, wc;
+    bool overlap;
+  };
+  std::vector<Split> splits{{0, 50, true}, {20, 40, false}};
+  // Every split on the small model (and on a GPU); two on the dummy one, whose CPU runs are slow.
+  if (model == testing::stories_dir() || device_->device() == Device::kCuda) {
+    splits.clear();
+    for (bool overlap : {true, false})
+      for (auto [wg, wc] : {std::pair{0, 100}, {0, 0}, {40, 40}, {20, 40}, {60, 0}}) splits.push_back({wg, wc, overlap});
+  }
+  for (Split s : splits) {
+    {
+      const bool overlap = s.overlap;
+      const FeedRun r = generate(*device_, model, s.wg, s.wc, overlap);
+      const std::string what = fmt::format("w={}/{}/{} overlap {} ({})", s.wg, s.wc, 100 - s.wg - s.wc, overlap,
+                                           r.placement.str());
+      EXPECT_EQ(r.outputs, resident.outputs) << what;
+      EXPECT_EQ(r.feed.layers_from_cpu > 0, r.placement.count(Tier::kCpu) > 0) << what;
+      EXPECT_EQ(r.feed.layers_from_disk > 0, r.placement.count(Tier::kDisk) > 0) << what;
+      EXPECT_EQ(r.feed.bytes_from_cpu, r.feed.layers_from_cpu * r.layer_bytes) << what;
+      EXPECT_NEAR(static_cast<double>(r.placement.layer_bytes), static_cast<double>(r.layer_bytes),
+                  0.01 * static_cast<double>(r.layer_bytes))
+          << "the placement's estimate of a layer's size";
+    }
+  }
+}
+
+TEST_P(LayerFeederTest, WithoutOverlapEachStreamedLayerLoadsOncePerStep) {
+  const std::string model = GetParam();
+  LoadOptions lo;
+  lo.device = device_.get();
+  lo.dummy_dtype = DType::kF16;
+  lo.disk_dir = disk_dir();
+  lo.overlap = false;
+  lo.w_gpu_percent = 0;
+  lo.w_cpu_percent = 50;
+  LoadedModel m = load_model(model, lo);
+  const int32_t streamed = m.placement.count(Tier::kCpu) + m.placement.count(Tier::kDisk);
+  Model engine(m.config, std::move(m.weights), *device_, 16, nullptr, std::move(m.feeder));
+  KvCache cache(*device_, m.config, 1, 16);
+  StepBatch b;
+  const std::vector<int32_t> prompt{1, 2, 3};
+  b.add(0, 0, prompt, true);
+  std::vector<float> logits(static_cast<size_t>(m.config.vocab));
+  for (int step = 1; step <= 3; ++step) {
+    engine.forward(b, cache, logits.data());
+    const FeedStats f = engine.feeder()->stats();
+    EXPECT_EQ(f.layers_from_cpu + f.layers_from_disk, step * streamed);
+    b.clear();
+    const std::vector<int32_t> next{4};
+    b.add(0, 2 + step, next, true);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, LayerFeederTest,
+                         ::testing::Values(testing::stories_dir(), std::string("dummy:opt-125m")),
+                         [](const auto& p) { return p.index == 0 ? std::string("stories260K") : std::string("opt125m"); });
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,159 @@
+#include "worker/layer_feeder.h"
+
+#include <chrono>
+
+#include "kernels/error.h"
+
+namespace strata {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A device view of a host tensor's bytes, copied now (load time, not the hot path).
+Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned) {
+  if (t.data == nullptr) return t;
+  owned.emplace_back(device, t.bytes());
+  device.copy(owned.back().data(), t.data, t.bytes(), CopyKind::kHostToDevice);
+  Tensor d = t;
+  d.data = owned.back().data();
+  d.device = device.device();
+  return d;
+}
+
+}  // namespace
+
+const char* tier_name(Tier t) {
+  switch (t) {
+    case Tier::kGpu:
+      return "gpu";
+    case Tier::kCpu:
+      return "cpu";
+    case Tier::kDisk:
+      return "disk";
+  }
+  return "?";
+}
+
+LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap)
+    : device_(device), tiers_(std::move(tiers)), overlap_(overlap) {
+  resident_.resize(tiers_.size());
+  gpu_views_.resize(tiers_.size());
+}
+
+void LayerFeeder::set_layout(const LayerLayout& layout) {
+  if (layout_.bytes() > 0) return;
+  layout_ = layout;
+  bool streams = false;
+  for (Tier t : tiers_) streams = streams || t != Tier::kGpu;
+  if (!streams) return;
+  for (Slot& s : slots_) {
+    s.blob = DeviceBuffer(device_, layout_.bytes());
+    s.view = layout_.bind(s.blob.data());
+  }
+}
+
+void LayerFeeder::take(int32_t layer, LayerWeights& w) {
+  STRATA_CHECK(layer >= 0 && static_cast<size_t>(layer) < tiers_.size(), "layer {} of {}", layer,
+               tiers_.size());
+  const Tier t = tier(layer);
+  if (t == Tier::kDisk) return;
+  set_layout(LayerLayout::of(w));
+  const auto i = static_cast<size_t>(layer);
+  // Pack on the host (page-locked, so the copy to the device needs no bounce buffer).
+  DeviceBuffer host = DeviceBuffer::host(device_, layout_.bytes());
+  layout_.pack(w, host.data());
+  if (t == Tier::kGpu) {
+    resident_[i] = DeviceBuffer(device_, layout_.bytes());
+    device_.copy(resident_[i].data(), host.data(), layout_.bytes(), CopyKind::kHostToDevice);
+    gpu_views_[i] = layout_.bind(resident_[i].data());
+  } else {
+    resident_[i] = std::move(host);
+  }
+  release_layer(w);
+}
+
+void LayerFeeder::finish(std::unique_ptr<LayerStreamer> disk) {
+  disk_ = std::move(disk);
+  if (disk_ != nullptr) set_layout(disk_->layout());
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    const bool held = tiers_[i] == Tier::kDisk ? disk_ != nullptr && disk_->on_disk(static_cast<int32_t>(i))
+                                               : resident_[i].data() != nullptr;
+    STRATA_CHECK(held, "layer {} ({} tier) was never placed", i, tier_name(tiers_[i]));
+  }
+}
+
+int32_t LayerFeeder::next_streamed(int32_t layer) const {
+  const auto n = static_cast<int32_t>(tiers_.size());
+  for (int32_t step = 1; step <= n; ++step) {
+    const int32_t j = (layer + step) % n;
+    if (tier(j) != Tier::kGpu) return j;
+  }
+  return -1;
+}
+
+void LayerFeeder::load(Slot& slot, int32_t layer) {
+  const void* src = nullptr;
+  if (tier(layer) == Tier::kCpu) {
+    src = resident_[static_cast<size_t>(layer)].data();
+    stats_.layers_from_cpu += 1;
+    stats_.bytes_from_cpu += static_cast<int64_t>(layout_.bytes());
+  } else {
+    // The streamer refills the staging buffer the last disk copy came from once we ask it
+    // for this layer, so that copy must be over first.
+    device_.host_waits(disk_ticket_);
+    const double t0 = now_s();
+    src = disk_->acquire_blob(layer);
+    stats_.wait_seconds += now_s() - t0;
+    stats_.layers_from_disk += 1;
+    stats_.bytes_from_disk += static_cast<int64_t>(layout_.bytes());
+  }
+  slot.layer = layer;
+  slot.ticket = device_.transfer(slot.blob.data(), src, layout_.bytes(), CopyKind::kHostToDevice);
+  if (tier(layer) == Tier::kDisk) disk_ticket_ = slot.ticket;
+}
+
+const LayerWeights& LayerFeeder::acquire(int32_t layer) {
+  STRATA_CHECK(layer >= 0 && static_cast<size_t>(layer) < tiers_.size(), "layer {} of {}", layer,
+               tiers_.size());
+  if (tier(layer) == Tier::kGpu) return gpu_views_[static_cast<size_t>(layer)];
+  Slot* slot = slots_[0].layer == layer ? &slots_[0] : slots_[1].layer == layer ? &slots_[1] : nullptr;
+  if (slot == nullptr) {  // not prefetched (first use, or overlap off)
+    slot = &slots_[0];
+    load(*slot, layer);
+  }
+  device_.compute_waits(slot->ticket);
+  Slot& other = slot == &slots_[0] ? slots_[1] : slots_[0];
+  const int32_t next = next_streamed(layer);
+  // The other slot held the previous streamed layer, whose compute is already enqueued; the
+  // transfer queue runs after it, so overwriting it is safe.
+  if (overlap_ && next != layer && other.layer != next) load(other, next);
+  return slot->view;
+}
+
+FeedStats LayerFeeder::stats() const { return stats_; }
+
+int64_t LayerFeeder::device_bytes() const {
+  int64_t total = 0;
+  for (size_t i = 0; i < tiers_.size(); ++i)
+    if (tiers_[i] == Tier::kGpu) total += static_cast<int64_t>(resident_[i].size());
+  for (const Slot& s : slots_) total += static_cast<int64_t>(s.blob.size());
+  return total;
+}
+
+int64_t LayerFeeder::pinned_bytes() const {
+  int64_t total = 0;
+  for (size_t i = 0; i < tiers_.size(); ++i)
+    if (tiers_[i] == Tier::kCpu) total += static_cast<int64_t>(resident_[i].size());
+  return total;
+}
+
+void upload_fixed_weights(Backend& device, ModelWeights& w) {
+  const bool tied = w.lm_head.data == w.embed.data;
+  for (Tensor* t : {&w.embed, &w.positions, &w.project_in, &w.project_out, &w.final_norm, &w.final_norm_bias})
+    *t = upload(device, *t, w.device_owned);
+  w.lm_head = tied ? w.embed : upload(device, w.lm_head, w.device_owned);
+}
+
+}  // namespace strata
