@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -71,6 +72,50 @@ MachineLimits measure_limits_in_child(int threads) {
   return m;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Best of three timed copies of `bytes` (after one warm-up), in GB/s.
+double copy_gbs(Backend& b, void* dst, const void* src, size_t bytes, CopyKind kind) {
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    b.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    b.copy(dst, src, bytes, kind);
+    b.synchronize();
+    if (i > 0) best = std::max(best, static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+// The accelerator's side of the bounds: host->device over page-locked memory (what the
+// feeder's transfers use) and device memory bandwidth (read + write of a device copy).
+nlohmann::json device_limits(Backend& b) {
+  const size_t bytes = size_t{512} << 20;
+  DeviceBuffer host = DeviceBuffer::host(b, bytes);
+  DeviceBuffer d1(b, bytes), d2(b, bytes);
+  const double h2d = copy_gbs(b, d1.data(), host.data(), bytes, CopyKind::kHostToDevice);
+  const double d2d = 2 * copy_gbs(b, d2.data(), d1.data(), bytes, CopyKind::kDeviceToDevice);
+  return {{"host_to_device_gbs", h2d}, {"device_memory_gbs", d2d}};
+}
+
+// Bytes per tier and what streaming them costs at the measured rates (FlexGen's I/O terms).
+nlohmann::json feed_report(const LayerFeeder& f, const WeightPlacement& p, double h2d_gbs, double total_s) {
+  const FeedStats s = f.stats();
+  const double to_device = static_cast<double>(s.bytes_from_cpu + s.bytes_from_disk);
+  const double io_bound_s = h2d_gbs > 0 ? to_device / (h2d_gbs * 1e9) : 0;
+  return {{"layers_gpu_cpu_disk", {p.count(Tier::kGpu), p.count(Tier::kCpu), p.count(Tier::kDisk)}},
+          {"bytes_on_gpu", p.gpu_bytes()},
+          {"bytes_on_cpu", p.cpu_bytes()},
+          {"bytes_on_disk", p.count(Tier::kDisk) * p.layer_bytes},
+          {"bytes_cpu_to_gpu", s.bytes_from_cpu},
+          {"bytes_disk_to_gpu", s.bytes_from_disk},
+          {"host_wait_for_disk_seconds", s.wait_seconds},
+          {"host_to_device_bound_seconds", io_bound_s},
+          {"fraction_of_host_to_device_bound", total_s > 0 ? io_bound_s / total_s : 0}};
+}
+
 long peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -91,8 +136,9 @@ int run_bench(BenchOptions o) {
     small.gen_len = 2;
     gen.run(synthetic_requests(e.config, small));
   }
+  const bool on_device = e.model->feeder() != nullptr;
   MachineLimits before;
-  if (o.measure_limits) before = measure_limits_in_child(e.cpu->threads());
+  if (o.measure_limits && !on_device) before = measure_limits_in_child(e.cpu->threads());
   GenerationStats stats;
   gen.run(synthetic_requests(e.config, o), &stats);
 
@@ -105,6 +151,8 @@ int run_bench(BenchOptions o) {
   j["prompt_len"] = o.prompt_len;
   j["gen_len"] = o.gen_len;
   j["threads"] = e.cpu->threads();
+  j["backend"] = e.backend->name();
+  j["weight_placement"] = e.placement.str();
   if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
   j["result"] = nlohmann::json::parse(stats.json());
   j["peak_rss_bytes"] = peak_rss_bytes();
@@ -120,7 +168,12 @@ int run_bench(BenchOptions o) {
   }
   j["decode_weight_bytes_per_step"] = shape.decode_weight_bytes();
   j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
-  if (o.measure_limits) {
+  if (on_device) {
+    const nlohmann::json dev = device_limits(*e.backend);
+    j["device_limits"] = dev;
+    j["feed"] = feed_report(*e.model->feeder(), e.placement, dev["host_to_device_gbs"], stats.total_seconds());
+  }
+  if (o.measure_limits && !on_device) {
     // Shared machines are noisy: take the better of a measurement before and after the run,
     // so a slow moment never makes the achieved fraction look better than it is.
     MachineLimits lim = measure_limits_in_child(e.cpu->threads());

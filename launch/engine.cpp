@@ -40,19 +40,35 @@ int pick_device(const std::string& choice, const AcceleratorInfo& acc) {
 }
 
 // The parts of a policy the engine runs today; the rest is refused, not ignored.
-void apply_policy(const std::string& text, LoadOptions& lo) {
-  if (text.empty()) return;
+struct PolicyChoice {
+  int w_gpu = -1, w_cpu = -1;
+  CacheOptions cache;
+  bool overlap = true;
+  int max_batch = 0;  // the block size when a policy is given
+};
+
+PolicyChoice apply_policy(const std::string& text, bool device_compute) {
+  PolicyChoice out;
+  if (text.empty()) return out;
   const Policy p = Policy::parse(text);
   p.validate();
-  const Policy defaults;
-  if (p.cache_gpu_percent != defaults.cache_gpu_percent || p.act_gpu_percent != defaults.act_gpu_percent ||
-      p.compress_weight || p.compress_cache || p.cpu_cache_compute)
-    fail_input("--policy '{}': only the weight shares (w=) and overlap are run by this engine so far; "
-               "cache/activation placement, compression and CPU attention are not implemented yet",
+  if (p.compress_weight || p.compress_cache)
+    fail_input("--policy '{}': 4-bit compression inside the engine is not implemented yet (cw=0, cc=0)", text);
+  if (p.num_gpu_batches != 1)
+    fail_input("--policy '{}': the zig-zag block schedule over several GPU batches is not implemented yet (ngb=1)",
                text);
-  lo.w_gpu_percent = p.w_gpu_percent;
-  lo.w_cpu_percent = p.w_cpu_percent;
-  lo.overlap = lo.overlap && p.overlap;
+  // Activations are per-step scratch on the compute tier.
+  if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
+    fail_input("--policy '{}': activations live on the compute tier ({}); h= other than that is not implemented",
+               text, device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
+  out.w_gpu = p.w_gpu_percent;
+  out.w_cpu = p.w_cpu_percent;
+  out.cache.placement.gpu_percent = p.cache_gpu_percent;
+  out.cache.placement.cpu_percent = p.cache_cpu_percent;
+  out.cache.cpu_attention = p.cpu_cache_compute;
+  out.overlap = p.overlap;
+  out.max_batch = static_cast<int>(p.block_size());
+  return out;
 }
 
 }  // namespace
@@ -82,17 +98,25 @@ Engine make_engine(const EngineOptions& o) {
   lo.disk_dir = o.disk_dir;
   lo.overlap = o.overlap;
   lo.device = device >= 0 ? e.backend : nullptr;
-  apply_policy(o.policy, lo);
+  PolicyChoice pc = apply_policy(o.policy, device >= 0);
+  lo.w_gpu_percent = pc.w_gpu;
+  lo.w_cpu_percent = pc.w_cpu;
+  lo.overlap = lo.overlap && pc.overlap;
+  pc.cache.placement.disk_dir = o.disk_dir;
+  pc.cache.host = e.cpu.get();
   LoadedModel m = load_model(o.model, lo);
   log->info("model: {}", m.config.str());
   log->info("weights: {}", m.placement.str());
   e.config = m.config;
+  e.placement = m.placement;
   e.tokenizer = std::move(m.tokenizer);
-  e.generator.max_batch = o.max_batch;
+  e.generator.max_batch = pc.max_batch > 0 ? pc.max_batch : o.max_batch;
   e.generator.max_step_tokens = o.max_step_tokens;
-  const int32_t rows = std::max(o.max_batch, o.max_step_tokens);
+  const int32_t rows = std::max(e.generator.max_batch, o.max_step_tokens);
   e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows, std::move(m.streamer),
                                     std::move(m.feeder));
+  e.model->set_cache_options(pc.cache);
+  if (!o.policy.empty()) log->info("kv cache: {}{}", pc.cache.placement.str(), pc.cache.cpu_attention ? ", attention on the CPU" : "");
   return e;
 }
 

@@ -18,6 +18,7 @@ struct Engine {
   std::unique_ptr<ProfilingBackend> profiler;  // wraps the compute backend with --profile
   Backend* backend = nullptr;                  // what the model computes on
   ModelConfig config;
+  WeightPlacement placement;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
   GeneratorOptions generator;

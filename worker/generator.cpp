@@ -114,7 +114,8 @@ std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest
     return results;
   }
   const auto slots = static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(options_.max_batch), waiting.size()));
-  KvCache cache(model_.backend(), model_.config(), slots, capacity);
+  const std::unique_ptr<KvCache> owned_cache = model_.make_cache(slots, capacity);
+  KvCache& cache = *owned_cache;
   stats.kv_cache_bytes = cache.bytes();
   // At most one logits row per sequence per step: the batch bounds the rows.
   logits_.resize(static_cast<size_t>(slots) * static_cast<size_t>(model_.config().vocab));

@@ -1,12 +1,20 @@
 #include "worker/kv_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 
 #include "kernels/error.h"
 
 namespace strata {
 
-KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_t capacity)
+std::string CachePlacement::str() const {
+  return fmt::format("c={}/{}/{}", gpu_percent, cpu_percent, 100 - gpu_percent - cpu_percent);
+}
+
+KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_t capacity,
+                 const CachePlacement& placement)
     : n_slots_(n_slots),
       capacity_(capacity),
       n_kv_heads_(c.n_kv_heads),
@@ -14,17 +22,64 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
       layer_elems_(static_cast<size_t>(n_slots) * static_cast<size_t>(capacity) *
                    static_cast<size_t>(c.kv_width())) {
   STRATA_CHECK(n_slots > 0 && capacity > 0, "kv cache slots {} capacity {}", n_slots, capacity);
-  layers_.reserve(static_cast<size_t>(c.n_layers));
-  for (int32_t i = 0; i < c.n_layers; ++i) {
-    layers_.push_back({DeviceBuffer(backend, layer_elems_ * sizeof(float)),
-                       DeviceBuffer(backend, layer_elems_ * sizeof(float))});
+  tiers_ = tiers_from_shares(c.n_layers, placement.gpu_percent, placement.cpu_percent, "cache");
+  const size_t bytes = layer_bytes();
+  layers_.resize(tiers_.size());
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    if (tiers_[i] == Tier::kGpu) {
+      layers_[i] = {DeviceBuffer(backend, bytes), DeviceBuffer(backend, bytes)};
+    } else if (tiers_[i] == Tier::kCpu) {
+      layers_[i] = {DeviceBuffer::host(backend, bytes), DeviceBuffer::host(backend, bytes)};
+    }
+  }
+  if (std::count(tiers_.begin(), tiers_.end(), Tier::kDisk) > 0) {
+    namespace fs = std::filesystem;
+    if (!fs::is_directory(placement.disk_dir))
+      fail_input("--disk-dir '{}' is not a directory (the KV cache's disk tier)", placement.disk_dir);
+    // Rounded up so every transfer is O_DIRECT-aligned; the tail past layer_bytes() is unused.
+    const size_t padded = align_up(bytes);
+    staging_ = {DeviceBuffer::host(backend, padded), DeviceBuffer::host(backend, padded)};
+    file_ = DirectFile::create((fs::path(placement.disk_dir) / fmt::format("strata-kv-{}-{}.bin", getpid(),
+                                                                          static_cast<const void*>(this)))
+                                   .string());
+    file_.unlink_on_close();
+    // Zeroed like device memory, so a layer read before its first write holds zeros.
+    for (size_t i = 0; i < tiers_.size(); ++i)
+      if (tiers_[i] == Tier::kDisk) store_zero(static_cast<int32_t>(i));
   }
   for (int32_t s = n_slots - 1; s >= 0; --s) free_.push_back(s);
 }
 
+size_t KvCache::file_offset(int32_t layer) const { return 2 * align_up(layer_bytes()) * static_cast<size_t>(layer); }
+
+void KvCache::store_zero(int32_t i) {
+  staged_ = i;
+  store(i);
+  staged_ = -1;
+}
+
 KvLayerView KvCache::layer(int32_t i) const {
-  const Layer& L = layers_[static_cast<size_t>(i)];
+  const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];
+  STRATA_CHECK(tier(i) != Tier::kDisk || staged_ == i, "disk layer {} used without load()", i);
   return {L.k.f32(), L.v.f32(), n_slots_, capacity_, n_kv_heads_, head_dim_};
+}
+
+void KvCache::load(int32_t i) {
+  if (tier(i) != Tier::kDisk || staged_ == i) return;
+  const size_t padded = align_up(layer_bytes());
+  file_.read(staging_.k.data(), padded, file_offset(i));
+  file_.read(staging_.v.data(), padded, file_offset(i) + padded);
+  disk_bytes_moved_ += static_cast<int64_t>(2 * padded);
+  staged_ = i;
+}
+
+void KvCache::store(int32_t i) {
+  if (tier(i) != Tier::kDisk) return;
+  STRATA_CHECK(staged_ == i, "store of disk layer {} while layer {} is staged", i, staged_);
+  const size_t padded = align_up(layer_bytes());
+  file_.write(staging_.k.data(), padded, file_offset(i));
+  file_.write(staging_.v.data(), padded, file_offset(i) + padded);
+  disk_bytes_moved_ += static_cast<int64_t>(2 * padded);
 }
 
 int32_t KvCache::acquire() {

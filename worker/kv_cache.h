@@ -1,24 +1,49 @@
 // The KV cache of one model instance: every layer's K and V for a fixed number of slots
-// (one sequence each) of a fixed capacity (positions), allocated once up front on the
-// backend's device. A finished sequence gives its slot back at once for the next one.
+// (one sequence each) of a fixed capacity (positions), allocated once up front. A finished
+// sequence gives its slot back at once for the next one.
+//
+// Each layer's cache has a home tier (FlexGen's cg/cc/cd at layer granularity): the compute
+// device, host memory (page-locked where the device is a GPU) or disk. A disk layer is
+// read into one host staging pair before its attention and written back after it
+// (O_DIRECT, so the host budget is real).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "worker/config.h"
+#include "worker/direct_file.h"
+#include "worker/layer_feeder.h"
 
 namespace strata {
 
+// Where the cache goes: shares of layers on the device and in host memory, the disk the rest.
+struct CachePlacement {
+  int gpu_percent = 100;
+  int cpu_percent = 0;
+  std::string disk_dir = "/tmp";
+  std::string str() const;
+};
+
 class KvCache {
  public:
-  KvCache(Backend& backend, const ModelConfig& config, int32_t n_slots, int32_t capacity);
+  KvCache(Backend& backend, const ModelConfig& config, int32_t n_slots, int32_t capacity,
+          const CachePlacement& placement = {});
 
+  Tier tier(int32_t layer) const { return tiers_[static_cast<size_t>(layer)]; }
+  // The layer's cache where it lives: device memory (GPU tier) or host memory (CPU tier;
+  // disk tier: the staging pair, valid between load() and store()).
   KvLayerView layer(int32_t i) const;
+  void load(int32_t i);         // disk tier: file -> staging
+  void store(int32_t i);        // disk tier: staging -> file
+
   int32_t n_slots() const { return n_slots_; }
   int32_t capacity() const { return capacity_; }
-  size_t bytes() const { return 2 * layer_elems_ * sizeof(float) * layers_.size(); }
+  size_t bytes() const { return 2 * layer_elems_ * sizeof(float) * tiers_.size(); }
+  size_t layer_bytes() const { return layer_elems_ * sizeof(float); }  // K or V of one layer
+  int64_t disk_bytes_moved() const { return disk_bytes_moved_; }
 
   // A free slot, or -1 when all are taken.
   int32_t acquire();
@@ -29,12 +54,20 @@ class KvCache {
   struct Layer {
     DeviceBuffer k, v;
   };
+  size_t file_offset(int32_t layer) const;
+  void store_zero(int32_t i);  // staging is still all zeros
+
   int32_t n_slots_;
   int32_t capacity_;
   int32_t n_kv_heads_;
   int32_t head_dim_;
   size_t layer_elems_;
-  std::vector<Layer> layers_;
+  std::vector<Tier> tiers_;
+  std::vector<Layer> layers_;  // empty buffers for disk-tier layers
+  Layer staging_;              // host pair the disk-tier layer in use is read into
+  int32_t staged_ = -1;        // which disk layer the staging holds
+  DirectFile file_;
+  int64_t disk_bytes_moved_ = 0;
   std::vector<int32_t> free_;  // stack of free slots, lowest on top
 };
 

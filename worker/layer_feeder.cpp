@@ -1,6 +1,8 @@
 #include "worker/layer_feeder.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "kernels/error.h"
 
@@ -34,6 +36,32 @@ const char* tier_name(Tier t) {
       return "disk";
   }
   return "?";
+}
+
+std::vector<Tier> spread_tiers(int32_t n, int32_t n_gpu, int32_t n_cpu) {
+  STRATA_CHECK(n_gpu >= 0 && n_cpu >= 0 && n_gpu + n_cpu <= n, "tiers {}+{} of {} layers", n_gpu, n_cpu, n);
+  std::vector<Tier> tiers(static_cast<size_t>(n), Tier::kGpu);
+  const std::vector<int32_t> disk = spread_disk_layers(n, n - n_gpu - n_cpu);
+  std::vector<int32_t> left;
+  for (int32_t i = 0; i < n; ++i) {
+    if (std::binary_search(disk.begin(), disk.end(), i)) {
+      tiers[static_cast<size_t>(i)] = Tier::kDisk;
+    } else {
+      left.push_back(i);
+    }
+  }
+  for (int32_t pick : spread_disk_layers(static_cast<int32_t>(left.size()), n_cpu))
+    tiers[static_cast<size_t>(left[static_cast<size_t>(pick)])] = Tier::kCpu;
+  return tiers;
+}
+
+std::vector<Tier> tiers_from_shares(int32_t n, int gpu_percent, int cpu_percent, const char* what) {
+  if (gpu_percent < 0 || cpu_percent < 0 || gpu_percent + cpu_percent > 100)
+    fail_input("{} shares gpu={}% cpu={}% must be >= 0 and sum to at most 100", what, gpu_percent, cpu_percent);
+  const auto n_gpu = static_cast<int32_t>(std::lround(n * gpu_percent / 100.0));
+  const auto n_cpu =
+      std::min(n - n_gpu, static_cast<int32_t>(std::lround(n * (gpu_percent + cpu_percent) / 100.0)) - n_gpu);
+  return spread_tiers(n, n_gpu, n_cpu);
 }
 
 LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap)

@@ -20,6 +20,14 @@ namespace strata {
 enum class Tier : uint8_t { kGpu = 0, kCpu = 1, kDisk = 2 };
 const char* tier_name(Tier t);
 
+// Per-layer tiers with `n_gpu` layers on the device, `n_cpu` in host memory and the rest on
+// disk, each share spread evenly over the layers so every streamed layer has resident
+// layers' compute to hide behind.
+std::vector<Tier> spread_tiers(int32_t n_layers, int32_t n_gpu, int32_t n_cpu);
+// The same from percentages (rounded to whole layers). InputError names `what` and the
+// shares when they are out of range.
+std::vector<Tier> tiers_from_shares(int32_t n_layers, int gpu_percent, int cpu_percent, const char* what);
+
 struct FeedStats {
   int64_t layers_from_cpu = 0;
   int64_t layers_from_disk = 0;

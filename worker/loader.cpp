@@ -11,21 +11,11 @@ namespace {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-// `k` of the indices in `free` (ascending), spread evenly over them.
-std::vector<int32_t> spread_over(const std::vector<int32_t>& free, int32_t k) {
-  std::vector<int32_t> out;
-  for (int32_t pick : spread_disk_layers(static_cast<int32_t>(free.size()), k))
-    out.push_back(free[static_cast<size_t>(pick)]);
-  return out;
-}
-
 // Layer counts per tier from policy shares, rounded to whole layers.
 void counts_from_shares(const WeightBudget& b, int32_t n, int32_t& n_gpu, int32_t& n_cpu) {
-  if (b.w_gpu_percent < 0 || b.w_cpu_percent < 0 || b.w_gpu_percent + b.w_cpu_percent > 100)
-    fail_input("weight shares wg={} wc={} must be >= 0 and sum to at most 100", b.w_gpu_percent,
-               b.w_cpu_percent);
-  n_gpu = static_cast<int32_t>(std::lround(n * b.w_gpu_percent / 100.0));
-  n_cpu = std::min(n - n_gpu, static_cast<int32_t>(std::lround(n * (b.w_gpu_percent + b.w_cpu_percent) / 100.0)) - n_gpu);
+  const std::vector<Tier> t = tiers_from_shares(n, b.w_gpu_percent, b.w_cpu_percent, "weight");
+  n_gpu = static_cast<int32_t>(std::count(t.begin(), t.end(), Tier::kGpu));
+  n_cpu = static_cast<int32_t>(std::count(t.begin(), t.end(), Tier::kCpu));
   if (!b.device_compute) {  // the host computes: GPU shares are host-resident too
     n_cpu += n_gpu;
     n_gpu = 0;
@@ -99,13 +89,9 @@ WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
   if (b.device_compute && n_gpu < n) p.device_staging_bytes = 2 * p.layer_bytes;
   if (n_disk > 0) p.staging_bytes = 2 * p.layer_bytes;
 
-  p.tiers.assign(static_cast<size_t>(n), Tier::kGpu);
-  p.disk_layers = spread_disk_layers(n, n_disk);
-  std::vector<int32_t> left;
+  p.tiers = spread_tiers(n, n_gpu, n_cpu);
   for (int32_t i = 0; i < n; ++i)
-    if (!std::binary_search(p.disk_layers.begin(), p.disk_layers.end(), i)) left.push_back(i);
-  for (int32_t i : p.disk_layers) p.tiers[static_cast<size_t>(i)] = Tier::kDisk;
-  for (int32_t i : spread_over(left, n_cpu)) p.tiers[static_cast<size_t>(i)] = Tier::kCpu;
+    if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
 
   if (b.device_compute)
     check_budget("--gpu-mem", b.gpu_mem, p.gpu_bytes(), p, "embeddings, head, GPU-tier layers and two device slots");

@@ -163,7 +163,7 @@ void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCa
     attn_in = h_.f32();
   }
   if (attn_in != h_.f32()) backend_.copy(h_.data(), attn_in, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
-  attention_block(L, batch, cache.layer(i), rows);  // h_ -> h_ (output projection)
+  attention_block(L, batch, cache, i, rows);  // h_ -> h_ (output projection)
   backend_.add(x_.f32(), h_.f32(), n);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x_.f32(), rows, x_.f32());
 
@@ -177,7 +177,7 @@ void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCa
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x_.f32(), rows, x_.f32());
 }
 
-void Model::attention_block(const LayerWeights& L, const StepBatch& batch, const KvLayerView& kv,
+void Model::attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache, int32_t i,
                             int32_t rows) {
   const float* in = h_.f32();
   backend_.linear(in, rows, L.q, L.q_bias.data ? L.q_bias.f32() : nullptr, q_.f32());
@@ -188,11 +188,74 @@ void Model::attention_block(const LayerWeights& L, const StepBatch& batch, const
     backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, pos, rope_);
     backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, pos, rope_);
   }
-  backend_.kv_store(k_.f32(), v_.f32(), batch.seqs, kv);
   AttentionDims dims{config_.n_heads, config_.n_kv_heads, config_.head_dim,
                      1.0f / std::sqrt(static_cast<float>(config_.head_dim))};
-  backend_.attention(q_.f32(), batch.seqs, kv, dims, attn_.f32());
+  attend(batch, cache, i, dims, rows);  // q_, k_, v_ -> attn_
   backend_.linear(attn_.f32(), rows, L.o, L.o_bias.data ? L.o_bias.f32() : nullptr, h_.f32());
+}
+
+// The cache's tier decides where attention runs. On a host-compute engine every tier is
+// host memory the backend reads directly; with device compute, a cache kept off the device
+// is either attended on the host (delegation) or brought to the device for the layer.
+void Model::attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims, int32_t rows) {
+  const Tier tier = cache.tier(i);
+  cache.load(i);
+  const KvLayerView kv = cache.layer(i);
+  if (tier == Tier::kGpu || feeder_ == nullptr) {
+    backend_.kv_store(k_.f32(), v_.f32(), batch.seqs, kv);
+    backend_.attention(q_.f32(), batch.seqs, kv, dims, attn_.f32());
+  } else if (cache_options_.cpu_attention) {
+    delegated_attention(batch, kv, dims, rows);
+  } else {
+    staged_attention(batch, kv, dims);
+  }
+  cache.store(i);
+}
+
+void Model::delegated_attention(const StepBatch& batch, const KvLayerView& kv, const AttentionDims& dims,
+                                int32_t rows) {
+  Backend& host = *cache_options_.host;
+  const size_t q_bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.q_width()) * sizeof(float);
+  const size_t kv_bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.kv_width()) * sizeof(float);
+  if (host_q_.size() == 0) {
+    const auto max_rows = static_cast<size_t>(max_rows_);
+    host_q_ = DeviceBuffer::host(backend_, max_rows * static_cast<size_t>(config_.q_width()) * sizeof(float));
+    host_out_ = DeviceBuffer::host(backend_, host_q_.size());
+    host_k_ = DeviceBuffer::host(backend_, max_rows * static_cast<size_t>(config_.kv_width()) * sizeof(float));
+    host_v_ = DeviceBuffer::host(backend_, host_k_.size());
+  }
+  backend_.copy(host_q_.data(), q_.data(), q_bytes, CopyKind::kDeviceToHost);
+  backend_.copy(host_k_.data(), k_.data(), kv_bytes, CopyKind::kDeviceToHost);
+  backend_.copy(host_v_.data(), v_.data(), kv_bytes, CopyKind::kDeviceToHost);
+  host.kv_store(host_k_.f32(), host_v_.f32(), batch.seqs, kv);
+  host.attention(host_q_.f32(), batch.seqs, kv, dims, host_out_.f32());
+  backend_.copy(attn_.data(), host_out_.data(), q_bytes, CopyKind::kHostToDevice);
+}
+
+void Model::staged_attention(const StepBatch& batch, const KvLayerView& kv, const AttentionDims& dims) {
+  const size_t bytes = kv.slot_stride() * static_cast<size_t>(kv.n_slots) * sizeof(float);
+  if (staged_k_.size() < bytes) {
+    staged_k_ = DeviceBuffer(backend_, bytes);
+    staged_v_ = DeviceBuffer(backend_, bytes);
+  }
+  KvLayerView dev = kv;
+  dev.k = staged_k_.f32();
+  dev.v = staged_v_.f32();
+  backend_.copy(dev.k, kv.k, bytes, CopyKind::kHostToDevice);
+  backend_.copy(dev.v, kv.v, bytes, CopyKind::kHostToDevice);
+  backend_.kv_store(k_.f32(), v_.f32(), batch.seqs, dev);
+  backend_.attention(q_.f32(), batch.seqs, dev, dims, attn_.f32());
+  backend_.copy(kv.k, dev.k, bytes, CopyKind::kDeviceToHost);
+  backend_.copy(kv.v, dev.v, bytes, CopyKind::kDeviceToHost);
+}
+
+void Model::set_cache_options(const CacheOptions& options) {
+  STRATA_CHECK(!options.cpu_attention || options.host != nullptr, "CPU attention needs a host backend");
+  cache_options_ = options;
+}
+
+std::unique_ptr<KvCache> Model::make_cache(int32_t n_slots, int32_t capacity) {
+  return std::make_unique<KvCache>(backend_, config_, n_slots, capacity, cache_options_.placement);
 }
 
 void Model::mlp_block(const LayerWeights& L, int32_t rows) {

@@ -31,6 +31,16 @@ struct StepBatch {
   size_t add(int32_t slot, int32_t n_past, std::span<const int32_t> new_tokens, bool want_logits);
 };
 
+// Where the KV cache lives and who attends over the part kept off the device.
+struct CacheOptions {
+  CachePlacement placement;
+  // Device compute with the cache in host memory or on disk: true runs decode attention on
+  // the host (FlexGen's CPU delegation, §4.2: only q/k/v and the output cross the bus);
+  // false copies the layer's cache to the device and back around each attention.
+  bool cpu_attention = false;
+  Backend* host = nullptr;  // the host backend for cpu_attention (required then)
+};
+
 class Model {
  public:
   // max_rows bounds the rows of one step; activation memory is allocated once for it.
@@ -46,6 +56,11 @@ class Model {
   const LayerFeeder* feeder() const { return feeder_.get(); }
   int32_t max_rows() const { return max_rows_; }
 
+  void set_cache_options(const CacheOptions& options);
+  const CacheOptions& cache_options() const { return cache_options_; }
+  // A cache placed as the cache options say.
+  std::unique_ptr<KvCache> make_cache(int32_t n_slots, int32_t capacity);
+
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
   void forward(const StepBatch& batch, KvCache& cache, float* logits);
 
@@ -53,8 +68,12 @@ class Model {
   const LayerWeights& layer_weights(int32_t i);
   void embed(const StepBatch& batch, int32_t rows);
   void layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
-  void attention_block(const LayerWeights& L, const StepBatch& batch, const KvLayerView& kv,
+  void attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache, int32_t i,
                        int32_t rows);
+  void attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims, int32_t rows);
+  void delegated_attention(const StepBatch& batch, const KvLayerView& host_kv, const AttentionDims& dims,
+                           int32_t rows);
+  void staged_attention(const StepBatch& batch, const KvLayerView& host_kv, const AttentionDims& dims);
   void mlp_block(const LayerWeights& L, int32_t rows);
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
   void head(const StepBatch& batch, float* logits);
@@ -75,6 +94,12 @@ class Model {
   DeviceBuffer rope_cos_, rope_sin_;
   RopeTables rope_;
   std::vector<int32_t> scratch_ids_;
+
+  CacheOptions cache_options_;
+  // Host copies of q, k, v and the attention output (delegated attention), and a device
+  // copy of one layer's cache (staged attention); allocated on first use.
+  DeviceBuffer host_q_, host_k_, host_v_, host_out_;
+  DeviceBuffer staged_k_, staged_v_;
 };
 
 }  // namespace strata

@@ -16,7 +16,8 @@ std::vector<float> teacher_forced_logits(Model& model, std::span<const int32_t> 
     if (ids[i] < 0 || ids[i] >= c.vocab)
       fail_input("token {} at index {} is outside the vocabulary [0, {})", ids[i], i, c.vocab);
   const auto step = static_cast<size_t>(std::clamp(chunk, 1, model.max_rows()));
-  KvCache cache(model.backend(), c, 1, static_cast<int32_t>(ids.size()));
+  const std::unique_ptr<KvCache> owned_cache = model.make_cache(1, static_cast<int32_t>(ids.size()));
+  KvCache& cache = *owned_cache;
   std::vector<float> out(ids.size() * static_cast<size_t>(c.vocab));
   StepBatch batch;
   for (size_t pos = 0; pos < ids.size(); pos += step) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -345,6 +346,7 @@ void* CudaBackend::allocate_host(size_t bytes) {
   activate();
   void* p = nullptr;
   STRATA_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+  std::memset(p, 0, std::max<size_t>(bytes, 1));  // zeroed, like the CPU backend's
   return p;
 }
 

@@ -62,8 +62,9 @@ std::vector<GenerationRequest> requests_for(const std::string& model, int32_t vo
   return reqs;
 }
 
-// Generates with the model's weights placed by the shares (wg, wc; < 0: all on the device).
-FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap) {
+// Generates with the model's weights placed by the shares (wg, wc) and the cache as `cache`.
+FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap,
+                 CacheOptions cache = {}) {
   LoadOptions lo;
   lo.device = &device;
   lo.dummy_dtype = DType::kF16;
@@ -75,6 +76,10 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
   FeedRun run;
   run.placement = m.placement;
   Model engine(m.config, std::move(m.weights), device, 64, nullptr, std::move(m.feeder));
+  CpuBackend host(2);
+  cache.host = &host;
+  cache.placement.disk_dir = disk_dir();
+  engine.set_cache_options(cache);
   Generator gen(engine, GeneratorOptions{3, 64, 0});
   for (const auto& res : gen.run(requests_for(model, m.config.vocab))) {
     EXPECT_TRUE(res.error.empty()) << res.error;
@@ -127,6 +132,27 @@ TEST_P(LayerFeederTest, EveryWeightSplitGivesTheAllResidentOutput) {
                   0.01 * static_cast<double>(r.layer_bytes))
           << "the placement's estimate of a layer's size";
     }
+  }
+}
+
+TEST_P(LayerFeederTest, EveryCachePlacementGivesTheOnDeviceOutput) {
+  // The cache off the device: attended on the host (delegation) or copied to the device
+  // around each attention; on disk it round-trips through the file every layer.
+  const std::string model = GetParam();
+  const FeedRun resident = generate(*device_, model, 100, 0, true);
+  struct Split {
+    int cg, cc;
+    bool cpu_attention;
+  };
+  for (Split s : {Split{0, 100, true}, Split{0, 100, false}, Split{0, 0, true}, Split{40, 30, false},
+                  Split{20, 40, true}}) {
+    CacheOptions cache;
+    cache.placement.gpu_percent = s.cg;
+    cache.placement.cpu_percent = s.cc;
+    cache.cpu_attention = s.cpu_attention;
+    const FeedRun r = generate(*device_, model, 50, 50, true, cache);
+    EXPECT_EQ(r.outputs, resident.outputs) << cache.placement.str() << " cpu attention " << s.cpu_attention;
+    if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
   }
 }
 
