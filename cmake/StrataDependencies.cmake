@@ -11,3 +11,7 @@ find_package(GTest CONFIG REQUIRED)
 # OpenBLAS: the OpenMP variant, so BLAS threads and our own OpenMP loops share one pool.
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+
+# transport: MPI (Open MPI; the C API, used from C++) and Cap'n Proto for control messages.
+find_package(MPI REQUIRED COMPONENTS C CXX)
+find_package(CapnProto CONFIG REQUIRED)

@@ -1,0 +1,215 @@
+// Control messages: every message type survives encode/decode unchanged, prints itself, and
+// malformed bytes of every kind (empty, torn, truncated, corrupted, other version, unknown
+// type or enum) become a clear Error instead of a crash. Plan validation names the fault.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "kernels/error.h"
+#include "transport/messages.h"
+
+namespace strata {
+namespace {
+
+ClusterPlan sample_plan() {
+  ClusterPlan p;
+  p.plan_id = 42;
+  p.model_spec = "dummy:opt-125m";
+  p.num_layers = 12;
+  p.hidden_size = 768;
+  p.max_batch_rows = 256;
+  p.micro_batches = 2;
+  p.kv_slots = 8;
+  p.kv_capacity = 1024;
+  p.stages = {{1, 0, 5, true, false, 0, 1ull << 30, 0, false},
+              {2, 5, 12, false, true, 16ull << 30, 2ull << 30, 100ull << 30, true}};
+  return p;
+}
+
+std::vector<ControlMessage> every_message() {
+  StepCommand step{7, Phase::kPrefill, 1, {{11, 0, 0, 3, {1, 2, 3}}, {12, 1, 5, 1, {}}}};
+  SamplingParams sampling;
+  sampling.temperature = 0.7f;
+  sampling.top_k = 40;
+  sampling.top_p = 0.9f;
+  sampling.seed = 1234567890123ull;
+  return {
+      sample_plan(),
+      step,
+      StepCommand{8, Phase::kDecode, 0, {}},
+      BatchUpdate{{{11, 0, sampling}, {12, 1, SamplingParams{}}}, {9, 10}},
+      StepResult{7, 1, {{11, 500}, {12, -1}}},
+      FinishedSequences{{{11, FinishReason::kEos}, {12, FinishReason::kPreempted}}},
+      Shutdown{"all requests done"},
+      ErrorReport{2, ErrorKind::kOverloaded, "out of memory: KV cache \xc3\xa9", 7},
+      Heartbeat{3, 99, true},
+  };
+}
+
+TEST(Messages, EveryMessageRoundTrips) {
+  for (const ControlMessage& m : every_message()) {
+    const std::vector<std::byte> bytes = encode(m);
+    EXPECT_EQ(bytes.size() % 8, 0u);
+    const ControlMessage back = decode(bytes);
+    EXPECT_EQ(back.index(), m.index()) << message_name(m);
+    EXPECT_TRUE(back == m) << "sent " << str(m) << "\ngot  " << str(back);
+  }
+}
+
+TEST(Messages, EveryMessagePrintsWhatMatters) {
+  EXPECT_NE(str(sample_plan()).find("rank 2: layers [5, 12) +head on gpu"), std::string::npos)
+      << str(sample_plan());
+  const std::string step = str(every_message()[1]);
+  EXPECT_NE(step.find("step 7 prefill micro_batch 1 rows 4"), std::string::npos) << step;
+  EXPECT_NE(step.find("seq 11 slot 0 past 0 new 3 tokens 3"), std::string::npos) << step;
+  for (const ControlMessage& m : every_message()) EXPECT_FALSE(str(m).empty()) << message_name(m);
+  EXPECT_STREQ(message_name(Heartbeat{}), "heartbeat");
+}
+
+TEST(Messages, LongListsPrintBounded) {
+  StepCommand step;
+  for (int i = 0; i < 1000; ++i)
+    step.seqs.push_back(SeqStep{static_cast<uint64_t>(i), i, 0, 1, {}});
+  const std::string s = step.str();
+  EXPECT_LT(s.size(), 600u);
+  EXPECT_NE(s.find("992 more"), std::string::npos) << s;
+}
+
+void expect_malformed(std::span<const std::byte> bytes, const std::string& needle) {
+  try {
+    decode(bytes);
+    ADD_FAILURE() << "decoded " << bytes.size() << " bad bytes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kFailed);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Messages, EmptyAndTornBytesAreErrors) {
+  expect_malformed({}, "0 bytes is not a whole number");
+  std::vector<std::byte> seven(7, std::byte{1});
+  expect_malformed(seven, "7 bytes");
+}
+
+TEST(Messages, EveryTruncationIsAnError) {
+  const std::vector<std::byte> full = encode(sample_plan());
+  for (size_t n = 8; n < full.size(); n += 8) {
+    expect_malformed(std::span(full).first(n), "malformed control message");
+  }
+}
+
+TEST(Messages, OtherProtocolVersionIsRefused) {
+  std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
+  bytes[16] =
+      std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
+  expect_malformed(bytes, "protocol version 7, this binary speaks 1");
+}
+
+TEST(Messages, UnknownMessageTypeIsRefused) {
+  std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
+  bytes[20] = std::byte{99};  // the union tag, bits [32, 48) of the root struct's data
+  expect_malformed(bytes, "unknown message type 99");
+}
+
+TEST(Messages, UnknownEnumValueIsRefused) {
+  const std::vector<std::byte> good = encode(StepCommand{1, Phase::kDecode, 0, {}});
+  // Find the phase (1 = decode) in the step struct's data and make it 9.
+  std::vector<std::byte> bad = good;
+  bool patched = false;
+  for (size_t i = 24; i + 8 <= bad.size() && !patched; i += 8) {
+    // StepCommand data: stepId (8 bytes) = 1, then phase (2 bytes) = 1 at the next word.
+    uint64_t w0, w1;
+    std::memcpy(&w0, bad.data() + i, 8);
+    std::memcpy(&w1, bad.data() + i + 8, 8);
+    if (w0 == 1 && (w1 & 0xffff) == 1) {
+      bad[i + 8] = std::byte{9};
+      patched = true;
+    }
+  }
+  ASSERT_TRUE(patched);
+  expect_malformed(bad, "step.phase = 9 is not a known value");
+}
+
+TEST(Messages, RandomAndCorruptedBytesNeverCrash) {
+  std::mt19937_64 rng(7);
+  int decoded = 0, refused = 0;
+  for (const ControlMessage& m : every_message()) {
+    const std::vector<std::byte> good = encode(m);
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<std::byte> bad = good;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) bad[rng() % bad.size()] = static_cast<std::byte>(rng());
+      try {
+        decode(bad);
+        ++decoded;  // a flip in a value field still makes a valid message
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kFailed) << e.what();
+        ++refused;
+      }
+    }
+  }
+  for (size_t words = 1; words < 64; ++words) {
+    std::vector<std::byte> noise(words * 8);
+    for (auto& b : noise) b = static_cast<std::byte>(rng());
+    try {
+      decode(noise);
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(decoded, 0);
+}
+
+TEST(Plan, ValidPlanPasses) {
+  EXPECT_NO_THROW(sample_plan().validate());
+  EXPECT_EQ(sample_plan().stage_of_rank(2)->layer_begin, 5);
+  EXPECT_EQ(sample_plan().stage_of_rank(3), nullptr);
+}
+
+void expect_refused(const ClusterPlan& p, const std::string& needle) {
+  try {
+    p.validate();
+    ADD_FAILURE() << "accepted " << p.str();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, FaultsAreNamed) {
+  ClusterPlan p = sample_plan();
+  p.num_layers = 1;
+  expect_refused(p, "2 stages but the model has only 1 layers");
+  p = sample_plan();
+  p.stages[1].layer_begin = 6;
+  expect_refused(p, "stage 1 has layers [6, 12), expected [5, ...)");
+  p = sample_plan();
+  p.stages[1].rank = 1;
+  expect_refused(p, "rank 1 holds two stages");
+  p = sample_plan();
+  p.stages[0].rank = 0;
+  expect_refused(p, "rank 0 coordinates");
+  p = sample_plan();
+  p.stages[1].has_head = false;
+  expect_refused(p, "head must be on the last stage");
+  p = sample_plan();
+  p.num_layers = 13;
+  expect_refused(p, "stages cover 12 of 13 layers");
+  p.stages.clear();
+  expect_refused(p, "no stages");
+}
+
+TEST(Messages, ErrorReportCarriesKindAndRank) {
+  const ErrorReport r = ErrorReport::from(Error(ErrorKind::kOverloaded, "KV full"), 3, 9);
+  try {
+    r.raise();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOverloaded);
+    EXPECT_STREQ(e.what(), "rank 3: KV full");
+  }
+}
+
+}  // namespace
+}  // namespace strata

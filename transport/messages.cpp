@@ -1,0 +1,482 @@
+#include "transport/messages.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <set>
+
+#include "transport/schema/control.capnp.h"
+
+namespace strata {
+
+// Enum values cross the wire as numbers: the C++ and schema enums must agree (STYLE.md 8).
+static_assert(static_cast<int>(wire::Phase::PREFILL) == static_cast<int>(Phase::kPrefill));
+static_assert(static_cast<int>(wire::Phase::DECODE) == static_cast<int>(Phase::kDecode));
+static_assert(static_cast<int>(wire::ErrorKind::FAILED) == static_cast<int>(ErrorKind::kFailed));
+static_assert(static_cast<int>(wire::ErrorKind::OVERLOADED) ==
+              static_cast<int>(ErrorKind::kOverloaded));
+static_assert(static_cast<int>(wire::ErrorKind::DISCONNECTED) ==
+              static_cast<int>(ErrorKind::kDisconnected));
+static_assert(static_cast<int>(wire::ErrorKind::UNIMPLEMENTED) ==
+              static_cast<int>(ErrorKind::kUnimplemented));
+static_assert(static_cast<int>(wire::ErrorKind::INVALID_INPUT) ==
+              static_cast<int>(ErrorKind::kInvalidInput));
+static_assert(static_cast<int>(wire::FinishReason::EOS) == static_cast<int>(FinishReason::kEos));
+static_assert(static_cast<int>(wire::FinishReason::LENGTH) ==
+              static_cast<int>(FinishReason::kLength));
+static_assert(static_cast<int>(wire::FinishReason::CONTEXT) ==
+              static_cast<int>(FinishReason::kContext));
+static_assert(static_cast<int>(wire::FinishReason::ERROR) ==
+              static_cast<int>(FinishReason::kError));
+static_assert(static_cast<int>(wire::FinishReason::CANCELLED) ==
+              static_cast<int>(FinishReason::kCancelled));
+static_assert(static_cast<int>(wire::FinishReason::PREEMPTED) ==
+              static_cast<int>(FinishReason::kPreempted));
+
+namespace {
+
+constexpr size_t kMaxListedItems = 8;  // str() of long lists shows the first few
+
+template <typename T, typename F>
+std::string list_str(const std::vector<T>& items, F&& item_str) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size() && i < kMaxListedItems; ++i) {
+    out += (i ? ", " : "") + item_str(items[i]);
+  }
+  if (items.size() > kMaxListedItems)
+    out += fmt::format(", ... {} more", items.size() - kMaxListedItems);
+  return out + "]";
+}
+
+std::string mib(uint64_t bytes) {
+  return fmt::format("{:.0f} MiB", bytes / 1048576.0);
+}
+
+[[noreturn]] void fail_malformed(const std::string& why) {
+  fail(ErrorKind::kFailed, "malformed control message: {}", why);
+}
+
+// A wire enum value outside the known range (a corrupt message or a newer peer).
+template <typename To, typename From>
+To enum_from_wire(From value, To last, const char* field) {
+  const auto raw = static_cast<uint16_t>(value);
+  if (raw > static_cast<uint16_t>(last))
+    fail_malformed(fmt::format("{} = {} is not a known value", field, raw));
+  return static_cast<To>(raw);
+}
+
+capnp::Text::Reader text(const std::string& s) {
+  return capnp::Text::Reader(s.c_str(), s.size());
+}
+std::string text(capnp::Text::Reader r) {
+  return std::string(r.cStr(), r.size());
+}
+
+}  // namespace
+
+const char* phase_name(Phase phase) {
+  return phase == Phase::kPrefill ? "prefill" : "decode";
+}
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kContext:
+      return "context";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kPreempted:
+      return "preempted";
+  }
+  return "?";
+}
+
+// ---- printing ----
+
+std::string StagePlan::str() const {
+  return fmt::format("rank {}: layers [{}, {}){}{} {} gpu {} cpu {} disk {}", rank, layer_begin,
+                     layer_end, has_embedding ? " +embedding" : "", has_head ? " +head" : "",
+                     use_gpu ? "on gpu" : "on cpu", mib(gpu_mem_bytes), mib(cpu_mem_bytes),
+                     mib(disk_mem_bytes));
+}
+
+std::string ClusterPlan::str() const {
+  return fmt::format(
+      "plan {} model={} layers={} hidden={} max_rows={} micro_batches={} kv={}x{} stages={}",
+      plan_id, model_spec, num_layers, hidden_size, max_batch_rows, micro_batches, kv_slots,
+      kv_capacity, list_str(stages, [](const StagePlan& s) { return s.str(); }));
+}
+
+std::string SeqStep::str() const {
+  return fmt::format("seq {} slot {} past {} new {}{}", seq_id, slot, n_past, n_new,
+                     token_ids.empty() ? "" : fmt::format(" tokens {}", token_ids.size()));
+}
+
+int32_t StepCommand::rows() const {
+  int32_t rows = 0;
+  for (const SeqStep& s : seqs) rows += s.n_new;
+  return rows;
+}
+
+std::string StepCommand::str() const {
+  return fmt::format("step {} {} micro_batch {} rows {} seqs {}", step_id, phase_name(phase),
+                     micro_batch, rows(), list_str(seqs, [](const SeqStep& s) { return s.str(); }));
+}
+
+std::string SeqJoin::str() const {
+  return fmt::format("seq {} slot {} {}", seq_id, slot, sampling.str());
+}
+
+bool SeqJoin::operator==(const SeqJoin& o) const {
+  return seq_id == o.seq_id && slot == o.slot && sampling.temperature == o.sampling.temperature &&
+         sampling.top_k == o.sampling.top_k && sampling.top_p == o.sampling.top_p &&
+         sampling.seed == o.sampling.seed;
+}
+
+std::string BatchUpdate::str() const {
+  return fmt::format("batch joined {} left {}",
+                     list_str(joined, [](const SeqJoin& j) { return j.str(); }),
+                     list_str(left, [](uint64_t id) { return fmt::format("{}", id); }));
+}
+
+std::string StepResult::str() const {
+  return fmt::format(
+      "result of step {} micro_batch {} tokens {}", step_id, micro_batch,
+      list_str(tokens, [](const SeqToken& t) { return fmt::format("{}:{}", t.seq_id, t.token); }));
+}
+
+std::string FinishedSequences::str() const {
+  return fmt::format("finished {}", list_str(seqs, [](const FinishedSequence& f) {
+                       return fmt::format("{} ({})", f.seq_id, finish_reason_name(f.reason));
+                     }));
+}
+
+std::string Shutdown::str() const {
+  return fmt::format("shutdown ({})", reason);
+}
+
+ErrorReport ErrorReport::from(const Error& error, int32_t rank, uint64_t step_id) {
+  return ErrorReport{rank, error.kind(), error.what(), step_id};
+}
+
+void ErrorReport::raise() const {
+  throw Error(kind, fmt::format("rank {}: {}", rank, message));
+}
+
+std::string ErrorReport::str() const {
+  return fmt::format("error on rank {} at step {} ({}): {}", rank, step_id, error_kind_name(kind),
+                     message);
+}
+
+std::string Heartbeat::str() const {
+  return fmt::format("heartbeat {} {} rank {}", reply ? "reply" : "ping", sequence, rank);
+}
+
+const char* message_name(const ControlMessage& message) {
+  static constexpr const char* kNames[] = {"plan",     "step",     "batch", "result",
+                                           "finished", "shutdown", "error", "heartbeat"};
+  static_assert(std::size(kNames) == std::variant_size_v<ControlMessage>);
+  return kNames[message.index()];
+}
+
+std::string str(const ControlMessage& message) {
+  return std::visit([](const auto& m) { return m.str(); }, message);
+}
+
+// ---- validation ----
+
+void ClusterPlan::validate() const {
+  if (stages.empty()) fail_input("plan {}: no stages", plan_id);
+  if (num_layers < static_cast<int32_t>(stages.size())) {
+    fail_input("plan {}: {} stages but the model has only {} layers; each stage needs one", plan_id,
+               stages.size(), num_layers);
+  }
+  std::set<int32_t> ranks;
+  int32_t next = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const StagePlan& s = stages[i];
+    if (s.rank <= 0)
+      fail_input("plan {}: stage {} on rank {} (rank 0 coordinates)", plan_id, i, s.rank);
+    if (!ranks.insert(s.rank).second)
+      fail_input("plan {}: rank {} holds two stages", plan_id, s.rank);
+    if (s.layer_begin != next || s.layer_end <= s.layer_begin) {
+      fail_input("plan {}: stage {} has layers [{}, {}), expected [{}, ...) with at least one",
+                 plan_id, i, s.layer_begin, s.layer_end, next);
+    }
+    if (s.has_embedding != (i == 0))
+      fail_input("plan {}: the embedding must be on the first stage only", plan_id);
+    if (s.has_head != (i + 1 == stages.size()))
+      fail_input("plan {}: the head must be on the last stage only", plan_id);
+    next = s.layer_end;
+  }
+  if (next != num_layers)
+    fail_input("plan {}: stages cover {} of {} layers", plan_id, next, num_layers);
+}
+
+const StagePlan* ClusterPlan::stage_of_rank(int32_t r) const {
+  for (const StagePlan& s : stages) {
+    if (s.rank == r) return &s;
+  }
+  return nullptr;
+}
+
+// ---- encoding ----
+
+namespace {
+
+void write_stage(wire::Stage::Builder b, const StagePlan& s) {
+  b.setRank(s.rank);
+  b.setLayerBegin(s.layer_begin);
+  b.setLayerEnd(s.layer_end);
+  b.setHasEmbedding(s.has_embedding);
+  b.setHasHead(s.has_head);
+  b.setGpuMemBytes(s.gpu_mem_bytes);
+  b.setCpuMemBytes(s.cpu_mem_bytes);
+  b.setDiskMemBytes(s.disk_mem_bytes);
+  b.setUseGpu(s.use_gpu);
+}
+
+void write(wire::Plan::Builder b, const ClusterPlan& p) {
+  b.setPlanId(p.plan_id);
+  b.setModelSpec(text(p.model_spec));
+  auto stages = b.initStages(static_cast<unsigned>(p.stages.size()));
+  for (size_t i = 0; i < p.stages.size(); ++i) write_stage(stages[i], p.stages[i]);
+  b.setNumLayers(p.num_layers);
+  b.setHiddenSize(p.hidden_size);
+  b.setMaxBatchRows(p.max_batch_rows);
+  b.setMicroBatches(p.micro_batches);
+  b.setKvSlots(p.kv_slots);
+  b.setKvCapacity(p.kv_capacity);
+}
+
+void write(wire::StepCommand::Builder b, const StepCommand& c) {
+  b.setStepId(c.step_id);
+  b.setPhase(static_cast<wire::Phase>(c.phase));
+  b.setMicroBatch(c.micro_batch);
+  auto seqs = b.initSeqs(static_cast<unsigned>(c.seqs.size()));
+  for (size_t i = 0; i < c.seqs.size(); ++i) {
+    const SeqStep& s = c.seqs[i];
+    seqs[i].setSeqId(s.seq_id);
+    seqs[i].setSlot(s.slot);
+    seqs[i].setNPast(s.n_past);
+    seqs[i].setNNew(s.n_new);
+    seqs[i].setTokenIds(kj::ArrayPtr<const int32_t>(s.token_ids.data(), s.token_ids.size()));
+  }
+}
+
+void write(wire::BatchUpdate::Builder b, const BatchUpdate& u) {
+  auto joined = b.initJoined(static_cast<unsigned>(u.joined.size()));
+  for (size_t i = 0; i < u.joined.size(); ++i) {
+    const SeqJoin& j = u.joined[i];
+    joined[i].setSeqId(j.seq_id);
+    joined[i].setSlot(j.slot);
+    auto s = joined[i].initSampling();
+    s.setTemperature(j.sampling.temperature);
+    s.setTopK(j.sampling.top_k);
+    s.setTopP(j.sampling.top_p);
+    s.setSeed(j.sampling.seed);
+  }
+  b.setLeft(kj::ArrayPtr<const uint64_t>(u.left.data(), u.left.size()));
+}
+
+void write(wire::StepResult::Builder b, const StepResult& r) {
+  b.setStepId(r.step_id);
+  b.setMicroBatch(r.micro_batch);
+  auto tokens = b.initTokens(static_cast<unsigned>(r.tokens.size()));
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    tokens[i].setSeqId(r.tokens[i].seq_id);
+    tokens[i].setToken(r.tokens[i].token);
+  }
+}
+
+void write(wire::FinishedSequences::Builder b, const FinishedSequences& f) {
+  auto seqs = b.initSeqs(static_cast<unsigned>(f.seqs.size()));
+  for (size_t i = 0; i < f.seqs.size(); ++i) {
+    seqs[i].setSeqId(f.seqs[i].seq_id);
+    seqs[i].setReason(static_cast<wire::FinishReason>(f.seqs[i].reason));
+  }
+}
+
+void write(wire::ErrorReport::Builder b, const ErrorReport& e) {
+  b.setRank(e.rank);
+  b.setKind(static_cast<wire::ErrorKind>(e.kind));
+  b.setMessage(text(e.message));
+  b.setStepId(e.step_id);
+}
+
+void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
+  b.setRank(h.rank);
+  b.setSequence(h.sequence);
+  b.setReply(h.reply);
+}
+
+void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& message) {
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, ClusterPlan>) write(body.initPlan(), m);
+        if constexpr (std::is_same_v<T, StepCommand>) write(body.initStep(), m);
+        if constexpr (std::is_same_v<T, BatchUpdate>) write(body.initBatch(), m);
+        if constexpr (std::is_same_v<T, StepResult>) write(body.initResult(), m);
+        if constexpr (std::is_same_v<T, FinishedSequences>) write(body.initFinished(), m);
+        if constexpr (std::is_same_v<T, Shutdown>) body.initShutdown().setReason(text(m.reason));
+        if constexpr (std::is_same_v<T, ErrorReport>) write(body.initError(), m);
+        if constexpr (std::is_same_v<T, Heartbeat>) write(body.initHeartbeat(), m);
+      },
+      message);
+}
+
+}  // namespace
+
+std::vector<std::byte> encode(const ControlMessage& message) {
+  capnp::MallocMessageBuilder builder;
+  auto root = builder.initRoot<wire::ControlMessage>();
+  root.setVersion(kControlProtocolVersion);
+  write_body(root.initBody(), message);
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  auto bytes = words.asBytes();
+  std::vector<std::byte> out(bytes.size());
+  std::memcpy(out.data(), bytes.begin(), bytes.size());
+  return out;
+}
+
+// ---- decoding ----
+
+namespace {
+
+StagePlan read_stage(wire::Stage::Reader r) {
+  return StagePlan{r.getRank(),         r.getLayerBegin(),   r.getLayerEnd(),
+                   r.getHasEmbedding(), r.getHasHead(),      r.getGpuMemBytes(),
+                   r.getCpuMemBytes(),  r.getDiskMemBytes(), r.getUseGpu()};
+}
+
+ClusterPlan read(wire::Plan::Reader r) {
+  ClusterPlan p;
+  p.plan_id = r.getPlanId();
+  p.model_spec = text(r.getModelSpec());
+  for (auto s : r.getStages()) p.stages.push_back(read_stage(s));
+  p.num_layers = r.getNumLayers();
+  p.hidden_size = r.getHiddenSize();
+  p.max_batch_rows = r.getMaxBatchRows();
+  p.micro_batches = r.getMicroBatches();
+  p.kv_slots = r.getKvSlots();
+  p.kv_capacity = r.getKvCapacity();
+  return p;
+}
+
+StepCommand read(wire::StepCommand::Reader r) {
+  StepCommand c;
+  c.step_id = r.getStepId();
+  c.phase = enum_from_wire(r.getPhase(), Phase::kDecode, "step.phase");
+  c.micro_batch = r.getMicroBatch();
+  for (auto s : r.getSeqs()) {
+    SeqStep step{s.getSeqId(), s.getSlot(), s.getNPast(), s.getNNew(), {}};
+    for (int32_t id : s.getTokenIds()) step.token_ids.push_back(id);
+    c.seqs.push_back(std::move(step));
+  }
+  return c;
+}
+
+BatchUpdate read(wire::BatchUpdate::Reader r) {
+  BatchUpdate u;
+  for (auto j : r.getJoined()) {
+    auto s = j.getSampling();
+    SamplingParams sampling;
+    sampling.temperature = s.getTemperature();
+    sampling.top_k = s.getTopK();
+    sampling.top_p = s.getTopP();
+    sampling.seed = s.getSeed();
+    u.joined.push_back(SeqJoin{j.getSeqId(), j.getSlot(), sampling});
+  }
+  for (uint64_t id : r.getLeft()) u.left.push_back(id);
+  return u;
+}
+
+StepResult read(wire::StepResult::Reader r) {
+  StepResult result{r.getStepId(), r.getMicroBatch(), {}};
+  for (auto t : r.getTokens()) result.tokens.push_back(SeqToken{t.getSeqId(), t.getToken()});
+  return result;
+}
+
+FinishedSequences read(wire::FinishedSequences::Reader r) {
+  FinishedSequences f;
+  for (auto s : r.getSeqs()) {
+    f.seqs.push_back(FinishedSequence{
+        s.getSeqId(), enum_from_wire(s.getReason(), FinishReason::kPreempted, "finished.reason")});
+  }
+  return f;
+}
+
+ErrorReport read(wire::ErrorReport::Reader r) {
+  return ErrorReport{r.getRank(),
+                     enum_from_wire(r.getKind(), ErrorKind::kInvalidInput, "error.kind"),
+                     text(r.getMessage()), r.getStepId()};
+}
+
+ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
+  using W = wire::ControlMessage::Body;
+  switch (body.which()) {
+    case W::PLAN:
+      return read(body.getPlan());
+    case W::STEP:
+      return read(body.getStep());
+    case W::BATCH:
+      return read(body.getBatch());
+    case W::RESULT:
+      return read(body.getResult());
+    case W::FINISHED:
+      return read(body.getFinished());
+    case W::SHUTDOWN:
+      return Shutdown{text(body.getShutdown().getReason())};
+    case W::ERROR:
+      return read(body.getError());
+    case W::HEARTBEAT: {
+      auto h = body.getHeartbeat();
+      return Heartbeat{h.getRank(), h.getSequence(), h.getReply()};
+    }
+  }
+  fail_malformed(fmt::format("unknown message type {}", static_cast<int>(body.which())));
+}
+
+}  // namespace
+
+ControlMessage decode(std::span<const std::byte> bytes) {
+  constexpr size_t kWord = sizeof(capnp::word);
+  if (bytes.empty() || bytes.size() % kWord != 0) {
+    fail_malformed(
+        fmt::format("{} bytes is not a whole number of {}-byte words", bytes.size(), kWord));
+  }
+  if (bytes.size() > kMaxControlMessageBytes) {
+    fail_malformed(
+        fmt::format("{} bytes exceeds the limit of {}", bytes.size(), kMaxControlMessageBytes));
+  }
+  // Copy into words: the bytes may come from any buffer, capnp needs 8-byte alignment.
+  auto words = kj::heapArray<capnp::word>(bytes.size() / kWord);
+  std::memcpy(words.begin(), bytes.data(), bytes.size());
+  capnp::ReaderOptions options;
+  // A valid message is read once, so the traversal never exceeds its size; the margin
+  // covers list headers. This refuses pointer loops built to amplify reads.
+  options.traversalLimitInWords = 2 * words.size() + 64;
+  options.nestingLimit = 16;
+  try {
+    capnp::FlatArrayMessageReader reader(words, options);
+    auto root = reader.getRoot<wire::ControlMessage>();
+    if (root.getVersion() != kControlProtocolVersion) {
+      fail(ErrorKind::kFailed, "control message of protocol version {}, this binary speaks {}",
+           root.getVersion(), kControlProtocolVersion);
+    }
+    return read_body(root.getBody());
+  } catch (const kj::Exception& e) {
+    fail_malformed(e.getDescription().cStr());
+  }
+}
+
+}  // namespace strata

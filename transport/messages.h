@@ -1,0 +1,193 @@
+// The control plane's messages as plain C++ structs, and their Cap'n Proto encoding
+// (schema/control.capnp). The rest of Strata builds and reads these structs and never
+// touches a capnp builder; bulk tensors never travel here (TensorChannel carries them).
+//
+// Who sends what:
+//   coordinator -> workers : ClusterPlan, BatchUpdate, StepCommand, FinishedSequences,
+//                            Shutdown, Heartbeat (ping)
+//   last stage -> coordinator : StepResult (one sampled token per sequence)
+//   any worker -> coordinator : ErrorReport, Heartbeat (reply)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "kernels/error.h"
+#include "kernels/sampling.h"
+
+namespace strata {
+
+// Bumped when a change is not a pure addition; a peer with another version is refused.
+inline constexpr uint32_t kControlProtocolVersion = 1;
+// Largest encoded control message accepted (a prefill step of many long prompts is the
+// biggest); anything larger is refused before it is read.
+inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
+
+enum class Phase : uint8_t { kPrefill = 0, kDecode = 1 };
+const char* phase_name(Phase phase);
+
+enum class FinishReason : uint8_t {
+  kEos = 0,
+  kLength = 1,
+  kContext = 2,
+  kError = 3,
+  kCancelled = 4,
+  kPreempted = 5,
+};
+const char* finish_reason_name(FinishReason reason);
+
+// One pipeline stage: layers [layer_begin, layer_end) on world rank `rank`.
+struct StagePlan {
+  int32_t rank = 0;
+  int32_t layer_begin = 0;
+  int32_t layer_end = 0;
+  bool has_embedding = false;  // the first stage embeds token ids
+  bool has_head = false;       // the last stage holds the final norm, head and sampler
+  uint64_t gpu_mem_bytes = 0;  // this stage's memory budgets per tier
+  uint64_t cpu_mem_bytes = 0;
+  uint64_t disk_mem_bytes = 0;
+  bool use_gpu = false;
+
+  int32_t n_layers() const { return layer_end - layer_begin; }
+  std::string str() const;
+  bool operator==(const StagePlan&) const = default;
+};
+
+struct ClusterPlan {
+  uint64_t plan_id = 0;
+  std::string model_spec;  // a model folder or "dummy:NAME", as `strata generate --model`
+  std::vector<StagePlan> stages;
+  int32_t num_layers = 0;
+  int32_t hidden_size = 0;     // activation width between stages
+  int32_t max_batch_rows = 0;  // rows of the largest activation buffer (fixed up front)
+  int32_t micro_batches = 1;
+  int32_t kv_slots = 0;
+  int32_t kv_capacity = 0;
+
+  // Throws InputError when stages do not cover [0, num_layers) in order with at least one
+  // layer each, when ranks repeat or are 0 (the coordinator), or when the embedding is
+  // not on the first stage or the head not on the last.
+  void validate() const;
+  const StagePlan* stage_of_rank(int32_t rank) const;  // nullptr when rank has no stage
+  std::string str() const;
+  bool operator==(const ClusterPlan&) const = default;
+};
+
+// One sequence's share of a step: n_new positions after n_past cached ones in KV `slot`.
+struct SeqStep {
+  uint64_t seq_id = 0;
+  int32_t slot = 0;
+  int32_t n_past = 0;
+  int32_t n_new = 0;
+  std::vector<int32_t> token_ids;  // only in the first stage's copy (n_new of them)
+
+  std::string str() const;
+  bool operator==(const SeqStep&) const = default;
+};
+
+struct StepCommand {
+  uint64_t step_id = 0;
+  Phase phase = Phase::kDecode;
+  int32_t micro_batch = 0;
+  std::vector<SeqStep> seqs;
+
+  int32_t rows() const;  // activation rows this step moves between stages (sum of n_new)
+  std::string str() const;
+  bool operator==(const StepCommand&) const = default;
+};
+
+struct SeqJoin {
+  uint64_t seq_id = 0;
+  int32_t slot = 0;
+  SamplingParams sampling;  // used by the last stage
+
+  std::string str() const;
+  bool operator==(const SeqJoin& o) const;
+};
+
+// Batch membership: sequences that join (at the next prefill) and leave (preempted or
+// evicted: their KV slot is free at once).
+struct BatchUpdate {
+  std::vector<SeqJoin> joined;
+  std::vector<uint64_t> left;
+
+  std::string str() const;
+  bool operator==(const BatchUpdate&) const = default;
+};
+
+struct SeqToken {
+  uint64_t seq_id = 0;
+  int32_t token = 0;
+  bool operator==(const SeqToken&) const = default;
+};
+
+// The last stage's answer to a step: the token sampled for each sequence.
+struct StepResult {
+  uint64_t step_id = 0;
+  int32_t micro_batch = 0;
+  std::vector<SeqToken> tokens;
+
+  std::string str() const;
+  bool operator==(const StepResult&) const = default;
+};
+
+struct FinishedSequence {
+  uint64_t seq_id = 0;
+  FinishReason reason = FinishReason::kEos;
+  bool operator==(const FinishedSequence&) const = default;
+};
+
+struct FinishedSequences {
+  std::vector<FinishedSequence> seqs;
+
+  std::string str() const;
+  bool operator==(const FinishedSequences&) const = default;
+};
+
+struct Shutdown {
+  std::string reason;
+
+  std::string str() const;
+  bool operator==(const Shutdown&) const = default;
+};
+
+// A failure on a rank, sent to the coordinator so it can say which rank failed and how.
+struct ErrorReport {
+  int32_t rank = 0;
+  ErrorKind kind = ErrorKind::kFailed;
+  std::string message;
+  uint64_t step_id = 0;
+
+  static ErrorReport from(const Error& error, int32_t rank, uint64_t step_id = 0);
+  [[noreturn]] void raise() const;  // throws Error(kind, "rank R: message")
+  std::string str() const;
+  bool operator==(const ErrorReport&) const = default;
+};
+
+// Liveness: the coordinator pings (reply = false), a worker answers (reply = true).
+struct Heartbeat {
+  int32_t rank = 0;
+  uint64_t sequence = 0;
+  bool reply = false;
+
+  std::string str() const;
+  bool operator==(const Heartbeat&) const = default;
+};
+
+using ControlMessage = std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult,
+                                    FinishedSequences, Shutdown, ErrorReport, Heartbeat>;
+
+const char* message_name(const ControlMessage& message);  // "plan", "step", ...
+std::string str(const ControlMessage& message);
+
+// Cap'n Proto flat-array encoding (8-byte aligned words), prefixed by the version field.
+std::vector<std::byte> encode(const ControlMessage& message);
+// Throws Error(kFailed) on bytes that are not a valid message of this protocol version
+// (truncated, corrupt, unknown type or enum value); never crashes on any input.
+ControlMessage decode(std::span<const std::byte> bytes);
+
+}  // namespace strata

@@ -1,0 +1,140 @@
+# The control plane between the coordinator (rank 0) and the pipeline-stage workers.
+# Rules (STYLE.md 8): this schema only grows -- a new field takes the next ordinal, no field
+# is renumbered or removed -- and bulk tensors never go here (they go through TensorChannel).
+# Enums crossing the wire are mirrored in transport/messages.h and checked there with
+# static_assert, so a reordering breaks the build instead of the protocol.
+@0xfdb15e4bf9359fd1;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("strata::wire");
+
+enum Phase {
+  prefill @0;
+  decode @1;
+}
+
+enum ErrorKind {
+  failed @0;
+  overloaded @1;
+  disconnected @2;
+  unimplemented @3;
+  invalidInput @4;
+}
+
+enum FinishReason {
+  eos @0;
+  length @1;
+  context @2;
+  error @3;
+  cancelled @4;
+  preempted @5;
+}
+
+# One pipeline stage: the layers [layerBegin, layerEnd) run on `rank`.
+struct Stage {
+  rank @0 :Int32;
+  layerBegin @1 :Int32;
+  layerEnd @2 :Int32;
+  hasEmbedding @3 :Bool;
+  hasHead @4 :Bool;
+  gpuMemBytes @5 :UInt64;
+  cpuMemBytes @6 :UInt64;
+  diskMemBytes @7 :UInt64;
+  useGpu @8 :Bool;
+}
+
+struct Plan {
+  planId @0 :UInt64;
+  modelSpec @1 :Text;
+  stages @2 :List(Stage);
+  numLayers @3 :Int32;
+  hiddenSize @4 :Int32;
+  maxBatchRows @5 :Int32;
+  microBatches @6 :Int32;
+  kvSlots @7 :Int32;
+  kvCapacity @8 :Int32;
+}
+
+struct SeqStep {
+  seqId @0 :UInt64;
+  slot @1 :Int32;
+  nPast @2 :Int32;
+  nNew @3 :Int32;
+  tokenIds @4 :List(Int32);
+}
+
+struct StepCommand {
+  stepId @0 :UInt64;
+  phase @1 :Phase;
+  microBatch @2 :Int32;
+  seqs @3 :List(SeqStep);
+}
+
+struct Sampling {
+  temperature @0 :Float32;
+  topK @1 :Int32;
+  topP @2 :Float32;
+  seed @3 :UInt64;
+}
+
+struct SeqJoin {
+  seqId @0 :UInt64;
+  slot @1 :Int32;
+  sampling @2 :Sampling;
+}
+
+struct BatchUpdate {
+  joined @0 :List(SeqJoin);
+  left @1 :List(UInt64);
+}
+
+struct SeqToken {
+  seqId @0 :UInt64;
+  token @1 :Int32;
+}
+
+struct StepResult {
+  stepId @0 :UInt64;
+  microBatch @1 :Int32;
+  tokens @2 :List(SeqToken);
+}
+
+struct Finished {
+  seqId @0 :UInt64;
+  reason @1 :FinishReason;
+}
+
+struct FinishedSequences {
+  seqs @0 :List(Finished);
+}
+
+struct Shutdown {
+  reason @0 :Text;
+}
+
+struct ErrorReport {
+  rank @0 :Int32;
+  kind @1 :ErrorKind;
+  message @2 :Text;
+  stepId @3 :UInt64;
+}
+
+struct Heartbeat {
+  rank @0 :Int32;
+  sequence @1 :UInt64;
+  reply @2 :Bool;
+}
+
+struct ControlMessage {
+  version @0 :UInt32;
+  body :union {
+    plan @1 :Plan;
+    step @2 :StepCommand;
+    batch @3 :BatchUpdate;
+    result @4 :StepResult;
+    finished @5 :FinishedSequences;
+    shutdown @6 :Shutdown;
+    error @7 :ErrorReport;
+    heartbeat @8 :Heartbeat;
+  }
+}
