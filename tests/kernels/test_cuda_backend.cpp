@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -606,6 +608,62 @@ TEST_F(CudaTest, KvStoreRejectsBadSlotAndOverflow) {
   const std::vector<SeqSlice> ok = {SeqSlice{0, 1, 3, 1}};
   EXPECT_NO_THROW(gpu().kv_store(k.data(), v.data(), ok, view));
   EXPECT_NO_THROW(gpu().synchronize());
+}
+
+// ---------------------------------------------------------------------------------------
+// Throughput of linear (not a correctness test; disabled by default). Run with
+//   test_cuda_backend --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_Linear*'
+// Prints one JSON object per (dtype, m) on stdout. Each call reads a different copy of the
+// weight, the copies together several times the GPU's L2, so decode (m = 1) is timed at
+// device-memory bandwidth rather than from cache.
+// ---------------------------------------------------------------------------------------
+
+TEST_F(CudaTest, DISABLED_LinearThroughput) {
+  constexpr int64_t n = 4096, k = 4096;
+  constexpr int kCopies = 8;  // 8 x 32 MiB (f16) > 4 x the H100's 50 MB L2
+  constexpr int kIters = 200;
+  const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 201, -0.05f, 0.05f);
+  for (const DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
+    const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(dtype);
+    std::vector<uint8_t> packed(wbytes);
+    convert_from_f32(dtype, wf.data(), packed.data(), wf.size());
+    std::vector<DeviceBuffer> copies;
+    std::vector<Tensor> ws;
+    for (int c = 0; c < kCopies; ++c) {
+      copies.emplace_back(gpu(), wbytes);
+      gpu().copy(copies.back().data(), packed.data(), wbytes, CopyKind::kHostToDevice);
+      Tensor t;
+      t.data = copies.back().data();
+      t.dtype = dtype;
+      t.shape = Shape{n, k};
+      t.device = Device::kCuda;
+      ws.push_back(t);
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{64}, int64_t{512}}) {
+      const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 202);
+      DeviceBuffer dx(gpu(), x.size() * 4), dy(gpu(), static_cast<size_t>(m * n) * 4);
+      gpu().copy(dx.data(), x.data(), x.size() * 4, CopyKind::kHostToDevice);
+      for (int i = 0; i < 2 * kCopies; ++i)  // warm-up: cuBLAS heuristics, scratch growth
+        gpu().linear(dx.f32(), m, ws[static_cast<size_t>(i % kCopies)], nullptr, dy.f32());
+      gpu().synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kIters; ++i)
+        gpu().linear(dx.f32(), m, ws[static_cast<size_t>(i % kCopies)], nullptr, dy.f32());
+      gpu().synchronize();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+      const double bytes = static_cast<double>(wbytes) + static_cast<double>(m * k + m * n) * 4.0;
+      const double flops = 2.0 * static_cast<double>(m) * n * k;
+      std::printf(
+          "{\"bench\": \"cuda_linear\", \"device\": \"%s\", \"dtype\": \"%s\", \"m\": %lld, "
+          "\"n\": %lld, \"k\": %lld, \"us_per_call\": %.2f, \"gb_per_s\": %.1f, "
+          "\"tflop_per_s\": %.2f}\n",
+          gpu().name().c_str(), std::string(dtype_name(dtype)).c_str(),
+          static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+          sec * 1e6, bytes / sec / 1e9, flops / sec / 1e12);
+      std::fflush(stdout);
+    }
+  }
 }
 
 }  // namespace
