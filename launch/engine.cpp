@@ -65,8 +65,12 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   out.cache.placement.cpu_percent = p.cache_cpu_percent;
   out.cache.cpu_attention = p.cpu_cache_compute;
   out.overlap = p.overlap;
-  out.max_batch = static_cast<int>(p.block_size());
-  out.gpu_batch_size = static_cast<int>(p.gpu_batch_size);
+  // The block schedule only when the policy names it; otherwise --max-batch (or bench's
+  // --batch) is one GPU batch.
+  if (text.find("gbs=") != std::string::npos || text.find("ngb=") != std::string::npos) {
+    out.max_batch = static_cast<int>(p.block_size());
+    out.gpu_batch_size = static_cast<int>(p.gpu_batch_size);
+  }
   return out;
 }
 

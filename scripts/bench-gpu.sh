@@ -12,6 +12,7 @@ common=(--model "$MODEL" --dtype f16 --device cuda --prompt-len 128 --warmup 1 -
 run() {  # name, extra args...
   local name=$1
   shift
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   echo "== $name: $*"
   timeout 300 "$BIN" bench "${common[@]}" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log" || {
     echo "   FAILED (exit $?)"
@@ -40,3 +41,5 @@ run gpu50-cpu50-b16 --batch 16 --gen-len 8 --policy w=50/50/0
 run cache-cpu-attn-b16 --batch 16 --gen-len 32 --policy w=100/0/0,c=0/100/0,cpu_attn=1
 run cache-cpu-staged-b16 --batch 16 --gen-len 8 --policy w=100/0/0,c=0/100/0,cpu_attn=0
 run disk40-b16 --batch 16 --gen-len 4 --policy w=20/40/40
+# Zig-zag: 32 sequences as 2 GPU batches of 16 share one fetch of each layer.
+run block-2x16-cpu100 --batch 32 --gen-len 8 --policy gbs=16,ngb=2,w=0/100/0

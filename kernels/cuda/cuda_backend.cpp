@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -354,16 +355,27 @@ void CudaBackend::host_waits(TransferTicket ticket) {
   STRATA_CUDA_CHECK(cudaEventSynchronize(ticket_event(ticket)));
 }
 
+// Page-aligned (O_DIRECT reads land in it: the KV cache's disk tier) and page-locked
+// (transfers need no bounce buffer). cudaMallocHost only promises 256-byte alignment, so
+// the memory is allocated aligned and registered with the driver instead.
 void* CudaBackend::allocate_host(size_t bytes) {
   activate();
-  void* p = nullptr;
-  STRATA_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
-  std::memset(p, 0, std::max<size_t>(bytes, 1));  // zeroed, like the CPU backend's
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded);
+  if (p == nullptr) fail(ErrorKind::kOverloaded, "out of host memory allocating {} bytes", bytes);
+  std::memset(p, 0, rounded);
+  const cudaError_t err = cudaHostRegister(p, rounded, cudaHostRegisterDefault);
+  if (err != cudaSuccess) {
+    std::free(p);
+    check_status(err, __FILE__, __LINE__, "cudaHostRegister");
+  }
   return p;
 }
 
 void CudaBackend::deallocate_host(void* p) {
-  if (p != nullptr) cudaFreeHost(p);
+  if (p == nullptr) return;
+  cudaHostUnregister(p);
+  std::free(p);
 }
 
 // f16 / bf16 weights: x (m x k, small) is rounded to the weight's type in scratch and one
