@@ -1,4 +1,5 @@
 #include "kernels/cpu_backend.h"
+#include "kernels/quant.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -68,6 +69,7 @@ void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
       return;
     }
     case DType::kI32:
+    case DType::kQ4:
       break;
   }
   STRATA_CHECK(false, "row_to_f32: {} is not a float type", dtype_name(dtype));
@@ -98,7 +100,9 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind) {
 void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
   check_linear_args(m, w);
   if (m == 0) return;
-  if (m <= kGemvMaxRows) {
+  if (w.dtype == DType::kQ4 && m <= kGemvMaxRows) {
+    linear_4bit(x, m, q4_view(w), bias, y);  // dequantised in registers as the codes stream
+  } else if (m <= kGemvMaxRows) {
     // Decode: stream each weight row once for all m rows, at memory bandwidth.
     const int64_t n = w.shape[0];
 #pragma omp parallel if (n * w.shape[1] > kParallelElems)
@@ -127,7 +131,7 @@ void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const fl
               w.as<const float>(), k, beta, y, n);
 }
 
-// f16 / bf16 weights: dequantise a block of rows into f32 scratch, then GEMM that block.
+// f16 / bf16 / q4 weights: dequantise a block of rows into f32 scratch, then GEMM that block.
 void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
   const int64_t n = w.shape[0];
   const int64_t k = w.shape[1];
@@ -137,9 +141,13 @@ void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const f
   float* wf = dequant_scratch_.data();
   for (int64_t r0 = 0; r0 < n; r0 += block) {
     const int64_t rows = std::min(block, n - r0);
-    const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(r0 * k) * elem;
+    if (w.dtype == DType::kQ4) {
+      dequantize_rows(q4_view(w), r0, rows, wf);
+    } else {
+      const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(r0 * k) * elem;
 #pragma omp parallel for schedule(static) if (rows * k > kParallelElems)
-    for (int64_t r = 0; r < rows; ++r) row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
+      for (int64_t r = 0; r < rows; ++r) row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
                 static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x, static_cast<blasint>(k),
                 wf, static_cast<blasint>(k), 0.0f, y + r0, static_cast<blasint>(n));

@@ -10,6 +10,7 @@ const char* dtype_name(DType t) {
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
     case DType::kI32: return "i32";
+    case DType::kQ4: return "q4";
   }
   return "?";
 }
@@ -89,6 +90,7 @@ void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
       return;
     }
     case DType::kI32:
+    case DType::kQ4:
       break;
   }
   STRATA_CHECK(false, "convert_to_f32: unsupported source type {}", dtype_name(src_type));
@@ -110,6 +112,7 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
       return;
     }
     case DType::kI32:
+    case DType::kQ4:
       break;
   }
   STRATA_CHECK(false, "convert_from_f32: unsupported destination type {}", dtype_name(dst_type));

@@ -9,7 +9,10 @@
 
 namespace strata {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3 };
+// kQ4: FlexGen's 4-bit group-wise weights (kernels/quant.h), a [rows, cols] matrix stored
+// as one blob: the packed codes, then the f32 mins, then the f32 scales, grouped along rows
+// by kQuantGroupSize. It has no per-element size: Tensor::bytes() knows its layout.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kQ4 = 4 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -17,6 +20,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
+    case DType::kQ4: return 0;
   }
   return 0;
 }

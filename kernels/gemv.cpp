@@ -128,7 +128,8 @@ void gemv_rows(const float* x, int64_t m, const Tensor& w, const float* bias, fl
     case DType::kF32: gemv_m<DType::kF32>(x, m, k, w, bias, y, ldy, n_begin, n_end); return;
     case DType::kF16: gemv_m<DType::kF16>(x, m, k, w, bias, y, ldy, n_begin, n_end); return;
     case DType::kBF16: gemv_m<DType::kBF16>(x, m, k, w, bias, y, ldy, n_begin, n_end); return;
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kQ4: break;
   }
   STRATA_CHECK(false, "gemv weight dtype {}", dtype_name(w.dtype));
 }

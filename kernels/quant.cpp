@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -168,11 +169,11 @@ void decode_run(const uint8_t* p, int64_t n, float mn, float scale, float* out) 
   for (; i < n; ++i) out[i] = decode(p[i / 2], i, mn, scale);
 }
 
-void dequantize_row(const QuantizedTensor& t, int64_t row, float* out) {
+void dequantize_row(const QuantView& t, int64_t row, float* out) {
   const QuantLayout& l = t.layout;
-  const auto* p = t.packed.as<const uint8_t>() + row * l.cols / 2;
-  const auto* mins = t.mins.as<const float>();
-  const auto* scales = t.scales.as<const float>();
+  const auto* p = t.packed + row * l.cols / 2;
+  const auto* mins = t.mins;
+  const auto* scales = t.scales;
   if (l.axis == QuantAxis::kAlongRow) {
     const int64_t gpr = l.cols / l.group_size;
     for (int64_t j = 0; j < gpr; ++j)
@@ -439,6 +440,10 @@ void dequantize_4bit(const QuantizedTensor& t, float* out) {
 }
 
 void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows, float* out) {
+  dequantize_rows(t.view(), row_begin, n_rows, out);
+}
+
+void dequantize_rows(const QuantView& t, int64_t row_begin, int64_t n_rows, float* out) {
   const QuantLayout& l = t.layout;
   STRATA_CHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= l.rows,
                "dequantize rows [{}, {}) of {}", row_begin, row_begin + n_rows, l.str());
@@ -447,6 +452,31 @@ void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows
 }
 
 void linear_4bit(const float* x, int64_t m, const QuantizedTensor& w, const float* bias, float* y) {
+  linear_4bit(x, m, w.view(), bias, y);
+}
+
+QuantView q4_view(const Tensor& t) {
+  STRATA_CHECK(t.dtype == DType::kQ4 && t.shape.rank == 2, "q4_view of {}", t.describe());
+  QuantView v;
+  v.layout = {t.shape[0], t.shape[1], kQuantGroupSize, QuantAxis::kAlongRow};
+  check_quant_layout(v.layout);
+  const auto* base = static_cast<const uint8_t*>(t.data);
+  v.packed = base;
+  v.mins = reinterpret_cast<const float*>(base + v.layout.numel() / 2);
+  v.scales = v.mins + v.layout.n_groups();
+  return v;
+}
+
+void write_q4_blob(const QuantizedTensor& q, void* blob) {
+  STRATA_CHECK(q.layout.axis == QuantAxis::kAlongRow && q.layout.group_size == kQuantGroupSize,
+               "a kQ4 blob holds rows grouped by {}, got {}", kQuantGroupSize, q.layout.str());
+  auto* out = static_cast<uint8_t*>(blob);
+  std::memcpy(out, q.packed.data(), q.packed.size());
+  std::memcpy(out + q.packed.size(), q.mins.data(), q.mins.size());
+  std::memcpy(out + q.packed.size() + q.mins.size(), q.scales.data(), q.scales.size());
+}
+
+void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y) {
   const QuantLayout& l = w.layout;
   STRATA_CHECK(l.axis == QuantAxis::kAlongRow,
                "linear_4bit needs a weight grouped along rows, got {}", l.str());
@@ -461,9 +491,9 @@ void linear_4bit(const float* x, int64_t m, const QuantizedTensor& w, const floa
                      .n = l.rows,
                      .g = l.group_size,
                      .gpr = l.cols / l.group_size,
-                     .packed = w.packed.as<const uint8_t>(),
-                     .mins = w.mins.as<const float>(),
-                     .scales = w.scales.as<const float>(),
+                     .packed = w.packed,
+                     .mins = w.mins,
+                     .scales = w.scales,
                      .xsum = scratch.xsum.data(),
                      .bias = bias,
                      .y = y};

@@ -65,6 +65,14 @@ void check_quant_layout(const QuantLayout& layout);
 // Bytes a tensor of this layout occupies: numel / 2 codes + 8 per group. For the planner.
 size_t quantized_bytes(const QuantLayout& layout);
 
+// A non-owning view of quantised storage (e.g. a kQ4 tensor inside a packed layer).
+struct QuantView {
+  QuantLayout layout;
+  const uint8_t* packed = nullptr;
+  const float* mins = nullptr;
+  const float* scales = nullptr;
+};
+
 struct QuantizedTensor {
   QuantLayout layout;
   Buffer packed;  // numel / 2 bytes, row-major, even index in the low nibble
@@ -72,7 +80,15 @@ struct QuantizedTensor {
   Buffer scales;  // f32[n_groups], same order
 
   size_t bytes() const { return packed.size() + mins.size() + scales.size(); }
+  QuantView view() const {
+    return {layout, packed.as<const uint8_t>(), mins.as<const float>(), scales.as<const float>()};
+  }
 };
+
+// A kQ4 tensor [rows, cols] (dtype.h) seen as quantised storage grouped along rows, and the
+// reverse: a quantised tensor written into such a blob (`blob` holds Tensor::bytes()).
+QuantView q4_view(const Tensor& t);
+void write_q4_blob(const QuantizedTensor& q, void* blob);
 
 // Zeroed storage for `layout` (checked); fill it with quantize_rows.
 QuantizedTensor allocate_quantized(const QuantLayout& layout);
@@ -90,6 +106,7 @@ void quantize_rows(const float* x, int64_t row_begin, int64_t n_rows, QuantizedT
 void dequantize_4bit(const QuantizedTensor& t, float* out);
 // out[n_rows, cols] = rows [row_begin, row_begin + n_rows) of the dequantised t (streaming).
 void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows, float* out);
+void dequantize_rows(const QuantView& t, int64_t row_begin, int64_t n_rows, float* out);
 
 // y[m, n] = x[m, k] * dequant(w)^T (+ bias[n]) for w [n, k] grouped along rows. The weight is
 // dequantised in registers as it streams (AVX2 when group_size % 64 == 0, scalar otherwise)
@@ -97,5 +114,6 @@ void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows
 // them. OpenMP splits the output rows. Meant for decode (small m); for a long prefill,
 // dequantize_rows a block into f32 and use the GEMM.
 void linear_4bit(const float* x, int64_t m, const QuantizedTensor& w, const float* bias, float* y);
+void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y);
 
 }  // namespace strata

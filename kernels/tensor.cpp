@@ -34,6 +34,13 @@ std::string Shape::str() const {
   return s + "]";
 }
 
+size_t Tensor::bytes() const {
+  const auto n = static_cast<size_t>(shape.numel());
+  if (dtype != DType::kQ4) return n * dtype_size(dtype);
+  // Codes (two per byte) and an f32 min and scale per group of 64 (quant.h's layout).
+  return n / 2 + 2 * sizeof(float) * (n / 64);
+}
+
 float* Tensor::f32() const {
   STRATA_CHECK(dtype == DType::kF32, "tensor {} is not f32", describe());
   return static_cast<float*>(data);
@@ -55,10 +62,11 @@ Buffer::Buffer(size_t bytes) : size_(bytes) {
   ptr_.reset(p);
 }
 
-OwnedTensor::OwnedTensor(DType dtype, Shape shape) : storage(static_cast<size_t>(shape.numel()) * dtype_size(dtype)) {
-  view.data = storage.data();
+OwnedTensor::OwnedTensor(DType dtype, Shape shape) {
   view.dtype = dtype;
   view.shape = shape;
+  storage = Buffer(view.bytes());
+  view.data = storage.data();
 }
 
 }  // namespace strata

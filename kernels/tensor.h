@@ -36,7 +36,7 @@ struct Tensor {
   Shape shape;
   Device device = Device::kHost;
 
-  size_t bytes() const { return static_cast<size_t>(shape.numel()) * dtype_size(dtype); }
+  size_t bytes() const;  // kQ4: codes + mins + scales (quant.h)
   template <typename T>
   T* as() const {
     return static_cast<T*>(data);

@@ -42,6 +42,7 @@ int pick_device(const std::string& choice, const AcceleratorInfo& acc) {
 // The parts of a policy the engine runs today; the rest is refused, not ignored.
 struct PolicyChoice {
   int w_gpu = -1, w_cpu = -1;
+  bool compress_weight = false;
   CacheOptions cache;
   bool overlap = true;
   int max_batch = 0;       // the block size when a policy is given
@@ -53,12 +54,14 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   if (text.empty()) return out;
   const Policy p = Policy::parse(text);
   p.validate();
-  if (p.compress_weight || p.compress_cache)
-    fail_input("--policy '{}': 4-bit compression inside the engine is not implemented yet (cw=0, cc=0)", text);
+  if (p.compress_cache)
+    fail_input("--policy '{}': 4-bit compression of the KV cache inside the engine is not implemented yet (cc=0)",
+               text);
   // Activations are per-step scratch on the compute tier.
   if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
     fail_input("--policy '{}': activations live on the compute tier ({}); h= other than that is not implemented",
                text, device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
+  out.compress_weight = p.compress_weight;
   out.w_gpu = p.w_gpu_percent;
   out.w_cpu = p.w_cpu_percent;
   out.cache.placement.gpu_percent = p.cache_gpu_percent;
@@ -104,6 +107,7 @@ Engine make_engine(const EngineOptions& o) {
   PolicyChoice pc = apply_policy(o.policy, device >= 0);
   lo.w_gpu_percent = pc.w_gpu;
   lo.w_cpu_percent = pc.w_cpu;
+  lo.compress_weight = pc.compress_weight;
   lo.overlap = lo.overlap && pc.overlap;
   pc.cache.placement.disk_dir = o.disk_dir;
   pc.cache.host = e.cpu.get();

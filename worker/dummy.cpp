@@ -115,6 +115,7 @@ void fill_dummy_tensor(uint64_t seed, const std::string& name, int64_t fan_in, c
       case DType::kF16: out.as<uint16_t>()[i] = f32_to_f16(v); break;
       case DType::kBF16: out.as<uint16_t>()[i] = f32_to_bf16(v); break;
       case DType::kI32: out.as<int32_t>()[i] = 0; break;
+      case DType::kQ4: break;  // quantised from f32 by the loader, never generated
     }
   }
 }

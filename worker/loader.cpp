@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/error.h"
+#include "kernels/quant.h"
 #include "worker/dummy.h"
 
 namespace strata {
@@ -49,7 +50,43 @@ void check_budget(const char* option, int64_t budget, int64_t need, const Weight
              option, mib(budget), what, mib(need), mib(need - budget), p.str());
 }
 
+// One layer's bytes as stored: matrices in their dtype (or kQ4), vectors in f32.
+int64_t layer_bytes_estimate(const ModelConfig& c, bool compress) {
+  const int64_t h = c.hidden, qw = c.q_width(), kvw = c.kv_width(), f = c.intermediate;
+  struct Mat {
+    int64_t rows, cols;
+  };
+  std::vector<Mat> mats{{qw, h}, {kvw, h}, {kvw, h}, {h, qw}, {f, h}, {h, f}};
+  if (c.is_llama()) mats.push_back({f, h});
+  int64_t total = 0;
+  for (Mat m : mats) {
+    Tensor t{nullptr, c.dtype, {m.rows, m.cols}};
+    if (compress && m.cols % kQuantGroupSize == 0) t.dtype = DType::kQ4;
+    total += static_cast<int64_t>(align_up(t.bytes(), 64));
+  }
+  const ModelShape s = c.shape();
+  const int64_t vector_params = s.params_per_layer() - (2 * qw * h + 2 * kvw * h + static_cast<int64_t>(mats.size() - 4) * f * h);
+  return static_cast<int64_t>(align_up(static_cast<size_t>(total + vector_params * 4)));
+}
+
 }  // namespace
+
+int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store) {
+  int compressed = 0;
+  std::vector<float> f32;
+  for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down}) {
+    if (t->data == nullptr || t->dtype == DType::kQ4 || t->shape[1] % kQuantGroupSize != 0) continue;
+    const int64_t n = t->shape.numel();
+    f32.resize(static_cast<size_t>(n));
+    convert_to_f32(t->dtype, t->data, f32.data(), static_cast<size_t>(n));
+    const QuantizedTensor q = quantize_4bit(f32.data(), {t->shape[0], t->shape[1], kQuantGroupSize, QuantAxis::kAlongRow});
+    store.push_back(std::make_unique<OwnedTensor>(DType::kQ4, t->shape));
+    write_q4_blob(q, store.back()->storage.data());
+    *t = store.back()->view;
+    ++compressed;
+  }
+  return compressed;
+}
 
 int32_t WeightPlacement::count(Tier t) const {
   return static_cast<int32_t>(std::count(tiers.begin(), tiers.end(), t));
@@ -77,7 +114,7 @@ WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
   const int32_t n = c.n_layers;
   WeightPlacement p;
   p.device_compute = b.device_compute;
-  p.layer_bytes = static_cast<int64_t>(align_up(static_cast<size_t>(s.params_per_layer() * s.weight_bytes_per_elem)));
+  p.layer_bytes = layer_bytes_estimate(c, b.compress_weight);
   p.fixed_bytes = (s.embedding_params() + s.head_params()) * s.weight_bytes_per_elem + 2 * s.hidden * 4;
   int32_t n_gpu = 0, n_cpu = 0;
   if (b.w_gpu_percent >= 0 || b.w_cpu_percent >= 0) {
@@ -112,7 +149,7 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   const bool dummy = is_dummy_model(spec);
   m.config = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
   WeightBudget budget{options.device != nullptr, options.gpu_mem, options.cpu_mem, options.w_gpu_percent,
-                      options.w_cpu_percent};
+                      options.w_cpu_percent, options.compress_weight};
   m.placement = place_weights(m.config, budget);
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
   if (options.device != nullptr)
@@ -129,6 +166,15 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   } else if (!m.placement.disk_layers.empty()) {
     sink = [&](int32_t i, LayerWeights& w) { offloader(i, w); };
   }
+  std::vector<std::unique_ptr<OwnedTensor>> compressed;  // kQ4 storage of resident layers
+  if (options.compress_weight) {
+    sink = [&, place = sink](int32_t i, LayerWeights& w) {
+      const size_t mark = compressed.size();
+      compress_layer(w, compressed);
+      if (place) place(i, w);
+      if (w.q.data == nullptr) compressed.resize(mark);  // packed elsewhere: the copy is spent
+    };
+  }
   if (dummy) {
     m.weights = make_dummy_weights(m.config, options.dummy_seed, sink);
     m.tokenizer = Tokenizer::ids_only(m.config);
@@ -136,6 +182,7 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     m.weights = load_checkpoint_weights(m.config, spec, sink);
     m.tokenizer = Tokenizer::load(spec, m.config);
   }
+  for (auto& t : compressed) m.weights.owned.push_back(std::move(t));
   auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
   if (m.feeder != nullptr) {
     m.feeder->finish(std::move(streamer));

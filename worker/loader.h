@@ -33,7 +33,14 @@ struct LoadOptions {
   // the host, then the disk, as the budgets allow.
   int w_gpu_percent = -1;
   int w_cpu_percent = -1;
+  // FlexGen's weight compression: every layer matrix whose rows are whole groups of 64 is
+  // stored 4-bit group-wise (kQ4) in every tier and dequantised just before use.
+  bool compress_weight = false;
 };
+
+// Quantises a layer's matrices to kQ4 (those with columns a multiple of 64); the new
+// storage is appended to `store`. Returns how many matrices were compressed.
+int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store);
 
 // The budgets and shares a weight placement must honour (see LoadOptions).
 struct WeightBudget {
@@ -42,6 +49,7 @@ struct WeightBudget {
   int64_t cpu_mem = -1;
   int w_gpu_percent = -1;
   int w_cpu_percent = -1;
+  bool compress_weight = false;
 };
 
 // How the budgets split the layers over the tiers (FlexGen's wg/wc/wd at layer granularity).

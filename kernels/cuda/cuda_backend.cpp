@@ -110,6 +110,7 @@ cuda_kernels::ElemType elem_type(DType t) {
     case DType::kBF16:
       return cuda_kernels::ElemType::kBF16;
     case DType::kI32:
+    case DType::kQ4:
       break;
   }
   STRATA_CHECK(false, "cuda backend: {} is not a float type", dtype_name(t));
@@ -179,6 +180,9 @@ class CudaBackend final : public Backend {
   size_t rows_bytes_ = 0;
   DevicePtr half_x_;  // x rounded to the weight's half type for linear
   size_t half_x_bytes_ = 0;
+  DevicePtr dequant_;  // a q4 weight dequantised to f16 for linear
+  size_t dequant_bytes_ = 0;
+  const void* dequantize_q4(const Tensor& w);
 
   // transfer(): its own stream, so copies run beside kernels. A ticket's event sits in a
   // ring; a ticket older than the ring waits on a newer event of the same in-order stream,
@@ -407,17 +411,32 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
           cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mi, k, &one, wf, k, x, k, &zero, y, n));
     }
   } else {
-    STRATA_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16,
-                 "linear weight {} is not f32/f16/bf16", w.describe());
-    const cudaDataType_t type = w.dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+    STRATA_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16 || w.dtype == DType::kQ4,
+                 "linear weight {} is not f32/f16/bf16/q4", w.describe());
+    // q4 (FlexGen's compressed weights) dequantises to f16 scratch just before the GEMM.
+    const void* wdata = w.data;
+    const DType wtype = w.dtype == DType::kQ4 ? DType::kF16 : w.dtype;
+    if (w.dtype == DType::kQ4) wdata = dequantize_q4(w);
+    const cudaDataType_t type = wtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
     const int64_t elems = m * static_cast<int64_t>(k);
     void* xh = device_scratch(half_x_, half_x_bytes_, static_cast<size_t>(elems) * 2);
-    STRATA_CUDA_CHECK(cuda_kernels::f32_to_half(x, xh, elem_type(w.dtype), elems, stream()));
-    STRATA_CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mi, k, &one, w.data, type, k, xh,
+    STRATA_CUDA_CHECK(cuda_kernels::f32_to_half(x, xh, elem_type(wtype), elems, stream()));
+    STRATA_CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mi, k, &one, wdata, type, k, xh,
                                    type, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
   }
   if (bias != nullptr) STRATA_CUDA_CHECK(cuda_kernels::add_bias(y, bias, m, n, stream()));
+}
+
+const void* CudaBackend::dequantize_q4(const Tensor& w) {
+  const int64_t n = w.shape.numel();
+  STRATA_CHECK(w.shape[1] % 64 == 0, "q4 weight {}: columns must be whole groups of 64", w.describe());
+  void* out = device_scratch(dequant_, dequant_bytes_, static_cast<size_t>(n) * 2);
+  const auto* packed = static_cast<const unsigned char*>(w.data);
+  const auto* mins = reinterpret_cast<const float*>(packed + n / 2);
+  STRATA_CUDA_CHECK(cuda_kernels::dequantize_q4_to_f16(packed, mins, mins + n / 64,
+                                                       static_cast<unsigned short*>(out), n, stream()));
+  return out;
 }
 
 void CudaBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {

@@ -99,6 +99,17 @@ __global__ void f32_to_f16_kernel(const float* src, unsigned short* dst, int64_t
     dst[i] = __half_as_ushort(__float2half_rn(src[i]));
 }
 
+__global__ void dequantize_q4_kernel(const unsigned char* packed, const float* mins,
+                                     const float* scales, unsigned short* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const unsigned char byte = packed[i / 2];
+    const int code = (i & 1) ? (byte >> 4) : (byte & 0xF);
+    const int64_t g = i / 64;
+    dst[i] = __half_as_ushort(__float2half_rn(static_cast<float>(code) * scales[g] + mins[g]));
+  }
+}
+
 __global__ void f32_to_bf16_kernel(const float* src, unsigned short* dst, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -302,6 +313,14 @@ KernelStatus f32_to_half(const float* src, void* dst, ElemType dst_type, int64_t
   } else {
     f32_to_f16_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(src, d, n);
   }
+  return last_status();
+}
+
+KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins, const float* scales,
+                                  unsigned short* dst, int64_t n, StreamHandle stream) {
+  if (n <= 0) return {};
+  dequantize_q4_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(packed, mins, scales,
+                                                                                 dst, n);
   return last_status();
 }
 

@@ -197,6 +197,7 @@ struct WeightTensor {
           break;
         }
         case DType::kI32:
+        case DType::kQ4:
           ADD_FAILURE() << "not a float dtype";
           break;
       }

@@ -143,3 +143,55 @@ TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// The engine's own compression (LoadOptions::compress_weight: kQ4 storage, dequantised just
+// before use) computes what the model with round-tripped weights computes: the matrices
+// whose rows are whole groups of 64 become their 4-bit round trip, the others stay as they
+// are (stories260K's down projection has 172 columns).
+TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
+  CpuBackend backend(2);
+  LoadOptions lo;
+  lo.compress_weight = true;
+  LoadedModel packed = load_model(testing::stories_dir(), lo);
+  int q4 = 0;
+  for (const LayerWeights& L : packed.weights.layers)
+    for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) q4 += t->dtype == DType::kQ4;
+  EXPECT_EQ(q4, 6 * packed.config.n_layers) << "all but the 172-column down projections";
+  EXPECT_LT(packed.placement.layer_bytes, place_weights(packed.config, -1).layer_bytes);
+  Model engine(packed.config, std::move(packed.weights), backend, 128);
+
+  LoadedModel plain = load_model(testing::stories_dir());
+  for (LayerWeights& L : plain.weights.layers) {
+    for (Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+      if (t->shape[1] % kQuantGroupSize != 0) continue;
+      const QuantizedTensor q = quantize_4bit(t->as<const float>(), {t->shape[0], t->shape[1]});
+      plain.weights.owned.push_back(std::make_unique<OwnedTensor>(DType::kF32, t->shape));
+      dequantize_4bit(q, plain.weights.owned.back()->view.as<float>());
+      *t = plain.weights.owned.back()->view;
+    }
+  }
+  Model round_trip(plain.config, std::move(plain.weights), backend, 128);
+
+  const auto refs = testing::load_stories_references();
+  for (const auto& r : refs) {
+    // 64-row prefill chunks take the dequantise-then-GEMM path, decode the fused GEMV.
+    for (int32_t chunk : {64, 1}) {
+      const auto a = teacher_forced_logits(engine, r.sequence(), chunk);
+      const auto b = teacher_forced_logits(round_trip, r.sequence(), chunk);
+      ASSERT_EQ(a.size(), b.size());
+      double diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      EXPECT_LT(diff, 1e-3) << r.name << " chunk " << chunk;
+    }
+  }
+  const Accuracy acc = measure(engine);
+  std::printf("stories260K continuations, engine with compressed weights: perplexity %.4f, top-1 agreement %.4f\n",
+              acc.perplexity, acc.top1_agreement);
+  EXPECT_GT(acc.top1_agreement, 0.8);
+}
+
+}  // namespace
+}  // namespace strata

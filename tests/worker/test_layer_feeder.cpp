@@ -64,7 +64,7 @@ std::vector<GenerationRequest> requests_for(const std::string& model, int32_t vo
 
 // Generates with the model's weights placed by the shares (wg, wc) and the cache as `cache`.
 FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap,
-                 CacheOptions cache = {}, int32_t gpu_batch_size = 0) {
+                 CacheOptions cache = {}, int32_t gpu_batch_size = 0, bool compress = false) {
   LoadOptions lo;
   lo.device = &device;
   lo.dummy_dtype = DType::kF16;
@@ -72,6 +72,7 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
   lo.overlap = overlap;
   lo.w_gpu_percent = wg;
   lo.w_cpu_percent = wc;
+  lo.compress_weight = compress;
   LoadedModel m = load_model(model, lo);
   FeedRun run;
   run.placement = m.placement;
@@ -168,6 +169,21 @@ TEST_P(LayerFeederTest, SeveralGpuBatchesPerBlockGiveTheSameOutput) {
   for (int32_t gbs : {1, 2}) {
     const FeedRun r = generate(*device_, model, 20, 50, true, cache, gbs);
     EXPECT_EQ(r.outputs, one.outputs) << "GPU batch " << gbs;
+    if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
+  }
+}
+
+TEST_P(LayerFeederTest, CompressedWeightsGiveTheSameOutputInEveryTier) {
+  // 4-bit weights are stored packed in every tier (device, pinned host, disk) and
+  // dequantised just before use, so where they live changes nothing.
+  const std::string model = GetParam();
+  const FeedRun resident = generate(*device_, model, 100, 0, true, {}, 0, true);
+  for (auto [wg, wc] : {std::pair{0, 50}, {20, 40}}) {
+    const FeedRun r = generate(*device_, model, wg, wc, true, {}, 0, true);
+    EXPECT_EQ(r.outputs, resident.outputs) << r.placement.str();
+    EXPECT_EQ(r.feed.bytes_from_cpu, r.feed.layers_from_cpu * r.layer_bytes);
+    EXPECT_NEAR(static_cast<double>(r.placement.layer_bytes), static_cast<double>(r.layer_bytes),
+                0.01 * static_cast<double>(r.layer_bytes));
     if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
   }
 }
