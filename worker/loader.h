@@ -33,6 +33,14 @@ struct LoadOptions {
   // the host, then the disk, as the budgets allow.
   int w_gpu_percent = -1;
   int w_cpu_percent = -1;
+  // A pipeline stage (worker/stage.h) loads only its part: layers [layer_begin, layer_end)
+  // (layer_end < 0: to the last) and the embedding / head only where it has them. The loaded
+  // config then counts only those layers (n_layers = layer_end - layer_begin), so the model,
+  // its KV cache and the weight placement cover the stage alone.
+  int32_t layer_begin = 0;
+  int32_t layer_end = -1;
+  bool embedding = true;
+  bool head = true;
 };
 
 // The budgets and shares a weight placement must honour (see LoadOptions).
@@ -66,7 +74,8 @@ WeightPlacement place_weights(const ModelConfig& config, const WeightBudget& bud
 WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem);  // host compute
 
 struct LoadedModel {
-  ModelConfig config;
+  ModelConfig config;  // n_layers: the layers loaded (a stage's share; see LoadOptions)
+  int32_t layer_begin = 0;  // the first loaded layer's index in the whole model
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
   WeightPlacement placement;
