@@ -113,6 +113,18 @@ int serve_worker(const ServeOptions& o, const MpiSession& session) {
   return rc;
 }
 
+// Prints the error as main() does; returns the exit code (2: bad input, 1: anything else).
+int report_error(const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  if (dynamic_cast<const InputError*>(&e) != nullptr) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+  } else {
+    std::fprintf(stderr, "strata: error (%s): %s\n", error ? error_kind_name(error->kind()) : "failed", e.what());
+  }
+  std::fflush(stderr);
+  return dynamic_cast<const InputError*>(&e) != nullptr ? 2 : 1;
+}
+
 int run_serve(const ServeOptions& o) {
   if (o.engine.device != "auto" && o.engine.device != "cpu")
     fail_input("--device {}: cluster stages compute on the CPU for now (GPU stages come with the offloading issue)",
@@ -124,13 +136,12 @@ int run_serve(const ServeOptions& o) {
   if (session.rank() != 0) return serve_worker(o, session);
   try {
     return serve_coordinator(o, session.world());
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kDisconnected) throw;
-    // A rank is dead or hung: say which, then end the whole job (MPI_Finalize would wait
-    // for the lost rank forever). Results written so far are already flushed.
-    std::fprintf(stderr, "strata: error (%s): %s\n", error_kind_name(e.kind()), e.what());
-    std::fflush(stderr);
-    session.abort(1);
+  } catch (const std::exception& e) {
+    // The workers were told to stop; end the whole job with rank 0's status. Under
+    // `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun would otherwise exit 0,
+    // and after a lost rank MPI_Finalize would wait for it forever.
+    const int code = report_error(e);
+    session.abort(code);
   }
 }
 
