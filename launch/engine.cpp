@@ -44,7 +44,8 @@ struct PolicyChoice {
   int w_gpu = -1, w_cpu = -1;
   CacheOptions cache;
   bool overlap = true;
-  int max_batch = 0;  // the block size when a policy is given
+  int max_batch = 0;       // the block size when a policy is given
+  int gpu_batch_size = 0;  // sequences per GPU batch of the block schedule
 };
 
 PolicyChoice apply_policy(const std::string& text, bool device_compute) {
@@ -54,9 +55,6 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   p.validate();
   if (p.compress_weight || p.compress_cache)
     fail_input("--policy '{}': 4-bit compression inside the engine is not implemented yet (cw=0, cc=0)", text);
-  if (p.num_gpu_batches != 1)
-    fail_input("--policy '{}': the zig-zag block schedule over several GPU batches is not implemented yet (ngb=1)",
-               text);
   // Activations are per-step scratch on the compute tier.
   if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
     fail_input("--policy '{}': activations live on the compute tier ({}); h= other than that is not implemented",
@@ -67,7 +65,12 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   out.cache.placement.cpu_percent = p.cache_cpu_percent;
   out.cache.cpu_attention = p.cpu_cache_compute;
   out.overlap = p.overlap;
-  out.max_batch = static_cast<int>(p.block_size());
+  // The block schedule only when the policy names it; otherwise --max-batch (or bench's
+  // --batch) is one GPU batch.
+  if (text.find("gbs=") != std::string::npos || text.find("ngb=") != std::string::npos) {
+    out.max_batch = static_cast<int>(p.block_size());
+    out.gpu_batch_size = static_cast<int>(p.gpu_batch_size);
+  }
   return out;
 }
 
@@ -116,7 +119,10 @@ Engine make_engine(const EngineOptions& o) {
   e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows, std::move(m.streamer),
                                     std::move(m.feeder));
   e.model->set_cache_options(pc.cache);
-  if (!o.policy.empty()) log->info("kv cache: {}{}", pc.cache.placement.str(), pc.cache.cpu_attention ? ", attention on the CPU" : "");
+  e.model->set_gpu_batch_size(pc.gpu_batch_size);
+  if (!o.policy.empty())
+    log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}", pc.max_batch / std::max(1, pc.gpu_batch_size),
+              pc.gpu_batch_size, pc.cache.placement.str(), pc.cache.cpu_attention ? ", attention on the CPU" : "");
   return e;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/error.h"
 
@@ -114,15 +115,87 @@ void Model::forward(const StepBatch& batch, KvCache& cache, float* logits) {
   for (int32_t p : batch.positions)
     STRATA_CHECK(p >= 0 && p < config_.max_positions, "position {} outside the model's {} positions", p,
                  config_.max_positions);
-  backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
-                CopyKind::kHostToDevice);
-  backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
-                CopyKind::kHostToDevice);
-  embed(batch, rows);
-  for (int32_t i = 0; i < config_.n_layers; ++i) {
-    layer(layer_weights(i), i, batch, cache, rows);
+  split_gpu_batches(batch);
+  std::vector<const StepBatch*> block;
+  if (gpu_batches_.size() <= 1) {
+    block.push_back(&batch);
+  } else {
+    for (const StepBatch& b : gpu_batches_) block.push_back(&b);
   }
-  head(batch, logits);
+  run_block(block, cache, logits);
+}
+
+// FlexGen's zig-zag block schedule (Algorithm 1): the layer loop outside, the GPU batches
+// inside, so each layer's weights are fetched once per block and every GPU batch reuses
+// them. Each GPU batch keeps its own residual stream, tokens and positions across layers.
+void Model::run_block(std::span<const StepBatch* const> block, KvCache& cache, float* logits) {
+  while (block_state_.size() < block.size()) block_state_.push_back(make_batch_state());
+  for (size_t b = 0; b < block.size(); ++b) {
+    BatchScope scope(*this, b);
+    const StepBatch& batch = *block[b];
+    backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
+                  CopyKind::kHostToDevice);
+    backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
+                  CopyKind::kHostToDevice);
+    embed(batch, batch.rows());
+  }
+  for (int32_t i = 0; i < config_.n_layers; ++i) {
+    const LayerWeights& w = layer_weights(i);
+    for (size_t b = 0; b < block.size(); ++b) {
+      BatchScope scope(*this, b);
+      layer(w, i, *block[b], cache, block[b]->rows());
+    }
+  }
+  for (size_t b = 0; b < block.size(); ++b) {
+    BatchScope scope(*this, b);
+    head(*block[b], logits);
+    logits += block[b]->logit_rows.size() * static_cast<size_t>(config_.vocab);
+  }
+}
+
+Model::BatchState Model::make_batch_state() {
+  const auto rows = static_cast<size_t>(max_rows_);
+  return {DeviceBuffer(backend_, x_.size()), DeviceBuffer(backend_, rows * sizeof(int32_t)),
+          DeviceBuffer(backend_, rows * sizeof(int32_t))};
+}
+
+// Swaps GPU batch b's state into the working buffers for the scope's lifetime.
+Model::BatchScope::BatchScope(Model& m, size_t b) : m_(m), b_(b) { swap(); }
+Model::BatchScope::~BatchScope() { swap(); }
+void Model::BatchScope::swap() {
+  BatchState& s = m_.block_state_[b_];
+  std::swap(m_.x_, s.x);
+  std::swap(m_.tokens_, s.tokens);
+  std::swap(m_.positions_, s.positions);
+}
+
+// Splits a step into GPU batches of at most gpu_batch_size sequences, rows rebased to 0.
+// The generator lists logit rows in sequence order, which the split keeps; any other order
+// runs as one batch.
+void Model::split_gpu_batches(const StepBatch& batch) {
+  gpu_batches_.clear();
+  const auto n = static_cast<int32_t>(batch.seqs.size());
+  if (gpu_batch_size_ <= 0 || n <= gpu_batch_size_) return;
+  if (!std::is_sorted(batch.logit_rows.begin(), batch.logit_rows.end())) return;
+  for (int32_t s0 = 0; s0 < n; s0 += gpu_batch_size_) {
+    StepBatch& part = gpu_batches_.emplace_back();
+    for (int32_t s = s0; s < std::min(n, s0 + gpu_batch_size_); ++s) {
+      const SeqSlice& q = batch.seqs[static_cast<size_t>(s)];
+      const auto first = static_cast<size_t>(q.row_begin);
+      const bool wants = std::binary_search(batch.logit_rows.begin(), batch.logit_rows.end(),
+                                            q.row_begin + q.n_new - 1);
+      part.add(q.slot, q.n_past,
+               std::span(batch.tokens).subspan(first, static_cast<size_t>(q.n_new)), wants);
+    }
+  }
+  size_t wanted = 0;
+  for (const StepBatch& p : gpu_batches_) wanted += p.logit_rows.size();
+  if (wanted != batch.logit_rows.size()) gpu_batches_.clear();  // a row other than a sequence's last
+}
+
+void Model::set_gpu_batch_size(int32_t sequences) {
+  STRATA_CHECK(sequences >= 0, "GPU batch size {}", sequences);
+  gpu_batch_size_ = sequences;
 }
 
 void Model::forward_stage(const StepBatch& batch, KvCache& cache, bool embed_tokens, const float* in,

@@ -61,6 +61,11 @@ class Model {
   // A cache placed as the cache options say.
   std::unique_ptr<KvCache> make_cache(int32_t n_slots, int32_t capacity);
 
+  // FlexGen's GPU batch size in sequences: a step with more sequences runs as a block of
+  // several GPU batches (zig-zag schedule). 0: the whole step is one GPU batch.
+  void set_gpu_batch_size(int32_t sequences);
+  int32_t gpu_batch_size() const { return gpu_batch_size_; }
+
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
   void forward(const StepBatch& batch, KvCache& cache, float* logits);
 
@@ -74,6 +79,25 @@ class Model {
 
  private:
   const LayerWeights& layer_weights(int32_t i);
+  void run_block(std::span<const StepBatch* const> block, KvCache& cache, float* logits);
+  void split_gpu_batches(const StepBatch& batch);
+  // One GPU batch's state that lives across the layers of a block.
+  struct BatchState {
+    DeviceBuffer x, tokens, positions;
+  };
+  BatchState make_batch_state();
+  class BatchScope {
+   public:
+    BatchScope(Model& m, size_t b);
+    ~BatchScope();
+    BatchScope(const BatchScope&) = delete;
+    BatchScope& operator=(const BatchScope&) = delete;
+
+   private:
+    void swap();
+    Model& m_;
+    size_t b_;
+  };
   void embed(const StepBatch& batch, int32_t rows);
   void layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
   void attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache, int32_t i,
@@ -104,6 +128,9 @@ class Model {
   std::vector<int32_t> scratch_ids_;
 
   CacheOptions cache_options_;
+  int32_t gpu_batch_size_ = 0;
+  std::vector<StepBatch> gpu_batches_;
+  std::vector<BatchState> block_state_;
   // Host copies of q, k, v and the attention output (delegated attention), and a device
   // copy of one layer's cache (staged attention); allocated on first use.
   DeviceBuffer host_q_, host_k_, host_v_, host_out_;

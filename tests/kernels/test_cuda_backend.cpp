@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -285,6 +287,15 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{1}, int64_t{53}, int64_t{129}), ::testing::Bool()),
     linear_name);
 
+// Model-sized shapes: cuBLAS picks other kernels (split-K, other tiles) at k = 4096.
+INSTANTIATE_TEST_SUITE_P(
+    CudaLarge, CudaLinearTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(int64_t{1}, int64_t{17}, int64_t{64}),
+                       ::testing::Values(int64_t{520}), ::testing::Values(int64_t{4096}),
+                       ::testing::Values(true)),
+    linear_name);
+
 // ---------------------------------------------------------------------------------------
 // embedding
 // ---------------------------------------------------------------------------------------
@@ -399,6 +410,31 @@ TEST_F(CudaTest, RopeMatchesCpu) {
   }
 }
 
+// cuda_backend.h: a position outside the table leaves its row unrotated (no host check).
+TEST_F(CudaTest, RopePositionOutsideTableLeavesRow) {
+  constexpr int32_t n_heads = 2, head_dim = 8, half = 4, max_pos = 4;
+  std::vector<float> cos_t(max_pos * half, 0.0f), sin_t(max_pos * half, 1.0f);
+  const std::vector<int32_t> positions = {-1, max_pos, 2};
+  const auto m = static_cast<int64_t>(positions.size());
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * n_heads * head_dim), 52);
+  DeviceGuarded<float> dx(gpu(), x), dcos(gpu(), cos_t), dsin(gpu(), sin_t);
+  DeviceGuarded<int32_t> dpos(gpu(), positions);
+  gpu().rope(dx.data(), m, n_heads, head_dim, dpos.data(),
+             RopeTables{dcos.data(), dsin.data(), max_pos, half});
+  const std::vector<float> got = dx.download();
+  const size_t w = n_heads * head_dim;
+  EXPECT_TRUE(same_bits(std::vector<float>(got.begin(), got.begin() + 2 * w),
+                        std::vector<float>(x.begin(), x.begin() + 2 * w)));
+  // Row 2 with cos 0, sin 1: (a, b) -> (-b, a).
+  for (int32_t h = 0; h < n_heads; ++h)
+    for (int32_t j = 0; j < half; ++j) {
+      const size_t e = 2 * w + static_cast<size_t>(h * head_dim + j);
+      EXPECT_EQ(got[e], -x[e + half]);
+      EXPECT_EQ(got[e + half], x[e]);
+    }
+  EXPECT_TRUE(dx.guards_intact());
+}
+
 // ---------------------------------------------------------------------------------------
 // elementwise, softmax
 // ---------------------------------------------------------------------------------------
@@ -454,6 +490,45 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaElementwiseTest,
                          ::testing::Values(int64_t{1}, int64_t{1000}, int64_t{(1 << 15) + 7},
                                            int64_t{3000001}),
                          [](const auto& tp) { return "n" + std::to_string(tp.param); });
+
+// More elements than one sweep of the largest grid (2^20 blocks x 256 threads = 2^28), so
+// the grid-stride loops go round twice. Exact arithmetic on a cheap pattern; 1 GiB per
+// buffer, skipped on devices with less than 8 GiB.
+TEST_F(CudaTest, ElementwiseBeyondOneGridSweep) {
+  if (probe().devices.empty() || probe().devices[0].memory_bytes < (size_t{8} << 30))
+    GTEST_SKIP() << "needs 8 GiB of device memory";
+  const size_t n = (size_t{1} << 28) + 4099;
+  std::vector<float> y(n), x(n);
+  for (size_t i = 0; i < n; ++i) {
+    y[i] = static_cast<float>(i % 1000) - 500.0f;
+    x[i] = static_cast<float>(i % 7) - 3.0f;
+  }
+  DeviceGuarded<float> dy(gpu(), y), dx(gpu(), x);
+  gpu().add(dy.data(), dx.data(), static_cast<int64_t>(n));
+  gpu().relu(dy.data(), static_cast<int64_t>(n));
+  const std::vector<float> got = dy.download();
+  for (size_t i = 0; i < n; ++i) {
+    const float want = std::max(0.0f, y[i] + x[i]);
+    ASSERT_EQ(got[i], want) << "element " << i << " of " << n;
+  }
+  EXPECT_TRUE(dy.guards_intact());
+}
+
+// Masked logits (-inf) get probability 0; the rest sums to 1, as on the CPU.
+TEST_F(CudaTest, SoftmaxWithMaskedEntries) {
+  constexpr int64_t m = 3, n = 77;
+  std::vector<float> x = random_floats(static_cast<size_t>(m * n), 92, -5.0f, 5.0f);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = r; i < n; i += 3) x[static_cast<size_t>(r * n + i)] = -INFINITY;
+  DeviceGuarded<float> dx(gpu(), x);
+  cpu().softmax(x.data(), m, n);
+  gpu().softmax(dx.data(), m, n);
+  const std::vector<float> got = dx.download();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = r; i < n; i += 3) EXPECT_EQ(got[static_cast<size_t>(r * n + i)], 0.0f);
+  EXPECT_LT(norm_err(got, x), kTolF32);
+  EXPECT_TRUE(dx.guards_intact());
+}
 
 using SoftmaxParam = std::tuple<int64_t /*m*/, int64_t /*n*/>;
 using CudaSoftmaxTest = CudaParamTest<SoftmaxParam>;
@@ -514,6 +589,20 @@ std::vector<AttnCase> attn_cases() {
        28},
       // Context longer than one 128-key tile of the kernel, head_dim over 128 and odd.
       {"gqa_long_hd160", 8, 2, 160, 2, 400, {SeqSlice{0, 2, 300, 1}, SeqSlice{2, 130, 0, 0}}, 132},
+      // Llama-sized heads: decode rows at 2048 context (16 key tiles), a prefill chunk on
+      // top of history, a first token; tile edges at 127/128/129 keys.
+      {"llama_32q_8kv_hd128",
+       32,
+       8,
+       128,
+       6,
+       2112,
+       {SeqSlice{0, 1, 2047, 0}, SeqSlice{1, 1, 127, 1}, SeqSlice{2, 1, 128, 2},
+        SeqSlice{3, 40, 1000, 3}, SeqSlice{43, 1, 0, 4}, SeqSlice{44, 2, 126, 5}},
+       46},
+      // The largest head_dim the kernel takes, and an odd one.
+      {"mha_hd512", 2, 2, 512, 2, 300, {SeqSlice{0, 3, 200, 1}, SeqSlice{3, 1, 0, 0}}, 4},
+      {"gqa_hd33", 6, 3, 33, 2, 300, {SeqSlice{0, 5, 250, 0}, SeqSlice{5, 1, 17, 1}}, 6},
   };
 }
 
@@ -606,6 +695,106 @@ TEST_F(CudaTest, KvStoreRejectsBadSlotAndOverflow) {
   const std::vector<SeqSlice> ok = {SeqSlice{0, 1, 3, 1}};
   EXPECT_NO_THROW(gpu().kv_store(k.data(), v.data(), ok, view));
   EXPECT_NO_THROW(gpu().synchronize());
+}
+
+// ---------------------------------------------------------------------------------------
+// Throughput of linear (not a correctness test; disabled by default). Run with
+//   test_cuda_backend --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_Linear*'
+// Prints one JSON object per (dtype, m) on stdout. Each call reads a different copy of the
+// weight, the copies together several times the GPU's L2, so decode (m = 1) is timed at
+// device-memory bandwidth rather than from cache.
+// ---------------------------------------------------------------------------------------
+
+TEST_F(CudaTest, DISABLED_LinearThroughput) {
+  constexpr int64_t n = 4096, k = 4096;
+  constexpr int kCopies = 8;  // 8 x 32 MiB (f16) > 4 x the H100's 50 MB L2
+  constexpr int kIters = 200;
+  const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 201, -0.05f, 0.05f);
+  for (const DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
+    const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(dtype);
+    std::vector<uint8_t> packed(wbytes);
+    convert_from_f32(dtype, wf.data(), packed.data(), wf.size());
+    std::vector<DeviceBuffer> copies;
+    std::vector<Tensor> ws;
+    for (int c = 0; c < kCopies; ++c) {
+      copies.emplace_back(gpu(), wbytes);
+      gpu().copy(copies.back().data(), packed.data(), wbytes, CopyKind::kHostToDevice);
+      Tensor t;
+      t.data = copies.back().data();
+      t.dtype = dtype;
+      t.shape = Shape{n, k};
+      t.device = Device::kCuda;
+      ws.push_back(t);
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{64}, int64_t{512}}) {
+      const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 202);
+      DeviceBuffer dx(gpu(), x.size() * 4), dy(gpu(), static_cast<size_t>(m * n) * 4);
+      gpu().copy(dx.data(), x.data(), x.size() * 4, CopyKind::kHostToDevice);
+      for (int i = 0; i < 2 * kCopies; ++i)  // warm-up: cuBLAS heuristics, scratch growth
+        gpu().linear(dx.f32(), m, ws[static_cast<size_t>(i % kCopies)], nullptr, dy.f32());
+      gpu().synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kIters; ++i)
+        gpu().linear(dx.f32(), m, ws[static_cast<size_t>(i % kCopies)], nullptr, dy.f32());
+      gpu().synchronize();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+      const double bytes = static_cast<double>(wbytes) + static_cast<double>(m * k + m * n) * 4.0;
+      const double flops = 2.0 * static_cast<double>(m) * n * k;
+      std::printf(
+          "{\"bench\": \"cuda_linear\", \"device\": \"%s\", \"dtype\": \"%s\", \"m\": %lld, "
+          "\"n\": %lld, \"k\": %lld, \"us_per_call\": %.2f, \"gb_per_s\": %.1f, "
+          "\"tflop_per_s\": %.2f}\n",
+          gpu().name().c_str(), std::string(dtype_name(dtype)).c_str(),
+          static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+          sec * 1e6, bytes / sec / 1e9, flops / sec / 1e12);
+      std::fflush(stdout);
+    }
+  }
+}
+
+// Decode attention (one new row per sequence over its whole cache) and a device-to-device
+// copy for the memory roofline. JSON on stdout; disabled by default like the one above.
+TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
+  constexpr int kIters = 20;
+  {
+    const size_t bytes = size_t{1} << 30;
+    DeviceBuffer a(gpu(), bytes), b(gpu(), bytes);
+    gpu().copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice);
+    gpu().synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters; ++i) gpu().copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice);
+    gpu().synchronize();
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+    std::printf("{\"bench\": \"cuda_copy_d2d\", \"bytes\": %zu, \"gb_per_s_read_plus_write\": %.1f}\n",
+                bytes, 2.0 * static_cast<double>(bytes) / sec / 1e9);
+  }
+  for (const int32_t ctx : {512, 2048}) {
+    constexpr int32_t batch = 32, n_heads = 32, n_kv = 8, hd = 128;
+    const KvLayerView shape{nullptr, nullptr, batch, ctx, n_kv, hd};
+    const size_t cache_bytes = shape.slot_stride() * batch * sizeof(float);
+    DeviceBuffer k(gpu(), cache_bytes), v(gpu(), cache_bytes);
+    DeviceBuffer q(gpu(), size_t{batch} * n_heads * hd * 4), out(gpu(), size_t{batch} * n_heads * hd * 4);
+    KvLayerView view = shape;
+    view.k = k.f32();
+    view.v = v.f32();
+    std::vector<SeqSlice> seqs;
+    for (int32_t s = 0; s < batch; ++s) seqs.push_back(SeqSlice{s, 1, ctx - 1, s});
+    const AttentionDims dims{n_heads, n_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+    gpu().attention(q.f32(), seqs, view, dims, out.f32());
+    gpu().synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters; ++i) gpu().attention(q.f32(), seqs, view, dims, out.f32());
+    gpu().synchronize();
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+    std::printf(
+        "{\"bench\": \"cuda_attention_decode\", \"batch\": %d, \"ctx\": %d, \"n_heads\": %d, "
+        "\"n_kv_heads\": %d, \"head_dim\": %d, \"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
+        batch, ctx, n_heads, n_kv, hd, sec * 1e6, 2.0 * static_cast<double>(cache_bytes) / sec / 1e9);
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace

@@ -64,7 +64,7 @@ std::vector<GenerationRequest> requests_for(const std::string& model, int32_t vo
 
 // Generates with the model's weights placed by the shares (wg, wc) and the cache as `cache`.
 FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap,
-                 CacheOptions cache = {}) {
+                 CacheOptions cache = {}, int32_t gpu_batch_size = 0) {
   LoadOptions lo;
   lo.device = &device;
   lo.dummy_dtype = DType::kF16;
@@ -80,7 +80,8 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
   cache.host = &host;
   cache.placement.disk_dir = disk_dir();
   engine.set_cache_options(cache);
-  Generator gen(engine, GeneratorOptions{3, 64, 0});
+  engine.set_gpu_batch_size(gpu_batch_size);
+  Generator gen(engine, GeneratorOptions{gpu_batch_size > 0 ? 4 : 3, 64, 0});
   for (const auto& res : gen.run(requests_for(model, m.config.vocab))) {
     EXPECT_TRUE(res.error.empty()) << res.error;
     run.outputs.push_back(res.output_ids);
@@ -152,6 +153,21 @@ TEST_P(LayerFeederTest, EveryCachePlacementGivesTheOnDeviceOutput) {
     cache.cpu_attention = s.cpu_attention;
     const FeedRun r = generate(*device_, model, 50, 50, true, cache);
     EXPECT_EQ(r.outputs, resident.outputs) << cache.placement.str() << " cpu attention " << s.cpu_attention;
+    if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
+  }
+}
+
+TEST_P(LayerFeederTest, SeveralGpuBatchesPerBlockGiveTheSameOutput) {
+  // Zig-zag: a block of 4 sequences as 4, 2 or 1 GPU batches (weights fetched once per layer
+  // for the whole block), with streamed weights and the cache off the device.
+  const std::string model = GetParam();
+  const FeedRun one = generate(*device_, model, 100, 0, true);
+  CacheOptions cache;
+  cache.placement = {50, 50, disk_dir()};
+  cache.cpu_attention = true;
+  for (int32_t gbs : {1, 2}) {
+    const FeedRun r = generate(*device_, model, 20, 50, true, cache, gbs);
+    EXPECT_EQ(r.outputs, one.outputs) << "GPU batch " << gbs;
     if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
   }
 }
