@@ -21,15 +21,21 @@ using Clock = std::chrono::steady_clock;
 
 FinishReason finish_reason(StopReason r) {
   switch (r) {
-    case StopReason::kEos: return FinishReason::kEos;
-    case StopReason::kLength: return FinishReason::kLength;
-    case StopReason::kContext: return FinishReason::kContext;
-    case StopReason::kError: return FinishReason::kError;
+    case StopReason::kEos:
+      return FinishReason::kEos;
+    case StopReason::kLength:
+      return FinishReason::kLength;
+    case StopReason::kContext:
+      return FinishReason::kContext;
+    case StopReason::kError:
+      return FinishReason::kError;
   }
   return FinishReason::kError;
 }
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -39,7 +45,12 @@ class Coordinator {
  public:
   Coordinator(const Communicator& world, const CoordinatorOptions& o, const ModelConfig& config,
               const Tokenizer& tokenizer, RequestSource& source, ResultSink& sink)
-      : world_(world), options_(o), config_(config), tokenizer_(tokenizer), source_(source), sink_(sink),
+      : world_(world),
+        options_(o),
+        config_(config),
+        tokenizer_(tokenizer),
+        source_(source),
+        sink_(sink),
         control_(world) {
     for (int r = 1; r < world.size(); ++r) workers_.push_back(r);
   }
@@ -88,10 +99,15 @@ class Coordinator {
 ClusterStats Coordinator::run() {
   auto log = log::get("coordinator");
   take_initial_requests();
-  PlanOptions po{options_.model_spec, static_cast<int32_t>(workers_.size()), options_.micro_batches,
-                 options_.kv_slots,   capacity_, max_rows_, options_.stage_mem};
+  PlanOptions po{options_.model_spec,
+                 static_cast<int32_t>(workers_.size()),
+                 options_.micro_batches,
+                 options_.kv_slots,
+                 capacity_,
+                 max_rows_,
+                 options_.stage_mem};
   plan_ = make_uniform_plan(config_, po);
-  SchedulerOptions so{options_.micro_batches, options_.decode_iters, options_.kv_slots, capacity_,
+  SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids};
   scheduler_ = std::make_unique<RraScheduler>(so);
   log->info("plan: {}", plan_.str());
@@ -133,11 +149,14 @@ std::string Coordinator::validate(const GenerationRequest& r) const {
   for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
     const int32_t t = r.prompt_ids[i];
     if (t < 0 || t >= config_.vocab)
-      return fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", t, i, config_.vocab);
+      return fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", t, i,
+                         config_.vocab);
   }
   const auto n = static_cast<int64_t>(r.prompt_ids.size());
-  if (n > capacity_) return fmt::format("prompt of {} tokens exceeds the context of {} positions", n, capacity_);
-  if (n > max_rows_) return fmt::format("prompt of {} tokens exceeds the step buffers of {} rows", n, max_rows_);
+  if (n > capacity_)
+    return fmt::format("prompt of {} tokens exceeds the context of {} positions", n, capacity_);
+  if (n > max_rows_)
+    return fmt::format("prompt of {} tokens exceeds the step buffers of {} rows", n, max_rows_);
   return {};
 }
 
@@ -160,7 +179,8 @@ void Coordinator::take_requests(std::vector<IncomingRequest> batch) {
     if (!error.empty()) {
       refuse(r.request, error);
     } else if (r.request.max_new_tokens == 0) {
-      sink_.write(GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}});
+      sink_.write(
+          GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}});
     } else {
       stats_.prompt_tokens += static_cast<int64_t>(r.request.prompt_ids.size());
       scheduler_->submit(r.request, next_seq_++);
@@ -182,9 +202,11 @@ void Coordinator::wait_ready() {
   for (int r : workers_) control_.send(r, Heartbeat{0, seq, false}, deadline);
   std::set<int> waiting(workers_.begin(), workers_.end());
   while (!waiting.empty()) {
-    Received r = control_.recv(kAnySource, deadline, fmt::format("stages {} to load", fmt::join(waiting, ", ")));
+    Received r = control_.recv(kAnySource, deadline,
+                               fmt::format("stages {} to load", fmt::join(waiting, ", ")));
     if (auto* e = std::get_if<ErrorReport>(&r.message)) e->raise();
-    if (auto* h = std::get_if<Heartbeat>(&r.message); h && h->reply && h->sequence == seq) waiting.erase(r.source);
+    if (auto* h = std::get_if<Heartbeat>(&r.message); h && h->reply && h->sequence == seq)
+      waiting.erase(r.source);
   }
   log::get("coordinator")->info("all {} stages loaded", workers_.size());
   monitor_ = std::make_unique<PeerMonitor>(workers_, ms(options_.heartbeat_timeout_s));
@@ -201,7 +223,8 @@ void Coordinator::serve() {
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
     }
     if (scheduler_->idle() && source_.exhausted()) return;
-    if (std::optional<Received> r = control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
+    if (std::optional<Received> r =
+            control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
       on_message(*r);
       backoff = Backoff();
       continue;
@@ -217,7 +240,8 @@ void Coordinator::dispatch(const ScheduledStep& step) {
   if (!step.joins.empty()) control_.send(last_rank(), BatchUpdate{step.joins, {}}, deadline);
   StepCommand bare = step.command;  // later stages need no token ids
   for (SeqStep& s : bare.seqs) s.token_ids.clear();
-  for (const StagePlan& s : plan_.stages) control_.send(s.rank, s.has_embedding ? step.command : bare, deadline);
+  for (const StagePlan& s : plan_.stages)
+    control_.send(s.rank, s.has_embedding ? step.command : bare, deadline);
   if (step.command.phase == Phase::kPrefill) {
     ++stats_.prefill_steps;
   } else {
@@ -232,7 +256,8 @@ void Coordinator::on_message(const Received& r) {
   } else if (auto* report = std::get_if<ErrorReport>(&r.message)) {
     on_error_report(*report);
   } else if (!std::holds_alternative<Heartbeat>(r.message)) {
-    fail(ErrorKind::kFailed, "unexpected {} from rank {} while serving", message_name(r.message), r.source);
+    fail(ErrorKind::kFailed, "unexpected {} from rank {} while serving", message_name(r.message),
+         r.source);
   }
 }
 
@@ -250,7 +275,8 @@ void Coordinator::on_result(const StepResult& result) {
 
 void Coordinator::ping_workers() {
   const uint64_t seq = ++ping_seq_;
-  for (int r : workers_) control_.send(r, Heartbeat{0, seq, false}, Deadline::after_seconds(options_.step_timeout_s));
+  for (int r : workers_)
+    control_.send(r, Heartbeat{0, seq, false}, Deadline::after_seconds(options_.step_timeout_s));
   last_ping_ = Clock::now();
 }
 
@@ -261,8 +287,8 @@ void Coordinator::check_alive() const {
   try {
     monitor_->check();
   } catch (const Error& e) {
-    fail(ErrorKind::kDisconnected, "worker rank {} (stage layers [{}, {})) is dead or hung: {}", *silent,
-         stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what());
+    fail(ErrorKind::kDisconnected, "worker rank {} (stage layers [{}, {})) is dead or hung: {}",
+         *silent, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what());
   }
 }
 
@@ -278,7 +304,8 @@ void Coordinator::on_error_report(const ErrorReport& report) {
     ping_all(control_, others, ++ping_seq_, *monitor_,
              Deadline::after_seconds(std::min(options_.heartbeat_timeout_s, 5.0)), other);
   } catch (const Error& e) {
-    fail(ErrorKind::kDisconnected, "{}; rank {} reported: {}", e.what(), report.rank, report.message);
+    fail(ErrorKind::kDisconnected, "{}; rank {} reported: {}", e.what(), report.rank,
+         report.message);
   }
   report.raise();
 }
@@ -314,38 +341,42 @@ std::string ClusterStats::json() const {
     stages_json += fmt::format(
         R"({}{{"rank": {}, "layers": [{}, {}], "steps": {}, "rows": {}, "busy_seconds": {:.6f}, )"
         R"("idle_seconds": {:.6f}, "window_seconds": {:.6f}, "bubble_fraction": {:.4f}}})",
-        stages_json.empty() ? "" : ", ", s.stage.rank, s.stage.layer_begin, s.stage.layer_end, s.stats.steps,
-        s.stats.rows, s.stats.busy_seconds, s.stats.idle_seconds, s.stats.window_seconds, s.bubble_fraction());
+        stages_json.empty() ? "" : ", ", s.stage.rank, s.stage.layer_begin, s.stage.layer_end,
+        s.stats.steps, s.stats.rows, s.stats.busy_seconds, s.stats.idle_seconds,
+        s.stats.window_seconds, s.bubble_fraction());
   }
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "errors": {}, )"
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "stages": [{}]}})",
-      model, ranks, micro_batches, decode_iters, requests, errors, prompt_tokens, generated_tokens, prefill_steps,
-      decode_steps, seconds, tokens_per_second(), stages_json);
+      model, ranks, micro_batches, decode_iters, requests, errors, prompt_tokens, generated_tokens,
+      prefill_steps, decode_steps, seconds, tokens_per_second(), stages_json);
 }
 
 std::string ClusterStats::table() const {
   std::string out = fmt::format(
-      "{} ranks, {} micro-batches, N_D {}: {} requests ({} refused), {} tokens generated in {:.3f} s = {:.1f} tok/s "
+      "{} ranks, {} micro-batches, N_D {}: {} requests ({} refused), {} tokens generated in {:.3f} "
+      "s = {:.1f} tok/s "
       "({} prefill + {} decode steps)\n",
-      ranks, micro_batches, decode_iters, requests, errors, generated_tokens, seconds, tokens_per_second(),
-      prefill_steps, decode_steps);
+      ranks, micro_batches, decode_iters, requests, errors, generated_tokens, seconds,
+      tokens_per_second(), prefill_steps, decode_steps);
   out += "  rank  layers      steps   busy s   idle s  bubble\n";
   for (const StageReport& s : stages)
-    out += fmt::format("  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%\n", s.stage.rank,
-                       s.stage.layer_begin, s.stage.layer_end, s.stats.steps, s.stats.busy_seconds,
-                       s.stats.idle_seconds, 100 * s.bubble_fraction());
+    out += fmt::format("  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%\n",
+                       s.stage.rank, s.stage.layer_begin, s.stage.layer_end, s.stats.steps,
+                       s.stats.busy_seconds, s.stats.idle_seconds, 100 * s.bubble_fraction());
   return out;
 }
 
 ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype) {
   if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
-  return is_dummy_model(spec) ? dummy_model_config(spec.substr(6), dummy_dtype) : load_model_config(spec);
+  return is_dummy_model(spec) ? dummy_model_config(spec.substr(6), dummy_dtype)
+                              : load_model_config(spec);
 }
 
-ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options, const ModelConfig& config,
-                             const Tokenizer& tokenizer, RequestSource& source, ResultSink& sink) {
+ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options,
+                             const ModelConfig& config, const Tokenizer& tokenizer,
+                             RequestSource& source, ResultSink& sink) {
   try {
     Coordinator c(world, options, config, tokenizer, source, sink);
     return c.run();

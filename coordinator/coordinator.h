@@ -62,8 +62,8 @@ ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype);
 // Runs the whole job on rank 0 of `world` (every other rank runs run_stage_worker). On any
 // failure the workers are told to shut down before the error propagates.
 ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options,
-                             const ModelConfig& config, const Tokenizer& tokenizer, RequestSource& source,
-                             ResultSink& sink);
+                             const ModelConfig& config, const Tokenizer& tokenizer,
+                             RequestSource& source, ResultSink& sink);
 
 // Tells every worker to stop (best effort, each send bounded by `seconds`).
 void shutdown_workers(const Communicator& world, const std::string& reason, double seconds);

@@ -19,11 +19,14 @@ T field(const json& j, const char* name, T fallback) {
   if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) fail_input("field '{}' must be true or false, got {}", name, v.dump());
   } else if constexpr (std::is_integral_v<T>) {
-    const bool fits = std::is_unsigned_v<T> ? v.is_number_unsigned()
-                                            : v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
-                                                  v.get<int64_t>() <= std::numeric_limits<T>::max();
-    if (!fits) fail_input("field '{}' must be an integer in [{}, {}], got {}", name, std::numeric_limits<T>::min(),
-                          std::numeric_limits<T>::max(), v.dump());
+    const bool fits = std::is_unsigned_v<T>
+                          ? v.is_number_unsigned()
+                          : v.is_number_integer() &&
+                                v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                v.get<int64_t>() <= std::numeric_limits<T>::max();
+    if (!fits)
+      fail_input("field '{}' must be an integer in [{}, {}], got {}", name,
+                 std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), v.dump());
   } else {
     if (!v.is_number()) fail_input("field '{}' must be a number, got {}", name, v.dump());
   }
@@ -42,35 +45,41 @@ void read_prompt(const json& j, IncomingRequest& r) {
   const bool text = j.contains("prompt"), ids = j.contains("prompt_ids");
   if (text == ids) fail_input("give exactly one of 'prompt' (text) and 'prompt_ids' (token ids)");
   if (text) {
-    if (!j.at("prompt").is_string()) fail_input("field 'prompt' must be a string, got {}", j.at("prompt").dump());
+    if (!j.at("prompt").is_string())
+      fail_input("field 'prompt' must be a string, got {}", j.at("prompt").dump());
     r.prompt = j.at("prompt").get<std::string>();
     return;
   }
   const json& list = j.at("prompt_ids");
-  if (!list.is_array()) fail_input("field 'prompt_ids' must be an array of token ids, got {}", list.dump());
+  if (!list.is_array())
+    fail_input("field 'prompt_ids' must be an array of token ids, got {}", list.dump());
   for (size_t i = 0; i < list.size(); ++i) {
-    if (!list[i].is_number_integer() || list[i].get<int64_t>() < INT32_MIN || list[i].get<int64_t>() > INT32_MAX)
+    if (!list[i].is_number_integer() || list[i].get<int64_t>() < INT32_MIN ||
+        list[i].get<int64_t>() > INT32_MAX)
       fail_input("prompt_ids[{}] must be a 32-bit integer, got {}", i, list[i].dump());
     r.request.prompt_ids.push_back(list[i].get<int32_t>());
   }
 }
 
 void read_request(const json& j, IncomingRequest& r) {
-  static const char* const kFields[] = {"id",    "prompt", "prompt_ids", "max_new_tokens", "temperature",
-                                        "top_k", "top_p",  "seed",       "ignore_eos"};
+  static const char* const kFields[] = {"id",          "prompt", "prompt_ids", "max_new_tokens",
+                                        "temperature", "top_k",  "top_p",      "seed",
+                                        "ignore_eos"};
   if (!j.is_object()) fail_input("a request must be a JSON object, got {}", j.dump());
   for (const auto& [key, value] : j.items()) {
     if (std::find(std::begin(kFields), std::end(kFields), key) == std::end(kFields))
-      fail_input("unknown field '{}' (known: id, prompt, prompt_ids, max_new_tokens, temperature, top_k, "
-                 "top_p, seed, ignore_eos)",
-                 key);
+      fail_input(
+          "unknown field '{}' (known: id, prompt, prompt_ids, max_new_tokens, temperature, top_k, "
+          "top_p, seed, ignore_eos)",
+          key);
   }
   if (j.contains("id") && !j.at("id").is_string() && !j.at("id").is_number_integer())
     fail_input("field 'id' must be a string or an integer, got {}", j.at("id").dump());
   read_prompt(j, r);
   GenerationRequest& g = r.request;
   const int64_t max_new = field<int64_t>(j, "max_new_tokens", 64);
-  if (max_new < 0 || max_new > INT32_MAX) fail_input("field 'max_new_tokens' must be in [0, 2^31), got {}", max_new);
+  if (max_new < 0 || max_new > INT32_MAX)
+    fail_input("field 'max_new_tokens' must be in [0, 2^31), got {}", max_new);
   g.max_new_tokens = static_cast<int32_t>(max_new);
   g.sampling.temperature = field<float>(j, "temperature", 0.0f);
   g.sampling.top_k = field<int32_t>(j, "top_k", 0);
@@ -136,7 +145,8 @@ std::string result_line(const GenerationResult& r, const Tokenizer& tok) {
     const std::string full = tok.decode(all);
     const std::string prompt_text = tok.decode(r.prompt_ids);
     j["text"] = full;
-    j["completion"] = full.rfind(prompt_text, 0) == 0 ? full.substr(prompt_text.size()) : tok.decode(r.output_ids);
+    j["completion"] = full.rfind(prompt_text, 0) == 0 ? full.substr(prompt_text.size())
+                                                      : tok.decode(r.output_ids);
   }
   j["stop_reason"] = stop_reason_name(r.stop_reason);
   if (!r.error.empty()) j["error"] = r.error;

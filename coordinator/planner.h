@@ -15,12 +15,13 @@ namespace strata {
 
 struct PlanOptions {
   std::string model_spec;
-  int32_t workers = 1;         // ranks 1..workers
+  int32_t workers = 1;  // ranks 1..workers
   int32_t micro_batches = 1;
   int32_t kv_slots = 32;
   int32_t kv_capacity = 0;
   int32_t max_batch_rows = 512;
-  int64_t stage_mem = -1;      // bytes each stage may use for weights + KV cache + activations (< 0: no limit)
+  int64_t stage_mem =
+      -1;  // bytes each stage may use for weights + KV cache + activations (< 0: no limit)
 };
 
 // A stage's memory: its weights as stored, its share of the KV cache, its step buffers.
@@ -32,7 +33,8 @@ struct StageMemory {
   std::string str() const;
 };
 
-StageMemory stage_memory(const ModelConfig& config, const StagePlan& stage, const ClusterPlan& plan);
+StageMemory stage_memory(const ModelConfig& config, const StagePlan& stage,
+                         const ClusterPlan& plan);
 
 // Throws InputError: more stages than layers, or a stage over PlanOptions::stage_mem.
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& options);

@@ -10,9 +10,11 @@ void SchedulerOptions::validate() const {
   if (micro_batches <= 0) fail_input("--micro-batches must be positive, got {}", micro_batches);
   if (decode_iters <= 0) fail_input("--decode-iters must be positive, got {}", decode_iters);
   if (kv_slots < micro_batches)
-    fail_input("--micro-batches {} needs at least as many KV slots (--max-batch), got {}", micro_batches, kv_slots);
+    fail_input("--micro-batches {} needs at least as many KV slots (--max-batch), got {}",
+               micro_batches, kv_slots);
   if (kv_capacity <= 0) fail_input("KV capacity must be positive, got {}", kv_capacity);
-  if (max_step_tokens <= 0) fail_input("--max-step-tokens must be positive, got {}", max_step_tokens);
+  if (max_step_tokens <= 0)
+    fail_input("--max-step-tokens must be positive, got {}", max_step_tokens);
 }
 
 RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) {
@@ -26,8 +28,8 @@ RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) 
 void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id) {
   STRATA_CHECK(!request.prompt_ids.empty() && request.max_new_tokens > 0 &&
                    static_cast<int32_t>(request.prompt_ids.size()) <= options_.kv_capacity,
-               "request {}: {} prompt tokens, {} new, context {}", request.id, request.prompt_ids.size(),
-               request.max_new_tokens, options_.kv_capacity);
+               "request {}: {} prompt tokens, {} new, context {}", request.id,
+               request.prompt_ids.size(), request.max_new_tokens, options_.kv_capacity);
   STRATA_CHECK(!seqs_.contains(seq_id), "sequence {} submitted twice", seq_id);
   Seq seq;
   seq.request = request;
@@ -134,19 +136,20 @@ bool RraScheduler::accept(Seq& seq, int32_t token) {
 std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
   const int32_t m = result.micro_batch;
   if (m < 0 || m >= micro_batches() || batches_[static_cast<size_t>(m)].step != result.step_id)
-    fail(ErrorKind::kFailed, "result of step {} for micro-batch {}, which has no such step in flight", result.step_id,
+    fail(ErrorKind::kFailed,
+         "result of step {} for micro-batch {}, which has no such step in flight", result.step_id,
          m);
   MicroBatch& b = batches_[static_cast<size_t>(m)];
   if (result.tokens.size() != b.step_seqs)
-    fail(ErrorKind::kFailed, "step {} returned {} tokens for {} sequences", result.step_id, result.tokens.size(),
-         b.step_seqs);
+    fail(ErrorKind::kFailed, "step {} returned {} tokens for {} sequences", result.step_id,
+         result.tokens.size(), b.step_seqs);
   b.step.reset();
   std::vector<FinishedRequest> finished;
   for (const SeqToken& t : result.tokens) {
     auto it = seqs_.find(t.seq_id);
     if (it == seqs_.end() || it->second.micro_batch != m)
-      fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in micro-batch {}", result.step_id,
-           t.seq_id, m);
+      fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in micro-batch {}",
+           result.step_id, t.seq_id, m);
     if (!accept(it->second, t.token)) continue;
     b.free_slots.push_back(it->second.slot);
     std::erase(b.running, t.seq_id);

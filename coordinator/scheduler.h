@@ -23,17 +23,18 @@ namespace strata {
 
 struct SchedulerOptions {
   int32_t micro_batches = 1;
-  int32_t decode_iters = 8;        // N_D: decode iterations between prefill phases
-  int32_t kv_slots = 32;           // sequences in flight over all micro-batches
-  int32_t kv_capacity = 0;         // positions per slot (the context)
-  int32_t max_step_tokens = 512;   // prompt rows one prefill step admits (one longer prompt goes alone)
+  int32_t decode_iters = 8;  // N_D: decode iterations between prefill phases
+  int32_t kv_slots = 32;     // sequences in flight over all micro-batches
+  int32_t kv_capacity = 0;   // positions per slot (the context)
+  int32_t max_step_tokens =
+      512;  // prompt rows one prefill step admits (one longer prompt goes alone)
   std::vector<int32_t> eos_token_ids;
 
   void validate() const;  // InputError naming the option
 };
 
 struct ScheduledStep {
-  StepCommand command;        // token ids filled (the first stage's copy)
+  StepCommand command;         // token ids filled (the first stage's copy)
   std::vector<SeqJoin> joins;  // sequences this prefill admits (for the last stage's sampler)
 };
 

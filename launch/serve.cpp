@@ -54,7 +54,8 @@ int serve_single(const ServeOptions& o) {
       continue;
     }
     ++refused;
-    sink.write(GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, r.error});
+    sink.write(
+        GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, r.error});
   }
   if (o.max_context > 0) e.generator.max_context = o.max_context;
   Generator gen(*e.model, e.generator);
@@ -63,20 +64,22 @@ int serve_single(const ServeOptions& o) {
     refused += r.stop_reason == StopReason::kError ? 1 : 0;
     sink.write(r);
   }
-  const std::string json =
-      fmt::format(R"({{"model": "{}", "ranks": 1, "requests": {}, "errors": {}, "generated_tokens": {}, )"
-                  R"("tokens_per_s": {:.3f}, "generator": {}}})",
-                  o.engine.model, source.size(), refused, stats.generated_tokens, stats.generation_throughput(),
-                  stats.json());
+  const std::string json = fmt::format(
+      R"({{"model": "{}", "ranks": 1, "requests": {}, "errors": {}, "generated_tokens": {}, )"
+      R"("tokens_per_s": {:.3f}, "generator": {}}})",
+      o.engine.model, source.size(), refused, stats.generated_tokens, stats.generation_throughput(),
+      stats.json());
   std::fprintf(stderr, "%s\n", json.c_str());
   write_stats(o.stats_out, json);
   return 0;
 }
 
 int serve_coordinator(const ServeOptions& o, const Communicator& world) {
-  const ModelConfig config = load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
-  const std::unique_ptr<Tokenizer> tokenizer =
-      is_dummy_model(o.engine.model) ? Tokenizer::ids_only(config) : Tokenizer::load(o.engine.model, config);
+  const ModelConfig config =
+      load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
+  const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
+                                                   ? Tokenizer::ids_only(config)
+                                                   : Tokenizer::load(o.engine.model, config);
   JsonlRequestSource source(o.requests);
   JsonlResultSink sink(o.results, *tokenizer);
   CoordinatorOptions c;
@@ -119,7 +122,8 @@ int report_error(const std::exception& e) {
   if (dynamic_cast<const InputError*>(&e) != nullptr) {
     std::fprintf(stderr, "strata: error: %s\n", e.what());
   } else {
-    std::fprintf(stderr, "strata: error (%s): %s\n", error ? error_kind_name(error->kind()) : "failed", e.what());
+    std::fprintf(stderr, "strata: error (%s): %s\n",
+                 error ? error_kind_name(error->kind()) : "failed", e.what());
   }
   std::fflush(stderr);
   return dynamic_cast<const InputError*>(&e) != nullptr ? 2 : 1;
@@ -127,8 +131,10 @@ int report_error(const std::exception& e) {
 
 int run_serve(const ServeOptions& o) {
   if (o.engine.device != "auto" && o.engine.device != "cpu")
-    fail_input("--device {}: cluster stages compute on the CPU for now (GPU stages come with the offloading issue)",
-               o.engine.device);
+    fail_input(
+        "--device {}: cluster stages compute on the CPU for now (GPU stages come with the "
+        "offloading issue)",
+        o.engine.device);
   MpiSession session(nullptr, nullptr);
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) return serve_single(o);
@@ -149,28 +155,38 @@ int run_serve(const ServeOptions& o) {
 
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
-  CLI::App* cmd = app.add_subcommand("serve", "Serve requests from a JSONL file: one process, or a cluster under mpirun");
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve requests from a JSONL file: one process, or a cluster under mpirun");
   add_engine_options(*cmd, o->engine);
   cmd->add_option("--requests", o->requests, "JSONL file, one request per line")->required();
   cmd->add_option("--results", o->results, "JSONL file the results are written to")->required();
   cmd->add_option("--stats-out", o->stats_out, "Write the run's statistics (JSON) to this file");
-  cmd->add_option("--micro-batches", o->micro_batches, "Micro-batches in flight through the pipeline")
+  cmd->add_option("--micro-batches", o->micro_batches,
+                  "Micro-batches in flight through the pipeline")
       ->check(positive());
-  cmd->add_option("--decode-iters", o->decode_iters, "Decode iterations between prefill phases (ExeGPT's N_D)")
+  cmd->add_option("--decode-iters", o->decode_iters,
+                  "Decode iterations between prefill phases (ExeGPT's N_D)")
       ->check(positive());
   cmd->add_option("--max-context", o->max_context, "KV positions per sequence (0: longest request)")
       ->check(non_negative());
-  cmd->add_option("--stage-mem", o->stage_mem, "Memory per stage for weights, KV cache and buffers (e.g. 2GiB)");
-  cmd->add_option("--heartbeat-interval", o->heartbeat_interval, "Seconds between pings of the workers")
+  cmd->add_option("--stage-mem", o->stage_mem,
+                  "Memory per stage for weights, KV cache and buffers (e.g. 2GiB)");
+  cmd->add_option("--heartbeat-interval", o->heartbeat_interval,
+                  "Seconds between pings of the workers")
       ->check(positive());
-  cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout, "Seconds of silence before a worker is declared dead")
+  cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout,
+                  "Seconds of silence before a worker is declared dead")
       ->check(positive());
-  cmd->add_option("--load-timeout", o->load_timeout, "Seconds for every stage to load its layers")->check(positive());
-  cmd->add_option("--step-timeout", o->step_timeout, "Seconds a stage waits for one step's activations")
+  cmd->add_option("--load-timeout", o->load_timeout, "Seconds for every stage to load its layers")
       ->check(positive());
-  cmd->add_option("--debug-kill-rank", o->debug_kill_rank, "Tests: this rank dies (SIGKILL) mid-run")
+  cmd->add_option("--step-timeout", o->step_timeout,
+                  "Seconds a stage waits for one step's activations")
+      ->check(positive());
+  cmd->add_option("--debug-kill-rank", o->debug_kill_rank,
+                  "Tests: this rank dies (SIGKILL) mid-run")
       ->group("");
-  cmd->add_option("--debug-kill-after-steps", o->debug_kill_after_steps, "Tests: ... after this many steps")
+  cmd->add_option("--debug-kill-after-steps", o->debug_kill_after_steps,
+                  "Tests: ... after this many steps")
       ->group("");
   return {cmd, [o] { return run_serve(*o); }};
 }

@@ -24,7 +24,8 @@ class PipelineStage {
   // Loads the stage's share of plan.model_spec (`options` gives the rest: dummy dtype and
   // seed, memory budgets) and allocates its KV cache (plan.kv_slots x plan.kv_capacity, the
   // stage's layers only) and step buffers (plan.max_batch_rows) once.
-  PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend, LoadOptions options);
+  PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
+                LoadOptions options);
 
   const StagePlan& stage() const { return stage_; }
   bool first() const { return stage_.has_embedding; }
@@ -44,7 +45,8 @@ class PipelineStage {
   // activations to `out` [rows, hidden]. The last stage: returns one sampled token per
   // sequence of the command, in its order. A command that does not fit the plan (slot,
   // positions, rows) is Error(kFailed) naming the step.
-  std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in, std::span<float> out);
+  std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in,
+                            std::span<float> out);
 
  private:
   void build_batch(const StepCommand& command);

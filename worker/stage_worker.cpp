@@ -94,12 +94,14 @@ void StageWorker::start(const ClusterPlan& plan) {
   links_ = std::make_unique<TensorLinks>(
       TensorLinks::create(world_, -1, Deadline::after_seconds(options_.plan_timeout_s)));
   const StagePlan* stage = plan.stage_of_rank(me);
-  if (stage == nullptr) fail(ErrorKind::kFailed, "plan {} has no stage for rank {}", plan.plan_id, me);
+  if (stage == nullptr)
+    fail(ErrorKind::kFailed, "plan {} has no stage for rank {}", plan.plan_id, me);
   const auto index = static_cast<size_t>(stage - plan.stages.data());
   if (index > 0) prev_ = plan.stages[index - 1].rank;
   if (index + 1 < plan.stages.size()) next_ = plan.stages[index + 1].rank;
   stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.load);
-  const size_t act = static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
+  const size_t act =
+      static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
   if (!stage_->first()) in_.resize(act);
   if (!stage_->last()) out_[0].resize(act), out_[1].resize(act);
 }
@@ -136,7 +138,8 @@ void StageWorker::on_step(const StepCommand& c) {
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
   const size_t act = static_cast<size_t>(c.rows()) * static_cast<size_t>(stage_->hidden());
   if (act > in_.size() && !stage_->first())
-    fail(ErrorKind::kFailed, "step {}: {} rows exceed the plan's {}", c.step_id, c.rows(), plan_->max_batch_rows);
+    fail(ErrorKind::kFailed, "step {}: {} rows exceed the plan's {}", c.step_id, c.rows(),
+         plan_->max_batch_rows);
   std::span<float> in(in_.data(), stage_->first() ? 0 : act);
   if (!stage_->first()) {
     Transfer t = links_->to(prev_).start_recv(prev_, in);
@@ -159,7 +162,8 @@ void StageWorker::on_step(const StepCommand& c) {
   stats_.rows += static_cast<uint64_t>(c.rows());
   if (options_.debug_exit_after_steps >= 0 &&
       stats_.steps >= static_cast<uint64_t>(options_.debug_exit_after_steps)) {
-    log::get("worker")->warn("test hook: rank {} dies now (SIGKILL) after {} steps", world_.rank(), stats_.steps);
+    log::get("worker")->warn("test hook: rank {} dies now (SIGKILL) after {} steps", world_.rank(),
+                             stats_.steps);
     std::raise(SIGKILL);
   }
 }
@@ -180,7 +184,8 @@ int StageWorker::linger_after(const std::exception& e) {
   const Error as_error = error ? *error : Error(ErrorKind::kFailed, e.what());
   log->error("rank {}: {}", world_.rank(), e.what());
   try {
-    control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_), Deadline::after_seconds(5));
+    control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_),
+                  Deadline::after_seconds(5));
     for (Transfer& t : sends_) t = Transfer();  // cancels
     const Deadline deadline = Deadline::after_seconds(options_.idle_timeout_s);
     while (!std::holds_alternative<Shutdown>(next_message(deadline, "shutdown after an error"))) {
@@ -212,7 +217,8 @@ ControlMessage StageWorker::next_message(const Deadline& deadline, const char* a
 // While waiting inside a step: answer a ping at once, keep anything else for later, and
 // stop at once on Shutdown.
 bool StageWorker::serve_control_once() {
-  std::optional<Received> r = control_.try_recv(0, Deadline::after_seconds(options_.step_timeout_s));
+  std::optional<Received> r =
+      control_.try_recv(0, Deadline::after_seconds(options_.step_timeout_s));
   if (!r) return false;
   if (auto* ping = std::get_if<Heartbeat>(&r->message); ping && !ping->reply) {
     answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
@@ -236,7 +242,8 @@ void StageWorker::wait_serving(Transfer& t, const Deadline& deadline) {
 
 }  // namespace
 
-int run_stage_worker(const Communicator& world, Backend& backend, const StageWorkerOptions& options) {
+int run_stage_worker(const Communicator& world, Backend& backend,
+                     const StageWorkerOptions& options) {
   StageWorker worker(world, backend, options);
   return worker.run();
 }

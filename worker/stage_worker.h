@@ -16,7 +16,7 @@
 namespace strata {
 
 struct StageWorkerOptions {
-  LoadOptions load;  // dummy dtype / seed, budgets; the plan sets the layer range
+  LoadOptions load;             // dummy dtype / seed, budgets; the plan sets the layer range
   double plan_timeout_s = 120;  // waiting for the plan, and for the tensor links
   double idle_timeout_s = 60;   // silence from the coordinator before giving up
   double step_timeout_s = 60;   // waiting for one step's activations (or for a send)
@@ -29,6 +29,7 @@ inline constexpr int kStageLostPeer = 3;
 
 // Runs until Shutdown; returns the process exit code: 0, 1 after an error that was reported
 // to rank 0, kStageLostPeer. Errors before the plan arrives propagate.
-int run_stage_worker(const Communicator& world, Backend& backend, const StageWorkerOptions& options);
+int run_stage_worker(const Communicator& world, Backend& backend,
+                     const StageWorkerOptions& options);
 
 }  // namespace strata

@@ -4,9 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kernels/error.h"
-
 #include "coordinator/intake.h"
+#include "kernels/error.h"
 #include "worker/dummy.h"
 
 namespace strata {
@@ -58,7 +57,8 @@ TEST(Intake, FileSourceAndSinkRoundTrip) {
   std::filesystem::create_directories(dir);
   {
     std::ofstream f(dir + "/req.jsonl");
-    f << R"({"id": "a", "prompt": "2 3 4", "max_new_tokens": 2})" << "\n\n{oops\n";
+    f << R"({"id": "a", "prompt": "2 3 4", "max_new_tokens": 2})"
+      << "\n\n{oops\n";
   }
   JsonlRequestSource source(dir + "/req.jsonl");
   EXPECT_EQ(source.size(), 2u);
@@ -70,8 +70,9 @@ TEST(Intake, FileSourceAndSinkRoundTrip) {
   EXPECT_EQ(got[0].request.prompt_ids, (std::vector<int32_t>{2, 3, 4}));
   EXPECT_NE(got[1].error.find("req.jsonl:3"), std::string::npos);
   GenerationResult r{"a", {2, 3, 4}, {9}, StopReason::kLength, {}};
-  EXPECT_EQ(result_line(r, *tok),
-            R"({"id":"a","prompt_ids":[2,3,4],"output_ids":[9],"text":"2 3 4 9","completion":" 9","stop_reason":"length"})");
+  EXPECT_EQ(
+      result_line(r, *tok),
+      R"({"id":"a","prompt_ids":[2,3,4],"output_ids":[9],"text":"2 3 4 9","completion":" 9","stop_reason":"length"})");
   EXPECT_THROW(JsonlRequestSource{dir + "/missing.jsonl"}, InputError);
 }
 

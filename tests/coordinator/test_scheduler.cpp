@@ -30,7 +30,8 @@ SchedulerOptions options(int32_t k, int32_t nd, int32_t slots) {
 // Answers a step with token 7 for every sequence (or `eos_for` gets 2).
 StepResult answer(const ScheduledStep& s, uint64_t eos_for = UINT64_MAX) {
   StepResult r{s.command.step_id, s.command.micro_batch, {}};
-  for (const SeqStep& q : s.command.seqs) r.tokens.push_back(SeqToken{q.seq_id, q.seq_id == eos_for ? 2 : 7});
+  for (const SeqStep& q : s.command.seqs)
+    r.tokens.push_back(SeqToken{q.seq_id, q.seq_id == eos_for ? 2 : 7});
   return r;
 }
 

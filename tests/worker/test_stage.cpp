@@ -12,7 +12,8 @@
 namespace strata {
 namespace {
 
-ClusterPlan plan_for(const std::string& spec, const ModelConfig& c, std::vector<std::pair<int, int>> ranges) {
+ClusterPlan plan_for(const std::string& spec, const ModelConfig& c,
+                     std::vector<std::pair<int, int>> ranges) {
   ClusterPlan p;
   p.model_spec = spec;
   p.num_layers = c.n_layers;
@@ -48,21 +49,24 @@ std::vector<std::vector<int32_t>> run_chain(std::vector<std::unique_ptr<Pipeline
     std::vector<float> act;
     std::vector<SeqToken> tokens;
     for (auto& s : stages) {
-      std::vector<float> next(s->last() ? 0 : static_cast<size_t>(c.rows()) * static_cast<size_t>(s->hidden()));
+      std::vector<float> next(
+          s->last() ? 0 : static_cast<size_t>(c.rows()) * static_cast<size_t>(s->hidden()));
       tokens = s->run(c, act, next);
       act = std::move(next);
     }
     StepCommand d{c.step_id + 1, Phase::kDecode, 0, {}};
     for (size_t i = 0; i < tokens.size(); ++i) {
       out[i].push_back(tokens[i].token);
-      d.seqs.push_back(SeqStep{i, static_cast<int32_t>(i), c.seqs[i].n_past + c.seqs[i].n_new, 1, {tokens[i].token}});
+      d.seqs.push_back(SeqStep{
+          i, static_cast<int32_t>(i), c.seqs[i].n_past + c.seqs[i].n_new, 1, {tokens[i].token}});
     }
     c = d;
   }
   return out;
 }
 
-std::vector<GenerationResult> single_process(const std::string& spec, const std::vector<GenerationRequest>& requests) {
+std::vector<GenerationResult> single_process(const std::string& spec,
+                                             const std::vector<GenerationRequest>& requests) {
   CpuBackend backend(2);
   LoadedModel m = load_model(spec);
   Model model(m.config, std::move(m.weights), backend, 64);
@@ -76,13 +80,16 @@ void expect_chain_matches(const std::string& spec, std::vector<std::pair<int, in
   const ModelConfig config = load_model(spec).config;
   const ClusterPlan plan = plan_for(spec, config, ranges);
   std::vector<std::unique_ptr<PipelineStage>> stages;
-  for (const StagePlan& s : plan.stages) stages.push_back(std::make_unique<PipelineStage>(plan, s, backend, LoadOptions{}));
+  for (const StagePlan& s : plan.stages)
+    stages.push_back(std::make_unique<PipelineStage>(plan, s, backend, LoadOptions{}));
   const auto chain = run_chain(stages, requests);
   const auto want = single_process(spec, requests);
-  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(chain[i], want[i].output_ids) << spec << " request " << i;
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(chain[i], want[i].output_ids) << spec << " request " << i;
 }
 
-std::vector<GenerationRequest> requests(std::vector<std::vector<int32_t>> prompts, int32_t n, float temperature) {
+std::vector<GenerationRequest> requests(std::vector<std::vector<int32_t>> prompts, int32_t n,
+                                        float temperature) {
   std::vector<GenerationRequest> out;
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest r;
@@ -108,7 +115,8 @@ TEST(PipelineStage, Stories260KChainMatchesGeneratorSeeded) {
 }
 
 TEST(PipelineStage, OptDummyChainMatchesGenerator) {
-  expect_chain_matches("dummy:opt-125m", {{0, 5}, {5, 12}}, requests({{2, 100, 200}, {2, 5, 6, 7, 8}}, 3, 0.0f));
+  expect_chain_matches("dummy:opt-125m", {{0, 5}, {5, 12}},
+                       requests({{2, 100, 200}, {2, 5, 6, 7, 8}}, 3, 0.0f));
 }
 
 TEST(PipelineStage, LoaderBuildsOnlyTheStageLayers) {
