@@ -19,6 +19,7 @@ Command add_limits(CLI::App& app);
 Command add_score(CLI::App& app);
 Command add_profile(CLI::App& app);
 Command add_plan(CLI::App& app);
+Command add_serve(CLI::App& app);
 
 // Number checks whose messages say the rule and the value ("must be >= 0, got -5").
 CLI::Validator non_negative();

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       strata::cli::add_score(app),
       strata::cli::add_profile(app),
       strata::cli::add_plan(app),
+      strata::cli::add_serve(app),
   };
   try {
     app.parse(argc, argv);

@@ -180,9 +180,14 @@ std::string Heartbeat::str() const {
   return fmt::format("heartbeat {} {} rank {}", reply ? "reply" : "ping", sequence, rank);
 }
 
+std::string StageStats::str() const {
+  return fmt::format("stats of rank {}: {} steps, {} rows, busy {:.3f} s, idle {:.3f} s of {:.3f} s",
+                     rank, steps, rows, busy_seconds, idle_seconds, window_seconds);
+}
+
 const char* message_name(const ControlMessage& message) {
-  static constexpr const char* kNames[] = {"plan",     "step",     "batch", "result",
-                                           "finished", "shutdown", "error", "heartbeat"};
+  static constexpr const char* kNames[] = {"plan",  "step",      "batch", "result", "finished",
+                                           "shutdown", "error", "heartbeat", "stats"};
   static_assert(std::size(kNames) == std::variant_size_v<ControlMessage>);
   return kNames[message.index()];
 }
@@ -318,6 +323,15 @@ void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
   b.setReply(h.reply);
 }
 
+void write(wire::StageStats::Builder b, const StageStats& s) {
+  b.setRank(s.rank);
+  b.setSteps(s.steps);
+  b.setRows(s.rows);
+  b.setBusySeconds(s.busy_seconds);
+  b.setIdleSeconds(s.idle_seconds);
+  b.setWindowSeconds(s.window_seconds);
+}
+
 void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& message) {
   std::visit(
       [&](const auto& m) {
@@ -330,6 +344,7 @@ void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& 
         if constexpr (std::is_same_v<T, Shutdown>) body.initShutdown().setReason(text(m.reason));
         if constexpr (std::is_same_v<T, ErrorReport>) write(body.initError(), m);
         if constexpr (std::is_same_v<T, Heartbeat>) write(body.initHeartbeat(), m);
+        if constexpr (std::is_same_v<T, StageStats>) write(body.initStats(), m);
       },
       message);
 }
@@ -441,6 +456,11 @@ ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
     case W::HEARTBEAT: {
       auto h = body.getHeartbeat();
       return Heartbeat{h.getRank(), h.getSequence(), h.getReply()};
+    }
+    case W::STATS: {
+      auto s = body.getStats();
+      return StageStats{s.getRank(),        s.getSteps(),       s.getRows(),
+                        s.getBusySeconds(), s.getIdleSeconds(), s.getWindowSeconds()};
     }
   }
   fail_malformed(fmt::format("unknown message type {}", static_cast<int>(body.which())));

@@ -6,7 +6,7 @@
 //   coordinator -> workers : ClusterPlan, BatchUpdate, StepCommand, FinishedSequences,
 //                            Shutdown, Heartbeat (ping)
 //   last stage -> coordinator : StepResult (one sampled token per sequence)
-//   any worker -> coordinator : ErrorReport, Heartbeat (reply)
+//   any worker -> coordinator : ErrorReport, Heartbeat (reply), StageStats (at shutdown)
 #pragma once
 
 #include <cstddef>
@@ -178,8 +178,23 @@ struct Heartbeat {
   bool operator==(const Heartbeat&) const = default;
 };
 
+// A stage's time from its first step to its last: busy (computing and sending), idle
+// (waiting for a command or for activations). Sent once, in answer to Shutdown.
+struct StageStats {
+  int32_t rank = 0;
+  uint64_t steps = 0;
+  uint64_t rows = 0;
+  double busy_seconds = 0;
+  double idle_seconds = 0;
+  double window_seconds = 0;  // first step start to last step end
+
+  std::string str() const;
+  bool operator==(const StageStats&) const = default;
+};
+
 using ControlMessage = std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult,
-                                    FinishedSequences, Shutdown, ErrorReport, Heartbeat>;
+                                    FinishedSequences, Shutdown, ErrorReport, Heartbeat,
+                                    StageStats>;
 
 const char* message_name(const ControlMessage& message);  // "plan", "step", ...
 std::string str(const ControlMessage& message);

@@ -69,6 +69,14 @@ int64_t layer_bytes_estimate(const ModelConfig& c, bool compress) {
   return static_cast<int64_t>(align_up(static_cast<size_t>(total + vector_params * 4)));
 }
 
+WeightParts weight_parts(const ModelConfig& full, const LoadOptions& o) {
+  const int32_t end = o.layer_end < 0 ? full.n_layers : o.layer_end;
+  if (o.layer_begin < 0 || o.layer_begin >= end || end > full.n_layers)
+    fail_input("{}: layer range [{}, {}) is not a non-empty part of its {} layers", full.source,
+               o.layer_begin, end, full.n_layers);
+  return WeightParts{o.layer_begin, end - o.layer_begin, o.embedding, o.head};
+}
+
 }  // namespace
 
 int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store) {
@@ -147,7 +155,11 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
   LoadedModel m;
   const bool dummy = is_dummy_model(spec);
-  m.config = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
+  const ModelConfig full = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
+  const WeightParts parts = weight_parts(full, options);
+  m.config = full;
+  m.config.n_layers = parts.n_layers;
+  m.layer_begin = parts.layer_begin;
   WeightBudget budget{options.device != nullptr, options.gpu_mem, options.cpu_mem, options.w_gpu_percent,
                       options.w_cpu_percent, options.compress_weight};
   m.placement = place_weights(m.config, budget);
@@ -176,10 +188,10 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     };
   }
   if (dummy) {
-    m.weights = make_dummy_weights(m.config, options.dummy_seed, sink);
+    m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts);
     m.tokenizer = Tokenizer::ids_only(m.config);
   } else {
-    m.weights = load_checkpoint_weights(m.config, spec, sink);
+    m.weights = load_checkpoint_weights(full, spec, sink, parts);
     m.tokenizer = Tokenizer::load(spec, m.config);
   }
   for (auto& t : compressed) m.weights.owned.push_back(std::move(t));

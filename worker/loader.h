@@ -36,6 +36,14 @@ struct LoadOptions {
   // FlexGen's weight compression: every layer matrix whose rows are whole groups of 64 is
   // stored 4-bit group-wise (kQ4) in every tier and dequantised just before use.
   bool compress_weight = false;
+  // A pipeline stage (worker/stage.h) loads only its part: layers [layer_begin, layer_end)
+  // (layer_end < 0: to the last) and the embedding / head only where it has them. The loaded
+  // config then counts only those layers (n_layers = layer_end - layer_begin), so the model,
+  // its KV cache and the weight placement cover the stage alone.
+  int32_t layer_begin = 0;
+  int32_t layer_end = -1;
+  bool embedding = true;
+  bool head = true;
 };
 
 // Quantises a layer's matrices to kQ4 (those with columns a multiple of 64); the new
@@ -74,7 +82,8 @@ WeightPlacement place_weights(const ModelConfig& config, const WeightBudget& bud
 WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem);  // host compute
 
 struct LoadedModel {
-  ModelConfig config;
+  ModelConfig config;  // n_layers: the layers loaded (a stage's share; see LoadOptions)
+  int32_t layer_begin = 0;  // the first loaded layer's index in the whole model
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
   WeightPlacement placement;

@@ -198,6 +198,29 @@ void Model::set_gpu_batch_size(int32_t sequences) {
   gpu_batch_size_ = sequences;
 }
 
+void Model::forward_stage(const StepBatch& batch, KvCache& cache, bool embed_tokens, const float* in,
+                          bool apply_head, float* out) {
+  const int32_t rows = batch.rows();
+  STRATA_CHECK(rows > 0 && rows <= max_rows_, "step of {} rows (max {})", rows, max_rows_);
+  STRATA_CHECK(embed_tokens || in != nullptr, "a stage without the embedding needs input activations");
+  const size_t act_bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.hidden) * sizeof(float);
+  backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
+                CopyKind::kHostToDevice);
+  if (embed_tokens) {
+    backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
+                  CopyKind::kHostToDevice);
+    embed(batch, rows);
+  } else {
+    backend_.copy(x_.data(), in, act_bytes, CopyKind::kHostToDevice);
+  }
+  for (int32_t i = 0; i < config_.n_layers; ++i) layer(layer_weights(i), i, batch, cache, rows);
+  if (apply_head) {
+    head(batch, out);
+  } else {
+    backend_.copy(out, x_.data(), act_bytes, CopyKind::kDeviceToHost);
+  }
+}
+
 const LayerWeights& Model::layer_weights(int32_t i) {
   if (feeder_ != nullptr) return feeder_->acquire(i);
   if (streamer_ != nullptr && streamer_->on_disk(i)) return streamer_->acquire(i);

@@ -69,6 +69,14 @@ class Model {
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
   void forward(const StepBatch& batch, KvCache& cache, float* logits);
 
+  // One pipeline stage's part of a step (worker/stage.h; the model then holds the stage's
+  // layers only). With `embed` the batch's tokens are embedded, otherwise `in` holds the
+  // previous stage's activations [rows, hidden] in host memory. Every layer of this model
+  // runs; with `head` logits are written to `out` as forward() writes them, otherwise the
+  // activations [rows, hidden] are.
+  void forward_stage(const StepBatch& batch, KvCache& cache, bool embed, const float* in, bool head,
+                     float* out);
+
  private:
   const LayerWeights& layer_weights(int32_t i);
   void run_block(std::span<const StepBatch* const> block, KvCache& cache, float* logits);

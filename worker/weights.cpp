@@ -68,20 +68,19 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
   }
 }
 
-ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
-                           const LayerSink& sink, std::vector<std::unique_ptr<OwnedTensor>>& owned) {
-  ModelWeights w;
+void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch, const WeightParts& parts,
+                 ModelWeights& w) {
   const int64_t h = c.hidden;
   const int64_t e = c.is_opt() ? c.word_embed_proj_dim : c.hidden;
-  w.embed = fetch(n.embed + ".weight", {c.vocab, e}, Role::kMatrix, -1);
-  if (c.is_opt()) {
+  if (parts.embedding || (parts.head && c.tie_word_embeddings))
+    w.embed = fetch(n.embed + ".weight", {c.vocab, e}, Role::kMatrix, -1);
+  if (c.is_opt() && parts.embedding) {
     w.positions = fetch(n.positions + ".weight", {c.max_positions + c.position_offset, h},
                         Role::kMatrix, -1);
-    if (e != h) {
-      w.project_in = fetch(n.project_in + ".weight", {h, e}, Role::kMatrix, e);
-      w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
-    }
+    if (e != h) w.project_in = fetch(n.project_in + ".weight", {h, e}, Role::kMatrix, e);
   }
+  if (!parts.head) return;
+  if (c.is_opt() && e != h) w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
   // OPT-350m style (post-LN) models have no final layer norm.
   if (!c.is_opt() || c.do_layer_norm_before) {
     w.final_norm = fetch(n.final_norm + ".weight", {h}, Role::kVector, 0);
@@ -89,11 +88,22 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
   }
   w.lm_head = c.tie_word_embeddings ? w.embed
                                     : fetch(n.lm_head + ".weight", {c.vocab, e}, Role::kMatrix, e);
-  w.layers.resize(static_cast<size_t>(c.n_layers));
-  for (int32_t i = 0; i < c.n_layers; ++i) {
+}
+
+ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
+                           const LayerSink& sink, std::vector<std::unique_ptr<OwnedTensor>>& owned,
+                           const WeightParts& parts) {
+  ModelWeights w;
+  build_fixed(c, n, fetch, parts, w);
+  const int32_t count = parts.n_layers < 0 ? c.n_layers - parts.layer_begin : parts.n_layers;
+  STRATA_CHECK(parts.layer_begin >= 0 && count >= 0 && parts.layer_begin + count <= c.n_layers,
+               "layers [{}, {}) of a {}-layer model", parts.layer_begin, parts.layer_begin + count,
+               c.n_layers);
+  w.layers.resize(static_cast<size_t>(count));
+  for (int32_t i = 0; i < count; ++i) {
     LayerWeights& L = w.layers[static_cast<size_t>(i)];
     const size_t mark = owned.size();
-    build_layer(c, n, i, fetch, L);
+    build_layer(c, n, parts.layer_begin + i, fetch, L);
     if (!sink) continue;
     sink(i, L);
     if (L.q.data == nullptr) owned.resize(mark);  // the sink took the layer elsewhere
@@ -120,7 +130,7 @@ int64_t ModelWeights::matrix_bytes() const {
 }
 
 ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
-                                     const LayerSink& sink) {
+                                     const LayerSink& sink, const WeightParts& parts) {
   auto archive = std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir));
   NameTable names = llama_names();
   if (config.is_opt()) {
@@ -147,14 +157,15 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
     convert_to_f32(view.dtype, view.data, f.as<float>(), static_cast<size_t>(expected.numel()));
     return f;
   };
-  ModelWeights built = build_weights(config, names, fetch, sink, w.owned);
+  ModelWeights built = build_weights(config, names, fetch, sink, w.owned, parts);
   built.owned = std::move(w.owned);
   built.archive = archive;
   log::get("worker")->debug("loaded {} ({} bytes of matrices)", dir, built.matrix_bytes());
   return built;
 }
 
-ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink) {
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink,
+                                const WeightParts& parts) {
   // Refuse before allocating: a 175B shape must say it does not fit, not die in the OOM killer.
   const double need = static_cast<double>(config.shape().total_params()) * dtype_size(config.dtype);
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
@@ -170,7 +181,7 @@ ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const 
     return t;
   };
   const NameTable names = config.is_opt() ? opt_names("model.") : llama_names();
-  ModelWeights built = build_weights(config, names, fetch, sink, w.owned);
+  ModelWeights built = build_weights(config, names, fetch, sink, w.owned, parts);
   built.owned = std::move(w.owned);
   return built;
 }

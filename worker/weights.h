@@ -50,13 +50,24 @@ struct ModelWeights {
 // that empties the layer also frees the memory the loader allocated for it.
 using LayerSink = std::function<void(int32_t layer, LayerWeights& weights)>;
 
+// Which part of a model to build: a pipeline stage needs only its layers, and the embedding
+// or the head only on the first or last stage. Layer `layer_begin + i` of the checkpoint
+// becomes weights.layers[i] (and the sink's layer i); n_layers < 0 means to the last layer.
+struct WeightParts {
+  int32_t layer_begin = 0;
+  int32_t n_layers = -1;
+  bool embedding = true;  // token (and OPT position) embeddings, project_in
+  bool head = true;       // final norm, project_out, lm_head (the embedding too when tied)
+};
+
 // Loads <dir>/model.safetensors (or the sharded index). Throws InputError naming the file
 // and tensor for a missing tensor, a shape that disagrees with the config, or a non-float
 // dtype.
 ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
-                                     const LayerSink& sink = {});
+                                     const LayerSink& sink = {}, const WeightParts& parts = {});
 
 // Generates the weights of a dummy shape deterministically from `seed`.
-ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink = {});
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink = {},
+                                const WeightParts& parts = {});
 
 }  // namespace strata

@@ -44,6 +44,7 @@ std::vector<ControlMessage> every_message() {
       Shutdown{"all requests done"},
       ErrorReport{2, ErrorKind::kOverloaded, "out of memory: KV cache \xc3\xa9", 7},
       Heartbeat{3, 99, true},
+      StageStats{2, 40, 320, 1.25, 0.5, 1.75},
   };
 }
 
@@ -65,6 +66,7 @@ TEST(Messages, EveryMessagePrintsWhatMatters) {
   EXPECT_NE(step.find("seq 11 slot 0 past 0 new 3 tokens 3"), std::string::npos) << step;
   for (const ControlMessage& m : every_message()) EXPECT_FALSE(str(m).empty()) << message_name(m);
   EXPECT_STREQ(message_name(Heartbeat{}), "heartbeat");
+  EXPECT_STREQ(message_name(StageStats{}), "stats");
 }
 
 TEST(Messages, LongListsPrintBounded) {

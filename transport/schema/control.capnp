@@ -125,6 +125,16 @@ struct Heartbeat {
   reply @2 :Bool;
 }
 
+# A stage's own account of its time, sent once when it shuts down (observability).
+struct StageStats {
+  rank @0 :Int32;
+  steps @1 :UInt64;
+  rows @2 :UInt64;
+  busySeconds @3 :Float64;
+  idleSeconds @4 :Float64;
+  windowSeconds @5 :Float64;
+}
+
 struct ControlMessage {
   version @0 :UInt32;
   body :union {
@@ -136,5 +146,6 @@ struct ControlMessage {
     shutdown @6 :Shutdown;
     error @7 :ErrorReport;
     heartbeat @8 :Heartbeat;
+    stats @9 :StageStats;
   }
 }

@@ -1,0 +1,71 @@
+// Rank 0 of a cluster: reads requests, plans the stages, drives the pipeline with the RRA
+// scheduler (scheduler.h) over K micro-batches in flight, writes results as they finish,
+// and reports per-stage busy / idle time at the end. A worker that dies or hangs is named
+// (heartbeats and PeerMonitor) and the run ends with an Error within a bounded time; a plan
+// that cannot run is refused (InputError) before any worker loads anything.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coordinator/intake.h"
+#include "transport/messages.h"
+#include "transport/mpi_session.h"
+#include "worker/config.h"
+#include "worker/tokenizer.h"
+
+namespace strata {
+
+struct CoordinatorOptions {
+  std::string model_spec;
+  int32_t micro_batches = 1;
+  int32_t decode_iters = 8;
+  int32_t kv_slots = 32;          // --max-batch: sequences in flight over all micro-batches
+  int32_t max_step_tokens = 512;  // prompt rows per prefill step
+  int32_t max_context = 0;        // KV positions per slot; 0: longest request, capped by the model
+  int64_t stage_mem = -1;         // bytes per stage (< 0: no limit)
+  double heartbeat_interval_s = 1.0;
+  double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
+  double load_timeout_s = 300.0;      // plan to every stage loaded
+  double step_timeout_s = 60.0;       // one control send
+};
+
+struct StageReport {
+  StagePlan stage;
+  StageStats stats;
+  double bubble_fraction() const;  // idle / window of the stage's first to last step
+};
+
+struct ClusterStats {
+  std::string model;
+  int32_t ranks = 0;
+  int32_t micro_batches = 0;
+  int32_t decode_iters = 0;
+  int64_t requests = 0;
+  int64_t errors = 0;  // refused requests (malformed, invalid)
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t prefill_steps = 0;
+  int64_t decode_steps = 0;
+  double seconds = 0;  // first step sent to last result in
+  std::vector<StageReport> stages;
+
+  double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)
+  std::string json() const;
+  std::string table() const;  // the human summary printed at the end
+};
+
+// The model's config as the workers will load it (a folder or dummy:NAME).
+ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype);
+
+// Runs the whole job on rank 0 of `world` (every other rank runs run_stage_worker). On any
+// failure the workers are told to shut down before the error propagates.
+ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options,
+                             const ModelConfig& config, const Tokenizer& tokenizer,
+                             RequestSource& source, ResultSink& sink);
+
+// Tells every worker to stop (best effort, each send bounded by `seconds`).
+void shutdown_workers(const Communicator& world, const std::string& reason, double seconds);
+
+}  // namespace strata

@@ -1,0 +1,163 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+
+#include "kernels/error.h"
+
+namespace strata {
+
+void SchedulerOptions::validate() const {
+  if (micro_batches <= 0) fail_input("--micro-batches must be positive, got {}", micro_batches);
+  if (decode_iters <= 0) fail_input("--decode-iters must be positive, got {}", decode_iters);
+  if (kv_slots < micro_batches)
+    fail_input("--micro-batches {} needs at least as many KV slots (--max-batch), got {}",
+               micro_batches, kv_slots);
+  if (kv_capacity <= 0) fail_input("KV capacity must be positive, got {}", kv_capacity);
+  if (max_step_tokens <= 0)
+    fail_input("--max-step-tokens must be positive, got {}", max_step_tokens);
+}
+
+RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) {
+  options_.validate();
+  batches_.resize(static_cast<size_t>(options_.micro_batches));
+  // Slot s belongs to micro-batch s mod K; each hands out its lowest free slot first.
+  for (int32_t s = options_.kv_slots - 1; s >= 0; --s)
+    batches_[static_cast<size_t>(s % options_.micro_batches)].free_slots.push_back(s);
+}
+
+void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id) {
+  STRATA_CHECK(!request.prompt_ids.empty() && request.max_new_tokens > 0 &&
+                   static_cast<int32_t>(request.prompt_ids.size()) <= options_.kv_capacity,
+               "request {}: {} prompt tokens, {} new, context {}", request.id,
+               request.prompt_ids.size(), request.max_new_tokens, options_.kv_capacity);
+  STRATA_CHECK(!seqs_.contains(seq_id), "sequence {} submitted twice", seq_id);
+  Seq seq;
+  seq.request = request;
+  seq.result.id = request.id;
+  seq.result.prompt_ids = request.prompt_ids;
+  seqs_.emplace(seq_id, std::move(seq));
+  waiting_.push_back(seq_id);
+}
+
+bool RraScheduler::idle() const {
+  if (!waiting_.empty()) return false;
+  return std::all_of(batches_.begin(), batches_.end(),
+                     [](const MicroBatch& b) { return b.running.empty() && !b.step; });
+}
+
+// Waiting requests, in arrival order, into the micro-batch's free slots while their prompts
+// fit the step's row budget (the first always goes, so a long prompt is never stuck), and
+// while the micro-batch holds no more than its share of all the work, so the micro-batches
+// stay balanced and every stage has one to run while the others compute.
+std::vector<uint64_t> RraScheduler::admit(int32_t m) {
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  size_t work = waiting_.size();
+  for (const MicroBatch& other : batches_) work += other.running.size();
+  const size_t k = batches_.size();
+  const size_t share = (work + k - 1) / k;
+  std::vector<uint64_t> admitted;
+  int32_t rows = 0;
+  while (!waiting_.empty() && !b.free_slots.empty() && b.running.size() + admitted.size() < share) {
+    Seq& seq = seqs_.at(waiting_.front());
+    const auto n = static_cast<int32_t>(seq.request.prompt_ids.size());
+    if (!admitted.empty() && rows + n > options_.max_step_tokens) break;
+    rows += n;
+    seq.slot = b.free_slots.back();
+    b.free_slots.pop_back();
+    seq.micro_batch = m;
+    admitted.push_back(waiting_.front());
+    waiting_.pop_front();
+  }
+  return admitted;
+}
+
+std::optional<ScheduledStep> RraScheduler::next_step(int32_t m) {
+  STRATA_CHECK(m >= 0 && m < micro_batches(), "micro-batch {} of {}", m, micro_batches());
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  STRATA_CHECK(!b.step, "micro-batch {} already has step {} in flight", m, *b.step);
+  if (b.decode_left <= 0 || b.running.empty()) {
+    const std::vector<uint64_t> admitted = admit(m);
+    b.decode_left = options_.decode_iters;  // the next phase: N_D decode iterations
+    if (!admitted.empty()) return prefill_step(m, admitted);
+    if (b.running.empty()) return std::nullopt;
+  }
+  --b.decode_left;
+  return decode_step(m);
+}
+
+ScheduledStep RraScheduler::prefill_step(int32_t m, const std::vector<uint64_t>& admitted) {
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  ScheduledStep s;
+  s.command = StepCommand{next_step_id_++, Phase::kPrefill, m, {}};
+  for (uint64_t id : admitted) {
+    Seq& seq = seqs_.at(id);
+    const auto n = static_cast<int32_t>(seq.request.prompt_ids.size());
+    s.command.seqs.push_back(SeqStep{id, seq.slot, 0, n, seq.request.prompt_ids});
+    s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
+    seq.n_past = n;
+    b.running.push_back(id);
+  }
+  b.step = s.command.step_id;
+  b.step_seqs = s.command.seqs.size();
+  return s;
+}
+
+ScheduledStep RraScheduler::decode_step(int32_t m) {
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  ScheduledStep s;
+  s.command = StepCommand{next_step_id_++, Phase::kDecode, m, {}};
+  for (uint64_t id : b.running) {
+    Seq& seq = seqs_.at(id);
+    s.command.seqs.push_back(SeqStep{id, seq.slot, seq.n_past, 1, {seq.result.output_ids.back()}});
+    seq.n_past += 1;
+  }
+  b.step = s.command.step_id;
+  b.step_seqs = s.command.seqs.size();
+  return s;
+}
+
+// The generator's rule (worker/generator.cpp), so both stop at the same token.
+bool RraScheduler::accept(Seq& seq, int32_t token) {
+  GenerationResult& res = seq.result;
+  res.output_ids.push_back(token);
+  const auto& eos = options_.eos_token_ids;
+  if (!seq.request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+    res.stop_reason = StopReason::kEos;
+  } else if (static_cast<int32_t>(res.output_ids.size()) >= seq.request.max_new_tokens) {
+    res.stop_reason = StopReason::kLength;
+  } else if (seq.n_past >= options_.kv_capacity) {
+    res.stop_reason = StopReason::kContext;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
+  const int32_t m = result.micro_batch;
+  if (m < 0 || m >= micro_batches() || batches_[static_cast<size_t>(m)].step != result.step_id)
+    fail(ErrorKind::kFailed,
+         "result of step {} for micro-batch {}, which has no such step in flight", result.step_id,
+         m);
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  if (result.tokens.size() != b.step_seqs)
+    fail(ErrorKind::kFailed, "step {} returned {} tokens for {} sequences", result.step_id,
+         result.tokens.size(), b.step_seqs);
+  b.step.reset();
+  std::vector<FinishedRequest> finished;
+  for (const SeqToken& t : result.tokens) {
+    auto it = seqs_.find(t.seq_id);
+    if (it == seqs_.end() || it->second.micro_batch != m)
+      fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in micro-batch {}",
+           result.step_id, t.seq_id, m);
+    if (!accept(it->second, t.token)) continue;
+    b.free_slots.push_back(it->second.slot);
+    std::erase(b.running, t.seq_id);
+    finished.push_back(FinishedRequest{t.seq_id, std::move(it->second.result)});
+    seqs_.erase(it);
+  }
+  std::sort(b.free_slots.rbegin(), b.free_slots.rend());  // lowest on top, as the KV cache does
+  return finished;
+}
+
+}  // namespace strata

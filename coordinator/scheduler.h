@@ -1,0 +1,91 @@
+// Iteration-level scheduling of the cluster, as ExeGPT's RRA (round-robin allocation)
+// runs it: the KV slots are split over `micro_batches` micro-batches that flow through the
+// pipeline one behind the other, so every stage has work while the others compute. Each
+// micro-batch alternates one prefill (encode) phase, which admits waiting requests into its
+// free slots, with `decode_iters` decode iterations (N_D) over its running sequences. A
+// sequence that finishes (EOS, its token budget, the context) leaves at once and frees
+// its slot; requests join only at the next prefill phase.
+//
+// No MPI here: the coordinator's loop (coordinator.h) turns steps into messages and
+// StepResults back into apply(); tests drive it directly.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/messages.h"
+#include "worker/generator.h"
+
+namespace strata {
+
+struct SchedulerOptions {
+  int32_t micro_batches = 1;
+  int32_t decode_iters = 8;  // N_D: decode iterations between prefill phases
+  int32_t kv_slots = 32;     // sequences in flight over all micro-batches
+  int32_t kv_capacity = 0;   // positions per slot (the context)
+  int32_t max_step_tokens =
+      512;  // prompt rows one prefill step admits (one longer prompt goes alone)
+  std::vector<int32_t> eos_token_ids;
+
+  void validate() const;  // InputError naming the option
+};
+
+struct ScheduledStep {
+  StepCommand command;         // token ids filled (the first stage's copy)
+  std::vector<SeqJoin> joins;  // sequences this prefill admits (for the last stage's sampler)
+};
+
+struct FinishedRequest {
+  uint64_t seq_id = 0;
+  GenerationResult result;
+};
+
+class RraScheduler {
+ public:
+  explicit RraScheduler(const SchedulerOptions& options);
+
+  // Queues a valid request (prompt within the context, max_new_tokens > 0).
+  void submit(const GenerationRequest& request, uint64_t seq_id);
+  // The next step of micro-batch `m` when it has none in flight, or nullopt when it has
+  // nothing to run.
+  std::optional<ScheduledStep> next_step(int32_t m);
+  // Takes the tokens of an in-flight step; returns the requests it finished.
+  std::vector<FinishedRequest> apply(const StepResult& result);
+
+  bool in_flight(int32_t m) const { return batches_[static_cast<size_t>(m)].step.has_value(); }
+  bool idle() const;  // nothing waiting, running or in flight
+  size_t waiting() const { return waiting_.size(); }
+  int32_t micro_batches() const { return static_cast<int32_t>(batches_.size()); }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Seq {
+    GenerationRequest request;
+    GenerationResult result;
+    int32_t slot = -1;
+    int32_t n_past = 0;  // positions in the KV cache
+    int32_t micro_batch = -1;
+  };
+  struct MicroBatch {
+    std::vector<int32_t> free_slots;  // ascending order of use
+    std::vector<uint64_t> running;
+    int32_t decode_left = 0;
+    std::optional<uint64_t> step;  // the step in flight
+    size_t step_seqs = 0;          // its sequences: the tokens its result must carry
+  };
+  std::vector<uint64_t> admit(int32_t m);
+  ScheduledStep prefill_step(int32_t m, const std::vector<uint64_t>& admitted);
+  ScheduledStep decode_step(int32_t m);
+  bool accept(Seq& seq, int32_t token);  // true when the sequence is done
+
+  SchedulerOptions options_;
+  std::vector<MicroBatch> batches_;
+  std::deque<uint64_t> waiting_;
+  std::unordered_map<uint64_t, Seq> seqs_;
+  uint64_t next_step_id_ = 1;
+};
+
+}  // namespace strata

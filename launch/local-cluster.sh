@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A cluster on this machine: rank 0 coordinates, ranks 1..NP-1 are pipeline stages.
+#   launch/local-cluster.sh NP [strata serve options...]
+#   launch/local-cluster.sh 3 --model ../shared/models/stories260K \
+#       --requests requests.jsonl --results results.jsonl --micro-batches 2
+# STRATA: the strata binary (default: build/launch/strata). MPIRUN_ARGS: more mpirun options.
+# The Open MPI settings live here, not in users' heads: running as root (containers, CI),
+# more ranks than cores (oversubscription), no core binding (ranks share the cores), and
+# --mca orte_abort_on_non_zero_status 0 so that when a worker dies the coordinator itself
+# says which rank it was before the job ends (docs/CLUSTER.md).
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: $0 NP [strata serve options...]" >&2
+  exit 2
+fi
+np=$1
+shift
+here=$(cd "$(dirname "$0")/.." && pwd)
+strata=${STRATA:-$here/build/launch/strata}
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck disable=SC2086
+exec mpirun -np "$np" --oversubscribe --bind-to none \
+  --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} \
+  "$strata" serve "$@"

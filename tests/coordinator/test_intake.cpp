@@ -1,0 +1,80 @@
+// JSONL intake: every field, and malformed lines that become error results, never crashes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "coordinator/intake.h"
+#include "kernels/error.h"
+#include "worker/dummy.h"
+
+namespace strata {
+namespace {
+
+TEST(Intake, ParsesEveryField) {
+  const IncomingRequest r = parse_request_line(
+      R"({"id": "q1", "prompt_ids": [2, 5], "max_new_tokens": 9, "temperature": 0.5, "top_k": 4,)"
+      R"( "top_p": 0.9, "seed": 11, "ignore_eos": true})",
+      "f:1");
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.request.id, "q1");
+  EXPECT_EQ(r.request.prompt_ids, (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(r.request.max_new_tokens, 9);
+  EXPECT_FLOAT_EQ(r.request.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.request.sampling.top_k, 4);
+  EXPECT_EQ(r.request.sampling.seed, 11u);
+  EXPECT_TRUE(r.request.ignore_eos);
+  const IncomingRequest t = parse_request_line(R"({"id": 7, "prompt": "hi"})", "f:2");
+  EXPECT_EQ(t.request.id, "7");
+  EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_EQ(t.request.max_new_tokens, 64);
+}
+
+TEST(Intake, MalformedLinesBecomeErrorsNamingTheProblem) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"not json", "not valid JSON"},
+      {"[1, 2]", "must be a JSON object"},
+      {R"({"id": "x"})", "exactly one of 'prompt'"},
+      {R"({"prompt": "a", "prompt_ids": [1]})", "exactly one of 'prompt'"},
+      {R"({"prompt_ids": [1, "b"]})", "prompt_ids[1]"},
+      {R"({"prompt_ids": [1], "max_new_tokens": -3})", "max_new_tokens"},
+      {R"({"prompt_ids": [1], "max_new_tokens": "5"})", "max_new_tokens"},
+      {R"({"prompt_ids": [1], "max_tokens": 5})", "unknown field 'max_tokens'"},
+      {R"({"prompt_ids": [1], "top_p": 0})", "top_p"},
+      {R"({"prompt_ids": [1], "seed": -1})", "seed"},
+      {R"({"prompt_ids": [1], "id": [1]})", "'id'"},
+  };
+  for (const auto& [line, want] : cases) {
+    const IncomingRequest r = parse_request_line(line, "req.jsonl:3");
+    EXPECT_NE(r.error.find(want), std::string::npos) << line << " -> " << r.error;
+    EXPECT_NE(r.error.find("req.jsonl:3"), std::string::npos) << r.error;
+  }
+  EXPECT_EQ(parse_request_line(R"({"id": "k", "max_tokens": 1})", "f:1").request.id, "k");
+}
+
+TEST(Intake, FileSourceAndSinkRoundTrip) {
+  const std::string dir = STRATA_TEST_TMP;
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/req.jsonl");
+    f << R"({"id": "a", "prompt": "2 3 4", "max_new_tokens": 2})"
+      << "\n\n{oops\n";
+  }
+  JsonlRequestSource source(dir + "/req.jsonl");
+  EXPECT_EQ(source.size(), 2u);
+  auto got = source.poll(10);
+  EXPECT_TRUE(source.exhausted());
+  ASSERT_EQ(got.size(), 2u);
+  const auto tok = Tokenizer::ids_only(dummy_model_config("opt-125m"));
+  tokenize(got[0], *tok);
+  EXPECT_EQ(got[0].request.prompt_ids, (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_NE(got[1].error.find("req.jsonl:3"), std::string::npos);
+  GenerationResult r{"a", {2, 3, 4}, {9}, StopReason::kLength, {}};
+  EXPECT_EQ(
+      result_line(r, *tok),
+      R"({"id":"a","prompt_ids":[2,3,4],"output_ids":[9],"text":"2 3 4 9","completion":" 9","stop_reason":"length"})");
+  EXPECT_THROW(JsonlRequestSource{dir + "/missing.jsonl"}, InputError);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,125 @@
+// ExeGPT's RRA schedule as the coordinator runs it: one prefill phase admits waiting
+// requests, then N_D decode iterations; finished sequences leave at once and free their
+// slots; new requests join only at the next prefill phase; micro-batches stay balanced.
+#include <gtest/gtest.h>
+
+#include "coordinator/scheduler.h"
+
+namespace strata {
+namespace {
+
+GenerationRequest req(const std::string& id, int32_t prompt_len, int32_t max_new) {
+  GenerationRequest r;
+  r.id = id;
+  r.prompt_ids.assign(static_cast<size_t>(prompt_len), 5);
+  r.max_new_tokens = max_new;
+  return r;
+}
+
+SchedulerOptions options(int32_t k, int32_t nd, int32_t slots) {
+  SchedulerOptions o;
+  o.micro_batches = k;
+  o.decode_iters = nd;
+  o.kv_slots = slots;
+  o.kv_capacity = 64;
+  o.max_step_tokens = 64;
+  o.eos_token_ids = {2};
+  return o;
+}
+
+// Answers a step with token 7 for every sequence (or `eos_for` gets 2).
+StepResult answer(const ScheduledStep& s, uint64_t eos_for = UINT64_MAX) {
+  StepResult r{s.command.step_id, s.command.micro_batch, {}};
+  for (const SeqStep& q : s.command.seqs)
+    r.tokens.push_back(SeqToken{q.seq_id, q.seq_id == eos_for ? 2 : 7});
+  return r;
+}
+
+TEST(RraScheduler, PrefillThenNdDecodesThenNextPrefill) {
+  RraScheduler s(options(1, 3, 4));
+  s.submit(req("a", 4, 10), 0);
+  s.submit(req("b", 2, 10), 1);
+  auto p = s.next_step(0);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->command.phase, Phase::kPrefill);
+  EXPECT_EQ(p->command.rows(), 6);
+  EXPECT_EQ(p->joins.size(), 2u);
+  EXPECT_TRUE(s.apply(answer(*p)).empty());
+  s.submit(req("c", 3, 10), 2);  // arrives during the decode phase: waits for the next prefill
+  for (int i = 0; i < 3; ++i) {
+    auto d = s.next_step(0);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->command.phase, Phase::kDecode) << i;
+    EXPECT_EQ(d->command.seqs.size(), 2u);
+    EXPECT_EQ(d->command.seqs[0].n_past, 4 + i);
+    EXPECT_EQ(d->command.seqs[0].token_ids, std::vector<int32_t>{7});
+    s.apply(answer(*d));
+  }
+  auto p2 = s.next_step(0);
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p2->command.phase, Phase::kPrefill);
+  ASSERT_EQ(p2->command.seqs.size(), 1u);
+  EXPECT_EQ(p2->command.seqs[0].seq_id, 2u);
+  EXPECT_EQ(s.waiting(), 0u);
+}
+
+TEST(RraScheduler, FinishedLeaveAtOnceAndFreeTheirSlot) {
+  RraScheduler s(options(1, 100, 2));
+  s.submit(req("a", 3, 2), 0);
+  s.submit(req("b", 3, 50), 1);
+  s.submit(req("c", 3, 50), 2);
+  auto p = s.next_step(0);
+  ASSERT_EQ(p->command.seqs.size(), 2u);  // two slots
+  const int32_t slot_a = p->command.seqs[0].slot;
+  s.apply(answer(*p));
+  auto d = s.next_step(0);
+  auto done = s.apply(answer(*d));
+  ASSERT_EQ(done.size(), 1u);  // a: 2 tokens = its budget
+  EXPECT_EQ(done[0].result.id, "a");
+  EXPECT_EQ(done[0].result.stop_reason, StopReason::kLength);
+  EXPECT_EQ(done[0].result.output_ids, (std::vector<int32_t>{7, 7}));
+  auto d2 = s.next_step(0);  // N_D not over: c waits although a slot is free
+  EXPECT_EQ(d2->command.phase, Phase::kDecode);
+  ASSERT_EQ(d2->command.seqs.size(), 1u);
+  auto eos = s.apply(answer(*d2, 1));
+  ASSERT_EQ(eos.size(), 1u);
+  EXPECT_EQ(eos[0].result.stop_reason, StopReason::kEos);
+  auto p2 = s.next_step(0);  // nothing runs: the next prefill phase starts now
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p2->command.phase, Phase::kPrefill);
+  EXPECT_EQ(p2->command.seqs[0].slot, slot_a);
+}
+
+TEST(RraScheduler, MicroBatchesShareTheWorkAndOwnDisjointSlots) {
+  RraScheduler s(options(2, 4, 8));
+  for (uint64_t i = 0; i < 4; ++i) s.submit(req(std::to_string(i), 2, 5), i);
+  auto a = s.next_step(0);
+  auto b = s.next_step(1);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->command.seqs.size(), 2u);
+  EXPECT_EQ(b->command.seqs.size(), 2u);
+  for (const SeqStep& x : a->command.seqs)
+    for (const SeqStep& y : b->command.seqs) EXPECT_NE(x.slot, y.slot);
+  EXPECT_TRUE(s.in_flight(0));
+  EXPECT_THROW(s.apply(StepResult{b->command.step_id, 0, {}}), Error);  // wrong micro-batch
+}
+
+TEST(RraScheduler, ContextLimitStopsAsTheGeneratorDoes) {
+  SchedulerOptions o = options(1, 8, 1);
+  o.kv_capacity = 5;
+  RraScheduler s(o);
+  s.submit(req("a", 3, 100), 0);
+  std::vector<FinishedRequest> done;
+  while (done.empty()) done = s.apply(answer(*s.next_step(0)));
+  EXPECT_EQ(done[0].result.stop_reason, StopReason::kContext);
+  EXPECT_EQ(done[0].result.output_ids.size(), 3u);  // positions 3, 4 fed back, then full
+  EXPECT_TRUE(s.idle());
+}
+
+TEST(RraScheduler, RefusesOptionsThatCannotWork) {
+  EXPECT_THROW(RraScheduler(options(4, 8, 2)), InputError);  // fewer slots than micro-batches
+  EXPECT_THROW(RraScheduler(options(1, 0, 2)), InputError);
+}
+
+}  // namespace
+}  // namespace strata

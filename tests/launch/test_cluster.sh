@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The cluster end to end under real mpirun (launch/local-cluster.sh), against the
+# single-process `strata generate` as the reference.
+#   test_cluster.sh STRATA MODEL CASE [ARGS...]
+# Cases:
+#   equal NP MODEL [serve options...]  result ids == strata generate (greedy), mixed
+#                                      prompt and output lengths, a malformed line gets an
+#                                      error result; run with --micro-batches 1 and with the
+#                                      given options, both must match
+#   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
+#                                      non-zero within a bounded time
+#   refuse                             too many stages / over budget: clear refusal, no hang
+set -euo pipefail
+strata=$1
+stories=$2
+case_name=$3
+shift 3
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export STRATA=$strata STRATA_LOG_LEVEL=${STRATA_LOG_LEVEL:-warn}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cluster() {  # NP serve-options... ; a hard guard under ctest's TIMEOUT
+  local np=$1
+  shift
+  timeout -k 5 60 bash "$root/launch/local-cluster.sh" "$np" "$@"
+}
+
+# Requests with mixed prompt and output lengths, and one malformed line.
+write_requests() {  # MODEL FILE
+  if [ "${1#dummy:}" != "$1" ]; then
+    cat >"$2" <<'JSON'
+{"id": "a", "prompt": "2 100 200", "max_new_tokens": 5}
+{"id": "b", "prompt_ids": [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], "max_new_tokens": 2}
+{"id": "c", "prompt": "2 11", "max_new_tokens": 4}
+{"id": "d", "prompt": "2 300 301 302 303", "max_new_tokens": 1}
+{"id": "bad", "prompt": "2 3", "max_new_tokens": "lots"}
+JSON
+  else
+    cat >"$2" <<'JSON'
+{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 40}
+{"id": "b", "prompt": "The cat", "max_new_tokens": 3}
+{"id": "c", "prompt": "Lily and Tom went to the park to play with a big red ball", "max_new_tokens": 24}
+{"id": "d", "prompt": "One day", "max_new_tokens": 1}
+{"id": "e", "prompt": "A", "max_new_tokens": 12}
+{"id": "f", "prompt": "Sam", "max_new_tokens": 30}
+not json at all
+{"id": "g", "prompt": "The sun was hot", "max_new_tokens": 17}
+JSON
+  fi
+}
+
+# The reference: one `strata generate` over every prompt with the largest budget; a greedy
+# request for n tokens must get the first n of them (or all of them if EOS came first).
+reference() {  # MODEL REQUESTS OUT
+  local args=() max=0
+  while IFS= read -r line; do
+    jq -e . >/dev/null 2>&1 <<<"$line" || continue
+    [ "$(jq -r 'has("max_new_tokens") and (.max_new_tokens|type=="number")' <<<"$line")" = true ] || continue
+    local p n
+    p=$(jq -r 'if has("prompt") then .prompt else (.prompt_ids|map(tostring)|join(" ")) end' <<<"$line")
+    n=$(jq -r .max_new_tokens <<<"$line")
+    [ "$n" -gt "$max" ] && max=$n
+    args+=(--prompt "$p")
+  done <"$2"
+  "$strata" generate --model "$1" --threads 1 --max-new-tokens "$max" --format json "${args[@]}" >"$3"
+}
+
+check_equal() {  # MODEL REQUESTS RESULTS
+  local ref=$tmp/ref.jsonl
+  [ -s "$ref" ] || reference "$1" "$2" "$ref"
+  python3 - "$2" "$ref" "$3" <<'PY'
+import json, sys
+reqs, ref, res = sys.argv[1:4]
+got = {}
+for line in open(res):
+    r = json.loads(line)
+    if r["id"] in got: sys.exit(f"FAIL: result {r['id']} written twice")
+    got[r["id"]] = r
+refs = [json.loads(l) for l in open(ref)]
+good = 0
+for n, line in enumerate(open(reqs), 1):
+    try:
+        q = json.loads(line)
+        ok = isinstance(q, dict) and isinstance(q.get("max_new_tokens"), int)
+    except ValueError:
+        ok = False
+    if not ok:
+        errs = [r for r in got.values() if r["stop_reason"] == "error" and f":{n}" in r.get("error", "")]
+        if not errs: sys.exit(f"FAIL: malformed line {n} has no error result")
+        continue
+    r = refs[good]; good += 1
+    want = r["output_ids"][: q["max_new_tokens"]]
+    have = got.get(q["id"])
+    if have is None: sys.exit(f"FAIL: no result for {q['id']}")
+    if have["prompt_ids"] != r["prompt_ids"]: sys.exit(f"FAIL: {q['id']}: prompt ids {have['prompt_ids']} != {r['prompt_ids']}")
+    if have["output_ids"] != want: sys.exit(f"FAIL: {q['id']}: {have['output_ids']} != generate's {want}")
+print(f"{good} results equal to strata generate; {len(got) - good} error results")
+PY
+}
+
+case $case_name in
+  equal)
+    np=$1
+    model=$2
+    shift 2
+    write_requests "$model" "$tmp/req.jsonl"
+    cluster "$np" --model "$model" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/one.jsonl" \
+      --micro-batches 1 --stats-out "$tmp/stats1.json"
+    check_equal "$model" "$tmp/req.jsonl" "$tmp/one.jsonl"
+    cluster "$np" --model "$model" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/many.jsonl" \
+      --stats-out "$tmp/stats.json" "$@"
+    check_equal "$model" "$tmp/req.jsonl" "$tmp/many.jsonl"
+    jq -e --argjson np "$np" '.ranks == $np and (.stages | length) == $np - 1 and .generated_tokens > 0
+        and ([.stages[] | .bubble_fraction >= 0 and .bubble_fraction <= 1 and .busy_seconds > 0] | all)' \
+      "$tmp/stats.json" >/dev/null || fail "stats: $(cat "$tmp/stats.json")"
+    ;;
+  dead)
+    np=$1
+    rank=$2
+    write_requests "$stories" "$tmp/req.jsonl"
+    start=$(date +%s)
+    set +e
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --debug-kill-rank "$rank" --debug-kill-after-steps 2 --heartbeat-interval 0.2 --heartbeat-timeout 2 \
+      >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+    [ "$rc" -ne 0 ] || fail "exit status 0 after rank $rank died"
+    grep -q "worker rank $rank .*dead or hung" "$tmp/out" || { cat "$tmp/out"; fail "rank $rank not named"; }
+    [ "$took" -le 20 ] || fail "took $took s"
+    echo "rank $rank named, exit $rc after $took s"
+    ;;
+  refuse)
+    write_requests "$stories" "$tmp/req.jsonl"
+    set +e
+    cluster 7 --model "$stories" --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -ne 0 ] || fail "7 ranks for 5 layers accepted"
+    grep -q "6 worker ranks but .* has only 5 layers" "$tmp/out" || { cat "$tmp/out"; fail "no clear refusal"; }
+    set +e
+    cluster 3 --model dummy:opt-125m --stage-mem 100MiB --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -ne 0 ] || fail "over-budget plan accepted"
+    grep -q "does not fit: the stage on rank 1" "$tmp/out" || { cat "$tmp/out"; fail "no clear budget refusal"; }
+    echo "refusals clear"
+    ;;
+  *)
+    fail "unknown case '$case_name'"
+    ;;
+esac

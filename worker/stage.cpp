@@ -1,0 +1,97 @@
+#include "worker/stage.h"
+
+#include <algorithm>
+
+#include "kernels/error.h"
+#include "kernels/log.h"
+
+namespace strata {
+
+PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
+                             LoadOptions options)
+    : stage_(stage), kv_slots_(plan.kv_slots) {
+  STRATA_CHECK(plan.kv_slots > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
+               "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, plan.kv_slots,
+               plan.kv_capacity, plan.max_batch_rows);
+  options.layer_begin = stage.layer_begin;
+  options.layer_end = stage.layer_end;
+  options.embedding = stage.has_embedding;
+  options.head = stage.has_head;
+  LoadedModel m = load_model(plan.model_spec, options);
+  if (m.config.hidden != plan.hidden_size)
+    fail_input("{}: hidden size {} but the plan says {}", plan.model_spec, m.config.hidden,
+               plan.hidden_size);
+  model_ = std::make_unique<Model>(m.config, std::move(m.weights), backend, plan.max_batch_rows,
+                                   std::move(m.streamer), std::move(m.feeder));
+  cache_ = model_->make_cache(plan.kv_slots, plan.kv_capacity);
+  zeros_.assign(static_cast<size_t>(plan.max_batch_rows), 0);
+  if (last())
+    logits_.resize(static_cast<size_t>(plan.kv_slots) * static_cast<size_t>(m.config.vocab));
+  log::get("worker")->info("stage {}: {} layers, KV cache {:.1f} MiB, weights {}", stage.str(),
+                           m.config.n_layers, static_cast<double>(cache_->bytes()) / (1 << 20),
+                           m.placement.str());
+}
+
+void PipelineStage::join(const SeqJoin& seq) {
+  seq.sampling.validate();
+  sampling_[seq.seq_id] = SeqSampling{seq.sampling, Rng(seq.sampling.seed)};
+}
+
+void PipelineStage::leave(uint64_t seq_id) {
+  sampling_.erase(seq_id);
+}
+
+void PipelineStage::build_batch(const StepCommand& c) {
+  batch_.clear();
+  if (c.seqs.empty() || c.seqs.size() > static_cast<size_t>(kv_slots_) ||
+      c.rows() > model_->max_rows())
+    fail(ErrorKind::kFailed, "step {}: {} sequences, {} rows (plan: up to {} sequences, {} rows)",
+         c.step_id, c.seqs.size(), c.rows(), kv_slots_, model_->max_rows());
+  for (const SeqStep& s : c.seqs) {
+    if (s.slot < 0 || s.slot >= kv_slots_ || s.n_past < 0 || s.n_new <= 0 ||
+        s.n_past + s.n_new > cache_->capacity())
+      fail(ErrorKind::kFailed, "step {}: {} does not fit {} KV slots of {} positions", c.step_id,
+           s.str(), kv_slots_, cache_->capacity());
+    std::span<const int32_t> ids(zeros_.data(), static_cast<size_t>(s.n_new));
+    if (first()) {
+      if (s.token_ids.size() != static_cast<size_t>(s.n_new))
+        fail(ErrorKind::kFailed, "step {}: {} carries {} token ids for {} new positions", c.step_id,
+             s.str(), s.token_ids.size(), s.n_new);
+      ids = s.token_ids;
+    }
+    batch_.add(s.slot, s.n_past, ids, true);
+  }
+}
+
+std::vector<SeqToken> PipelineStage::run(const StepCommand& c, std::span<const float> in,
+                                         std::span<float> out) {
+  build_batch(c);
+  const size_t act = static_cast<size_t>(c.rows()) * static_cast<size_t>(hidden());
+  STRATA_CHECK(first() || in.size() == act, "step {}: {} input floats for {} rows", c.step_id,
+               in.size(), c.rows());
+  STRATA_CHECK(last() || out.size() == act, "step {}: {} output floats for {} rows", c.step_id,
+               out.size(), c.rows());
+  model_->forward_stage(batch_, *cache_, first(), first() ? nullptr : in.data(), last(),
+                        last() ? logits_.data() : out.data());
+  return last() ? sample(c) : std::vector<SeqToken>{};
+}
+
+std::vector<SeqToken> PipelineStage::sample(const StepCommand& c) {
+  std::vector<SeqToken> tokens;
+  tokens.reserve(c.seqs.size());
+  const auto vocab = static_cast<size_t>(model_->config().vocab);
+  for (size_t i = 0; i < c.seqs.size(); ++i) {
+    auto it = sampling_.find(c.seqs[i].seq_id);
+    if (it == sampling_.end())
+      fail(ErrorKind::kFailed,
+           "step {}: sequence {} never joined the batch (no sampling parameters)", c.step_id,
+           c.seqs[i].seq_id);
+    SeqSampling& s = it->second;
+    const int32_t token =
+        sampler_.sample(logits_.data() + i * vocab, model_->config().vocab, s.params, s.rng);
+    tokens.push_back(SeqToken{c.seqs[i].seq_id, token});
+  }
+  return tokens;
+}
+
+}  // namespace strata

@@ -1,0 +1,70 @@
+// One pipeline stage of a cluster (docs/CLUSTER.md): the layers [begin, end) of a model that
+// the coordinator's plan gives this rank, with the embedding on the first stage and the final
+// norm, head and sampler on the last. No MPI here: the stage turns a step command and its
+// input (token ids or activations) into its output (activations or sampled tokens);
+// stage_worker.h moves those between ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/sampling.h"
+#include "transport/messages.h"
+#include "worker/kv_cache.h"
+#include "worker/loader.h"
+#include "worker/model.h"
+
+namespace strata {
+
+class PipelineStage {
+ public:
+  // Loads the stage's share of plan.model_spec (`options` gives the rest: dummy dtype and
+  // seed, memory budgets) and allocates its KV cache (plan.kv_slots x plan.kv_capacity, the
+  // stage's layers only) and step buffers (plan.max_batch_rows) once.
+  PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
+                LoadOptions options);
+
+  const StagePlan& stage() const { return stage_; }
+  bool first() const { return stage_.has_embedding; }
+  bool last() const { return stage_.has_head; }
+  int32_t hidden() const { return model_->config().hidden; }
+  int32_t max_rows() const { return model_->max_rows(); }
+  const ModelConfig& config() const { return model_->config(); }
+
+  // Sampling state of a sequence (the last stage samples): its params and its RNG, seeded
+  // as the single-process generator seeds it, so seeded sampling gives the same tokens.
+  void join(const SeqJoin& seq);
+  void leave(uint64_t seq_id);
+  size_t sequences() const { return sampling_.size(); }
+
+  // Runs one step. `in`: the previous stage's activations [rows, hidden] (empty on the
+  // first stage, which reads the command's token ids). Not the last stage: writes its
+  // activations to `out` [rows, hidden]. The last stage: returns one sampled token per
+  // sequence of the command, in its order. A command that does not fit the plan (slot,
+  // positions, rows) is Error(kFailed) naming the step.
+  std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in,
+                            std::span<float> out);
+
+ private:
+  void build_batch(const StepCommand& command);
+  std::vector<SeqToken> sample(const StepCommand& command);
+
+  struct SeqSampling {
+    SamplingParams params;
+    Rng rng;
+  };
+  StagePlan stage_;
+  int32_t kv_slots_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<KvCache> cache_;
+  StepBatch batch_;
+  std::vector<int32_t> zeros_;  // token ids a stage without the embedding does not read
+  std::vector<float> logits_;
+  Sampler sampler_;
+  std::unordered_map<uint64_t, SeqSampling> sampling_;
+};
+
+}  // namespace strata

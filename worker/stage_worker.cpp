@@ -1,0 +1,251 @@
+#include "worker/stage_worker.h"
+
+#include <csignal>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <variant>
+
+#include "kernels/error.h"
+#include "kernels/log.h"
+#include "transport/control_channel.h"
+#include "transport/peer_monitor.h"
+#include "transport/tensor_channel.h"
+#include "worker/stage.h"
+
+namespace strata {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The coordinator said stop while this worker was waiting inside a step.
+struct ShutdownRequested {};
+
+class StageWorker {
+ public:
+  StageWorker(const Communicator& world, Backend& backend, const StageWorkerOptions& o)
+      : world_(world), backend_(backend), options_(o), control_(world) {}
+
+  int run();
+
+ private:
+  bool receive_plan();
+  void start(const ClusterPlan& plan);
+  int serve();
+  bool handle(const ControlMessage& message);  // false on Shutdown
+  void on_step(const StepCommand& command);
+  void on_shutdown();
+  int linger_after(const std::exception& e);
+
+  ControlMessage next_message(const Deadline& deadline, const char* awaited);
+  bool serve_control_once();
+  void wait_serving(Transfer& transfer, const Deadline& deadline);
+
+  const Communicator& world_;
+  Backend& backend_;
+  StageWorkerOptions options_;
+  ControlChannel control_;
+  std::deque<ControlMessage> pending_;
+  std::optional<ClusterPlan> plan_;
+  std::unique_ptr<TensorLinks> links_;
+  std::unique_ptr<PipelineStage> stage_;
+  int prev_ = -1, next_ = -1;
+  std::vector<float> in_;
+  std::vector<float> out_[2];  // the step's output while the previous one is still sending
+  Transfer sends_[2];
+  int next_out_ = 0;
+  uint64_t step_id_ = 0;
+  StageStats stats_;
+  double window_start_ = -1, window_end_ = 0;
+};
+
+int StageWorker::run() {
+  stats_.rank = world_.rank();
+  if (!receive_plan()) return 0;
+  try {
+    start(*plan_);
+    return serve();
+  } catch (const ShutdownRequested&) {
+    return 0;
+  } catch (const std::exception& e) {
+    return linger_after(e);
+  }
+}
+
+// False when the coordinator shuts the job down before sending a plan (it refused one).
+bool StageWorker::receive_plan() {
+  const Deadline deadline = Deadline::after_seconds(options_.plan_timeout_s);
+  while (true) {
+    ControlMessage m = next_message(deadline, "the cluster plan");
+    if (std::holds_alternative<Shutdown>(m)) return false;
+    if (auto* plan = std::get_if<ClusterPlan>(&m)) {
+      plan_ = *plan;
+      return true;
+    }
+    fail(ErrorKind::kFailed, "expected the cluster plan from rank 0, got {}", str(m));
+  }
+}
+
+void StageWorker::start(const ClusterPlan& plan) {
+  plan.validate();
+  const int me = world_.rank();
+  links_ = std::make_unique<TensorLinks>(
+      TensorLinks::create(world_, -1, Deadline::after_seconds(options_.plan_timeout_s)));
+  const StagePlan* stage = plan.stage_of_rank(me);
+  if (stage == nullptr)
+    fail(ErrorKind::kFailed, "plan {} has no stage for rank {}", plan.plan_id, me);
+  const auto index = static_cast<size_t>(stage - plan.stages.data());
+  if (index > 0) prev_ = plan.stages[index - 1].rank;
+  if (index + 1 < plan.stages.size()) next_ = plan.stages[index + 1].rank;
+  stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.load);
+  const size_t act =
+      static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
+  if (!stage_->first()) in_.resize(act);
+  if (!stage_->last()) out_[0].resize(act), out_[1].resize(act);
+}
+
+int StageWorker::serve() {
+  while (true) {
+    ControlMessage m = next_message(Deadline::after_seconds(options_.idle_timeout_s),
+                                    "the coordinator's next command");
+    if (!handle(m)) return 0;
+  }
+}
+
+bool StageWorker::handle(const ControlMessage& m) {
+  if (auto* step = std::get_if<StepCommand>(&m)) {
+    on_step(*step);
+  } else if (auto* update = std::get_if<BatchUpdate>(&m)) {
+    for (const SeqJoin& j : update->joined) stage_->join(j);
+    for (uint64_t id : update->left) stage_->leave(id);
+  } else if (auto* finished = std::get_if<FinishedSequences>(&m)) {
+    for (const FinishedSequence& f : finished->seqs) stage_->leave(f.seq_id);
+  } else if (std::holds_alternative<Shutdown>(m)) {
+    on_shutdown();
+    return false;
+  } else {
+    fail(ErrorKind::kFailed, "unexpected {} from rank 0 while serving", message_name(m));
+  }
+  return true;
+}
+
+void StageWorker::on_step(const StepCommand& c) {
+  step_id_ = c.step_id;
+  const double t0 = now_s();
+  if (window_start_ < 0) window_start_ = t0;
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  const size_t act = static_cast<size_t>(c.rows()) * static_cast<size_t>(stage_->hidden());
+  if (act > in_.size() && !stage_->first())
+    fail(ErrorKind::kFailed, "step {}: {} rows exceed the plan's {}", c.step_id, c.rows(),
+         plan_->max_batch_rows);
+  std::span<float> in(in_.data(), stage_->first() ? 0 : act);
+  if (!stage_->first()) {
+    Transfer t = links_->to(prev_).start_recv(prev_, in);
+    wait_serving(t, deadline);
+  }
+  const int k = next_out_;
+  if (!stage_->last()) wait_serving(sends_[k], deadline);  // the buffer's previous send
+  const double busy_from = now_s();
+  std::span<float> out(out_[k].data(), stage_->last() ? 0 : act);
+  std::vector<SeqToken> tokens = stage_->run(c, in, out);
+  if (stage_->last()) {
+    control_.send(0, StepResult{c.step_id, c.micro_batch, std::move(tokens)}, deadline);
+  } else {
+    sends_[k] = links_->to(next_).start_send(next_, std::span<const float>(out));
+    next_out_ ^= 1;
+  }
+  window_end_ = now_s();
+  stats_.busy_seconds += window_end_ - busy_from;
+  stats_.steps += 1;
+  stats_.rows += static_cast<uint64_t>(c.rows());
+  if (options_.debug_exit_after_steps >= 0 &&
+      stats_.steps >= static_cast<uint64_t>(options_.debug_exit_after_steps)) {
+    log::get("worker")->warn("test hook: rank {} dies now (SIGKILL) after {} steps", world_.rank(),
+                             stats_.steps);
+    std::raise(SIGKILL);
+  }
+}
+
+void StageWorker::on_shutdown() {
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  for (Transfer& t : sends_) wait_serving(t, deadline);
+  if (window_start_ >= 0) stats_.window_seconds = window_end_ - window_start_;
+  stats_.idle_seconds = std::max(0.0, stats_.window_seconds - stats_.busy_seconds);
+  control_.send(0, stats_, deadline);
+}
+
+// Reports the error to rank 0, then stays until Shutdown (answering pings, so the
+// coordinator can tell this live rank from a dead one), or until the coordinator is silent.
+int StageWorker::linger_after(const std::exception& e) {
+  auto log = log::get("worker");
+  const auto* error = dynamic_cast<const Error*>(&e);
+  const Error as_error = error ? *error : Error(ErrorKind::kFailed, e.what());
+  log->error("rank {}: {}", world_.rank(), e.what());
+  try {
+    control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_),
+                  Deadline::after_seconds(5));
+    for (Transfer& t : sends_) t = Transfer();  // cancels
+    const Deadline deadline = Deadline::after_seconds(options_.idle_timeout_s);
+    while (!std::holds_alternative<Shutdown>(next_message(deadline, "shutdown after an error"))) {
+    }
+  } catch (const std::exception& again) {
+    log->error("rank {}: after the error: {}", world_.rank(), again.what());
+    return kStageLostPeer;
+  }
+  return as_error.kind() == ErrorKind::kDisconnected ? kStageLostPeer : 1;
+}
+
+// The next message from rank 0, queued ones first; pings are answered here, never returned.
+ControlMessage StageWorker::next_message(const Deadline& deadline, const char* awaited) {
+  while (true) {
+    if (!pending_.empty()) {
+      ControlMessage m = std::move(pending_.front());
+      pending_.pop_front();
+      return m;
+    }
+    Received r = control_.recv(0, deadline, awaited);
+    if (auto* ping = std::get_if<Heartbeat>(&r.message); ping && !ping->reply) {
+      answer_ping(control_, 0, *ping, deadline);
+      continue;
+    }
+    return std::move(r.message);
+  }
+}
+
+// While waiting inside a step: answer a ping at once, keep anything else for later, and
+// stop at once on Shutdown.
+bool StageWorker::serve_control_once() {
+  std::optional<Received> r =
+      control_.try_recv(0, Deadline::after_seconds(options_.step_timeout_s));
+  if (!r) return false;
+  if (auto* ping = std::get_if<Heartbeat>(&r->message); ping && !ping->reply) {
+    answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
+  } else if (std::holds_alternative<Shutdown>(r->message)) {
+    throw ShutdownRequested{};
+  } else {
+    pending_.push_back(std::move(r->message));
+  }
+  return true;
+}
+
+void StageWorker::wait_serving(Transfer& t, const Deadline& deadline) {
+  if (!t.pending()) return;
+  Backoff backoff;
+  while (!deadline.expired()) {
+    if (t.test()) return;
+    if (!serve_control_once()) backoff.pause();
+  }
+  t.wait(deadline);  // one last test, then the timeout error naming the peer
+}
+
+}  // namespace
+
+int run_stage_worker(const Communicator& world, Backend& backend,
+                     const StageWorkerOptions& options) {
+  StageWorker worker(world, backend, options);
+  return worker.run();
+}
+
+}  // namespace strata

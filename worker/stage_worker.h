@@ -1,0 +1,35 @@
+// The loop a worker rank (1..N-1) runs in a cluster: receive the coordinator's plan, load
+// its pipeline stage, then run step commands as they come, activations in from the previous
+// stage and out to the next (the last stage sends sampled tokens to rank 0), until Shutdown.
+// Every wait has a deadline and answers the coordinator's heartbeat pings meanwhile, so a
+// worker stuck behind a dead rank still says it is alive and the coordinator can name the
+// dead one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "transport/mpi_session.h"
+#include "worker/loader.h"
+
+namespace strata {
+
+struct StageWorkerOptions {
+  LoadOptions load;             // dummy dtype / seed, budgets; the plan sets the layer range
+  double plan_timeout_s = 120;  // waiting for the plan, and for the tensor links
+  double idle_timeout_s = 60;   // silence from the coordinator before giving up
+  double step_timeout_s = 60;   // waiting for one step's activations (or for a send)
+  int64_t debug_exit_after_steps = -1;  // tests: die (SIGKILL) after this many steps
+};
+
+// run_stage_worker's result after an error that means a peer is gone (kDisconnected): the
+// caller must not MPI_Finalize (it would wait for the lost rank) but abort.
+inline constexpr int kStageLostPeer = 3;
+
+// Runs until Shutdown; returns the process exit code: 0, 1 after an error that was reported
+// to rank 0, kStageLostPeer. Errors before the plan arrives propagate.
+int run_stage_worker(const Communicator& world, Backend& backend,
+                     const StageWorkerOptions& options);
+
+}  // namespace strata
