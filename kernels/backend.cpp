@@ -25,7 +25,9 @@ void* Backend::allocate_host(size_t bytes) {
   return p;
 }
 
-void Backend::deallocate_host(void* p) { std::free(p); }
+void Backend::deallocate_host(void* p) {
+  std::free(p);
+}
 
 DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes)
     : backend_(&backend), ptr_(bytes ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
@@ -56,7 +58,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
-DeviceBuffer::~DeviceBuffer() { release(); }
+DeviceBuffer::~DeviceBuffer() {
+  release();
+}
 
 void DeviceBuffer::release() {
   if (ptr_ == nullptr) return;

@@ -41,9 +41,10 @@ struct KvLayerView {
 
 struct AttentionDims {
   int32_t n_heads = 0;
-  int32_t n_kv_heads = 0;  // grouped-query attention: query head h reads kv head h / (n_heads / n_kv_heads)
+  int32_t n_kv_heads =
+      0;  // grouped-query attention: query head h reads kv head h / (n_heads / n_kv_heads)
   int32_t head_dim = 0;
-  float scale = 1.0f;      // usually 1 / sqrt(head_dim)
+  float scale = 1.0f;  // usually 1 / sqrt(head_dim)
 };
 
 // Rotary embedding tables, [max_positions, head_dim / 2] each, on the backend's device.

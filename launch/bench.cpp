@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
 #include "launch/engine.h"
+#include "placement/policy_search.h"
+#include "worker/dummy.h"
 
 namespace strata::cli {
 namespace {
@@ -23,7 +26,37 @@ struct BenchOptions {
   uint64_t seed = 1;
   bool measure_limits = true;
   int warmup = 1;
+  std::string hardware;  // HardwareSpec JSON for --policy auto (default: FlexGen's T4 figures)
 };
+
+// --policy auto: FlexGen's LP search (placement/policy_search.h) over this model, workload
+// and the --gpu-mem / --cpu-mem budgets, with the hardware figures of --hardware (what
+// `strata profile` measured) or, without one, the T4 machine's. Activations stay on the
+// compute tier (the engine keeps them there).
+nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
+  const ModelConfig c = is_dummy_model(o.engine.model)
+                            ? dummy_model_config(o.engine.model.substr(6),
+                                                 parse_dtype(o.engine.dtype).value_or(DType::kF32))
+                            : load_model_config(o.engine.model);
+  HardwareSpec hw =
+      o.hardware.empty() ? HardwareSpec::flexgen_t4() : HardwareSpec::load(o.hardware);
+  if (!o.engine.gpu_mem.empty())
+    hw.gpu_mem = static_cast<double>(parse_size(o.engine.gpu_mem, "--gpu-mem"));
+  if (!o.engine.cpu_mem.empty())
+    hw.cpu_mem = static_cast<double>(parse_size(o.engine.cpu_mem, "--cpu-mem"));
+  hw.validate(o.hardware.empty() ? "the T4 preset with the given budgets" : o.hardware);
+  SearchOptions so;
+  so.overlap = o.engine.overlap;
+  const SearchResult r = search_policy(c.shape(), Workload{o.prompt_len, o.gen_len}, hw, so);
+  Policy p = r.policy;
+  p.act_gpu_percent = device_compute ? 100 : 0;
+  p.act_cpu_percent = device_compute ? 0 : 100;
+  o.engine.policy = p.compact();
+  o.batch = static_cast<int>(p.block_size());
+  nlohmann::json j = r.to_json();
+  j["running"] = o.engine.policy;
+  return j;
+}
 
 std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const BenchOptions& o) {
   Rng rng(o.seed);
@@ -31,7 +64,8 @@ std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const Be
   for (size_t i = 0; i < reqs.size(); ++i) {
     reqs[i].id = std::to_string(i);
     for (int t = 0; t < o.prompt_len; ++t)
-      reqs[i].prompt_ids.push_back(3 + static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.vocab - 3)));
+      reqs[i].prompt_ids.push_back(
+          3 + static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.vocab - 3)));
     reqs[i].max_new_tokens = o.gen_len;
     reqs[i].ignore_eos = true;  // every sequence produces exactly gen_len tokens
   }
@@ -43,7 +77,8 @@ std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const Be
 double executed_flops(const ModelShape& s, int batch, int prompt_len, int gen_len) {
   double per_seq = s.head_flops();
   for (int p = 1; p <= prompt_len; ++p) per_seq += s.layer_flops_per_token(p);
-  for (int g = 1; g < gen_len; ++g) per_seq += s.layer_flops_per_token(prompt_len + g) + s.head_flops();
+  for (int g = 1; g < gen_len; ++g)
+    per_seq += s.layer_flops_per_token(prompt_len + g) + s.head_flops();
   return per_seq * batch;
 }
 
@@ -53,7 +88,8 @@ MachineLimits measure_limits_in_child(int threads) {
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);  // the shell has its own
   if (ec) fail(ErrorKind::kFailed, "cannot find this executable: {}", ec.message());
-  const std::string cmd = fmt::format("'{}' limits --threads {} 2>/dev/null", self.string(), threads);
+  const std::string cmd =
+      fmt::format("'{}' limits --threads {} 2>/dev/null", self.string(), threads);
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) fail(ErrorKind::kFailed, "cannot run '{}'", cmd);
   std::string out;
@@ -101,7 +137,8 @@ nlohmann::json device_limits(Backend& b) {
 }
 
 // Bytes per tier and what streaming them costs at the measured rates (FlexGen's I/O terms).
-nlohmann::json feed_report(const LayerFeeder& f, const WeightPlacement& p, double h2d_gbs, double total_s) {
+nlohmann::json feed_report(const LayerFeeder& f, const WeightPlacement& p, double h2d_gbs,
+                           double total_s) {
   const FeedStats s = f.stats();
   const double to_device = static_cast<double>(s.bytes_from_cpu + s.bytes_from_disk);
   const double io_bound_s = h2d_gbs > 0 ? to_device / (h2d_gbs * 1e9) : 0;
@@ -125,6 +162,9 @@ long peak_rss_bytes() {
 int run_bench(BenchOptions o) {
   if (o.batch <= 0 || o.prompt_len <= 0 || o.gen_len <= 0)
     fail_input("--batch, --prompt-len and --gen-len must be positive");
+  nlohmann::json searched;
+  if (o.engine.policy == "auto")
+    searched = choose_policy(o, o.engine.device != "cpu" && probe_accelerators().available());
   o.engine.max_batch = o.batch;
   Engine e = make_engine(o.engine);
   const ModelShape shape = e.config.shape();
@@ -153,25 +193,33 @@ int run_bench(BenchOptions o) {
   j["threads"] = e.cpu->threads();
   j["backend"] = e.backend->name();
   j["weight_placement"] = e.placement.str();
+  if (!o.engine.policy.empty()) j["policy"] = o.engine.policy;
+  if (!searched.is_null()) j["policy_search"] = searched;
   if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
   j["result"] = nlohmann::json::parse(stats.json());
   j["peak_rss_bytes"] = peak_rss_bytes();
-  const double step_s = stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;
+  const double step_s =
+      stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;
   const double flops = executed_flops(shape, o.batch, o.prompt_len, o.gen_len);
   j["decode_step_seconds"] = step_s;
   if (const LayerStreamer* st = e.model->streamer()) {
     const StreamStats ss = st->stats();
-    j["disk_stream"] = {{"layers_read", ss.layers_read}, {"bytes_read", ss.bytes_read},
-                        {"read_seconds", ss.read_seconds}, {"compute_wait_seconds", ss.wait_seconds},
-                        {"read_gbs", ss.read_seconds > 0 ? static_cast<double>(ss.bytes_read) / ss.read_seconds / 1e9 : 0.0},
-                        {"overlap", o.engine.overlap}};
+    j["disk_stream"] = {
+        {"layers_read", ss.layers_read},
+        {"bytes_read", ss.bytes_read},
+        {"read_seconds", ss.read_seconds},
+        {"compute_wait_seconds", ss.wait_seconds},
+        {"read_gbs",
+         ss.read_seconds > 0 ? static_cast<double>(ss.bytes_read) / ss.read_seconds / 1e9 : 0.0},
+        {"overlap", o.engine.overlap}};
   }
   j["decode_weight_bytes_per_step"] = shape.decode_weight_bytes();
   j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
   if (on_device) {
     const nlohmann::json dev = device_limits(*e.backend);
     j["device_limits"] = dev;
-    j["feed"] = feed_report(*e.model->feeder(), e.placement, dev["host_to_device_gbs"], stats.total_seconds());
+    j["feed"] = feed_report(*e.model->feeder(), e.placement, dev["host_to_device_gbs"],
+                            stats.total_seconds());
   }
   if (o.measure_limits && !on_device) {
     // Shared machines are noisy: take the better of a measurement before and after the run,
@@ -200,14 +248,19 @@ int run_bench(BenchOptions o) {
 
 Command add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Measure generation throughput on synthetic prompts (JSON)");
+  CLI::App* cmd =
+      app.add_subcommand("bench", "Measure generation throughput on synthetic prompts (JSON)");
   add_engine_options(*cmd, o->engine);
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens per sequence")->check(positive());
   cmd->add_option("--gen-len", o->gen_len, "Generated tokens per sequence")->check(positive());
   cmd->add_option("--batch", o->batch, "Sequences")->check(positive());
   cmd->add_option("--seed", o->seed, "Seed of the synthetic prompts");
-  cmd->add_option("--warmup", o->warmup, "Warm-up runs before the measured one")->check(non_negative());
+  cmd->add_option("--warmup", o->warmup, "Warm-up runs before the measured one")
+      ->check(non_negative());
   cmd->add_flag("!--no-limits", o->measure_limits, "Skip measuring memory bandwidth and GEMM peak");
+  cmd->add_option(
+      "--hardware", o->hardware,
+      "HardwareSpec JSON for --policy auto (from `strata profile`; default: FlexGen's T4 figures)");
   return {cmd, [o] { return run_bench(*o); }};
 }
 

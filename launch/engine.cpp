@@ -55,12 +55,16 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   const Policy p = Policy::parse(text);
   p.validate();
   if (p.compress_cache)
-    fail_input("--policy '{}': 4-bit compression of the KV cache inside the engine is not implemented yet (cc=0)",
-               text);
+    fail_input(
+        "--policy '{}': 4-bit compression of the KV cache inside the engine is not implemented yet "
+        "(cc=0)",
+        text);
   // Activations are per-step scratch on the compute tier.
   if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
-    fail_input("--policy '{}': activations live on the compute tier ({}); h= other than that is not implemented",
-               text, device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
+    fail_input(
+        "--policy '{}': activations live on the compute tier ({}); h= other than that is not "
+        "implemented",
+        text, device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
   out.compress_weight = p.compress_weight;
   out.w_gpu = p.w_gpu_percent;
   out.w_cpu = p.w_cpu_percent;
@@ -120,13 +124,14 @@ Engine make_engine(const EngineOptions& o) {
   e.generator.max_batch = pc.max_batch > 0 ? pc.max_batch : o.max_batch;
   e.generator.max_step_tokens = o.max_step_tokens;
   const int32_t rows = std::max(e.generator.max_batch, o.max_step_tokens);
-  e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows, std::move(m.streamer),
-                                    std::move(m.feeder));
+  e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows,
+                                    std::move(m.streamer), std::move(m.feeder));
   e.model->set_cache_options(pc.cache);
   e.model->set_gpu_batch_size(pc.gpu_batch_size);
   if (!o.policy.empty())
-    log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}", pc.max_batch / std::max(1, pc.gpu_batch_size),
-              pc.gpu_batch_size, pc.cache.placement.str(), pc.cache.cpu_attention ? ", attention on the CPU" : "");
+    log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}",
+              pc.max_batch / std::max(1, pc.gpu_batch_size), pc.gpu_batch_size,
+              pc.cache.placement.str(), pc.cache.cpu_attention ? ", attention on the CPU" : "");
   return e;
 }
 

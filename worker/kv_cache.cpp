@@ -35,13 +35,15 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   if (std::count(tiers_.begin(), tiers_.end(), Tier::kDisk) > 0) {
     namespace fs = std::filesystem;
     if (!fs::is_directory(placement.disk_dir))
-      fail_input("--disk-dir '{}' is not a directory (the KV cache's disk tier)", placement.disk_dir);
+      fail_input("--disk-dir '{}' is not a directory (the KV cache's disk tier)",
+                 placement.disk_dir);
     // Rounded up so every transfer is O_DIRECT-aligned; the tail past layer_bytes() is unused.
     const size_t padded = align_up(bytes);
     staging_ = {DeviceBuffer::host(backend, padded), DeviceBuffer::host(backend, padded)};
-    file_ = DirectFile::create((fs::path(placement.disk_dir) / fmt::format("strata-kv-{}-{}.bin", getpid(),
-                                                                          static_cast<const void*>(this)))
-                                   .string());
+    file_ = DirectFile::create(
+        (fs::path(placement.disk_dir) /
+         fmt::format("strata-kv-{}-{}.bin", getpid(), static_cast<const void*>(this)))
+            .string());
     file_.unlink_on_close();
     // Zeroed like device memory, so a layer read before its first write holds zeros.
     for (size_t i = 0; i < tiers_.size(); ++i)
@@ -50,7 +52,9 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   for (int32_t s = n_slots - 1; s >= 0; --s) free_.push_back(s);
 }
 
-size_t KvCache::file_offset(int32_t layer) const { return 2 * align_up(layer_bytes()) * static_cast<size_t>(layer); }
+size_t KvCache::file_offset(int32_t layer) const {
+  return 2 * align_up(layer_bytes()) * static_cast<size_t>(layer);
+}
 
 void KvCache::store_zero(int32_t i) {
   staged_ = i;
@@ -91,7 +95,8 @@ int32_t KvCache::acquire() {
 
 void KvCache::release(int32_t slot) {
   STRATA_CHECK(slot >= 0 && slot < n_slots_, "release of slot {} of {}", slot, n_slots_);
-  STRATA_CHECK(std::find(free_.begin(), free_.end(), slot) == free_.end(), "slot {} released twice", slot);
+  STRATA_CHECK(std::find(free_.begin(), free_.end(), slot) == free_.end(), "slot {} released twice",
+               slot);
   free_.push_back(slot);
 }
 

@@ -36,8 +36,8 @@ class KvCache {
   // The layer's cache where it lives: device memory (GPU tier) or host memory (CPU tier;
   // disk tier: the staging pair, valid between load() and store()).
   KvLayerView layer(int32_t i) const;
-  void load(int32_t i);         // disk tier: file -> staging
-  void store(int32_t i);        // disk tier: staging -> file
+  void load(int32_t i);   // disk tier: file -> staging
+  void store(int32_t i);  // disk tier: staging -> file
 
   int32_t n_slots() const { return n_slots_; }
   int32_t capacity() const { return capacity_; }

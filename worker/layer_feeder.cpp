@@ -39,7 +39,8 @@ const char* tier_name(Tier t) {
 }
 
 std::vector<Tier> spread_tiers(int32_t n, int32_t n_gpu, int32_t n_cpu) {
-  STRATA_CHECK(n_gpu >= 0 && n_cpu >= 0 && n_gpu + n_cpu <= n, "tiers {}+{} of {} layers", n_gpu, n_cpu, n);
+  STRATA_CHECK(n_gpu >= 0 && n_cpu >= 0 && n_gpu + n_cpu <= n, "tiers {}+{} of {} layers", n_gpu,
+               n_cpu, n);
   std::vector<Tier> tiers(static_cast<size_t>(n), Tier::kGpu);
   const std::vector<int32_t> disk = spread_disk_layers(n, n - n_gpu - n_cpu);
   std::vector<int32_t> left;
@@ -57,10 +58,12 @@ std::vector<Tier> spread_tiers(int32_t n, int32_t n_gpu, int32_t n_cpu) {
 
 std::vector<Tier> tiers_from_shares(int32_t n, int gpu_percent, int cpu_percent, const char* what) {
   if (gpu_percent < 0 || cpu_percent < 0 || gpu_percent + cpu_percent > 100)
-    fail_input("{} shares gpu={}% cpu={}% must be >= 0 and sum to at most 100", what, gpu_percent, cpu_percent);
+    fail_input("{} shares gpu={}% cpu={}% must be >= 0 and sum to at most 100", what, gpu_percent,
+               cpu_percent);
   const auto n_gpu = static_cast<int32_t>(std::lround(n * gpu_percent / 100.0));
   const auto n_cpu =
-      std::min(n - n_gpu, static_cast<int32_t>(std::lround(n * (gpu_percent + cpu_percent) / 100.0)) - n_gpu);
+      std::min(n - n_gpu,
+               static_cast<int32_t>(std::lround(n * (gpu_percent + cpu_percent) / 100.0)) - n_gpu);
   return spread_tiers(n, n_gpu, n_cpu);
 }
 
@@ -106,8 +109,9 @@ void LayerFeeder::finish(std::unique_ptr<LayerStreamer> disk) {
   disk_ = std::move(disk);
   if (disk_ != nullptr) set_layout(disk_->layout());
   for (size_t i = 0; i < tiers_.size(); ++i) {
-    const bool held = tiers_[i] == Tier::kDisk ? disk_ != nullptr && disk_->on_disk(static_cast<int32_t>(i))
-                                               : resident_[i].data() != nullptr;
+    const bool held = tiers_[i] == Tier::kDisk
+                          ? disk_ != nullptr && disk_->on_disk(static_cast<int32_t>(i))
+                          : resident_[i].data() != nullptr;
     STRATA_CHECK(held, "layer {} ({} tier) was never placed", i, tier_name(tiers_[i]));
   }
 }
@@ -146,7 +150,9 @@ const LayerWeights& LayerFeeder::acquire(int32_t layer) {
   STRATA_CHECK(layer >= 0 && static_cast<size_t>(layer) < tiers_.size(), "layer {} of {}", layer,
                tiers_.size());
   if (tier(layer) == Tier::kGpu) return gpu_views_[static_cast<size_t>(layer)];
-  Slot* slot = slots_[0].layer == layer ? &slots_[0] : slots_[1].layer == layer ? &slots_[1] : nullptr;
+  Slot* slot = slots_[0].layer == layer   ? &slots_[0]
+               : slots_[1].layer == layer ? &slots_[1]
+                                          : nullptr;
   if (slot == nullptr) {  // not prefetched (first use, or overlap off)
     slot = &slots_[0];
     load(*slot, layer);
@@ -160,7 +166,9 @@ const LayerWeights& LayerFeeder::acquire(int32_t layer) {
   return slot->view;
 }
 
-FeedStats LayerFeeder::stats() const { return stats_; }
+FeedStats LayerFeeder::stats() const {
+  return stats_;
+}
 
 int64_t LayerFeeder::device_bytes() const {
   int64_t total = 0;
@@ -179,7 +187,8 @@ int64_t LayerFeeder::pinned_bytes() const {
 
 void upload_fixed_weights(Backend& device, ModelWeights& w) {
   const bool tied = w.lm_head.data == w.embed.data;
-  for (Tensor* t : {&w.embed, &w.positions, &w.project_in, &w.project_out, &w.final_norm, &w.final_norm_bias})
+  for (Tensor* t :
+       {&w.embed, &w.positions, &w.project_in, &w.project_out, &w.final_norm, &w.final_norm_bias})
     *t = upload(device, *t, w.device_owned);
   w.lm_head = tied ? w.embed : upload(device, w.lm_head, w.device_owned);
 }

@@ -26,7 +26,8 @@ const char* tier_name(Tier t);
 std::vector<Tier> spread_tiers(int32_t n_layers, int32_t n_gpu, int32_t n_cpu);
 // The same from percentages (rounded to whole layers). InputError names `what` and the
 // shares when they are out of range.
-std::vector<Tier> tiers_from_shares(int32_t n_layers, int gpu_percent, int cpu_percent, const char* what);
+std::vector<Tier> tiers_from_shares(int32_t n_layers, int gpu_percent, int cpu_percent,
+                                    const char* what);
 
 struct FeedStats {
   int64_t layers_from_cpu = 0;
@@ -69,14 +70,15 @@ class LayerFeeder {
     TransferTicket ticket;
   };
   void set_layout(const LayerLayout& layout);  // the first one wins; all layers share it
-  void load(Slot& slot, int32_t layer);  // issues the copy of a streamed layer into `slot`
+  void load(Slot& slot, int32_t layer);        // issues the copy of a streamed layer into `slot`
   int32_t next_streamed(int32_t layer) const;
 
   Backend& device_;
   std::vector<Tier> tiers_;
   bool overlap_;
   LayerLayout layout_;
-  std::vector<DeviceBuffer> resident_;  // per layer: device blob (GPU tier) or pinned blob (CPU tier)
+  std::vector<DeviceBuffer>
+      resident_;  // per layer: device blob (GPU tier) or pinned blob (CPU tier)
   std::vector<LayerWeights> gpu_views_;
   std::unique_ptr<LayerStreamer> disk_;
   TransferTicket disk_ticket_;  // the last copy out of the streamer's host staging

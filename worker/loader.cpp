@@ -10,7 +10,9 @@
 namespace strata {
 namespace {
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
 
 // Layer counts per tier from policy shares, rounded to whole layers.
 void counts_from_shares(const WeightBudget& b, int32_t n, int32_t& n_gpu, int32_t& n_cpu) {
@@ -32,7 +34,8 @@ void counts_from_budgets(const WeightBudget& b, const WeightPlacement& p, int32_
     if (b.gpu_mem < 0 || p.fixed_bytes + n * L <= b.gpu_mem) {
       n_gpu = n;
     } else {
-      n_gpu = static_cast<int32_t>(std::clamp<int64_t>((b.gpu_mem - p.fixed_bytes - 2 * L) / L, 0, n));
+      n_gpu =
+          static_cast<int32_t>(std::clamp<int64_t>((b.gpu_mem - p.fixed_bytes - 2 * L) / L, 0, n));
     }
   }
   const int32_t rest = n - n_gpu;
@@ -40,14 +43,18 @@ void counts_from_budgets(const WeightBudget& b, const WeightPlacement& p, int32_
   if (b.cpu_mem < 0 || host_fixed + rest * L <= b.cpu_mem) {
     n_cpu = rest;
   } else {
-    n_cpu = static_cast<int32_t>(std::clamp<int64_t>((b.cpu_mem - host_fixed - 2 * L) / L, 0, rest));
+    n_cpu =
+        static_cast<int32_t>(std::clamp<int64_t>((b.cpu_mem - host_fixed - 2 * L) / L, 0, rest));
   }
 }
 
-void check_budget(const char* option, int64_t budget, int64_t need, const WeightPlacement& p, const char* what) {
+void check_budget(const char* option, int64_t budget, int64_t need, const WeightPlacement& p,
+                  const char* what) {
   if (budget < 0 || need <= budget) return;
-  fail_input("{} {:.1f} MiB is too small for this weight placement: {} need {:.1f} MiB (short by {:.1f} MiB; {})",
-             option, mib(budget), what, mib(need), mib(need - budget), p.str());
+  fail_input(
+      "{} {:.1f} MiB is too small for this weight placement: {} need {:.1f} MiB (short by {:.1f} "
+      "MiB; {})",
+      option, mib(budget), what, mib(need), mib(need - budget), p.str());
 }
 
 // One layer's bytes as stored: matrices in their dtype (or kQ4), vectors in f32.
@@ -65,7 +72,9 @@ int64_t layer_bytes_estimate(const ModelConfig& c, bool compress) {
     total += static_cast<int64_t>(align_up(t.bytes(), 64));
   }
   const ModelShape s = c.shape();
-  const int64_t vector_params = s.params_per_layer() - (2 * qw * h + 2 * kvw * h + static_cast<int64_t>(mats.size() - 4) * f * h);
+  const int64_t vector_params =
+      s.params_per_layer() -
+      (2 * qw * h + 2 * kvw * h + static_cast<int64_t>(mats.size() - 4) * f * h);
   return static_cast<int64_t>(align_up(static_cast<size_t>(total + vector_params * 4)));
 }
 
@@ -83,11 +92,13 @@ int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& s
   int compressed = 0;
   std::vector<float> f32;
   for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down}) {
-    if (t->data == nullptr || t->dtype == DType::kQ4 || t->shape[1] % kQuantGroupSize != 0) continue;
+    if (t->data == nullptr || t->dtype == DType::kQ4 || t->shape[1] % kQuantGroupSize != 0)
+      continue;
     const int64_t n = t->shape.numel();
     f32.resize(static_cast<size_t>(n));
     convert_to_f32(t->dtype, t->data, f32.data(), static_cast<size_t>(n));
-    const QuantizedTensor q = quantize_4bit(f32.data(), {t->shape[0], t->shape[1], kQuantGroupSize, QuantAxis::kAlongRow});
+    const QuantizedTensor q = quantize_4bit(
+        f32.data(), {t->shape[0], t->shape[1], kQuantGroupSize, QuantAxis::kAlongRow});
     store.push_back(std::make_unique<OwnedTensor>(DType::kQ4, t->shape));
     write_q4_blob(q, store.back()->storage.data());
     *t = store.back()->view;
@@ -111,7 +122,8 @@ int64_t WeightPlacement::cpu_bytes() const {
 
 std::string WeightPlacement::str() const {
   return fmt::format(
-      "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} MiB, "
+      "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} "
+      "MiB, "
       "device slots {:.1f} MiB, host staging {:.1f} MiB)",
       device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
       mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes));
@@ -123,7 +135,8 @@ WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
   WeightPlacement p;
   p.device_compute = b.device_compute;
   p.layer_bytes = layer_bytes_estimate(c, b.compress_weight);
-  p.fixed_bytes = (s.embedding_params() + s.head_params()) * s.weight_bytes_per_elem + 2 * s.hidden * 4;
+  p.fixed_bytes =
+      (s.embedding_params() + s.head_params()) * s.weight_bytes_per_elem + 2 * s.hidden * 4;
   int32_t n_gpu = 0, n_cpu = 0;
   if (b.w_gpu_percent >= 0 || b.w_cpu_percent >= 0) {
     counts_from_shares(b, n, n_gpu, n_cpu);
@@ -139,9 +152,11 @@ WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
     if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
 
   if (b.device_compute)
-    check_budget("--gpu-mem", b.gpu_mem, p.gpu_bytes(), p, "embeddings, head, GPU-tier layers and two device slots");
+    check_budget("--gpu-mem", b.gpu_mem, p.gpu_bytes(), p,
+                 "embeddings, head, GPU-tier layers and two device slots");
   check_budget("--cpu-mem", b.cpu_mem, p.cpu_bytes(), p,
-               b.device_compute ? "CPU-tier layers and disk staging" : "embeddings, head, resident layers and disk staging");
+               b.device_compute ? "CPU-tier layers and disk staging"
+                                : "embeddings, head, resident layers and disk staging");
   return p;
 }
 
@@ -155,13 +170,14 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
   LoadedModel m;
   const bool dummy = is_dummy_model(spec);
-  const ModelConfig full = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
+  const ModelConfig full =
+      dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
   const WeightParts parts = weight_parts(full, options);
   m.config = full;
   m.config.n_layers = parts.n_layers;
   m.layer_begin = parts.layer_begin;
-  WeightBudget budget{options.device != nullptr, options.gpu_mem, options.cpu_mem, options.w_gpu_percent,
-                      options.w_cpu_percent, options.compress_weight};
+  WeightBudget budget{options.device != nullptr, options.gpu_mem,       options.cpu_mem,
+                      options.w_gpu_percent,     options.w_cpu_percent, options.compress_weight};
   m.placement = place_weights(m.config, budget);
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
   if (options.device != nullptr)

@@ -82,7 +82,7 @@ WeightPlacement place_weights(const ModelConfig& config, const WeightBudget& bud
 WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem);  // host compute
 
 struct LoadedModel {
-  ModelConfig config;  // n_layers: the layers loaded (a stage's share; see LoadOptions)
+  ModelConfig config;       // n_layers: the layers loaded (a stage's share; see LoadOptions)
   int32_t layer_begin = 0;  // the first loaded layer's index in the whole model
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;

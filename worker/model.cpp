@@ -41,8 +41,8 @@ Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, 
       max_rows_(max_rows) {
   STRATA_CHECK(max_rows > 0, "max_rows {}", max_rows);
   const auto rows = static_cast<size_t>(max_rows);
-  const size_t wide = static_cast<size_t>(std::max({config.hidden, config.q_width(),
-                                                    config.word_embed_proj_dim}));
+  const size_t wide =
+      static_cast<size_t>(std::max({config.hidden, config.q_width(), config.word_embed_proj_dim}));
   auto buf = [&](size_t width) { return DeviceBuffer(backend, rows * width * sizeof(float)); };
   x_ = buf(wide);
   h_ = buf(wide);
@@ -96,8 +96,10 @@ void Model::build_rope_tables() {
   }
   rope_cos_ = DeviceBuffer(backend_, cos_t.size() * sizeof(float));
   rope_sin_ = DeviceBuffer(backend_, sin_t.size() * sizeof(float));
-  backend_.copy(rope_cos_.data(), cos_t.data(), cos_t.size() * sizeof(float), CopyKind::kHostToDevice);
-  backend_.copy(rope_sin_.data(), sin_t.data(), sin_t.size() * sizeof(float), CopyKind::kHostToDevice);
+  backend_.copy(rope_cos_.data(), cos_t.data(), cos_t.size() * sizeof(float),
+                CopyKind::kHostToDevice);
+  backend_.copy(rope_sin_.data(), sin_t.data(), sin_t.size() * sizeof(float),
+                CopyKind::kHostToDevice);
   rope_ = {rope_cos_.f32(), rope_sin_.f32(), n_pos, half};
 }
 
@@ -113,8 +115,8 @@ void Model::forward(const StepBatch& batch, KvCache& cache, float* logits) {
   const int32_t rows = batch.rows();
   STRATA_CHECK(rows > 0 && rows <= max_rows_, "step of {} rows (max {})", rows, max_rows_);
   for (int32_t p : batch.positions)
-    STRATA_CHECK(p >= 0 && p < config_.max_positions, "position {} outside the model's {} positions", p,
-                 config_.max_positions);
+    STRATA_CHECK(p >= 0 && p < config_.max_positions,
+                 "position {} outside the model's {} positions", p, config_.max_positions);
   split_gpu_batches(batch);
   std::vector<const StepBatch*> block;
   if (gpu_batches_.size() <= 1) {
@@ -135,8 +137,8 @@ void Model::run_block(std::span<const StepBatch* const> block, KvCache& cache, f
     const StepBatch& batch = *block[b];
     backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
                   CopyKind::kHostToDevice);
-    backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
-                  CopyKind::kHostToDevice);
+    backend_.copy(positions_.data(), batch.positions.data(),
+                  batch.positions.size() * sizeof(int32_t), CopyKind::kHostToDevice);
     embed(batch, batch.rows());
   }
   for (int32_t i = 0; i < config_.n_layers; ++i) {
@@ -160,8 +162,12 @@ Model::BatchState Model::make_batch_state() {
 }
 
 // Swaps GPU batch b's state into the working buffers for the scope's lifetime.
-Model::BatchScope::BatchScope(Model& m, size_t b) : m_(m), b_(b) { swap(); }
-Model::BatchScope::~BatchScope() { swap(); }
+Model::BatchScope::BatchScope(Model& m, size_t b) : m_(m), b_(b) {
+  swap();
+}
+Model::BatchScope::~BatchScope() {
+  swap();
+}
 void Model::BatchScope::swap() {
   BatchState& s = m_.block_state_[b_];
   std::swap(m_.x_, s.x);
@@ -190,7 +196,8 @@ void Model::split_gpu_batches(const StepBatch& batch) {
   }
   size_t wanted = 0;
   for (const StepBatch& p : gpu_batches_) wanted += p.logit_rows.size();
-  if (wanted != batch.logit_rows.size()) gpu_batches_.clear();  // a row other than a sequence's last
+  if (wanted != batch.logit_rows.size())
+    gpu_batches_.clear();  // a row other than a sequence's last
 }
 
 void Model::set_gpu_batch_size(int32_t sequences) {
@@ -198,12 +205,14 @@ void Model::set_gpu_batch_size(int32_t sequences) {
   gpu_batch_size_ = sequences;
 }
 
-void Model::forward_stage(const StepBatch& batch, KvCache& cache, bool embed_tokens, const float* in,
-                          bool apply_head, float* out) {
+void Model::forward_stage(const StepBatch& batch, KvCache& cache, bool embed_tokens,
+                          const float* in, bool apply_head, float* out) {
   const int32_t rows = batch.rows();
   STRATA_CHECK(rows > 0 && rows <= max_rows_, "step of {} rows (max {})", rows, max_rows_);
-  STRATA_CHECK(embed_tokens || in != nullptr, "a stage without the embedding needs input activations");
-  const size_t act_bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.hidden) * sizeof(float);
+  STRATA_CHECK(embed_tokens || in != nullptr,
+               "a stage without the embedding needs input activations");
+  const size_t act_bytes =
+      static_cast<size_t>(rows) * static_cast<size_t>(config_.hidden) * sizeof(float);
   backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
                 CopyKind::kHostToDevice);
   if (embed_tokens) {
@@ -241,7 +250,8 @@ void Model::embed(const StepBatch& batch, int32_t rows) {
     // so positions_ can hold table rows from here on.
     scratch_ids_.resize(static_cast<size_t>(rows));
     for (int32_t r = 0; r < rows; ++r)
-      scratch_ids_[static_cast<size_t>(r)] = batch.positions[static_cast<size_t>(r)] + config_.position_offset;
+      scratch_ids_[static_cast<size_t>(r)] =
+          batch.positions[static_cast<size_t>(r)] + config_.position_offset;
     backend_.copy(positions_.data(), scratch_ids_.data(), scratch_ids_.size() * sizeof(int32_t),
                   CopyKind::kHostToDevice);
     backend_.embedding(static_cast<const int32_t*>(positions_.data()), rows, w.positions, h_.f32());
@@ -249,7 +259,8 @@ void Model::embed(const StepBatch& batch, int32_t rows) {
   }
 }
 
-void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows) {
+void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache,
+                  int32_t rows) {
   const bool pre_norm = !config_.is_opt() || config_.do_layer_norm_before;
   const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
 
@@ -258,7 +269,8 @@ void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCa
     norm(L.attn_norm, L.attn_norm_bias, x_.f32(), rows, h_.f32());
     attn_in = h_.f32();
   }
-  if (attn_in != h_.f32()) backend_.copy(h_.data(), attn_in, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
+  if (attn_in != h_.f32())
+    backend_.copy(h_.data(), attn_in, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
   attention_block(L, batch, cache, i, rows);  // h_ -> h_ (output projection)
   backend_.add(x_.f32(), h_.f32(), n);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x_.f32(), rows, x_.f32());
@@ -273,8 +285,8 @@ void Model::layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCa
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x_.f32(), rows, x_.f32());
 }
 
-void Model::attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache, int32_t i,
-                            int32_t rows) {
+void Model::attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache,
+                            int32_t i, int32_t rows) {
   const float* in = h_.f32();
   backend_.linear(in, rows, L.q, L.q_bias.data ? L.q_bias.f32() : nullptr, q_.f32());
   backend_.linear(in, rows, L.k, L.k_bias.data ? L.k_bias.f32() : nullptr, k_.f32());
@@ -293,7 +305,8 @@ void Model::attention_block(const LayerWeights& L, const StepBatch& batch, KvCac
 // The cache's tier decides where attention runs. On a host-compute engine every tier is
 // host memory the backend reads directly; with device compute, a cache kept off the device
 // is either attended on the host (delegation) or brought to the device for the layer.
-void Model::attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims, int32_t rows) {
+void Model::attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims,
+                   int32_t rows) {
   const Tier tier = cache.tier(i);
   cache.load(i);
   const KvLayerView kv = cache.layer(i);
@@ -308,16 +321,20 @@ void Model::attend(const StepBatch& batch, KvCache& cache, int32_t i, const Atte
   cache.store(i);
 }
 
-void Model::delegated_attention(const StepBatch& batch, const KvLayerView& kv, const AttentionDims& dims,
-                                int32_t rows) {
+void Model::delegated_attention(const StepBatch& batch, const KvLayerView& kv,
+                                const AttentionDims& dims, int32_t rows) {
   Backend& host = *cache_options_.host;
-  const size_t q_bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.q_width()) * sizeof(float);
-  const size_t kv_bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.kv_width()) * sizeof(float);
+  const size_t q_bytes =
+      static_cast<size_t>(rows) * static_cast<size_t>(config_.q_width()) * sizeof(float);
+  const size_t kv_bytes =
+      static_cast<size_t>(rows) * static_cast<size_t>(config_.kv_width()) * sizeof(float);
   if (host_q_.size() == 0) {
     const auto max_rows = static_cast<size_t>(max_rows_);
-    host_q_ = DeviceBuffer::host(backend_, max_rows * static_cast<size_t>(config_.q_width()) * sizeof(float));
+    host_q_ = DeviceBuffer::host(backend_,
+                                 max_rows * static_cast<size_t>(config_.q_width()) * sizeof(float));
     host_out_ = DeviceBuffer::host(backend_, host_q_.size());
-    host_k_ = DeviceBuffer::host(backend_, max_rows * static_cast<size_t>(config_.kv_width()) * sizeof(float));
+    host_k_ = DeviceBuffer::host(
+        backend_, max_rows * static_cast<size_t>(config_.kv_width()) * sizeof(float));
     host_v_ = DeviceBuffer::host(backend_, host_k_.size());
   }
   backend_.copy(host_q_.data(), q_.data(), q_bytes, CopyKind::kDeviceToHost);
@@ -328,7 +345,8 @@ void Model::delegated_attention(const StepBatch& batch, const KvLayerView& kv, c
   backend_.copy(attn_.data(), host_out_.data(), q_bytes, CopyKind::kHostToDevice);
 }
 
-void Model::staged_attention(const StepBatch& batch, const KvLayerView& kv, const AttentionDims& dims) {
+void Model::staged_attention(const StepBatch& batch, const KvLayerView& kv,
+                             const AttentionDims& dims) {
   const size_t bytes = kv.slot_stride() * static_cast<size_t>(kv.n_slots) * sizeof(float);
   if (staged_k_.size() < bytes) {
     staged_k_ = DeviceBuffer(backend_, bytes);
@@ -346,7 +364,8 @@ void Model::staged_attention(const StepBatch& batch, const KvLayerView& kv, cons
 }
 
 void Model::set_cache_options(const CacheOptions& options) {
-  STRATA_CHECK(!options.cpu_attention || options.host != nullptr, "CPU attention needs a host backend");
+  STRATA_CHECK(!options.cpu_attention || options.host != nullptr,
+               "CPU attention needs a host backend");
   cache_options_ = options;
 }
 
@@ -365,7 +384,8 @@ void Model::mlp_block(const LayerWeights& L, int32_t rows) {
     backend_.linear(h_.f32(), rows, L.up, up_bias, f1_.f32());
     backend_.relu(f1_.f32(), n);
   }
-  backend_.linear(f1_.f32(), rows, L.down, L.down_bias.data ? L.down_bias.f32() : nullptr, h_.f32());
+  backend_.linear(f1_.f32(), rows, L.down, L.down_bias.data ? L.down_bias.f32() : nullptr,
+                  h_.f32());
 }
 
 // Final norm and LM head on the requested rows only, kLogitChunk rows at a time so the
@@ -375,8 +395,9 @@ void Model::head(const StepBatch& batch, float* logits) {
   const int32_t chunk = std::min(max_rows_, kLogitChunk);
   for (int32_t c0 = 0; c0 < n; c0 += chunk) {
     const int32_t rows = std::min(chunk, n - c0);
-    head_chunk(std::span(batch.logit_rows).subspan(static_cast<size_t>(c0), static_cast<size_t>(rows)),
-               batch.rows(), logits + static_cast<size_t>(c0) * static_cast<size_t>(config_.vocab));
+    head_chunk(
+        std::span(batch.logit_rows).subspan(static_cast<size_t>(c0), static_cast<size_t>(rows)),
+        batch.rows(), logits + static_cast<size_t>(c0) * static_cast<size_t>(config_.vocab));
   }
 }
 
@@ -387,8 +408,8 @@ void Model::head_chunk(std::span<const int32_t> rows, int32_t batch_rows, float*
     const int32_t r = rows[static_cast<size_t>(i)];
     STRATA_CHECK(r >= 0 && r < batch_rows, "logit row {} of {}", r, batch_rows);
     backend_.copy(static_cast<char*>(sel_.data()) + static_cast<size_t>(i) * row_bytes,
-                  static_cast<const char*>(x_.data()) + static_cast<size_t>(r) * row_bytes, row_bytes,
-                  CopyKind::kDeviceToDevice);
+                  static_cast<const char*>(x_.data()) + static_cast<size_t>(r) * row_bytes,
+                  row_bytes, CopyKind::kDeviceToDevice);
   }
   const ModelWeights& w = weights_;
   float* hidden = sel_.f32();

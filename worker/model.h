@@ -47,7 +47,8 @@ class Model {
   // `streamer` (optional, host compute) serves the layers the loader moved to disk;
   // `feeder` (device compute) serves every layer on the device.
   Model(const ModelConfig& config, ModelWeights weights, Backend& backend, int32_t max_rows,
-        std::unique_ptr<LayerStreamer> streamer = nullptr, std::unique_ptr<LayerFeeder> feeder = nullptr);
+        std::unique_ptr<LayerStreamer> streamer = nullptr,
+        std::unique_ptr<LayerFeeder> feeder = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -99,13 +100,16 @@ class Model {
     size_t b_;
   };
   void embed(const StepBatch& batch, int32_t rows);
-  void layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache, int32_t rows);
+  void layer(const LayerWeights& L, int32_t i, const StepBatch& batch, KvCache& cache,
+             int32_t rows);
   void attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache, int32_t i,
                        int32_t rows);
-  void attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims, int32_t rows);
-  void delegated_attention(const StepBatch& batch, const KvLayerView& host_kv, const AttentionDims& dims,
-                           int32_t rows);
-  void staged_attention(const StepBatch& batch, const KvLayerView& host_kv, const AttentionDims& dims);
+  void attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims,
+              int32_t rows);
+  void delegated_attention(const StepBatch& batch, const KvLayerView& host_kv,
+                           const AttentionDims& dims, int32_t rows);
+  void staged_attention(const StepBatch& batch, const KvLayerView& host_kv,
+                        const AttentionDims& dims);
   void mlp_block(const LayerWeights& L, int32_t rows);
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
   void head(const StepBatch& batch, float* logits);

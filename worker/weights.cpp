@@ -1,9 +1,9 @@
 #include "worker/weights.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <functional>
-
-#include <unistd.h>
 
 #include "kernels/error.h"
 #include "kernels/log.h"
@@ -16,7 +16,8 @@ namespace {
 enum class Role { kMatrix, kVector };
 
 // Produces one tensor by name, checked against the shape the config implies.
-using FetchFn = std::function<Tensor(const std::string& name, Shape expected, Role role, int64_t fan_in)>;
+using FetchFn =
+    std::function<Tensor(const std::string& name, Shape expected, Role role, int64_t fan_in)>;
 
 struct NameTable {
   std::string embed, positions, project_in, project_out, final_norm, lm_head;
@@ -25,19 +26,42 @@ struct NameTable {
 };
 
 NameTable llama_names() {
-  return {"model.embed_tokens", "", "", "", "model.norm", "lm_head",
-          "model.layers.", "input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-          "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj",
-          "mlp.up_proj", "mlp.down_proj"};
+  return {"model.embed_tokens",
+          "",
+          "",
+          "",
+          "model.norm",
+          "lm_head",
+          "model.layers.",
+          "input_layernorm",
+          "self_attn.q_proj",
+          "self_attn.k_proj",
+          "self_attn.v_proj",
+          "self_attn.o_proj",
+          "post_attention_layernorm",
+          "mlp.gate_proj",
+          "mlp.up_proj",
+          "mlp.down_proj"};
 }
 
 // OPT checkpoints name their tensors with or without the leading "model.".
 NameTable opt_names(const std::string& root) {
-  return {root + "decoder.embed_tokens", root + "decoder.embed_positions",
-          root + "decoder.project_in", root + "decoder.project_out",
-          root + "decoder.final_layer_norm", "lm_head", root + "decoder.layers.",
-          "self_attn_layer_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-          "self_attn.out_proj", "final_layer_norm", "", "fc1", "fc2"};
+  return {root + "decoder.embed_tokens",
+          root + "decoder.embed_positions",
+          root + "decoder.project_in",
+          root + "decoder.project_out",
+          root + "decoder.final_layer_norm",
+          "lm_head",
+          root + "decoder.layers.",
+          "self_attn_layer_norm",
+          "self_attn.q_proj",
+          "self_attn.k_proj",
+          "self_attn.v_proj",
+          "self_attn.out_proj",
+          "final_layer_norm",
+          "",
+          "fc1",
+          "fc2"};
 }
 
 void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const FetchFn& fetch,
@@ -68,19 +92,20 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
   }
 }
 
-void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch, const WeightParts& parts,
-                 ModelWeights& w) {
+void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
+                 const WeightParts& parts, ModelWeights& w) {
   const int64_t h = c.hidden;
   const int64_t e = c.is_opt() ? c.word_embed_proj_dim : c.hidden;
   if (parts.embedding || (parts.head && c.tie_word_embeddings))
     w.embed = fetch(n.embed + ".weight", {c.vocab, e}, Role::kMatrix, -1);
   if (c.is_opt() && parts.embedding) {
-    w.positions = fetch(n.positions + ".weight", {c.max_positions + c.position_offset, h},
-                        Role::kMatrix, -1);
+    w.positions =
+        fetch(n.positions + ".weight", {c.max_positions + c.position_offset, h}, Role::kMatrix, -1);
     if (e != h) w.project_in = fetch(n.project_in + ".weight", {h, e}, Role::kMatrix, e);
   }
   if (!parts.head) return;
-  if (c.is_opt() && e != h) w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
+  if (c.is_opt() && e != h)
+    w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
   // OPT-350m style (post-LN) models have no final layer norm.
   if (!c.is_opt() || c.do_layer_norm_before) {
     w.final_norm = fetch(n.final_norm + ".weight", {h}, Role::kVector, 0);
@@ -168,14 +193,16 @@ ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const 
                                 const WeightParts& parts) {
   // Refuse before allocating: a 175B shape must say it does not fit, not die in the OOM killer.
   const double need = static_cast<double>(config.shape().total_params()) * dtype_size(config.dtype);
-  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const double have =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (!sink && need > 0.9 * have)
     fail(ErrorKind::kOverloaded,
          "{}: weights need {:.1f} GiB in {} but this host has {:.1f} GiB of memory (limit 90%); "
          "give a --cpu-mem budget and a --disk-dir to keep the rest on disk",
          config.source, need / (1 << 30), dtype_name(config.dtype), have / (1 << 30));
   ModelWeights w;
-  FetchFn fetch = [&](const std::string& name, Shape expected, Role role, int64_t fan_in) -> Tensor {
+  FetchFn fetch = [&](const std::string& name, Shape expected, Role role,
+                      int64_t fan_in) -> Tensor {
     Tensor t = own(w, role == Role::kMatrix ? config.dtype : DType::kF32, expected);
     fill_dummy_tensor(seed, name, fan_in, t);
     return t;

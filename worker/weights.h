@@ -30,8 +30,8 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor embed;      // [vocab, word_embed_proj_dim]
-  Tensor positions;  // OPT: [max_positions + 2, hidden]
+  Tensor embed;                    // [vocab, word_embed_proj_dim]
+  Tensor positions;                // OPT: [max_positions + 2, hidden]
   Tensor project_in, project_out;  // OPT when word_embed_proj_dim != hidden
   Tensor final_norm, final_norm_bias;
   Tensor lm_head;  // == embed when tied
@@ -67,7 +67,7 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
                                      const LayerSink& sink = {}, const WeightParts& parts = {});
 
 // Generates the weights of a dummy shape deterministically from `seed`.
-ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink = {},
-                                const WeightParts& parts = {});
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed,
+                                const LayerSink& sink = {}, const WeightParts& parts = {});
 
 }  // namespace strata

@@ -68,7 +68,8 @@ TEST(KvCacheTiers, HostComputeWithTheCacheOnDiskMatchesTheReference) {
     Generator gen(model, GeneratorOptions{3, 64, 0});
     const auto results = gen.run(reqs);
     for (size_t i = 0; i < refs.size(); ++i)
-      EXPECT_EQ(results[i].output_ids, refs[i].output_ids) << refs[i].name << " " << o.placement.str();
+      EXPECT_EQ(results[i].output_ids, refs[i].output_ids)
+          << refs[i].name << " " << o.placement.str();
   }
 }
 

@@ -107,7 +107,8 @@ TEST_P(LayerFeederTest, EveryWeightSplitGivesTheAllResidentOutput) {
   EXPECT_EQ(resident.feed.layers_from_cpu + resident.feed.layers_from_disk, 0);
   if (model == testing::stories_dir()) {
     const auto refs = testing::load_stories_references();
-    for (size_t i = 0; i < refs.size(); ++i) EXPECT_EQ(resident.outputs[i], refs[i].output_ids) << refs[i].name;
+    for (size_t i = 0; i < refs.size(); ++i)
+      EXPECT_EQ(resident.outputs[i], refs[i].output_ids) << refs[i].name;
   }
   struct Split {
     int wg, wc;
@@ -118,14 +119,15 @@ TEST_P(LayerFeederTest, EveryWeightSplitGivesTheAllResidentOutput) {
   if (model == testing::stories_dir() || device_->device() == Device::kCuda) {
     splits.clear();
     for (bool overlap : {true, false})
-      for (auto [wg, wc] : {std::pair{0, 100}, {0, 0}, {40, 40}, {20, 40}, {60, 0}}) splits.push_back({wg, wc, overlap});
+      for (auto [wg, wc] : {std::pair{0, 100}, {0, 0}, {40, 40}, {20, 40}, {60, 0}})
+        splits.push_back({wg, wc, overlap});
   }
   for (Split s : splits) {
     {
       const bool overlap = s.overlap;
       const FeedRun r = generate(*device_, model, s.wg, s.wc, overlap);
-      const std::string what = fmt::format("w={}/{}/{} overlap {} ({})", s.wg, s.wc, 100 - s.wg - s.wc, overlap,
-                                           r.placement.str());
+      const std::string what = fmt::format("w={}/{}/{} overlap {} ({})", s.wg, s.wc,
+                                           100 - s.wg - s.wc, overlap, r.placement.str());
       EXPECT_EQ(r.outputs, resident.outputs) << what;
       EXPECT_EQ(r.feed.layers_from_cpu > 0, r.placement.count(Tier::kCpu) > 0) << what;
       EXPECT_EQ(r.feed.layers_from_disk > 0, r.placement.count(Tier::kDisk) > 0) << what;
@@ -146,15 +148,17 @@ TEST_P(LayerFeederTest, EveryCachePlacementGivesTheOnDeviceOutput) {
     int cg, cc;
     bool cpu_attention;
   };
-  for (Split s : {Split{0, 100, true}, Split{0, 100, false}, Split{0, 0, true}, Split{40, 30, false},
-                  Split{20, 40, true}}) {
+  for (Split s : {Split{0, 100, true}, Split{0, 100, false}, Split{0, 0, true},
+                  Split{40, 30, false}, Split{20, 40, true}}) {
     CacheOptions cache;
     cache.placement.gpu_percent = s.cg;
     cache.placement.cpu_percent = s.cc;
     cache.cpu_attention = s.cpu_attention;
     const FeedRun r = generate(*device_, model, 50, 50, true, cache);
-    EXPECT_EQ(r.outputs, resident.outputs) << cache.placement.str() << " cpu attention " << s.cpu_attention;
-    if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
+    EXPECT_EQ(r.outputs, resident.outputs)
+        << cache.placement.str() << " cpu attention " << s.cpu_attention;
+    if (model != testing::stories_dir() && device_->device() != Device::kCuda)
+      break;  // slow on the CPU
   }
 }
 
@@ -169,7 +173,8 @@ TEST_P(LayerFeederTest, SeveralGpuBatchesPerBlockGiveTheSameOutput) {
   for (int32_t gbs : {1, 2}) {
     const FeedRun r = generate(*device_, model, 20, 50, true, cache, gbs);
     EXPECT_EQ(r.outputs, one.outputs) << "GPU batch " << gbs;
-    if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
+    if (model != testing::stories_dir() && device_->device() != Device::kCuda)
+      break;  // slow on the CPU
   }
 }
 
@@ -184,7 +189,8 @@ TEST_P(LayerFeederTest, CompressedWeightsGiveTheSameOutputInEveryTier) {
     EXPECT_EQ(r.feed.bytes_from_cpu, r.feed.layers_from_cpu * r.layer_bytes);
     EXPECT_NEAR(static_cast<double>(r.placement.layer_bytes), static_cast<double>(r.layer_bytes),
                 0.01 * static_cast<double>(r.layer_bytes));
-    if (model != testing::stories_dir() && device_->device() != Device::kCuda) break;  // slow on the CPU
+    if (model != testing::stories_dir() && device_->device() != Device::kCuda)
+      break;  // slow on the CPU
   }
 }
 
@@ -217,7 +223,10 @@ TEST_P(LayerFeederTest, WithoutOverlapEachStreamedLayerLoadsOncePerStep) {
 
 INSTANTIATE_TEST_SUITE_P(Models, LayerFeederTest,
                          ::testing::Values(testing::stories_dir(), std::string("dummy:opt-125m")),
-                         [](const auto& p) { return p.index == 0 ? std::string("stories260K") : std::string("opt125m"); });
+                         [](const auto& p) {
+                           return p.index == 0 ? std::string("stories260K")
+                                               : std::string("opt125m");
+                         });
 
 }  // namespace
 }  // namespace strata
