@@ -41,5 +41,8 @@ run gpu50-cpu50-b16 --batch 16 --gen-len 8 --policy w=50/50/0
 run cache-cpu-attn-b16 --batch 16 --gen-len 32 --policy w=100/0/0,c=0/100/0,cpu_attn=1
 run cache-cpu-staged-b16 --batch 16 --gen-len 8 --policy w=100/0/0,c=0/100/0,cpu_attn=0
 run disk40-b16 --batch 16 --gen-len 4 --policy w=20/40/40
+# 4-bit weights: a streamed layer moves 0.625 bytes per weight instead of 2.
+run cpu100-q4-b16 --batch 16 --gen-len 8 --policy w=0/100/0,cw=1
+run resident-q4-b16 --batch 16 --gen-len 32 --policy w=100/0/0,cw=1
 # Zig-zag: 32 sequences as 2 GPU batches of 16 share one fetch of each layer.
 run block-2x16-cpu100 --batch 32 --gen-len 8 --policy gbs=16,ngb=2,w=0/100/0
