@@ -107,6 +107,11 @@ int serve_worker(const ServeOptions& o, const MpiSession& session) {
   StageWorkerOptions w;
   w.load.dummy_dtype = parse_dtype(o.engine.dtype).value_or(DType::kF32);
   w.load.dummy_seed = o.engine.weight_seed;
+  // Each stage applies the offloading budget to its own share: --cpu-mem bounds the host
+  // memory of its weights, the rest of its layers stream from --disk-dir.
+  w.load.cpu_mem = o.engine.cpu_mem.empty() ? -1 : parse_size(o.engine.cpu_mem, "--cpu-mem");
+  w.load.disk_dir = o.engine.disk_dir;
+  w.load.overlap = o.engine.overlap;
   w.plan_timeout_s = o.load_timeout;
   w.idle_timeout_s = std::max(o.step_timeout, 10 * o.heartbeat_interval);
   w.step_timeout_s = o.step_timeout;
