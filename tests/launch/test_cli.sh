@@ -108,5 +108,32 @@ else
 fi
 expect_error profile-bad-dir "not a directory" profile --disk-dir /no/such/dir --disk-mib 1
 
+# The offloading options: refusals that name the option, and placements that change nothing.
+expect_error device-unknown "expected auto, cpu, cuda" generate --model "$MODEL" --prompt hi --device tpu
+expect_error policy-bad-shares "sum to 100" generate --model "$MODEL" --prompt hi --policy w=50/60/0
+expect_error policy-cache-q4 "not implemented yet" generate --model "$MODEL" --prompt hi --policy w=0/100/0,cc=1
+expect_error policy-activations "activations live on the compute tier" generate --model "$MODEL" --prompt hi --policy h=0/0/100
+expect_error cpu-mem-too-small "short by" generate --model "$MODEL" --prompt hi --device cpu --cpu-mem 10KiB
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error device-cuda-missing "--device cuda" generate --model "$MODEL" --prompt hi --device cuda
+fi
+"$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device cpu \
+  >"$TMP/plain.json" 2>/dev/null
+"$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device cpu \
+  --policy w=0/0/100,c=0/40/60,gbs=1,ngb=2 --disk-dir "$TMP" >"$TMP/disk.json" 2>"$TMP/err"
+if [ -s "$TMP/plain.json" ] && cmp -s "$TMP/plain.json" "$TMP/disk.json"; then
+  echo "ok   policy-disk-placement-same-output"; passes=$((passes + 1))
+else
+  echo "FAIL policy-disk-placement-same-output"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
+  --prompt-len 8 --gen-len 2 --no-limits --threads 2 >"$TMP/auto.json" 2>"$TMP/err" &&
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['policy_search']['running'] == d['policy'], d" "$TMP/auto.json"
+then
+  echo "ok   bench-policy-auto"; passes=$((passes + 1))
+else
+  echo "FAIL bench-policy-auto"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
