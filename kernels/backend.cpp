@@ -14,6 +14,14 @@ TransferTicket Backend::transfer(void* dst, const void* src, size_t bytes, CopyK
 }
 
 void Backend::compute_waits(TransferTicket) {}
+
+void Backend::kv_store_q4(const float*, const float*, std::span<const SeqSlice>, const KvQ4LayerView&) {
+  fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
+}
+
+void Backend::kv_dequantize(const KvQ4LayerView&, const KvLayerView&) {
+  fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
+}
 void Backend::host_waits(TransferTicket) {}
 
 void* Backend::allocate_host(size_t bytes) {

@@ -39,6 +39,25 @@ struct KvLayerView {
   size_t head_stride() const { return static_cast<size_t>(capacity) * head_dim; }
 };
 
+// One layer's KV cache stored 4-bit (FlexGen §5, groups along the hidden dimension): each
+// cached row (head_dim values: one position of one kv head, in KvLayerView's order) is
+// head_dim / group groups with an f32 min and scale each. One blob per K and per V:
+// codes [rows * head_dim / 2] bytes, then mins, then scales [rows * head_dim / group] f32.
+struct KvQ4LayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  int32_t n_slots = 0;
+  int32_t capacity = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t group = 0;
+
+  size_t rows() const { return static_cast<size_t>(n_slots) * n_kv_heads * capacity; }
+  size_t groups() const { return rows() * static_cast<size_t>(head_dim / group); }
+  size_t tensor_bytes() const { return rows() * static_cast<size_t>(head_dim) / 2 + 2 * sizeof(float) * groups(); }
+  static int32_t group_for(int32_t head_dim) { return head_dim < 64 ? head_dim : 64; }
+};
+
 struct AttentionDims {
   int32_t n_heads = 0;
   int32_t n_kv_heads =
@@ -105,6 +124,11 @@ class Backend {
   // Writes the new keys/values (rows of k, v: [rows, n_kv_heads * head_dim]) into the cache.
   virtual void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
                         const KvLayerView& cache) = 0;
+  // The same into a 4-bit cache: each new row is quantised as it is stored.
+  virtual void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                           const KvQ4LayerView& cache);
+  // Every row of a 4-bit cache dequantised into `out` (same shape), just before attention.
+  virtual void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out);
   // Causal attention of q[rows, n_heads * head_dim] over each sequence's cache
   // (positions 0 .. n_past + i for its i-th new row) into out[rows, n_heads * head_dim].
   virtual void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,

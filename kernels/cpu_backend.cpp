@@ -273,6 +273,65 @@ void CpuBackend::kv_store(const float* k, const float* v, std::span<const SeqSli
   }
 }
 
+namespace {
+
+// Pointers into one 4-bit cache blob (KvQ4LayerView's layout).
+struct Q4Blob {
+  uint8_t* codes;
+  float* mins;
+  float* scales;
+};
+Q4Blob q4_blob(void* blob, const KvQ4LayerView& c) {
+  auto* codes = static_cast<uint8_t*>(blob);
+  auto* mins = reinterpret_cast<float*>(codes + c.rows() * static_cast<size_t>(c.head_dim) / 2);
+  return {codes, mins, mins + c.groups()};
+}
+
+void store_q4_row(const float* x, const KvQ4LayerView& c, Q4Blob b, size_t row) {
+  const int32_t gpr = c.head_dim / c.group;
+  for (int32_t j = 0; j < gpr; ++j) {
+    const size_t g = row * static_cast<size_t>(gpr) + static_cast<size_t>(j);
+    quantize_group(x + j * c.group, c.group, b.codes + g * static_cast<size_t>(c.group) / 2, b.mins + g, b.scales + g);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                             const KvQ4LayerView& cache) {
+  const int32_t hd = cache.head_dim;
+  const int64_t width = static_cast<int64_t>(cache.n_kv_heads) * hd;
+  const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
+  for (const SeqSlice& s : seqs) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "kv slot {} of {}", s.slot, cache.n_slots);
+    STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "kv cache overflow: {} + {} > capacity {}",
+                 s.n_past, s.n_new, cache.capacity);
+    for (int32_t t = 0; t < s.n_new; ++t) {
+      const int64_t row = s.row_begin + t;
+      for (int32_t h = 0; h < cache.n_kv_heads; ++h) {
+        const size_t dst = (static_cast<size_t>(s.slot) * cache.n_kv_heads + h) * cache.capacity + s.n_past + t;
+        store_q4_row(k + row * width + h * hd, cache, kb, dst);
+        store_q4_row(v + row * width + h * hd, cache, vb, dst);
+      }
+    }
+  }
+}
+
+void CpuBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) {
+  const auto rows = static_cast<int64_t>(cache.rows());
+  const int32_t gpr = cache.head_dim / cache.group;
+  const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
+#pragma omp parallel for schedule(static) if (rows * cache.head_dim > kParallelElems)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int32_t j = 0; j < gpr; ++j) {
+      const size_t g = static_cast<size_t>(r) * gpr + static_cast<size_t>(j);
+      const size_t at = static_cast<size_t>(r) * cache.head_dim + static_cast<size_t>(j) * cache.group;
+      dequantize_group(kb.codes + at / 2, cache.group, kb.mins[g], kb.scales[g], out.k + at);
+      dequantize_group(vb.codes + at / 2, cache.group, vb.mins[g], vb.scales[g], out.v + at);
+    }
+  }
+}
+
 // One task per (sequence, query head): S = scale * Q K^T over the sequence's cache, causal
 // softmax per row, O = P V. BLAS does the products (GEMV for a decode row, GEMM for a
 // prefill chunk); inside the parallel region OpenBLAS runs single-threaded.

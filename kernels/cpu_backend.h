@@ -35,6 +35,9 @@ class CpuBackend final : public Backend {
   void softmax(float* x, int64_t m, int64_t n) override;
   void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
                 const KvLayerView& cache) override;
+  void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                   const KvQ4LayerView& cache) override;
+  void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
   void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
 

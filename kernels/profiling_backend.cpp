@@ -18,6 +18,13 @@ void ProfilingBackend::timed(Op op, Fn&& fn) {
 void ProfilingBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
   timed(kCopy, [&] { inner_.copy(dst, src, bytes, kind); });
 }
+void ProfilingBackend::kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                                   const KvQ4LayerView& cache) {
+  timed(kKvStore, [&] { inner_.kv_store_q4(k, v, seqs, cache); });
+}
+void ProfilingBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) {
+  timed(kKvStore, [&] { inner_.kv_dequantize(cache, out); });
+}
 void ProfilingBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
   timed(kLinear, [&] { inner_.linear(x, m, w, bias, y); });
 }

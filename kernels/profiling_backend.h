@@ -27,6 +27,9 @@ class ProfilingBackend final : public Backend {
   void compute_waits(TransferTicket t) override { inner_.compute_waits(t); }
   void host_waits(TransferTicket t) override { inner_.host_waits(t); }
   void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
+  void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                   const KvQ4LayerView& cache) override;
+  void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
   void deallocate_host(void* p) override { inner_.deallocate_host(p); }
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;

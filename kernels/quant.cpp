@@ -373,6 +373,19 @@ void linear_block(const LinearArgs& a, int64_t n0, int64_t n1) {
 
 }  // namespace
 
+void quantize_group(const float* x, int64_t n, uint8_t* codes, float* min, float* scale) {
+  GroupStats s = group_stats(x, n, 1);
+  if (!s.ok) s = {0.0f, 0.0f, true};
+  *min = s.min;
+  *scale = s.scale;
+  encode_run(x, n, s, codes);
+  if (s.scale == 0.0f && !std::isfinite(x[0])) std::memset(codes, 0, static_cast<size_t>(n / 2));
+}
+
+void dequantize_group(const uint8_t* codes, int64_t n, float min, float scale, float* out) {
+  decode_run(codes, n, min, scale, out);
+}
+
 const char* quant_axis_name(QuantAxis axis) {
   return axis == QuantAxis::kAlongRow ? "along rows" : "along columns";
 }

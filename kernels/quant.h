@@ -62,6 +62,12 @@ struct QuantLayout {
 // positive; group_size divides the grouped dimension (cols along rows, rows along columns).
 void check_quant_layout(const QuantLayout& layout);
 
+// One group of n (even) contiguous values: codes (n / 2 bytes), its min and scale. A
+// non-finite value encodes the group as zeros with a zero scale (the KV cache must not throw
+// mid-step; the attention that follows then sees the zeros).
+void quantize_group(const float* x, int64_t n, uint8_t* codes, float* min, float* scale);
+void dequantize_group(const uint8_t* codes, int64_t n, float min, float scale, float* out);
+
 // Bytes a tensor of this layout occupies: numel / 2 codes + 8 per group. For the planner.
 size_t quantized_bytes(const QuantLayout& layout);
 

@@ -54,11 +54,6 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   if (text.empty()) return out;
   const Policy p = Policy::parse(text);
   p.validate();
-  if (p.compress_cache)
-    fail_input(
-        "--policy '{}': 4-bit compression of the KV cache inside the engine is not implemented yet "
-        "(cc=0)",
-        text);
   // Activations are per-step scratch on the compute tier.
   if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
     fail_input(
@@ -71,6 +66,7 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   out.cache.placement.gpu_percent = p.cache_gpu_percent;
   out.cache.placement.cpu_percent = p.cache_cpu_percent;
   out.cache.cpu_attention = p.cpu_cache_compute;
+  out.cache.placement.compress = p.compress_cache;
   out.overlap = p.overlap;
   // The block schedule only when the policy names it; otherwise --max-batch (or bench's
   // --batch) is one GPU batch.

@@ -22,6 +22,9 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
       layer_elems_(static_cast<size_t>(n_slots) * static_cast<size_t>(capacity) *
                    static_cast<size_t>(c.kv_width())) {
   STRATA_CHECK(n_slots > 0 && capacity > 0, "kv cache slots {} capacity {}", n_slots, capacity);
+  compress_ = placement.compress;
+  if (compress_ && c.head_dim % 2 != 0)
+    fail_input("{}: head_dim {} is odd; the 4-bit KV cache packs two values per byte", c.source, c.head_dim);
   tiers_ = tiers_from_shares(c.n_layers, placement.gpu_percent, placement.cpu_percent, "cache");
   const size_t bytes = layer_bytes();
   layers_.resize(tiers_.size());
@@ -62,7 +65,36 @@ void KvCache::store_zero(int32_t i) {
   staged_ = -1;
 }
 
+size_t KvCache::layer_bytes() const {
+  if (!compress_) return layer_elems_ * sizeof(float);
+  KvQ4LayerView v = q4_layer_shape();
+  return v.tensor_bytes();
+}
+
+KvQ4LayerView KvCache::q4_layer_shape() const {
+  KvQ4LayerView v;
+  v.n_slots = n_slots_;
+  v.capacity = capacity_;
+  v.n_kv_heads = n_kv_heads_;
+  v.head_dim = head_dim_;
+  v.group = KvQ4LayerView::group_for(head_dim_);
+  return v;
+}
+
+KvLayerView KvCache::f32_shape() const { return {nullptr, nullptr, n_slots_, capacity_, n_kv_heads_, head_dim_}; }
+
+KvQ4LayerView KvCache::q4_layer(int32_t i) const {
+  STRATA_CHECK(compress_, "q4_layer of an uncompressed cache");
+  const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];
+  STRATA_CHECK(tier(i) != Tier::kDisk || staged_ == i, "disk layer {} used without load()", i);
+  KvQ4LayerView v = q4_layer_shape();
+  v.k = L.k.data();
+  v.v = L.v.data();
+  return v;
+}
+
 KvLayerView KvCache::layer(int32_t i) const {
+  STRATA_CHECK(!compress_, "f32 view of a compressed cache");
   const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];
   STRATA_CHECK(tier(i) != Tier::kDisk || staged_ == i, "disk layer {} used without load()", i);
   return {L.k.f32(), L.v.f32(), n_slots_, capacity_, n_kv_heads_, head_dim_};

@@ -24,6 +24,9 @@ struct CachePlacement {
   int gpu_percent = 100;
   int cpu_percent = 0;
   std::string disk_dir = "/tmp";
+  // FlexGen's cache compression: stored 4-bit in every tier (KvQ4LayerView), dequantised
+  // just before attention.
+  bool compress = false;
   std::string str() const;
 };
 
@@ -36,13 +39,17 @@ class KvCache {
   // The layer's cache where it lives: device memory (GPU tier) or host memory (CPU tier;
   // disk tier: the staging pair, valid between load() and store()).
   KvLayerView layer(int32_t i) const;
+  bool compressed() const { return compress_; }
+  KvQ4LayerView q4_layer(int32_t i) const;  // the same, for a compressed cache
+  // The f32 shape of one layer (pointers null): what a compressed layer dequantises into.
+  KvLayerView f32_shape() const;
   void load(int32_t i);   // disk tier: file -> staging
   void store(int32_t i);  // disk tier: staging -> file
 
   int32_t n_slots() const { return n_slots_; }
   int32_t capacity() const { return capacity_; }
-  size_t bytes() const { return 2 * layer_elems_ * sizeof(float) * tiers_.size(); }
-  size_t layer_bytes() const { return layer_elems_ * sizeof(float); }  // K or V of one layer
+  size_t bytes() const { return 2 * layer_bytes() * tiers_.size(); }
+  size_t layer_bytes() const;  // K or V of one layer as stored
   int64_t disk_bytes_moved() const { return disk_bytes_moved_; }
 
   // A free slot, or -1 when all are taken.
@@ -55,6 +62,7 @@ class KvCache {
     DeviceBuffer k, v;
   };
   size_t file_offset(int32_t layer) const;
+  KvQ4LayerView q4_layer_shape() const;
   void store_zero(int32_t i);  // staging is still all zeros
 
   int32_t n_slots_;
@@ -62,6 +70,7 @@ class KvCache {
   int32_t n_kv_heads_;
   int32_t head_dim_;
   size_t layer_elems_;
+  bool compress_ = false;
   std::vector<Tier> tiers_;
   std::vector<Layer> layers_;  // empty buffers for disk-tier layers
   Layer staging_;              // host pair the disk-tier layer in use is read into

@@ -309,19 +309,48 @@ void Model::attend(const StepBatch& batch, KvCache& cache, int32_t i, const Atte
                    int32_t rows) {
   const Tier tier = cache.tier(i);
   cache.load(i);
-  const KvLayerView kv = cache.layer(i);
-  if (tier == Tier::kGpu || feeder_ == nullptr) {
-    backend_.kv_store(k_.f32(), v_.f32(), batch.seqs, kv);
-    backend_.attention(q_.f32(), batch.seqs, kv, dims, attn_.f32());
-  } else if (cache_options_.cpu_attention) {
-    delegated_attention(batch, kv, dims, rows);
+  LayerKv kv{cache.compressed(), {}, {}};
+  if (kv.q4) {
+    kv.packed = cache.q4_layer(i);
   } else {
-    staged_attention(batch, kv, dims);
+    kv.f32 = cache.layer(i);
+  }
+  if (tier == Tier::kGpu || feeder_ == nullptr) {
+    const KvLayerView view = store_kv(backend_, k_.f32(), v_.f32(), batch, kv, cache, false);
+    backend_.attention(q_.f32(), batch.seqs, view, dims, attn_.f32());
+  } else if (cache_options_.cpu_attention) {
+    delegated_attention(batch, kv, cache, dims, rows);
+  } else {
+    staged_attention(batch, kv, cache, dims);
   }
   cache.store(i);
 }
 
-void Model::delegated_attention(const StepBatch& batch, const KvLayerView& kv,
+// Stores the step's new k/v rows into the layer's cache with backend `b` and returns the
+// f32 view attention reads: the cache itself or, for a 4-bit cache, all of it dequantised
+// into working memory (host memory when `on_host`) just before use.
+KvLayerView Model::store_kv(Backend& b, const float* k, const float* v, const StepBatch& batch,
+                            const LayerKv& kv, const KvCache& cache, bool on_host) {
+  if (!kv.q4) {
+    b.kv_store(k, v, batch.seqs, kv.f32);
+    return kv.f32;
+  }
+  b.kv_store_q4(k, v, batch.seqs, kv.packed);
+  KvLayerView work = cache.f32_shape();
+  const size_t bytes = work.slot_stride() * static_cast<size_t>(work.n_slots) * sizeof(float);
+  DeviceBuffer& wk = on_host ? host_work_k_ : work_k_;
+  DeviceBuffer& wv = on_host ? host_work_v_ : work_v_;
+  if (wk.size() < bytes) {
+    wk = on_host ? DeviceBuffer::host(backend_, bytes) : DeviceBuffer(backend_, bytes);
+    wv = on_host ? DeviceBuffer::host(backend_, bytes) : DeviceBuffer(backend_, bytes);
+  }
+  work.k = wk.f32();
+  work.v = wv.f32();
+  b.kv_dequantize(kv.packed, work);
+  return work;
+}
+
+void Model::delegated_attention(const StepBatch& batch, const LayerKv& kv, const KvCache& cache,
                                 const AttentionDims& dims, int32_t rows) {
   Backend& host = *cache_options_.host;
   const size_t q_bytes =
@@ -340,27 +369,33 @@ void Model::delegated_attention(const StepBatch& batch, const KvLayerView& kv,
   backend_.copy(host_q_.data(), q_.data(), q_bytes, CopyKind::kDeviceToHost);
   backend_.copy(host_k_.data(), k_.data(), kv_bytes, CopyKind::kDeviceToHost);
   backend_.copy(host_v_.data(), v_.data(), kv_bytes, CopyKind::kDeviceToHost);
-  host.kv_store(host_k_.f32(), host_v_.f32(), batch.seqs, kv);
-  host.attention(host_q_.f32(), batch.seqs, kv, dims, host_out_.f32());
+  const KvLayerView view = store_kv(host, host_k_.f32(), host_v_.f32(), batch, kv, cache, true);
+  host.attention(host_q_.f32(), batch.seqs, view, dims, host_out_.f32());
   backend_.copy(attn_.data(), host_out_.data(), q_bytes, CopyKind::kHostToDevice);
 }
 
-void Model::staged_attention(const StepBatch& batch, const KvLayerView& kv,
+// The layer's cache (as stored: f32 or 4-bit) copied to the device and back around the
+// attention.
+void Model::staged_attention(const StepBatch& batch, const LayerKv& kv, const KvCache& cache,
                              const AttentionDims& dims) {
-  const size_t bytes = kv.slot_stride() * static_cast<size_t>(kv.n_slots) * sizeof(float);
+  const size_t bytes = cache.layer_bytes();
   if (staged_k_.size() < bytes) {
     staged_k_ = DeviceBuffer(backend_, bytes);
     staged_v_ = DeviceBuffer(backend_, bytes);
   }
-  KvLayerView dev = kv;
-  dev.k = staged_k_.f32();
-  dev.v = staged_v_.f32();
-  backend_.copy(dev.k, kv.k, bytes, CopyKind::kHostToDevice);
-  backend_.copy(dev.v, kv.v, bytes, CopyKind::kHostToDevice);
-  backend_.kv_store(k_.f32(), v_.f32(), batch.seqs, dev);
-  backend_.attention(q_.f32(), batch.seqs, dev, dims, attn_.f32());
-  backend_.copy(kv.k, dev.k, bytes, CopyKind::kDeviceToHost);
-  backend_.copy(kv.v, dev.v, bytes, CopyKind::kDeviceToHost);
+  void* host_k = kv.q4 ? kv.packed.k : static_cast<void*>(kv.f32.k);
+  void* host_v = kv.q4 ? kv.packed.v : static_cast<void*>(kv.f32.v);
+  LayerKv dev = kv;
+  dev.f32.k = staged_k_.f32();
+  dev.f32.v = staged_v_.f32();
+  dev.packed.k = staged_k_.data();
+  dev.packed.v = staged_v_.data();
+  backend_.copy(staged_k_.data(), host_k, bytes, CopyKind::kHostToDevice);
+  backend_.copy(staged_v_.data(), host_v, bytes, CopyKind::kHostToDevice);
+  const KvLayerView view = store_kv(backend_, k_.f32(), v_.f32(), batch, dev, cache, false);
+  backend_.attention(q_.f32(), batch.seqs, view, dims, attn_.f32());
+  backend_.copy(host_k, staged_k_.data(), bytes, CopyKind::kDeviceToHost);
+  backend_.copy(host_v, staged_v_.data(), bytes, CopyKind::kDeviceToHost);
 }
 
 void Model::set_cache_options(const CacheOptions& options) {

@@ -104,11 +104,19 @@ class Model {
              int32_t rows);
   void attention_block(const LayerWeights& L, const StepBatch& batch, KvCache& cache, int32_t i,
                        int32_t rows);
+  // One layer's cache as attention gets it: f32, or 4-bit (dequantised before use).
+  struct LayerKv {
+    bool q4 = false;
+    KvLayerView f32;
+    KvQ4LayerView packed;
+  };
   void attend(const StepBatch& batch, KvCache& cache, int32_t i, const AttentionDims& dims,
               int32_t rows);
-  void delegated_attention(const StepBatch& batch, const KvLayerView& host_kv,
+  KvLayerView store_kv(Backend& b, const float* k, const float* v, const StepBatch& batch,
+                       const LayerKv& kv, const KvCache& cache, bool on_host);
+  void delegated_attention(const StepBatch& batch, const LayerKv& kv, const KvCache& cache,
                            const AttentionDims& dims, int32_t rows);
-  void staged_attention(const StepBatch& batch, const KvLayerView& host_kv,
+  void staged_attention(const StepBatch& batch, const LayerKv& kv, const KvCache& cache,
                         const AttentionDims& dims);
   void mlp_block(const LayerWeights& L, int32_t rows);
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
@@ -139,6 +147,9 @@ class Model {
   // copy of one layer's cache (staged attention); allocated on first use.
   DeviceBuffer host_q_, host_k_, host_v_, host_out_;
   DeviceBuffer staged_k_, staged_v_;
+  // A 4-bit cache layer dequantised for attention: on the compute device, and on the host
+  // for delegated attention.
+  DeviceBuffer work_k_, work_v_, host_work_k_, host_work_v_;
 };
 
 }  // namespace strata

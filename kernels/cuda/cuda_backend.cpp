@@ -151,6 +151,9 @@ class CudaBackend final : public Backend {
                 const KvLayerView& cache) override;
   void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
+  void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                   const KvQ4LayerView& cache) override;
+  void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
 
  private:
   // Makes this backend's device current on the calling thread.
@@ -545,6 +548,31 @@ void CudaBackend::kv_store(const float* k, const float* v, std::span<const SeqSl
   const RowDesc* rows = upload_rows(seqs, cache, n_rows);
   if (n_rows == 0) return;
   STRATA_CUDA_CHECK(cuda_kernels::kv_store(k, v, rows, n_rows, cache_desc(cache), stream()));
+}
+
+namespace {
+cuda_kernels::KvQ4Desc q4_desc(const KvQ4LayerView& c) {
+  return {c.k, c.v, static_cast<int64_t>(c.rows()), c.n_kv_heads, c.capacity, c.head_dim, c.group};
+}
+}  // namespace
+
+void CudaBackend::kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                              const KvQ4LayerView& cache) {
+  activate();
+  KvLayerView shape;  // for upload_rows' slot and capacity checks
+  shape.n_slots = cache.n_slots;
+  shape.capacity = cache.capacity;
+  shape.n_kv_heads = cache.n_kv_heads;
+  shape.head_dim = cache.head_dim;
+  int64_t n_rows = 0;
+  const RowDesc* rows = upload_rows(seqs, shape, n_rows);
+  if (n_rows == 0) return;
+  STRATA_CUDA_CHECK(cuda_kernels::kv_store_q4(k, v, rows, n_rows, q4_desc(cache), stream()));
+}
+
+void CudaBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::kv_dequantize(q4_desc(cache), out.k, out.v, stream()));
 }
 
 void CudaBackend::attention(const float* q, std::span<const SeqSlice> seqs,

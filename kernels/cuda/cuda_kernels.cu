@@ -316,6 +316,96 @@ KernelStatus f32_to_half(const float* src, void* dst, ElemType dst_type, int64_t
   return last_status();
 }
 
+namespace {
+
+struct Q4Ptrs {
+  unsigned char* codes;
+  float* mins;
+  float* scales;
+};
+
+__device__ Q4Ptrs q4_ptrs(void* blob, const KvQ4Desc& c) {
+  auto* codes = static_cast<unsigned char*>(blob);
+  auto* mins = reinterpret_cast<float*>(codes + c.rows * c.head_dim / 2);
+  return {codes, mins, mins + c.rows * (c.head_dim / c.group)};
+}
+
+// One group of `n` values: min/scale as kernels/quant.cpp computes them (non-finite: zeros).
+__device__ void quantize_group_dev(const float* x, int n, unsigned char* codes, float* min_out,
+                                   float* scale_out) {
+  float mn = x[0], mx = x[0];
+  bool finite = true;
+  for (int i = 0; i < n; ++i) {
+    finite = finite && isfinite(x[i]);
+    mn = fminf(mn, x[i]);
+    mx = fmaxf(mx, x[i]);
+  }
+  float scale = (mx - mn) / 15.0f;
+  if (!finite || !isfinite(scale)) {
+    mn = 0.0f;
+    scale = 0.0f;
+  }
+  *min_out = mn;
+  *scale_out = scale;
+  for (int i = 0; i < n; i += 2) {
+    int q0 = 0, q1 = 0;
+    if (scale != 0.0f) {
+      q0 = min(15, max(0, __float2int_rn((x[i] - mn) / scale)));
+      q1 = min(15, max(0, __float2int_rn((x[i + 1] - mn) / scale)));
+    }
+    codes[i / 2] = static_cast<unsigned char>(q0 | (q1 << 4));
+  }
+}
+
+__global__ void kv_store_q4_kernel(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
+                                   KvQ4Desc c) {
+  const int gpr = c.head_dim / c.group;
+  const int64_t total = n_rows * c.n_kv_heads * gpr;
+  const Q4Ptrs kb = q4_ptrs(c.k, c), vb = q4_ptrs(c.v, c);
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int j = static_cast<int>(t % gpr);
+    const int h = static_cast<int>((t / gpr) % c.n_kv_heads);
+    const RowDesc d = rows[t / gpr / c.n_kv_heads];
+    const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+    const int64_t src = d.row * width + static_cast<int64_t>(h) * c.head_dim + static_cast<int64_t>(j) * c.group;
+    const int64_t row = (static_cast<int64_t>(d.slot) * c.n_kv_heads + h) * c.capacity + d.pos;
+    const int64_t g = row * gpr + j;
+    quantize_group_dev(k + src, c.group, kb.codes + g * c.group / 2, kb.mins + g, kb.scales + g);
+    quantize_group_dev(v + src, c.group, vb.codes + g * c.group / 2, vb.mins + g, vb.scales + g);
+  }
+}
+
+__global__ void kv_dequantize_kernel(KvQ4Desc c, float* k_out, float* v_out) {
+  const int64_t n = c.rows * c.head_dim;
+  const Q4Ptrs kb = q4_ptrs(c.k, c), vb = q4_ptrs(c.v, c);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t g = i / c.group;
+    const int kq = (i & 1) ? (kb.codes[i / 2] >> 4) : (kb.codes[i / 2] & 0xF);
+    const int vq = (i & 1) ? (vb.codes[i / 2] >> 4) : (vb.codes[i / 2] & 0xF);
+    k_out[i] = fmaf(static_cast<float>(kq), kb.scales[g], kb.mins[g]);
+    v_out[i] = fmaf(static_cast<float>(vq), vb.scales[g], vb.mins[g]);
+  }
+}
+
+}  // namespace
+
+KernelStatus kv_store_q4(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
+                         const KvQ4Desc& cache, StreamHandle stream) {
+  const int64_t total = n_rows * cache.n_kv_heads * (cache.head_dim / cache.group);
+  if (total <= 0) return {};
+  kv_store_q4_kernel<<<elementwise_blocks(total), kThreads, 0, as_stream(stream)>>>(k, v, rows, n_rows, cache);
+  return last_status();
+}
+
+KernelStatus kv_dequantize(const KvQ4Desc& cache, float* k_out, float* v_out, StreamHandle stream) {
+  const int64_t n = cache.rows * cache.head_dim;
+  if (n <= 0) return {};
+  kv_dequantize_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(cache, k_out, v_out);
+  return last_status();
+}
+
 KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins, const float* scales,
                                   unsigned short* dst, int64_t n, StreamHandle stream) {
   if (n <= 0) return {};

@@ -70,6 +70,21 @@ struct KvCacheDesc {
 // Writes k/v rows ([*, n_kv_heads * head_dim]) of every RowDesc into the cache.
 KernelStatus kv_store(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
                       const KvCacheDesc& cache, StreamHandle stream);
+// A 4-bit KV cache blob pair (backend.h's KvQ4LayerView).
+struct KvQ4Desc {
+  void* k;
+  void* v;
+  int64_t rows;  // n_slots * n_kv_heads * capacity
+  int32_t n_kv_heads;
+  int32_t capacity;
+  int32_t head_dim;
+  int32_t group;
+};
+// Quantises the k/v rows of every RowDesc into the 4-bit cache (one thread per group).
+KernelStatus kv_store_q4(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
+                         const KvQ4Desc& cache, StreamHandle stream);
+// Every row of the 4-bit cache into f32 k_out / v_out ([rows, head_dim] each).
+KernelStatus kv_dequantize(const KvQ4Desc& cache, float* k_out, float* v_out, StreamHandle stream);
 // Causal attention: row d attends over cache positions 0 .. d.pos of its slot. One block
 // per (row, head); head_dim <= kMaxAttentionHeadDim.
 KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,

@@ -111,7 +111,6 @@ expect_error profile-bad-dir "not a directory" profile --disk-dir /no/such/dir -
 # The offloading options: refusals that name the option, and placements that change nothing.
 expect_error device-unknown "expected auto, cpu, cuda" generate --model "$MODEL" --prompt hi --device tpu
 expect_error policy-bad-shares "sum to 100" generate --model "$MODEL" --prompt hi --policy w=50/60/0
-expect_error policy-cache-q4 "not implemented yet" generate --model "$MODEL" --prompt hi --policy w=0/100/0,cc=1
 expect_error policy-activations "activations live on the compute tier" generate --model "$MODEL" --prompt hi --policy h=0/0/100
 expect_error cpu-mem-too-small "short by" generate --model "$MODEL" --prompt hi --device cpu --cpu-mem 10KiB
 if ! nvidia-smi -L >/dev/null 2>&1; then

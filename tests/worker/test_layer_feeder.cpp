@@ -194,6 +194,29 @@ TEST_P(LayerFeederTest, CompressedWeightsGiveTheSameOutputInEveryTier) {
   }
 }
 
+TEST_P(LayerFeederTest, CompressedCacheGivesTheSameOutputWhereverItLives) {
+  // A 4-bit cache on the device, in host memory (CPU attention or staged) or on disk.
+  const std::string model = GetParam();
+  if (model != testing::stories_dir() && device_->device() != Device::kCuda)
+    GTEST_SKIP() << "the dummy model's runs are slow on the CPU; stories260K covers the paths";
+  CacheOptions on_device;
+  on_device.placement.compress = true;
+  const FeedRun ref = generate(*device_, model, 100, 0, true, on_device);
+  struct Split {
+    int cg, cc;
+    bool cpu_attention;
+  };
+  for (Split s : {Split{0, 100, true}, Split{0, 100, false}, Split{30, 30, true}}) {
+    CacheOptions cache;
+    cache.placement.gpu_percent = s.cg;
+    cache.placement.cpu_percent = s.cc;
+    cache.placement.compress = true;
+    cache.cpu_attention = s.cpu_attention;
+    const FeedRun r = generate(*device_, model, 100, 0, true, cache);
+    EXPECT_EQ(r.outputs, ref.outputs) << cache.placement.str() << " cpu attention " << s.cpu_attention;
+  }
+}
+
 TEST_P(LayerFeederTest, WithoutOverlapEachStreamedLayerLoadsOncePerStep) {
   const std::string model = GetParam();
   LoadOptions lo;
