@@ -54,7 +54,9 @@ struct KvQ4LayerView {
 
   size_t rows() const { return static_cast<size_t>(n_slots) * n_kv_heads * capacity; }
   size_t groups() const { return rows() * static_cast<size_t>(head_dim / group); }
-  size_t tensor_bytes() const { return rows() * static_cast<size_t>(head_dim) / 2 + 2 * sizeof(float) * groups(); }
+  size_t tensor_bytes() const {
+    return rows() * static_cast<size_t>(head_dim) / 2 + 2 * sizeof(float) * groups();
+  }
   static int32_t group_for(int32_t head_dim) { return head_dim < 64 ? head_dim : 64; }
 };
 

@@ -1,5 +1,4 @@
 #include "kernels/cpu_backend.h"
-#include "kernels/quant.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -12,6 +11,7 @@
 
 #include "kernels/error.h"
 #include "kernels/gemv.h"
+#include "kernels/quant.h"
 
 namespace strata {
 namespace {
@@ -81,17 +81,22 @@ CpuBackend::CpuBackend(int threads) {
   openblas_set_num_threads(threads_);
 }
 
-std::string CpuBackend::name() const { return fmt::format("cpu ({} threads)", threads_); }
+std::string CpuBackend::name() const {
+  return fmt::format("cpu ({} threads)", threads_);
+}
 
 void* CpuBackend::allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
-  if (p == nullptr) fail(ErrorKind::kOverloaded, "cpu backend: out of memory allocating {} bytes", bytes);
+  if (p == nullptr)
+    fail(ErrorKind::kOverloaded, "cpu backend: out of memory allocating {} bytes", bytes);
   std::memset(p, 0, rounded);
   return p;
 }
 
-void CpuBackend::deallocate(void* p) { std::free(p); }
+void CpuBackend::deallocate(void* p) {
+  std::free(p);
+}
 
 void CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind) {
   std::memcpy(dst, src, bytes);
@@ -120,7 +125,8 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
   }
 }
 
-void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias,
+                            float* y) {
   const auto n = static_cast<blasint>(w.shape[0]);
   const auto k = static_cast<blasint>(w.shape[1]);
   const float beta = bias != nullptr ? 1.0f : 0.0f;
@@ -132,7 +138,8 @@ void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const fl
 }
 
 // f16 / bf16 / q4 weights: dequantise a block of rows into f32 scratch, then GEMM that block.
-void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const float* bias,
+                             float* y) {
   const int64_t n = w.shape[0];
   const int64_t k = w.shape[1];
   const size_t elem = dtype_size(w.dtype);
@@ -146,11 +153,13 @@ void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const f
     } else {
       const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(r0 * k) * elem;
 #pragma omp parallel for schedule(static) if (rows * k > kParallelElems)
-      for (int64_t r = 0; r < rows; ++r) row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
+      for (int64_t r = 0; r < rows; ++r)
+        row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
-                static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x, static_cast<blasint>(k),
-                wf, static_cast<blasint>(k), 0.0f, y + r0, static_cast<blasint>(n));
+                static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x,
+                static_cast<blasint>(k), wf, static_cast<blasint>(k), 0.0f, y + r0,
+                static_cast<blasint>(n));
   }
   if (bias != nullptr) {
     for (int64_t r = 0; r < m; ++r)
@@ -164,7 +173,8 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
   const int64_t h = table.shape[1];
   const size_t elem = dtype_size(table.dtype);
   for (int64_t i = 0; i < n; ++i) {
-    STRATA_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} outside vocabulary of {}", ids[i], vocab);
+    STRATA_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} outside vocabulary of {}", ids[i],
+                 vocab);
     const auto* row = static_cast<const char*>(table.data) + static_cast<size_t>(ids[i] * h) * elem;
     row_to_f32(table.dtype, row, y + i * h, h);
   }
@@ -208,7 +218,8 @@ void CpuBackend::layer_norm(const float* x, int64_t m, int64_t h, const float* w
 void CpuBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
                       const int32_t* positions, const RopeTables& tables) {
   const int32_t half = head_dim / 2;
-  STRATA_CHECK(half == tables.half_dim, "rope: head_dim {} vs table half {}", head_dim, tables.half_dim);
+  STRATA_CHECK(half == tables.half_dim, "rope: head_dim {} vs table half {}", head_dim,
+               tables.half_dim);
   const int64_t width = static_cast<int64_t>(n_heads) * head_dim;
   for (int64_t r = 0; r < m; ++r) {
     const int32_t pos = positions[r];
@@ -248,7 +259,8 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
 
 void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
 #pragma omp parallel for schedule(static) if (m * n > kParallelElems)
-  for (int64_t r = 0; r < m; ++r) causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n));
+  for (int64_t r = 0; r < m; ++r)
+    causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n));
 }
 
 void CpuBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
@@ -291,7 +303,8 @@ void store_q4_row(const float* x, const KvQ4LayerView& c, Q4Blob b, size_t row) 
   const int32_t gpr = c.head_dim / c.group;
   for (int32_t j = 0; j < gpr; ++j) {
     const size_t g = row * static_cast<size_t>(gpr) + static_cast<size_t>(j);
-    quantize_group(x + j * c.group, c.group, b.codes + g * static_cast<size_t>(c.group) / 2, b.mins + g, b.scales + g);
+    quantize_group(x + j * c.group, c.group, b.codes + g * static_cast<size_t>(c.group) / 2,
+                   b.mins + g, b.scales + g);
   }
 }
 
@@ -309,7 +322,8 @@ void CpuBackend::kv_store_q4(const float* k, const float* v, std::span<const Seq
     for (int32_t t = 0; t < s.n_new; ++t) {
       const int64_t row = s.row_begin + t;
       for (int32_t h = 0; h < cache.n_kv_heads; ++h) {
-        const size_t dst = (static_cast<size_t>(s.slot) * cache.n_kv_heads + h) * cache.capacity + s.n_past + t;
+        const size_t dst =
+            (static_cast<size_t>(s.slot) * cache.n_kv_heads + h) * cache.capacity + s.n_past + t;
         store_q4_row(k + row * width + h * hd, cache, kb, dst);
         store_q4_row(v + row * width + h * hd, cache, vb, dst);
       }
@@ -325,7 +339,8 @@ void CpuBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& ou
   for (int64_t r = 0; r < rows; ++r) {
     for (int32_t j = 0; j < gpr; ++j) {
       const size_t g = static_cast<size_t>(r) * gpr + static_cast<size_t>(j);
-      const size_t at = static_cast<size_t>(r) * cache.head_dim + static_cast<size_t>(j) * cache.group;
+      const size_t at =
+          static_cast<size_t>(r) * cache.head_dim + static_cast<size_t>(j) * cache.group;
       dequantize_group(kb.codes + at / 2, cache.group, kb.mins[g], kb.scales[g], out.k + at);
       dequantize_group(vb.codes + at / 2, cache.group, vb.mins[g], vb.scales[g], out.v + at);
     }
@@ -343,14 +358,17 @@ void CpuBackend::attention(const float* q, std::span<const SeqSlice> seqs, const
   size_t scratch_per_task = 0;
   int64_t work = 0;
   for (const SeqSlice& s : seqs) {
-    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "attention: slot {} of {}", s.slot, cache.n_slots);
+    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "attention: slot {} of {}", s.slot,
+                 cache.n_slots);
     STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "attention: {} + {} positions > capacity {}",
                  s.n_past, s.n_new, cache.capacity);
-    scratch_per_task = std::max(scratch_per_task, static_cast<size_t>(s.n_new) * static_cast<size_t>(s.n_past + s.n_new));
+    scratch_per_task = std::max(
+        scratch_per_task, static_cast<size_t>(s.n_new) * static_cast<size_t>(s.n_past + s.n_new));
     work += static_cast<int64_t>(s.n_new) * (s.n_past + s.n_new) * width;
   }
   const auto nthreads = static_cast<size_t>(omp_get_max_threads());
-  if (attn_scratch_.size() < scratch_per_task * nthreads) attn_scratch_.resize(scratch_per_task * nthreads);
+  if (attn_scratch_.size() < scratch_per_task * nthreads)
+    attn_scratch_.resize(scratch_per_task * nthreads);
   const auto tasks = static_cast<int64_t>(seqs.size()) * dims.n_heads;
 
 #pragma omp parallel for schedule(dynamic, 1) if (work > kParallelElems)
@@ -365,14 +383,16 @@ void CpuBackend::attention(const float* q, std::span<const SeqSlice> seqs, const
     const float* v = cache.v + base;
     const float* qh = q + s.row_begin * width + static_cast<int64_t>(h) * hd;
     float* oh = out + s.row_begin * width + static_cast<int64_t>(h) * hd;
-    float* scores = attn_scratch_.data() + scratch_per_task * static_cast<size_t>(omp_get_thread_num());
+    float* scores =
+        attn_scratch_.data() + scratch_per_task * static_cast<size_t>(omp_get_thread_num());
     if (s.n_new == 1) {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, ctx, hd, dims.scale, k, hd, qh, 1, 0.0f, scores, 1);
     } else {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, dims.scale, qh,
                   static_cast<blasint>(width), k, hd, 0.0f, scores, ctx);
     }
-    for (int32_t t = 0; t < s.n_new; ++t) causal_softmax_row(scores + static_cast<size_t>(t) * ctx, s.n_past + t + 1, ctx);
+    for (int32_t t = 0; t < s.n_new; ++t)
+      causal_softmax_row(scores + static_cast<size_t>(t) * ctx, s.n_past + t + 1, ctx);
     if (s.n_new == 1) {
       cblas_sgemv(CblasRowMajor, CblasTrans, ctx, hd, 1.0f, v, hd, scores, 1, 0.0f, oh, 1);
     } else {

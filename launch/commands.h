@@ -39,6 +39,7 @@ struct EngineOptions {
   bool overlap = true;
   std::string device = "auto";  // auto | cpu | cuda[:N]
   std::string gpu_mem;          // accelerator memory for weights (empty: no limit)
+  std::string disk_mem;         // disk space for weights under disk_dir (empty: no limit)
   std::string policy;           // FlexGen policy (placement/policy.h); weight shares used
 };
 

@@ -100,6 +100,7 @@ Engine make_engine(const EngineOptions& o) {
   lo.dummy_seed = o.weight_seed;
   lo.cpu_mem = o.cpu_mem.empty() ? -1 : parse_size(o.cpu_mem, "--cpu-mem");
   lo.gpu_mem = o.gpu_mem.empty() ? -1 : parse_size(o.gpu_mem, "--gpu-mem");
+  lo.disk_mem = o.disk_mem.empty() ? -1 : parse_size(o.disk_mem, "--disk-mem");
   if (device < 0 && lo.gpu_mem >= 0) log->warn("--gpu-mem ignored: the engine computes on the CPU");
   lo.disk_dir = o.disk_dir;
   lo.overlap = o.overlap;

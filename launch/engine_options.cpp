@@ -61,6 +61,7 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--device", o.device, "Compute on: auto (a GPU if present), cpu, cuda or cuda:N");
   cmd.add_option("--gpu-mem", o.gpu_mem,
                  "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");
+  cmd.add_option("--disk-mem", o.disk_mem, "Disk space under --disk-dir the weights may take (e.g. 100GiB)");
   cmd.add_option("--policy", o.policy,
                  "FlexGen policy, e.g. 'gbs=8,ngb=2,w=20/80/0,c=100/0/0' (weights placed by w=GPU/CPU/DISK %)");
 }

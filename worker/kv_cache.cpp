@@ -24,7 +24,8 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   STRATA_CHECK(n_slots > 0 && capacity > 0, "kv cache slots {} capacity {}", n_slots, capacity);
   compress_ = placement.compress;
   if (compress_ && c.head_dim % 2 != 0)
-    fail_input("{}: head_dim {} is odd; the 4-bit KV cache packs two values per byte", c.source, c.head_dim);
+    fail_input("{}: head_dim {} is odd; the 4-bit KV cache packs two values per byte", c.source,
+               c.head_dim);
   tiers_ = tiers_from_shares(c.n_layers, placement.gpu_percent, placement.cpu_percent, "cache");
   const size_t bytes = layer_bytes();
   layers_.resize(tiers_.size());
@@ -81,7 +82,9 @@ KvQ4LayerView KvCache::q4_layer_shape() const {
   return v;
 }
 
-KvLayerView KvCache::f32_shape() const { return {nullptr, nullptr, n_slots_, capacity_, n_kv_heads_, head_dim_}; }
+KvLayerView KvCache::f32_shape() const {
+  return {nullptr, nullptr, n_slots_, capacity_, n_kv_heads_, head_dim_};
+}
 
 KvQ4LayerView KvCache::q4_layer(int32_t i) const {
   STRATA_CHECK(compress_, "q4_layer of an uncompressed cache");

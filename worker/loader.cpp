@@ -154,6 +154,8 @@ WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
   if (b.device_compute)
     check_budget("--gpu-mem", b.gpu_mem, p.gpu_bytes(), p,
                  "embeddings, head, GPU-tier layers and two device slots");
+  check_budget("--disk-mem", b.disk_mem, p.count(Tier::kDisk) * p.layer_bytes, p,
+               "disk-tier layers");
   check_budget("--cpu-mem", b.cpu_mem, p.cpu_bytes(), p,
                b.device_compute ? "CPU-tier layers and disk staging"
                                 : "embeddings, head, resident layers and disk staging");
@@ -177,7 +179,8 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
   m.config.n_layers = parts.n_layers;
   m.layer_begin = parts.layer_begin;
   WeightBudget budget{options.device != nullptr, options.gpu_mem,       options.cpu_mem,
-                      options.w_gpu_percent,     options.w_cpu_percent, options.compress_weight};
+                      options.w_gpu_percent,     options.w_cpu_percent, options.compress_weight,
+                      options.disk_mem};
   m.placement = place_weights(m.config, budget);
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
   if (options.device != nullptr)

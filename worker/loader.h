@@ -28,7 +28,8 @@ struct LoadOptions {
   // The accelerator the model computes on (nullptr: the host computes). Then the fixed
   // tensors and GPU-tier layers live on it and the rest stream to it (layer_feeder.h).
   Backend* device = nullptr;
-  int64_t gpu_mem = -1;  // accelerator memory for weights, bytes (< 0: no limit)
+  int64_t gpu_mem = -1;   // accelerator memory for weights, bytes (< 0: no limit)
+  int64_t disk_mem = -1;  // disk space for weights under disk_dir, bytes (< 0: no limit)
   // Weight shares from a policy (wg, wc; the disk gets the rest). < 0: fill the GPU, then
   // the host, then the disk, as the budgets allow.
   int w_gpu_percent = -1;
@@ -58,6 +59,7 @@ struct WeightBudget {
   int w_gpu_percent = -1;
   int w_cpu_percent = -1;
   bool compress_weight = false;
+  int64_t disk_mem = -1;
 };
 
 // How the budgets split the layers over the tiers (FlexGen's wg/wc/wd at layer granularity).

@@ -113,6 +113,7 @@ expect_error device-unknown "expected auto, cpu, cuda" generate --model "$MODEL"
 expect_error policy-bad-shares "sum to 100" generate --model "$MODEL" --prompt hi --policy w=50/60/0
 expect_error policy-activations "activations live on the compute tier" generate --model "$MODEL" --prompt hi --policy h=0/0/100
 expect_error cpu-mem-too-small "short by" generate --model "$MODEL" --prompt hi --device cpu --cpu-mem 10KiB
+expect_error disk-mem-too-small "--disk-mem" generate --model "$MODEL" --prompt hi --device cpu --policy w=0/0/100 --disk-mem 100KiB
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error device-cuda-missing "--device cuda" generate --model "$MODEL" --prompt hi --device cuda
 fi

@@ -89,7 +89,8 @@ TEST(KvCacheTiers, FourBitRowsComeBackWithinHalfAScale) {
     k[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f;
     v[i] = std::cos(0.11f * static_cast<float>(i)) - 0.5f;
   }
-  const std::vector<SeqSlice> seqs{{0, 2, 3, 1}, {2, 1, 0, 0}};  // rows 0-1 -> slot 1 @3, row 2 -> slot 0 @0
+  const std::vector<SeqSlice> seqs{{0, 2, 3, 1},
+                                   {2, 1, 0, 0}};  // rows 0-1 -> slot 1 @3, row 2 -> slot 0 @0
   const KvQ4LayerView q = cache.q4_layer(0);
   backend.kv_store_q4(k.data(), v.data(), seqs, q);
   KvLayerView out = cache.f32_shape();
@@ -104,7 +105,8 @@ TEST(KvCacheTiers, FourBitRowsComeBackWithinHalfAScale) {
         const float* x = src->data() + row * w + h * hd;
         const float* y = dst->data() + slot * out.slot_stride() + h * out.head_stride() + pos * hd;
         const float mn = *std::min_element(x, x + hd), mx = *std::max_element(x, x + hd);
-        for (int32_t d = 0; d < hd; ++d) EXPECT_NEAR(y[d], x[d], (mx - mn) / 15 / 2 + 1e-6) << row << " " << h;
+        for (int32_t d = 0; d < hd; ++d)
+          EXPECT_NEAR(y[d], x[d], (mx - mn) / 15 / 2 + 1e-6) << row << " " << h;
       }
     }
   };
@@ -137,13 +139,15 @@ TEST(KvCacheTiers, CompressedCacheGivesTheSameOutputInEveryTier) {
     if (first.empty()) {
       first = outs;
       for (size_t i = 0; i < refs.size(); ++i)
-        for (size_t t = 0; t < refs[i].output_ids.size(); ++t, ++total) agree += outs[i][t] == refs[i].output_ids[t];
+        for (size_t t = 0; t < refs[i].output_ids.size(); ++t, ++total)
+          agree += outs[i][t] == refs[i].output_ids[t];
     } else {
       EXPECT_EQ(outs, first) << o.placement.str();
     }
   }
-  std::printf("stories260K greedy with a 4-bit KV cache: %lld of %lld tokens equal to the f32 reference\n",
-              static_cast<long long>(agree), static_cast<long long>(total));
+  std::printf(
+      "stories260K greedy with a 4-bit KV cache: %lld of %lld tokens equal to the f32 reference\n",
+      static_cast<long long>(agree), static_cast<long long>(total));
   EXPECT_GT(agree, 0);
 }
 

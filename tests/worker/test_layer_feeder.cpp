@@ -213,7 +213,8 @@ TEST_P(LayerFeederTest, CompressedCacheGivesTheSameOutputWhereverItLives) {
     cache.placement.compress = true;
     cache.cpu_attention = s.cpu_attention;
     const FeedRun r = generate(*device_, model, 100, 0, true, cache);
-    EXPECT_EQ(r.outputs, ref.outputs) << cache.placement.str() << " cpu attention " << s.cpu_attention;
+    EXPECT_EQ(r.outputs, ref.outputs)
+        << cache.placement.str() << " cpu attention " << s.cpu_attention;
   }
 }
 
