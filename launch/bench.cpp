@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
@@ -133,7 +134,24 @@ nlohmann::json device_limits(Backend& b) {
   DeviceBuffer d1(b, bytes), d2(b, bytes);
   const double h2d = copy_gbs(b, d1.data(), host.data(), bytes, CopyKind::kHostToDevice);
   const double d2d = 2 * copy_gbs(b, d2.data(), d1.data(), bytes, CopyKind::kDeviceToDevice);
-  return {{"host_to_device_gbs", h2d}, {"device_memory_gbs", d2d}};
+  // GEMM peak through the backend's own linear: f16 weights [8192, 8192], 1024 rows (the
+  // memory above is reused; its contents do not matter for timing, zeros excepted).
+  const int64_t n = 8192, m = 1024;
+  std::vector<uint16_t> ones(static_cast<size_t>(n * n), f32_to_f16(0.001f));
+  b.copy(d1.data(), ones.data(), ones.size() * 2, CopyKind::kHostToDevice);
+  const Tensor w{d1.data(), DType::kF16, {n, n}, b.device()};
+  std::vector<float> xs(static_cast<size_t>(m * n), 0.5f);
+  DeviceBuffer x(b, xs.size() * 4), y(b, static_cast<size_t>(m * n) * 4);
+  b.copy(x.data(), xs.data(), xs.size() * 4, CopyKind::kHostToDevice);
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    b.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    b.linear(x.f32(), m, w, nullptr, y.f32());
+    b.synchronize();
+    if (i > 0) best = std::max(best, 2.0 * m * n * n / seconds_since(t0) / 1e12);
+  }
+  return {{"host_to_device_gbs", h2d}, {"device_memory_gbs", d2d}, {"linear_f16_tflops", best}};
 }
 
 // Bytes per tier and what streaming them costs at the measured rates (FlexGen's I/O terms).
@@ -220,6 +238,8 @@ int run_bench(BenchOptions o) {
     j["device_limits"] = dev;
     j["feed"] = feed_report(*e.model->feeder(), e.placement, dev["host_to_device_gbs"],
                             stats.total_seconds());
+    const double peak = dev["linear_f16_tflops"];
+    j["compute_bound_seconds"] = peak > 0 ? flops / (peak * 1e12) : 0;
   }
   if (o.measure_limits && !on_device) {
     // Shared machines are noisy: take the better of a measurement before and after the run,
@@ -239,6 +259,7 @@ int run_bench(BenchOptions o) {
     j["decode_read_bound_step_seconds"] = read_bound_s;
     j["decode_fraction_of_read_bound"] = step_s > 0 ? read_bound_s / step_s : 0;
     j["generation_fraction_of_gemm_peak"] = flops / stats.total_seconds() / 1e9 / lim.gemm_gflops;
+    j["compute_bound_seconds"] = flops / (lim.gemm_gflops * 1e9);
   }
   std::printf("%s\n", j.dump(2).c_str());
   return 0;

@@ -30,7 +30,8 @@ print(f"   generation {r['generation_tokens_per_s']:.1f} tok/s, decode {r['decod
       f"h2d {d.get('device_limits', {}).get('host_to_device_gbs', 0):.1f} GB/s, "
       f"streamed {(f.get('bytes_cpu_to_gpu', 0) + f.get('bytes_disk_to_gpu', 0))/1e9:.1f} GB, "
       f"h2d bound {f.get('host_to_device_bound_seconds', 0):.2f} s of {r['prefill_seconds'] + r['decode_seconds']:.2f} s "
-      f"= {f.get('fraction_of_host_to_device_bound', 0):.0%}")
+      f"= {f.get('fraction_of_host_to_device_bound', 0):.0%}; compute bound {d.get('compute_bound_seconds', 0):.3f} s "
+      f"({d.get('device_limits', {}).get('linear_f16_tflops', 0):.0f} TFLOP/s f16 linear)")
 PY
 }
 run resident-b16 --batch 16 --gen-len 32
@@ -44,5 +45,8 @@ run disk40-b16 --batch 16 --gen-len 4 --policy w=20/40/40
 # 4-bit weights: a streamed layer moves 0.625 bytes per weight instead of 2.
 run cpu100-q4-b16 --batch 16 --gen-len 8 --policy w=0/100/0,cw=1
 run resident-q4-b16 --batch 16 --gen-len 32 --policy w=100/0/0,cw=1
+# 4-bit KV cache on the GPU and on the host with CPU attention.
+run cache-q4-gpu-b16 --batch 16 --gen-len 32 --policy w=100/0/0,c=100/0/0,cc=1
+run cache-q4-cpu-attn-b16 --batch 16 --gen-len 32 --policy w=100/0/0,c=0/100/0,cc=1,cpu_attn=1
 # Zig-zag: 32 sequences as 2 GPU batches of 16 share one fetch of each layer.
 run block-2x16-cpu100 --batch 32 --gen-len 8 --policy gbs=16,ngb=2,w=0/100/0
