@@ -3,7 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
+#include <exception>
 #include <functional>
 
 namespace strata::cli {
@@ -21,6 +21,10 @@ Command add_profile(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_serve(CLI::App& app);
 
+// Prints an error as one line on stderr and returns the exit code: 2 for bad input, 1 for
+// anything else (with the error's kind when it is a strata::Error).
+int report_error(const std::exception& e);
+
 // Number checks whose messages say the rule and the value ("must be >= 0, got -5").
 CLI::Validator non_negative();
 CLI::Validator positive();
@@ -34,7 +38,7 @@ struct EngineOptions {
   int max_batch = 32;
   int max_step_tokens = 512;
   bool profile = false;  // time every backend op (adds a synchronisation per op)
-  std::string cpu_mem;    // host memory for weights ("800MiB", "2GiB"; empty: no limit)
+  std::string cpu_mem;   // host memory for weights ("800MiB", "2GiB"; empty: no limit)
   std::string disk_dir = "/tmp";
   bool overlap = true;
   std::string device = "auto";  // auto | cpu | cuda[:N]

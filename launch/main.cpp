@@ -11,12 +11,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");
   const strata::cli::Command commands[] = {
-      strata::cli::add_generate(app),
-      strata::cli::add_bench(app),
-      strata::cli::add_limits(app),
-      strata::cli::add_score(app),
-      strata::cli::add_profile(app),
-      strata::cli::add_plan(app),
+      strata::cli::add_generate(app), strata::cli::add_bench(app),   strata::cli::add_limits(app),
+      strata::cli::add_score(app),    strata::cli::add_profile(app), strata::cli::add_plan(app),
       strata::cli::add_serve(app),
   };
   try {
@@ -31,14 +27,7 @@ int main(int argc, char** argv) {
     for (const auto& c : commands)
       if (c.app->parsed()) return c.run();
     return 2;
-  } catch (const strata::InputError& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-    return 2;
-  } catch (const strata::Error& e) {
-    std::fprintf(stderr, "strata: error (%s): %s\n", strata::error_kind_name(e.kind()), e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-    return 1;
+    return strata::cli::report_error(e);
   }
 }

@@ -121,25 +121,10 @@ int serve_worker(const ServeOptions& o, const MpiSession& session) {
   return rc;
 }
 
-// Prints the error as main() does; returns the exit code (2: bad input, 1: anything else).
-int report_error(const std::exception& e) {
-  const auto* error = dynamic_cast<const Error*>(&e);
-  if (dynamic_cast<const InputError*>(&e) != nullptr) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-  } else {
-    std::fprintf(stderr, "strata: error (%s): %s\n",
-                 error ? error_kind_name(error->kind()) : "failed", e.what());
-  }
-  std::fflush(stderr);
-  return dynamic_cast<const InputError*>(&e) != nullptr ? 2 : 1;
-}
-
 int run_serve(const ServeOptions& o) {
   if (o.engine.device != "auto" && o.engine.device != "cpu")
-    fail_input(
-        "--device {}: cluster stages compute on the CPU for now (GPU stages come with the "
-        "offloading issue)",
-        o.engine.device);
+    fail_input("--device {}: cluster stages compute on the CPU; GPU stages are not implemented yet",
+               o.engine.device);
   MpiSession session(nullptr, nullptr);
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) return serve_single(o);

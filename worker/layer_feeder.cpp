@@ -170,21 +170,6 @@ FeedStats LayerFeeder::stats() const {
   return stats_;
 }
 
-int64_t LayerFeeder::device_bytes() const {
-  int64_t total = 0;
-  for (size_t i = 0; i < tiers_.size(); ++i)
-    if (tiers_[i] == Tier::kGpu) total += static_cast<int64_t>(resident_[i].size());
-  for (const Slot& s : slots_) total += static_cast<int64_t>(s.blob.size());
-  return total;
-}
-
-int64_t LayerFeeder::pinned_bytes() const {
-  int64_t total = 0;
-  for (size_t i = 0; i < tiers_.size(); ++i)
-    if (tiers_[i] == Tier::kCpu) total += static_cast<int64_t>(resident_[i].size());
-  return total;
-}
-
 void upload_fixed_weights(Backend& device, ModelWeights& w) {
   const bool tied = w.lm_head.data == w.embed.data;
   for (Tensor* t :

@@ -59,8 +59,6 @@ class LayerFeeder {
   FeedStats stats() const;
   size_t layer_bytes() const { return layout_.bytes(); }  // one packed layer
   const LayerStreamer* disk() const { return disk_.get(); }
-  int64_t device_bytes() const;  // resident layers + slots
-  int64_t pinned_bytes() const;  // CPU-tier layers
 
  private:
   struct Slot {
