@@ -14,6 +14,8 @@ struct AcceleratorDevice {
   size_t memory_bytes = 0;
   int compute_major = 0;
   int compute_minor = 0;
+  // domain:bus:device.function; with the host name it tells whether two ranks share a GPU.
+  std::string pci_bus_id;
 };
 
 struct AcceleratorInfo {

@@ -94,6 +94,9 @@ class Backend {
   virtual void deallocate(void* p) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
   virtual void synchronize() = 0;
+  // Called on a thread before its first call into this backend (a pipeline stage's compute
+  // thread): the CPU backend gives it its thread count, the CUDA backend its device.
+  virtual void bind_thread() {}
 
   // Copies that overlap compute (FlexGen Algorithm 1's loads of the next layer). A transfer
   // runs after all compute enqueued before it (so it may overwrite memory that compute

@@ -77,6 +77,11 @@ void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
 
 CpuBackend::CpuBackend(int threads) {
   threads_ = threads > 0 ? threads : omp_get_num_procs();
+  bind_thread();
+}
+
+// OpenMP's thread count is a per-thread setting: each thread that computes sets it.
+void CpuBackend::bind_thread() {
   omp_set_num_threads(threads_);
   openblas_set_num_threads(threads_);
 }

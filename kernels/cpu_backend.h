@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   void deallocate(void* p) override;
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override {}
+  void bind_thread() override;
 
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;

@@ -20,6 +20,7 @@ class ProfilingBackend final : public Backend {
   void deallocate(void* p) override { inner_.deallocate(p); }
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override { inner_.synchronize(); }
+  void bind_thread() override { inner_.bind_thread(); }
   // Transfers are what the profile must not serialise: passed through untimed.
   TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     return inner_.transfer(dst, src, bytes, kind);

@@ -9,10 +9,16 @@
 #include "placement/policy.h"
 
 namespace strata::cli {
+
+int policy_block_size(const std::string& text) {
+  if (text.find("gbs=") == std::string::npos && text.find("ngb=") == std::string::npos) return 0;
+  return static_cast<int>(Policy::parse(text).block_size());
+}
+
 namespace {
 
 // -1: compute on the host; otherwise the CUDA device index to compute on.
-int pick_device(const std::string& choice, const AcceleratorInfo& acc) {
+int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_index) {
   auto log = log::get("launch");
   if (choice == "cpu") return -1;
   if (choice == "auto") {
@@ -21,7 +27,7 @@ int pick_device(const std::string& choice, const AcceleratorInfo& acc) {
       return -1;
     }
     log->info("found {}", acc.str());
-    return 0;
+    return std::max(auto_index, 0) % static_cast<int>(acc.devices.size());
   }
   int index = 0;
   if (choice.rfind("cuda:", 0) == 0) {
@@ -70,8 +76,8 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   out.overlap = p.overlap;
   // The block schedule only when the policy names it; otherwise --max-batch (or bench's
   // --batch) is one GPU batch.
-  if (text.find("gbs=") != std::string::npos || text.find("ngb=") != std::string::npos) {
-    out.max_batch = static_cast<int>(p.block_size());
+  if (policy_block_size(text) > 0) {
+    out.max_batch = policy_block_size(text);
     out.gpu_batch_size = static_cast<int>(p.gpu_batch_size);
   }
   return out;
@@ -79,56 +85,69 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
 
 }  // namespace
 
-Engine make_engine(const EngineOptions& o) {
+ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   auto log = log::get("launch");
-  Engine e;
-  e.cpu = std::make_unique<CpuBackend>(o.threads);
-  const int device = pick_device(o.device, probe_accelerators());
-  e.backend = e.cpu.get();
-  if (device >= 0) {
-    e.gpu = make_cuda_backend(device);
-    e.backend = e.gpu.get();
+  ComputeSetup c;
+  c.cpu = std::make_unique<CpuBackend>(o.threads);
+  c.device = pick_device(o.device, probe_accelerators(), auto_index);
+  c.backend = c.cpu.get();
+  if (c.device >= 0) {
+    c.gpu = make_cuda_backend(c.device);
+    c.backend = c.gpu.get();
   }
-  log->info("backend: {}", e.backend->name());
-  if (o.profile) {
-    e.profiler = std::make_unique<ProfilingBackend>(*e.backend);
-    e.backend = e.profiler.get();
-  }
-
-  LoadOptions lo;
+  log->info("backend: {}", c.backend->name());
+  LoadOptions& lo = c.load;
   lo.dummy_dtype = parse_dtype(o.dtype).value_or(DType::kF32);
   lo.dummy_seed = o.weight_seed;
   lo.cpu_mem = o.cpu_mem.empty() ? -1 : parse_size(o.cpu_mem, "--cpu-mem");
   lo.gpu_mem = o.gpu_mem.empty() ? -1 : parse_size(o.gpu_mem, "--gpu-mem");
   lo.disk_mem = o.disk_mem.empty() ? -1 : parse_size(o.disk_mem, "--disk-mem");
-  if (device < 0 && lo.gpu_mem >= 0) log->warn("--gpu-mem ignored: the engine computes on the CPU");
+  if (c.device < 0 && lo.gpu_mem >= 0)
+    log->warn("--gpu-mem ignored: the engine computes on the CPU");
   lo.disk_dir = o.disk_dir;
-  lo.overlap = o.overlap;
-  lo.device = device >= 0 ? e.backend : nullptr;
-  PolicyChoice pc = apply_policy(o.policy, device >= 0);
+  lo.device = c.device >= 0 ? c.backend : nullptr;
+  PolicyChoice pc = apply_policy(o.policy, c.device >= 0);
   lo.w_gpu_percent = pc.w_gpu;
   lo.w_cpu_percent = pc.w_cpu;
   lo.compress_weight = pc.compress_weight;
-  lo.overlap = lo.overlap && pc.overlap;
-  pc.cache.placement.disk_dir = o.disk_dir;
-  pc.cache.host = e.cpu.get();
-  LoadedModel m = load_model(o.model, lo);
+  lo.overlap = o.overlap && pc.overlap;
+  c.cache = pc.cache;
+  c.cache.placement.disk_dir = o.disk_dir;
+  c.cache.host = c.cpu.get();
+  c.max_batch = pc.max_batch;
+  c.gpu_batch_size = pc.gpu_batch_size;
+  return c;
+}
+
+Engine make_engine(const EngineOptions& o) {
+  auto log = log::get("launch");
+  Engine e;
+  ComputeSetup c = make_compute(o);
+  e.cpu = std::move(c.cpu);
+  e.gpu = std::move(c.gpu);
+  e.backend = c.backend;
+  if (o.profile) {
+    e.profiler = std::make_unique<ProfilingBackend>(*e.backend);
+    e.backend = e.profiler.get();
+    if (c.load.device != nullptr) c.load.device = e.backend;
+  }
+  LoadedModel m = load_model(o.model, c.load);
   log->info("model: {}", m.config.str());
   log->info("weights: {}", m.placement.str());
   e.config = m.config;
   e.placement = m.placement;
   e.tokenizer = std::move(m.tokenizer);
-  e.generator.max_batch = pc.max_batch > 0 ? pc.max_batch : o.max_batch;
+  e.generator.max_batch = c.max_batch > 0 ? c.max_batch : o.max_batch;
   e.generator.max_step_tokens = o.max_step_tokens;
   const int32_t rows = std::max(e.generator.max_batch, o.max_step_tokens);
   e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows,
                                     std::move(m.streamer), std::move(m.feeder));
-  e.model->set_cache_options(pc.cache);
-  e.model->set_gpu_batch_size(pc.gpu_batch_size);
+  e.model->set_cache_options(c.cache);
+  e.model->set_gpu_batch_size(c.gpu_batch_size);
   if (!o.policy.empty())
     log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}",
-              pc.max_batch / std::max(1, pc.gpu_batch_size), pc.gpu_batch_size,
-              pc.cache.placement.str(), pc.cache.cpu_attention ? ", attention on the CPU" : "");
+              c.max_batch / std::max(1, c.gpu_batch_size), c.gpu_batch_size,
+              c.cache.placement.str(), c.cache.cpu_attention ? ", attention on the CPU" : "");
   return e;
 }
 

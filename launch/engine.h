@@ -12,6 +12,27 @@
 
 namespace strata::cli {
 
+// The compute side an engine command and a cluster stage share, from the engine options:
+// which backend computes, how the weights load, where the KV cache lives, the block.
+struct ComputeSetup {
+  std::unique_ptr<CpuBackend> cpu;
+  std::unique_ptr<Backend> gpu;  // the CUDA backend when computing on a GPU
+  Backend* backend = nullptr;    // what the model computes on
+  int device = -1;               // the CUDA device index; -1: the host computes
+  LoadOptions load;              // budgets and weight tiers (the caller adds layer ranges)
+  CacheOptions cache;            // the policy's cache placement; host = cpu
+  int max_batch = 0;             // the policy's block size when it names one, else 0
+  int gpu_batch_size = 0;        // sequences per GPU batch (0: the step is one GPU batch)
+};
+
+// Probes for a GPU (and says what it found) and reads the policy. `auto_index`: the
+// device `--device auto` takes when GPUs are present (a cluster worker's place on its
+// node), modulo their number.
+ComputeSetup make_compute(const EngineOptions& o, int auto_index = 0);
+
+// The block size (sequences per step) a policy names with gbs= / ngb=; 0 when it names none.
+int policy_block_size(const std::string& policy);
+
 struct Engine {
   std::unique_ptr<CpuBackend> cpu;
   std::unique_ptr<Backend> gpu;                // the CUDA backend when the engine computes on a GPU

@@ -31,6 +31,7 @@ struct ServeOptions {
   double step_timeout = 60.0;
   int debug_kill_rank = -1;
   int debug_kill_after_steps = 1;
+  double debug_step_delay = 0;
 };
 
 void write_stats(const std::string& path, const std::string& json) {
@@ -86,7 +87,9 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
   c.model_spec = o.engine.model;
   c.micro_batches = o.micro_batches;
   c.decode_iters = o.decode_iters;
-  c.kv_slots = o.engine.max_batch;
+  // A policy's block (gbs x ngb) is the batch, as in the single-process engine.
+  const int block = policy_block_size(o.engine.policy);
+  c.kv_slots = block > 0 ? block : o.engine.max_batch;
   c.max_step_tokens = o.engine.max_step_tokens;
   c.max_context = o.max_context;
   c.stage_mem = o.stage_mem.empty() ? -1 : parse_size(o.stage_mem, "--stage-mem");
@@ -101,35 +104,36 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
   return 0;
 }
 
-int serve_worker(const ServeOptions& o, const MpiSession& session) {
+// A pipeline stage: the engine's compute setup (device, weight tiers, cache placement,
+// block) for its own layers; `local_index` (its place among the workers on its host)
+// picks its GPU under --device auto.
+int serve_worker(const ServeOptions& o, const MpiSession& session, int local_index) {
   const Communicator& world = session.world();
-  CpuBackend backend(o.engine.threads);
+  ComputeSetup c = make_compute(o.engine, local_index);
+  log::set_identity(session.rank(), c.device >= 0 ? fmt::format("cuda:{}", c.device) : "cpu");
   StageWorkerOptions w;
-  w.load.dummy_dtype = parse_dtype(o.engine.dtype).value_or(DType::kF32);
-  w.load.dummy_seed = o.engine.weight_seed;
-  // Each stage applies the offloading budget to its own share: --cpu-mem bounds the host
-  // memory of its weights, the rest of its layers stream from --disk-dir.
-  w.load.cpu_mem = o.engine.cpu_mem.empty() ? -1 : parse_size(o.engine.cpu_mem, "--cpu-mem");
-  w.load.disk_dir = o.engine.disk_dir;
-  w.load.overlap = o.engine.overlap;
+  w.stage.load = c.load;
+  w.stage.cache = c.cache;
+  w.stage.gpu_batch_size = c.gpu_batch_size;
+  w.device = c.device;
   w.plan_timeout_s = o.load_timeout;
   w.idle_timeout_s = std::max(o.step_timeout, 10 * o.heartbeat_interval);
   w.step_timeout_s = o.step_timeout;
+  w.debug_step_delay_s = o.debug_step_delay;
   if (world.rank() == o.debug_kill_rank) w.debug_exit_after_steps = o.debug_kill_after_steps;
-  const int rc = run_stage_worker(world, backend, w);
-  if (rc == kStageLostPeer) session.abort(1);  // MPI_Finalize would wait for the lost rank
+  const int rc = run_stage_worker(world, *c.backend, w);
+  // MPI_Finalize would wait for a lost rank; a step that never ended still uses the backend.
+  if (rc == kStageLostPeer) session.abort(1);
   return rc;
 }
 
 int run_serve(const ServeOptions& o) {
-  if (o.engine.device != "auto" && o.engine.device != "cpu")
-    fail_input("--device {}: cluster stages compute on the CPU; GPU stages are not implemented yet",
-               o.engine.device);
   MpiSession session(nullptr, nullptr);
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) return serve_single(o);
   log::get("launch")->info("{}", session.str());
-  if (session.rank() != 0) return serve_worker(o, session);
+  const int local_index = host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
+  if (session.rank() != 0) return serve_worker(o, session, local_index);
   try {
     return serve_coordinator(o, session.world());
   } catch (const std::exception& e) {
@@ -177,6 +181,9 @@ Command add_serve(CLI::App& app) {
       ->group("");
   cmd->add_option("--debug-kill-after-steps", o->debug_kill_after_steps,
                   "Tests: ... after this many steps")
+      ->group("");
+  cmd->add_option("--debug-step-delay", o->debug_step_delay,
+                  "Tests: every worker step computes this many seconds longer")
       ->group("");
   return {cmd, [o] { return run_serve(*o); }};
 }

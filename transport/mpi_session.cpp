@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <utility>
@@ -49,13 +50,6 @@ int to_mpi_level(ThreadLevel level) {
       return MPI_THREAD_MULTIPLE;
   }
   return MPI_THREAD_SINGLE;
-}
-
-std::string processor_name() {
-  char name[MPI_MAX_PROCESSOR_NAME] = {};
-  int len = 0;
-  check_mpi(MPI_Get_processor_name(name, &len), "MPI_Get_processor_name");
-  return std::string(name, static_cast<size_t>(len));
 }
 
 std::string library_version() {
@@ -195,6 +189,34 @@ void Communicator::broadcast(std::span<std::byte> bytes, int root, const Deadlin
       MPI_Ibcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, root, comm_, &request),
       "MPI_Ibcast");
   wait_request(request, MPI_STATUS_IGNORE, deadline, fmt::format("rank {}", root), what);
+}
+
+std::string processor_name() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  check_mpi(MPI_Get_processor_name(name, &len), "MPI_Get_processor_name");
+  return std::string(name, static_cast<size_t>(len));
+}
+
+int name_key(std::string_view text) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619u;
+  }
+  const auto key = static_cast<int>(h & 0x7fffffffu);
+  return key == 0 ? 1 : key;
+}
+
+int host_local_index(const Communicator& comm, int first_rank, const Deadline& deadline) {
+  const std::vector<int> hosts =
+      comm.allgather(name_key(processor_name()), deadline, "the ranks' host names");
+  const int me = comm.rank();
+  if (me < first_rank) return -1;
+  int index = 0;
+  for (int r = std::max(first_rank, 0); r < me; ++r)
+    index += hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(me)] ? 1 : 0;
+  return index;
 }
 
 // ---- MpiSession ----

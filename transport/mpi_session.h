@@ -69,6 +69,17 @@ void wait_request(MPI_Request& request, MPI_Status* status, const Deadline& dead
 // confirmed the request is over, so its buffer may be freed; false when MPI may still use it.
 bool abandon_request(MPI_Request& request) noexcept;
 
+// A non-zero 31-bit digest of a name (a host name, a GPU's host and bus id) that ranks can
+// compare after an allgather of ints.
+int name_key(std::string_view text);
+
+// This process's host name as MPI reports it.
+std::string processor_name();
+
+// This rank's index among the ranks >= first_rank that run on the same host (-1 below
+// first_rank): the GPU `--device auto` gives a cluster worker. Collective over comm.
+int host_local_index(const Communicator& comm, int first_rank, const Deadline& deadline);
+
 class MpiSession {
  public:
   // MPI_Init_thread asking for `required`; throws kUnimplemented when MPI offers less and

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <utility>
@@ -172,34 +173,49 @@ void MpiTensorChannel::cancel(uintptr_t& handle, const Op&) noexcept {
 namespace {
 
 // A rank takes part in NCCL when it computes on a device the runtime can see and NCCL is
-// in this binary; anything else (no driver, no device, CPU build) falls back to MPI.
-bool nccl_capable(int local_device) {
-  if (local_device < 0 || !nccl_built()) return false;
+// in this binary; anything else (no driver, no device, CPU build) falls back to MPI. The
+// key names the GPU: its host and PCI bus id.
+int device_key(int local_device) {
+  if (local_device < 0 || !nccl_built()) return 0;
   const AcceleratorInfo info = probe_accelerators();
-  if (local_device < static_cast<int>(info.devices.size())) return true;
+  if (local_device < static_cast<int>(info.devices.size()))
+    return name_key(processor_name() + "/" +
+                    info.devices[static_cast<size_t>(local_device)].pci_bus_id);
   log::get("transport")
       ->warn("device {} requested but not usable ({}); activations go over MPI", local_device,
              info.reason.empty() ? "no such device" : info.reason);
-  return false;
+  return 0;
 }
 
 }  // namespace
+
+std::vector<int> nccl_members(std::span<const int> device_keys) {
+  std::vector<int> members;
+  for (size_t r = 0; r < device_keys.size(); ++r) {
+    const int key = device_keys[r];
+    if (key != 0 && std::count(device_keys.begin(), device_keys.end(), key) == 1)
+      members.push_back(static_cast<int>(r));
+  }
+  if (members.size() < 2) members.clear();  // NCCL needs two ends
+  return members;
+}
 
 TensorLinks TensorLinks::create(const Communicator& comm, int local_device,
                                 const Deadline& deadline) {
   TensorLinks links;
   links.rank_ = comm.rank();
   links.mpi_ = std::make_unique<MpiTensorChannel>(comm);
-  links.gpu_ =
-      comm.allgather(nccl_capable(local_device) ? 1 : 0, deadline, "which ranks have GPUs");
-  std::vector<int> members;
-  for (int r = 0; r < comm.size(); ++r) {
-    if (links.gpu_[static_cast<size_t>(r)]) members.push_back(r);
-  }
-  if (members.size() < 2) {
-    std::fill(links.gpu_.begin(), links.gpu_.end(), 0);  // NCCL needs two ends
-    return links;
-  }
+  const int key = device_key(local_device);
+  const std::vector<int> keys = comm.allgather(key, deadline, "which ranks have GPUs");
+  const std::vector<int> members = nccl_members(keys);
+  links.gpu_.assign(keys.size(), 0);
+  for (int r : members) links.gpu_[static_cast<size_t>(r)] = 1;
+  if (key != 0 && std::count(keys.begin(), keys.end(), key) > 1)
+    log::get("transport")
+        ->warn("rank {} shares its GPU (cuda:{}) with another rank; NCCL needs one GPU per "
+               "rank, so its activations go over MPI",
+               links.rank_, local_device);
+  if (members.empty()) return links;
   // Every rank takes part in the broadcast of the unique id (a collective on comm); only
   // the GPU ranks use it.
   std::vector<std::byte> id(kNcclIdBytes);

@@ -104,12 +104,18 @@ class MpiTensorChannel final : public TensorChannel {
   int tag_;
 };
 
-// The channel to use for each peer: NCCL when both ends are GPU workers and NCCL is built,
-// MPI otherwise.
+// Which ranks form the NCCL communicator, from each rank's device key (0: no usable GPU;
+// otherwise name_key of its host and GPU bus id). NCCL refuses two ranks on one GPU, so a
+// key held by several ranks leaves all of them on MPI; fewer than two members: none.
+std::vector<int> nccl_members(std::span<const int> device_keys);
+
+// The channel to use for each peer: NCCL when both ends are GPU workers on distinct GPUs
+// and NCCL is built, MPI otherwise.
 class TensorLinks {
  public:
   // Collective over `comm`. local_device: the CUDA device this rank computes on, or -1 for
-  // a CPU rank; a device that the runtime cannot see counts as CPU (gated at run time).
+  // a CPU rank; a device that the runtime cannot see counts as CPU (gated at run time), and
+  // so does one that another rank computes on too.
   static TensorLinks create(const Communicator& comm, int local_device, const Deadline& deadline);
 
   TensorChannel& to(int peer);

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -187,7 +188,10 @@ LayerOffloader::LayerOffloader(std::vector<int32_t> disk_layers, const std::stri
   namespace fs = std::filesystem;
   if (disk_layers_.empty()) return;
   if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);
-  file_ = DirectFile::create((fs::path(dir) / fmt::format("strata-weights-{}.bin", getpid())).string());
+  // One file per offloader: several models (pipeline stages) may share a process and a dir.
+  static std::atomic<int> files{0};
+  file_ = DirectFile::create(
+      (fs::path(dir) / fmt::format("strata-weights-{}-{}.bin", getpid(), files++)).string());
   file_.unlink_on_close();
 }
 

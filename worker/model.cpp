@@ -112,34 +112,39 @@ void Model::norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows,
 }
 
 void Model::forward(const StepBatch& batch, KvCache& cache, float* logits) {
+  forward_stage(batch, cache, StepIo{nullptr, logits, true, false, false});
+}
+
+void Model::forward_stage(const StepBatch& batch, KvCache& cache, const StepIo& io) {
   const int32_t rows = batch.rows();
   STRATA_CHECK(rows > 0 && rows <= max_rows_, "step of {} rows (max {})", rows, max_rows_);
+  STRATA_CHECK(io.out != nullptr, "step of {} rows without an output buffer", rows);
   for (int32_t p : batch.positions)
     STRATA_CHECK(p >= 0 && p < config_.max_positions,
                  "position {} outside the model's {} positions", p, config_.max_positions);
   split_gpu_batches(batch);
   std::vector<const StepBatch*> block;
+  const int32_t whole = 0;
+  std::span<const int32_t> first_rows(&whole, 1);
   if (gpu_batches_.size() <= 1) {
     block.push_back(&batch);
   } else {
     for (const StepBatch& b : gpu_batches_) block.push_back(&b);
+    first_rows = gpu_batch_rows_;
   }
-  run_block(block, cache, logits);
+  run_block(block, first_rows, cache, io);
 }
 
 // FlexGen's zig-zag block schedule (Algorithm 1): the layer loop outside, the GPU batches
 // inside, so each layer's weights are fetched once per block and every GPU batch reuses
 // them. Each GPU batch keeps its own residual stream, tokens and positions across layers.
-void Model::run_block(std::span<const StepBatch* const> block, KvCache& cache, float* logits) {
+// first_rows[b]: where GPU batch b's rows start in the step's activations.
+void Model::run_block(std::span<const StepBatch* const> block, std::span<const int32_t> first_rows,
+                      KvCache& cache, const StepIo& io) {
   while (block_state_.size() < block.size()) block_state_.push_back(make_batch_state());
   for (size_t b = 0; b < block.size(); ++b) {
     BatchScope scope(*this, b);
-    const StepBatch& batch = *block[b];
-    backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
-                  CopyKind::kHostToDevice);
-    backend_.copy(positions_.data(), batch.positions.data(),
-                  batch.positions.size() * sizeof(int32_t), CopyKind::kHostToDevice);
-    embed(batch, batch.rows());
+    block_input(*block[b], first_rows[b], io);
   }
   for (int32_t i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = layer_weights(i);
@@ -148,11 +153,38 @@ void Model::run_block(std::span<const StepBatch* const> block, KvCache& cache, f
       layer(w, i, *block[b], cache, block[b]->rows());
     }
   }
+  float* logits = io.out;
+  const size_t width = static_cast<size_t>(config_.hidden);
   for (size_t b = 0; b < block.size(); ++b) {
     BatchScope scope(*this, b);
-    head(*block[b], logits);
-    logits += block[b]->logit_rows.size() * static_cast<size_t>(config_.vocab);
+    if (io.head) {
+      head(*block[b], logits);
+      logits += block[b]->logit_rows.size() * static_cast<size_t>(config_.vocab);
+      continue;
+    }
+    backend_.copy(io.out + static_cast<size_t>(first_rows[b]) * width, x_.data(),
+                  static_cast<size_t>(block[b]->rows()) * width * sizeof(float),
+                  io.out_device ? CopyKind::kDeviceToDevice : CopyKind::kDeviceToHost);
   }
+  // Another stream (NCCL's) sends the activations next.
+  if (io.out_device && !io.head) backend_.synchronize();
+}
+
+// A GPU batch's tokens and positions to the device, then its residual stream: the tokens'
+// embeddings, or the previous stage's activations of its rows.
+void Model::block_input(const StepBatch& batch, int32_t first_row, const StepIo& io) {
+  backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
+                CopyKind::kHostToDevice);
+  backend_.copy(positions_.data(), batch.positions.data(),
+                batch.positions.size() * sizeof(int32_t), CopyKind::kHostToDevice);
+  if (io.in == nullptr) {
+    embed(batch, batch.rows());
+    return;
+  }
+  const size_t width = static_cast<size_t>(config_.hidden);
+  backend_.copy(x_.data(), io.in + static_cast<size_t>(first_row) * width,
+                static_cast<size_t>(batch.rows()) * width * sizeof(float),
+                io.in_device ? CopyKind::kDeviceToDevice : CopyKind::kHostToDevice);
 }
 
 Model::BatchState Model::make_batch_state() {
@@ -180,11 +212,13 @@ void Model::BatchScope::swap() {
 // runs as one batch.
 void Model::split_gpu_batches(const StepBatch& batch) {
   gpu_batches_.clear();
+  gpu_batch_rows_.clear();
   const auto n = static_cast<int32_t>(batch.seqs.size());
   if (gpu_batch_size_ <= 0 || n <= gpu_batch_size_) return;
   if (!std::is_sorted(batch.logit_rows.begin(), batch.logit_rows.end())) return;
   for (int32_t s0 = 0; s0 < n; s0 += gpu_batch_size_) {
     StepBatch& part = gpu_batches_.emplace_back();
+    gpu_batch_rows_.push_back(batch.seqs[static_cast<size_t>(s0)].row_begin);
     for (int32_t s = s0; s < std::min(n, s0 + gpu_batch_size_); ++s) {
       const SeqSlice& q = batch.seqs[static_cast<size_t>(s)];
       const auto first = static_cast<size_t>(q.row_begin);
@@ -203,31 +237,6 @@ void Model::split_gpu_batches(const StepBatch& batch) {
 void Model::set_gpu_batch_size(int32_t sequences) {
   STRATA_CHECK(sequences >= 0, "GPU batch size {}", sequences);
   gpu_batch_size_ = sequences;
-}
-
-void Model::forward_stage(const StepBatch& batch, KvCache& cache, bool embed_tokens,
-                          const float* in, bool apply_head, float* out) {
-  const int32_t rows = batch.rows();
-  STRATA_CHECK(rows > 0 && rows <= max_rows_, "step of {} rows (max {})", rows, max_rows_);
-  STRATA_CHECK(embed_tokens || in != nullptr,
-               "a stage without the embedding needs input activations");
-  const size_t act_bytes =
-      static_cast<size_t>(rows) * static_cast<size_t>(config_.hidden) * sizeof(float);
-  backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
-                CopyKind::kHostToDevice);
-  if (embed_tokens) {
-    backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
-                  CopyKind::kHostToDevice);
-    embed(batch, rows);
-  } else {
-    backend_.copy(x_.data(), in, act_bytes, CopyKind::kHostToDevice);
-  }
-  for (int32_t i = 0; i < config_.n_layers; ++i) layer(layer_weights(i), i, batch, cache, rows);
-  if (apply_head) {
-    head(batch, out);
-  } else {
-    backend_.copy(out, x_.data(), act_bytes, CopyKind::kDeviceToHost);
-  }
 }
 
 const LayerWeights& Model::layer_weights(int32_t i) {

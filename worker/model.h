@@ -31,6 +31,19 @@ struct StepBatch {
   size_t add(int32_t slot, int32_t n_past, std::span<const int32_t> new_tokens, bool want_logits);
 };
 
+// Where a step's input comes from and where its output goes. The whole model embeds the
+// batch's tokens and writes logits; a pipeline stage (worker/stage.h) may take the previous
+// stage's activations in and give its own out.
+struct StepIo {
+  const float* in = nullptr;  // activations [rows, hidden]; null: embed the batch's tokens
+  float* out = nullptr;       // with head: logits [logit_rows, vocab] (host); else [rows, hidden]
+  bool head = true;
+  // Activations in / out are buffers of the compute backend (an NCCL link between GPU
+  // stages) rather than host memory; out is complete when the step returns.
+  bool in_device = false;
+  bool out_device = false;
+};
+
 // Where the KV cache lives and who attends over the part kept off the device.
 struct CacheOptions {
   CachePlacement placement;
@@ -71,16 +84,15 @@ class Model {
   void forward(const StepBatch& batch, KvCache& cache, float* logits);
 
   // One pipeline stage's part of a step (worker/stage.h; the model then holds the stage's
-  // layers only). With `embed` the batch's tokens are embedded, otherwise `in` holds the
-  // previous stage's activations [rows, hidden] in host memory. Every layer of this model
-  // runs; with `head` logits are written to `out` as forward() writes them, otherwise the
-  // activations [rows, hidden] are.
-  void forward_stage(const StepBatch& batch, KvCache& cache, bool embed, const float* in, bool head,
-                     float* out);
+  // layers only): every layer of this model runs, in and out as `io` says, with the same
+  // block schedule as forward().
+  void forward_stage(const StepBatch& batch, KvCache& cache, const StepIo& io);
 
  private:
   const LayerWeights& layer_weights(int32_t i);
-  void run_block(std::span<const StepBatch* const> block, KvCache& cache, float* logits);
+  void run_block(std::span<const StepBatch* const> block, std::span<const int32_t> first_rows,
+                 KvCache& cache, const StepIo& io);
+  void block_input(const StepBatch& batch, int32_t first_row, const StepIo& io);
   void split_gpu_batches(const StepBatch& batch);
   // One GPU batch's state that lives across the layers of a block.
   struct BatchState {
@@ -142,6 +154,7 @@ class Model {
   CacheOptions cache_options_;
   int32_t gpu_batch_size_ = 0;
   std::vector<StepBatch> gpu_batches_;
+  std::vector<int32_t> gpu_batch_rows_;  // each GPU batch's first row in the step
   std::vector<BatchState> block_state_;
   // Host copies of q, k, v and the attention output (delegated attention), and a device
   // copy of one layer's cache (staged attention); allocated on first use.

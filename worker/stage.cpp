@@ -8,11 +8,12 @@
 namespace strata {
 
 PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
-                             LoadOptions options)
+                             StageOptions so)
     : stage_(stage), kv_slots_(plan.kv_slots) {
   STRATA_CHECK(plan.kv_slots > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
                "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, plan.kv_slots,
                plan.kv_capacity, plan.max_batch_rows);
+  LoadOptions& options = so.load;
   options.layer_begin = stage.layer_begin;
   options.layer_end = stage.layer_end;
   options.embedding = stage.has_embedding;
@@ -23,13 +24,16 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
                plan.hidden_size);
   model_ = std::make_unique<Model>(m.config, std::move(m.weights), backend, plan.max_batch_rows,
                                    std::move(m.streamer), std::move(m.feeder));
+  model_->set_cache_options(so.cache);
+  model_->set_gpu_batch_size(so.gpu_batch_size);
   cache_ = model_->make_cache(plan.kv_slots, plan.kv_capacity);
   zeros_.assign(static_cast<size_t>(plan.max_batch_rows), 0);
   if (last())
     logits_.resize(static_cast<size_t>(plan.kv_slots) * static_cast<size_t>(m.config.vocab));
-  log::get("worker")->info("stage {}: {} layers, KV cache {:.1f} MiB, weights {}", stage.str(),
-                           m.config.n_layers, static_cast<double>(cache_->bytes()) / (1 << 20),
-                           m.placement.str());
+  log::get("worker")->info("stage {} on {}: {} layers, KV cache {:.1f} MiB ({}), weights {}",
+                           stage.str(), backend.name(), m.config.n_layers,
+                           static_cast<double>(cache_->bytes()) / (1 << 20),
+                           so.cache.placement.str(), m.placement.str());
 }
 
 void PipelineStage::join(const SeqJoin& seq) {
@@ -64,15 +68,17 @@ void PipelineStage::build_batch(const StepCommand& c) {
 }
 
 std::vector<SeqToken> PipelineStage::run(const StepCommand& c, std::span<const float> in,
-                                         std::span<float> out) {
+                                         std::span<float> out, bool in_device,
+                                         bool out_device) {
   build_batch(c);
   const size_t act = static_cast<size_t>(c.rows()) * static_cast<size_t>(hidden());
   STRATA_CHECK(first() || in.size() == act, "step {}: {} input floats for {} rows", c.step_id,
                in.size(), c.rows());
   STRATA_CHECK(last() || out.size() == act, "step {}: {} output floats for {} rows", c.step_id,
                out.size(), c.rows());
-  model_->forward_stage(batch_, *cache_, first(), first() ? nullptr : in.data(), last(),
-                        last() ? logits_.data() : out.data());
+  model_->forward_stage(batch_, *cache_,
+                        StepIo{first() ? nullptr : in.data(), last() ? logits_.data() : out.data(),
+                               last(), in_device, out_device});
   return last() ? sample(c) : std::vector<SeqToken>{};
 }
 

@@ -19,13 +19,20 @@
 
 namespace strata {
 
+// How a stage computes its share: the offloading engine's choices for its layers alone.
+struct StageOptions {
+  LoadOptions load;     // dummy dtype and seed, budgets, weight tiers; the plan sets the range
+  CacheOptions cache;   // where the stage's KV cache lives, who attends over it
+  int32_t gpu_batch_size = 0;  // block schedule: sequences per GPU batch (0: one GPU batch)
+};
+
 class PipelineStage {
  public:
-  // Loads the stage's share of plan.model_spec (`options` gives the rest: dummy dtype and
-  // seed, memory budgets) and allocates its KV cache (plan.kv_slots x plan.kv_capacity, the
-  // stage's layers only) and step buffers (plan.max_batch_rows) once.
+  // Loads the stage's share of plan.model_spec and allocates its KV cache (plan.kv_slots x
+  // plan.kv_capacity, the stage's layers only) and step buffers (plan.max_batch_rows) once.
+  // `backend` computes (with a device, options.load.device is the same backend).
   PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
-                LoadOptions options);
+                StageOptions options);
 
   const StagePlan& stage() const { return stage_; }
   bool first() const { return stage_.has_embedding; }
@@ -43,10 +50,12 @@ class PipelineStage {
   // Runs one step. `in`: the previous stage's activations [rows, hidden] (empty on the
   // first stage, which reads the command's token ids). Not the last stage: writes its
   // activations to `out` [rows, hidden]. The last stage: returns one sampled token per
-  // sequence of the command, in its order. A command that does not fit the plan (slot,
-  // positions, rows) is Error(kFailed) naming the step.
+  // sequence of the command, in its order. in_device / out_device: that buffer is the
+  // compute backend's memory (an NCCL link), not host memory. A command that does not fit
+  // the plan (slot, positions, rows) is Error(kFailed) naming the step.
   std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in,
-                            std::span<float> out);
+                            std::span<float> out, bool in_device = false,
+                            bool out_device = false);
 
  private:
   void build_batch(const StepCommand& command);

@@ -2,6 +2,7 @@
 
 #include <csignal>
 #include <deque>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <variant>
@@ -11,6 +12,7 @@
 #include "transport/control_channel.h"
 #include "transport/peer_monitor.h"
 #include "transport/tensor_channel.h"
+#include "worker/compute_thread.h"
 #include "worker/stage.h"
 
 namespace strata {
@@ -22,6 +24,15 @@ double now_s() {
 
 // The coordinator said stop while this worker was waiting inside a step.
 struct ShutdownRequested {};
+
+// One step's activations: on the compute device when the link to that neighbour is NCCL,
+// else the backend's transfer-ready host memory (page-locked with CUDA) for MPI.
+struct StepBuffers {
+  DeviceBuffer in;
+  DeviceBuffer out[2];  // the step's output while the previous one is still sending
+  bool in_device = false;
+  bool out_device = false;
+};
 
 class StageWorker {
  public:
@@ -36,8 +47,11 @@ class StageWorker {
   int serve();
   bool handle(const ControlMessage& message);  // false on Shutdown
   void on_step(const StepCommand& command);
+  std::vector<SeqToken> compute_step(const StepCommand& command, std::span<float> in,
+                                     std::span<float> out);
   void on_shutdown();
   int linger_after(const std::exception& e);
+  int settle_compute(int code);
 
   ControlMessage next_message(const Deadline& deadline, const char* awaited);
   bool serve_control_once();
@@ -51,10 +65,12 @@ class StageWorker {
   std::optional<ClusterPlan> plan_;
   std::unique_ptr<TensorLinks> links_;
   std::unique_ptr<PipelineStage> stage_;
+  std::unique_ptr<StepBuffers> buffers_;
+  size_t buffer_floats_ = 0;
   int prev_ = -1, next_ = -1;
-  std::vector<float> in_;
-  std::vector<float> out_[2];  // the step's output while the previous one is still sending
-  Transfer sends_[2];
+  Transfer sends_[2];  // of buffers_->out, so destroyed (cancelled) first
+  ComputeThread compute_;  // uses stage_ and buffers_, so joined before they go
+  bool bound_ = false;  // the compute thread has bound itself to the backend
   int next_out_ = 0;
   uint64_t step_id_ = 0;
   StageStats stats_;
@@ -64,14 +80,31 @@ class StageWorker {
 int StageWorker::run() {
   stats_.rank = world_.rank();
   if (!receive_plan()) return 0;
+  int code = 0;
   try {
     start(*plan_);
-    return serve();
+    code = serve();
   } catch (const ShutdownRequested&) {
-    return 0;
+    code = 0;
   } catch (const std::exception& e) {
-    return linger_after(e);
+    code = linger_after(e);
   }
+  return settle_compute(code);
+}
+
+// A step may still compute when the worker stops (Shutdown or an error mid-step): it gets
+// the step timeout to end. One that does not is abandoned together with what it uses, and
+// the caller must end the process.
+int StageWorker::settle_compute(int code) {
+  if (!compute_.busy() || compute_.wait_for(std::chrono::duration<double>(options_.step_timeout_s)))
+    return code;
+  log::get("worker")->error("rank {}: step {} still computing {} s after the stop; ending the process",
+                            world_.rank(), step_id_, options_.step_timeout_s);
+  for (Transfer& t : sends_) t = Transfer();
+  compute_.abandon();
+  (void)stage_.release();
+  (void)buffers_.release();
+  return kStageLostPeer;
 }
 
 // False when the coordinator shuts the job down before sending a plan (it refused one).
@@ -91,19 +124,35 @@ bool StageWorker::receive_plan() {
 void StageWorker::start(const ClusterPlan& plan) {
   plan.validate();
   const int me = world_.rank();
-  links_ = std::make_unique<TensorLinks>(
-      TensorLinks::create(world_, -1, Deadline::after_seconds(options_.plan_timeout_s)));
+  links_ = std::make_unique<TensorLinks>(TensorLinks::create(
+      world_, options_.device, Deadline::after_seconds(options_.plan_timeout_s)));
   const StagePlan* stage = plan.stage_of_rank(me);
   if (stage == nullptr)
     fail(ErrorKind::kFailed, "plan {} has no stage for rank {}", plan.plan_id, me);
   const auto index = static_cast<size_t>(stage - plan.stages.data());
   if (index > 0) prev_ = plan.stages[index - 1].rank;
   if (index + 1 < plan.stages.size()) next_ = plan.stages[index + 1].rank;
-  stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.load);
-  const size_t act =
+  stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.stage);
+  buffer_floats_ =
       static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
-  if (!stage_->first()) in_.resize(act);
-  if (!stage_->last()) out_[0].resize(act), out_[1].resize(act);
+  const size_t bytes = buffer_floats_ * sizeof(float);
+  auto buffer = [&](bool device) {
+    return device ? DeviceBuffer(backend_, bytes) : DeviceBuffer::host(backend_, bytes);
+  };
+  buffers_ = std::make_unique<StepBuffers>();
+  StepBuffers& b = *buffers_;
+  if (!stage_->first()) {
+    b.in_device = links_->to(prev_).device_buffers();
+    b.in = buffer(b.in_device);
+  }
+  if (!stage_->last()) {
+    b.out_device = links_->to(next_).device_buffers();
+    b.out[0] = buffer(b.out_device);
+    b.out[1] = buffer(b.out_device);
+  }
+  log::get("worker")->info("rank {}: activations from rank {} over {}, to rank {} over {}", me,
+                           prev_, prev_ < 0 ? "-" : links_->to(prev_).name(), next_,
+                           next_ < 0 ? "-" : links_->to(next_).name());
 }
 
 int StageWorker::serve() {
@@ -137,10 +186,11 @@ void StageWorker::on_step(const StepCommand& c) {
   if (window_start_ < 0) window_start_ = t0;
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
   const size_t act = static_cast<size_t>(c.rows()) * static_cast<size_t>(stage_->hidden());
-  if (act > in_.size() && !stage_->first())
+  if (act > buffer_floats_)
     fail(ErrorKind::kFailed, "step {}: {} rows exceed the plan's {}", c.step_id, c.rows(),
          plan_->max_batch_rows);
-  std::span<float> in(in_.data(), stage_->first() ? 0 : act);
+  StepBuffers& b = *buffers_;
+  std::span<float> in(b.in.f32(), stage_->first() ? 0 : act);
   if (!stage_->first()) {
     Transfer t = links_->to(prev_).start_recv(prev_, in);
     wait_serving(t, deadline);
@@ -148,8 +198,8 @@ void StageWorker::on_step(const StepCommand& c) {
   const int k = next_out_;
   if (!stage_->last()) wait_serving(sends_[k], deadline);  // the buffer's previous send
   const double busy_from = now_s();
-  std::span<float> out(out_[k].data(), stage_->last() ? 0 : act);
-  std::vector<SeqToken> tokens = stage_->run(c, in, out);
+  std::span<float> out(b.out[k].f32(), stage_->last() ? 0 : act);
+  std::vector<SeqToken> tokens = compute_step(c, in, out);
   if (stage_->last()) {
     control_.send(0, StepResult{c.step_id, c.micro_batch, std::move(tokens)}, deadline);
   } else {
@@ -166,6 +216,33 @@ void StageWorker::on_step(const StepCommand& c) {
                              stats_.steps);
     std::raise(SIGKILL);
   }
+}
+
+// Runs the step on the compute thread and serves control messages (pings) until it ends.
+// The job holds its own copies and pointers, not this worker, so that settle_compute can
+// abandon a job that never ends.
+std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<float> in,
+                                                std::span<float> out) {
+  auto tokens = std::make_shared<std::vector<SeqToken>>();
+  PipelineStage* stage = stage_.get();
+  const bool in_device = buffers_->in_device, out_device = buffers_->out_device;
+  const double delay = options_.debug_step_delay_s;
+  Backend* backend = bound_ ? nullptr : &backend_;
+  bound_ = true;
+  compute_.start([=] {
+    if (backend != nullptr) backend->bind_thread();
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    *tokens = stage->run(c, in, out, in_device, out_device);
+  });
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  Backoff backoff;
+  while (!compute_.poll()) {
+    if (deadline.expired())
+      fail(ErrorKind::kFailed, "step {}: still computing after {} s (the step timeout)", c.step_id,
+           options_.step_timeout_s);
+    if (!serve_control_once()) backoff.pause();
+  }
+  return std::move(*tokens);
 }
 
 void StageWorker::on_shutdown() {

@@ -3,7 +3,8 @@
 // stage and out to the next (the last stage sends sampled tokens to rank 0), until Shutdown.
 // Every wait has a deadline and answers the coordinator's heartbeat pings meanwhile, so a
 // worker stuck behind a dead rank still says it is alive and the coordinator can name the
-// dead one.
+// dead one. The stage computes on its own thread (worker/compute_thread.h) so that the
+// pings are answered during a long step too; all MPI stays on the calling thread.
 #pragma once
 
 #include <chrono>
@@ -11,16 +12,19 @@
 
 #include "kernels/backend.h"
 #include "transport/mpi_session.h"
-#include "worker/loader.h"
+#include "worker/stage.h"
 
 namespace strata {
 
 struct StageWorkerOptions {
-  LoadOptions load;             // dummy dtype / seed, budgets; the plan sets the layer range
+  StageOptions stage;  // how the stage computes its layers (the plan sets which)
+  int device = -1;     // the CUDA device `backend` computes on (NCCL links); -1: the host
   double plan_timeout_s = 120;  // waiting for the plan, and for the tensor links
   double idle_timeout_s = 60;   // silence from the coordinator before giving up
-  double step_timeout_s = 60;   // waiting for one step's activations (or for a send)
+  // Waiting for one step's activations (or for a send), and for one step's compute.
+  double step_timeout_s = 60;
   int64_t debug_exit_after_steps = -1;  // tests: die (SIGKILL) after this many steps
+  double debug_step_delay_s = 0;        // tests: every step computes this much longer
 };
 
 // run_stage_worker's result after an error that means a peer is gone (kDisconnected): the
@@ -28,7 +32,8 @@ struct StageWorkerOptions {
 inline constexpr int kStageLostPeer = 3;
 
 // Runs until Shutdown; returns the process exit code: 0, 1 after an error that was reported
-// to rank 0, kStageLostPeer. Errors before the plan arrives propagate.
+// to rank 0, kStageLostPeer (also when a step's compute never ended: the caller must end
+// the process then). Errors before the plan arrives propagate.
 int run_stage_worker(const Communicator& world, Backend& backend,
                      const StageWorkerOptions& options);
 

@@ -129,6 +129,7 @@ class CudaBackend final : public Backend {
   void deallocate(void* p) override;
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override;
+  void bind_thread() override { activate(); }
   TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void compute_waits(TransferTicket ticket) override;
   void host_waits(TransferTicket ticket) override;

@@ -2,6 +2,8 @@
 // with only the stub driver cudaGetDeviceCount returns cudaErrorInsufficientDriver.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include "kernels/accelerator.h"
 
 namespace strata {
@@ -29,6 +31,10 @@ AcceleratorInfo probe_accelerators() {
     d.memory_bytes = prop.totalGlobalMem;
     d.compute_major = prop.major;
     d.compute_minor = prop.minor;
+    char bus[32];
+    std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", static_cast<unsigned>(prop.pciDomainID),
+                  static_cast<unsigned>(prop.pciBusID), static_cast<unsigned>(prop.pciDeviceID));
+    d.pci_bus_id = bus;
     info.devices.push_back(d);
   }
   if (info.devices.empty()) info.reason = "no CUDA device answered a properties query";

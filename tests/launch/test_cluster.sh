@@ -10,6 +10,9 @@
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
 #                                      non-zero within a bounded time
 #   refuse                             too many stages / over budget: clear refusal, no hang
+#   slow NP                            every step computes longer than the heartbeat
+#                                      timeout: the workers answer pings meanwhile, the
+#                                      results equal strata generate
 set -euo pipefail
 strata=$1
 stories=$2
@@ -133,6 +136,21 @@ case $case_name in
     grep -q "worker rank $rank .*dead or hung" "$tmp/out" || { cat "$tmp/out"; fail "rank $rank not named"; }
     [ "$took" -le 20 ] || fail "took $took s"
     echo "rank $rank named, exit $rc after $took s"
+    ;;
+  slow)
+    np=$1
+    cat >"$tmp/req.jsonl" <<'JSON'
+{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 3}
+{"id": "b", "prompt": "The cat", "max_new_tokens": 2}
+JSON
+    start=$(date +%s)
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --debug-step-delay 1.2 --heartbeat-interval 0.2 --heartbeat-timeout 0.6 --step-timeout 20 \
+      --stats-out "$tmp/stats.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r.jsonl"
+    jq -e '[.stages[] | .busy_seconds >= 1.2 * .steps] | all' "$tmp/stats.json" >/dev/null ||
+      fail "steps were not slowed: $(cat "$tmp/stats.json")"
+    echo "steps of 1.2 s under a 0.6 s heartbeat timeout: done in $(($(date +%s) - start)) s"
     ;;
   refuse)
     write_requests "$stories" "$tmp/req.jsonl"

@@ -1,9 +1,17 @@
 // Pipeline stages in one process: a model split into stages (each loading only its layers)
 // and chained by hand gives the single-process generator's tokens exactly, greedy and
-// seeded; the layer-range loader builds only the stage's tensors.
+// seeded; the layer-range loader builds only the stage's tensors. Stages that offload
+// (weights over the tiers, KV cache off the device, several GPU batches per block,
+// activations exchanged in device memory) give the same tokens: built twice like
+// test_layer_feeder, with the CPU backend standing in for the device and, as the `gpu`
+// label, with the CUDA backend.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "kernels/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/error.h"
 #include "support/stories_reference.h"
 #include "worker/generator.h"
 #include "worker/loader.h"
@@ -35,9 +43,11 @@ ClusterPlan plan_for(const std::string& spec, const ModelConfig& c,
 }
 
 // Runs prompts through a chain of stages: one prefill step, then decode steps, the last
-// stage sampling; returns each sequence's tokens.
+// stage sampling; returns each sequence's tokens. With `io_device` the activations between
+// stages live in that backend's memory, as over an NCCL link.
 std::vector<std::vector<int32_t>> run_chain(std::vector<std::unique_ptr<PipelineStage>>& stages,
-                                            const std::vector<GenerationRequest>& requests) {
+                                            const std::vector<GenerationRequest>& requests,
+                                            Backend* io_device = nullptr) {
   std::vector<std::vector<int32_t>> out(requests.size());
   StepCommand c{1, Phase::kPrefill, 0, {}};
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -45,14 +55,25 @@ std::vector<std::vector<int32_t>> run_chain(std::vector<std::unique_ptr<Pipeline
     const auto n = static_cast<int32_t>(requests[i].prompt_ids.size());
     c.seqs.push_back(SeqStep{i, static_cast<int32_t>(i), 0, n, requests[i].prompt_ids});
   }
+  const bool dev = io_device != nullptr;
   for (int32_t step = 0; step < requests[0].max_new_tokens; ++step) {
     std::vector<float> act;
+    DeviceBuffer act_dev;
     std::vector<SeqToken> tokens;
     for (auto& s : stages) {
-      std::vector<float> next(
-          s->last() ? 0 : static_cast<size_t>(c.rows()) * static_cast<size_t>(s->hidden()));
-      tokens = s->run(c, act, next);
+      const size_t n =
+          s->last() ? 0 : static_cast<size_t>(c.rows()) * static_cast<size_t>(s->hidden());
+      std::vector<float> next(dev ? 0 : n);
+      DeviceBuffer next_dev = dev ? DeviceBuffer(*io_device, n * sizeof(float)) : DeviceBuffer();
+      std::span<const float> from = act;
+      std::span<float> to = next;
+      if (dev) {
+        from = std::span<const float>(act_dev.f32(), act_dev.size() / sizeof(float));
+        to = std::span<float>(next_dev.f32(), n);
+      }
+      tokens = s->run(c, from, to, dev, dev);
       act = std::move(next);
+      act_dev = std::move(next_dev);
     }
     StepCommand d{c.step_id + 1, Phase::kDecode, 0, {}};
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -66,10 +87,14 @@ std::vector<std::vector<int32_t>> run_chain(std::vector<std::unique_ptr<Pipeline
 }
 
 std::vector<GenerationResult> single_process(const std::string& spec,
-                                             const std::vector<GenerationRequest>& requests) {
-  CpuBackend backend(2);
-  LoadedModel m = load_model(spec);
-  Model model(m.config, std::move(m.weights), backend, 64);
+                                             const std::vector<GenerationRequest>& requests,
+                                             Backend* device = nullptr) {
+  CpuBackend cpu(2);
+  Backend& backend = device ? *device : cpu;
+  LoadOptions lo;
+  lo.device = device;
+  LoadedModel m = load_model(spec, lo);
+  Model model(m.config, std::move(m.weights), backend, 64, nullptr, std::move(m.feeder));
   Generator gen(model, GeneratorOptions{4, 64, 64});
   return gen.run(requests);
 }
@@ -81,7 +106,7 @@ void expect_chain_matches(const std::string& spec, std::vector<std::pair<int, in
   const ClusterPlan plan = plan_for(spec, config, ranges);
   std::vector<std::unique_ptr<PipelineStage>> stages;
   for (const StagePlan& s : plan.stages)
-    stages.push_back(std::make_unique<PipelineStage>(plan, s, backend, LoadOptions{}));
+    stages.push_back(std::make_unique<PipelineStage>(plan, s, backend, StageOptions{}));
   const auto chain = run_chain(stages, requests);
   const auto want = single_process(spec, requests);
   for (size_t i = 0; i < requests.size(); ++i)
@@ -117,6 +142,67 @@ TEST(PipelineStage, Stories260KChainMatchesGeneratorSeeded) {
 TEST(PipelineStage, OptDummyChainMatchesGenerator) {
   expect_chain_matches("dummy:opt-125m", {{0, 5}, {5, 12}},
                        requests({{2, 100, 200}, {2, 5, 6, 7, 8}}, 3, 0.0f));
+}
+
+std::string disk_dir() {
+  const auto d = std::filesystem::path(STRATA_TEST_TMP) / "stage";
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// The device under test, or nullptr (and the test skips) when there is none.
+std::unique_ptr<Backend> make_device() {
+#ifdef STRATA_TEST_CUDA
+  try {
+    return make_cuda_backend(0);
+  } catch (const Error&) {
+    return nullptr;
+  }
+#else
+  return std::make_unique<CpuBackend>(2);
+#endif
+}
+
+// Each stage offloads its own share: weights wg% on the device, wc% in host memory, the
+// rest on disk; the KV cache half on the device and half in host memory (attended on the
+// host); blocks of one-sequence GPU batches; activations handed over in device memory.
+void expect_offloaded_chain_matches(const std::string& spec,
+                                    std::vector<std::pair<int, int>> ranges, int wg, int wc,
+                                    std::vector<GenerationRequest> reqs) {
+  std::unique_ptr<Backend> device = make_device();
+  if (!device) GTEST_SKIP() << "no CUDA device";
+  CpuBackend host(2);
+  const ModelConfig config = load_model(spec).config;
+  const ClusterPlan plan = plan_for(spec, config, ranges);
+  StageOptions o;
+  o.load.device = device.get();
+  o.load.disk_dir = disk_dir();
+  o.load.w_gpu_percent = wg;
+  o.load.w_cpu_percent = wc;
+  o.cache.placement.gpu_percent = 50;
+  o.cache.placement.cpu_percent = 50;
+  o.cache.cpu_attention = true;
+  o.cache.host = &host;
+  o.cache.placement.disk_dir = disk_dir();
+  o.gpu_batch_size = 1;
+  std::vector<std::unique_ptr<PipelineStage>> stages;
+  for (const StagePlan& s : plan.stages)
+    stages.push_back(std::make_unique<PipelineStage>(plan, s, *device, o));
+  const auto chain = run_chain(stages, reqs, device.get());
+  const auto want = single_process(spec, reqs, device.get());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(chain[i], want[i].output_ids) << spec << " request " << i;
+}
+
+TEST(PipelineStageOffloading, Stories260KStagesOverEveryTierMatchGenerator) {
+  expect_offloaded_chain_matches(
+      STRATA_MODEL_DIR, {{0, 2}, {2, 5}}, 20, 40,
+      requests({{1, 403, 407, 261, 378}, {1, 291, 280}, {1, 317}}, 12, 0.0f));
+}
+
+TEST(PipelineStageOffloading, OptDummyStagesFromHostMemoryMatchGenerator) {
+  expect_offloaded_chain_matches("dummy:opt-125m", {{0, 6}, {6, 9}, {9, 12}}, 0, 100,
+                                 requests({{2, 100, 200}, {2, 5, 6, 7, 8}}, 3, 0.0f));
 }
 
 TEST(PipelineStage, LoaderBuildsOnlyTheStageLayers) {
