@@ -227,9 +227,13 @@ std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<
   PipelineStage* stage = stage_.get();
   const bool in_device = buffers_->in_device, out_device = buffers_->out_device;
   const double delay = options_.debug_step_delay_s;
+  // The thread's OpenMP count and CUDA device, once: the compute backend's and the host's
+  // that attends over an offloaded cache.
   Backend* backend = bound_ ? nullptr : &backend_;
+  Backend* host = bound_ ? nullptr : options_.stage.cache.host;
   bound_ = true;
   compute_.start([=] {
+    if (host != nullptr && host != backend) host->bind_thread();
     if (backend != nullptr) backend->bind_thread();
     if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
     *tokens = stage->run(c, in, out, in_device, out_device);

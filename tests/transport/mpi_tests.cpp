@@ -249,8 +249,16 @@ TEST_F(Mpi, TensorReceiveTimeoutNamesTheRankAndTheBuffer) {
   EXPECT_LT(seconds_since(start), 2.0);
 }
 
+TEST_F(Mpi, HostLocalIndexCountsTheWorkersOnThisHost) {
+  // mpirun starts every rank of this test on one host.
+  const int index = host_local_index(comm_, 1, Deadline::after(10s));
+  EXPECT_EQ(index, rank_ == 0 ? -1 : rank_ - 1);
+  EXPECT_EQ(host_local_index(comm_, 0, Deadline::after(10s)), rank_);
+}
+
 TEST_F(Mpi, RanksWithoutAUsableGpuLinkOverMpi) {
-  // Workers ask for device 0; this machine's CUDA runtime sees none, so NCCL stays out.
+  // Workers ask for device 0: where the CUDA runtime sees none NCCL stays out, and where
+  // it sees one they all share it, which NCCL refuses, so they stay on MPI too.
   TensorLinks links = TensorLinks::create(comm_, rank_ == 0 ? -1 : 0, Deadline::after(10s));
   EXPECT_EQ(links.str(), "all links over MPI");
   for (int r = 0; r < size_; ++r) {
