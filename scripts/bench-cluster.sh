@@ -5,7 +5,8 @@
 #   scripts/bench-cluster.sh [BUILD_DIR] [OUT_DIR]
 # MODEL (default dummy:opt-125m), NP (3), REQUESTS (16), PROMPT (32), GEN (32),
 # MICRO ("1 2 4"), DECODE_ITERS (8), THREADS (1 per rank), SERVE_ARGS (more serve options,
-# e.g. "--device cuda --dtype f16 --policy w=0/100/0" for GPU stages).
+# e.g. "--device cuda --dtype f16 --policy w=0/100/0" for GPU stages), TAG (added to the
+# JSON names).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -23,7 +24,7 @@ for i in range(n):
     print(json.dumps({"id": i, "prompt_ids": ids, "max_new_tokens": g, "ignore_eos": True}))
 PY
 for k in ${MICRO:-1 2 4}; do
-  name=$OUT/cluster-$(echo "${MODEL#dummy:}" | tr '/' '_')-np$NP-mb$k.json
+  name=$OUT/cluster-$(echo "${MODEL#dummy:}" | tr '/' '_')-np$NP${TAG:+-$TAG}-mb$k.json
   STRATA=$BUILD/launch/strata STRATA_LOG_LEVEL=warn bash launch/local-cluster.sh "$NP" --model "$MODEL" \
     --threads "${THREADS:-1}" --requests "$req" --results /dev/null --micro-batches "$k" \
     --decode-iters "${DECODE_ITERS:-8}" --stats-out "$name" ${SERVE_ARGS:-} 2>/dev/null
