@@ -19,9 +19,9 @@ struct AcceleratorDevice {
 };
 
 struct AcceleratorInfo {
-  bool cuda_built = false;             // this binary contains the CUDA backend
+  bool cuda_built = false;  // this binary contains the CUDA backend
   std::vector<AcceleratorDevice> devices;
-  std::string reason;                  // why there is none, when devices is empty
+  std::string reason;  // why there is none, when devices is empty
 
   bool available() const { return !devices.empty(); }
   std::string str() const;

@@ -15,7 +15,8 @@ TransferTicket Backend::transfer(void* dst, const void* src, size_t bytes, CopyK
 
 void Backend::compute_waits(TransferTicket) {}
 
-void Backend::kv_store_q4(const float*, const float*, std::span<const SeqSlice>, const KvQ4LayerView&) {
+void Backend::kv_store_q4(const float*, const float*, std::span<const SeqSlice>,
+                          const KvQ4LayerView&) {
   fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
 }
 

@@ -56,9 +56,9 @@ namespace detail {
 }  // namespace strata
 
 // STRATA_CHECK(cond, "fmt", args...) -- the message says what the values were.
-#define STRATA_CHECK(cond, ...)                                                          \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
+#define STRATA_CHECK(cond, ...)                                                            \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]] {                                                            \
       ::strata::detail::check_failed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
-    }                                                                                    \
+    }                                                                                      \
   } while (0)

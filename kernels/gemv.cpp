@@ -16,7 +16,8 @@ inline __m256 load8(const void* row, int64_t k) {
   if constexpr (DT == DType::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(row) + k);
   } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + k));
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + k));
     if constexpr (DT == DType::kF16) {
       return _mm256_cvtph_ps(h);
     } else {  // bf16 is the top half of an f32
@@ -34,9 +35,12 @@ inline float hsum(__m256 v) {
 
 inline float load1(DType dt, const void* row, int64_t k) {
   switch (dt) {
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(row)[k]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[k]);
-    default: return static_cast<const float*>(row)[k];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(row)[k]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(row)[k]);
+    default:
+      return static_cast<const float*>(row)[k];
   }
 }
 
@@ -73,12 +77,20 @@ template <DType DT, int R>
 void gemv_block(const float* x, int64_t m, int64_t k, const char* base, size_t row_bytes,
                 const float* bias, float* y, int64_t ldy, int64_t n) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) gemv_tile<DT, 4, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n);
+  for (; i + 4 <= m; i += 4)
+    gemv_tile<DT, 4, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n);
   switch (m - i) {
-    case 1: gemv_tile<DT, 1, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n); break;
-    case 2: gemv_tile<DT, 2, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n); break;
-    case 3: gemv_tile<DT, 3, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n); break;
-    default: break;
+    case 1:
+      gemv_tile<DT, 1, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n);
+      break;
+    case 2:
+      gemv_tile<DT, 2, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n);
+      break;
+    case 3:
+      gemv_tile<DT, 3, R>(x + i * k, k, base, row_bytes, bias, y + i * ldy, ldy, n);
+      break;
+    default:
+      break;
   }
 }
 
@@ -105,8 +117,8 @@ void gemv_m(const float* x, int64_t m, int64_t k, const Tensor& w, const float* 
   const size_t row_bytes = static_cast<size_t>(k) * dtype_size(DT);
   std::vector<float> row(static_cast<size_t>(k));
   for (int64_t n = n0; n < n1; ++n) {
-    convert_to_f32(DT, static_cast<const char*>(w.data) + static_cast<size_t>(n) * row_bytes, row.data(),
-                   static_cast<size_t>(k));
+    convert_to_f32(DT, static_cast<const char*>(w.data) + static_cast<size_t>(n) * row_bytes,
+                   row.data(), static_cast<size_t>(k));
     for (int64_t i = 0; i < m; ++i) {
       float s = 0.0f;
       for (int64_t kk = 0; kk < k; ++kk) s += row[static_cast<size_t>(kk)] * x[i * k + kk];
@@ -125,11 +137,18 @@ void gemv_rows(const float* x, int64_t m, const Tensor& w, const float* bias, fl
   const int64_t k = w.shape[1];
   const int64_t ldy = w.shape[0];
   switch (w.dtype) {
-    case DType::kF32: gemv_m<DType::kF32>(x, m, k, w, bias, y, ldy, n_begin, n_end); return;
-    case DType::kF16: gemv_m<DType::kF16>(x, m, k, w, bias, y, ldy, n_begin, n_end); return;
-    case DType::kBF16: gemv_m<DType::kBF16>(x, m, k, w, bias, y, ldy, n_begin, n_end); return;
+    case DType::kF32:
+      gemv_m<DType::kF32>(x, m, k, w, bias, y, ldy, n_begin, n_end);
+      return;
+    case DType::kF16:
+      gemv_m<DType::kF16>(x, m, k, w, bias, y, ldy, n_begin, n_end);
+      return;
+    case DType::kBF16:
+      gemv_m<DType::kBF16>(x, m, k, w, bias, y, ldy, n_begin, n_end);
+      return;
     case DType::kI32:
-    case DType::kQ4: break;
+    case DType::kQ4:
+      break;
   }
   STRATA_CHECK(false, "gemv weight dtype {}", dtype_name(w.dtype));
 }

@@ -8,9 +8,10 @@ namespace strata {
 
 struct MachineLimits {
   int threads = 0;
-  double memory_bandwidth_gbs = 0;  // triad a[i] = b[i] + s * c[i], bytes = 3 arrays (no write-allocate)
-  double memory_read_gbs = 0;       // read-only stream, the pattern of a weight GEMV
-  double gemm_gflops = 0;           // sgemm n x n x n, best of several
+  double memory_bandwidth_gbs =
+      0;                       // triad a[i] = b[i] + s * c[i], bytes = 3 arrays (no write-allocate)
+  double memory_read_gbs = 0;  // read-only stream, the pattern of a weight GEMV
+  double gemm_gflops = 0;      // sgemm n x n x n, best of several
   int gemm_n = 0;
   double triad_bytes = 0;
 

@@ -34,7 +34,8 @@ spdlog::level::level_enum level_from_env() {
 void set_identity(int rank, const std::string& device) {
   std::lock_guard lock(g_mutex);
   g_identity = fmt::format("{}:{} r{} {}", host_name(), getpid(), rank, device);
-  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->set_pattern(make_pattern()); });
+  spdlog::apply_all(
+      [](const std::shared_ptr<spdlog::logger>& l) { l->set_pattern(make_pattern()); });
 }
 
 std::shared_ptr<spdlog::logger> get(const std::string& subsystem) {

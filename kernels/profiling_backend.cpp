@@ -25,13 +25,15 @@ void ProfilingBackend::kv_store_q4(const float* k, const float* v, std::span<con
 void ProfilingBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) {
   timed(kKvStore, [&] { inner_.kv_dequantize(cache, out); });
 }
-void ProfilingBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
+void ProfilingBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias,
+                              float* y) {
   timed(kLinear, [&] { inner_.linear(x, m, w, bias, y); });
 }
 void ProfilingBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {
   timed(kEmbedding, [&] { inner_.embedding(ids, n, table, y); });
 }
-void ProfilingBackend::rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps, float* y) {
+void ProfilingBackend::rms_norm(const float* x, int64_t m, int64_t h, const float* weight,
+                                float eps, float* y) {
   timed(kRmsNorm, [&] { inner_.rms_norm(x, m, h, weight, eps, y); });
 }
 void ProfilingBackend::layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
@@ -58,21 +60,21 @@ void ProfilingBackend::kv_store(const float* k, const float* v, std::span<const 
                                 const KvLayerView& cache) {
   timed(kKvStore, [&] { inner_.kv_store(k, v, seqs, cache); });
 }
-void ProfilingBackend::attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
-                                 const AttentionDims& dims, float* out) {
+void ProfilingBackend::attention(const float* q, std::span<const SeqSlice> seqs,
+                                 const KvLayerView& cache, const AttentionDims& dims, float* out) {
   timed(kAttention, [&] { inner_.attention(q, seqs, cache, dims, out); });
 }
 
 std::string ProfilingBackend::json() const {
-  static constexpr const char* kNames[kNumOps] = {"copy", "linear", "embedding", "rms_norm",
-                                                  "layer_norm", "rope", "silu_mul", "relu", "add",
-                                                  "softmax", "kv_store", "attention"};
+  static constexpr const char* kNames[kNumOps] = {
+      "copy",     "linear", "embedding", "rms_norm", "layer_norm", "rope",
+      "silu_mul", "relu",   "add",       "softmax",  "kv_store",   "attention"};
   std::string s = "{";
   for (int i = 0; i < kNumOps; ++i) {
     if (calls_[static_cast<size_t>(i)] == 0) continue;
     if (s.size() > 1) s += ", ";
-    s += fmt::format(R"("{}": {{"calls": {}, "seconds": {:.6f}}})", kNames[i], calls_[static_cast<size_t>(i)],
-                     seconds_[static_cast<size_t>(i)]);
+    s += fmt::format(R"("{}": {{"calls": {}, "seconds": {:.6f}}})", kNames[i],
+                     calls_[static_cast<size_t>(i)], seconds_[static_cast<size_t>(i)]);
   }
   return s + "}";
 }

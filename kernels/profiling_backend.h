@@ -34,7 +34,8 @@ class ProfilingBackend final : public Backend {
   void deallocate_host(void* p) override { inner_.deallocate_host(p); }
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
-  void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps, float* y) override;
+  void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
+                float* y) override;
   void layer_norm(const float* x, int64_t m, int64_t h, const float* weight, const float* bias,
                   float eps, float* y) override;
   void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
@@ -52,8 +53,21 @@ class ProfilingBackend final : public Backend {
   std::string json() const;
 
  private:
-  enum Op { kCopy, kLinear, kEmbedding, kRmsNorm, kLayerNorm, kRope, kSiluMul, kRelu, kAdd,
-            kSoftmax, kKvStore, kAttention, kNumOps };
+  enum Op {
+    kCopy,
+    kLinear,
+    kEmbedding,
+    kRmsNorm,
+    kLayerNorm,
+    kRope,
+    kSiluMul,
+    kRelu,
+    kAdd,
+    kSoftmax,
+    kKvStore,
+    kAttention,
+    kNumOps
+  };
   template <typename Fn>
   void timed(Op op, Fn&& fn);
 

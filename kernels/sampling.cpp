@@ -25,7 +25,9 @@ uint64_t splitmix64(uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 }  // namespace
 
 Rng::Rng(uint64_t seed) {
@@ -44,7 +46,9 @@ uint64_t Rng::next() {
   return result;
 }
 
-float Rng::uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }
+float Rng::uniform() {
+  return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
+}
 
 int32_t argmax(const float* x, int32_t n) {
   int32_t best = 0;
@@ -58,7 +62,8 @@ int32_t Sampler::sample(const float* logits, int32_t n, const SamplingParams& pa
   if (params.temperature == 0.0f) return argmax(logits, n);
 
   candidates_.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) candidates_[static_cast<size_t>(i)] = {logits[i] / params.temperature, i};
+  for (int32_t i = 0; i < n; ++i)
+    candidates_[static_cast<size_t>(i)] = {logits[i] / params.temperature, i};
   // Highest logit first; equal logits keep the lower id first so results are reproducible.
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);

@@ -51,7 +51,9 @@ std::string Tensor::describe() const {
                      device == Device::kHost ? "host" : "cuda");
 }
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+void Buffer::Free::operator()(void* p) const {
+  std::free(p);
+}
 
 Buffer::Buffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;

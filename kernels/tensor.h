@@ -41,7 +41,7 @@ struct Tensor {
   T* as() const {
     return static_cast<T*>(data);
   }
-  float* f32() const;  // checks dtype
+  float* f32() const;            // checks dtype
   std::string describe() const;  // "f32[4, 64]@host"
 };
 

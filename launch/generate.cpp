@@ -44,7 +44,8 @@ std::vector<std::string> read_prompt_file(const std::string& path) {
   return prompts;
 }
 
-nlohmann::ordered_json result_json(const std::string& prompt, const GenerationResult& r, const Tokenizer& tok) {
+nlohmann::ordered_json result_json(const std::string& prompt, const GenerationResult& r,
+                                   const Tokenizer& tok) {
   nlohmann::ordered_json j;  // fields in the documented order
   j["prompt"] = prompt;
   j["prompt_ids"] = r.prompt_ids;
@@ -54,7 +55,8 @@ nlohmann::ordered_json result_json(const std::string& prompt, const GenerationRe
   const std::string full = tok.decode(all);
   const std::string prompt_text = tok.decode(r.prompt_ids);
   j["text"] = full;
-  j["completion"] = full.rfind(prompt_text, 0) == 0 ? full.substr(prompt_text.size()) : tok.decode(r.output_ids);
+  j["completion"] =
+      full.rfind(prompt_text, 0) == 0 ? full.substr(prompt_text.size()) : tok.decode(r.output_ids);
   j["stop_reason"] = stop_reason_name(r.stop_reason);
   if (!r.error.empty()) j["error"] = r.error;
   return j;
@@ -108,13 +110,15 @@ Command add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text for prompts on one node");
   add_engine_options(*cmd, o->engine);
-  cmd->add_option("--prompt", o->prompts, "Prompt text (repeatable); token ids for models without a tokenizer");
+  cmd->add_option("--prompt", o->prompts,
+                  "Prompt text (repeatable); token ids for models without a tokenizer");
   cmd->add_option("--prompt-file", o->prompt_file, "File with one prompt per line");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")
       ->check(non_negative());
   cmd->add_option("--temperature", o->temperature, "0 = greedy")->check(non_negative());
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling threshold in (0, 1]");
-  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")->check(non_negative());
+  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")
+      ->check(non_negative());
   cmd->add_option("--seed", o->seed, "Sampling seed (prompt i uses seed + i)");
   cmd->add_option("--format", o->format, "Output format")->check(CLI::IsMember({"text", "json"}));
   return {cmd, [o] { return run_generate(*o); }};

@@ -11,7 +11,8 @@ namespace strata::cli {
 Command add_limits(CLI::App& app) {
   auto threads = std::make_shared<int>(0);
   auto gemm_n = std::make_shared<int>(2048);
-  CLI::App* cmd = app.add_subcommand("limits", "Measure memory bandwidth and BLAS GEMM FLOP/s (JSON)");
+  CLI::App* cmd =
+      app.add_subcommand("limits", "Measure memory bandwidth and BLAS GEMM FLOP/s (JSON)");
   cmd->add_option("--threads", *threads, "Threads (0: all cores)")->check(non_negative());
   cmd->add_option("--gemm-n", *gemm_n, "GEMM size n (n x n x n)")->check(positive());
   return {cmd, [threads, gemm_n] {

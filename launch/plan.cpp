@@ -27,13 +27,15 @@ struct PlanOptions {
 
 ModelShape plan_shape(const PlanOptions& o) {
   const DType dt = parse_dtype(o.dtype).value_or(DType::kF16);
-  ModelConfig c = is_dummy_model(o.model) ? dummy_model_config(o.model.substr(6), dt) : load_model_config(o.model);
+  ModelConfig c = is_dummy_model(o.model) ? dummy_model_config(o.model.substr(6), dt)
+                                          : load_model_config(o.model);
   c.dtype = dt;
   return c.shape();
 }
 
 HardwareSpec plan_hardware(const PlanOptions& o) {
-  HardwareSpec hw = o.hardware.empty() ? HardwareSpec::flexgen_t4() : HardwareSpec::load(o.hardware);
+  HardwareSpec hw =
+      o.hardware.empty() ? HardwareSpec::flexgen_t4() : HardwareSpec::load(o.hardware);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (o.gpu_mem_gib >= 0) hw.gpu_mem = o.gpu_mem_gib * kGiB;
   if (o.cpu_mem_gib >= 0) hw.cpu_mem = o.cpu_mem_gib * kGiB;
@@ -52,7 +54,8 @@ int run_plan(const PlanOptions& o) {
   if (!o.policy.empty()) {
     const CostEstimate cost = estimate_cost(shape, w, Policy::parse(o.policy), hw);
     const auto shortfalls = cost.memory_shortfalls(hw);
-    for (const auto& s : shortfalls) std::fprintf(stderr, "strata: policy does not fit: %s\n", s.c_str());
+    for (const auto& s : shortfalls)
+      std::fprintf(stderr, "strata: policy does not fit: %s\n", s.c_str());
     out = cost.to_json();
     text = cost.str();
     if (!shortfalls.empty()) {
@@ -70,7 +73,8 @@ int run_plan(const PlanOptions& o) {
   }
   out["model"] = o.model;
   out["hardware"] = hw.to_json();
-  std::printf("%s\n", o.format == "json" ? out.dump(2).c_str() : (shape.str() + "\n" + hw.str() + "\n" + text).c_str());
+  std::printf("%s\n", o.format == "json" ? out.dump(2).c_str()
+                                         : (shape.str() + "\n" + hw.str() + "\n" + text).c_str());
   return 0;
 }
 
@@ -78,16 +82,22 @@ int run_plan(const PlanOptions& o) {
 
 Command add_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
-  CLI::App* cmd = app.add_subcommand("plan", "Choose an offloading policy with FlexGen's cost model and LP search");
-  cmd->add_option("--model", o->model, "Model directory (its config.json) or dummy:NAME")->required();
-  cmd->add_option("--dtype", o->dtype, "Weight dtype the plan assumes")->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  cmd->add_option("--hardware", o->hardware, "HardwareSpec JSON (default: FlexGen's T4 machine, Table 1)");
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Choose an offloading policy with FlexGen's cost model and LP search");
+  cmd->add_option("--model", o->model, "Model directory (its config.json) or dummy:NAME")
+      ->required();
+  cmd->add_option("--dtype", o->dtype, "Weight dtype the plan assumes")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_option("--hardware", o->hardware,
+                  "HardwareSpec JSON (default: FlexGen's T4 machine, Table 1)");
   cmd->add_option("--gpu-mem", o->gpu_mem_gib, "GPU memory budget, GiB")->check(non_negative());
   cmd->add_option("--cpu-mem", o->cpu_mem_gib, "CPU memory budget, GiB")->check(non_negative());
   cmd->add_option("--disk-mem", o->disk_mem_gib, "Disk budget, GiB")->check(non_negative());
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens (s)")->check(positive());
   cmd->add_option("--gen-len", o->gen_len, "Generated tokens (n)")->check(positive());
-  cmd->add_option("--policy", o->policy, "Evaluate this policy instead of searching, e.g. gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0");
+  cmd->add_option(
+      "--policy", o->policy,
+      "Evaluate this policy instead of searching, e.g. gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0");
   cmd->add_flag("--compress-weight", o->compress_weight, "Search with 4-bit weights");
   cmd->add_flag("--compress-cache", o->compress_cache, "Search with a 4-bit KV cache");
   cmd->add_flag("!--no-cpu-attention", o->cpu_attention, "Search without CPU attention");

@@ -39,7 +39,8 @@ nlohmann::json measure_disk(const std::string& dir, int mib) {
   if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);
   constexpr size_t kChunk = size_t{64} << 20;  // layer-sized requests, as the disk tier issues
   const size_t total = align_up(static_cast<size_t>(mib) << 20, kChunk);
-  DirectFile f = DirectFile::create((fs::path(dir) / fmt::format("strata-profile-{}.bin", getpid())).string());
+  DirectFile f =
+      DirectFile::create((fs::path(dir) / fmt::format("strata-profile-{}.bin", getpid())).string());
   f.unlink_on_close();
   Buffer buf(kChunk + kDirectAlignment);
   auto* p = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(buf.data())));
@@ -51,7 +52,9 @@ nlohmann::json measure_disk(const std::string& dir, int mib) {
   t0 = std::chrono::steady_clock::now();
   for (size_t off = 0; off < total; off += kChunk) f.read(p, kChunk, off);
   const double read_s = seconds_since(t0);
-  return {{"dir", dir}, {"bytes", total}, {"o_direct", f.direct()},
+  return {{"dir", dir},
+          {"bytes", total},
+          {"o_direct", f.direct()},
           {"write_gbs", static_cast<double>(total) / write_s / 1e9},
           {"read_gbs", static_cast<double>(total) / read_s / 1e9}};
 }
@@ -105,7 +108,8 @@ int run_profile(const ProfileOptions& o) {
 
 Command add_profile(CLI::App& app) {
   auto o = std::make_shared<ProfileOptions>();
-  CLI::App* cmd = app.add_subcommand("profile", "Measure this node's disk, memory and compute rates (JSON)");
+  CLI::App* cmd =
+      app.add_subcommand("profile", "Measure this node's disk, memory and compute rates (JSON)");
   cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(non_negative());
   cmd->add_option("--disk-dir", o->disk_dir, "Directory on the disk the offloading tier will use");
   cmd->add_option("--disk-mib", o->disk_mib, "MiB written and read back")->check(positive());

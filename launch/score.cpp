@@ -44,7 +44,8 @@ int run_score(const ScoreOptions& o) {
       logits_file.write(reinterpret_cast<const char*>(logits.data()),
                         static_cast<std::streamsize>(logits.size() * sizeof(float)));
   }
-  if (logits_file.is_open() && !logits_file) fail(ErrorKind::kFailed, "writing '{}' failed", o.logits_out);
+  if (logits_file.is_open() && !logits_file)
+    fail(ErrorKind::kFailed, "writing '{}' failed", o.logits_out);
   return 0;
 }
 
@@ -55,10 +56,12 @@ Command add_score(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "score", "Teacher-forced log-likelihood of texts (one JSON object per text)");
   add_engine_options(*cmd, o->engine);
-  cmd->add_option("--prompt", o->texts, "Text to score (repeatable); ids for models without a tokenizer");
-  cmd->add_option("--logits-out", o->logits_out,
-                  "Also write every position's logits: raw little-endian f32, [tokens, vocab] per text, "
-                  "texts one after another");
+  cmd->add_option("--prompt", o->texts,
+                  "Text to score (repeatable); ids for models without a tokenizer");
+  cmd->add_option(
+      "--logits-out", o->logits_out,
+      "Also write every position's logits: raw little-endian f32, [tokens, vocab] per text, "
+      "texts one after another");
   return {cmd, [o] { return run_score(*o); }};
 }
 

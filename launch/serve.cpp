@@ -132,7 +132,8 @@ int run_serve(const ServeOptions& o) {
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) return serve_single(o);
   log::get("launch")->info("{}", session.str());
-  const int local_index = host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
+  const int local_index =
+      host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
   if (session.rank() != 0) return serve_worker(o, session, local_index);
   try {
     return serve_coordinator(o, session.world());

@@ -27,7 +27,9 @@ int64_t ModelShape::embedding_params() const {
   return vocab * hidden + (learned_positions ? (max_positions + 2) * hidden : 0);
 }
 
-int64_t ModelShape::head_params() const { return tied_head ? 0 : vocab * hidden; }
+int64_t ModelShape::head_params() const {
+  return tied_head ? 0 : vocab * hidden;
+}
 
 int64_t ModelShape::total_params() const {
   return n_layers * params_per_layer() + embedding_params() + head_params() +
@@ -48,7 +50,9 @@ double ModelShape::layer_flops_per_token(int64_t context) const {
   return matmul + attn;
 }
 
-double ModelShape::head_flops() const { return 2.0 * static_cast<double>(vocab * hidden); }
+double ModelShape::head_flops() const {
+  return 2.0 * static_cast<double>(vocab * hidden);
+}
 
 std::string ModelShape::str() const {
   return fmt::format(

@@ -17,11 +17,11 @@ struct ModelShape {
   int64_t head_dim = 0;
   int64_t vocab = 0;
   int64_t max_positions = 0;
-  bool gated_mlp = false;           // SwiGLU: gate + up + down; else fc1 + fc2
-  bool learned_positions = false;   // OPT: a [max_positions + 2, hidden] table
-  bool linear_bias = false;         // q/k/v/o and MLP projections carry a bias
-  bool norm_bias = false;           // LayerNorm (weight + bias) vs RMSNorm (weight)
-  bool tied_head = true;            // lm_head shares the token embedding
+  bool gated_mlp = false;          // SwiGLU: gate + up + down; else fc1 + fc2
+  bool learned_positions = false;  // OPT: a [max_positions + 2, hidden] table
+  bool linear_bias = false;        // q/k/v/o and MLP projections carry a bias
+  bool norm_bias = false;          // LayerNorm (weight + bias) vs RMSNorm (weight)
+  bool tied_head = true;           // lm_head shares the token embedding
   int64_t weight_bytes_per_elem = 4;
 
   // Parameter counts.

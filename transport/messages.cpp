@@ -181,12 +181,13 @@ std::string Heartbeat::str() const {
 }
 
 std::string StageStats::str() const {
-  return fmt::format("stats of rank {}: {} steps, {} rows, busy {:.3f} s, idle {:.3f} s of {:.3f} s",
-                     rank, steps, rows, busy_seconds, idle_seconds, window_seconds);
+  return fmt::format(
+      "stats of rank {}: {} steps, {} rows, busy {:.3f} s, idle {:.3f} s of {:.3f} s", rank, steps,
+      rows, busy_seconds, idle_seconds, window_seconds);
 }
 
 const char* message_name(const ControlMessage& message) {
-  static constexpr const char* kNames[] = {"plan",  "step",      "batch", "result", "finished",
+  static constexpr const char* kNames[] = {"plan",     "step",  "batch",     "result", "finished",
                                            "shutdown", "error", "heartbeat", "stats"};
   static_assert(std::size(kNames) == std::variant_size_v<ControlMessage>);
   return kNames[message.index()];

@@ -192,9 +192,9 @@ struct StageStats {
   bool operator==(const StageStats&) const = default;
 };
 
-using ControlMessage = std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult,
-                                    FinishedSequences, Shutdown, ErrorReport, Heartbeat,
-                                    StageStats>;
+using ControlMessage =
+    std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult, FinishedSequences, Shutdown,
+                 ErrorReport, Heartbeat, StageStats>;
 
 const char* message_name(const ControlMessage& message);  // "plan", "step", ...
 std::string str(const ControlMessage& message);

@@ -212,9 +212,10 @@ TensorLinks TensorLinks::create(const Communicator& comm, int local_device,
   for (int r : members) links.gpu_[static_cast<size_t>(r)] = 1;
   if (key != 0 && std::count(keys.begin(), keys.end(), key) > 1)
     log::get("transport")
-        ->warn("rank {} shares its GPU (cuda:{}) with another rank; NCCL needs one GPU per "
-               "rank, so its activations go over MPI",
-               links.rank_, local_device);
+        ->warn(
+            "rank {} shares its GPU (cuda:{}) with another rank; NCCL needs one GPU per "
+            "rank, so its activations go over MPI",
+            links.rank_, local_device);
   if (members.empty()) return links;
   // Every rank takes part in the broadcast of the unique id (a collective on comm); only
   // the GPU ranks use it.

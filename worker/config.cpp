@@ -18,7 +18,8 @@ int32_t get_int(const json& j, const char* key, const std::string& src, int64_t 
     return static_cast<int32_t>(fallback);
   }
   const json& v = j[key];
-  if (!v.is_number_integer()) fail_input("{}: field '{}' must be an integer, got {}", src, key, v.dump());
+  if (!v.is_number_integer())
+    fail_input("{}: field '{}' must be an integer, got {}", src, key, v.dump());
   const int64_t x = v.get<int64_t>();
   if (x < 0 || x > INT32_MAX) fail_input("{}: field '{}' = {} is out of range", src, key, x);
   return static_cast<int32_t>(x);
@@ -26,13 +27,15 @@ int32_t get_int(const json& j, const char* key, const std::string& src, int64_t 
 
 float get_float(const json& j, const char* key, const std::string& src, float fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number()) fail_input("{}: field '{}' must be a number, got {}", src, key, j[key].dump());
+  if (!j[key].is_number())
+    fail_input("{}: field '{}' must be a number, got {}", src, key, j[key].dump());
   return j[key].get<float>();
 }
 
 bool get_bool(const json& j, const char* key, const std::string& src, bool fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_boolean()) fail_input("{}: field '{}' must be true or false, got {}", src, key, j[key].dump());
+  if (!j[key].is_boolean())
+    fail_input("{}: field '{}' must be true or false, got {}", src, key, j[key].dump());
   return j[key].get<bool>();
 }
 
@@ -44,7 +47,8 @@ std::vector<int32_t> get_eos(const json& j, const std::string& src) {
     ids.push_back(v.get<int32_t>());
   } else if (v.is_array()) {
     for (const json& e : v) {
-      if (!e.is_number_integer()) fail_input("{}: eos_token_id entries must be integers, got {}", src, e.dump());
+      if (!e.is_number_integer())
+        fail_input("{}: eos_token_id entries must be integers, got {}", src, e.dump());
       ids.push_back(e.get<int32_t>());
     }
   } else {
@@ -61,9 +65,10 @@ ModelFamily detect_family(const json& j, const std::string& src) {
     arch = j["architectures"][0].get<std::string>();
   if (type == "llama" || arch == "LlamaForCausalLM") return ModelFamily::kLlama;
   if (type == "opt" || arch == "OPTForCausalLM") return ModelFamily::kOpt;
-  fail_input("{}: unsupported model (model_type '{}', architectures[0] '{}'); supported: llama "
-             "(LlamaForCausalLM), opt (OPTForCausalLM)",
-             src, type, arch);
+  fail_input(
+      "{}: unsupported model (model_type '{}', architectures[0] '{}'); supported: llama "
+      "(LlamaForCausalLM), opt (OPTForCausalLM)",
+      src, type, arch);
 }
 
 void parse_rope_scaling(const json& j, ModelConfig& c) {
@@ -73,7 +78,8 @@ void parse_rope_scaling(const json& j, ModelConfig& c) {
   std::string type = rs.value("rope_type", rs.value("type", ""));
   if (type == "default") return;
   if (type != "linear" && type != "llama3")
-    fail_input("{}: rope_scaling type '{}' is not supported (supported: linear, llama3)", c.source, type);
+    fail_input("{}: rope_scaling type '{}' is not supported (supported: linear, llama3)", c.source,
+               type);
   c.rope_scaling_type = type;
   c.rope_factor = get_float(rs, "factor", c.source, 1.0f);
   c.rope_low_freq_factor = get_float(rs, "low_freq_factor", c.source, 1.0f);
@@ -93,7 +99,8 @@ void parse_llama(const json& j, ModelConfig& c) {
   c.mlp_bias = get_bool(j, "mlp_bias", s, false);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", s, false);
   const std::string act = j.value("hidden_act", "silu");
-  if (act != "silu") fail_input("{}: hidden_act '{}' is not supported for llama (supported: silu)", s, act);
+  if (act != "silu")
+    fail_input("{}: hidden_act '{}' is not supported for llama (supported: silu)", s, act);
   parse_rope_scaling(j, c);
 }
 
@@ -113,7 +120,8 @@ void parse_opt(const json& j, ModelConfig& c) {
   if (!get_bool(j, "layer_norm_elementwise_affine", s, true))
     fail_input("{}: layer_norm_elementwise_affine = false is not supported", s);
   const std::string act = j.value("activation_function", "relu");
-  if (act != "relu") fail_input("{}: activation_function '{}' is not supported for opt (supported: relu)", s, act);
+  if (act != "relu")
+    fail_input("{}: activation_function '{}' is not supported for opt (supported: relu)", s, act);
 }
 
 }  // namespace
@@ -157,7 +165,8 @@ void ModelConfig::validate() const {
   positive("vocab_size", vocab);
   positive("max_position_embeddings", max_positions);
   if (hidden % n_heads != 0)
-    fail_input("{}: num_attention_heads {} does not divide hidden_size {}", source, n_heads, hidden);
+    fail_input("{}: num_attention_heads {} does not divide hidden_size {}", source, n_heads,
+               hidden);
   if (n_heads % n_kv_heads != 0)
     fail_input("{}: num_key_value_heads {} does not divide num_attention_heads {}", source,
                n_kv_heads, n_heads);
@@ -170,7 +179,8 @@ void ModelConfig::validate() const {
   if (is_opt() && word_embed_proj_dim <= 0)
     fail_input("{}: word_embed_proj_dim must be positive, got {}", source, word_embed_proj_dim);
   for (int32_t e : eos_token_ids)
-    if (e < 0 || e >= vocab) fail_input("{}: eos_token_id {} outside vocabulary of {}", source, e, vocab);
+    if (e < 0 || e >= vocab)
+      fail_input("{}: eos_token_id {} outside vocabulary of {}", source, e, vocab);
 }
 
 ModelShape ModelConfig::shape() const {

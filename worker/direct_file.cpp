@@ -44,9 +44,10 @@ DirectFile::~DirectFile() {
   fd_ = -1;
 }
 
-void DirectFile::check_aligned(const void* buf, size_t bytes, uint64_t offset, const char* op) const {
-  STRATA_CHECK(reinterpret_cast<uintptr_t>(buf) % kDirectAlignment == 0 && bytes % kDirectAlignment == 0 &&
-                   offset % kDirectAlignment == 0,
+void DirectFile::check_aligned(const void* buf, size_t bytes, uint64_t offset,
+                               const char* op) const {
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(buf) % kDirectAlignment == 0 &&
+                   bytes % kDirectAlignment == 0 && offset % kDirectAlignment == 0,
                "{} of {}: buffer {}, {} bytes at offset {} must be {}-byte aligned", op, path_, buf,
                bytes, offset, kDirectAlignment);
 }
@@ -59,25 +60,27 @@ void DirectFile::write(const void* buf, size_t bytes, uint64_t offset) const {
                                static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      fail(ErrorKind::kFailed, "write of {} bytes at offset {} to '{}' failed: {}", bytes, offset, path_,
-           n < 0 ? std::strerror(errno) : "no progress (disk full?)");
+      fail(ErrorKind::kFailed, "write of {} bytes at offset {} to '{}' failed: {}", bytes, offset,
+           path_, n < 0 ? std::strerror(errno) : "no progress (disk full?)");
     done += static_cast<size_t>(n);
   }
 }
 
 void DirectFile::sync() const {
-  if (::fdatasync(fd_) != 0) fail(ErrorKind::kFailed, "fdatasync of '{}' failed: {}", path_, std::strerror(errno));
+  if (::fdatasync(fd_) != 0)
+    fail(ErrorKind::kFailed, "fdatasync of '{}' failed: {}", path_, std::strerror(errno));
 }
 
 void DirectFile::read(void* buf, size_t bytes, uint64_t offset) const {
   check_aligned(buf, bytes, offset, "read");
   size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = ::pread(fd_, static_cast<char*>(buf) + done, bytes - done, static_cast<off_t>(offset + done));
+    const ssize_t n = ::pread(fd_, static_cast<char*>(buf) + done, bytes - done,
+                              static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      fail(ErrorKind::kFailed, "read of {} bytes at offset {} from '{}' failed: {}", bytes, offset, path_,
-           n < 0 ? std::strerror(errno) : "end of file");
+      fail(ErrorKind::kFailed, "read of {} bytes at offset {} from '{}' failed: {}", bytes, offset,
+           path_, n < 0 ? std::strerror(errno) : "end of file");
     done += static_cast<size_t>(n);
   }
 }

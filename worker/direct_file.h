@@ -12,7 +12,9 @@ namespace strata {
 
 constexpr size_t kDirectAlignment = 4096;
 
-inline size_t align_up(size_t n, size_t a = kDirectAlignment) { return (n + a - 1) / a * a; }
+inline size_t align_up(size_t n, size_t a = kDirectAlignment) {
+  return (n + a - 1) / a * a;
+}
 
 class DirectFile {
  public:

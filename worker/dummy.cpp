@@ -55,7 +55,9 @@ float unit(uint64_t key, int64_t i) {
 
 }  // namespace
 
-bool is_dummy_model(const std::string& spec) { return spec.rfind("dummy:", 0) == 0; }
+bool is_dummy_model(const std::string& spec) {
+  return spec.rfind("dummy:", 0) == 0;
+}
 
 std::vector<std::string> dummy_model_names() {
   std::vector<std::string> names;
@@ -111,11 +113,20 @@ void fill_dummy_tensor(uint64_t seed, const std::string& name, int64_t fan_in, c
   for (int64_t i = 0; i < n; ++i) {
     const float v = base + jitter * unit(key, i);
     switch (dt) {
-      case DType::kF32: out.as<float>()[i] = v; break;
-      case DType::kF16: out.as<uint16_t>()[i] = f32_to_f16(v); break;
-      case DType::kBF16: out.as<uint16_t>()[i] = f32_to_bf16(v); break;
-      case DType::kI32: out.as<int32_t>()[i] = 0; break;
-      case DType::kQ4: break;  // quantised from f32 by the loader, never generated
+      case DType::kF32:
+        out.as<float>()[i] = v;
+        break;
+      case DType::kF16:
+        out.as<uint16_t>()[i] = f32_to_f16(v);
+        break;
+      case DType::kBF16:
+        out.as<uint16_t>()[i] = f32_to_bf16(v);
+        break;
+      case DType::kI32:
+        out.as<int32_t>()[i] = 0;
+        break;
+      case DType::kQ4:
+        break;  // quantised from f32 by the loader, never generated
     }
   }
 }

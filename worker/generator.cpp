@@ -17,10 +17,14 @@ double now_s() {
 
 const char* stop_reason_name(StopReason r) {
   switch (r) {
-    case StopReason::kEos: return "eos";
-    case StopReason::kLength: return "length";
-    case StopReason::kContext: return "context";
-    case StopReason::kError: return "error";
+    case StopReason::kEos:
+      return "eos";
+    case StopReason::kLength:
+      return "length";
+    case StopReason::kContext:
+      return "context";
+    case StopReason::kError:
+      return "error";
   }
   return "?";
 }
@@ -38,8 +42,8 @@ std::string GenerationStats::json() const {
       R"({{"prefill_seconds": {:.6f}, "decode_seconds": {:.6f}, "prompt_tokens": {}, )"
       R"("generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "decode_tokens": {}, )"
       R"("generation_tokens_per_s": {:.3f}, "decode_tokens_per_s": {:.3f}, "kv_cache_bytes": {}}})",
-      prefill_seconds, decode_seconds, prompt_tokens, generated_tokens, prefill_steps,
-      decode_steps, decode_tokens, generation_throughput(), decode_throughput(), kv_cache_bytes);
+      prefill_seconds, decode_seconds, prompt_tokens, generated_tokens, prefill_steps, decode_steps,
+      decode_tokens, generation_throughput(), decode_throughput(), kv_cache_bytes);
 }
 
 struct Generator::Running {
@@ -65,12 +69,14 @@ std::string Generator::validate(const GenerationRequest& r, int32_t capacity) co
   for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
     const int32_t t = r.prompt_ids[i];
     if (t < 0 || t >= c.vocab)
-      return fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", t, i, c.vocab);
+      return fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", t, i,
+                         c.vocab);
   }
-  if (r.max_new_tokens < 0) return fmt::format("max_new_tokens must be >= 0, got {}", r.max_new_tokens);
+  if (r.max_new_tokens < 0)
+    return fmt::format("max_new_tokens must be >= 0, got {}", r.max_new_tokens);
   if (static_cast<int64_t>(r.prompt_ids.size()) > capacity)
-    return fmt::format("prompt of {} tokens exceeds the context of {} positions", r.prompt_ids.size(),
-                       capacity);
+    return fmt::format("prompt of {} tokens exceeds the context of {} positions",
+                       r.prompt_ids.size(), capacity);
   try {
     r.sampling.validate();
   } catch (const InputError& e) {
@@ -85,8 +91,8 @@ int32_t Generator::plan_capacity(const std::vector<GenerationRequest>& requests)
   int64_t need = 1;
   for (const GenerationRequest& r : requests) {
     // The last generated token is never fed back, so it needs no cache position.
-    need = std::max<int64_t>(need, static_cast<int64_t>(r.prompt_ids.size()) +
-                                       std::max(r.max_new_tokens - 1, 0));
+    need = std::max<int64_t>(
+        need, static_cast<int64_t>(r.prompt_ids.size()) + std::max(r.max_new_tokens - 1, 0));
   }
   return static_cast<int32_t>(std::min<int64_t>(need, model_max));
 }
@@ -113,7 +119,8 @@ std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest
     if (stats_out) *stats_out = stats;
     return results;
   }
-  const auto slots = static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(options_.max_batch), waiting.size()));
+  const auto slots = static_cast<int32_t>(
+      std::min<size_t>(static_cast<size_t>(options_.max_batch), waiting.size()));
   const std::unique_ptr<KvCache> owned_cache = model_.make_cache(slots, capacity);
   KvCache& cache = *owned_cache;
   stats.kv_cache_bytes = cache.bytes();
@@ -139,7 +146,8 @@ std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest
     }
     if (!running.empty()) decode(running, cache, stats);
   }
-  for (const GenerationResult& r : results) stats.generated_tokens += static_cast<int64_t>(r.output_ids.size());
+  for (const GenerationResult& r : results)
+    stats.generated_tokens += static_cast<int64_t>(r.output_ids.size());
   if (stats_out) *stats_out = stats;
   return results;
 }
@@ -159,7 +167,10 @@ void Generator::prefill(std::vector<Running*>& admitted, KvCache& cache, Generat
       const auto remaining = static_cast<int32_t>(prompt.size()) - r.n_past;
       const int32_t take = std::min(remaining, budget);
       const bool last_chunk = take == remaining;
-      batch_.add(r.slot, r.n_past, std::span(prompt).subspan(static_cast<size_t>(r.n_past), static_cast<size_t>(take)), last_chunk);
+      batch_.add(
+          r.slot, r.n_past,
+          std::span(prompt).subspan(static_cast<size_t>(r.n_past), static_cast<size_t>(take)),
+          last_chunk);
       r.n_past += take;
       budget -= take;
       if (last_chunk) {
@@ -170,7 +181,8 @@ void Generator::prefill(std::vector<Running*>& admitted, KvCache& cache, Generat
     model_.forward(batch_, cache, logits_.data());
     ++stats.prefill_steps;
     const auto vocab = static_cast<size_t>(model_.config().vocab);
-    for (size_t i = 0; i < in_step.size(); ++i) accept(*in_step[i], logits_.data() + i * vocab, cache);
+    for (size_t i = 0; i < in_step.size(); ++i)
+      accept(*in_step[i], logits_.data() + i * vocab, cache);
   }
   stats.prefill_seconds += now_s() - t0;
 }
@@ -187,7 +199,8 @@ void Generator::decode(std::vector<Running*>& running, KvCache& cache, Generatio
   ++stats.decode_steps;
   stats.decode_tokens += static_cast<int64_t>(running.size());
   const auto vocab = static_cast<size_t>(model_.config().vocab);
-  for (size_t i = 0; i < running.size(); ++i) accept(*running[i], logits_.data() + i * vocab, cache);
+  for (size_t i = 0; i < running.size(); ++i)
+    accept(*running[i], logits_.data() + i * vocab, cache);
   // Finished sequences leave at once; their slots are already free for the next admission.
   std::erase_if(running, [](const Running* r) { return r->slot < 0; });
   stats.decode_seconds += now_s() - t0;
@@ -199,8 +212,8 @@ void Generator::accept(Running& seq, const float* logits, KvCache& cache) {
   GenerationResult& res = *seq.result;
   const int32_t token = sampler_.sample(logits, c.vocab, req.sampling, seq.rng);
   res.output_ids.push_back(token);
-  const bool eos = !req.ignore_eos &&
-                   std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), token) != c.eos_token_ids.end();
+  const bool eos = !req.ignore_eos && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(),
+                                                token) != c.eos_token_ids.end();
   bool done = true;
   if (eos) {
     res.stop_reason = StopReason::kEos;

@@ -36,9 +36,9 @@ struct GenerationResult {
 };
 
 struct GeneratorOptions {
-  int32_t max_batch = 32;          // sequences decoding together (KV slots)
-  int32_t max_step_tokens = 512;   // rows of one prefill step (longer prompts are chunked)
-  int32_t max_context = 0;         // KV capacity per slot; 0: longest request, capped by the model
+  int32_t max_batch = 32;         // sequences decoding together (KV slots)
+  int32_t max_step_tokens = 512;  // rows of one prefill step (longer prompts are chunked)
+  int32_t max_context = 0;        // KV capacity per slot; 0: longest request, capped by the model
 };
 
 struct GenerationStats {

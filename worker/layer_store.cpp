@@ -16,12 +16,15 @@ namespace {
 
 // Every tensor member of LayerWeights, in a fixed order.
 constexpr Tensor LayerWeights::*kMembers[] = {
-    &LayerWeights::attn_norm, &LayerWeights::attn_norm_bias, &LayerWeights::q,
-    &LayerWeights::k,         &LayerWeights::v,              &LayerWeights::o,
-    &LayerWeights::q_bias,    &LayerWeights::k_bias,         &LayerWeights::v_bias,
-    &LayerWeights::o_bias,    &LayerWeights::mlp_norm,       &LayerWeights::mlp_norm_bias,
-    &LayerWeights::gate,      &LayerWeights::up,             &LayerWeights::down,
-    &LayerWeights::up_bias,   &LayerWeights::down_bias};
+    &LayerWeights::attn_norm, &LayerWeights::attn_norm_bias,
+    &LayerWeights::q,         &LayerWeights::k,
+    &LayerWeights::v,         &LayerWeights::o,
+    &LayerWeights::q_bias,    &LayerWeights::k_bias,
+    &LayerWeights::v_bias,    &LayerWeights::o_bias,
+    &LayerWeights::mlp_norm,  &LayerWeights::mlp_norm_bias,
+    &LayerWeights::gate,      &LayerWeights::up,
+    &LayerWeights::down,      &LayerWeights::up_bias,
+    &LayerWeights::down_bias};
 
 // How long compute waits for a layer before calling the disk dead.
 constexpr auto kReadDeadline = std::chrono::seconds(120);
@@ -61,8 +64,8 @@ LayerLayout LayerLayout::of(const LayerWeights& example) {
 void LayerLayout::pack(const LayerWeights& src, void* blob) const {
   for (const Field& f : fields_) {
     const Tensor& t = src.*(f.member);
-    STRATA_CHECK(t.shape == f.shape && t.dtype == f.dtype, "layer tensor {} does not match the layout",
-                 t.describe());
+    STRATA_CHECK(t.shape == f.shape && t.dtype == f.dtype,
+                 "layer tensor {} does not match the layout", t.describe());
     std::memcpy(static_cast<char*>(blob) + f.offset, t.data, t.bytes());
   }
 }
@@ -80,7 +83,10 @@ LayerWeights LayerLayout::bind(void* blob) const {
 
 LayerStreamer::LayerStreamer(DirectFile file, LayerLayout layout, std::vector<int32_t> disk_layers,
                              bool overlap)
-    : file_(std::move(file)), layout_(std::move(layout)), disk_layers_(std::move(disk_layers)), overlap_(overlap) {
+    : file_(std::move(file)),
+      layout_(std::move(layout)),
+      disk_layers_(std::move(disk_layers)),
+      overlap_(overlap) {
   STRATA_CHECK(!disk_layers_.empty(), "a layer streamer needs at least one disk layer");
   for (Slot& s : slots_) {
     s.storage = Buffer(layout_.bytes() + kDirectAlignment);
@@ -125,7 +131,9 @@ void LayerStreamer::request(Slot& slot, int32_t layer) {
 const LayerWeights& LayerStreamer::acquire(int32_t layer) {
   STRATA_CHECK(on_disk(layer), "layer {} is not on disk", layer);
   std::unique_lock lock(mu_);
-  Slot* slot = slots_[0].layer == layer ? &slots_[0] : slots_[1].layer == layer ? &slots_[1] : nullptr;
+  Slot* slot = slots_[0].layer == layer   ? &slots_[0]
+               : slots_[1].layer == layer ? &slots_[1]
+                                          : nullptr;
   if (slot == nullptr) {  // not prefetched (first use, or overlap off): read it now
     while (pending_ != nullptr) cv_.wait(lock);  // never two reads into flight
     slot = &slots_[1 - current_];
@@ -133,8 +141,8 @@ const LayerWeights& LayerStreamer::acquire(int32_t layer) {
   }
   const double t0 = now_s();
   if (!cv_.wait_for(lock, kReadDeadline, [&] { return slot->ready || !io_error_.empty(); }))
-    fail(ErrorKind::kFailed, "reading layer {} from '{}' did not finish within {} s", layer, file_.path(),
-         kReadDeadline.count());
+    fail(ErrorKind::kFailed, "reading layer {} from '{}' did not finish within {} s", layer,
+         file_.path(), kReadDeadline.count());
   if (!io_error_.empty()) fail(ErrorKind::kFailed, "{}", io_error_);
   stats_.wait_seconds += now_s() - t0;
   current_ = static_cast<size_t>(slot - slots_);
@@ -205,7 +213,8 @@ void LayerOffloader::operator()(int32_t layer, LayerWeights& w) {
   void* blob = aligned_in(staging_);
   std::memset(blob, 0, layout_.bytes());
   layout_.pack(w, blob);
-  file_.write(blob, layout_.bytes(), static_cast<uint64_t>(it - disk_layers_.begin()) * layout_.bytes());
+  file_.write(blob, layout_.bytes(),
+              static_cast<uint64_t>(it - disk_layers_.begin()) * layout_.bytes());
   release_layer(w);
 }
 
@@ -217,9 +226,10 @@ void release_layer(LayerWeights& w) {
 std::unique_ptr<LayerStreamer> LayerOffloader::finish(size_t n_layers, bool overlap) {
   if (disk_layers_.empty()) return nullptr;
   STRATA_CHECK(layout_.bytes() > 0, "no disk layer was written");
-  log::get("worker")->info("{} of {} layers on disk in {} ({:.1f} MiB each{})", disk_layers_.size(), n_layers,
-                           file_.path(), static_cast<double>(layout_.bytes()) / (1 << 20),
-                           file_.direct() ? ", O_DIRECT" : ", buffered: the filesystem refused O_DIRECT");
+  log::get("worker")->info(
+      "{} of {} layers on disk in {} ({:.1f} MiB each{})", disk_layers_.size(), n_layers,
+      file_.path(), static_cast<double>(layout_.bytes()) / (1 << 20),
+      file_.direct() ? ", O_DIRECT" : ", buffered: the filesystem refused O_DIRECT");
   staging_ = Buffer();
   return std::make_unique<LayerStreamer>(std::move(file_), layout_, disk_layers_, overlap);
 }
@@ -229,7 +239,8 @@ std::vector<int32_t> spread_disk_layers(int32_t n_layers, int32_t n_disk) {
   for (int32_t i = 0; i < n_layers; ++i) {
     // Layer i goes to disk when the running share crosses an integer: evenly spread, so
     // every disk read has resident layers' compute to hide behind.
-    if ((static_cast<int64_t>(i) + 1) * n_disk / n_layers > static_cast<int64_t>(i) * n_disk / n_layers)
+    if ((static_cast<int64_t>(i) + 1) * n_disk / n_layers >
+        static_cast<int64_t>(i) * n_disk / n_layers)
       out.push_back(i);
   }
   return out;

@@ -48,7 +48,8 @@ class LayerStreamer {
  public:
   // `disk_layers` (ascending) have been written to `file` at index * layout.bytes().
   // `overlap` false reads each layer only when it is needed (the ablation).
-  LayerStreamer(DirectFile file, LayerLayout layout, std::vector<int32_t> disk_layers, bool overlap);
+  LayerStreamer(DirectFile file, LayerLayout layout, std::vector<int32_t> disk_layers,
+                bool overlap);
   ~LayerStreamer();
   LayerStreamer(const LayerStreamer&) = delete;
   LayerStreamer& operator=(const LayerStreamer&) = delete;
@@ -68,7 +69,7 @@ class LayerStreamer {
     Buffer storage;
     void* blob = nullptr;
     LayerWeights view;
-    int32_t layer = -1;   // what the slot holds (or is loading)
+    int32_t layer = -1;  // what the slot holds (or is loading)
     bool ready = false;
   };
   void request(Slot& slot, int32_t layer);  // caller holds mu_

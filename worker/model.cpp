@@ -175,8 +175,8 @@ void Model::run_block(std::span<const StepBatch* const> block, std::span<const i
 void Model::block_input(const StepBatch& batch, int32_t first_row, const StepIo& io) {
   backend_.copy(tokens_.data(), batch.tokens.data(), batch.tokens.size() * sizeof(int32_t),
                 CopyKind::kHostToDevice);
-  backend_.copy(positions_.data(), batch.positions.data(),
-                batch.positions.size() * sizeof(int32_t), CopyKind::kHostToDevice);
+  backend_.copy(positions_.data(), batch.positions.data(), batch.positions.size() * sizeof(int32_t),
+                CopyKind::kHostToDevice);
   if (io.in == nullptr) {
     embed(batch, batch.rows());
     return;

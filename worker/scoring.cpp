@@ -7,16 +7,19 @@
 
 namespace strata {
 
-std::vector<float> teacher_forced_logits(Model& model, std::span<const int32_t> ids, int32_t chunk) {
+std::vector<float> teacher_forced_logits(Model& model, std::span<const int32_t> ids,
+                                         int32_t chunk) {
   const ModelConfig& c = model.config();
   if (ids.empty()) fail_input("cannot score an empty sequence");
   if (static_cast<int64_t>(ids.size()) > c.max_positions)
-    fail_input("sequence of {} tokens exceeds the model's {} positions", ids.size(), c.max_positions);
+    fail_input("sequence of {} tokens exceeds the model's {} positions", ids.size(),
+               c.max_positions);
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= c.vocab)
       fail_input("token {} at index {} is outside the vocabulary [0, {})", ids[i], i, c.vocab);
   const auto step = static_cast<size_t>(std::clamp(chunk, 1, model.max_rows()));
-  const std::unique_ptr<KvCache> owned_cache = model.make_cache(1, static_cast<int32_t>(ids.size()));
+  const std::unique_ptr<KvCache> owned_cache =
+      model.make_cache(1, static_cast<int32_t>(ids.size()));
   KvCache& cache = *owned_cache;
   std::vector<float> out(ids.size() * static_cast<size_t>(c.vocab));
   StepBatch batch;

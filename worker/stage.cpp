@@ -68,8 +68,7 @@ void PipelineStage::build_batch(const StepCommand& c) {
 }
 
 std::vector<SeqToken> PipelineStage::run(const StepCommand& c, std::span<const float> in,
-                                         std::span<float> out, bool in_device,
-                                         bool out_device) {
+                                         std::span<float> out, bool in_device, bool out_device) {
   build_batch(c);
   const size_t act = static_cast<size_t>(c.rows()) * static_cast<size_t>(hidden());
   STRATA_CHECK(first() || in.size() == act, "step {}: {} input floats for {} rows", c.step_id,

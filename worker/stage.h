@@ -21,8 +21,8 @@ namespace strata {
 
 // How a stage computes its share: the offloading engine's choices for its layers alone.
 struct StageOptions {
-  LoadOptions load;     // dummy dtype and seed, budgets, weight tiers; the plan sets the range
-  CacheOptions cache;   // where the stage's KV cache lives, who attends over it
+  LoadOptions load;    // dummy dtype and seed, budgets, weight tiers; the plan sets the range
+  CacheOptions cache;  // where the stage's KV cache lives, who attends over it
   int32_t gpu_batch_size = 0;  // block schedule: sequences per GPU batch (0: one GPU batch)
 };
 
@@ -54,8 +54,7 @@ class PipelineStage {
   // compute backend's memory (an NCCL link), not host memory. A command that does not fit
   // the plan (slot, positions, rows) is Error(kFailed) naming the step.
   std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in,
-                            std::span<float> out, bool in_device = false,
-                            bool out_device = false);
+                            std::span<float> out, bool in_device = false, bool out_device = false);
 
  private:
   void build_batch(const StepCommand& command);

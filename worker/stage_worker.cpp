@@ -2,9 +2,9 @@
 
 #include <csignal>
 #include <deque>
-#include <thread>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <variant>
 
 #include "kernels/error.h"
@@ -68,9 +68,9 @@ class StageWorker {
   std::unique_ptr<StepBuffers> buffers_;
   size_t buffer_floats_ = 0;
   int prev_ = -1, next_ = -1;
-  Transfer sends_[2];  // of buffers_->out, so destroyed (cancelled) first
+  Transfer sends_[2];      // of buffers_->out, so destroyed (cancelled) first
   ComputeThread compute_;  // uses stage_ and buffers_, so joined before they go
-  bool bound_ = false;  // the compute thread has bound itself to the backend
+  bool bound_ = false;     // the compute thread has bound itself to the backend
   int next_out_ = 0;
   uint64_t step_id_ = 0;
   StageStats stats_;
@@ -98,8 +98,9 @@ int StageWorker::run() {
 int StageWorker::settle_compute(int code) {
   if (!compute_.busy() || compute_.wait_for(std::chrono::duration<double>(options_.step_timeout_s)))
     return code;
-  log::get("worker")->error("rank {}: step {} still computing {} s after the stop; ending the process",
-                            world_.rank(), step_id_, options_.step_timeout_s);
+  log::get("worker")->error(
+      "rank {}: step {} still computing {} s after the stop; ending the process", world_.rank(),
+      step_id_, options_.step_timeout_s);
   for (Transfer& t : sends_) t = Transfer();
   compute_.abandon();
   (void)stage_.release();
@@ -133,8 +134,7 @@ void StageWorker::start(const ClusterPlan& plan) {
   if (index > 0) prev_ = plan.stages[index - 1].rank;
   if (index + 1 < plan.stages.size()) next_ = plan.stages[index + 1].rank;
   stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.stage);
-  buffer_floats_ =
-      static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
+  buffer_floats_ = static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
   const size_t bytes = buffer_floats_ * sizeof(float);
   auto buffer = [&](bool device) {
     return device ? DeviceBuffer(backend_, bytes) : DeviceBuffer::host(backend_, bytes);

@@ -17,8 +17,8 @@
 namespace strata {
 
 struct StageWorkerOptions {
-  StageOptions stage;  // how the stage computes its layers (the plan sets which)
-  int device = -1;     // the CUDA device `backend` computes on (NCCL links); -1: the host
+  StageOptions stage;           // how the stage computes its layers (the plan sets which)
+  int device = -1;              // the CUDA device `backend` computes on (NCCL links); -1: the host
   double plan_timeout_s = 120;  // waiting for the plan, and for the tensor links
   double idle_timeout_s = 60;   // silence from the coordinator before giving up
   // Waiting for one step's activations (or for a send), and for one step's compute.

@@ -27,7 +27,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelCo
   if (!fs::exists(model)) return t;
   t->sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = t->sp_->Load(model.string());
-  if (!status.ok()) fail_input("{}: cannot load sentencepiece model: {}", model.string(), status.ToString());
+  if (!status.ok())
+    fail_input("{}: cannot load sentencepiece model: {}", model.string(), status.ToString());
   if (t->sp_->GetPieceSize() > config.vocab)
     fail_input("{}: tokenizer has {} pieces but the model's vocab_size is {}", model.string(),
                t->sp_->GetPieceSize(), config.vocab);
@@ -36,7 +37,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelCo
     std::ifstream in(tc);
     const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) fail_input("{}: not valid JSON", tc.string());
-    if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) t->add_bos_ = j["add_bos_token"].get<bool>();
+    if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean())
+      t->add_bos_ = j["add_bos_token"].get<bool>();
   }
   if (t->bos_ < 0) t->bos_ = t->sp_->bos_id();
   return t;
@@ -63,8 +65,9 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
     int32_t v = 0;
     const auto [next, ec] = std::from_chars(p, end, v);
     if (ec != std::errc() || v < 0 || v >= vocab_)
-      fail_input("this model has no tokenizer, so prompts are token ids in [0, {}); cannot read '{}'",
-                 vocab_, std::string(p, static_cast<size_t>(std::min<ptrdiff_t>(end - p, 20))));
+      fail_input(
+          "this model has no tokenizer, so prompts are token ids in [0, {}); cannot read '{}'",
+          vocab_, std::string(p, static_cast<size_t>(std::min<ptrdiff_t>(end - p, 20))));
     ids.push_back(v);
     p = next;
   }

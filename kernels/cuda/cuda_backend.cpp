@@ -192,7 +192,9 @@ class CudaBackend final : public Backend {
   // ring; a ticket older than the ring waits on a newer event of the same in-order stream,
   // which is later, so still correct.
   void init_transfers();
-  cudaEvent_t ticket_event(TransferTicket t) const { return ticket_events_[t.id % kTicketRing].get(); }
+  cudaEvent_t ticket_event(TransferTicket t) const {
+    return ticket_events_[t.id % kTicketRing].get();
+  }
   static constexpr size_t kTicketRing = 16;
   StreamPtr transfer_stream_;
   EventPtr compute_mark_;  // where compute stood when a transfer was issued
@@ -434,12 +436,13 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
 
 const void* CudaBackend::dequantize_q4(const Tensor& w) {
   const int64_t n = w.shape.numel();
-  STRATA_CHECK(w.shape[1] % 64 == 0, "q4 weight {}: columns must be whole groups of 64", w.describe());
+  STRATA_CHECK(w.shape[1] % 64 == 0, "q4 weight {}: columns must be whole groups of 64",
+               w.describe());
   void* out = device_scratch(dequant_, dequant_bytes_, static_cast<size_t>(n) * 2);
   const auto* packed = static_cast<const unsigned char*>(w.data);
   const auto* mins = reinterpret_cast<const float*>(packed + n / 2);
-  STRATA_CUDA_CHECK(cuda_kernels::dequantize_q4_to_f16(packed, mins, mins + n / 64,
-                                                       static_cast<unsigned short*>(out), n, stream()));
+  STRATA_CUDA_CHECK(cuda_kernels::dequantize_q4_to_f16(
+      packed, mins, mins + n / 64, static_cast<unsigned short*>(out), n, stream()));
   return out;
 }
 

@@ -14,7 +14,8 @@ AcceleratorInfo probe_accelerators() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    info.reason = std::string("CUDA runtime: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    info.reason =
+        std::string("CUDA runtime: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
     cudaGetLastError();  // clear the sticky error so later calls start clean
     return info;
   }

@@ -357,8 +357,8 @@ __device__ void quantize_group_dev(const float* x, int n, unsigned char* codes, 
   }
 }
 
-__global__ void kv_store_q4_kernel(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
-                                   KvQ4Desc c) {
+__global__ void kv_store_q4_kernel(const float* k, const float* v, const RowDesc* rows,
+                                   int64_t n_rows, KvQ4Desc c) {
   const int gpr = c.head_dim / c.group;
   const int64_t total = n_rows * c.n_kv_heads * gpr;
   const Q4Ptrs kb = q4_ptrs(c.k, c), vb = q4_ptrs(c.v, c);
@@ -368,7 +368,8 @@ __global__ void kv_store_q4_kernel(const float* k, const float* v, const RowDesc
     const int h = static_cast<int>((t / gpr) % c.n_kv_heads);
     const RowDesc d = rows[t / gpr / c.n_kv_heads];
     const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
-    const int64_t src = d.row * width + static_cast<int64_t>(h) * c.head_dim + static_cast<int64_t>(j) * c.group;
+    const int64_t src =
+        d.row * width + static_cast<int64_t>(h) * c.head_dim + static_cast<int64_t>(j) * c.group;
     const int64_t row = (static_cast<int64_t>(d.slot) * c.n_kv_heads + h) * c.capacity + d.pos;
     const int64_t g = row * gpr + j;
     quantize_group_dev(k + src, c.group, kb.codes + g * c.group / 2, kb.mins + g, kb.scales + g);
@@ -395,22 +396,25 @@ KernelStatus kv_store_q4(const float* k, const float* v, const RowDesc* rows, in
                          const KvQ4Desc& cache, StreamHandle stream) {
   const int64_t total = n_rows * cache.n_kv_heads * (cache.head_dim / cache.group);
   if (total <= 0) return {};
-  kv_store_q4_kernel<<<elementwise_blocks(total), kThreads, 0, as_stream(stream)>>>(k, v, rows, n_rows, cache);
+  kv_store_q4_kernel<<<elementwise_blocks(total), kThreads, 0, as_stream(stream)>>>(k, v, rows,
+                                                                                    n_rows, cache);
   return last_status();
 }
 
 KernelStatus kv_dequantize(const KvQ4Desc& cache, float* k_out, float* v_out, StreamHandle stream) {
   const int64_t n = cache.rows * cache.head_dim;
   if (n <= 0) return {};
-  kv_dequantize_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(cache, k_out, v_out);
+  kv_dequantize_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(cache, k_out,
+                                                                                  v_out);
   return last_status();
 }
 
-KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins, const float* scales,
-                                  unsigned short* dst, int64_t n, StreamHandle stream) {
+KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins,
+                                  const float* scales, unsigned short* dst, int64_t n,
+                                  StreamHandle stream) {
   if (n <= 0) return {};
-  dequantize_q4_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(packed, mins, scales,
-                                                                                 dst, n);
+  dequantize_q4_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(packed, mins,
+                                                                                  scales, dst, n);
   return last_status();
 }
 

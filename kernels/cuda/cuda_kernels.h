@@ -37,8 +37,9 @@ KernelStatus f32_to_half(const float* src, void* dst, ElemType dst_type, int64_t
                          StreamHandle stream);
 // dst[i] = f16(code(i) * scales[i / 64] + mins[i / 64]) over a kQ4 matrix of n elements
 // (kernels/quant.h: codes two per byte, even index in the low nibble; groups of 64 along rows).
-KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins, const float* scales,
-                                  unsigned short* dst, int64_t n, StreamHandle stream);
+KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins,
+                                  const float* scales, unsigned short* dst, int64_t n,
+                                  StreamHandle stream);
 // y[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros.
 KernelStatus embedding(const int32_t* ids, int64_t n, const void* table, ElemType type,
                        int64_t vocab, int64_t h, float* y, StreamHandle stream);

@@ -28,7 +28,6 @@
 #include "kernels/error.h"
 #include "kernels/sampling.h"
 #include "kernels/tensor.h"
-
 #include "support/guarded.h"
 
 namespace strata {
@@ -260,7 +259,8 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(
     CpuBatch, LinearTest,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                       ::testing::Values(int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{16}, int64_t{17}),
+                       ::testing::Values(int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5},
+                                         int64_t{16}, int64_t{17}),
                        ::testing::Values(int64_t{37}, int64_t{300}),
                        ::testing::Values(int64_t{1}, int64_t{53}), ::testing::Bool()),
     [](const auto& tp) {

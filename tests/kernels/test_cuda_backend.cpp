@@ -29,7 +29,6 @@
 #include "kernels/dtype.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
-
 #include "support/guarded.h"
 
 namespace strata {
@@ -745,9 +744,9 @@ TEST_F(CudaTest, DISABLED_LinearThroughput) {
           "{\"bench\": \"cuda_linear\", \"device\": \"%s\", \"dtype\": \"%s\", \"m\": %lld, "
           "\"n\": %lld, \"k\": %lld, \"us_per_call\": %.2f, \"gb_per_s\": %.1f, "
           "\"tflop_per_s\": %.2f}\n",
-          gpu().name().c_str(), std::string(dtype_name(dtype)).c_str(),
-          static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-          sec * 1e6, bytes / sec / 1e9, flops / sec / 1e12);
+          gpu().name().c_str(), std::string(dtype_name(dtype)).c_str(), static_cast<long long>(m),
+          static_cast<long long>(n), static_cast<long long>(k), sec * 1e6, bytes / sec / 1e9,
+          flops / sec / 1e12);
       std::fflush(stdout);
     }
   }
@@ -763,19 +762,22 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     gpu().copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice);
     gpu().synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kIters; ++i) gpu().copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice);
+    for (int i = 0; i < kIters; ++i)
+      gpu().copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice);
     gpu().synchronize();
     const double sec =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
-    std::printf("{\"bench\": \"cuda_copy_d2d\", \"bytes\": %zu, \"gb_per_s_read_plus_write\": %.1f}\n",
-                bytes, 2.0 * static_cast<double>(bytes) / sec / 1e9);
+    std::printf(
+        "{\"bench\": \"cuda_copy_d2d\", \"bytes\": %zu, \"gb_per_s_read_plus_write\": %.1f}\n",
+        bytes, 2.0 * static_cast<double>(bytes) / sec / 1e9);
   }
   for (const int32_t ctx : {512, 2048}) {
     constexpr int32_t batch = 32, n_heads = 32, n_kv = 8, hd = 128;
     const KvLayerView shape{nullptr, nullptr, batch, ctx, n_kv, hd};
     const size_t cache_bytes = shape.slot_stride() * batch * sizeof(float);
     DeviceBuffer k(gpu(), cache_bytes), v(gpu(), cache_bytes);
-    DeviceBuffer q(gpu(), size_t{batch} * n_heads * hd * 4), out(gpu(), size_t{batch} * n_heads * hd * 4);
+    DeviceBuffer q(gpu(), size_t{batch} * n_heads * hd * 4),
+        out(gpu(), size_t{batch} * n_heads * hd * 4);
     KvLayerView view = shape;
     view.k = k.f32();
     view.v = v.f32();
@@ -792,7 +794,8 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     std::printf(
         "{\"bench\": \"cuda_attention_decode\", \"batch\": %d, \"ctx\": %d, \"n_heads\": %d, "
         "\"n_kv_heads\": %d, \"head_dim\": %d, \"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
-        batch, ctx, n_heads, n_kv, hd, sec * 1e6, 2.0 * static_cast<double>(cache_bytes) / sec / 1e9);
+        batch, ctx, n_heads, n_kv, hd, sec * 1e6,
+        2.0 * static_cast<double>(cache_bytes) / sec / 1e9);
     std::fflush(stdout);
   }
 }

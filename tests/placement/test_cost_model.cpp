@@ -12,8 +12,8 @@
 
 #include "kernels/error.h"
 #include "placement/cost_model.h"
-#include "support/opt_shapes.h"
 #include "placement/hardware.h"
+#include "support/opt_shapes.h"
 
 namespace strata {
 namespace {

@@ -15,7 +15,9 @@ namespace strata::testing {
 
 constexpr size_t kGuardBytes = 64;  // keeps the payload as aligned as the allocation
 
-inline uint8_t canary(size_t i) { return static_cast<uint8_t>(0xA5u + 37u * i); }
+inline uint8_t canary(size_t i) {
+  return static_cast<uint8_t>(0xA5u + 37u * i);
+}
 
 // n elements of T between two runs of canary bytes; payload 64-byte aligned.
 template <typename T>
@@ -57,7 +59,8 @@ class Guarded {
   Buffer buf_;
 };
 
-inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);

@@ -27,6 +27,8 @@ inline ModelShape opt_shape(int64_t hidden, int64_t ffn, int64_t layers, int64_t
 }
 
 // OPT-30B, FlexGen's ablation model: h1 7168, h2 28672, 48 layers, 56 heads.
-inline ModelShape opt_30b() { return opt_shape(7168, 28672, 48, 56); }
+inline ModelShape opt_30b() {
+  return opt_shape(7168, 28672, 48, 56);
+}
 
 }  // namespace strata::testing

@@ -26,7 +26,9 @@ struct StoriesReference {
   }
 };
 
-inline std::string stories_dir() { return STRATA_MODEL_DIR; }
+inline std::string stories_dir() {
+  return STRATA_MODEL_DIR;
+}
 
 inline std::vector<StoriesReference> load_stories_references() {
   const std::string ref_dir = stories_dir() + "/reference";
@@ -43,10 +45,12 @@ inline std::vector<StoriesReference> load_stories_references() {
     r.prompt_ids = j["prompt_ids"].get<std::vector<int32_t>>();
     r.output_ids = j["output_ids"].get<std::vector<int32_t>>();
     r.vocab = j["vocab_size"];
-    const size_t n = static_cast<size_t>(j["n_positions"].get<int>()) * static_cast<size_t>(r.vocab);
+    const size_t n =
+        static_cast<size_t>(j["n_positions"].get<int>()) * static_cast<size_t>(r.vocab);
     r.logits.resize(n);
     std::ifstream lf(ref_dir + "/" + j["logits_file"].get<std::string>(), std::ios::binary);
-    lf.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    lf.read(reinterpret_cast<char*>(r.logits.data()),
+            static_cast<std::streamsize>(n * sizeof(float)));
     if (!lf) r.logits.clear();
     out.push_back(std::move(r));
   }

@@ -46,30 +46,41 @@ class Q4CacheBackend final : public Backend {
   void deallocate(void* p) override { inner_.deallocate(p); }
   void copy(void* d, const void* s, size_t b, CopyKind k) override { inner_.copy(d, s, b, k); }
   void synchronize() override {}
-  void linear(const float* x, int64_t m, const Tensor& w, const float* b, float* y) override { inner_.linear(x, m, w, b, y); }
-  void embedding(const int32_t* ids, int64_t n, const Tensor& t, float* y) override { inner_.embedding(ids, n, t, y); }
-  void rms_norm(const float* x, int64_t m, int64_t h, const float* w, float eps, float* y) override {
+  void linear(const float* x, int64_t m, const Tensor& w, const float* b, float* y) override {
+    inner_.linear(x, m, w, b, y);
+  }
+  void embedding(const int32_t* ids, int64_t n, const Tensor& t, float* y) override {
+    inner_.embedding(ids, n, t, y);
+  }
+  void rms_norm(const float* x, int64_t m, int64_t h, const float* w, float eps,
+                float* y) override {
     inner_.rms_norm(x, m, h, w, eps, y);
   }
-  void layer_norm(const float* x, int64_t m, int64_t h, const float* w, const float* b, float eps, float* y) override {
+  void layer_norm(const float* x, int64_t m, int64_t h, const float* w, const float* b, float eps,
+                  float* y) override {
     inner_.layer_norm(x, m, h, w, b, eps, y);
   }
-  void rope(float* x, int64_t m, int32_t nh, int32_t hd, const int32_t* pos, const RopeTables& t) override {
+  void rope(float* x, int64_t m, int32_t nh, int32_t hd, const int32_t* pos,
+            const RopeTables& t) override {
     inner_.rope(x, m, nh, hd, pos, t);
   }
-  void silu_mul(const float* g, const float* u, float* o, int64_t n) override { inner_.silu_mul(g, u, o, n); }
+  void silu_mul(const float* g, const float* u, float* o, int64_t n) override {
+    inner_.silu_mul(g, u, o, n);
+  }
   void relu(float* x, int64_t n) override { inner_.relu(x, n); }
   void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
   void softmax(float* x, int64_t m, int64_t n) override { inner_.softmax(x, m, n); }
-  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& c, const AttentionDims& d,
-                 float* out) override {
+  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& c,
+                 const AttentionDims& d, float* out) override {
     inner_.attention(q, seqs, c, d, out);
   }
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs, const KvLayerView& c) override {
+  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                const KvLayerView& c) override {
     int64_t rows = 0;
     for (const SeqSlice& s : seqs) rows = std::max<int64_t>(rows, s.row_begin + s.n_new);
     const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
-    const QuantLayout layout{rows, width, std::min<int64_t>(width, kQuantGroupSize), QuantAxis::kAlongRow};
+    const QuantLayout layout{rows, width, std::min<int64_t>(width, kQuantGroupSize),
+                             QuantAxis::kAlongRow};
     std::vector<float> kq(static_cast<size_t>(rows * width)), vq(kq.size());
     dequantize_4bit(quantize_4bit(k, layout), kq.data());
     dequantize_4bit(quantize_4bit(v, layout), vq.data());
@@ -102,7 +113,8 @@ Accuracy measure(Model& model) {
       const float* ref = r.logits.data() + i * static_cast<size_t>(r.vocab);
       agree += argmax(got, r.vocab) == argmax(ref, r.vocab);
       ++count;
-      for (int32_t v = 0; v < r.vocab; ++v) a.max_logit_diff = std::max(a.max_logit_diff, double(std::fabs(got[v] - ref[v])));
+      for (int32_t v = 0; v < r.vocab; ++v)
+        a.max_logit_diff = std::max(a.max_logit_diff, double(std::fabs(got[v] - ref[v])));
     }
   }
   a.perplexity = std::exp(nll / static_cast<double>(count));
@@ -121,9 +133,10 @@ TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
   Model q4_model(compressed.config, std::move(compressed.weights), backend, 128);
   const Accuracy q4 = measure(q4_model);
 
-  std::printf("stories260K continuations: perplexity f32 %.4f, 4-bit weights %.4f; top-1 agreement %.4f; "
-              "max |logit diff| %.4f\n",
-              base.perplexity, q4.perplexity, q4.top1_agreement, q4.max_logit_diff);
+  std::printf(
+      "stories260K continuations: perplexity f32 %.4f, 4-bit weights %.4f; top-1 agreement %.4f; "
+      "max |logit diff| %.4f\n",
+      base.perplexity, q4.perplexity, q4.top1_agreement, q4.max_logit_diff);
   EXPECT_DOUBLE_EQ(base.top1_agreement, 1.0);  // the f32 model is the reference
 
   // Weights and cache both compressed.
@@ -132,8 +145,10 @@ TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
   round_trip_layer_matrices(both.weights);
   Model both_model(both.config, std::move(both.weights), q4_cache, 128);
   const Accuracy q4_both = measure(both_model);
-  std::printf("stories260K continuations: 4-bit weights and KV cache: perplexity %.4f; top-1 agreement %.4f\n",
-              q4_both.perplexity, q4_both.top1_agreement);
+  std::printf(
+      "stories260K continuations: 4-bit weights and KV cache: perplexity %.4f; top-1 agreement "
+      "%.4f\n",
+      q4_both.perplexity, q4_both.top1_agreement);
   EXPECT_GT(q4_both.top1_agreement, 0.5);
   EXPECT_NE(q4_both.perplexity, q4.perplexity) << "the cache round trip should change the model";
   EXPECT_GT(q4.max_logit_diff, 1e-3) << "the round trip should change the model";
@@ -158,7 +173,8 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
   LoadedModel packed = load_model(testing::stories_dir(), lo);
   int q4 = 0;
   for (const LayerWeights& L : packed.weights.layers)
-    for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) q4 += t->dtype == DType::kQ4;
+    for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      q4 += t->dtype == DType::kQ4;
   EXPECT_EQ(q4, 6 * packed.config.n_layers) << "all but the 172-column down projections";
   EXPECT_LT(packed.placement.layer_bytes, place_weights(packed.config, -1).layer_bytes);
   Model engine(packed.config, std::move(packed.weights), backend, 128);
@@ -188,8 +204,10 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
     }
   }
   const Accuracy acc = measure(engine);
-  std::printf("stories260K continuations, engine with compressed weights: perplexity %.4f, top-1 agreement %.4f\n",
-              acc.perplexity, acc.top1_agreement);
+  std::printf(
+      "stories260K continuations, engine with compressed weights: perplexity %.4f, top-1 agreement "
+      "%.4f\n",
+      acc.perplexity, acc.top1_agreement);
   EXPECT_GT(acc.top1_agreement, 0.8);
 
   // And the cache (groups of head_dim = 8 here: the row is shorter than 64).
@@ -197,9 +215,10 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
   cache.placement.compress = true;
   engine.set_cache_options(cache);
   const Accuracy both = measure(engine);
-  std::printf("stories260K continuations, engine with compressed weights and KV cache: perplexity %.4f, "
-              "top-1 agreement %.4f\n",
-              both.perplexity, both.top1_agreement);
+  std::printf(
+      "stories260K continuations, engine with compressed weights and KV cache: perplexity %.4f, "
+      "top-1 agreement %.4f\n",
+      both.perplexity, both.top1_agreement);
   EXPECT_GT(both.top1_agreement, 0.5);
 }
 

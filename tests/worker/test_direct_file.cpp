@@ -13,7 +13,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-char* aligned(Buffer& b) { return reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(b.data()))); }
+char* aligned(Buffer& b) {
+  return reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(b.data())));
+}
 
 fs::path scratch(const std::string& name) {
   fs::create_directories(STRATA_TEST_TMP);
@@ -55,7 +57,8 @@ TEST(DirectFile, ReadPastEndNamesFileAndOffset) {
     FAIL() << "read past the end must throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("short.bin"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(std::to_string(8 * kDirectAlignment)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(8 * kDirectAlignment)), std::string::npos)
+        << e.what();
   }
 }
 

@@ -60,7 +60,8 @@ StoriesRun run_stories(int64_t cpu_mem, bool overlap, int32_t expect_disk_layers
 TEST(LayerStore, EverySplitAndOverlapSettingGivesTheResidentOutput) {
   const StoriesRun resident = run_stories(-1, true, 0);
   const auto refs = testing::load_stories_references();
-  for (size_t i = 0; i < refs.size(); ++i) EXPECT_EQ(resident.outputs[i], refs[i].output_ids) << refs[i].name;
+  for (size_t i = 0; i < refs.size(); ++i)
+    EXPECT_EQ(resident.outputs[i], refs[i].output_ids) << refs[i].name;
   for (int32_t kept : {2, 1, 0}) {
     for (bool overlap : {true, false}) {
       const StoriesRun r = run_stories(budget_for(kept), overlap, 5 - kept);
@@ -104,8 +105,11 @@ TEST(LayerStore, LayoutPacksAndBindsEveryTensor) {
   Buffer blob(layout.bytes());
   layout.pack(src, blob.data());
   const LayerWeights back = layout.bind(blob.data());
-  for (auto pair : {std::pair{&src.q, &back.q}, {&src.k, &back.k}, {&src.down, &back.down},
-                    {&src.attn_norm, &back.attn_norm}, {&src.mlp_norm, &back.mlp_norm}}) {
+  for (auto pair : {std::pair{&src.q, &back.q},
+                    {&src.k, &back.k},
+                    {&src.down, &back.down},
+                    {&src.attn_norm, &back.attn_norm},
+                    {&src.mlp_norm, &back.mlp_norm}}) {
     ASSERT_EQ(pair.first->shape, pair.second->shape);
     EXPECT_EQ(0, std::memcmp(pair.first->data, pair.second->data, pair.first->bytes()));
   }

@@ -8,12 +8,12 @@
 
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
-#include "worker/model.h"
-#include "worker/scoring.h"
 #include "support/stories_reference.h"
 #include "worker/dummy.h"
 #include "worker/loader.h"
+#include "worker/model.h"
 #include "worker/safetensors.h"
+#include "worker/scoring.h"
 
 namespace strata {
 namespace {
@@ -32,7 +32,8 @@ struct ModelCopy {
   explicit ModelCopy(const std::string& name) : dir(fs::path(STRATA_TEST_TMP) / "loader" / name) {
     fs::remove_all(dir);
     fs::create_directories(dir);
-    fs::copy_file(fs::path(testing::stories_dir()) / "model.safetensors", dir / "model.safetensors");
+    fs::copy_file(fs::path(testing::stories_dir()) / "model.safetensors",
+                  dir / "model.safetensors");
     write_config(stories_config());
   }
   void write_config(const json& j) const { std::ofstream(dir / "config.json") << j.dump(2); }
@@ -40,7 +41,8 @@ struct ModelCopy {
   // reshaping through `edit`.
   template <typename Fn>
   void rewrite(Fn edit) const {
-    auto src = SafetensorsFile::open((fs::path(testing::stories_dir()) / "model.safetensors").string());
+    auto src =
+        SafetensorsFile::open((fs::path(testing::stories_dir()) / "model.safetensors").string());
     std::vector<TensorToWrite> out;
     std::vector<std::vector<float>> storage;
     storage.reserve(src->tensors().size());
@@ -78,20 +80,28 @@ TEST(Config, ParsesStoriesLlamaConfig) {
 }
 
 TEST(Config, LlamaDefaultsFollowHuggingFace) {
-  json j = {{"model_type", "llama"}, {"hidden_size", 32}, {"intermediate_size", 64},
-            {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},
+  json j = {{"model_type", "llama"},
+            {"hidden_size", 32},
+            {"intermediate_size", 64},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"vocab_size", 100},
             {"eos_token_id", json::array({2, 7})}};
   const ModelConfig c = parse_model_config(j, "cfg");
-  EXPECT_EQ(c.n_kv_heads, 4);          // defaults to num_attention_heads
-  EXPECT_EQ(c.head_dim, 8);            // hidden / heads
+  EXPECT_EQ(c.n_kv_heads, 4);           // defaults to num_attention_heads
+  EXPECT_EQ(c.head_dim, 8);             // hidden / heads
   EXPECT_FALSE(c.tie_word_embeddings);  // LlamaConfig default
   EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 7}));
 }
 
 TEST(Config, OptConventions) {
-  json j = {{"architectures", {"OPTForCausalLM"}}, {"hidden_size", 768}, {"ffn_dim", 3072},
-            {"num_hidden_layers", 12}, {"num_attention_heads", 12}, {"vocab_size", 50272},
+  json j = {{"architectures", {"OPTForCausalLM"}},
+            {"hidden_size", 768},
+            {"ffn_dim", 3072},
+            {"num_hidden_layers", 12},
+            {"num_attention_heads", 12},
+            {"vocab_size", 50272},
             {"max_position_embeddings", 2048}};
   const ModelConfig c = parse_model_config(j, "cfg");
   EXPECT_TRUE(c.is_opt());
@@ -123,14 +133,16 @@ TEST(Config, RejectsKvHeadsNotDividingHeads) {
 TEST(Config, RejectsMissingFieldUnknownArchitectureAndBadJson) {
   json j = stories_config();
   j.erase("hidden_size");
-  EXPECT_NE(error_of([&] { parse_model_config(j, "c.json"); }).find("'hidden_size'"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_model_config(j, "c.json"); }).find("'hidden_size'"),
+            std::string::npos);
   json k = stories_config();
   k["model_type"] = "gpt2";
   k["architectures"] = {"GPT2LMHeadModel"};
   EXPECT_NE(error_of([&] { parse_model_config(k, "c.json"); }).find("gpt2"), std::string::npos);
   ModelCopy copy("BadJson");
   std::ofstream(copy.dir / "config.json") << "{ not json";
-  EXPECT_NE(error_of([&] { load_model_config(copy.dir.string()); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_model_config(copy.dir.string()); }).find("not valid JSON"),
+            std::string::npos);
 }
 
 TEST(Loader, MissingModelDirectory) {
@@ -159,7 +171,8 @@ TEST(Loader, RejectsShapeThatDisagreesWithConfig) {
 
 TEST(Loader, RejectsMissingTensor) {
   ModelCopy copy("MissingTensor");
-  copy.rewrite([](TensorToWrite& w, auto&) { return w.name != "model.layers.3.self_attn.v_proj.weight"; });
+  copy.rewrite(
+      [](TensorToWrite& w, auto&) { return w.name != "model.layers.3.self_attn.v_proj.weight"; });
   const std::string msg = error_of([&] { load_model(copy.dir.string()); });
   EXPECT_NE(msg.find("model.layers.3.self_attn.v_proj.weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
@@ -172,7 +185,8 @@ TEST(Loader, UntiedHeadNeedsLmHead) {
   j["tie_word_embeddings"] = false;
   copy.write_config(j);
   copy.rewrite([](TensorToWrite& w, auto&) { return w.name != "lm_head.weight"; });
-  EXPECT_NE(error_of([&] { load_model(copy.dir.string()); }).find("lm_head.weight"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_model(copy.dir.string()); }).find("lm_head.weight"),
+            std::string::npos);
 }
 
 TEST(Loader, HalfPrecisionCheckpointLoadsAndStaysClose) {
@@ -198,7 +212,8 @@ TEST(Loader, HalfPrecisionCheckpointLoadsAndStaysClose) {
     Model model(m.config, std::move(m.weights), backend, 128);
     const std::vector<float> logits = teacher_forced_logits(model, seq, 128);
     float worst = 0;
-    for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::fabs(logits[i] - ref.logits[i]));
+    for (size_t i = 0; i < logits.size(); ++i)
+      worst = std::max(worst, std::fabs(logits[i] - ref.logits[i]));
     const float bound = dt == DType::kF16 ? 0.05f : 0.5f;  // 11 vs 8 significand bits
     EXPECT_LT(worst, bound) << dtype_name(dt);
     EXPECT_GT(worst, 0.0f) << "rounded weights should change the logits a little";
@@ -233,7 +248,8 @@ TEST(Dummy, WeightsAreDeterministicPerTensorAndSeed) {
   EXPECT_EQ(0, std::memcmp(a.view.data, b.view.data, a.view.bytes()));
   EXPECT_NE(0, std::memcmp(a.view.data, c.view.data, a.view.bytes()));
   // Values stay within the fan-in scale.
-  for (int64_t i = 0; i < a.view.shape.numel(); ++i) EXPECT_LE(std::fabs(a.view.as<float>()[i]), 1.0f / std::sqrt(32.0f));
+  for (int64_t i = 0; i < a.view.shape.numel(); ++i)
+    EXPECT_LE(std::fabs(a.view.as<float>()[i]), 1.0f / std::sqrt(32.0f));
 }
 
 TEST(Dummy, HugeShapeIsRefusedBeforeAllocating) {

@@ -13,8 +13,8 @@
 #include "kernels/cpu_backend.h"
 #include "worker/generator.h"
 #include "worker/loader.h"
-#include "worker/scoring.h"
 #include "worker/safetensors.h"
+#include "worker/scoring.h"
 
 namespace strata {
 namespace {
@@ -37,12 +37,20 @@ struct TinyOpt {
   std::string write(const std::string& test_name, const std::string& prefix = "model.") {
     const fs::path dir = fs::path(STRATA_TEST_TMP) / test_name;
     fs::create_directories(dir);
-    const nlohmann::json config = {
-        {"architectures", {"OPTForCausalLM"}}, {"model_type", "opt"}, {"hidden_size", hidden},
-        {"ffn_dim", ffn}, {"num_hidden_layers", layers}, {"num_attention_heads", heads},
-        {"vocab_size", vocab}, {"max_position_embeddings", max_pos}, {"do_layer_norm_before", true},
-        {"word_embed_proj_dim", hidden}, {"activation_function", "relu"}, {"bos_token_id", 2},
-        {"eos_token_id", 2}, {"torch_dtype", "float32"}};
+    const nlohmann::json config = {{"architectures", {"OPTForCausalLM"}},
+                                   {"model_type", "opt"},
+                                   {"hidden_size", hidden},
+                                   {"ffn_dim", ffn},
+                                   {"num_hidden_layers", layers},
+                                   {"num_attention_heads", heads},
+                                   {"vocab_size", vocab},
+                                   {"max_position_embeddings", max_pos},
+                                   {"do_layer_norm_before", true},
+                                   {"word_embed_proj_dim", hidden},
+                                   {"activation_function", "relu"},
+                                   {"bos_token_id", 2},
+                                   {"eos_token_id", 2},
+                                   {"torch_dtype", "float32"}};
     std::ofstream(dir / "config.json") << config.dump();
     std::vector<TensorToWrite> out;
     for (auto& [name, values] : tensors) {
@@ -67,15 +75,19 @@ TinyOpt random_opt(unsigned seed) {
   TinyOpt m{8, 2, 12, 11, 2, 16, {}, {}};
   std::mt19937 rng(seed);
   const int64_t h = m.hidden, f = m.ffn;
-  m.set("decoder.embed_tokens.weight", {m.vocab, h}, random_values(rng, static_cast<size_t>(m.vocab * h), 1.0f));
-  m.set("decoder.embed_positions.weight", {m.max_pos + 2, h}, random_values(rng, static_cast<size_t>((m.max_pos + 2) * h), 1.0f));
+  m.set("decoder.embed_tokens.weight", {m.vocab, h},
+        random_values(rng, static_cast<size_t>(m.vocab * h), 1.0f));
+  m.set("decoder.embed_positions.weight", {m.max_pos + 2, h},
+        random_values(rng, static_cast<size_t>((m.max_pos + 2) * h), 1.0f));
   m.set("decoder.final_layer_norm.weight", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
   m.set("decoder.final_layer_norm.bias", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "decoder.layers." + std::to_string(l) + ".";
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
-      m.set(p + "self_attn." + proj + ".weight", {h, h}, random_values(rng, static_cast<size_t>(h * h), 0.5f));
-      m.set(p + "self_attn." + proj + ".bias", {h}, random_values(rng, static_cast<size_t>(h), 0.2f));
+      m.set(p + "self_attn." + proj + ".weight", {h, h},
+            random_values(rng, static_cast<size_t>(h * h), 0.5f));
+      m.set(p + "self_attn." + proj + ".bias", {h},
+            random_values(rng, static_cast<size_t>(h), 0.2f));
     }
     for (const char* ln : {"self_attn_layer_norm", "final_layer_norm"}) {
       auto w = random_values(rng, static_cast<size_t>(h), 0.3f);
@@ -126,7 +138,8 @@ std::vector<Vec> reference_logits(TinyOpt& m, const std::vector<int32_t>& ids) {
     auto W = [&](const std::string& n) -> std::vector<float>& { return m.at(p + n); };
     std::vector<Vec> q, k, v;
     for (auto& xt : x) {
-      const Vec hn = layer_norm(xt, W("self_attn_layer_norm.weight"), W("self_attn_layer_norm.bias"));
+      const Vec hn =
+          layer_norm(xt, W("self_attn_layer_norm.weight"), W("self_attn_layer_norm.bias"));
       q.push_back(linear(hn, W("self_attn.q_proj.weight"), &W("self_attn.q_proj.bias"), h));
       k.push_back(linear(hn, W("self_attn.k_proj.weight"), &W("self_attn.k_proj.bias"), h));
       v.push_back(linear(hn, W("self_attn.v_proj.weight"), &W("self_attn.v_proj.bias"), h));
@@ -157,13 +170,16 @@ std::vector<Vec> reference_logits(TinyOpt& m, const std::vector<int32_t>& ids) {
   }
   std::vector<Vec> logits;
   for (auto& xt : x) {
-    const Vec y = layer_norm(xt, m.at("decoder.final_layer_norm.weight"), m.at("decoder.final_layer_norm.bias"));
-    logits.push_back(linear(y, m.at("decoder.embed_tokens.weight"), nullptr, static_cast<size_t>(m.vocab)));  // tied
+    const Vec y = layer_norm(xt, m.at("decoder.final_layer_norm.weight"),
+                             m.at("decoder.final_layer_norm.bias"));
+    logits.push_back(linear(y, m.at("decoder.embed_tokens.weight"), nullptr,
+                            static_cast<size_t>(m.vocab)));  // tied
   }
   return logits;
 }
 
-std::vector<float> strata_logits(const std::string& dir, const std::vector<int32_t>& ids, int32_t chunk) {
+std::vector<float> strata_logits(const std::string& dir, const std::vector<int32_t>& ids,
+                                 int32_t chunk) {
   CpuBackend backend(1);
   LoadedModel lm = load_model(dir);
   Model model(lm.config, std::move(lm.weights), backend, 64);
@@ -214,7 +230,8 @@ TEST(Opt, OneTokenByHand) {
   const double expected[3] = {y1, y0, y0 + y1};
 
   const auto got = strata_logits(dir, {1}, 1);
-  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], expected[i], 1e-5) << "logit " << i;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(got[static_cast<size_t>(i)], expected[i], 1e-5) << "logit " << i;
 }
 
 TEST(Opt, MatchesNaiveReferenceOverSeveralTokens) {
@@ -226,7 +243,8 @@ TEST(Opt, MatchesNaiveReferenceOverSeveralTokens) {
     const auto got = strata_logits(dir, ids, chunk);
     for (size_t t = 0; t < ids.size(); ++t)
       for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
-        EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5) << "t=" << t << " v=" << v << " chunk " << chunk;
+        EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5)
+            << "t=" << t << " v=" << v << " chunk " << chunk;
   }
 }
 

@@ -89,7 +89,8 @@ TEST_F(Stories260K, TeacherForcedLogitsWithinToleranceOnPrefillPath) {
     const auto seq = r.sequence();
     const auto got = teacher_forced(seq, static_cast<int32_t>(seq.size()));
     float worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - r.logits[i]));
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(got[i] - r.logits[i]));
     EXPECT_LT(worst, 1e-4f) << r.name;
   }
 }
@@ -100,7 +101,8 @@ TEST_F(Stories260K, TeacherForcedLogitsWithinToleranceOnDecodePath) {
     for (int32_t chunk : {1, 7}) {
       const auto got = teacher_forced(seq, chunk);
       float worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - r.logits[i]));
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::fabs(got[i] - r.logits[i]));
       EXPECT_LT(worst, 1e-4f) << r.name << " chunk " << chunk;
     }
   }
@@ -157,7 +159,8 @@ TEST_F(Stories260K, SampledGenerationIsReproducibleAndBatchIndependent) {
     EXPECT_EQ(b[i].output_ids, c[i].output_ids);
     const auto& greedy = (*refs_)[i].output_ids;
     const size_t n = std::min(a[i].output_ids.size(), greedy.size());
-    if (!std::equal(a[i].output_ids.begin(), a[i].output_ids.begin() + static_cast<std::ptrdiff_t>(n), greedy.begin()))
+    if (!std::equal(a[i].output_ids.begin(),
+                    a[i].output_ids.begin() + static_cast<std::ptrdiff_t>(n), greedy.begin()))
       any_differs_from_greedy = true;
   }
   EXPECT_TRUE(any_differs_from_greedy) << "sampling at temperature 0.9 never left the greedy path";
@@ -181,7 +184,8 @@ TEST_F(Stories260K, BadRequestsGetErrorsAndOthersStillRun) {
   Generator gen(*model_, GeneratorOptions{4, 512, 0});
   const auto res = gen.run(reqs);
   EXPECT_EQ(res[0].stop_reason, StopReason::kLength);
-  EXPECT_EQ(res[0].output_ids, std::vector<int32_t>((*refs_)[0].output_ids.begin(), (*refs_)[0].output_ids.begin() + 8));
+  EXPECT_EQ(res[0].output_ids, std::vector<int32_t>((*refs_)[0].output_ids.begin(),
+                                                    (*refs_)[0].output_ids.begin() + 8));
   EXPECT_EQ(res[1].stop_reason, StopReason::kError);
   EXPECT_NE(res[1].error.find("empty prompt"), std::string::npos) << res[1].error;
   EXPECT_EQ(res[2].stop_reason, StopReason::kError);
