@@ -134,7 +134,17 @@ int run_serve(const ServeOptions& o) {
   log::get("launch")->info("{}", session.str());
   const int local_index =
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
-  if (session.rank() != 0) return serve_worker(o, session, local_index);
+  if (session.rank() != 0) {
+    try {
+      return serve_worker(o, session, local_index);
+    } catch (const std::exception& e) {
+      // A worker that cannot start (no such device, a bad policy) would leave rank 0
+      // waiting for it in the plan's collectives: end the job now, with this message.
+      log::get("launch")->error("worker rank {} cannot start; ending the job", session.rank());
+      const int code = report_error(e);
+      session.abort(code);
+    }
+  }
   try {
     return serve_coordinator(o, session.world());
   } catch (const std::exception& e) {

@@ -167,6 +167,17 @@ JSON
     set -e
     [ "$rc" -ne 0 ] || fail "over-budget plan accepted"
     grep -q "does not fit: the stage on rank 1" "$tmp/out" || { cat "$tmp/out"; fail "no clear budget refusal"; }
+    # A worker that cannot start (no such GPU here, with or without a GPU on this machine)
+    # ends the job at once with its reason, rather than leaving rank 0 waiting for it.
+    start=$(date +%s)
+    set +e
+    cluster 3 --model "$stories" --device cuda:99 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -ne 0 ] || fail "--device cuda:99 accepted"
+    grep -q "device cuda:99: no" "$tmp/out" || { cat "$tmp/out"; fail "no clear device refusal"; }
+    [ $(($(date +%s) - start)) -le 20 ] || fail "device refusal took too long"
     echo "refusals clear"
     ;;
   *)
