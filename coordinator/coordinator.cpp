@@ -58,6 +58,8 @@ class Coordinator {
   ClusterStats run();
 
  private:
+  ClusterStats run_plan();
+  void fail_unfinished(const std::string& why);
   void take_initial_requests();
   void take_requests(std::vector<IncomingRequest> batch);
   std::string validate(const GenerationRequest& r) const;
@@ -97,6 +99,36 @@ class Coordinator {
 };
 
 ClusterStats Coordinator::run() {
+  try {
+    return run_plan();
+  } catch (const std::exception& e) {
+    fail_unfinished(e.what());
+    throw;
+  }
+}
+
+// The cluster failed: every request taken from the source and not finished gets an error
+// result saying why, with the tokens it had, so none is lost without a word.
+void Coordinator::fail_unfinished(const std::string& why) {
+  const std::string error = "not completed: the cluster failed: " + why;
+  try {
+    for (const IncomingRequest& r : initial_) {
+      ++stats_.errors;
+      sink_.write(GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError,
+                                   r.error.empty() ? error : r.error});
+    }
+    initial_.clear();
+    if (scheduler_ == nullptr) return;
+    for (FinishedRequest& f : scheduler_->drain(error)) {
+      ++stats_.errors;
+      sink_.write(f.result);
+    }
+  } catch (const std::exception& again) {
+    log::get("coordinator")->error("writing the unfinished requests' results: {}", again.what());
+  }
+}
+
+ClusterStats Coordinator::run_plan() {
   auto log = log::get("coordinator");
   take_initial_requests();
   PlanOptions po{options_.model_spec,
@@ -114,6 +146,7 @@ ClusterStats Coordinator::run() {
   start_workers();
   wait_ready();
   take_requests(std::move(initial_));
+  initial_.clear();
   serve();
   stats_.seconds = since(started_);
   shutdown_workers(world_, "all requests done", options_.step_timeout_s);

@@ -160,4 +160,24 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
   return finished;
 }
 
+std::vector<FinishedRequest> RraScheduler::drain(const std::string& error) {
+  std::vector<uint64_t> ids;
+  ids.reserve(seqs_.size());
+  for (const auto& [id, seq] : seqs_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());  // sequence ids follow submission order
+  std::vector<FinishedRequest> out;
+  for (uint64_t id : ids) {
+    GenerationResult& r = seqs_.at(id).result;
+    r.stop_reason = StopReason::kError;
+    r.error = error;
+    out.push_back(FinishedRequest{id, std::move(r)});
+  }
+  seqs_.clear();
+  waiting_.clear();
+  const uint64_t next_step = next_step_id_;
+  *this = RraScheduler(SchedulerOptions(options_));  // every slot free, no step in flight
+  next_step_id_ = next_step;
+  return out;
+}
+
 }  // namespace strata

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +55,11 @@ class RraScheduler {
   std::optional<ScheduledStep> next_step(int32_t m);
   // Takes the tokens of an in-flight step; returns the requests it finished.
   std::vector<FinishedRequest> apply(const StepResult& result);
+
+  // Ends every request still waiting or running (the cluster failed): each comes back as
+  // an error result carrying `error` and the tokens it had, in submission order, and the
+  // scheduler is idle afterwards.
+  std::vector<FinishedRequest> drain(const std::string& error);
 
   bool in_flight(int32_t m) const { return batches_[static_cast<size_t>(m)].step.has_value(); }
   bool idle() const;  // nothing waiting, running or in flight

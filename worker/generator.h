@@ -32,7 +32,7 @@ struct GenerationResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;
   StopReason stop_reason = StopReason::kLength;
-  std::string error;  // set when stop_reason == kError: the request was refused, nothing ran
+  std::string error;  // set when stop_reason == kError: why it was refused or did not finish
 };
 
 struct GeneratorOptions {

@@ -121,5 +121,31 @@ TEST(RraScheduler, RefusesOptionsThatCannotWork) {
   EXPECT_THROW(RraScheduler(options(1, 0, 2)), InputError);
 }
 
+TEST(RraScheduler, DrainEndsEveryUnfinishedRequestWithItsTokens) {
+  RraScheduler s(options(2, 4, 2));
+  s.submit(req("a", 3, 10), 0);
+  s.submit(req("b", 2, 10), 1);
+  s.submit(req("c", 2, 10), 2);  // no free slot: still waiting when the cluster fails
+  auto p0 = s.next_step(0);
+  auto p1 = s.next_step(1);
+  ASSERT_TRUE(p0 && p1);
+  s.apply(answer(*p0));  // a has one token; b's step is still in flight
+  const std::vector<FinishedRequest> out = s.drain("worker rank 2 is dead");
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].result.id, "a");
+  EXPECT_EQ(out[0].result.output_ids, std::vector<int32_t>{7});
+  EXPECT_EQ(out[1].result.id, "b");
+  EXPECT_TRUE(out[1].result.output_ids.empty());
+  EXPECT_EQ(out[2].result.id, "c");
+  for (const FinishedRequest& f : out) {
+    EXPECT_EQ(f.result.stop_reason, StopReason::kError) << f.result.id;
+    EXPECT_EQ(f.result.error, "worker rank 2 is dead") << f.result.id;
+  }
+  EXPECT_TRUE(s.idle());
+  EXPECT_FALSE(s.in_flight(0));
+  EXPECT_FALSE(s.in_flight(1));
+  EXPECT_TRUE(s.drain("again").empty());
+}
+
 }  // namespace
 }  // namespace strata

@@ -135,7 +135,13 @@ case $case_name in
     [ "$rc" -ne 0 ] || fail "exit status 0 after rank $rank died"
     grep -q "worker rank $rank .*dead or hung" "$tmp/out" || { cat "$tmp/out"; fail "rank $rank not named"; }
     [ "$took" -le 20 ] || fail "took $took s"
-    echo "rank $rank named, exit $rc after $took s"
+    # Nothing is lost: every request line has a result, the unfinished ones an error that
+    # says why (with the tokens they had).
+    lines=$(wc -l <"$tmp/req.jsonl")
+    [ "$(wc -l <"$tmp/r.jsonl")" -eq "$lines" ] || { cat "$tmp/r.jsonl"; fail "not one result per request"; }
+    jq -se --arg r "worker rank $rank" '[.[] | select(.stop_reason == "error" and (.error | contains($r)))]
+        | length > 0' "$tmp/r.jsonl" >/dev/null || { cat "$tmp/r.jsonl"; fail "no unfinished request names rank $rank"; }
+    echo "rank $rank named, exit $rc after $took s, $lines results"
     ;;
   slow)
     np=$1
