@@ -114,7 +114,10 @@ void Coordinator::fail_unfinished(const std::string& why) {
   try {
     for (const IncomingRequest& r : initial_) {
       ++stats_.errors;
-      sink_.write(GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError,
+      sink_.write(GenerationResult{r.request.id,
+                                   r.request.prompt_ids,
+                                   {},
+                                   StopReason::kError,
                                    r.error.empty() ? error : r.error});
     }
     initial_.clear();
