@@ -10,9 +10,17 @@
 
 namespace strata::cli {
 
+namespace {
+
+// Whether a policy names the block schedule; otherwise --max-batch is one GPU batch.
+bool names_block(const std::string& policy) {
+  return policy.find("gbs=") != std::string::npos || policy.find("ngb=") != std::string::npos;
+}
+
+}  // namespace
+
 int policy_block_size(const std::string& text) {
-  if (text.find("gbs=") == std::string::npos && text.find("ngb=") == std::string::npos) return 0;
-  return static_cast<int>(Policy::parse(text).block_size());
+  return names_block(text) ? static_cast<int>(Policy::parse(text).block_size()) : 0;
 }
 
 namespace {
@@ -76,8 +84,8 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   out.overlap = p.overlap;
   // The block schedule only when the policy names it; otherwise --max-batch (or bench's
   // --batch) is one GPU batch.
-  if (policy_block_size(text) > 0) {
-    out.max_batch = policy_block_size(text);
+  if (names_block(text)) {
+    out.max_batch = static_cast<int>(p.block_size());
     out.gpu_batch_size = static_cast<int>(p.gpu_batch_size);
   }
   return out;
