@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
+#include "support/test_device.h"
 #include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
@@ -21,22 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string disk_dir() {
-  const fs::path d = fs::path(STRATA_TEST_TMP) / "layer_feeder";
-  fs::create_directories(d);
-  return d.string();
-}
-
-// The device under test, or nullptr (and the test skips) when there is none.
-std::unique_ptr<Backend> make_device() {
-#ifdef STRATA_TEST_CUDA
-  try {
-    return make_cuda_backend(0);
-  } catch (const Error&) {
-    return nullptr;
-  }
-#else
-  return std::make_unique<CpuBackend>(2);
-#endif
+  return testing::test_tmp_dir("layer_feeder");
 }
 
 struct FeedRun {
@@ -95,7 +81,7 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
 class LayerFeederTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    device_ = make_device();
+    device_ = testing::make_test_device();
     if (!device_) GTEST_SKIP() << "no CUDA device";
   }
   std::unique_ptr<Backend> device_;

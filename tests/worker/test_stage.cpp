@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
+#include "support/test_device.h"
 #include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/stage.h"
@@ -145,22 +146,7 @@ TEST(PipelineStage, OptDummyChainMatchesGenerator) {
 }
 
 std::string disk_dir() {
-  const auto d = std::filesystem::path(STRATA_TEST_TMP) / "stage";
-  std::filesystem::create_directories(d);
-  return d.string();
-}
-
-// The device under test, or nullptr (and the test skips) when there is none.
-std::unique_ptr<Backend> make_device() {
-#ifdef STRATA_TEST_CUDA
-  try {
-    return make_cuda_backend(0);
-  } catch (const Error&) {
-    return nullptr;
-  }
-#else
-  return std::make_unique<CpuBackend>(2);
-#endif
+  return testing::test_tmp_dir("stage");
 }
 
 // Each stage offloads its own share: weights wg% on the device, wc% in host memory, the
@@ -169,7 +155,7 @@ std::unique_ptr<Backend> make_device() {
 void expect_offloaded_chain_matches(const std::string& spec,
                                     std::vector<std::pair<int, int>> ranges, int wg, int wc,
                                     std::vector<GenerationRequest> reqs) {
-  std::unique_ptr<Backend> device = make_device();
+  std::unique_ptr<Backend> device = testing::make_test_device();
   if (!device) GTEST_SKIP() << "no CUDA device";
   CpuBackend host(2);
   const ModelConfig config = load_model(spec).config;
