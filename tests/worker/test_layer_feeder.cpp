@@ -5,10 +5,7 @@
 // `gpu` label, with the CUDA backend where a GPU is present.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "kernels/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
 #include "support/test_device.h"
@@ -18,8 +15,6 @@
 
 namespace strata {
 namespace {
-
-namespace fs = std::filesystem;
 
 std::string disk_dir() {
   return testing::test_tmp_dir("layer_feeder");

@@ -7,10 +7,7 @@
 // label, with the CUDA backend.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "kernels/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
 #include "support/test_device.h"
