@@ -134,25 +134,17 @@ int run_serve(const ServeOptions& o) {
   log::get("launch")->info("{}", session.str());
   const int local_index =
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
-  if (session.rank() != 0) {
-    try {
-      return serve_worker(o, session, local_index);
-    } catch (const std::exception& e) {
-      // A worker that cannot start (no such device, a bad policy) would leave rank 0
-      // waiting for it in the plan's collectives: end the job now, with this message.
-      log::get("launch")->error("worker rank {} cannot start; ending the job", session.rank());
-      const int code = report_error(e);
-      session.abort(code);
-    }
-  }
   try {
+    if (session.rank() != 0) return serve_worker(o, session, local_index);
     return serve_coordinator(o, session.world());
   } catch (const std::exception& e) {
-    // The workers were told to stop; end the whole job with rank 0's status. Under
-    // `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun would otherwise exit 0,
-    // and after a lost rank MPI_Finalize would wait for it forever.
-    const int code = report_error(e);
-    session.abort(code);
+    // End the whole job with this rank's status and message. Rank 0 told the workers to
+    // stop; a worker that cannot start (no such device, a bad policy) would leave rank 0
+    // waiting in the plan's collectives. Under `--mca orte_abort_on_non_zero_status 0`
+    // (launch/*.sh) mpirun would otherwise exit 0, and after a lost rank MPI_Finalize would
+    // wait for it forever.
+    log::get("launch")->error("rank {} ends the job", session.rank());
+    session.abort(report_error(e));
   }
 }
 
@@ -185,7 +177,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--load-timeout", o->load_timeout, "Seconds for every stage to load its layers")
       ->check(positive());
   cmd->add_option("--step-timeout", o->step_timeout,
-                  "Seconds a stage waits for one step's activations")
+                  "Seconds a stage waits for one step's activations, and computes one step")
       ->check(positive());
   cmd->add_option("--debug-kill-rank", o->debug_kill_rank,
                   "Tests: this rank dies (SIGKILL) mid-run")
