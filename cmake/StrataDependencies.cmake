@@ -15,3 +15,6 @@ pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 # transport: MPI (Open MPI; the C API, used from C++) and Cap'n Proto for control messages.
 find_package(MPI REQUIRED COMPONENTS C CXX)
 find_package(CapnProto CONFIG REQUIRED)
+
+# transport: the Redis stream client (hiredis 0.14's synchronous API).
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)

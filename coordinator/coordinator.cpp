@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 #include "coordinator/planner.h"
 #include "coordinator/scheduler.h"
@@ -13,6 +15,7 @@
 #include "transport/peer_monitor.h"
 #include "transport/tensor_channel.h"
 #include "worker/dummy.h"
+#include "worker/request_rules.h"
 
 namespace strata {
 namespace {
@@ -29,6 +32,8 @@ FinishReason finish_reason(StopReason r) {
       return FinishReason::kContext;
     case StopReason::kError:
       return FinishReason::kError;
+    case StopReason::kStop:
+      return FinishReason::kStop;
   }
   return FinishReason::kError;
 }
@@ -59,11 +64,16 @@ class Coordinator {
 
  private:
   ClusterStats run_plan();
-  void fail_unfinished(const std::string& why);
-  void take_initial_requests();
-  void take_requests(std::vector<IncomingRequest> batch);
+  void size_run();
+  void end_unfinished(const std::string& why, bool failed);
+  void flush_results(double seconds);
+  void admit();
+  void take(IncomingRequest r);
+  void submit(const IncomingRequest& r);
   std::string validate(const GenerationRequest& r) const;
   void refuse(const GenerationRequest& r, const std::string& error);
+  bool stop_requested() const;
+  void begin_stop();
   void start_workers();
   void wait_ready();
   void serve();
@@ -84,7 +94,12 @@ class Coordinator {
   ResultSink& sink_;
   ControlChannel control_;
   std::vector<int> workers_;
-  std::vector<IncomingRequest> initial_;
+  // Valid requests taken from the source and not yet given to the scheduler: at most a
+  // batch's worth (the source holds the rest of the backlog).
+  std::deque<IncomingRequest> held_;
+  std::optional<uint64_t> isolated_;  // a redelivered request running alone
+  std::optional<Deadline> grace_;     // set when a stop signal came
+  std::unordered_set<std::string> ids_seen_;
   int32_t capacity_ = 0;
   int32_t max_rows_ = 0;
   ClusterPlan plan_;
@@ -102,38 +117,44 @@ ClusterStats Coordinator::run() {
   try {
     return run_plan();
   } catch (const std::exception& e) {
-    fail_unfinished(e.what());
+    end_unfinished(std::string("not completed: the cluster failed: ") + e.what(), true);
+    flush_results(std::min(options_.flush_timeout_s, 5.0));
     throw;
   }
 }
 
-// The cluster failed: every request taken from the source and not finished gets an error
-// result saying why, with the tokens it had, so none is lost without a word.
-void Coordinator::fail_unfinished(const std::string& why) {
-  const std::string error = "not completed: the cluster failed: " + why;
+// Every request taken from the source and not finished goes to the sink as unfinished,
+// with the tokens it had and why, so none is lost without a word. After a failure, those
+// that were running are suspects (one of them may be what failed the cluster).
+void Coordinator::end_unfinished(const std::string& why, bool failed) {
   try {
-    for (const IncomingRequest& r : initial_) {
-      ++stats_.errors;
-      sink_.write(GenerationResult{r.request.id,
-                                   r.request.prompt_ids,
-                                   {},
-                                   StopReason::kError,
-                                   r.error.empty() ? error : r.error});
+    for (const IncomingRequest& r : held_) {
+      ++stats_.unfinished;
+      sink_.unfinished(
+          GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
     }
-    initial_.clear();
+    held_.clear();
+    isolated_.reset();
     if (scheduler_ == nullptr) return;
-    for (FinishedRequest& f : scheduler_->drain(error)) {
-      ++stats_.errors;
-      sink_.write(f.result);
+    for (FinishedRequest& f : scheduler_->drain(why)) {
+      ++stats_.unfinished;
+      sink_.unfinished(f.result, failed && f.started);
     }
   } catch (const std::exception& again) {
-    log::get("coordinator")->error("writing the unfinished requests' results: {}", again.what());
+    log::get("coordinator")->error("handing over the unfinished requests: {}", again.what());
   }
+}
+
+void Coordinator::flush_results(double seconds) {
+  if (!sink_.flush(Deadline::after_seconds(seconds)))
+    log::get("coordinator")
+        ->error("results not all stored within {} s; their requests were not acknowledged",
+                seconds);
 }
 
 ClusterStats Coordinator::run_plan() {
   auto log = log::get("coordinator");
-  take_initial_requests();
+  size_run();
   PlanOptions po{options_.model_spec,
                  static_cast<int32_t>(workers_.size()),
                  options_.micro_batches,
@@ -143,37 +164,33 @@ ClusterStats Coordinator::run_plan() {
                  options_.stage_mem};
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
-                      options_.max_step_tokens, config_.eos_token_ids};
+                      options_.max_step_tokens, config_.eos_token_ids, &tokenizer_,       {}};
   scheduler_ = std::make_unique<RraScheduler>(so);
   log->info("plan: {}", plan_.str());
   start_workers();
   wait_ready();
-  take_requests(std::move(initial_));
-  initial_.clear();
   serve();
   stats_.seconds = since(started_);
-  shutdown_workers(world_, "all requests done", options_.step_timeout_s);
+  shutdown_workers(world_, grace_ ? "stopped" : "all requests done", options_.step_timeout_s);
   collect_stats();
+  if (!sink_.flush(Deadline::after_seconds(options_.flush_timeout_s)))
+    fail(ErrorKind::kDisconnected,
+         "results not all stored within {} s (--flush-timeout); their requests were not "
+         "acknowledged and will run again",
+         options_.flush_timeout_s);
   return stats_;
 }
 
-// The requests known at start fix the context (KV capacity) and the step buffers, as
-// the single-process generator sizes them.
-void Coordinator::take_initial_requests() {
-  initial_ = source_.poll(SIZE_MAX);
-  int64_t need = 1;
-  int32_t longest = 1;
-  for (IncomingRequest& r : initial_) {
-    tokenize(r, tokenizer_);
-    if (!r.error.empty()) continue;
-    const auto n = static_cast<int32_t>(r.request.prompt_ids.size());
-    longest = std::max(longest, n);
-    need = std::max<int64_t>(need, int64_t{n} + std::max(r.request.max_new_tokens - 1, 0));
-  }
+// The run's context and step buffers come from the configuration, never from the first
+// requests seen: a queue may start empty and fill later.
+void Coordinator::size_run() {
   const int32_t model_max = config_.max_positions;
-  capacity_ = options_.max_context > 0 ? std::min(options_.max_context, model_max)
-                                       : static_cast<int32_t>(std::min<int64_t>(need, model_max));
-  max_rows_ = std::max({options_.max_step_tokens, options_.kv_slots, std::min(longest, capacity_)});
+  capacity_ = options_.max_context > 0 ? std::min(options_.max_context, model_max) : model_max;
+  if (options_.max_context > model_max)
+    log::get("coordinator")
+        ->warn("--max-context {} exceeds the model's {} positions; using {}", options_.max_context,
+               model_max, model_max);
+  max_rows_ = std::max(options_.max_step_tokens, options_.kv_slots);
   stats_.model = options_.model_spec;
   stats_.ranks = world_.size();
   stats_.micro_batches = options_.micro_batches;
@@ -181,19 +198,13 @@ void Coordinator::take_initial_requests() {
 }
 
 std::string Coordinator::validate(const GenerationRequest& r) const {
-  if (r.prompt_ids.empty()) return "empty prompt: at least one token id is needed";
-  for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
-    const int32_t t = r.prompt_ids[i];
-    if (t < 0 || t >= config_.vocab)
-      return fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", t, i,
-                         config_.vocab);
-  }
-  const auto n = static_cast<int64_t>(r.prompt_ids.size());
-  if (n > capacity_)
-    return fmt::format("prompt of {} tokens exceeds the context of {} positions", n, capacity_);
-  if (n > max_rows_)
-    return fmt::format("prompt of {} tokens exceeds the step buffers of {} rows", n, max_rows_);
-  return {};
+  std::string error = validate_request(r, config_.vocab, capacity_, &tokenizer_);
+  if (error.empty() && static_cast<int64_t>(r.prompt_ids.size()) > max_rows_)
+    error = fmt::format(
+        "prompt of {} tokens exceeds the {} rows of a prefill step (--max-step-tokens): the "
+        "cluster prefills a prompt in one step",
+        r.prompt_ids.size(), max_rows_);
+  return error;
 }
 
 void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
@@ -207,21 +218,89 @@ void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
   sink_.write(res);
 }
 
-void Coordinator::take_requests(std::vector<IncomingRequest> batch) {
-  for (IncomingRequest& r : batch) {
+bool Coordinator::stop_requested() const {
+  return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
+}
+
+// A stop signal: nothing more is admitted; what the source read and the coordinator holds
+// but has not started is unfinished at once; the running requests get the grace period.
+void Coordinator::begin_stop() {
+  stats_.stop_signal = options_.stop_signal->load();
+  const std::string why =
+      fmt::format("not started: the job was stopped (signal {})", stats_.stop_signal);
+  for (IncomingRequest& r : source_.stop()) {
     tokenize(r, tokenizer_);
     ++stats_.requests;
-    std::string error = r.error.empty() ? validate(r.request) : r.error;
-    if (!error.empty()) {
-      refuse(r.request, error);
-    } else if (r.request.max_new_tokens == 0) {
-      sink_.write(
-          GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}});
-    } else {
-      stats_.prompt_tokens += static_cast<int64_t>(r.request.prompt_ids.size());
-      scheduler_->submit(r.request, next_seq_++);
+    if (!r.error.empty()) {
+      refuse(r.request, r.error);
+      continue;
     }
+    ++stats_.unfinished;
+    sink_.unfinished(
+        GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
   }
+  for (const IncomingRequest& r : held_) {
+    ++stats_.unfinished;
+    sink_.unfinished(
+        GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
+  }
+  held_.clear();
+  grace_ = Deadline::after_seconds(options_.grace_period_s);
+  log::get("coordinator")
+      ->warn("signal {}: admitting nothing more; the requests running get {} s to finish",
+             stats_.stop_signal, options_.grace_period_s);
+}
+
+// Backpressure: only as many requests are taken from the source as can wait for the next
+// prefill (one batch); the source keeps the rest. A redelivered request (it was in flight
+// when an earlier run ended) runs alone, so that if it is what ends runs, it ends no
+// other request's run with it.
+void Coordinator::admit() {
+  if (!grace_) {
+    const auto window = static_cast<size_t>(options_.kv_slots);
+    const size_t have = scheduler_->waiting() + held_.size();
+    if (have < window)
+      for (IncomingRequest& r : source_.poll(window - have)) take(std::move(r));
+  }
+  while (!held_.empty() && !isolated_) {
+    const IncomingRequest& r = held_.front();
+    if (r.deliveries > 1) {
+      if (!scheduler_->idle()) return;
+      isolated_ = next_seq_;
+      log::get("coordinator")
+          ->warn(
+              "request {} was in flight when an earlier run ended ({} deliveries): it runs "
+              "alone",
+              r.request.id, r.deliveries);
+    }
+    submit(r);
+    held_.pop_front();
+  }
+}
+
+void Coordinator::take(IncomingRequest r) {
+  tokenize(r, tokenizer_);
+  ++stats_.requests;
+  if (!ids_seen_.insert(r.request.id).second) {
+    ++stats_.duplicate_ids;
+    log::get("coordinator")
+        ->warn("request id {} was seen before in this run ({})", r.request.id, r.where);
+  }
+  const std::string error = r.error.empty() ? validate(r.request) : r.error;
+  if (!error.empty()) return refuse(r.request, error);
+  if (r.request.max_new_tokens == 0) {
+    GenerationResult done{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}};
+    const double waited = std::max(0.0, wall_seconds() - r.arrival);
+    done.times = RequestTimes{waited, -1, waited};
+    sink_.write(done);
+    return;
+  }
+  held_.push_back(std::move(r));
+}
+
+void Coordinator::submit(const IncomingRequest& r) {
+  stats_.prompt_tokens += static_cast<int64_t>(r.request.prompt_ids.size());
+  scheduler_->submit(r.request, next_seq_++, r.arrival);
 }
 
 void Coordinator::start_workers() {
@@ -253,12 +332,20 @@ void Coordinator::wait_ready() {
 void Coordinator::serve() {
   Backoff backoff;
   while (true) {
-    if (!source_.exhausted()) take_requests(source_.poll(SIZE_MAX));
+    if (!grace_ && stop_requested()) begin_stop();
+    if (grace_ && grace_->expired()) {
+      end_unfinished(fmt::format("interrupted: the job was stopped (signal {}) and the grace "
+                                 "period of {} s ran out; the tokens so far are kept",
+                                 stats_.stop_signal, options_.grace_period_s),
+                     false);
+      return;
+    }
+    admit();
     for (int32_t m = 0; m < scheduler_->micro_batches(); ++m) {
       if (scheduler_->in_flight(m)) continue;
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
     }
-    if (scheduler_->idle() && source_.exhausted()) return;
+    if (scheduler_->idle() && held_.empty() && (grace_ || source_.exhausted())) return;
     if (std::optional<Received> r =
             control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
       on_message(*r);
@@ -302,6 +389,7 @@ void Coordinator::on_result(const StepResult& result) {
   if (done.empty()) return;
   FinishedSequences left;
   for (FinishedRequest& f : done) {
+    if (isolated_ == f.seq_id) isolated_.reset();
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
     left.seqs.push_back(FinishedSequence{f.seq_id, finish_reason(f.result.stop_reason)});
     sink_.write(f.result);
@@ -383,18 +471,19 @@ std::string ClusterStats::json() const {
   }
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "errors": {}, )"
+      R"("unfinished": {}, "duplicate_ids": {}, "stop_signal": {}, )"
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "stages": [{}]}})",
-      model, ranks, micro_batches, decode_iters, requests, errors, prompt_tokens, generated_tokens,
-      prefill_steps, decode_steps, seconds, tokens_per_second(), stages_json);
+      model, ranks, micro_batches, decode_iters, requests, errors, unfinished, duplicate_ids,
+      stop_signal, prompt_tokens, generated_tokens, prefill_steps, decode_steps, seconds,
+      tokens_per_second(), stages_json);
 }
 
 std::string ClusterStats::table() const {
   std::string out = fmt::format(
-      "{} ranks, {} micro-batches, N_D {}: {} requests ({} refused), {} tokens generated in {:.3f} "
-      "s = {:.1f} tok/s "
-      "({} prefill + {} decode steps)\n",
-      ranks, micro_batches, decode_iters, requests, errors, generated_tokens, seconds,
+      "{} ranks, {} micro-batches, N_D {}: {} requests ({} refused, {} unfinished), {} tokens "
+      "generated in {:.3f} s = {:.1f} tok/s ({} prefill + {} decode steps)\n",
+      ranks, micro_batches, decode_iters, requests, errors, unfinished, generated_tokens, seconds,
       tokens_per_second(), prefill_steps, decode_steps);
   out += "  rank  layers      steps   busy s   idle s  bubble\n";
   for (const StageReport& s : stages)

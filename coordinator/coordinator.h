@@ -5,6 +5,7 @@
 // that cannot run is refused (InputError) before any worker loads anything.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,13 +23,20 @@ struct CoordinatorOptions {
   int32_t micro_batches = 1;
   int32_t decode_iters = 8;
   int32_t kv_slots = 32;          // --max-batch: sequences in flight over all micro-batches
-  int32_t max_step_tokens = 512;  // prompt rows per prefill step
-  int32_t max_context = 0;        // KV positions per slot; 0: longest request, capped by the model
-  int64_t stage_mem = -1;         // bytes per stage (< 0: no limit)
+  int32_t max_step_tokens = 512;  // prompt rows per prefill step (a longer prompt is refused)
+  // KV positions per slot: the run's context, fixed before any request is seen (a queue
+  // may start empty); 0: the model's context.
+  int32_t max_context = 0;
+  int64_t stage_mem = -1;  // bytes per stage (< 0: no limit)
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
   double load_timeout_s = 300.0;      // plan to every stage loaded
   double step_timeout_s = 60.0;       // one control send
+  // Once *stop_signal is non-zero (SIGTERM, SIGINT): nothing more is admitted, requests in
+  // flight get this long to finish, then the rest end as unfinished.
+  const std::atomic<int>* stop_signal = nullptr;
+  double grace_period_s = 30.0;
+  double flush_timeout_s = 30.0;  // results handed to the sink, to be stored at the end
 };
 
 struct StageReport {
@@ -43,7 +51,10 @@ struct ClusterStats {
   int32_t micro_batches = 0;
   int32_t decode_iters = 0;
   int64_t requests = 0;
-  int64_t errors = 0;  // refused requests (malformed, invalid)
+  int64_t errors = 0;         // refused requests (malformed, invalid)
+  int64_t unfinished = 0;     // taken and not finished (stopped, or the cluster failed)
+  int64_t duplicate_ids = 0;  // requests whose id an earlier request of the run had
+  int stop_signal = 0;        // the signal that stopped the run, 0 if none
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t prefill_steps = 0;
@@ -60,7 +71,8 @@ struct ClusterStats {
 ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype);
 
 // Runs the whole job on rank 0 of `world` (every other rank runs run_stage_worker). On any
-// failure the workers are told to shut down before the error propagates.
+// failure the workers are told to shut down, every request taken from `source` and not
+// finished is handed to `sink.unfinished`, and the error propagates.
 ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options,
                              const ModelConfig& config, const Tokenizer& tokenizer,
                              RequestSource& source, ResultSink& sink);

@@ -1,60 +1,55 @@
 // Where requests come from and results go. The coordinator reads through these interfaces
-// only, so the Redis stream of the queue issue plugs in beside the JSONL files here.
-//
-// A request line (JSON object): {"id": "a" | 7, "prompt": "text" | "prompt_ids": [1, 2],
-// "max_new_tokens": 64, "temperature": 0, "top_k": 0, "top_p": 1, "seed": 0,
-// "ignore_eos": false}. A line that is not such an object (bad JSON, a wrong type, an
-// unknown field, both or neither of prompt / prompt_ids) becomes a request with `error`
-// set; it gets an error result and never reaches the workers.
+// only: a JSONL file here, the Redis stream in redis_queue.h. The request and result
+// format is request_format.h (docs/QUEUE.md).
 #pragma once
 
 #include <cstddef>
 #include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "coordinator/request_format.h"
+#include "transport/deadline.h"
 #include "worker/generator.h"
 #include "worker/tokenizer.h"
 
 namespace strata {
 
-struct IncomingRequest {
-  GenerationRequest request;          // prompt_ids empty when the prompt is text
-  std::optional<std::string> prompt;  // text to tokenize
-  std::string error;                  // non-empty: malformed, answered with an error result
-  std::string where;                  // "requests.jsonl:3", for messages
-};
-
 class RequestSource {
  public:
   virtual ~RequestSource() = default;
-  // Up to `max` requests that have arrived; never waits.
+  // Up to `max` requests that have arrived; never waits. Throws when the source has failed
+  // for good (a queue unreachable past its retry budget).
   virtual std::vector<IncomingRequest> poll(size_t max) = 0;
-  // True once no request will come any more (a file read to its end).
+  // True once no request will come any more: a file read to its end, a queue drained.
   virtual bool exhausted() const = 0;
+  // Hands out nothing more (the job was asked to stop); returns what the source had read
+  // and not handed out yet, for the caller to answer as unfinished.
+  virtual std::vector<IncomingRequest> stop() = 0;
 };
 
 class ResultSink {
  public:
   virtual ~ResultSink() = default;
-  // One finished request (or a refused one: stop_reason kError, error set). Written at once.
+  // One finished request (or a refused one: stop_reason kError, error set).
   virtual void write(const GenerationResult& result) = 0;
+  // A request this run takes and will not finish (stopped, or the cluster failed), with
+  // the tokens it had and why (`partial.error`). `suspect`: it was running when the
+  // cluster failed, so it may be what failed it. A file writes it as an error result; a
+  // queue keeps the request for a later run instead.
+  virtual void unfinished(const GenerationResult& partial, bool suspect) = 0;
+  // Waits until every result handed over is stored, up to the deadline; false if not.
+  virtual bool flush(const Deadline& deadline) = 0;
 };
-
-// Parses one request line; `where` names it in error messages. Never throws.
-IncomingRequest parse_request_line(const std::string& line, const std::string& where);
-
-// Fills prompt_ids from the prompt text; a prompt the tokenizer refuses sets `error`.
-void tokenize(IncomingRequest& r, const Tokenizer& tokenizer);
 
 // One request per line; blank lines are skipped. The whole file is read when opened (a
 // missing file is InputError); poll hands the requests out in file order.
 class JsonlRequestSource final : public RequestSource {
  public:
-  explicit JsonlRequestSource(const std::string& path);
+  explicit JsonlRequestSource(const std::string& path, const RequestLimits& limits = {});
   std::vector<IncomingRequest> poll(size_t max) override;
   bool exhausted() const override { return next_ >= requests_.size(); }
+  std::vector<IncomingRequest> stop() override;
   size_t size() const { return requests_.size(); }
 
  private:
@@ -62,8 +57,7 @@ class JsonlRequestSource final : public RequestSource {
   size_t next_ = 0;
 };
 
-// One JSON object per line, flushed per result: {"id", "prompt_ids", "output_ids", "text",
-// "completion", "stop_reason"[, "error"]} (text and completion decoded by `tokenizer`).
+// One JSON object per line (request_format.h's result_object), flushed per result.
 class JsonlResultSink final : public ResultSink {
  public:
   JsonlResultSink(const std::string& path, const Tokenizer& tokenizer);
@@ -71,6 +65,8 @@ class JsonlResultSink final : public ResultSink {
   JsonlResultSink(const JsonlResultSink&) = delete;
   JsonlResultSink& operator=(const JsonlResultSink&) = delete;
   void write(const GenerationResult& result) override;
+  void unfinished(const GenerationResult& partial, bool suspect) override;
+  bool flush(const Deadline&) override { return true; }  // every write is flushed
   size_t written() const { return written_; }
 
  private:
@@ -82,5 +78,8 @@ class JsonlResultSink final : public ResultSink {
 
 // The JSON line a result is written as (JsonlResultSink; tests).
 std::string result_line(const GenerationResult& result, const Tokenizer& tokenizer);
+
+// The system clock in seconds since 1970: request arrival and result times.
+double wall_seconds();
 
 }  // namespace strata

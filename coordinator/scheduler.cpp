@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "coordinator/intake.h"
 #include "kernels/error.h"
+#include "worker/request_rules.h"
 
 namespace strata {
 
@@ -19,13 +21,14 @@ void SchedulerOptions::validate() const {
 
 RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) {
   options_.validate();
+  if (!options_.clock) options_.clock = wall_seconds;
   batches_.resize(static_cast<size_t>(options_.micro_batches));
   // Slot s belongs to micro-batch s mod K; each hands out its lowest free slot first.
   for (int32_t s = options_.kv_slots - 1; s >= 0; --s)
     batches_[static_cast<size_t>(s % options_.micro_batches)].free_slots.push_back(s);
 }
 
-void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id) {
+void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id, double arrival) {
   STRATA_CHECK(!request.prompt_ids.empty() && request.max_new_tokens > 0 &&
                    static_cast<int32_t>(request.prompt_ids.size()) <= options_.kv_capacity,
                "request {}: {} prompt tokens, {} new, context {}", request.id,
@@ -35,6 +38,7 @@ void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id) {
   seq.request = request;
   seq.result.id = request.id;
   seq.result.prompt_ids = request.prompt_ids;
+  seq.arrival = arrival;
   seqs_.emplace(seq_id, std::move(seq));
   waiting_.push_back(seq_id);
 }
@@ -89,8 +93,10 @@ ScheduledStep RraScheduler::prefill_step(int32_t m, const std::vector<uint64_t>&
   MicroBatch& b = batches_[static_cast<size_t>(m)];
   ScheduledStep s;
   s.command = StepCommand{next_step_id_++, Phase::kPrefill, m, {}};
+  const double now = options_.clock();
   for (uint64_t id : admitted) {
     Seq& seq = seqs_.at(id);
+    seq.admitted = now;
     const auto n = static_cast<int32_t>(seq.request.prompt_ids.size());
     s.command.seqs.push_back(SeqStep{id, seq.slot, 0, n, seq.request.prompt_ids});
     s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
@@ -116,21 +122,19 @@ ScheduledStep RraScheduler::decode_step(int32_t m) {
   return s;
 }
 
-// The generator's rule (worker/generator.cpp), so both stop at the same token.
 bool RraScheduler::accept(Seq& seq, int32_t token) {
-  GenerationResult& res = seq.result;
-  res.output_ids.push_back(token);
-  const auto& eos = options_.eos_token_ids;
-  if (!seq.request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
-    res.stop_reason = StopReason::kEos;
-  } else if (static_cast<int32_t>(res.output_ids.size()) >= seq.request.max_new_tokens) {
-    res.stop_reason = StopReason::kLength;
-  } else if (seq.n_past >= options_.kv_capacity) {
-    res.stop_reason = StopReason::kContext;
-  } else {
-    return false;
-  }
-  return true;
+  seq.result.output_ids.push_back(token);
+  if (seq.first_token < 0) seq.first_token = options_.clock();
+  return finish_if_done(seq.request, options_.eos_token_ids, options_.tokenizer, seq.n_past,
+                        options_.kv_capacity, seq.result);
+}
+
+// Times count from the request's arrival; a clock behind the queue's (another host's)
+// would make them negative, so they are clamped at 0.
+void RraScheduler::stamp_times(Seq& seq) const {
+  const auto since = [&](double t) { return t < 0 ? -1.0 : std::max(0.0, t - seq.arrival); };
+  seq.result.times =
+      RequestTimes{since(seq.admitted), since(seq.first_token), since(options_.clock())};
 }
 
 std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
@@ -153,7 +157,8 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
     if (!accept(it->second, t.token)) continue;
     b.free_slots.push_back(it->second.slot);
     std::erase(b.running, t.seq_id);
-    finished.push_back(FinishedRequest{t.seq_id, std::move(it->second.result)});
+    stamp_times(it->second);
+    finished.push_back(FinishedRequest{t.seq_id, std::move(it->second.result), true});
     seqs_.erase(it);
   }
   std::sort(b.free_slots.rbegin(), b.free_slots.rend());  // lowest on top, as the KV cache does
@@ -167,10 +172,11 @@ std::vector<FinishedRequest> RraScheduler::drain(const std::string& error) {
   std::sort(ids.begin(), ids.end());  // sequence ids follow submission order
   std::vector<FinishedRequest> out;
   for (uint64_t id : ids) {
-    GenerationResult& r = seqs_.at(id).result;
-    r.stop_reason = StopReason::kError;
-    r.error = error;
-    out.push_back(FinishedRequest{id, std::move(r)});
+    Seq& seq = seqs_.at(id);
+    seq.result.stop_reason = StopReason::kError;
+    seq.result.error = error;
+    stamp_times(seq);
+    out.push_back(FinishedRequest{id, std::move(seq.result), seq.slot >= 0});
   }
   seqs_.clear();
   waiting_.clear();

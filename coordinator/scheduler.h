@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -19,6 +20,7 @@
 
 #include "transport/messages.h"
 #include "worker/generator.h"
+#include "worker/tokenizer.h"
 
 namespace strata {
 
@@ -30,6 +32,8 @@ struct SchedulerOptions {
   int32_t max_step_tokens =
       512;  // prompt rows one prefill step admits (one longer prompt goes alone)
   std::vector<int32_t> eos_token_ids;
+  const Tokenizer* tokenizer = nullptr;  // decodes completions for stop strings
+  std::function<double()> clock;         // seconds (request times); default: the system clock
 
   void validate() const;  // InputError naming the option
 };
@@ -42,14 +46,16 @@ struct ScheduledStep {
 struct FinishedRequest {
   uint64_t seq_id = 0;
   GenerationResult result;
+  bool started = false;  // it had been admitted into a prefill (drain: it was running)
 };
 
 class RraScheduler {
  public:
   explicit RraScheduler(const SchedulerOptions& options);
 
-  // Queues a valid request (prompt within the context, max_new_tokens > 0).
-  void submit(const GenerationRequest& request, uint64_t seq_id);
+  // Queues a valid request (prompt within the context, max_new_tokens > 0) that was queued
+  // at `arrival` (the clock's seconds): its result's times count from there.
+  void submit(const GenerationRequest& request, uint64_t seq_id, double arrival);
   // The next step of micro-batch `m` when it has none in flight, or nullopt when it has
   // nothing to run.
   std::optional<ScheduledStep> next_step(int32_t m);
@@ -74,6 +80,7 @@ class RraScheduler {
     int32_t slot = -1;
     int32_t n_past = 0;  // positions in the KV cache
     int32_t micro_batch = -1;
+    double arrival = 0, admitted = -1, first_token = -1;
   };
   struct MicroBatch {
     std::vector<int32_t> free_slots;  // ascending order of use
@@ -86,6 +93,7 @@ class RraScheduler {
   ScheduledStep prefill_step(int32_t m, const std::vector<uint64_t>& admitted);
   ScheduledStep decode_step(int32_t m);
   bool accept(Seq& seq, int32_t token);  // true when the sequence is done
+  void stamp_times(Seq& seq) const;      // the result's times, at its end
 
   SchedulerOptions options_;
   std::vector<MicroBatch> batches_;

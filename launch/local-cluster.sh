@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A cluster on this machine: rank 0 coordinates, ranks 1..NP-1 are pipeline stages.
 #   launch/local-cluster.sh NP [strata serve options...]
+#   launch/local-cluster.sh 3 --model ../shared/models/stories260K --redis redis://127.0.0.1:6379
 #   launch/local-cluster.sh 3 --model ../shared/models/stories260K \
 #       --requests requests.jsonl --results results.jsonl --micro-batches 2
 # STRATA: the strata binary (default: build/launch/strata). MPIRUN_ARGS: more mpirun options.
@@ -8,6 +9,13 @@
 # more ranks than cores (oversubscription), no core binding (ranks share the cores), and
 # --mca orte_abort_on_non_zero_status 0 so that when a worker dies the coordinator itself
 # says which rank it was before the job ends (docs/CLUSTER.md).
+#
+# Stopping: SIGTERM or SIGINT (Ctrl-C) to this script reaches the ranks as SIGTERM, and
+# rank 0 finishes the running requests within --grace-period before the job exits. mpirun
+# runs in a session of its own so that Ctrl-C does not reach it: on a signal of its own,
+# mpirun kills the job (SIGCONT, then SIGTERM and SIGKILL each odls_base_sigkill_timeout
+# apart, 1 s by default), which leaves no time to finish. Raising that timeout is no cure:
+# mpirun uses the same sequence after MPI_Abort, so every failing job would take as long.
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 NP [strata serve options...]" >&2
@@ -22,6 +30,14 @@ if [ "$(id -u)" = 0 ]; then
 fi
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # shellcheck disable=SC2086
-exec mpirun -np "$np" --oversubscribe --bind-to none \
-  --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} \
-  "$strata" serve "$@"
+setsid mpirun -np "$np" --oversubscribe --bind-to none \
+  --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} "$strata" serve "$@" &
+mpirun_pid=$!
+stop() { pkill -TERM -P "$mpirun_pid" 2>/dev/null || true; }
+trap stop TERM INT HUP
+rc=0
+while true; do
+  wait "$mpirun_pid" && rc=0 || rc=$?
+  kill -0 "$mpirun_pid" 2>/dev/null || break  # a trapped signal interrupts wait; go on waiting
+done
+exit "$rc"

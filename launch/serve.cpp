@@ -1,11 +1,18 @@
-// strata serve: requests from a JSONL file, results to another, on one process or on a
-// cluster under mpirun (rank 0 coordinates, ranks 1..N-1 are pipeline stages; see
-// docs/CLUSTER.md). Every rank runs this same command line.
+// strata serve: requests from a Redis stream (docs/QUEUE.md) or a JSONL file, results to a
+// results stream or another file, on one process or on a cluster under mpirun (rank 0
+// coordinates, ranks 1..N-1 are pipeline stages; see docs/CLUSTER.md). Every rank runs
+// this same command line.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "coordinator/coordinator.h"
 #include "coordinator/intake.h"
+#include "coordinator/redis_queue.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "launch/engine.h"
@@ -20,6 +27,10 @@ struct ServeOptions {
   EngineOptions engine;
   std::string requests;
   std::string results;
+  std::string redis;  // redis://... : the queue instead of files
+  RedisQueueOptions queue;
+  double grace_period = 30.0;
+  double flush_timeout = 30.0;
   std::string stats_out;
   int micro_batches = 1;
   int decode_iters = 8;
@@ -32,7 +43,43 @@ struct ServeOptions {
   int debug_kill_rank = -1;
   int debug_kill_after_steps = 1;
   double debug_step_delay = 0;
+  int debug_crash_token = -1;
 };
+
+// The signal that asked this process to stop (SIGTERM from mpirun, Slurm or a user;
+// SIGINT from Ctrl-C); 0 while none has. Rank 0 stops admitting and finishes what runs;
+// workers keep computing until rank 0 tells them to stop.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "read and written in a signal handler");
+
+void on_stop_signal(int signal) {
+  g_stop_signal.store(signal);
+}
+
+void catch_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+// Host name and job id: a restarted job under Slurm keeps its name (and takes its own
+// pending entries back at once); elsewhere each job is new and takes over the entries of
+// a dead one after --claim-idle.
+std::string default_consumer() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  for (const char* var : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != 0)
+      return fmt::format("{}:{}", host, v);
+  return fmt::format("{}:{}", host, getpid());
+}
+
+int exit_code(const ClusterStats& stats) {
+  // Stopped with requests left unfinished: the job did not do all its work.
+  return stats.stop_signal != 0 && stats.unfinished > 0 ? 128 + stats.stop_signal : 0;
+}
 
 void write_stats(const std::string& path, const std::string& json) {
   if (path.empty()) return;
@@ -41,8 +88,12 @@ void write_stats(const std::string& path, const std::string& json) {
   if (!out) fail_input("cannot write --stats-out file '{}'", path);
 }
 
-// One rank: the single-process generator over every request.
+// One rank: the single-process generator over every request of a file.
 int serve_single(const ServeOptions& o) {
+  if (!o.redis.empty())
+    fail_input(
+        "serve --redis runs as a cluster: start it with mpirun -np N (N >= 2: rank 0 "
+        "coordinates, the others compute), e.g. launch/local-cluster.sh 2 ...");
   Engine e = make_engine(o.engine);
   JsonlRequestSource source(o.requests);
   JsonlResultSink sink(o.results, *e.tokenizer);
@@ -59,7 +110,7 @@ int serve_single(const ServeOptions& o) {
         GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, r.error});
   }
   if (o.max_context > 0) e.generator.max_context = o.max_context;
-  Generator gen(*e.model, e.generator);
+  Generator gen(*e.model, e.generator, e.tokenizer.get());
   GenerationStats stats;
   for (const GenerationResult& r : gen.run(requests, &stats)) {
     refused += r.stop_reason == StopReason::kError ? 1 : 0;
@@ -75,14 +126,7 @@ int serve_single(const ServeOptions& o) {
   return 0;
 }
 
-int serve_coordinator(const ServeOptions& o, const Communicator& world) {
-  const ModelConfig config =
-      load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
-  const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
-                                                   ? Tokenizer::ids_only(config)
-                                                   : Tokenizer::load(o.engine.model, config);
-  JsonlRequestSource source(o.requests);
-  JsonlResultSink sink(o.results, *tokenizer);
+CoordinatorOptions coordinator_options(const ServeOptions& o) {
   CoordinatorOptions c;
   c.model_spec = o.engine.model;
   c.micro_batches = o.micro_batches;
@@ -97,11 +141,42 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
   c.heartbeat_timeout_s = o.heartbeat_timeout;
   c.load_timeout_s = o.load_timeout;
   c.step_timeout_s = o.step_timeout;
-  const ClusterStats stats = run_coordinator(world, c, config, *tokenizer, source, sink);
+  c.stop_signal = &g_stop_signal;
+  c.grace_period_s = o.grace_period;
+  c.flush_timeout_s = o.flush_timeout;
+  return c;
+}
+
+int serve_coordinator(const ServeOptions& o, const Communicator& world) {
+  const ModelConfig config =
+      load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
+  const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
+                                                   ? Tokenizer::ids_only(config)
+                                                   : Tokenizer::load(o.engine.model, config);
+  const CoordinatorOptions c = coordinator_options(o);
+  std::unique_ptr<RequestSource> source;
+  std::unique_ptr<ResultSink> file_sink;
+  ResultSink* sink = nullptr;
+  std::unique_ptr<RedisQueue> queue;
+  if (!o.redis.empty()) {
+    RedisQueueOptions q = o.queue;
+    q.endpoint = RedisEndpoint::parse(o.redis);
+    if (q.consumer.empty()) q.consumer = default_consumer();
+    q.prefetch = static_cast<size_t>(c.kv_slots);
+    queue = std::make_unique<RedisQueue>(q, *tokenizer);
+    sink = queue.get();
+  } else {
+    source = std::make_unique<JsonlRequestSource>(o.requests);
+    file_sink = std::make_unique<JsonlResultSink>(o.results, *tokenizer);
+    sink = file_sink.get();
+  }
+  RequestSource& from = queue ? static_cast<RequestSource&>(*queue) : *source;
+  const ClusterStats stats = run_coordinator(world, c, config, *tokenizer, from, *sink);
   std::fprintf(stderr, "%s", stats.table().c_str());
-  std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + "}").c_str());
+  const std::string queue_json = queue ? ", \"queue\": " + queue->stats().json() : "";
+  std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + queue_json + "}").c_str());
   write_stats(o.stats_out, stats.json());
-  return 0;
+  return exit_code(stats);
 }
 
 // A pipeline stage: the engine's compute setup (device, weight tiers, cache placement,
@@ -121,6 +196,7 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, int local_ind
   w.step_timeout_s = o.step_timeout;
   w.debug_step_delay_s = o.debug_step_delay;
   if (world.rank() == o.debug_kill_rank) w.debug_exit_after_steps = o.debug_kill_after_steps;
+  w.debug_crash_token = o.debug_crash_token;
   const int rc = run_stage_worker(world, *c.backend, w);
   // MPI_Finalize would wait for a lost rank; a step that never ended still uses the backend.
   if (rc == kStageLostPeer) session.abort(1);
@@ -128,6 +204,13 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, int local_ind
 }
 
 int run_serve(const ServeOptions& o) {
+  if (o.redis.empty() == o.requests.empty())
+    fail_input("give either --redis URL (the queue) or --requests FILE (a JSONL file)");
+  if (!o.requests.empty() && o.results.empty())
+    fail_input("--requests needs --results FILE for the results");
+  if (!o.redis.empty() && !o.results.empty())
+    fail_input("--results is for --requests; with --redis results go to --result-stream");
+  catch_stop_signals();
   MpiSession session(nullptr, nullptr);
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) return serve_single(o);
@@ -136,7 +219,14 @@ int run_serve(const ServeOptions& o) {
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
   try {
     if (session.rank() != 0) return serve_worker(o, session, local_index);
-    return serve_coordinator(o, session.world());
+    const int rc = serve_coordinator(o, session.world());
+    // Under `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun exits 0 whatever
+    // a rank returns: a job that did not finish its work says so through MPI_Abort.
+    if (rc != 0) {
+      log::get("launch")->warn("stopped with requests unfinished: exit status {}", rc);
+      session.abort(rc);
+    }
+    return rc;
   } catch (const std::exception& e) {
     // End the whole job with this rank's status and message. Rank 0 told the workers to
     // stop; a worker that cannot start (no such device, a bad policy) would leave rank 0
@@ -148,15 +238,52 @@ int run_serve(const ServeOptions& o) {
   }
 }
 
+void add_queue_options(CLI::App& cmd, std::string& url, RedisQueueOptions& q) {
+  cmd.add_option("--redis", url,
+                 "Read requests from a Redis stream: redis://[user:password@]host:port/db");
+  cmd.add_option("--request-stream", q.request_stream, "Stream of requests")->capture_default_str();
+  cmd.add_option("--result-stream", q.result_stream, "Stream results are written to")
+      ->capture_default_str();
+  cmd.add_option("--dead-letter-stream", q.dead_letter_stream,
+                 "Stream of entries delivered too often (default: <request-stream>:dead)");
+  cmd.add_option("--group", q.group, "Consumer group")->capture_default_str();
+  cmd.add_option("--consumer", q.consumer,
+                 "This job's consumer name (default: host name and job id); a job restarted "
+                 "under the same name takes its own pending entries back at once");
+  cmd.add_option("--claim-idle", q.claim_idle_s,
+                 "Seconds an entry may sit idle on another consumer before it is taken over")
+      ->check(positive())
+      ->capture_default_str();
+  cmd.add_option("--max-deliveries", q.max_deliveries,
+                 "Deliveries of one entry before it goes to the dead-letter stream")
+      ->check(positive())
+      ->capture_default_str();
+  cmd.add_flag("--exit-when-drained", q.exit_when_drained,
+               "End once the stream has no new and no pending entries (batch jobs)");
+  cmd.add_option("--redis-timeout", q.retry_timeout_s,
+                 "Seconds Redis may be unreachable before the run fails (0: retry forever)")
+      ->check(non_negative())
+      ->capture_default_str();
+}
+
 }  // namespace
 
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "serve", "Serve requests from a JSONL file: one process, or a cluster under mpirun");
+      "serve",
+      "Serve requests from a Redis stream or a JSONL file: a cluster under mpirun (or one "
+      "process for a file)");
   add_engine_options(*cmd, o->engine);
-  cmd->add_option("--requests", o->requests, "JSONL file, one request per line")->required();
-  cmd->add_option("--results", o->results, "JSONL file the results are written to")->required();
+  cmd->add_option("--requests", o->requests, "JSONL file, one request per line");
+  cmd->add_option("--results", o->results, "JSONL file the results are written to");
+  add_queue_options(*cmd, o->redis, o->queue);
+  cmd->add_option("--grace-period", o->grace_period,
+                  "Seconds the running requests get to finish after SIGTERM / SIGINT")
+      ->check(non_negative());
+  cmd->add_option("--flush-timeout", o->flush_timeout,
+                  "Seconds at the end for every result to be stored")
+      ->check(positive());
   cmd->add_option("--stats-out", o->stats_out, "Write the run's statistics (JSON) to this file");
   cmd->add_option("--micro-batches", o->micro_batches,
                   "Micro-batches in flight through the pipeline")
@@ -164,7 +291,8 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--decode-iters", o->decode_iters,
                   "Decode iterations between prefill phases (ExeGPT's N_D)")
       ->check(positive());
-  cmd->add_option("--max-context", o->max_context, "KV positions per sequence (0: longest request)")
+  cmd->add_option("--max-context", o->max_context,
+                  "KV positions per sequence, the run's context (0: the model's)")
       ->check(non_negative());
   cmd->add_option("--stage-mem", o->stage_mem,
                   "Memory per stage for weights, KV cache and buffers (e.g. 2GiB)");
@@ -187,6 +315,9 @@ Command add_serve(CLI::App& app) {
       ->group("");
   cmd->add_option("--debug-step-delay", o->debug_step_delay,
                   "Tests: every worker step computes this many seconds longer")
+      ->group("");
+  cmd->add_option("--debug-crash-token", o->debug_crash_token,
+                  "Tests: the first stage dies (SIGKILL) on a prompt holding this token id")
       ->group("");
   return {cmd, [o] { return run_serve(*o); }};
 }

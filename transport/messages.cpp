@@ -35,6 +35,7 @@ static_assert(static_cast<int>(wire::FinishReason::CANCELLED) ==
               static_cast<int>(FinishReason::kCancelled));
 static_assert(static_cast<int>(wire::FinishReason::PREEMPTED) ==
               static_cast<int>(FinishReason::kPreempted));
+static_assert(static_cast<int>(wire::FinishReason::STOP) == static_cast<int>(FinishReason::kStop));
 
 namespace {
 
@@ -95,6 +96,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "cancelled";
     case FinishReason::kPreempted:
       return "preempted";
+    case FinishReason::kStop:
+      return "stop";
   }
   return "?";
 }
@@ -426,7 +429,7 @@ FinishedSequences read(wire::FinishedSequences::Reader r) {
   FinishedSequences f;
   for (auto s : r.getSeqs()) {
     f.seqs.push_back(FinishedSequence{
-        s.getSeqId(), enum_from_wire(s.getReason(), FinishReason::kPreempted, "finished.reason")});
+        s.getSeqId(), enum_from_wire(s.getReason(), FinishReason::kStop, "finished.reason")});
   }
   return f;
 }

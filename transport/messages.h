@@ -37,6 +37,7 @@ enum class FinishReason : uint8_t {
   kError = 3,
   kCancelled = 4,
   kPreempted = 5,
+  kStop = 6,  // a stop string ended the completion
 };
 const char* finish_reason_name(FinishReason reason);
 

@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "kernels/error.h"
+#include "worker/request_rules.h"
 
 namespace strata {
 namespace {
@@ -25,6 +26,8 @@ const char* stop_reason_name(StopReason r) {
       return "context";
     case StopReason::kError:
       return "error";
+    case StopReason::kStop:
+      return "stop";
   }
   return "?";
 }
@@ -54,7 +57,8 @@ struct Generator::Running {
   Rng rng;
 };
 
-Generator::Generator(Model& model, GeneratorOptions options) : model_(model), options_(options) {
+Generator::Generator(Model& model, GeneratorOptions options, const Tokenizer* tokenizer)
+    : model_(model), options_(options), tokenizer_(tokenizer) {
   if (options_.max_batch <= 0) fail_input("max batch must be positive, got {}", options_.max_batch);
   if (options_.max_step_tokens <= 0)
     fail_input("max step tokens must be positive, got {}", options_.max_step_tokens);
@@ -64,25 +68,7 @@ Generator::Generator(Model& model, GeneratorOptions options) : model_(model), op
 }
 
 std::string Generator::validate(const GenerationRequest& r, int32_t capacity) const {
-  const ModelConfig& c = model_.config();
-  if (r.prompt_ids.empty()) return "empty prompt: at least one token id is needed";
-  for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
-    const int32_t t = r.prompt_ids[i];
-    if (t < 0 || t >= c.vocab)
-      return fmt::format("prompt token {} at index {} is outside the vocabulary [0, {})", t, i,
-                         c.vocab);
-  }
-  if (r.max_new_tokens < 0)
-    return fmt::format("max_new_tokens must be >= 0, got {}", r.max_new_tokens);
-  if (static_cast<int64_t>(r.prompt_ids.size()) > capacity)
-    return fmt::format("prompt of {} tokens exceeds the context of {} positions",
-                       r.prompt_ids.size(), capacity);
-  try {
-    r.sampling.validate();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return {};
+  return validate_request(r, model_.config().vocab, capacity, tokenizer_);
 }
 
 int32_t Generator::plan_capacity(const std::vector<GenerationRequest>& requests) const {
@@ -208,23 +194,10 @@ void Generator::decode(std::vector<Running*>& running, KvCache& cache, Generatio
 
 void Generator::accept(Running& seq, const float* logits, KvCache& cache) {
   const ModelConfig& c = model_.config();
-  const GenerationRequest& req = *seq.request;
   GenerationResult& res = *seq.result;
-  const int32_t token = sampler_.sample(logits, c.vocab, req.sampling, seq.rng);
-  res.output_ids.push_back(token);
-  const bool eos = !req.ignore_eos && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(),
-                                                token) != c.eos_token_ids.end();
-  bool done = true;
-  if (eos) {
-    res.stop_reason = StopReason::kEos;
-  } else if (static_cast<int32_t>(res.output_ids.size()) >= req.max_new_tokens) {
-    res.stop_reason = StopReason::kLength;
-  } else if (seq.n_past >= cache.capacity()) {
-    res.stop_reason = StopReason::kContext;  // no position left to feed the new token
-  } else {
-    done = false;
-  }
-  if (done) {
+  res.output_ids.push_back(sampler_.sample(logits, c.vocab, seq.request->sampling, seq.rng));
+  if (finish_if_done(*seq.request, c.eos_token_ids, tokenizer_, seq.n_past, cache.capacity(),
+                     res)) {
     cache.release(seq.slot);
     seq.slot = -1;
   }

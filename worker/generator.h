@@ -7,12 +7,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/sampling.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
+#include "worker/tokenizer.h"
 
 namespace strata {
 
@@ -21,11 +23,22 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   int32_t max_new_tokens = 64;
   SamplingParams sampling;
-  bool ignore_eos = false;  // benchmarks: always generate max_new_tokens
+  bool ignore_eos = false;        // benchmarks: always generate max_new_tokens
+  std::vector<std::string> stop;  // end once the completion contains one (cut before it)
+  std::string latency_class;      // a client's hint for latency-aware schedulers; carried
 };
 
-enum class StopReason { kEos, kLength, kContext, kError };
+// kStop: the completion reached one of the request's stop strings.
+enum class StopReason { kEos, kLength, kContext, kError, kStop };
 const char* stop_reason_name(StopReason r);
+
+// Seconds from the moment a request was queued (its queue entry's time, or when it was
+// read) to its admission into a prefill, to its first token, and to its result; -1: unknown.
+struct RequestTimes {
+  double queue_wait_s = -1;
+  double first_token_s = -1;
+  double total_s = -1;
+};
 
 struct GenerationResult {
   std::string id;
@@ -33,6 +46,8 @@ struct GenerationResult {
   std::vector<int32_t> output_ids;
   StopReason stop_reason = StopReason::kLength;
   std::string error;  // set when stop_reason == kError: why it was refused or did not finish
+  std::optional<std::string> text;  // the completion when a stop string cut it short
+  RequestTimes times;
 };
 
 struct GeneratorOptions {
@@ -60,7 +75,8 @@ struct GenerationStats {
 
 class Generator {
  public:
-  Generator(Model& model, GeneratorOptions options);
+  // `tokenizer` (may be null) decodes completions for requests with stop strings.
+  Generator(Model& model, GeneratorOptions options, const Tokenizer* tokenizer = nullptr);
 
   // Runs every request to completion. Results come back in request order; a request that is
   // invalid (empty prompt, token id outside the vocabulary, prompt longer than the context)
@@ -79,6 +95,7 @@ class Generator {
 
   Model& model_;
   GeneratorOptions options_;
+  const Tokenizer* tokenizer_;
   Sampler sampler_;
   StepBatch batch_;
   std::vector<float> logits_;

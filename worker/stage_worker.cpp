@@ -1,5 +1,6 @@
 #include "worker/stage_worker.h"
 
+#include <algorithm>
 #include <csignal>
 #include <deque>
 #include <memory>
@@ -50,6 +51,7 @@ class StageWorker {
   std::vector<SeqToken> compute_step(const StepCommand& command, std::span<float> in,
                                      std::span<float> out);
   void on_shutdown();
+  void send_stats();
   int linger_after(const std::exception& e);
   int settle_compute(int code);
 
@@ -85,6 +87,7 @@ int StageWorker::run() {
     start(*plan_);
     code = serve();
   } catch (const ShutdownRequested&) {
+    send_stats();  // stopped mid-step (a job cut short): rank 0 still waits for the stats
     code = 0;
   } catch (const std::exception& e) {
     code = linger_after(e);
@@ -180,8 +183,21 @@ bool StageWorker::handle(const ControlMessage& m) {
   return true;
 }
 
+// Tests of poison requests: a prompt holding the token kills the process, as a request
+// that crashes the engine would.
+void crash_on_token(const StepCommand& c, int32_t token) {
+  if (token < 0) return;
+  for (const SeqStep& s : c.seqs) {
+    if (std::find(s.token_ids.begin(), s.token_ids.end(), token) == s.token_ids.end()) continue;
+    log::get("worker")->warn("test hook: sequence {} holds token {}: dying now (SIGKILL)", s.seq_id,
+                             token);
+    std::raise(SIGKILL);
+  }
+}
+
 void StageWorker::on_step(const StepCommand& c) {
   step_id_ = c.step_id;
+  if (stage_->first()) crash_on_token(c, options_.debug_crash_token);
   const double t0 = now_s();
   if (window_start_ < 0) window_start_ = t0;
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
@@ -252,9 +268,17 @@ std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<
 void StageWorker::on_shutdown() {
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
   for (Transfer& t : sends_) wait_serving(t, deadline);
+  send_stats();
+}
+
+void StageWorker::send_stats() {
   if (window_start_ >= 0) stats_.window_seconds = window_end_ - window_start_;
   stats_.idle_seconds = std::max(0.0, stats_.window_seconds - stats_.busy_seconds);
-  control_.send(0, stats_, deadline);
+  try {
+    control_.send(0, stats_, Deadline::after_seconds(options_.step_timeout_s));
+  } catch (const Error& e) {
+    log::get("worker")->warn("rank {}: statistics not sent: {}", world_.rank(), e.what());
+  }
 }
 
 // Reports the error to rank 0, then stays until Shutdown (answering pings, so the

@@ -25,6 +25,7 @@ struct StageWorkerOptions {
   double step_timeout_s = 60;
   int64_t debug_exit_after_steps = -1;  // tests: die (SIGKILL) after this many steps
   double debug_step_delay_s = 0;        // tests: every step computes this much longer
+  int32_t debug_crash_token = -1;       // tests: the first stage dies on a prompt with this id
 };
 
 // run_stage_worker's result after an error that means a peer is gone (kDisconnected): the

@@ -90,4 +90,16 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string Tokenizer::completion(const std::vector<int32_t>& prompt,
+                                  const std::vector<int32_t>& output) const {
+  if (sp_ == nullptr) return decode(output);
+  constexpr size_t kContext = 16;  // pieces never merge across more than a few tokens
+  std::vector<int32_t> all(prompt.end() - static_cast<ptrdiff_t>(std::min(prompt.size(), kContext)),
+                           prompt.end());
+  const std::string context = decode(all);
+  all.insert(all.end(), output.begin(), output.end());
+  const std::string full = decode(all);
+  return full.rfind(context, 0) == 0 ? full.substr(context.size()) : decode(output);
+}
+
 }  // namespace strata

@@ -31,6 +31,11 @@ class Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const;
   // Ids -> text (control tokens such as BOS print as nothing). Id-only: "1 403 407".
   std::string decode(const std::vector<int32_t>& ids) const;
+  // The text `output` adds after `prompt`: decoded with the prompt's last tokens as context,
+  // so a word that starts the completion keeps its leading space (sentencepiece drops the
+  // space of a text's first piece). Costs the output's length, not the prompt's.
+  std::string completion(const std::vector<int32_t>& prompt,
+                         const std::vector<int32_t>& output) const;
 
  private:
   Tokenizer() = default;

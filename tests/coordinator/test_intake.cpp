@@ -72,7 +72,7 @@ TEST(Intake, FileSourceAndSinkRoundTrip) {
   GenerationResult r{"a", {2, 3, 4}, {9}, StopReason::kLength, {}};
   EXPECT_EQ(
       result_line(r, *tok),
-      R"({"id":"a","prompt_ids":[2,3,4],"output_ids":[9],"text":"2 3 4 9","completion":" 9","stop_reason":"length"})");
+      R"({"id":"a","status":"ok","text":"9","output_ids":[9],"stop_reason":"length","prompt_tokens":3,"completion_tokens":1,"prompt_ids":[2,3,4]})");
   EXPECT_THROW(JsonlRequestSource{dir + "/missing.jsonl"}, InputError);
 }
 

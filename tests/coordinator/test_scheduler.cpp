@@ -37,15 +37,15 @@ StepResult answer(const ScheduledStep& s, uint64_t eos_for = UINT64_MAX) {
 
 TEST(RraScheduler, PrefillThenNdDecodesThenNextPrefill) {
   RraScheduler s(options(1, 3, 4));
-  s.submit(req("a", 4, 10), 0);
-  s.submit(req("b", 2, 10), 1);
+  s.submit(req("a", 4, 10), 0, 0.0);
+  s.submit(req("b", 2, 10), 1, 0.0);
   auto p = s.next_step(0);
   ASSERT_TRUE(p);
   EXPECT_EQ(p->command.phase, Phase::kPrefill);
   EXPECT_EQ(p->command.rows(), 6);
   EXPECT_EQ(p->joins.size(), 2u);
   EXPECT_TRUE(s.apply(answer(*p)).empty());
-  s.submit(req("c", 3, 10), 2);  // arrives during the decode phase: waits for the next prefill
+  s.submit(req("c", 3, 10), 2, 0.0);  // arrives during the decode phase: waits for the next prefill
   for (int i = 0; i < 3; ++i) {
     auto d = s.next_step(0);
     ASSERT_TRUE(d);
@@ -65,9 +65,9 @@ TEST(RraScheduler, PrefillThenNdDecodesThenNextPrefill) {
 
 TEST(RraScheduler, FinishedLeaveAtOnceAndFreeTheirSlot) {
   RraScheduler s(options(1, 100, 2));
-  s.submit(req("a", 3, 2), 0);
-  s.submit(req("b", 3, 50), 1);
-  s.submit(req("c", 3, 50), 2);
+  s.submit(req("a", 3, 2), 0, 0.0);
+  s.submit(req("b", 3, 50), 1, 0.0);
+  s.submit(req("c", 3, 50), 2, 0.0);
   auto p = s.next_step(0);
   ASSERT_EQ(p->command.seqs.size(), 2u);  // two slots
   const int32_t slot_a = p->command.seqs[0].slot;
@@ -92,7 +92,7 @@ TEST(RraScheduler, FinishedLeaveAtOnceAndFreeTheirSlot) {
 
 TEST(RraScheduler, MicroBatchesShareTheWorkAndOwnDisjointSlots) {
   RraScheduler s(options(2, 4, 8));
-  for (uint64_t i = 0; i < 4; ++i) s.submit(req(std::to_string(i), 2, 5), i);
+  for (uint64_t i = 0; i < 4; ++i) s.submit(req(std::to_string(i), 2, 5), i, 0.0);
   auto a = s.next_step(0);
   auto b = s.next_step(1);
   ASSERT_TRUE(a && b);
@@ -108,7 +108,7 @@ TEST(RraScheduler, ContextLimitStopsAsTheGeneratorDoes) {
   SchedulerOptions o = options(1, 8, 1);
   o.kv_capacity = 5;
   RraScheduler s(o);
-  s.submit(req("a", 3, 100), 0);
+  s.submit(req("a", 3, 100), 0, 0.0);
   std::vector<FinishedRequest> done;
   while (done.empty()) done = s.apply(answer(*s.next_step(0)));
   EXPECT_EQ(done[0].result.stop_reason, StopReason::kContext);
@@ -123,9 +123,9 @@ TEST(RraScheduler, RefusesOptionsThatCannotWork) {
 
 TEST(RraScheduler, DrainEndsEveryUnfinishedRequestWithItsTokens) {
   RraScheduler s(options(2, 4, 2));
-  s.submit(req("a", 3, 10), 0);
-  s.submit(req("b", 2, 10), 1);
-  s.submit(req("c", 2, 10), 2);  // no free slot: still waiting when the cluster fails
+  s.submit(req("a", 3, 10), 0, 0.0);
+  s.submit(req("b", 2, 10), 1, 0.0);
+  s.submit(req("c", 2, 10), 2, 0.0);  // no free slot: still waiting when the cluster fails
   auto p0 = s.next_step(0);
   auto p1 = s.next_step(1);
   ASSERT_TRUE(p0 && p1);
@@ -137,6 +137,9 @@ TEST(RraScheduler, DrainEndsEveryUnfinishedRequestWithItsTokens) {
   EXPECT_EQ(out[1].result.id, "b");
   EXPECT_TRUE(out[1].result.output_ids.empty());
   EXPECT_EQ(out[2].result.id, "c");
+  EXPECT_TRUE(out[0].started);   // ran: a suspect if the cluster failed
+  EXPECT_TRUE(out[1].started);   // admitted, its prefill in flight
+  EXPECT_FALSE(out[2].started);  // never admitted
   for (const FinishedRequest& f : out) {
     EXPECT_EQ(f.result.stop_reason, StopReason::kError) << f.result.id;
     EXPECT_EQ(f.result.error, "worker rank 2 is dead") << f.result.id;
@@ -145,6 +148,57 @@ TEST(RraScheduler, DrainEndsEveryUnfinishedRequestWithItsTokens) {
   EXPECT_FALSE(s.in_flight(0));
   EXPECT_FALSE(s.in_flight(1));
   EXPECT_TRUE(s.drain("again").empty());
+}
+
+// The result's times count from the request's arrival on the queue: admission into a
+// prefill, the first token, the end (hand-set clock: arrival 100, prefill at 103, first
+// token back at 104, second at 106).
+TEST(RraScheduler, TimesCountFromArrival) {
+  double now = 103;
+  SchedulerOptions o = options(1, 8, 2);
+  o.clock = [&] { return now; };
+  RraScheduler s(o);
+  s.submit(req("a", 2, 2), 0, 100.0);
+  auto p = s.next_step(0);
+  now = 104;
+  EXPECT_TRUE(s.apply(answer(*p)).empty());
+  auto d = s.next_step(0);
+  now = 106;
+  const std::vector<FinishedRequest> done = s.apply(answer(*d));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_DOUBLE_EQ(done[0].result.times.queue_wait_s, 3.0);
+  EXPECT_DOUBLE_EQ(done[0].result.times.first_token_s, 4.0);
+  EXPECT_DOUBLE_EQ(done[0].result.times.total_s, 6.0);
+}
+
+// A stop string ends the sequence at the token that completes it, as the generator's rule
+// does, and the text is cut before it. With the id-only tokenizer the completion of tokens
+// 7, 8, 9 reads "7 8 9", so the stop string "8 9" ends it after the third token.
+TEST(RraScheduler, StopStringEndsTheSequenceAndCutsTheText) {
+  const ModelConfig config = [] {
+    ModelConfig c;
+    c.vocab = 16;
+    return c;
+  }();
+  const std::unique_ptr<Tokenizer> tok = Tokenizer::ids_only(config);
+  SchedulerOptions o = options(1, 8, 1);
+  o.tokenizer = tok.get();
+  RraScheduler s(o);
+  GenerationRequest r = req("a", 2, 10);
+  r.stop = {"8 9"};
+  s.submit(r, 0, 0.0);
+  std::vector<FinishedRequest> done;
+  for (int32_t token = 7; done.empty() && token < 12; ++token) {
+    auto step = s.next_step(0);
+    ASSERT_TRUE(step);
+    StepResult answer_with{step->command.step_id, 0, {SeqToken{0, token}}};
+    done = s.apply(answer_with);
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].result.stop_reason, StopReason::kStop);
+  EXPECT_EQ(done[0].result.output_ids, (std::vector<int32_t>{7, 8, 9}));
+  ASSERT_TRUE(done[0].result.text.has_value());
+  EXPECT_EQ(*done[0].result.text, "7 ");
 }
 
 }  // namespace

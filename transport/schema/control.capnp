@@ -28,6 +28,7 @@ enum FinishReason {
   error @3;
   cancelled @4;
   preempted @5;
+  stop @6;
 }
 
 # One pipeline stage: the layers [layerBegin, layerEnd) run on `rank`.

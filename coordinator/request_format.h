@@ -1,0 +1,75 @@
+// The wire format of requests and results, for every intake (JSONL files, the Redis
+// queue); docs/QUEUE.md is its user-facing description.
+//
+// A request is a JSON object (one JSONL line, or the `json` field of a queue entry):
+//   {"id": "a" | 7, "prompt": "text" | "prompt_ids": [1, 2], "max_new_tokens": 64,
+//    "temperature": 0, "top_k": 0, "top_p": 1, "seed": 0, "stop": ["\n\n"],
+//    "ignore_eos": false, "latency_class": "batch"}
+// or an OpenAI Batch API input line ({"custom_id", "method": "POST", "url":
+// "/v1/completions", "body": {"prompt", "max_tokens", "temperature", "top_p", "seed",
+// "stop", ...}}), or, in a queue entry, the same fields as flat field/value strings.
+// Anything else (bad JSON, a wrong type, an unknown field, a value out of range, invalid
+// UTF-8, an input past its size or nesting limit) becomes a request with `error` set, which
+// gets an error result naming the problem and never reaches the workers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "worker/generator.h"
+#include "worker/tokenizer.h"
+
+namespace strata {
+
+struct IncomingRequest {
+  GenerationRequest request;          // prompt_ids empty when the prompt is text
+  std::optional<std::string> prompt;  // text to tokenize
+  std::string error;                  // non-empty: malformed, answered with an error result
+  std::string where;                  // "requests.jsonl:3", "strata:requests 1700000000000-0"
+  double arrival = 0;                 // when it was queued (system clock, seconds since 1970)
+  // How often the queue has handed this entry out; more than once means it was in flight
+  // when an earlier run died, so the coordinator runs it alone (docs/QUEUE.md, "Poison").
+  int64_t deliveries = 1;
+};
+
+// Sizes a request can reach before anything is allocated for it.
+struct RequestLimits {
+  size_t max_request_bytes = size_t{1} << 20;  // one line, or all fields of one queue entry
+  int max_json_depth = 16;                     // a request needs 3; deeper is refused unparsed
+};
+
+// One JSON line (a Strata request or an OpenAI batch line); `where` names it in errors.
+// Never throws.
+IncomingRequest parse_request_line(std::string_view line, const std::string& where,
+                                   const RequestLimits& limits = {});
+
+using FieldList = std::vector<std::pair<std::string, std::string>>;
+
+// A queue entry's fields: either one `json` (a request line) or `openai` (a batch line)
+// field, or the request's fields as strings (numbers as decimal text, prompt_ids as a JSON
+// array or space-separated ids, stop as a JSON array; a stop value not starting with '[' is
+// one stop string). A request without an id is called `default_id`. Never throws.
+IncomingRequest parse_request_fields(const FieldList& fields, const std::string& default_id,
+                                     const std::string& where, const RequestLimits& limits = {});
+
+// Fills prompt_ids from the prompt text; a prompt the tokenizer refuses sets `error`.
+void tokenize(IncomingRequest& r, const Tokenizer& tokenizer);
+
+// A result as one JSON object, in the documented order: id, status ("ok" | "error"), text
+// (the completion), output_ids, stop_reason, prompt_tokens, completion_tokens, the timings
+// that are known (queue_wait_s, first_token_s, total_s), error, prompt_ids.
+nlohmann::ordered_json result_object(const GenerationResult& result, const Tokenizer& tokenizer);
+
+// True when `text` is well-formed UTF-8.
+bool valid_utf8(std::string_view text);
+
+// A short rendering of a JSON value for error messages (bounded, whatever its size).
+std::string preview(const nlohmann::json& value);
+
+}  // namespace strata
