@@ -109,7 +109,8 @@ class Coordinator {
   uint64_t next_seq_ = 0;
   uint64_t ping_seq_ = 0;
   Clock::time_point last_ping_;
-  Clock::time_point started_;
+  std::optional<Clock::time_point> first_step_;  // the run's time: first step sent ...
+  Clock::time_point last_result_;                // ... to the last result in (idle excluded)
   ClusterStats stats_;
 };
 
@@ -170,7 +171,8 @@ ClusterStats Coordinator::run_plan() {
   start_workers();
   wait_ready();
   serve();
-  stats_.seconds = since(started_);
+  if (first_step_)
+    stats_.seconds = std::chrono::duration<double>(last_result_ - *first_step_).count();
   shutdown_workers(world_, grace_ ? "stopped" : "all requests done", options_.step_timeout_s);
   collect_stats();
   if (!sink_.flush(Deadline::after_seconds(options_.flush_timeout_s)))
@@ -213,6 +215,7 @@ void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
   res.prompt_ids = r.prompt_ids;
   res.stop_reason = StopReason::kError;
   res.error = error;
+  res.error_kind = ErrorKind::kInvalidInput;
   log::get("coordinator")->warn("request {} refused: {}", r.id, error);
   ++stats_.errors;
   sink_.write(res);
@@ -326,7 +329,6 @@ void Coordinator::wait_ready() {
   log::get("coordinator")->info("all {} stages loaded", workers_.size());
   monitor_ = std::make_unique<PeerMonitor>(workers_, ms(options_.heartbeat_timeout_s));
   last_ping_ = Clock::now();
-  started_ = Clock::now();
 }
 
 void Coordinator::serve() {
@@ -360,6 +362,7 @@ void Coordinator::serve() {
 
 void Coordinator::dispatch(const ScheduledStep& step) {
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  if (!first_step_) first_step_ = Clock::now();
   if (!step.joins.empty()) control_.send(last_rank(), BatchUpdate{step.joins, {}}, deadline);
   StepCommand bare = step.command;  // later stages need no token ids
   for (SeqStep& s : bare.seqs) s.token_ids.clear();
@@ -385,6 +388,7 @@ void Coordinator::on_message(const Received& r) {
 }
 
 void Coordinator::on_result(const StepResult& result) {
+  last_result_ = Clock::now();
   std::vector<FinishedRequest> done = scheduler_->apply(result);
   if (done.empty()) return;
   FinishedSequences left;

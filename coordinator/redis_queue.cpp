@@ -192,9 +192,9 @@ void RedisQueue::on_redis_error(std::optional<RedisConnection>& slot, const Erro
   if (!unreachable_since_) {
     unreachable_since_ = now;
     log->warn(
-        "queue: Redis {}: {} ({}); retrying with backoff up to 2 s, finished results wait in "
-        "memory, nothing is acknowledged without its result",
-        options_.endpoint.str(), e.what(), role);
+        "queue: {} ({}); retrying with backoff up to 2 s, finished results wait in memory, "
+        "nothing is acknowledged without its result",
+        e.what(), role);
   }
   const double away = std::chrono::duration<double>(now - *unreachable_since_).count();
   if (options_.retry_timeout_s > 0 && away > options_.retry_timeout_s && !fatal_) {
@@ -369,7 +369,11 @@ void RedisQueue::read_new(RedisConnection& c) {
   size_t room = 0;
   {
     std::unique_lock lock(mutex_);
-    room = options_.prefetch - std::min(options_.prefetch, buffer_.size());
+    // While a redelivered entry runs alone, nothing new is read: if it fails this run too,
+    // no other entry's delivery count grows with it.
+    const bool suspect_held = std::any_of(held_.begin(), held_.end(),
+                                          [](const auto& h) { return h.second.deliveries > 1; });
+    room = suspect_held ? 0 : options_.prefetch - std::min(options_.prefetch, buffer_.size());
     if (room == 0) {  // poll() wakes this when the coordinator takes entries
       wake_.wait_for(lock, std::chrono::milliseconds(100));
       return;

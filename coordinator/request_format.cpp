@@ -467,8 +467,28 @@ nlohmann::ordered_json result_object(const GenerationResult& r, const Tokenizer&
   time("queue_wait_s", r.times.queue_wait_s);
   time("first_token_s", r.times.first_token_s);
   time("total_s", r.times.total_s);
-  if (!r.error.empty()) j["error"] = sanitize_utf8(r.error);
+  if (r.stop_reason == StopReason::kError) {
+    j["error"] = sanitize_utf8(r.error);
+    j["error_type"] = r.error_kind == ErrorKind::kInvalidInput ? "invalid_request" : "server_error";
+  }
   j["prompt_ids"] = r.prompt_ids;
+  return j;
+}
+
+nlohmann::ordered_json result_from_fields(const FieldList& fields) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : fields) {
+    const bool typed = name == "output_ids" || name == "prompt_ids" || name == "prompt_tokens" ||
+                       name == "completion_tokens" || name.ends_with("_s");
+    j[name] = value;
+    if (!typed) continue;
+    try {
+      check_depth(value, RequestLimits{}.max_json_depth);
+      j[name] = nlohmann::ordered_json::parse(value);
+    } catch (const std::exception&) {
+      // not what Strata writes: kept as the string it is
+    }
+  }
   return j;
 }
 

@@ -63,8 +63,13 @@ void tokenize(IncomingRequest& r, const Tokenizer& tokenizer);
 
 // A result as one JSON object, in the documented order: id, status ("ok" | "error"), text
 // (the completion), output_ids, stop_reason, prompt_tokens, completion_tokens, the timings
-// that are known (queue_wait_s, first_token_s, total_s), error, prompt_ids.
+// that are known (queue_wait_s, first_token_s, total_s), error and error_type
+// ("invalid_request" | "server_error") for errors, prompt_ids.
 nlohmann::ordered_json result_object(const GenerationResult& result, const Tokenizer& tokenizer);
+
+// A result stored as flat strings (a queue entry: result_object's fields, arrays and
+// numbers as JSON text) read back as typed JSON; fields it does not know stay strings.
+nlohmann::ordered_json result_from_fields(const FieldList& fields);
 
 // True when `text` is well-formed UTF-8.
 bool valid_utf8(std::string_view text);

@@ -20,6 +20,8 @@ Command add_score(CLI::App& app);
 Command add_profile(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_serve(CLI::App& app);
+Command add_submit(CLI::App& app);
+Command add_collect(CLI::App& app);
 
 // Prints an error as one line on stderr and returns the exit code: 2 for bad input, 1 for
 // anything else (with the error's kind when it is a strata::Error).

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   const strata::cli::Command commands[] = {
       strata::cli::add_generate(app), strata::cli::add_bench(app),   strata::cli::add_limits(app),
       strata::cli::add_score(app),    strata::cli::add_profile(app), strata::cli::add_plan(app),
-      strata::cli::add_serve(app),
+      strata::cli::add_serve(app),    strata::cli::add_submit(app),  strata::cli::add_collect(app),
   };
   try {
     app.parse(argc, argv);

@@ -106,8 +106,12 @@ int serve_single(const ServeOptions& o) {
       continue;
     }
     ++refused;
-    sink.write(
-        GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, r.error});
+    sink.write(GenerationResult{r.request.id,
+                                r.request.prompt_ids,
+                                {},
+                                StopReason::kError,
+                                r.error,
+                                ErrorKind::kInvalidInput});
   }
   if (o.max_context > 0) e.generator.max_context = o.max_context;
   Generator gen(*e.model, e.generator, e.tokenizer.get());

@@ -15,7 +15,7 @@ PACKAGES=(
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
   liburing-dev libnuma-dev
-  python3 jq iproute2 util-linux clang-format
+  python3 python3-redis jq iproute2 util-linux clang-format
 )
 
 missing=()

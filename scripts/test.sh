@@ -6,10 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=build
-CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DSTRATA_WERROR=ON)
+# Tests on explicitly: the build folder is shared with launch/quickstart.sh, and a cached
+# option must not decide what this command runs.
+CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DSTRATA_WERROR=ON -DSTRATA_BUILD_TESTS=ON)
 if [ "${1:-}" = "--sanitize" ]; then
   BUILD_DIR=build-asan
-  CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=ON -DSTRATA_WERROR=ON)
+  CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=ON -DSTRATA_WERROR=ON
+    -DSTRATA_BUILD_TESTS=ON)
   # OpenMP's runtime keeps thread-local state that LeakSanitizer reports at exit.
   export ASAN_OPTIONS=detect_leaks=0
 fi
@@ -17,4 +20,5 @@ fi
 bash scripts/install-deps.sh
 cmake -S . -B "$BUILD_DIR" -G Ninja "${CMAKE_ARGS[@]}"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 600
+# --no-tests=error: a run that found no test is a failure, not a success.
+ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$(nproc)" --timeout 600

@@ -95,6 +95,7 @@ std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest
     results[i].error = validate(requests[i], capacity);
     if (!results[i].error.empty()) {
       results[i].stop_reason = StopReason::kError;
+      results[i].error_kind = ErrorKind::kInvalidInput;
     } else if (requests[i].max_new_tokens == 0) {
       results[i].stop_reason = StopReason::kLength;
     } else {

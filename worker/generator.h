@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/error.h"
 #include "kernels/sampling.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
@@ -46,6 +47,9 @@ struct GenerationResult {
   std::vector<int32_t> output_ids;
   StopReason stop_reason = StopReason::kLength;
   std::string error;  // set when stop_reason == kError: why it was refused or did not finish
+  // With kError: kInvalidInput when the request itself is at fault (refused), another kind
+  // when it is not (the run failed or stopped before it finished).
+  ErrorKind error_kind = ErrorKind::kFailed;
   std::optional<std::string> text;  // the completion when a stop string cut it short
   RequestTimes times;
 };

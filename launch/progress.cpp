@@ -1,0 +1,49 @@
+#include "launch/progress.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace strata::cli {
+
+Progress::Progress(std::string what, size_t total)
+    : what_(std::move(what)),
+      total_(total),
+      terminal_(isatty(fileno(stderr)) != 0),
+      start_(Clock::now()),
+      last_draw_(start_) {}
+
+void Progress::update(size_t done) {
+  const auto every = terminal_ ? std::chrono::milliseconds(100) : std::chrono::seconds(5);
+  if (Clock::now() - last_draw_ >= every) draw(done, false);
+}
+
+void Progress::finish(size_t done) {
+  draw(done, true);
+}
+
+void Progress::draw(size_t done, bool last) {
+  last_draw_ = Clock::now();
+  const double seconds = std::chrono::duration<double>(last_draw_ - start_).count();
+  const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
+  const double left = rate > 0 ? static_cast<double>(total_ - std::min(done, total_)) / rate : 0;
+  const double fraction = total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1;
+  const std::string eta = last       ? fmt::format("in {:.1f} s", seconds)
+                          : rate > 0 ? fmt::format("ETA {:.0f} s", left)
+                                     : std::string("ETA ?");
+  const std::string numbers = fmt::format("{} {}/{} ({:.0f}%), {:.1f}/s, {}", what_, done, total_,
+                                          100 * fraction, rate, eta);
+  if (!terminal_) {
+    std::fprintf(stderr, "%s\n", numbers.c_str());
+    return;
+  }
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(fraction * kWidth);
+  std::fprintf(stderr, "\r[%s%s] %s\033[K%s", std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), numbers.c_str(),
+               last ? "\n" : "");
+}
+
+}  // namespace strata::cli

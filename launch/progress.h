@@ -1,0 +1,29 @@
+// Progress of a long command on stderr: a bar redrawn in place (done / total, rate, ETA)
+// on a terminal, a plain line every few seconds otherwise (logs, CI), never more than a
+// few updates a second.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace strata::cli {
+
+class Progress {
+ public:
+  Progress(std::string what, size_t total);
+  void update(size_t done);  // cheap: draws only when due
+  void finish(size_t done);  // the last line, always drawn
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void draw(size_t done, bool last);
+
+  std::string what_;
+  size_t total_;
+  bool terminal_;
+  Clock::time_point start_;
+  Clock::time_point last_draw_;
+};
+
+}  // namespace strata::cli

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""The Redis queue end to end: a real redis-server, the cluster under real mpirun
+(launch/local-cluster.sh), producers writing with redis-py, and single-process
+`strata generate` as the reference for every greedy result.
+
+    test_queue.py STRATA MODEL CASE
+
+Cases:
+  equal200       200 requests in every entry form, 20 of them malformed: 180 ok results equal
+                 to strata generate, 20 error results naming the problem, every entry
+                 acknowledged, one result per id
+  kill9          the whole MPI job killed with SIGKILL at a random point, three times, and
+                 restarted each time: every request ends with exactly one result
+  redis_restart  redis-server killed (SIGKILL) mid-run and restarted from its append-only
+                 file (appendfsync always): every request ends with exactly one result
+  poison         an entry that kills the first stage each time it runs: after
+                 --max-deliveries runs it is in the dead-letter stream with an error result,
+                 every other request completes
+  sigterm        SIGTERM to a serving cluster: it finishes the running requests within the
+                 grace period or hands them back; a restart answers every request once
+  docs           the redis-cli and Python examples of docs/QUEUE.md, run as written
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import redis
+
+STRATA, MODEL, CASE = sys.argv[1:4]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SEED = int(os.environ.get("STRATA_TEST_SEED", time.time_ns() % 100000))
+random.seed(SEED)
+TMP = tempfile.mkdtemp(prefix="strata-queue-")
+REQ, RES, DEAD, DONE = "strata:requests", "strata:results", "strata:requests:dead", "strata:results:done"
+
+WORDS = ["cat", "dog", "bird", "ball", "tree", "park", "girl", "boy", "sun", "box", "car", "fish"]
+STARTS = ["Once upon a time", "One day", "Lily saw a", "Tom wanted a", "The little", "Sam and Mia"]
+
+
+def log(msg):
+    print(f"[test_queue {CASE} seed={SEED}] {msg}", flush=True)
+
+
+def fail(msg):
+    log("FAIL: " + msg)
+    sys.exit(1)
+
+
+class Redis:
+    """A private redis-server on a free loopback port, AOF with appendfsync always."""
+
+    def __init__(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.dir = os.path.join(TMP, "redis")
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir,
+             "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+             "--logfile", os.path.join(self.dir, "redis.log")])
+        self.client = redis.Redis(port=self.port, socket_timeout=10)
+        for _ in range(200):
+            try:
+                self.client.ping()
+                return
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        fail("redis-server did not start")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+
+def descendants(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    kids = [int(p) for p in out]
+    return kids + [d for k in kids for d in descendants(k)]
+
+
+class Cluster:
+    """launch/local-cluster.sh NP strata serve --redis ..."""
+
+    def __init__(self, url, *args, np=3, name="run"):
+        self.log_path = os.path.join(TMP, f"{name}.log")
+        env = dict(os.environ, STRATA=STRATA, STRATA_LOG_LEVEL=os.environ.get("STRATA_LOG_LEVEL", "warn"))
+        cmd = ["bash", os.path.join(ROOT, "launch/local-cluster.sh"), str(np), "--model", MODEL,
+               "--redis", url, "--threads", "1", "--heartbeat-interval", "0.2",
+               "--heartbeat-timeout", "3", *args]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
+
+    def wait(self, seconds=120):
+        try:
+            return self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            fail(f"cluster did not end within {seconds} s; log:\n{self.tail()}")
+
+    def kill9(self):
+        """The whole job at once, as a node losing power would: launcher, mpirun, ranks."""
+        pids = descendants(self.proc.pid) + [self.proc.pid]
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+        return len(pids)
+
+    def tail(self, n=30):
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+
+def reference(prompts, max_new):
+    """strata generate over the prompts (greedy, one process): prompt ids and outputs."""
+    out = subprocess.run([STRATA, "generate", "--model", MODEL, "--threads", "1", "--max-new-tokens",
+                          str(max_new), "--format", "json"] + [a for p in prompts for a in ("--prompt", p)],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        fail("strata generate: " + out.stderr[-2000:])
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def expected(ref, n):
+    """A greedy request for n tokens gets the first n of the longest run (EOS ends both)."""
+    return ref["output_ids"][:n]
+
+
+def results(r):
+    got = {}
+    for entry_id, fields in r.xrange(RES, "-", "+"):
+        f = {k.decode(): v.decode() for k, v in fields.items()}
+        if f["id"] in got:
+            fail(f"two results for id {f['id']}")
+        got[f["id"]] = f
+    return got
+
+
+def check_all_acknowledged(r, n_entries):
+    pending = r.xpending(REQ, "strata")["pending"]
+    if pending != 0:
+        fail(f"{pending} entries pending")
+    if r.hlen(DONE) < n_entries - 0:
+        log(f"done hash has {r.hlen(DONE)} ids")
+
+
+def after_progress(r, results_before, seconds=15):
+    """Waits until a random few more results are stored, then a random fraction of a second:
+    a point in the middle of the run, not only its start."""
+    target = results_before + random.randint(1, 6)
+    deadline = time.time() + seconds
+    while r.xlen(RES) < target and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(random.uniform(0, 0.5))
+
+
+def valid_requests(n, max_new=40):
+    """n greedy requests with distinct prompts and varied budgets, in every entry form."""
+    prompts, reqs = [], []
+    for i in range(n):
+        p = f"{STARTS[i % len(STARTS)]} {WORDS[i % len(WORDS)]} {WORDS[(i * 7 + 3) % len(WORDS)]} {i}"
+        prompts.append(p)
+        reqs.append({"id": f"r{i}", "prompt": p, "max_new_tokens": random.randint(1, max_new)})
+    return prompts, reqs
+
+
+def entry_fields(q, form):
+    """One request as a queue entry: flat fields, a `json` line, or an OpenAI batch line."""
+    if form == "flat":
+        return {k: str(v) for k, v in q.items()}
+    if form == "json":
+        return {"json": json.dumps(q)}
+    body = {"model": "stories", "prompt": q["prompt"], "max_tokens": q["max_new_tokens"], "temperature": 0}
+    return {"openai": json.dumps({"custom_id": q["id"], "method": "POST", "url": "/v1/completions", "body": body})}
+
+
+def submit_valid(r, reqs, ref_by_id=None):
+    for i, q in enumerate(reqs):
+        form = ["flat", "json", "openai"][i % 3]
+        if ref_by_id is not None and i % 5 == 4:  # as token ids, from the reference's tokenization
+            q = {"id": q["id"], "prompt_ids": ref_by_id[q["id"]]["prompt_ids"], "max_new_tokens": q["max_new_tokens"]}
+            form = "json"
+        r.xadd(REQ, entry_fields(q, form))
+
+
+def check_ok(got, reqs, refs):
+    for q, ref in zip(reqs, refs):
+        res = got.get(q["id"])
+        if res is None:
+            fail(f"no result for {q['id']}")
+        if res["status"] != "ok":
+            fail(f"{q['id']}: {res}")
+        want = expected(ref, q["max_new_tokens"])
+        if json.loads(res["output_ids"]) != want:
+            fail(f"{q['id']}: {res['output_ids']} != strata generate's {want}")
+
+
+# 20 malformed entries and a word their error must contain.
+MALFORMED = [
+    ({"max_new_tokens": "5"}, "exactly one of 'prompt'"),
+    ({"prompt": "a", "max_new_tokens": "lots"}, "max_new_tokens"),
+    ({"prompt": "a", "max_new_tokens": "-1"}, "max_new_tokens"),
+    ({"prompt": "a", "max_new_tokens": "3000000000"}, "max_new_tokens"),
+    ({"prompt": "a", "temperature": "warm"}, "temperature"),
+    ({"prompt": "a", "top_p": "0"}, "top_p"),
+    ({"prompt": "a", "colour": "red"}, "unknown field 'colour'"),
+    ({"prompt": b"caf\xc3\x28"}, "not valid UTF-8"),
+    ({"prompt": "a", "prompt_ids": "[1, 2]"}, "exactly one of 'prompt'"),
+    ({"prompt_ids": "[1, 99999]"}, "outside the vocabulary"),
+    ({"prompt_ids": "[]"}, "empty prompt"),
+    ({"prompt": "word " * 700}, "exceeds the context"),
+    ({"prompt": "x" * (1 << 20)}, "exceeds the limit"),
+    ({"json": "{not json"}, "not valid JSON"),
+    ({"json": json.dumps({"prompt": "a", "stop": [1]})}, "stop[0] must be a string"),
+    ({"json": "[" * 5000 + "]" * 5000}, "nested deeper"),
+    ({"openai": json.dumps({"custom_id": "oa-n", "body": {"prompt": "a", "n": 2}})}, "body.n must be 1"),
+    ({"openai": json.dumps({"custom_id": "oa-url", "url": "/v1/embeddings", "body": {"prompt": "a"}})}, "url must be"),
+    ({"prompt": "a", "seed": "-4"}, "seed"),
+    ({"prompt": "a", "ignore_eos": "maybe"}, "ignore_eos"),
+]
+
+
+def case_equal200():
+    srv = Redis()
+    prompts, reqs = valid_requests(180)
+    refs = reference(prompts, 40)
+    ref_by_id = {q["id"]: ref for q, ref in zip(reqs, refs)}
+    order = list(range(180 + len(MALFORMED)))
+    random.shuffle(order)
+    bad_ids = []
+    for k in order:
+        if k < 180:
+            submit_valid(srv.client, [reqs[k]], ref_by_id)
+        else:
+            fields, _ = MALFORMED[k - 180]
+            bad_ids.append((srv.client.xadd(REQ, fields).decode(), k - 180))
+    c = Cluster(srv.url, "--exit-when-drained", "--micro-batches", "2", "--decode-iters", "4")
+    rc = c.wait(300)
+    if rc != 0:
+        fail(f"exit {rc}:\n{c.tail()}")
+    got = results(srv.client)
+    check_ok(got, reqs, refs)
+    errors = [g for g in got.values() if g["status"] == "error"]
+    if len(errors) != len(MALFORMED):
+        fail(f"{len(errors)} error results, want {len(MALFORMED)}: {[e['error'] for e in errors]}")
+    for entry, k in bad_ids:
+        res = next((g for g in got.values() if g["entry"] == entry), None)
+        if res is None:
+            fail(f"no result for malformed entry {entry} ({MALFORMED[k][1]})")
+        if MALFORMED[k][1] not in res["error"]:
+            fail(f"entry {entry}: error '{res['error'][:200]}' does not say '{MALFORMED[k][1]}'")
+    if len(got) != 200:
+        fail(f"{len(got)} results for 200 requests")
+    check_all_acknowledged(srv.client, 200)
+    log("180 results equal strata generate, 20 error results name their problem, all acknowledged")
+
+
+def slow_requests(n):
+    prompts, reqs = valid_requests(n, 60)
+    for q in reqs:
+        q["max_new_tokens"] = random.randint(20, 60)
+    return prompts, reqs
+
+
+def case_kill9():
+    srv = Redis()
+    prompts, reqs = slow_requests(60)
+    refs = reference(prompts, 60)
+    submit_valid(srv.client, reqs)
+    args = ("--exit-when-drained", "--consumer", "crash-test", "--micro-batches", "2",
+            "--debug-step-delay", "0.01", "--max-batch", "8")
+    for k in range(3):
+        c = Cluster(srv.url, *args, name=f"kill{k}")
+        after_progress(srv.client, srv.client.xlen(RES))
+        done = srv.client.xlen(RES)
+        n = c.kill9()
+        log(f"kill -9 number {k + 1}: {n} processes, {done} results stored before")
+    c = Cluster(srv.url, *args, name="final")
+    rc = c.wait(300)
+    if rc != 0:
+        fail(f"final run exit {rc}:\n{c.tail()}")
+    got = results(srv.client)
+    if len(got) != 60:
+        fail(f"{len(got)} results for 60 requests")
+    check_ok(got, reqs, refs)
+    check_all_acknowledged(srv.client, 60)
+    log("60 requests, 3 kills: exactly one result each, all equal strata generate")
+
+
+def case_redis_restart():
+    srv = Redis()
+    prompts, reqs = slow_requests(40)
+    refs = reference(prompts, 60)
+    submit_valid(srv.client, reqs)
+    c = Cluster(srv.url, "--exit-when-drained", "--micro-batches", "2", "--debug-step-delay", "0.01",
+                "--max-batch", "8", "--redis-timeout", "60")
+    after_progress(srv.client, 0)
+    srv.kill()
+    log("redis-server killed")
+    time.sleep(1.5)
+    srv.start()
+    log(f"redis-server restarted; {srv.client.xlen(RES)} results survived")
+    rc = c.wait(300)
+    if rc != 0:
+        fail(f"exit {rc}:\n{c.tail()}")
+    got = results(srv.client)
+    if len(got) != 40:
+        fail(f"{len(got)} results for 40 requests")
+    check_ok(got, reqs, refs)
+    check_all_acknowledged(srv.client, 40)
+    log("redis killed and restarted mid-run: one result per request, all equal strata generate")
+
+
+def case_poison():
+    srv = Redis()
+    prompts, reqs = valid_requests(30)
+    refs = reference(prompts, 40)
+    crash_token = 499
+    if any(crash_token in ref["prompt_ids"] for ref in refs):
+        fail(f"a test prompt holds token {crash_token}")
+    for i, q in enumerate(reqs):
+        if i == 10:
+            srv.client.xadd(REQ, {"id": "poison", "prompt_ids": f"[1, 403, {crash_token}, 261]", "max_new_tokens": "8"})
+        submit_valid(srv.client, [q])
+    args = ("--exit-when-drained", "--consumer", "poison-test", "--debug-crash-token", str(crash_token),
+            "--max-deliveries", "3")
+    for run in range(1, 9):
+        c = Cluster(srv.url, *args, name=f"poison{run}")
+        rc = c.wait(120)
+        log(f"run {run}: exit {rc}")
+        if rc == 0:
+            break
+    else:
+        fail("the job never completed")
+    if run != 4:
+        fail(f"completed after {run} runs; expected 3 failed runs (deliveries 1-3) and a 4th that dead-letters")
+    dead = srv.client.xrange(DEAD, "-", "+")
+    if len(dead) != 1:
+        fail(f"{len(dead)} dead letters")
+    f = {k.decode(): v.decode() for k, v in dead[0][1].items()}
+    if f.get("id") != "poison" or f.get("dead_letter_deliveries") != "4":
+        fail(f"dead letter {f}")
+    got = results(srv.client)
+    if got["poison"]["status"] != "error" or "dead-lettered" not in got["poison"]["error"]:
+        fail(f"poison result {got['poison']}")
+    check_ok(got, reqs, refs)
+    if len(got) != 31:
+        fail(f"{len(got)} results for 31 requests")
+    check_all_acknowledged(srv.client, 31)
+    log("the poison entry is in the dead-letter stream after 4 deliveries; 30 others equal strata generate")
+
+
+def case_sigterm():
+    srv = Redis()
+    prompts, reqs = slow_requests(30)
+    refs = reference(prompts, 60)
+    submit_valid(srv.client, reqs)
+    args = ("--consumer", "term-test", "--micro-batches", "2", "--debug-step-delay", "0.02", "--max-batch", "8")
+    c = Cluster(srv.url, *args, "--grace-period", "0.3", name="term")
+    time.sleep(2.0)
+    t0 = time.time()
+    c.proc.send_signal(signal.SIGTERM)
+    rc = c.wait(30)
+    took = time.time() - t0
+    if rc == 0:
+        fail("stopped with requests cut but exit status 0")
+    if took > 10:
+        fail(f"took {took:.1f} s to stop with a 0.3 s grace period")
+    stored = srv.client.xlen(RES)
+    handed_back = [p for p in srv.client.xpending_range(REQ, "strata", "-", "+", 100) if p["times_delivered"] == 0]
+    pending = srv.client.xpending(REQ, "strata")["pending"]
+    if len(handed_back) != pending:
+        fail(f"{pending} pending, only {len(handed_back)} handed back with their count restored")
+    log(f"SIGTERM: exit {rc} after {took:.1f} s, {stored} results stored, {pending} handed back")
+    c = Cluster(srv.url, "--exit-when-drained", *args, name="drain")
+    rc = c.wait(300)
+    if rc != 0:
+        fail(f"exit {rc}:\n{c.tail()}")
+    got = results(srv.client)
+    if len(got) != 30:
+        fail(f"{len(got)} results for 30 requests")
+    check_ok(got, reqs, refs)
+    check_all_acknowledged(srv.client, 30)
+    log("after SIGTERM and a restart: one result per request, all equal strata generate")
+
+
+def case_docs():
+    """The examples of docs/QUEUE.md are files the page shows verbatim; both run here."""
+    doc = open(os.path.join(ROOT, "docs/QUEUE.md")).read()
+    examples = {"sh": "docs/examples/queue-redis-cli.sh", "python": "docs/examples/queue_producer.py"}
+    for lang, path in examples.items():
+        text = open(os.path.join(ROOT, path)).read()
+        if f"```{lang}\n{text}```" not in doc:
+            fail(f"docs/QUEUE.md does not show {path} as it is")
+    srv = Redis()
+    c = Cluster(srv.url, "--grace-period", "5", name="docs")
+    env = dict(os.environ, REDIS_URL=srv.url, STRATA=STRATA)
+    for lang, path in examples.items():
+        cmd = ["bash" if lang == "sh" else sys.executable, os.path.join(ROOT, path)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        log(f"{path}: exit {out.returncode}\n{out.stdout[-1500:]}{out.stderr[-1500:]}")
+        if out.returncode != 0:
+            c.proc.send_signal(signal.SIGTERM)
+            c.wait(30)
+            fail(f"{path} failed")
+    c.proc.send_signal(signal.SIGTERM)
+    c.wait(30)
+
+
+try:
+    {"equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
+     "poison": case_poison, "sigterm": case_sigterm, "docs": case_docs}[CASE]()
+finally:
+    for p in descendants(os.getpid()):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(TMP, ignore_errors=True)
