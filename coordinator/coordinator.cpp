@@ -262,8 +262,11 @@ void Coordinator::admit() {
   if (!grace_) {
     const auto window = static_cast<size_t>(options_.kv_slots);
     const size_t have = scheduler_->waiting() + held_.size();
-    if (have < window)
+    if (have < window) {
+      const Clock::time_point t0 = Clock::now();
       for (IncomingRequest& r : source_.poll(window - have)) take(std::move(r));
+      stats_.intake_seconds += since(t0);
+    }
   }
   while (!held_.empty() && !isolated_) {
     const IncomingRequest& r = held_.front();
@@ -396,7 +399,9 @@ void Coordinator::on_result(const StepResult& result) {
     if (isolated_ == f.seq_id) isolated_.reset();
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
     left.seqs.push_back(FinishedSequence{f.seq_id, finish_reason(f.result.stop_reason)});
+    const Clock::time_point t0 = Clock::now();
     sink_.write(f.result);
+    stats_.result_seconds += since(t0);
   }
   control_.send(last_rank(), left, Deadline::after_seconds(options_.step_timeout_s));
 }
@@ -475,12 +480,13 @@ std::string ClusterStats::json() const {
   }
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "errors": {}, )"
-      R"("unfinished": {}, "duplicate_ids": {}, "stop_signal": {}, )"
+      R"("unfinished": {}, "duplicate_ids": {}, "stop_signal": {}, "intake_seconds": {:.6f}, )"
+      R"("result_seconds": {:.6f}, )"
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "stages": [{}]}})",
       model, ranks, micro_batches, decode_iters, requests, errors, unfinished, duplicate_ids,
-      stop_signal, prompt_tokens, generated_tokens, prefill_steps, decode_steps, seconds,
-      tokens_per_second(), stages_json);
+      stop_signal, intake_seconds, result_seconds, prompt_tokens, generated_tokens, prefill_steps,
+      decode_steps, seconds, tokens_per_second(), stages_json);
 }
 
 std::string ClusterStats::table() const {

@@ -60,6 +60,10 @@ struct ClusterStats {
   int64_t prefill_steps = 0;
   int64_t decode_steps = 0;
   double seconds = 0;  // first step sent to last result in
+  // The coordinator's own cost per request: reading and parsing, validating and queueing
+  // them (intake), and handing finished ones to the sink (results).
+  double intake_seconds = 0;
+  double result_seconds = 0;
   std::vector<StageReport> stages;
 
   double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)

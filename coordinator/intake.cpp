@@ -11,28 +11,59 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-JsonlRequestSource::JsonlRequestSource(const std::string& path, const RequestLimits& limits) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_input("cannot open request file '{}'", path);
-  const double arrival = wall_seconds();
+JsonlRequestSource::JsonlRequestSource(const std::string& path, const RequestLimits& limits)
+    : in_(path, std::ios::binary), path_(path), limits_(limits), opened_(wall_seconds()) {
+  if (!in_) fail_input("cannot open request file '{}'", path);
+}
+
+std::optional<IncomingRequest> JsonlRequestSource::next() {
+  const size_t limit = limits_.max_request_bytes;
   std::string line;
-  for (size_t n = 1; std::getline(in, line); ++n) {
+  while (!done_) {
+    line.clear();
+    ++line_;
+    size_t length = 0;  // the whole line's, kept only up to the limit
+    int c = 0;
+    while ((c = in_.get()) != EOF && c != '\n') {
+      if (++length <= limit) line.push_back(static_cast<char>(c));
+      if (length > 16 * limit) {
+        done_ = true;
+        IncomingRequest r = parse_request_line("", fmt::format("{}:{}", path_, line_), limits_);
+        r.error = fmt::format(
+            "{}:{}: no line end within {} bytes: not a JSONL file of requests; reading stopped",
+            path_, line_, 16 * limit);
+        return r;
+      }
+    }
+    if (c == EOF) done_ = true;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    requests_.push_back(parse_request_line(line, fmt::format("{}:{}", path, n), limits));
-    requests_.back().arrival = arrival;
+    if (length == 0 || line.find_first_not_of(" \t") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path_, line_);
+    IncomingRequest r =
+        length > limit ? IncomingRequest{} : parse_request_line(line, where, limits_);
+    if (length > limit) {
+      r.where = r.request.id = where;
+      r.error = fmt::format("{}: request of {} bytes exceeds the limit of {} bytes", where, length,
+                            limit);
+    }
+    r.arrival = opened_;
+    return r;
   }
+  return std::nullopt;
 }
 
 std::vector<IncomingRequest> JsonlRequestSource::poll(size_t max) {
   std::vector<IncomingRequest> out;
-  while (next_ < requests_.size() && out.size() < max) out.push_back(std::move(requests_[next_++]));
+  while (out.size() < max) {
+    std::optional<IncomingRequest> r = next();
+    if (!r) break;
+    out.push_back(std::move(*r));
+  }
   return out;
 }
 
 std::vector<IncomingRequest> JsonlRequestSource::stop() {
-  std::vector<IncomingRequest> rest = poll(SIZE_MAX);
-  return rest;
+  return poll(SIZE_MAX);
 }
 
 std::string result_line(const GenerationResult& r, const Tokenizer& tok) {

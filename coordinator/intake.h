@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,19 +44,28 @@ class ResultSink {
   virtual bool flush(const Deadline& deadline) = 0;
 };
 
-// One request per line; blank lines are skipped. The whole file is read when opened (a
-// missing file is InputError); poll hands the requests out in file order.
+// One request per line, read as the coordinator takes them (the file, not memory, holds
+// the backlog); blank lines are skipped. A line longer than the request limit becomes an
+// error request; a file with no line end within 16 times that limit (not a JSONL file:
+// /dev/zero, a binary) ends with an error request saying so. A missing file is InputError.
 class JsonlRequestSource final : public RequestSource {
  public:
   explicit JsonlRequestSource(const std::string& path, const RequestLimits& limits = {});
   std::vector<IncomingRequest> poll(size_t max) override;
-  bool exhausted() const override { return next_ >= requests_.size(); }
+  bool exhausted() const override { return done_; }
+  // Reads the rest of the file: every line gets an answer, finished or not.
   std::vector<IncomingRequest> stop() override;
-  size_t size() const { return requests_.size(); }
+  size_t lines_read() const { return line_; }
 
  private:
-  std::vector<IncomingRequest> requests_;
-  size_t next_ = 0;
+  std::optional<IncomingRequest> next();  // nullopt at the end of the file
+
+  std::ifstream in_;
+  std::string path_;
+  RequestLimits limits_;
+  double opened_ = 0;  // the arrival time of every request of the file
+  size_t line_ = 0;
+  bool done_ = false;
 };
 
 // One JSON object per line (request_format.h's result_object), flushed per result.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <ctime>
 
 #include "kernels/log.h"
 
@@ -63,6 +64,12 @@ double entry_seconds(const std::string& entry_id) {
 
 std::string ms_text(double seconds) {
   return std::to_string(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 FieldList flat_fields(const nlohmann::ordered_json& object) {
@@ -252,6 +259,7 @@ void RedisQueue::read_loop() {
   while (true) {
     {
       std::unique_lock lock(mutex_);
+      stats_.reader_cpu_seconds = thread_cpu_seconds();
       if (quit_) return;
       if (fatal_ || stopped_ || drained_) {
         wake_.wait_for(lock, std::chrono::milliseconds(100));
@@ -568,6 +576,7 @@ void RedisQueue::write_loop() {
     {
       std::unique_lock lock(mutex_);
       wake_.wait_until(lock, next_lease, [this] { return quit_ || (!outbox_.empty() && !fatal_); });
+      stats_.writer_cpu_seconds = thread_cpu_seconds();
       if (quit_) return;
       if (fatal_) continue;
     }

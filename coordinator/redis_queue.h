@@ -59,12 +59,14 @@ struct RedisQueueOptions {
 };
 
 struct QueueStats {
-  int64_t delivered = 0;      // entries handed to the coordinator
-  int64_t results = 0;        // results stored (and their entries acknowledged)
-  int64_t duplicates = 0;     // entries acknowledged because their id already had a result
-  int64_t dead_lettered = 0;  // entries moved to the dead-letter stream
-  int64_t handed_back = 0;    // entries left for a later run (stopped before finishing)
-  int64_t reconnects = 0;     // connections opened after a loss
+  int64_t delivered = 0;          // entries handed to the coordinator
+  int64_t results = 0;            // results stored (and their entries acknowledged)
+  int64_t duplicates = 0;         // entries acknowledged because their id already had a result
+  int64_t dead_lettered = 0;      // entries moved to the dead-letter stream
+  int64_t handed_back = 0;        // entries left for a later run (stopped before finishing)
+  int64_t reconnects = 0;         // connections opened after a loss
+  double reader_cpu_seconds = 0;  // CPU time of the two I/O threads
+  double writer_cpu_seconds = 0;
   std::string json() const;
 };
 

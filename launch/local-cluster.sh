@@ -33,11 +33,14 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 setsid mpirun -np "$np" --oversubscribe --bind-to none \
   --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} "$strata" serve "$@" &
 mpirun_pid=$!
-stop() { pkill -TERM -P "$mpirun_pid" 2>/dev/null || true; }
-trap stop TERM INT HUP
-rc=0
-while true; do
-  wait "$mpirun_pid" && rc=0 || rc=$?
-  kill -0 "$mpirun_pid" 2>/dev/null || break  # a trapped signal interrupts wait; go on waiting
+# A signal is passed on once the ranks exist (one that comes while mpirun still starts them
+# waits for them).
+stopping=0
+trap 'stopping=1' TERM INT HUP
+while kill -0 "$mpirun_pid" 2>/dev/null; do
+  if [ "$stopping" = 1 ] && pkill -TERM -P "$mpirun_pid" 2>/dev/null; then stopping=2; fi
+  sleep 0.2
 done
+rc=0
+wait "$mpirun_pid" || rc=$?
 exit "$rc"

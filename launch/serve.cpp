@@ -99,7 +99,8 @@ int serve_single(const ServeOptions& o) {
   JsonlResultSink sink(o.results, *e.tokenizer);
   std::vector<GenerationRequest> requests;
   int64_t refused = 0;
-  for (IncomingRequest& r : source.poll(SIZE_MAX)) {
+  std::vector<IncomingRequest> all = source.poll(SIZE_MAX);
+  for (IncomingRequest& r : all) {
     tokenize(r, *e.tokenizer);
     if (r.error.empty()) {
       requests.push_back(std::move(r.request));
@@ -123,7 +124,7 @@ int serve_single(const ServeOptions& o) {
   const std::string json = fmt::format(
       R"({{"model": "{}", "ranks": 1, "requests": {}, "errors": {}, "generated_tokens": {}, )"
       R"("tokens_per_s": {:.3f}, "generator": {}}})",
-      o.engine.model, source.size(), refused, stats.generated_tokens, stats.generation_throughput(),
+      o.engine.model, all.size(), refused, stats.generated_tokens, stats.generation_throughput(),
       stats.json());
   std::fprintf(stderr, "%s\n", json.c_str());
   write_stats(o.stats_out, json);
@@ -196,7 +197,7 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, int local_ind
   w.stage.gpu_batch_size = c.gpu_batch_size;
   w.device = c.device;
   w.plan_timeout_s = o.load_timeout;
-  w.idle_timeout_s = std::max(o.step_timeout, 10 * o.heartbeat_interval);
+  w.coordinator_timeout_s = o.heartbeat_timeout;
   w.step_timeout_s = o.step_timeout;
   w.debug_step_delay_s = o.debug_step_delay;
   if (world.rank() == o.debug_kill_rank) w.debug_exit_after_steps = o.debug_kill_after_steps;

@@ -27,7 +27,8 @@ for k in ${MICRO:-1 2 4}; do
   name=$OUT/cluster-$(echo "${MODEL#dummy:}" | tr '/' '_')-np$NP${TAG:+-$TAG}-mb$k.json
   STRATA=$BUILD/launch/strata STRATA_LOG_LEVEL=warn bash launch/local-cluster.sh "$NP" --model "$MODEL" \
     --threads "${THREADS:-1}" --requests "$req" --results /dev/null --micro-batches "$k" \
-    --decode-iters "${DECODE_ITERS:-8}" --stats-out "$name" ${SERVE_ARGS:-} 2>/dev/null
+    --decode-iters "${DECODE_ITERS:-8}" --max-context $((${PROMPT:-32} + ${GEN:-32})) \
+    --stats-out "$name" ${SERVE_ARGS:-} 2>/dev/null
   python3 - "$name" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

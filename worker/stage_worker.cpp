@@ -57,6 +57,7 @@ class StageWorker {
 
   ControlMessage next_message(const Deadline& deadline, const char* awaited);
   bool serve_control_once();
+  void check_coordinator() const;
   void wait_serving(Transfer& transfer, const Deadline& deadline);
 
   const Communicator& world_;
@@ -77,6 +78,7 @@ class StageWorker {
   uint64_t step_id_ = 0;
   StageStats stats_;
   double window_start_ = -1, window_end_ = 0;
+  double last_heard_ = now_s();  // the last message from rank 0
 };
 
 int StageWorker::run() {
@@ -160,7 +162,7 @@ void StageWorker::start(const ClusterPlan& plan) {
 
 int StageWorker::serve() {
   while (true) {
-    ControlMessage m = next_message(Deadline::after_seconds(options_.idle_timeout_s),
+    ControlMessage m = next_message(Deadline::after_seconds(options_.coordinator_timeout_s),
                                     "the coordinator's next command");
     if (!handle(m)) return 0;
   }
@@ -260,7 +262,9 @@ std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<
     if (deadline.expired())
       fail(ErrorKind::kFailed, "step {}: still computing after {} s (the step timeout)", c.step_id,
            options_.step_timeout_s);
-    if (!serve_control_once()) backoff.pause();
+    if (serve_control_once()) continue;
+    check_coordinator();
+    backoff.pause();
   }
   return std::move(*tokens);
 }
@@ -288,11 +292,13 @@ int StageWorker::linger_after(const std::exception& e) {
   const auto* error = dynamic_cast<const Error*>(&e);
   const Error as_error = error ? *error : Error(ErrorKind::kFailed, e.what());
   log->error("rank {}: {}", world_.rank(), e.what());
+  if (now_s() - last_heard_ > options_.coordinator_timeout_s)
+    return kStageLostPeer;  // no one to tell
   try {
     control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_),
                   Deadline::after_seconds(5));
     for (Transfer& t : sends_) t = Transfer();  // cancels
-    const Deadline deadline = Deadline::after_seconds(options_.idle_timeout_s);
+    const Deadline deadline = Deadline::after_seconds(options_.coordinator_timeout_s);
     while (!std::holds_alternative<Shutdown>(next_message(deadline, "shutdown after an error"))) {
     }
   } catch (const std::exception& again) {
@@ -311,6 +317,7 @@ ControlMessage StageWorker::next_message(const Deadline& deadline, const char* a
       return m;
     }
     Received r = control_.recv(0, deadline, awaited);
+    last_heard_ = now_s();
     if (auto* ping = std::get_if<Heartbeat>(&r.message); ping && !ping->reply) {
       answer_ping(control_, 0, *ping, deadline);
       continue;
@@ -325,6 +332,7 @@ bool StageWorker::serve_control_once() {
   std::optional<Received> r =
       control_.try_recv(0, Deadline::after_seconds(options_.step_timeout_s));
   if (!r) return false;
+  last_heard_ = now_s();
   if (auto* ping = std::get_if<Heartbeat>(&r->message); ping && !ping->reply) {
     answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
   } else if (std::holds_alternative<Shutdown>(r->message)) {
@@ -335,12 +343,24 @@ bool StageWorker::serve_control_once() {
   return true;
 }
 
+// Rank 0 pings every heartbeat interval: a silence past the heartbeat timeout means it is
+// gone (killed, its node lost), and this worker ends rather than wait out a step timeout.
+void StageWorker::check_coordinator() const {
+  const double silent = now_s() - last_heard_;
+  if (silent > options_.coordinator_timeout_s)
+    fail(ErrorKind::kDisconnected,
+         "rank 0 (the coordinator) silent for {:.1f} s (heartbeat timeout {} s): it is gone",
+         silent, options_.coordinator_timeout_s);
+}
+
 void StageWorker::wait_serving(Transfer& t, const Deadline& deadline) {
   if (!t.pending()) return;
   Backoff backoff;
   while (!deadline.expired()) {
     if (t.test()) return;
-    if (!serve_control_once()) backoff.pause();
+    if (serve_control_once()) continue;
+    check_coordinator();
+    backoff.pause();
   }
   t.wait(deadline);  // one last test, then the timeout error naming the peer
 }

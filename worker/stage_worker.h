@@ -20,7 +20,9 @@ struct StageWorkerOptions {
   StageOptions stage;           // how the stage computes its layers (the plan sets which)
   int device = -1;              // the CUDA device `backend` computes on (NCCL links); -1: the host
   double plan_timeout_s = 120;  // waiting for the plan, and for the tensor links
-  double idle_timeout_s = 60;   // silence from the coordinator before giving up
+  // Silence from the coordinator (it pings every heartbeat interval) before this worker
+  // takes it for gone and ends: the cluster's heartbeat timeout.
+  double coordinator_timeout_s = 30;
   // Waiting for one step's activations (or for a send), and for one step's compute.
   double step_timeout_s = 60;
   int64_t debug_exit_after_steps = -1;  // tests: die (SIGKILL) after this many steps

@@ -61,7 +61,6 @@ TEST(Intake, FileSourceAndSinkRoundTrip) {
       << "\n\n{oops\n";
   }
   JsonlRequestSource source(dir + "/req.jsonl");
-  EXPECT_EQ(source.size(), 2u);
   auto got = source.poll(10);
   EXPECT_TRUE(source.exhausted());
   ASSERT_EQ(got.size(), 2u);
@@ -74,6 +73,39 @@ TEST(Intake, FileSourceAndSinkRoundTrip) {
       result_line(r, *tok),
       R"({"id":"a","status":"ok","text":"9","output_ids":[9],"stop_reason":"length","prompt_tokens":3,"completion_tokens":1,"prompt_ids":[2,3,4]})");
   EXPECT_THROW(JsonlRequestSource{dir + "/missing.jsonl"}, InputError);
+}
+
+// Requests are read as they are taken; a line past the limit is one error, and a file
+// with no line end (here 2 KiB of zeros with a 64-byte limit) stops being read after 16
+// times the limit instead of filling memory (as `--requests /dev/zero` did).
+TEST(Intake, FileReadsAreBounded) {
+  const std::string dir = STRATA_TEST_TMP;
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/long.jsonl", std::ios::binary);
+    f << R"({"prompt": "a"})"
+      << "\n"
+      << R"({"prompt": ")" << std::string(100, 'x') << "\"}\n"
+      << R"({"prompt": "b"})"
+      << "\n"
+      << std::string(2048, '\0');
+  }
+  RequestLimits limits;
+  limits.max_request_bytes = 64;
+  JsonlRequestSource source(dir + "/long.jsonl", limits);
+  auto first = source.poll(1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_TRUE(first[0].error.empty()) << first[0].error;
+  EXPECT_FALSE(source.exhausted());
+  auto rest = source.stop();
+  ASSERT_EQ(rest.size(), 3u);
+  EXPECT_NE(rest[0].error.find("long.jsonl:2: request of 114 bytes exceeds the limit of 64"),
+            std::string::npos)
+      << rest[0].error;
+  EXPECT_TRUE(rest[1].error.empty()) << rest[1].error;
+  EXPECT_NE(rest[2].error.find("long.jsonl:4: no line end within 1024 bytes"), std::string::npos)
+      << rest[2].error;
+  EXPECT_TRUE(source.exhausted());
 }
 
 }  // namespace

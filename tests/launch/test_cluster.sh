@@ -10,6 +10,8 @@
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
 #                                      non-zero within a bounded time
 #   refuse                             too many stages / over budget: clear refusal, no hang
+#   dead_coordinator                   rank 0 killed mid-run: every worker notices within the
+#                                      heartbeat timeout and exits with a message naming it
 #   slow NP                            every step computes longer than the heartbeat
 #                                      timeout: the workers answer pings meanwhile, the
 #                                      results equal strata generate
@@ -28,7 +30,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 cluster() {  # NP serve-options... ; a hard guard under ctest's TIMEOUT
   local np=$1
   shift
-  timeout -k 5 60 bash "$root/launch/local-cluster.sh" "$np" "$@"
+  # A context that fits every test request: the run's KV cache is sized from it up front.
+  timeout -k 5 60 bash "$root/launch/local-cluster.sh" "$np" --max-context 128 "$@"
 }
 
 # Requests with mixed prompt and output lengths, and one malformed line.
@@ -185,6 +188,30 @@ JSON
     grep -q "device cuda:99: no" "$tmp/out" || { cat "$tmp/out"; fail "no clear device refusal"; }
     [ $(($(date +%s) - start)) -le 20 ] || fail "device refusal took too long"
     echo "refusals clear"
+    ;;
+  dead_coordinator)
+    for i in $(seq 40); do echo "{\"id\": \"$i\", \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": 100}"; done >"$tmp/req.jsonl"
+    cluster 3 --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --debug-step-delay 0.05 --heartbeat-interval 0.2 --heartbeat-timeout 3 >"$tmp/out" 2>&1 &
+    job=$!
+    rank0=""
+    for _ in $(seq 100); do  # the coordinator, once it serves
+      for p in $(pgrep -f "strata serve" || true); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && rank0=$p
+      done
+      [ -n "$rank0" ] && [ -s "$tmp/r.jsonl" ] && break
+      sleep 0.1
+    done
+    [ -n "$rank0" ] || fail "no rank 0 found"
+    kill -9 "$rank0"
+    start=$(date +%s)
+    while pgrep -f "strata serve.*$tmp/req.jsonl" >/dev/null; do
+      [ $(($(date +%s) - start)) -le 15 ] || { cat "$tmp/out"; fail "workers still running 15 s after rank 0 died (heartbeat timeout 3 s)"; }
+      sleep 0.2
+    done
+    wait "$job" || true
+    grep -q "waiting for rank 0\|rank 0 (the coordinator) silent" "$tmp/out" || { cat "$tmp/out"; fail "no worker named rank 0"; }
+    echo "workers ended $(($(date +%s) - start)) s after rank 0 died"
     ;;
   *)
     fail "unknown case '$case_name'"

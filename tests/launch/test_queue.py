@@ -375,7 +375,7 @@ def case_sigterm():
     submit_valid(srv.client, reqs)
     args = ("--consumer", "term-test", "--micro-batches", "2", "--debug-step-delay", "0.02", "--max-batch", "8")
     c = Cluster(srv.url, *args, "--grace-period", "0.3", name="term")
-    time.sleep(2.0)
+    after_progress(srv.client, 0)
     t0 = time.time()
     c.proc.send_signal(signal.SIGTERM)
     rc = c.wait(30)
