@@ -39,7 +39,7 @@ stopping=0
 trap 'stopping=1' TERM INT HUP
 while kill -0 "$mpirun_pid" 2>/dev/null; do
   if [ "$stopping" = 1 ] && pkill -TERM -P "$mpirun_pid" 2>/dev/null; then stopping=2; fi
-  sleep 0.2
+  sleep 0.2 || true  # a signal to the whole group ends the sleep early (set -e)
 done
 rc=0
 wait "$mpirun_pid" || rc=$?

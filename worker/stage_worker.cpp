@@ -55,7 +55,9 @@ class StageWorker {
   int linger_after(const std::exception& e);
   int settle_compute(int code);
 
-  ControlMessage next_message(const Deadline& deadline, const char* awaited);
+  // The next message from rank 0; `deadline` nullopt: until rank 0 is silent for the
+  // heartbeat timeout (every ping it sends moves the deadline on).
+  ControlMessage next_message(std::optional<Deadline> deadline, const char* awaited);
   bool serve_control_once();
   void check_coordinator() const;
   void wait_serving(Transfer& transfer, const Deadline& deadline);
@@ -162,8 +164,7 @@ void StageWorker::start(const ClusterPlan& plan) {
 
 int StageWorker::serve() {
   while (true) {
-    ControlMessage m = next_message(Deadline::after_seconds(options_.coordinator_timeout_s),
-                                    "the coordinator's next command");
+    ControlMessage m = next_message(std::nullopt, "the coordinator's next command");
     if (!handle(m)) return 0;
   }
 }
@@ -298,8 +299,8 @@ int StageWorker::linger_after(const std::exception& e) {
     control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_),
                   Deadline::after_seconds(5));
     for (Transfer& t : sends_) t = Transfer();  // cancels
-    const Deadline deadline = Deadline::after_seconds(options_.coordinator_timeout_s);
-    while (!std::holds_alternative<Shutdown>(next_message(deadline, "shutdown after an error"))) {
+    while (
+        !std::holds_alternative<Shutdown>(next_message(std::nullopt, "shutdown after an error"))) {
     }
   } catch (const std::exception& again) {
     log->error("rank {}: after the error: {}", world_.rank(), again.what());
@@ -309,17 +310,21 @@ int StageWorker::linger_after(const std::exception& e) {
 }
 
 // The next message from rank 0, queued ones first; pings are answered here, never returned.
-ControlMessage StageWorker::next_message(const Deadline& deadline, const char* awaited) {
+ControlMessage StageWorker::next_message(std::optional<Deadline> fixed, const char* awaited) {
   while (true) {
     if (!pending_.empty()) {
       ControlMessage m = std::move(pending_.front());
       pending_.pop_front();
       return m;
     }
+    if (!fixed) check_coordinator();
+    const Deadline deadline =
+        fixed ? *fixed
+              : Deadline::after_seconds(options_.coordinator_timeout_s - (now_s() - last_heard_));
     Received r = control_.recv(0, deadline, awaited);
     last_heard_ = now_s();
     if (auto* ping = std::get_if<Heartbeat>(&r.message); ping && !ping->reply) {
-      answer_ping(control_, 0, *ping, deadline);
+      answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
       continue;
     }
     return std::move(r.message);

@@ -10,6 +10,11 @@
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
 #                                      non-zero within a bounded time
 #   refuse                             too many stages / over budget: clear refusal, no hang
+#   hostile                            a line of 100,000 nested arrays, invalid UTF-8, a line
+#                                      past the size limit, a repeated id: each bad line gets
+#                                      an error result, the rest run, the job ends cleanly
+#   sigterm                            SIGTERM mid-run: the running requests get the grace
+#                                      period, every line of the file gets a result, exit 143
 #   dead_coordinator                   rank 0 killed mid-run: every worker notices within the
 #                                      heartbeat timeout and exits with a message naming it
 #   slow NP                            every step computes longer than the heartbeat
@@ -188,6 +193,46 @@ JSON
     grep -q "device cuda:99: no" "$tmp/out" || { cat "$tmp/out"; fail "no clear device refusal"; }
     [ $(($(date +%s) - start)) -le 20 ] || fail "device refusal took too long"
     echo "refusals clear"
+    ;;
+  hostile)
+    python3 - "$tmp/req.jsonl" <<'PY'
+import sys
+with open(sys.argv[1], "wb") as f:
+    f.write(b"[" * 100000 + b"]" * 100000 + b"\n")
+    f.write(b'{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 8}\n')
+    f.write(b'{"id": "utf", "prompt": "caf\xc3\x28"}\n')
+    f.write(b'{"id": "big", "prompt": "' + b"x" * (2 << 20) + b'"}\n')
+    f.write(b'{"id": "a", "prompt": "The cat", "max_new_tokens": 4}\n')
+PY
+    start=$(date +%s)
+    cluster 3 --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "exit $? on hostile lines"; }
+    [ "$(wc -l <"$tmp/r.jsonl")" -eq 5 ] || { cat "$tmp/r.jsonl"; fail "not one result per line"; }
+    for want in "1:.*nested deeper than" "3:.*not valid JSON" "4: request of 2097179 bytes exceeds the limit"; do
+      jq -r 'select(.status == "error") | .error' "$tmp/r.jsonl" | grep -q "req.jsonl:$want" ||
+        { cat "$tmp/r.jsonl"; fail "no error result matching '$want'"; }
+    done
+    [ "$(jq -s '[.[] | select(.status == "ok")] | length' "$tmp/r.jsonl")" -eq 2 ] || fail "the valid lines did not run"
+    grep -q "request id a was seen before" "$tmp/out" || { cat "$tmp/out"; fail "the repeated id was not reported"; }
+    echo "hostile lines answered in $(($(date +%s) - start)) s"
+    ;;
+  sigterm)
+    for i in $(seq 40); do echo "{\"id\": \"$i\", \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": 100}"; done >"$tmp/req.jsonl"
+    cluster 3 --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --debug-step-delay 0.05 --max-batch 8 --grace-period 1 >"$tmp/out" 2>&1 &
+    job=$!
+    for _ in $(seq 300); do [ -s "$tmp/r.jsonl" ] && break; sleep 0.1; done
+    start=$(date +%s)
+    pkill -TERM -f "local-cluster.sh 3 --max-context 128 --model $stories --threads 1 --requests $tmp/req.jsonl"
+    rc=0
+    wait "$job" || rc=$?
+    [ "$rc" -ne 0 ] || fail "stopped with requests cut, but exit 0"
+    [ $(($(date +%s) - start)) -le 15 ] || fail "took $(($(date +%s) - start)) s to stop with a 1 s grace period"
+    [ "$(wc -l <"$tmp/r.jsonl")" -eq 40 ] || { cat "$tmp/out"; fail "$(wc -l <"$tmp/r.jsonl") results for 40 lines"; }
+    [ "$(jq -r .id "$tmp/r.jsonl" | sort -u | wc -l)" -eq 40 ] || fail "a line answered twice"
+    jq -r 'select(.status == "error") | .error' "$tmp/r.jsonl" | grep -q "interrupted\|not started" ||
+      fail "no interrupted or not-started results"
+    echo "SIGTERM: exit $rc, 40 lines answered ($(jq -s '[.[] | select(.status == "ok")] | length' "$tmp/r.jsonl") finished)"
     ;;
   dead_coordinator)
     for i in $(seq 40); do echo "{\"id\": \"$i\", \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": 100}"; done >"$tmp/req.jsonl"
