@@ -343,9 +343,10 @@ ModelConfig parse_model_config_text(std::string_view text, const std::string& so
 
 ModelConfig load_model_config(const std::string& dir, const InputLimits& limits) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) fail_input("model directory '{}' does not exist", dir);
+  std::error_code ec;  // a name too long or unreadable is "does not exist", not a throw
+  if (!fs::is_directory(dir, ec)) fail_input("model directory '{}' does not exist", dir);
   const std::string path = (fs::path(dir) / "config.json").string();
-  if (!fs::exists(path))
+  if (!fs::exists(path, ec))
     fail_input("{}: cannot open (every model directory needs a config.json)", path);
   const std::string text =
       read_file_bounded(path, limits, &InputLimits::json_file_bytes, "config.json");
