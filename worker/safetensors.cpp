@@ -186,7 +186,7 @@ json parse_json(const std::string& path, const char* what, const char* first, co
   json j;
   try {
     j = json::parse(first, last, guard);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
     fail_input("{}: {} is not valid JSON: {}", path, what, e.what());
   }
   if (!j.is_object()) fail_input("{}: {} is not a JSON object", path, what);

@@ -206,6 +206,17 @@ TEST_F(SafetensorsTest, RejectsHeaderNotJson) {
   expect_mentions(open_error(file), {file, "header is not valid JSON"});
 }
 
+// Found by fuzz_safetensors_index: nlohmann reports a number too large for a double as
+// out_of_range, not parse_error; it escaped as an error naming no file.
+TEST_F(SafetensorsTest, RejectsNumberTooLargeForJson) {
+  const std::string file = path("model.safetensors");
+  write_raw(file, R"({"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 0]}})", 0);
+  expect_mentions(open_error(file), {file, "header is not valid JSON", "number overflow"});
+  const std::string index = path("model.safetensors.index.json");
+  expect_mentions(input_error([&] { parse_safetensors_index(index, R"({"weight_map": 1e999})"); }),
+                  {index, "index is not valid JSON"});
+}
+
 TEST_F(SafetensorsTest, RejectsHeaderNotObject) {
   const std::string file = path("model.safetensors");
   write_raw(file, "[1, 2, 3]", 0);
