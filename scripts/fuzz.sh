@@ -12,8 +12,12 @@ BUILD=${2:-build-fuzz}
 shift $(($# < 2 ? $# : 2))
 ONLY=("$@")
 
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found (apt-get install clang); skipping" >&2
+probe=$(mktemp)
+trap 'rm -f "$probe"' EXIT
+if ! command -v clang++ >/dev/null ||
+  ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
+  clang++ -x c++ -fsanitize=fuzzer - -o "$probe" 2>/dev/null; then
+  echo "fuzz: clang++ with libFuzzer not found (scripts/install-deps.sh installs it); skipping" >&2
   exit 77
 fi
 # Fresh machines (CI) build from nothing: -j the cores, Release-like code with debug info.
