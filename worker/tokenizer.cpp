@@ -26,7 +26,14 @@ std::unique_ptr<Tokenizer> Tokenizer::from_bytes(std::string_view model_bytes,
   auto t = ids_only(config);
   t->source_ = source;
   t->sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = t->sp_->LoadFromSerializedProto(model_bytes);
+  sentencepiece::util::Status status;
+  try {
+    status = t->sp_->LoadFromSerializedProto(model_bytes);
+  } catch (const std::exception& e) {
+    // Found by fuzz_tokenizer: a piece of length zero makes sentencepiece's trie builder
+    // (darts) throw instead of returning a status.
+    fail_input("{}: cannot load sentencepiece model: {}", source, e.what());
+  }
   if (!status.ok())
     fail_input("{}: cannot load sentencepiece model: {}", source, status.ToString());
   t->pieces_ = t->sp_->GetPieceSize();
@@ -63,12 +70,25 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelCo
   return t;
 }
 
+// sentencepiece reports most failures as a status but a few by throwing (see from_bytes):
+// either way the message names the tokenizer file.
+namespace {
+template <typename F>
+sentencepiece::util::Status guarded(const std::string& source, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    fail_input("{}: sentencepiece failed: {}", source, e.what());
+  }
+}
+}  // namespace
+
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
   if (sp_ != nullptr) {
     if (add_bos_ && bos_ >= 0) ids.push_back(bos_);
     std::vector<int> pieces;
-    const auto status = sp_->Encode(text, &pieces);
+    const auto status = guarded(source_, [&] { return sp_->Encode(text, &pieces); });
     if (!status.ok()) fail_input("{}: cannot tokenize the prompt: {}", source_, status.ToString());
     ids.insert(ids.end(), pieces.begin(), pieces.end());
     return ids;
@@ -103,7 +123,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
                    source_, id, pieces_, pieces_);
     std::vector<int> v(ids.begin(), ids.end());
     std::string out;
-    const auto status = sp_->Decode(v, &out);
+    const auto status = guarded(source_, [&] { return sp_->Decode(v, &out); });
     if (!status.ok()) fail_input("{}: cannot decode: {}", source_, status.ToString());
     return out;
   }

@@ -292,6 +292,17 @@ TEST(Tokenizer, RefusalsNameTheTokenizerFile) {
   const ModelConfig c = load_model_config(copy.dir.string());
   EXPECT_NE(error_of([&] { Tokenizer::load(copy.dir.string(), c); }).find(model.string()),
             std::string::npos);
+  // Found by fuzz_tokenizer: a model whose second piece is empty; sentencepiece's trie
+  // builder threw "zero-length key", which escaped naming no file.
+  const unsigned char empty_piece[] = {0x0a, 0x0e, 0x0a, 0x05, 0x3c, 0x75, 0x6e, 0x6b, 0x3e, 0x15,
+                                       0x00, 0x00, 0x00, 0x00, 0x18, 0x02, 0x0a, 0x0c, 0x0a, 0x03,
+                                       0x3c, 0x0a, 0x0e, 0x0a, 0x05, 0x00, 0x00, 0x00, 0x00, 0x18};
+  std::ofstream(model, std::ios::binary)
+      .write(reinterpret_cast<const char*>(empty_piece), sizeof(empty_piece));
+  EXPECT_NE(error_of([&] {
+              Tokenizer::load(copy.dir.string(), c);
+            }).find(model.string() + ": cannot load sentencepiece model"),
+            std::string::npos);
   fs::copy_file(fs::path(testing::stories_dir()) / "tokenizer.model", model,
                 fs::copy_options::overwrite_existing);
   InputLimits small;
