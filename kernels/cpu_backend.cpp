@@ -75,8 +75,36 @@ void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
   STRATA_CHECK(false, "row_to_f32: {} is not a float type", dtype_name(dtype));
 }
 
+namespace {
+
+// MAX_THREADS=N from the OpenBLAS build configuration; 0 when it does not say.
+int openblas_max_threads() {
+  const char* config = openblas_get_config();
+  const char* p = config != nullptr ? std::strstr(config, "MAX_THREADS=") : nullptr;
+  return p != nullptr ? std::atoi(p + std::strlen("MAX_THREADS=")) : 0;
+}
+
+}  // namespace
+
+int max_cpu_threads() {
+  const int oversubscribed = 4 * std::max(1, omp_get_num_procs());
+  const int blas = openblas_max_threads();
+  return blas > 0 ? std::min(oversubscribed, blas) : oversubscribed;
+}
+
+int resolve_cpu_threads(int requested) {
+  const int max = max_cpu_threads();
+  if (requested == 0) return std::min(omp_get_num_procs(), max);
+  if (requested < 0 || requested > max)
+    fail_input(
+        "{} CPU threads requested: the limit is {} (4 x {} hardware threads; OpenBLAS here is "
+        "built for {})",
+        requested, max, omp_get_num_procs(), openblas_max_threads());
+  return requested;
+}
+
 CpuBackend::CpuBackend(int threads) {
-  threads_ = threads > 0 ? threads : omp_get_num_procs();
+  threads_ = resolve_cpu_threads(std::max(threads, 0));
   bind_thread();
 }
 

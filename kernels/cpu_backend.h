@@ -9,7 +9,8 @@ namespace strata {
 
 class CpuBackend final : public Backend {
  public:
-  // threads <= 0: all cores. Sets both OpenMP's and OpenBLAS's thread count.
+  // threads <= 0: all cores. Sets both OpenMP's and OpenBLAS's thread count. Throws
+  // InputError above max_cpu_threads().
   explicit CpuBackend(int threads = 0);
 
   std::string name() const override;
@@ -51,6 +52,15 @@ class CpuBackend final : public Backend {
   std::vector<float> attn_scratch_;
   std::vector<float> dequant_scratch_;
 };
+
+// The most threads a CPU backend takes: 4 x the hardware threads (more only oversubscribes
+// the cores, and spinning OpenMP barriers then crawl), and no more than the OpenBLAS library
+// was built for (its MAX_THREADS, read from openblas_get_config(); the OpenMP build sizes
+// per-thread buffers by it).
+int max_cpu_threads();
+// `requested` threads, or all cores (capped by max_cpu_threads()) for 0. Throws InputError
+// saying both limits when `requested` is negative or above max_cpu_threads().
+int resolve_cpu_threads(int requested);
 
 // Converts one row of f32/f16/bf16 values to f32 (vectorised where the CPU allows).
 void row_to_f32(DType dtype, const void* src, float* dst, int64_t n);

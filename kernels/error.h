@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -46,6 +47,21 @@ template <typename... Args>
 template <typename... Args>
 [[noreturn]] void fail(ErrorKind kind, fmt::format_string<Args...> f, Args&&... args) {
   throw Error(kind, fmt::format(f, std::forward<Args>(args)...));
+}
+
+// Runs `f`; running out of memory inside it (std::bad_alloc, or a backend's kOverloaded
+// allocation failure) becomes Error(kOverloaded) saying what was being allocated:
+// "out of memory while <what>: <the original message>".
+template <typename F>
+auto with_oom_context(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorKind::kOverloaded, "out of memory while " + what);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kOverloaded) throw;
+    throw Error(ErrorKind::kOverloaded, "out of memory while " + what + ": " + e.what());
+  }
 }
 
 namespace detail {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <vector>
 
+#include "kernels/cpu_backend.h"
 #include "kernels/tensor.h"
 
 namespace strata {
@@ -81,6 +82,7 @@ std::string MachineLimits::json() const {
 }
 
 MachineLimits measure_machine_limits(int threads, int gemm_n, size_t triad_mib) {
+  threads = resolve_cpu_threads(threads);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   MachineLimits m;

@@ -73,14 +73,28 @@ std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const Be
   return reqs;
 }
 
-// FLOPs actually executed: every prompt row goes through the layers, but only the last
-// prompt row and each decode row go through the LM head.
-double executed_flops(const ModelShape& s, int batch, int prompt_len, int gen_len) {
-  double per_seq = s.head_flops();
-  for (int p = 1; p <= prompt_len; ++p) per_seq += s.layer_flops_per_token(p);
-  for (int g = 1; g < gen_len; ++g)
-    per_seq += s.layer_flops_per_token(prompt_len + g) + s.head_flops();
-  return per_seq * batch;
+// FLOPs one sequence executed: every prompt row goes through the layers, but only the last
+// prompt row and each decode row go through the LM head. `generated` is what it really
+// produced, which is what the FLOP/s are computed from.
+double executed_flops(const ModelShape& s, int64_t prompt_len, int64_t generated) {
+  if (generated <= 0) return 0;
+  double flops = s.head_flops();
+  for (int64_t p = 1; p <= prompt_len; ++p) flops += s.layer_flops_per_token(p);
+  for (int64_t g = 1; g < generated; ++g)
+    flops += s.layer_flops_per_token(prompt_len + g) + s.head_flops();
+  return flops;
+}
+
+// A bench reports only what it ran: a workload the model's context cannot hold is refused,
+// not cut short and reported as asked. The last generated token is never fed back, so a
+// sequence needs prompt_len + gen_len - 1 positions.
+void check_workload(const BenchOptions& o, const ModelConfig& c) {
+  const int64_t need = int64_t{o.prompt_len} + o.gen_len - 1;
+  if (need > c.max_positions)
+    fail_input(
+        "--prompt-len {} + --gen-len {} need {} positions but {} has a context of {} "
+        "(max_position_embeddings)",
+        o.prompt_len, o.gen_len, need, c.source, c.max_positions);
 }
 
 // `strata limits` in a child process, so its large buffers never count in this process's
@@ -185,6 +199,7 @@ int run_bench(BenchOptions o) {
     searched = choose_policy(o, o.engine.device != "cpu" && probe_accelerators().available());
   o.engine.max_batch = o.batch;
   Engine e = make_engine(o.engine);
+  check_workload(o, e.config);
   const ModelShape shape = e.config.shape();
   Generator gen(*e.model, e.generator);
   for (int w = 0; w < o.warmup; ++w) {  // touch weights and scratch once
@@ -198,7 +213,10 @@ int run_bench(BenchOptions o) {
   MachineLimits before;
   if (o.measure_limits && !on_device) before = measure_limits_in_child(e.cpu->threads());
   GenerationStats stats;
-  gen.run(synthetic_requests(e.config, o), &stats);
+  const std::vector<GenerationResult> results = gen.run(synthetic_requests(e.config, o), &stats);
+  double flops = 0;
+  for (const GenerationResult& r : results)
+    flops += executed_flops(shape, o.prompt_len, static_cast<int64_t>(r.output_ids.size()));
 
   nlohmann::json j;
   j["model"] = o.engine.model;
@@ -218,7 +236,10 @@ int run_bench(BenchOptions o) {
   j["peak_rss_bytes"] = peak_rss_bytes();
   const double step_s =
       stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;
-  const double flops = executed_flops(shape, o.batch, o.prompt_len, o.gen_len);
+  // What ran, next to what was asked: every sequence should have produced gen_len tokens.
+  j["generated_tokens"] = stats.generated_tokens;
+  j["generated_tokens_expected"] = int64_t{o.batch} * o.gen_len;
+  j["executed_gflop"] = flops / 1e9;
   j["decode_step_seconds"] = step_s;
   if (const LayerStreamer* st = e.model->streamer()) {
     const StreamStats ss = st->stats();

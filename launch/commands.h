@@ -5,6 +5,10 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "worker/input_limits.h"
 
 namespace strata::cli {
 
@@ -30,6 +34,8 @@ int report_error(const std::exception& e);
 // Number checks whose messages say the rule and the value ("must be >= 0, got -5").
 CLI::Validator non_negative();
 CLI::Validator positive();
+// A --threads value: 0 (all cores) up to max_cpu_threads() (kernels/cpu_backend.h).
+CLI::Validator thread_count();
 
 // Options every engine command shares.
 struct EngineOptions {
@@ -43,14 +49,22 @@ struct EngineOptions {
   std::string cpu_mem;   // host memory for weights ("800MiB", "2GiB"; empty: no limit)
   std::string disk_dir = "/tmp";
   bool overlap = true;
-  std::string device = "auto";  // auto | cpu | cuda[:N]
-  std::string gpu_mem;          // accelerator memory for weights (empty: no limit)
-  std::string disk_mem;         // disk space for weights under disk_dir (empty: no limit)
-  std::string policy;           // FlexGen policy (placement/policy.h); weight shares used
+  std::string device = "auto";      // auto | cpu | cuda[:N]
+  std::string gpu_mem;              // accelerator memory for weights (empty: no limit)
+  std::string disk_mem;             // disk space for weights under disk_dir (empty: no limit)
+  std::string policy;               // FlexGen policy (placement/policy.h); weight shares used
+  std::vector<std::string> limits;  // --limit NAME=N overrides of the input limits
+  bool check_weights = false;       // scan every weight for NaN / infinity at load
 };
 
-// "1.5GiB", "800MiB", "64KiB", "4096" (bytes need a unit: B) -> bytes; a bare number is GiB.
+// The input limits an engine command runs under: the defaults, then STRATA_LIMIT_<NAME>
+// variables, then --limit NAME=N options.
+InputLimits input_limits(const std::vector<std::string>& overrides);
+
+// "1.5GiB", "800MiB", "64KiB", "4096B" -> bytes; a bare number is GiB. Refuses (InputError
+// naming the option) anything but a finite, non-negative decimal number of at most kMaxSize.
 int64_t parse_size(const std::string& text, const char* option);
+inline constexpr int64_t kMaxSize = int64_t{1} << 60;  // 1 EiB: past any machine's memory or disk
 void add_engine_options(CLI::App& cmd, EngineOptions& o);
 
 }  // namespace strata::cli

@@ -113,6 +113,12 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   if (c.device < 0 && lo.gpu_mem >= 0)
     log->warn("--gpu-mem ignored: the engine computes on the CPU");
   lo.disk_dir = o.disk_dir;
+  lo.limits = input_limits(o.limits);
+  lo.check_weights = o.check_weights;
+  // The activations are sized by these before any request arrives.
+  lo.limits.check(&InputLimits::batch, o.max_batch, "command line", "--max-batch");
+  lo.limits.check(&InputLimits::step_tokens, o.max_step_tokens, "command line",
+                  "--max-step-tokens");
   lo.device = c.device >= 0 ? c.backend : nullptr;
   PolicyChoice pc = apply_policy(o.policy, c.device >= 0);
   lo.w_gpu_percent = pc.w_gpu;

@@ -1,5 +1,9 @@
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <new>
 
+#include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
 
@@ -30,30 +34,55 @@ CLI::Validator positive() {
   return number_check("> 0", [](double x) { return x > 0; });
 }
 
+CLI::Validator thread_count() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        int n = -1;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (ec != std::errc() || end != v.data() + v.size() || n < 0)
+          return "must be a whole number >= 0, got " + v;
+        try {
+          resolve_cpu_threads(n);
+        } catch (const InputError& e) {
+          return e.what();
+        }
+        return std::string();
+      },
+      "0 (all cores) to max_cpu_threads");
+}
+
 int64_t parse_size(const std::string& text, const char* option) {
-  size_t used = 0;
+  // from_chars: no "inf", "nan", hex or leading spaces, unlike stod.
   double v = -1;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v,
+                                         std::chars_format::fixed | std::chars_format::scientific);
+  const std::string unit(end, text.data() + text.size());
   double scale = 0;
   if (unit.empty() || unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
   if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
   if (unit == "K" || unit == "KiB") scale = 1024.0;
   if (unit == "B") scale = 1.0;
-  if (used == 0 || scale == 0 || !(v >= 0))
-    fail_input("{}: cannot read size '{}' (examples: 1.5GiB, 800MiB, 64KiB; a bare number is GiB)",
-               option, text);
+  if (ec != std::errc() || end == text.data() || scale == 0 || !std::isfinite(v) || v < 0)
+    fail_input(
+        "{}: cannot read size '{}': a non-negative number with a unit (1.5GiB, 800MiB, 64KiB, "
+        "4096B; a bare number is GiB)",
+        option, text);
+  if (v * scale > static_cast<double>(kMaxSize))
+    fail_input("{}: size '{}' is above the largest accepted, 1 EiB ({} bytes)", option, text,
+               kMaxSize);
   return static_cast<int64_t>(v * scale);
+}
+
+InputLimits input_limits(const std::vector<std::string>& overrides) {
+  InputLimits l = InputLimits::from_env();
+  for (const std::string& o : overrides) l.set_from_text(o, "--limit");
+  return l;
 }
 
 void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--model", o.model, "Model directory (config.json + safetensors) or dummy:NAME")
       ->required();
-  cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(non_negative());
+  cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(thread_count());
   cmd.add_option("--dtype", o.dtype, "Storage dtype of dummy weights")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd.add_option("--weight-seed", o.weight_seed, "Seed of dummy weights");
@@ -75,9 +104,20 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--policy", o.policy,
                  "FlexGen policy, e.g. 'gbs=8,ngb=2,w=20/80/0,c=100/0/0' (weights placed by "
                  "w=GPU/CPU/DISK %)");
+  cmd.add_option("--limit", o.limits,
+                 "Raise or lower an input limit, NAME=N (repeatable; see strata limits --input)");
+  cmd.add_flag("--check-weights", o.check_weights,
+               "Scan every weight for NaN / infinity at load and refuse the model naming the "
+               "tensor and the first bad index");
 }
 
 int report_error(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    // What was being allocated is said where it is known (with_oom_context); this is the rest.
+    std::fprintf(stderr, "strata: error (overloaded): out of memory (%s)\n", e.what());
+    std::fflush(stderr);
+    return 1;
+  }
   if (dynamic_cast<const InputError*>(&e) != nullptr) {
     std::fprintf(stderr, "strata: error: %s\n", e.what());
     std::fflush(stderr);

@@ -2,6 +2,7 @@
 // non-zero exit: 2 for bad command-line input, 1 for everything else.
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "kernels/error.h"
 #include "launch/commands.h"
@@ -23,10 +24,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "strata: error: %s (see strata --help)\n", e.what());
     return 2;
   }
+  const char* running = "";
   try {
-    for (const auto& c : commands)
-      if (c.app->parsed()) return c.run();
+    for (const auto& c : commands) {
+      if (!c.app->parsed()) continue;
+      running = c.app->get_name().c_str();
+      return c.run();
+    }
     return 2;
+  } catch (const std::bad_alloc&) {
+    // Allocations that know what they are say so (with_oom_context); this names the command.
+    return strata::cli::report_error(strata::Error(
+        strata::ErrorKind::kOverloaded,
+        fmt::format("out of memory while running 'strata {}' (std::bad_alloc)", running)));
   } catch (const std::exception& e) {
     return strata::cli::report_error(e);
   }

@@ -2,7 +2,6 @@
 // and write bandwidth around the page cache (O_DIRECT), host memory bandwidth, GEMM FLOP/s
 // at prefill and decode shapes, CPU attention throughput, and the accelerators present.
 // Saved as JSON. (Host<->device bandwidth is measured once the CUDA engine path exists.)
-#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -84,7 +83,7 @@ double measure_cpu_attention(CpuBackend& cpu, int batch, int ctx, int heads, int
 }
 
 int run_profile(const ProfileOptions& o) {
-  const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
+  const int threads = resolve_cpu_threads(o.threads);
   CpuBackend cpu(threads);
   nlohmann::ordered_json j;
   j["accelerators"] = probe_accelerators().str();
@@ -110,7 +109,7 @@ Command add_profile(CLI::App& app) {
   auto o = std::make_shared<ProfileOptions>();
   CLI::App* cmd =
       app.add_subcommand("profile", "Measure this node's disk, memory and compute rates (JSON)");
-  cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(non_negative());
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(thread_count());
   cmd->add_option("--disk-dir", o->disk_dir, "Directory on the disk the offloading tier will use");
   cmd->add_option("--disk-mib", o->disk_mib, "MiB written and read back")->check(positive());
   cmd->add_option("--out", o->out, "Also save the JSON here");

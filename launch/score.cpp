@@ -20,6 +20,10 @@ struct ScoreOptions {
 
 int run_score(const ScoreOptions& o) {
   if (o.texts.empty()) fail_input("no text to score: pass --prompt TEXT (repeatable)");
+  const InputLimits limits = input_limits(o.engine.limits);
+  for (size_t i = 0; i < o.texts.size(); ++i)
+    limits.check(&InputLimits::prompt_bytes, static_cast<int64_t>(o.texts[i].size()),
+                 "command line", fmt::format("bytes of --prompt {}", i + 1));
   Engine e = make_engine(o.engine);
   std::ofstream logits_file;
   if (!o.logits_out.empty()) {

@@ -16,6 +16,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev
   liburing-dev libnuma-dev
   python3 python3-redis jq iproute2 util-linux clang-format
+  clang libclang-rt-14-dev  # the libFuzzer harnesses (scripts/fuzz.sh)
 )
 
 missing=()

@@ -1,8 +1,10 @@
 #include "worker/config.h"
 
+#include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "kernels/error.h"
 
@@ -11,176 +13,294 @@ namespace {
 
 using json = nlohmann::json;
 
-// Reads an integer field; `fallback` < 0 means required.
-int32_t get_int(const json& j, const char* key, const std::string& src, int64_t fallback = -1) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback < 0) fail_input("{}: missing required field '{}'", src, key);
-    return static_cast<int32_t>(fallback);
+// Reads the fields of one JSON object, naming the file and the field's full path
+// ("rope_scaling.factor") in every refusal. Wrong types are refused here rather than met as
+// nlohmann's type_error, whose message names neither.
+struct Fields {
+  const json& j;
+  const std::string& src;
+  std::string prefix;  // "" or "rope_scaling."
+
+  std::string name(const char* key) const { return prefix + key; }
+  const json* find(const char* key) const {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
   }
-  const json& v = j[key];
-  if (!v.is_number_integer())
-    fail_input("{}: field '{}' must be an integer, got {}", src, key, v.dump());
-  const int64_t x = v.get<int64_t>();
-  if (x < 0 || x > INT32_MAX) fail_input("{}: field '{}' = {} is out of range", src, key, x);
-  return static_cast<int32_t>(x);
-}
-
-float get_float(const json& j, const char* key, const std::string& src, float fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number())
-    fail_input("{}: field '{}' must be a number, got {}", src, key, j[key].dump());
-  return j[key].get<float>();
-}
-
-bool get_bool(const json& j, const char* key, const std::string& src, bool fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_boolean())
-    fail_input("{}: field '{}' must be true or false, got {}", src, key, j[key].dump());
-  return j[key].get<bool>();
-}
-
-std::vector<int32_t> get_eos(const json& j, const std::string& src) {
-  std::vector<int32_t> ids;
-  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
-  const json& v = j["eos_token_id"];
-  if (v.is_number_integer()) {
-    ids.push_back(v.get<int32_t>());
-  } else if (v.is_array()) {
-    for (const json& e : v) {
-      if (!e.is_number_integer())
-        fail_input("{}: eos_token_id entries must be integers, got {}", src, e.dump());
-      ids.push_back(e.get<int32_t>());
+  // An integer in [0, INT32_MAX]; required when there is no fallback.
+  int32_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    const json* v = find(key);
+    if (v == nullptr) {
+      if (!fallback) fail_input("{}: missing required field '{}'", src, name(key));
+      return static_cast<int32_t>(*fallback);
     }
+    if (!v->is_number_integer())
+      fail_input("{}: field '{}' must be an integer, got {}", src, name(key), v->dump());
+    if (v->is_number_unsigned() ? v->get<uint64_t>() > INT32_MAX
+                                : (v->get<int64_t>() < 0 || v->get<int64_t>() > INT32_MAX))
+      fail_input("{}: field '{}' = {} is out of range [0, {}]", src, name(key), v->dump(),
+                 INT32_MAX);
+    return v->get<int32_t>();
+  }
+  // A finite number that a float holds (1e308 would become inf, and inf, NaN, garbage).
+  float number(const char* key, float fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number())
+      fail_input("{}: field '{}' must be a number, got {}", src, name(key), v->dump());
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || std::fabs(x) > std::numeric_limits<float>::max())
+      fail_input("{}: field '{}' = {} is not a finite 32-bit float", src, name(key), v->dump());
+    return static_cast<float>(x);
+  }
+  bool boolean(const char* key, bool fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean())
+      fail_input("{}: field '{}' must be true or false, got {}", src, name(key), v->dump());
+    return v->get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_string())
+      fail_input("{}: field '{}' must be a string, got {}", src, name(key), v->dump());
+    return v->get<std::string>();
+  }
+  // A token id: any integer here (validate() checks it against the vocabulary); -1 if absent.
+  int32_t token_id(const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr) return -1;
+    return id_value(*v, name(key));
+  }
+  int32_t id_value(const json& v, const std::string& field) const {
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
+                                : v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX))
+      fail_input("{}: field '{}' must be a token id (an integer), got {}", src, field, v.dump());
+    return v.get<int32_t>();
+  }
+};
+
+std::vector<int32_t> get_eos(const Fields& f) {
+  std::vector<int32_t> ids;
+  const json* v = f.find("eos_token_id");
+  if (v == nullptr) return ids;
+  if (v->is_array()) {
+    for (size_t i = 0; i < v->size(); ++i)
+      ids.push_back(f.id_value((*v)[i], fmt::format("eos_token_id[{}]", i)));
   } else {
-    fail_input("{}: eos_token_id must be an integer or a list, got {}", src, v.dump());
+    ids.push_back(f.id_value(*v, "eos_token_id"));
   }
   return ids;
 }
 
-ModelFamily detect_family(const json& j, const std::string& src) {
-  const std::string type = j.value("model_type", "");
+ModelFamily detect_family(const Fields& f) {
+  const std::string type = f.string("model_type", "");
   std::string arch;
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
-      j["architectures"][0].is_string())
-    arch = j["architectures"][0].get<std::string>();
+  if (const json* a = f.find("architectures");
+      a && a->is_array() && !a->empty() && (*a)[0].is_string())
+    arch = (*a)[0].get<std::string>();
   if (type == "llama" || arch == "LlamaForCausalLM") return ModelFamily::kLlama;
   if (type == "opt" || arch == "OPTForCausalLM") return ModelFamily::kOpt;
   fail_input(
       "{}: unsupported model (model_type '{}', architectures[0] '{}'); supported: llama "
       "(LlamaForCausalLM), opt (OPTForCausalLM)",
-      src, type, arch);
+      f.src, type, arch);
 }
 
 void parse_rope_scaling(const json& j, ModelConfig& c) {
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return;
-  const json& rs = j["rope_scaling"];
-  if (!rs.is_object()) fail_input("{}: rope_scaling must be an object or null", c.source);
-  std::string type = rs.value("rope_type", rs.value("type", ""));
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return;
+  if (!it->is_object()) fail_input("{}: rope_scaling must be an object or null", c.source);
+  const Fields rs{*it, c.source, "rope_scaling."};
+  const std::string type = rs.string("rope_type", rs.string("type", ""));
   if (type == "default") return;
   if (type != "linear" && type != "llama3")
     fail_input("{}: rope_scaling type '{}' is not supported (supported: linear, llama3)", c.source,
                type);
   c.rope_scaling_type = type;
-  c.rope_factor = get_float(rs, "factor", c.source, 1.0f);
-  c.rope_low_freq_factor = get_float(rs, "low_freq_factor", c.source, 1.0f);
-  c.rope_high_freq_factor = get_float(rs, "high_freq_factor", c.source, 4.0f);
-  c.rope_original_max_positions =
-      get_int(rs, "original_max_position_embeddings", c.source, c.max_positions);
+  c.rope_factor = rs.number("factor", 1.0f);
+  c.rope_low_freq_factor = rs.number("low_freq_factor", 1.0f);
+  c.rope_high_freq_factor = rs.number("high_freq_factor", 4.0f);
+  c.rope_original_max_positions = rs.integer("original_max_position_embeddings", c.max_positions);
 }
 
 void parse_llama(const json& j, ModelConfig& c) {
-  const std::string& s = c.source;
-  c.intermediate = get_int(j, "intermediate_size", s);
-  c.n_kv_heads = get_int(j, "num_key_value_heads", s, c.n_heads);
-  c.head_dim = get_int(j, "head_dim", s, c.n_heads > 0 ? c.hidden / c.n_heads : 0);
-  c.norm_eps = get_float(j, "rms_norm_eps", s, 1e-6f);
-  c.rope_theta = get_float(j, "rope_theta", s, 10000.0f);
-  c.attention_bias = get_bool(j, "attention_bias", s, false);
-  c.mlp_bias = get_bool(j, "mlp_bias", s, false);
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", s, false);
-  const std::string act = j.value("hidden_act", "silu");
+  const Fields f{j, c.source, ""};
+  c.intermediate = f.integer("intermediate_size");
+  c.n_kv_heads = f.integer("num_key_value_heads", c.n_heads);
+  c.head_dim = f.integer("head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.norm_eps = f.number("rms_norm_eps", 1e-6f);
+  c.rope_theta = f.number("rope_theta", 10000.0f);
+  c.attention_bias = f.boolean("attention_bias", false);
+  c.mlp_bias = f.boolean("mlp_bias", false);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  const std::string act = f.string("hidden_act", "silu");
   if (act != "silu")
-    fail_input("{}: hidden_act '{}' is not supported for llama (supported: silu)", s, act);
+    fail_input("{}: hidden_act '{}' is not supported for llama (supported: silu)", c.source, act);
   parse_rope_scaling(j, c);
 }
 
 void parse_opt(const json& j, ModelConfig& c) {
-  const std::string& s = c.source;
-  c.intermediate = get_int(j, "ffn_dim", s);
+  const Fields f{j, c.source, ""};
+  c.intermediate = f.integer("ffn_dim");
   c.n_kv_heads = c.n_heads;
   c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
   c.norm_eps = 1e-5f;  // fixed in OPT's LayerNorm
   c.position_offset = 2;
-  c.do_layer_norm_before = get_bool(j, "do_layer_norm_before", s, true);
-  c.word_embed_proj_dim = get_int(j, "word_embed_proj_dim", s, c.hidden);
-  const bool bias = get_bool(j, "enable_bias", s, true);
+  c.do_layer_norm_before = f.boolean("do_layer_norm_before", true);
+  c.word_embed_proj_dim = f.integer("word_embed_proj_dim", c.hidden);
+  const bool bias = f.boolean("enable_bias", true);
   c.attention_bias = bias;
   c.mlp_bias = bias;
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", s, true);
-  if (!get_bool(j, "layer_norm_elementwise_affine", s, true))
-    fail_input("{}: layer_norm_elementwise_affine = false is not supported", s);
-  const std::string act = j.value("activation_function", "relu");
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", true);
+  if (!f.boolean("layer_norm_elementwise_affine", true))
+    fail_input("{}: layer_norm_elementwise_affine = false is not supported", c.source);
+  const std::string act = f.string("activation_function", "relu");
   if (act != "relu")
-    fail_input("{}: activation_function '{}' is not supported for opt (supported: relu)", s, act);
+    fail_input("{}: activation_function '{}' is not supported for opt (supported: relu)", c.source,
+               act);
+}
+
+// Where each number came from in config.json, for messages.
+struct Names {
+  const char* intermediate;
+  const char* eps;
+};
+Names field_names(const ModelConfig& c) {
+  return c.is_llama() ? Names{"intermediate_size", "rms_norm_eps"}
+                      : Names{"ffn_dim", "layer_norm_eps (fixed at 1e-5 for OPT)"};
+}
+
+// Every size a config controls, against its limit, before anything of that size exists.
+void check_sizes(const ModelConfig& c, const InputLimits& l) {
+  const Names n = field_names(c);
+  const std::string& s = c.source;
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0) fail_input("{}: {} must be positive, got {}", s, field, v);
+  };
+  struct Size {
+    const char* field;
+    int64_t value;
+    InputLimits::Member limit;
+  };
+  const Size sizes[] = {
+      {"hidden_size", c.hidden, &InputLimits::hidden},
+      {n.intermediate, c.intermediate, &InputLimits::intermediate},
+      {"num_hidden_layers", c.n_layers, &InputLimits::layers},
+      {"num_attention_heads", c.n_heads, &InputLimits::heads},
+      {"num_key_value_heads", c.n_kv_heads, &InputLimits::heads},
+      {"head_dim", c.head_dim, &InputLimits::head_dim},
+      {"vocab_size", c.vocab, &InputLimits::vocab},
+      {"max_position_embeddings", c.max_positions, &InputLimits::context},
+  };
+  for (const Size& z : sizes) {
+    positive(z.field, z.value);
+    l.check(z.limit, z.value, s, z.field);
+  }
+  if (c.is_opt()) {
+    positive("word_embed_proj_dim", c.word_embed_proj_dim);
+    l.check(&InputLimits::hidden, c.word_embed_proj_dim, s, "word_embed_proj_dim");
+  }
+  // Products the layer code keeps in int32 (limits can be raised up to INT32_MAX each).
+  const int64_t q_width = int64_t{c.n_heads} * c.head_dim;
+  if (q_width > INT32_MAX)
+    fail_input("{}: num_attention_heads {} x head_dim {} = {} is out of range", s, c.n_heads,
+               c.head_dim, q_width);
+  if (int64_t{c.max_positions} + c.position_offset > INT32_MAX)
+    fail_input("{}: max_position_embeddings {} is out of range", s, c.max_positions);
+}
+
+void check_shape(const ModelConfig& c) {
+  const std::string& s = c.source;
+  if (c.hidden % c.n_heads != 0)
+    fail_input("{}: num_attention_heads {} does not divide hidden_size {}", s, c.n_heads, c.hidden);
+  if (c.n_heads % c.n_kv_heads != 0)
+    fail_input("{}: num_key_value_heads {} does not divide num_attention_heads {}", s, c.n_kv_heads,
+               c.n_heads);
+  if (c.is_llama() && c.head_dim % 2 != 0)
+    fail_input("{}: head_dim {} must be even for rotary embeddings", s, c.head_dim);
+}
+
+// Epsilon is added to a mean of squares of order one: a value near that flattens every
+// normalisation. Hugging Face models use 1e-12 to 1e-5.
+constexpr float kMaxNormEps = 0.1f;
+
+void check_numbers(const ModelConfig& c) {
+  const std::string& s = c.source;
+  if (!(c.norm_eps > 0.0f && c.norm_eps <= kMaxNormEps))
+    fail_input("{}: {} = {} is outside (0, {}]", s, field_names(c).eps, c.norm_eps, kMaxNormEps);
+  if (!c.is_llama()) return;
+  if (!(c.rope_theta > 0.0f))
+    fail_input("{}: rope_theta must be positive, got {}", s, c.rope_theta);
+  if (c.rope_scaling_type.empty()) return;
+  if (!(c.rope_factor > 0.0f))
+    fail_input("{}: rope_scaling.factor must be positive, got {}", s, c.rope_factor);
+  if (c.rope_scaling_type != "llama3") return;
+  // llama3 scaling blends between the two wavelengths 1/low and 1/high of the original
+  // context, dividing by (high - low): both positive, high above low (as Hugging Face asks).
+  if (!(c.rope_low_freq_factor > 0.0f))
+    fail_input("{}: rope_scaling.low_freq_factor must be positive, got {}", s,
+               c.rope_low_freq_factor);
+  if (!(c.rope_high_freq_factor > c.rope_low_freq_factor))
+    fail_input("{}: rope_scaling.high_freq_factor {} must be above low_freq_factor {}", s,
+               c.rope_high_freq_factor, c.rope_low_freq_factor);
+  if (c.rope_original_max_positions <= 0 || c.rope_original_max_positions > c.max_positions)
+    fail_input(
+        "{}: rope_scaling.original_max_position_embeddings = {} is outside [1, "
+        "max_position_embeddings = {}]",
+        s, c.rope_original_max_positions, c.max_positions);
+}
+
+void check_token_ids(const ModelConfig& c) {
+  auto in_vocab = [&](const std::string& field, int32_t id) {
+    if (id < 0 || id >= c.vocab)
+      fail_input("{}: {} = {} is outside the vocabulary [0, {}) (vocab_size)", c.source, field, id,
+                 c.vocab);
+  };
+  if (c.bos_token_id != -1) in_vocab("bos_token_id", c.bos_token_id);
+  if (c.pad_token_id != -1) in_vocab("pad_token_id", c.pad_token_id);
+  for (size_t i = 0; i < c.eos_token_ids.size(); ++i)
+    in_vocab(c.eos_token_ids.size() == 1 ? std::string("eos_token_id")
+                                         : fmt::format("eos_token_id[{}]", i),
+             c.eos_token_ids[i]);
 }
 
 }  // namespace
 
-ModelConfig parse_model_config(const json& j, const std::string& source) {
+ModelConfig parse_model_config(const json& j, const std::string& source,
+                               const InputLimits& limits) {
   if (!j.is_object()) fail_input("{}: not a JSON object", source);
+  const Fields f{j, source, ""};
   ModelConfig c;
   c.source = source;
-  c.family = detect_family(j, source);
-  c.hidden = get_int(j, "hidden_size", source);
-  c.n_layers = get_int(j, "num_hidden_layers", source);
-  c.n_heads = get_int(j, "num_attention_heads", source);
-  c.vocab = get_int(j, "vocab_size", source);
-  c.max_positions = get_int(j, "max_position_embeddings", source, 2048);
-  c.bos_token_id = j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()
-                       ? j["bos_token_id"].get<int32_t>()
-                       : -1;
-  c.eos_token_ids = get_eos(j, source);
-  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
-    auto dt = parse_dtype(j["torch_dtype"].get<std::string>());
-    if (dt && *dt != DType::kI32) c.dtype = *dt;
+  c.family = detect_family(f);
+  c.hidden = f.integer("hidden_size");
+  c.n_layers = f.integer("num_hidden_layers");
+  c.n_heads = f.integer("num_attention_heads");
+  c.vocab = f.integer("vocab_size");
+  c.max_positions = f.integer("max_position_embeddings", 2048);
+  c.bos_token_id = f.token_id("bos_token_id");
+  c.pad_token_id = f.token_id("pad_token_id");
+  c.eos_token_ids = get_eos(f);
+  if (const json* dt = f.find("torch_dtype"); dt && dt->is_string()) {
+    auto parsed = parse_dtype(dt->get<std::string>());
+    if (parsed && *parsed != DType::kI32) c.dtype = *parsed;
   }
   if (c.is_llama()) {
     parse_llama(j, c);
   } else {
     parse_opt(j, c);
   }
-  c.validate();
+  c.validate(limits);
   return c;
 }
 
-void ModelConfig::validate() const {
-  auto positive = [&](const char* field, int64_t v) {
-    if (v <= 0) fail_input("{}: {} must be positive, got {}", source, field, v);
-  };
-  positive("hidden_size", hidden);
-  positive("intermediate_size", intermediate);
-  positive("num_hidden_layers", n_layers);
-  positive("num_attention_heads", n_heads);
-  positive("num_key_value_heads", n_kv_heads);
-  positive("vocab_size", vocab);
-  positive("max_position_embeddings", max_positions);
-  if (hidden % n_heads != 0)
-    fail_input("{}: num_attention_heads {} does not divide hidden_size {}", source, n_heads,
-               hidden);
-  if (n_heads % n_kv_heads != 0)
-    fail_input("{}: num_key_value_heads {} does not divide num_attention_heads {}", source,
-               n_kv_heads, n_heads);
-  positive("head_dim", head_dim);
-  if (is_llama() && head_dim % 2 != 0)
-    fail_input("{}: head_dim {} must be even for rotary embeddings", source, head_dim);
-  if (!(norm_eps > 0.0f)) fail_input("{}: norm epsilon must be positive, got {}", source, norm_eps);
-  if (is_llama() && !(rope_theta > 0.0f))
-    fail_input("{}: rope_theta must be positive, got {}", source, rope_theta);
-  if (is_opt() && word_embed_proj_dim <= 0)
-    fail_input("{}: word_embed_proj_dim must be positive, got {}", source, word_embed_proj_dim);
-  for (int32_t e : eos_token_ids)
-    if (e < 0 || e >= vocab)
-      fail_input("{}: eos_token_id {} outside vocabulary of {}", source, e, vocab);
+void ModelConfig::validate(const InputLimits& limits) const {
+  check_sizes(*this, limits);
+  check_shape(*this);
+  check_numbers(*this);
+  check_token_ids(*this);
 }
 
 ModelShape ModelConfig::shape() const {
@@ -210,19 +330,27 @@ std::string ModelConfig::str() const {
       head_dim, vocab, max_positions, norm_eps, dtype_name(dtype), tie_word_embeddings);
 }
 
-ModelConfig load_model_config(const std::string& dir) {
-  namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) fail_input("model directory '{}' does not exist", dir);
-  const std::string path = (fs::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) fail_input("{}: cannot open (every model directory needs a config.json)", path);
+ModelConfig parse_model_config_text(std::string_view text, const std::string& source,
+                                    const InputLimits& limits) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
-    fail_input("{}: not valid JSON: {}", path, e.what());
+    fail_input("{}: not valid JSON: {}", source, e.what());
   }
-  return parse_model_config(j, path);
+  return parse_model_config(j, source, limits);
+}
+
+ModelConfig load_model_config(const std::string& dir, const InputLimits& limits) {
+  namespace fs = std::filesystem;
+  std::error_code ec;  // a name too long or unreadable is "does not exist", not a throw
+  if (!fs::is_directory(dir, ec)) fail_input("model directory '{}' does not exist", dir);
+  const std::string path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(path, ec))
+    fail_input("{}: cannot open (every model directory needs a config.json)", path);
+  const std::string text =
+      read_file_bounded(path, limits, &InputLimits::json_file_bytes, "config.json");
+  return parse_model_config_text(text, path, limits);
 }
 
 }  // namespace strata

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/dtype.h"
 #include "placement/model_shape.h"
+#include "worker/input_limits.h"
 
 namespace strata {
 
@@ -45,7 +47,8 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v/o biases
   bool mlp_bias = false;        // MLP biases
   bool tie_word_embeddings = false;
-  int32_t bos_token_id = -1;
+  int32_t bos_token_id = -1;  // -1: none given
+  int32_t pad_token_id = -1;  // -1: none given
   std::vector<int32_t> eos_token_ids;
 
   bool is_llama() const { return family == ModelFamily::kLlama; }
@@ -56,13 +59,20 @@ struct ModelConfig {
   std::string str() const;
 
   // Throws InputError naming `source`, the field and the value when the numbers cannot
-  // describe a model (e.g. heads not dividing the hidden size).
-  void validate() const;
+  // describe a model: a size not positive or above its limit, heads not dividing the hidden
+  // size, an epsilon outside (0, 0.1], a rope factor not positive (llama3: high_freq_factor
+  // not above low_freq_factor, original_max_position_embeddings outside [1, context]), a
+  // bos/pad/eos id outside the vocabulary.
+  void validate(const InputLimits& limits = {}) const;
 };
 
 // Parses a config.json object. `source` names the file in error messages.
-ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
-// Reads and parses <dir>/config.json.
-ModelConfig load_model_config(const std::string& dir);
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source,
+                               const InputLimits& limits = {});
+// Parses config.json's text.
+ModelConfig parse_model_config_text(std::string_view text, const std::string& source,
+                                    const InputLimits& limits = {});
+// Reads (at most limits.json_file_bytes) and parses <dir>/config.json.
+ModelConfig load_model_config(const std::string& dir, const InputLimits& limits = {});
 
 }  // namespace strata

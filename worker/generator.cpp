@@ -84,7 +84,10 @@ int32_t Generator::plan_capacity(const std::vector<GenerationRequest>& requests)
 }
 
 std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest>& requests,
-                                             GenerationStats* stats_out) {
+                                             GenerationStats* stats_out,
+                                             const ResultCallback& on_done) {
+  on_done_ = on_done ? &on_done : nullptr;
+  requests_ = requests.data();
   GenerationStats stats;
   std::vector<GenerationResult> results(requests.size());
   const int32_t capacity = plan_capacity(requests);
@@ -100,7 +103,9 @@ std::vector<GenerationResult> Generator::run(const std::vector<GenerationRequest
       results[i].stop_reason = StopReason::kLength;
     } else {
       waiting.push_back(i);
+      continue;
     }
+    if (on_done_) (*on_done_)(i, results[i]);
   }
   if (waiting.empty()) {
     if (stats_out) *stats_out = stats;
@@ -201,6 +206,7 @@ void Generator::accept(Running& seq, const float* logits, KvCache& cache) {
                      res)) {
     cache.release(seq.slot);
     seq.slot = -1;
+    if (on_done_) (*on_done_)(static_cast<size_t>(seq.request - requests_), res);
   }
 }
 

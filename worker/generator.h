@@ -85,8 +85,13 @@ class Generator {
   // Runs every request to completion. Results come back in request order; a request that is
   // invalid (empty prompt, token id outside the vocabulary, prompt longer than the context)
   // gets a kError result with a message and does not disturb the others.
+  // `on_done`, when given, sees each result the moment it is final (refused at once, or its
+  // last token sampled) with the request's index, so a caller can write it out before the
+  // rest finish and a later failure loses nothing already computed.
+  using ResultCallback = std::function<void(size_t index, const GenerationResult&)>;
   std::vector<GenerationResult> run(const std::vector<GenerationRequest>& requests,
-                                    GenerationStats* stats = nullptr);
+                                    GenerationStats* stats = nullptr,
+                                    const ResultCallback& on_done = {});
 
  private:
   struct Running;
@@ -103,6 +108,8 @@ class Generator {
   Sampler sampler_;
   StepBatch batch_;
   std::vector<float> logits_;
+  const ResultCallback* on_done_ = nullptr;      // set for the duration of run()
+  const GenerationRequest* requests_ = nullptr;  // run()'s requests: a Running's index
 };
 
 }  // namespace strata

@@ -168,12 +168,13 @@ WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem) {
   return place_weights(config, b);
 }
 
-LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
-  if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
+namespace {
+
+LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options) {
   LoadedModel m;
   const bool dummy = is_dummy_model(spec);
-  const ModelConfig full =
-      dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype) : load_model_config(spec);
+  const ModelConfig full = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype)
+                                 : load_model_config(spec, options.limits);
   const WeightParts parts = weight_parts(full, options);
   m.config = full;
   m.config.n_layers = parts.n_layers;
@@ -210,8 +211,9 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts);
     m.tokenizer = Tokenizer::ids_only(m.config);
   } else {
-    m.weights = load_checkpoint_weights(full, spec, sink, parts);
-    m.tokenizer = Tokenizer::load(spec, m.config);
+    m.weights = load_checkpoint_weights(full, spec, sink, parts,
+                                        CheckpointOptions{options.limits, options.check_weights});
+    m.tokenizer = Tokenizer::load(spec, m.config, options.limits);
   }
   for (auto& t : compressed) m.weights.owned.push_back(std::move(t));
   auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
@@ -222,6 +224,14 @@ LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
     m.streamer = std::move(streamer);
   }
   return m;
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
+  if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
+  return with_oom_context(fmt::format("loading the model {}", spec),
+                          [&] { return load_model_parts(spec, options); });
 }
 
 }  // namespace strata

@@ -45,6 +45,10 @@ struct LoadOptions {
   int32_t layer_end = -1;
   bool embedding = true;
   bool head = true;
+  // Bounds on what the model files may ask for (input_limits.h), and whether to scan every
+  // weight for NaN / infinity at load (--check-weights).
+  InputLimits limits;
+  bool check_weights = false;
 };
 
 // Quantises a layer's matrices to kQ4 (those with columns a multiple of 64); the new

@@ -40,9 +40,21 @@ Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, 
       backend_(backend),
       max_rows_(max_rows) {
   STRATA_CHECK(max_rows > 0, "max_rows {}", max_rows);
+  with_oom_context(fmt::format("allocating the activations of {} rows", max_rows),
+                   [&] { allocate_activations(); });
+  if (config.is_llama())
+    with_oom_context(
+        fmt::format("building the rotary tables of {} positions", config.max_positions),
+        [&] { build_rope_tables(); });
+}
+
+void Model::allocate_activations() {
+  const ModelConfig& config = config_;
+  const int32_t max_rows = max_rows_;
   const auto rows = static_cast<size_t>(max_rows);
   const size_t wide =
       static_cast<size_t>(std::max({config.hidden, config.q_width(), config.word_embed_proj_dim}));
+  Backend& backend = backend_;
   auto buf = [&](size_t width) { return DeviceBuffer(backend, rows * width * sizeof(float)); };
   x_ = buf(wide);
   h_ = buf(wide);
@@ -57,7 +69,6 @@ Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, 
                                       static_cast<size_t>(config.vocab) * sizeof(float));
   tokens_ = DeviceBuffer(backend, rows * sizeof(int32_t));
   positions_ = DeviceBuffer(backend, rows * sizeof(int32_t));
-  if (config.is_llama()) build_rope_tables();
 }
 
 // cos/sin of position * inv_freq, in f32 like the reference implementations, with the
@@ -414,7 +425,16 @@ void Model::set_cache_options(const CacheOptions& options) {
 }
 
 std::unique_ptr<KvCache> Model::make_cache(int32_t n_slots, int32_t capacity) {
-  return std::make_unique<KvCache>(backend_, config_, n_slots, capacity, cache_options_.placement);
+  const double bytes = 2.0 * n_slots * capacity * config_.kv_width() * sizeof(float) *
+                       static_cast<double>(config_.n_layers);
+  return with_oom_context(
+      fmt::format("allocating the KV cache of {} sequences x {} positions x {} layers ({:.1f} MiB "
+                  "in f32)",
+                  n_slots, capacity, config_.n_layers, bytes / (1 << 20)),
+      [&] {
+        return std::make_unique<KvCache>(backend_, config_, n_slots, capacity,
+                                         cache_options_.placement);
+      });
 }
 
 void Model::mlp_block(const LayerWeights& L, int32_t rows) {

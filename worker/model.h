@@ -136,6 +136,7 @@ class Model {
   void head_chunk(std::span<const int32_t> rows, int32_t batch_rows, float* logits);
 
   static constexpr int32_t kLogitChunk = 64;
+  void allocate_activations();
   void build_rope_tables();
 
   ModelConfig config_;

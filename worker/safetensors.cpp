@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "kernels/error.h"
 
@@ -77,11 +76,11 @@ DType parse_entry_dtype(const std::string& path, const std::string& name, const 
   return *dtype;
 }
 
-Shape parse_entry_shape(const std::string& path, const std::string& name, const json& v) {
+Shape parse_entry_shape(const std::string& path, const std::string& name, const json& v,
+                        const InputLimits& limits) {
   if (!v.is_array()) fail_input("{}: tensor '{}': shape {} is not an array", path, name, v.dump());
-  if (v.size() > static_cast<size_t>(kMaxDims))
-    fail_input("{}: tensor '{}': shape {} has rank {}, more than the supported {}", path, name,
-               v.dump(), v.size(), kMaxDims);
+  const std::string where = fmt::format("{}: tensor '{}'", path, name);
+  limits.check(&InputLimits::tensor_rank, static_cast<int64_t>(v.size()), where, "shape rank");
   Shape shape;
   for (const json& d : v) {
     // Values above INT64_MAX parse as unsigned and would wrap in int64_t.
@@ -93,6 +92,8 @@ Shape parse_entry_shape(const std::string& path, const std::string& name, const 
           "{}: tensor '{}': shape {} dimension {} is {}; dimensions must be non-negative "
           "integers",
           path, name, v.dump(), shape.rank, d.dump());
+    limits.check(&InputLimits::tensor_dim, d.get<int64_t>(), where,
+                 fmt::format("shape {} dimension {}", v.dump(), shape.rank));
     shape.dims[static_cast<size_t>(shape.rank++)] = d.get<int64_t>();
   }
   return shape;
@@ -125,13 +126,13 @@ void parse_entry_offsets(const std::string& path, const std::string& name, const
 }
 
 SafetensorsTensor parse_entry(const std::string& path, const std::string& name, const json& entry,
-                              uint64_t data_size) {
+                              uint64_t data_size, const InputLimits& limits) {
   if (!entry.is_object())
     fail_input("{}: tensor '{}': entry {} is not an object", path, name, entry.dump());
   SafetensorsTensor t;
   t.name = name;
   t.dtype = parse_entry_dtype(path, name, field(path, name, entry, "dtype"));
-  t.shape = parse_entry_shape(path, name, field(path, name, entry, "shape"));
+  t.shape = parse_entry_shape(path, name, field(path, name, entry, "shape"), limits);
   parse_entry_offsets(path, name, field(path, name, entry, "data_offsets"), t);
   const uint64_t want = shape_bytes(path, name, t.shape, t.dtype);
   if (t.end - t.begin != want)
@@ -146,43 +147,102 @@ SafetensorsTensor parse_entry(const std::string& path, const std::string& name, 
   return t;
 }
 
-// Overlapping tensors would alias each other's data. Empty tensors own no bytes, so they
-// cannot overlap anything.
-void check_no_overlap(const std::string& path, std::vector<SafetensorsTensor>& tensors) {
+// The format allows neither overlaps (tensors aliasing each other's data) nor gaps: sorted by
+// offset, each tensor begins where the previous one ended, and the last one ends where the
+// data section does (as the reference implementation checks). Bytes that belong to no tensor
+// are how a corrupt file shows itself: a byte inserted into the data, or a header length
+// shortened into the header's own space padding (still valid JSON, every offset shifted).
+void check_coverage(const std::string& path, std::vector<SafetensorsTensor>& tensors,
+                    uint64_t data_size) {
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
+  uint64_t cursor = 0;
   const SafetensorsTensor* prev = nullptr;
   for (const auto& t : tensors) {
-    if (t.begin == t.end) continue;
-    if (prev != nullptr && t.begin < prev->end)
+    if (t.begin < cursor)
       fail_input("{}: tensor '{}' data_offsets [{}, {}] overlap tensor '{}' data_offsets [{}, {}]",
                  path, t.name, t.begin, t.end, prev->name, prev->begin, prev->end);
+    if (t.begin > cursor)
+      fail_input(
+          "{}: bytes [{}, {}) of the data section belong to no tensor: tensor '{}' begins at {} "
+          "but {} (the format allows no gaps)",
+          path, cursor, t.begin, t.name, t.begin,
+          prev ? fmt::format("tensor '{}' ends at {}", prev->name, prev->end)
+               : std::string("the data section begins at 0"));
+    cursor = t.end;
     prev = &t;
   }
+  if (cursor != data_size)
+    fail_input(
+        "{}: the data section is {} bytes but the tensors end at byte {}: {} bytes at its end "
+        "belong to no tensor (a corrupt file: bytes inserted into the data, or a header length "
+        "that does not match the header)",
+        path, data_size, cursor, data_size - cursor);
 }
 
-json parse_json(const std::string& path, const char* what, const char* first, const char* last) {
+json parse_json(const std::string& path, const char* what, const char* first, const char* last,
+                const json::parser_callback_t& guard = nullptr) {
   json j;
   try {
-    j = json::parse(first, last);
-  } catch (const json::parse_error& e) {
+    j = json::parse(first, last, guard);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
     fail_input("{}: {} is not valid JSON: {}", path, what, e.what());
   }
   if (!j.is_object()) fail_input("{}: {} is not a JSON object", path, what);
   return j;
 }
 
+// Bounds a header while it is parsed, so a hostile one cannot build a large document first:
+// a header is an object of entries (keys at depth 1) holding objects of scalars and short
+// arrays (values at depth 3); deeper nesting, more tensors than the limit or longer arrays
+// stop the parse.
+json::parser_callback_t header_guard(const std::string& path, const InputLimits& limits) {
+  struct State {
+    int64_t tensors = 0, elements = 0;
+    std::string name, key;
+  };
+  auto st = std::make_shared<State>();
+  return [st, &path, &limits](int depth, json::parse_event_t ev, json& parsed) {
+    using E = json::parse_event_t;
+    if (ev == E::key && depth == 1) {
+      st->name = parsed.get<std::string>();
+      if (st->name != kMetadataKey)
+        limits.check(&InputLimits::safetensors_tensors, ++st->tensors, path, "tensor count");
+    } else if (ev == E::key && depth == 2) {
+      st->key = parsed.get<std::string>();
+    } else if ((ev == E::object_start || ev == E::array_start) && depth > 2) {
+      fail_input("{}: tensor '{}': \"{}\" nests deeper than a safetensors header can", path,
+                 st->name, st->key);
+    } else if (ev == E::array_start) {
+      st->elements = 0;
+    } else if (ev == E::value && depth == 3) {
+      const std::string where = fmt::format("{}: tensor '{}'", path, st->name);
+      if (st->key == "shape")
+        limits.check(&InputLimits::tensor_rank, ++st->elements, where, "shape rank");
+      else if (++st->elements > 2)
+        fail_input("{}: \"{}\" holds more than 2 values (data_offsets holds two)", where, st->key);
+    }
+    return true;
+  };
+}
+
 // The tensors of a header, sorted by offset (the order of their data in the file).
 std::vector<SafetensorsTensor> parse_header(const std::string& path, const char* header,
-                                            uint64_t header_len, uint64_t data_size) {
-  const json j = parse_json(path, "header", header, header + header_len);
+                                            uint64_t header_len, uint64_t data_size,
+                                            const InputLimits& limits) {
+  // The format: the header "MUST begin with a { character"; this also keeps a top-level
+  // array of a million numbers from being parsed before it is refused.
+  if (header_len == 0 || header[0] != '{')
+    fail_input("{}: header does not begin with '{{' (not a safetensors file?)", path);
+  const json j =
+      parse_json(path, "header", header, header + header_len, header_guard(path, limits));
   std::vector<SafetensorsTensor> tensors;
   for (const auto& [name, entry] : j.items()) {
     if (name == kMetadataKey) continue;
-    tensors.push_back(parse_entry(path, name, entry, data_size));
+    tensors.push_back(parse_entry(path, name, entry, data_size, limits));
   }
-  check_no_overlap(path, tensors);
+  check_coverage(path, tensors, data_size);
   return tensors;
 }
 
@@ -193,17 +253,27 @@ struct FileDescriptor {
   }
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_input("{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
-std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+SafetensorsLayout parse_safetensors(const std::string& path, const unsigned char* bytes,
+                                    uint64_t size, const InputLimits& limits) {
+  if (size < kHeaderLenBytes)
+    fail_input("{}: file is {} bytes, shorter than the 8-byte header length", path, size);
+  const uint64_t header_len = read_le64(bytes);
+  if (header_len > size - kHeaderLenBytes)
+    fail_input("{}: header length {} past end of file ({} bytes after the length field)", path,
+               header_len, size - kHeaderLenBytes);
+  limits.check(&InputLimits::safetensors_header_bytes, static_cast<int64_t>(header_len), path,
+               "header length");
+  SafetensorsLayout layout;
+  layout.data_begin = kHeaderLenBytes + header_len;
+  layout.tensors = parse_header(path, reinterpret_cast<const char*>(bytes) + kHeaderLenBytes,
+                                header_len, size - layout.data_begin, limits);
+  return layout;
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path,
+                                                       const InputLimits& limits) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());  // unmaps on any throw below
   f->path_ = path;
   const FileDescriptor fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
@@ -217,17 +287,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (p == MAP_FAILED) fail_input("{}: cannot mmap {} bytes: {}", path, size, std::strerror(errno));
   f->map_ = p;
   f->map_size_ = size;
-
   const auto* bytes = static_cast<const unsigned char*>(f->map_);
-  const uint64_t header_len = read_le64(bytes);
-  if (header_len > size - kHeaderLenBytes)
-    fail_input("{}: header length {} past end of file ({} bytes after the length field)", path,
-               header_len, size - kHeaderLenBytes);
-  const char* header = reinterpret_cast<const char*>(bytes) + kHeaderLenBytes;
-  f->data_ = header + header_len;
-  const uint64_t data_size = size - kHeaderLenBytes - header_len;
-
-  f->tensors_ = parse_header(path, header, header_len, data_size);
+  SafetensorsLayout layout = parse_safetensors(path, bytes, size, limits);
+  f->data_ = reinterpret_cast<const char*>(bytes) + layout.data_begin;
+  f->tensors_ = std::move(layout.tensors);
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_.emplace(f->tensors_[i].name, i);
   return f;
 }
@@ -253,49 +316,65 @@ Tensor SafetensorsFile::view(const SafetensorsTensor& t) const {
 
 namespace {
 
-// weight_map: tensor name -> shard file name.
-std::map<std::string, std::string> parse_weight_map(const std::string& index_path) {
-  const std::string text = read_text_file(index_path);
+// A shard must be a file of the model directory: a name with a separator or an absolute path
+// would let an index read any file of the machine.
+void check_shard_name(const std::string& index_path, const std::string& name,
+                      const std::string& shard) {
+  const bool plain = !shard.empty() && shard != "." && shard != ".." &&
+                     shard.find('/') == std::string::npos && shard.find('\0') == std::string::npos;
+  if (!plain)
+    fail_input("{}: weight_map tensor '{}': shard \"{}\" is not a file name in the model directory",
+               index_path, name, shard);
+}
+
+}  // namespace
+
+std::map<std::string, std::string> parse_safetensors_index(const std::string& index_path,
+                                                           std::string_view text,
+                                                           const InputLimits& limits) {
   const json j = parse_json(index_path, "index", text.data(), text.data() + text.size());
   auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object())
     fail_input("{}: \"weight_map\" is missing or not an object", index_path);
+  limits.check(&InputLimits::safetensors_tensors, static_cast<int64_t>(wm->size()), index_path,
+               "weight_map entries");
   std::map<std::string, std::string> out;
   for (const auto& [name, shard] : wm->items()) {
     if (!shard.is_string())
       fail_input("{}: weight_map tensor '{}': shard {} is not a string", index_path, name,
                  shard.dump());
+    check_shard_name(index_path, name, shard.get_ref<const std::string&>());
     out.emplace(name, shard.get<std::string>());
   }
   return out;
 }
 
-}  // namespace
-
-SafetensorsArchive SafetensorsArchive::open_dir(const std::string& dir) {
+SafetensorsArchive SafetensorsArchive::open_dir(const std::string& dir, const InputLimits& limits) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) fail_input("{}: directory does not exist", dir);
   if (!fs::is_directory(dir, ec)) fail_input("{}: not a directory", dir);
   SafetensorsArchive a;
   a.dir_ = dir;
-  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
   const fs::path single_path = fs::path(dir) / "model.safetensors";
 
   std::map<std::string, std::string> weight_map;
   std::map<std::string, const SafetensorsFile*> shards;  // in weight_map order, opened once
   if (fs::exists(index_path, ec)) {
-    weight_map = parse_weight_map(index_path.string());
+    const std::string text = read_file_bounded(index_path, limits, &InputLimits::json_file_bytes,
+                                               "model.safetensors.index.json");
+    weight_map = parse_safetensors_index(index_path, text, limits);
     for (const auto& [name, shard] : weight_map) {
       if (shards.count(shard)) continue;
       const fs::path shard_path = fs::path(dir) / shard;
       if (!fs::exists(shard_path, ec))
-        fail_input("{}: shard '{}' (tensor '{}') does not exist: {}", index_path.string(), shard,
-                   name, shard_path.string());
-      a.files_.push_back(SafetensorsFile::open(shard_path.string()));
+        fail_input("{}: shard '{}' (tensor '{}') does not exist: {}", index_path, shard, name,
+                   shard_path.string());
+      a.files_.push_back(SafetensorsFile::open(shard_path.string(), limits));
       shards.emplace(shard, a.files_.back().get());
     }
   } else if (fs::exists(single_path, ec)) {
-    a.files_.push_back(SafetensorsFile::open(single_path.string()));
+    a.files_.push_back(SafetensorsFile::open(single_path.string(), limits));
   } else {
     fail_input("{}: no model.safetensors or model.safetensors.index.json", dir);
   }
@@ -304,13 +383,21 @@ SafetensorsArchive SafetensorsArchive::open_dir(const std::string& dir) {
     const SafetensorsFile* file = shards.at(shard);
     const SafetensorsTensor* t = file->find(name);
     if (t == nullptr)
-      fail_input("{}: tensor '{}' is mapped to shard '{}', but {} does not contain it",
-                 index_path.string(), name, shard, file->path());
+      fail_input("{}: tensor '{}' is mapped to shard '{}', but {} does not contain it", index_path,
+                 name, shard, file->path());
     a.entries_.emplace(name, Entry{file, t});
   }
-  // Tensors missing from weight_map are still reachable; weight_map entries take precedence.
-  for (const auto& file : a.files_)
-    for (const auto& t : file->tensors()) a.entries_.emplace(t.name, Entry{file.get(), &t});
+  // Tensors the index does not list are still reachable, unless two shards both hold one:
+  // then nothing says which copy is meant.
+  for (const auto& file : a.files_) {
+    for (const auto& t : file->tensors()) {
+      if (weight_map.count(t.name)) continue;
+      const auto [it, added] = a.entries_.emplace(t.name, Entry{file.get(), &t});
+      if (!added)
+        fail_input("{}: tensor '{}' is in both {} and {}, and the index does not say which to use",
+                   index_path, t.name, it->second.file->path(), file->path());
+    }
+  }
   return a;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "worker/input_limits.h"
 
 namespace strata {
 
@@ -22,15 +23,38 @@ struct SafetensorsTensor {
   uint64_t end = 0;
 };
 
+// The layout of a safetensors file: its tensors, sorted by offset, and where the data
+// section begins (8 + header length).
+struct SafetensorsLayout {
+  uint64_t data_begin = 0;
+  std::vector<SafetensorsTensor> tensors;
+};
+
+// Parses and validates the `size` bytes of a whole safetensors file (`path` names it in
+// messages). Throws InputError naming the file (and tensor) on: fewer than 8 bytes; a header
+// length past the end of the file or above limits.safetensors_header_bytes; a header that is
+// not a JSON object starting with '{', nests deeper than a header can or has more tensors than
+// limits.safetensors_tensors; an entry without dtype/shape/data_offsets; an unsupported dtype;
+// a rank or a dimension above its limit or negative; offsets reversed or not matching the
+// shape's byte size; and a data section the tensors do not cover exactly (the format allows
+// no overlaps, no gaps and no bytes after the last tensor: a truncated file, a byte inserted
+// into the data or a header length shortened into its padding all show up here).
+SafetensorsLayout parse_safetensors(const std::string& path, const unsigned char* bytes,
+                                    uint64_t size, const InputLimits& limits = {});
+
+// The weight_map of a model.safetensors.index.json (`text`, read from `index_path`): tensor
+// name -> shard file name. Throws InputError naming the index for malformed JSON, a missing
+// weight_map, more entries than limits.safetensors_tensors, or a shard that is not a string
+// naming a file of the model directory (no '/', not "." or "..").
+std::map<std::string, std::string> parse_safetensors_index(const std::string& index_path,
+                                                           std::string_view text,
+                                                           const InputLimits& limits = {});
+
 class SafetensorsFile {
  public:
-  // Maps and validates `path`. Throws InputError naming the file (and tensor) on: a file
-  // shorter than the 8-byte header length, a header length past end of file, a header that
-  // is not a JSON object, an entry without dtype/shape/data_offsets, an unknown or
-  // unsupported dtype, a negative dimension, offsets out of range / reversed / not matching
-  // the shape's byte size, overlapping tensors, and data past the end of the file
-  // (truncated file).
-  static std::unique_ptr<SafetensorsFile> open(const std::string& path);
+  // Maps `path` and validates it with parse_safetensors.
+  static std::unique_ptr<SafetensorsFile> open(const std::string& path,
+                                               const InputLimits& limits = {});
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -55,9 +79,12 @@ class SafetensorsFile {
 // `model.safetensors.index.json` ("weight_map": tensor name -> shard file name).
 class SafetensorsArchive {
  public:
-  // Throws InputError when the directory has neither file, the index is malformed, names a
-  // shard that is missing, or maps a tensor to a shard that does not contain it.
-  static SafetensorsArchive open_dir(const std::string& dir);
+  // Throws InputError when the directory has neither file, a file is invalid (see
+  // parse_safetensors), or the index is malformed: larger than limits.json_file_bytes, more
+  // entries than limits.safetensors_tensors, a shard name that is not a plain file name in
+  // `dir`, a shard that is missing, a tensor mapped to a shard that does not contain it, or a
+  // tensor the index does not list that two shards both hold.
+  static SafetensorsArchive open_dir(const std::string& dir, const InputLimits& limits = {});
 
   struct Entry {
     const SafetensorsFile* file = nullptr;

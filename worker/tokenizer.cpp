@@ -4,7 +4,6 @@
 
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
@@ -21,36 +20,76 @@ std::unique_ptr<Tokenizer> Tokenizer::ids_only(const ModelConfig& config) {
   return t;
 }
 
-std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelConfig& config) {
+std::unique_ptr<Tokenizer> Tokenizer::from_bytes(std::string_view model_bytes,
+                                                 const ModelConfig& config,
+                                                 const std::string& source) {
   auto t = ids_only(config);
-  const fs::path model = fs::path(dir) / "tokenizer.model";
-  if (!fs::exists(model)) return t;
+  t->source_ = source;
   t->sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = t->sp_->Load(model.string());
-  if (!status.ok())
-    fail_input("{}: cannot load sentencepiece model: {}", model.string(), status.ToString());
-  if (t->sp_->GetPieceSize() > config.vocab)
-    fail_input("{}: tokenizer has {} pieces but the model's vocab_size is {}", model.string(),
-               t->sp_->GetPieceSize(), config.vocab);
-  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
-  if (fs::exists(tc)) {
-    std::ifstream in(tc);
-    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) fail_input("{}: not valid JSON", tc.string());
-    if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean())
-      t->add_bos_ = j["add_bos_token"].get<bool>();
+  sentencepiece::util::Status status;
+  try {
+    status = t->sp_->LoadFromSerializedProto(model_bytes);
+  } catch (const std::exception& e) {
+    // Found by fuzz_tokenizer: a piece of length zero makes sentencepiece's trie builder
+    // (darts) throw instead of returning a status.
+    fail_input("{}: cannot load sentencepiece model: {}", source, e.what());
   }
+  if (!status.ok())
+    fail_input("{}: cannot load sentencepiece model: {}", source, status.ToString());
+  t->pieces_ = t->sp_->GetPieceSize();
+  if (t->pieces_ <= 0) fail_input("{}: sentencepiece model has no pieces", source);
+  if (t->pieces_ > config.vocab)
+    fail_input("{}: tokenizer has {} pieces but vocab_size in {} is {}", source, t->pieces_,
+               config.source, config.vocab);
   if (t->bos_ < 0) t->bos_ = t->sp_->bos_id();
   return t;
 }
+
+void Tokenizer::read_tokenizer_config(const std::string& path, const InputLimits& limits) {
+  const std::string text =
+      read_file_bounded(path, limits, &InputLimits::json_file_bytes, "tokenizer_config.json");
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail_input("{}: not valid JSON", path);
+  if (!j.is_object()) fail_input("{}: not a JSON object", path);
+  auto it = j.find("add_bos_token");
+  if (it == j.end() || it->is_null()) return;
+  if (!it->is_boolean())
+    fail_input("{}: field 'add_bos_token' must be true or false, got {}", path, it->dump());
+  add_bos_ = it->get<bool>();
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelConfig& config,
+                                           const InputLimits& limits) {
+  const fs::path model = fs::path(dir) / "tokenizer.model";
+  if (!fs::exists(model)) return ids_only(config);
+  const std::string bytes = read_file_bounded(
+      model.string(), limits, &InputLimits::tokenizer_file_bytes, "tokenizer.model");
+  auto t = from_bytes(bytes, config, model.string());
+  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(tc)) t->read_tokenizer_config(tc.string(), limits);
+  return t;
+}
+
+// sentencepiece reports most failures as a status but a few by throwing (see from_bytes):
+// either way the message names the tokenizer file.
+namespace {
+template <typename F>
+sentencepiece::util::Status guarded(const std::string& source, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    fail_input("{}: sentencepiece failed: {}", source, e.what());
+  }
+}
+}  // namespace
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
   if (sp_ != nullptr) {
     if (add_bos_ && bos_ >= 0) ids.push_back(bos_);
     std::vector<int> pieces;
-    const auto status = sp_->Encode(text, &pieces);
-    if (!status.ok()) fail_input("cannot tokenize prompt: {}", status.ToString());
+    const auto status = guarded(source_, [&] { return sp_->Encode(text, &pieces); });
+    if (!status.ok()) fail_input("{}: cannot tokenize the prompt: {}", source_, status.ToString());
     ids.insert(ids.end(), pieces.begin(), pieces.end());
     return ids;
   }
@@ -76,10 +115,16 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   if (sp_ != nullptr) {
+    // The model's vocabulary may be larger than the tokenizer's (padded embeddings): say so
+    // rather than pass sentencepiece's bare "Invalid id".
+    for (int32_t id : ids)
+      if (id < 0 || id >= pieces_)
+        fail_input("{}: cannot decode token id {}: the tokenizer has {} pieces, ids [0, {})",
+                   source_, id, pieces_, pieces_);
     std::vector<int> v(ids.begin(), ids.end());
     std::string out;
-    const auto status = sp_->Decode(v, &out);
-    if (!status.ok()) fail_input("cannot detokenize: {}", status.ToString());
+    const auto status = guarded(source_, [&] { return sp_->Decode(v, &out); });
+    if (!status.ok()) fail_input("{}: cannot decode: {}", source_, status.ToString());
     return out;
   }
   std::string out;

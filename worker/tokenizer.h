@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "worker/config.h"
@@ -19,8 +20,16 @@ namespace strata {
 class Tokenizer {
  public:
   // Loads <dir>/tokenizer.model if present (and tokenizer_config.json for add_bos_token);
-  // otherwise an id-passthrough tokenizer. Throws InputError for a corrupt tokenizer file.
-  static std::unique_ptr<Tokenizer> load(const std::string& dir, const ModelConfig& config);
+  // otherwise an id-passthrough tokenizer. Throws InputError naming the file for a corrupt or
+  // oversized (limits.tokenizer_file_bytes, json_file_bytes) tokenizer file, more pieces than
+  // the config's vocab_size, or an add_bos_token that is not a boolean.
+  static std::unique_ptr<Tokenizer> load(const std::string& dir, const ModelConfig& config,
+                                         const InputLimits& limits = {});
+  // A sentencepiece tokenizer from a serialized model (the bytes of tokenizer.model);
+  // `source` names it in messages.
+  static std::unique_ptr<Tokenizer> from_bytes(std::string_view model_bytes,
+                                               const ModelConfig& config,
+                                               const std::string& source);
   // Id passthrough for models without a tokenizer.
   static std::unique_ptr<Tokenizer> ids_only(const ModelConfig& config);
   ~Tokenizer();
@@ -39,7 +48,11 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  void read_tokenizer_config(const std::string& path, const InputLimits& limits);
+
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::string source_;  // the tokenizer file, for messages
+  int32_t pieces_ = 0;
   bool add_bos_ = true;
   int32_t bos_ = -1;
   int32_t vocab_ = 0;

@@ -154,9 +154,59 @@ int64_t ModelWeights::matrix_bytes() const {
   return total;
 }
 
+namespace {
+
+// An IEEE value is NaN or infinite exactly when its exponent bits are all ones.
+template <typename T>
+int64_t first_all_ones(const void* data, int64_t n, T exponent_mask) {
+  const T* p = static_cast<const T*>(data);
+  for (int64_t i = 0; i < n; ++i)
+    if ((p[i] & exponent_mask) == exponent_mask) return i;
+  return -1;
+}
+
+// "[3, 17]" for flat index 3 * 64 + 17 of a [*, 64] shape.
+std::string multi_index(const Shape& shape, int64_t flat) {
+  Shape idx = shape;
+  for (int i = shape.rank - 1; i >= 0; --i) {
+    idx.dims[static_cast<size_t>(i)] = flat % shape[i];
+    flat /= shape[i];
+  }
+  return idx.str();
+}
+
+void check_finite(const std::string& file, const std::string& name, const Tensor& t) {
+  const int64_t bad = first_non_finite(t);
+  if (bad < 0) return;
+  float v = 0;
+  convert_to_f32(t.dtype, static_cast<const char*>(t.data) + bad * dtype_size(t.dtype), &v, 1);
+  fail_input("{}: tensor '{}' element {} (flat index {}) is {} (--check-weights)", file, name,
+             multi_index(t.shape, bad), bad, v);
+}
+
+}  // namespace
+
+int64_t first_non_finite(const Tensor& t) {
+  const int64_t n = t.shape.numel();
+  switch (t.dtype) {
+    case DType::kF32:
+      return first_all_ones<uint32_t>(t.data, n, 0x7f800000u);
+    case DType::kF16:
+      return first_all_ones<uint16_t>(t.data, n, 0x7c00u);
+    case DType::kBF16:
+      return first_all_ones<uint16_t>(t.data, n, 0x7f80u);
+    case DType::kI32:
+    case DType::kQ4:
+      break;
+  }
+  STRATA_CHECK(false, "first_non_finite: {} is not a float type", dtype_name(t.dtype));
+}
+
 ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
-                                     const LayerSink& sink, const WeightParts& parts) {
-  auto archive = std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir));
+                                     const LayerSink& sink, const WeightParts& parts,
+                                     const CheckpointOptions& options) {
+  auto archive =
+      std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir, options.limits));
   NameTable names = llama_names();
   if (config.is_opt()) {
     const bool prefixed = archive->find("model.decoder.embed_tokens.weight").tensor != nullptr;
@@ -177,6 +227,7 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
       fail_input("{}: tensor '{}' has dtype i32; weights must be f32, f16 or bf16",
                  entry.file->path(), name);
     Tensor view = entry.file->view(t);
+    if (options.check_weights) check_finite(entry.file->path(), name, view);
     if (role == Role::kMatrix || view.dtype == DType::kF32) return view;
     Tensor f = own(w, DType::kF32, expected);
     convert_to_f32(view.dtype, view.data, f.as<float>(), static_cast<size_t>(expected.numel()));

@@ -60,11 +60,23 @@ struct WeightParts {
   bool head = true;       // final norm, project_out, lm_head (the embedding too when tied)
 };
 
+struct CheckpointOptions {
+  InputLimits limits;
+  // Scan every weight loaded for NaN and infinity (a pass over all the bytes): a corrupt or
+  // badly converted checkpoint is refused at load instead of producing garbage.
+  bool check_weights = false;
+};
+
 // Loads <dir>/model.safetensors (or the sharded index). Throws InputError naming the file
-// and tensor for a missing tensor, a shape that disagrees with the config, or a non-float
-// dtype.
+// and tensor for a missing tensor, a shape that disagrees with the config, a non-float
+// dtype, or (check_weights) a NaN or infinite value, with its index.
 ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
-                                     const LayerSink& sink = {}, const WeightParts& parts = {});
+                                     const LayerSink& sink = {}, const WeightParts& parts = {},
+                                     const CheckpointOptions& options = {});
+
+// The flat index of the first NaN or infinite element of a host f32/f16/bf16 tensor; -1 if
+// every element is finite.
+int64_t first_non_finite(const Tensor& t);
 
 // Generates the weights of a dummy shape deterministically from `seed`.
 ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed,

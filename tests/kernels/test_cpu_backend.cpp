@@ -5,6 +5,7 @@
 // and every output buffer sits between canary guard bytes that must survive the op.
 // Outputs start as NaN so an element the op forgets to write fails the comparison.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <ostream>
 #include <random>
 #include <string>
@@ -1271,6 +1273,51 @@ TEST(Sampling, ValidateRejectsOutOfRangeValues) {
   p = SamplingParams{};
   p.top_k = -1;
   expect_rejects(p, "top_k");
+}
+
+// Issue 10, failure 6: a thread count the machine cannot use is refused, never passed on
+// to OpenMP and OpenBLAS (--threads 1000 hung inside OpenBLAS on a 2-core machine).
+TEST(CpuThreads, RequestsAboveFourPerHardwareThreadAreRefused) {
+  const int hw = omp_get_num_procs();
+  EXPECT_LE(max_cpu_threads(), 4 * hw);
+  EXPECT_GE(max_cpu_threads(), 1);
+  EXPECT_EQ(resolve_cpu_threads(1), 1);
+  EXPECT_EQ(resolve_cpu_threads(0), std::min(hw, max_cpu_threads()));
+  for (int bad : {4 * hw + 1, 1000, -1}) {
+    try {
+      CpuBackend b(bad);
+      if (bad > 0) ADD_FAILURE() << bad << " threads accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad) + " CPU threads requested"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Allocations that know what they are say so when memory runs out.
+TEST(OomContext, SaysWhatWasBeingAllocated) {
+  try {
+    with_oom_context("allocating the KV cache", []() -> int { throw std::bad_alloc(); });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOverloaded);
+    EXPECT_EQ(std::string(e.what()), "out of memory while allocating the KV cache");
+  }
+#ifndef __SANITIZE_ADDRESS__  // ASan aborts on a 2^63-byte request instead of failing it
+  try {
+    CpuBackend cpu(1);
+    with_oom_context("building tables", [&] { return cpu.allocate(~size_t{0} >> 1); });
+    ADD_FAILURE() << "allocated 2^63 bytes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOverloaded);
+    EXPECT_EQ(std::string(e.what()).rfind("out of memory while building tables: cpu backend", 0),
+              0u)
+        << e.what();
+  }
+#endif
+  EXPECT_EQ(with_oom_context("x", [] { return 7; }), 7);
+  EXPECT_THROW(with_oom_context("x", []() -> int { throw InputError("bad"); }), InputError);
 }
 
 }  // namespace

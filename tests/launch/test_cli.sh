@@ -13,7 +13,7 @@ passes=0
 expect_error() {
   local name=$1 pattern=$2
   shift 2
-  "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
+  timeout 120 "$STRATA" "$@" >"$TMP/out" 2>"$TMP/err"
   local rc=$?
   local lines
   lines=$(grep -vc '^\[' "$TMP/err")  # log lines start with "[time]"; the error line does not
@@ -133,6 +133,80 @@ then
   echo "ok   bench-policy-auto"; passes=$((passes + 1))
 else
   echo "FAIL bench-policy-auto"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+
+# Issue 10: bounded reads (failure 4), results never lost to one bad prompt (5), a bench that
+# reports only what it did (6), sizes and threads that must make sense (6), limits printed (3).
+expect_error prompt-file-dev-zero "input limit prompt_bytes" generate --model "$MODEL" --prompt-file /dev/zero
+python3 -c "import sys; open(sys.argv[1], 'w').write('a' * 5000000 + '\n')" "$TMP/long.txt"
+expect_error prompt-line-too-long "long.txt: bytes of the prompt on line 1 (at least) = [0-9]* is above the limit of 4194304" \
+  generate --model "$MODEL" --prompt-file "$TMP/long.txt"
+expect_error prompt-file-too-large "prompt file size in bytes = 5000001 is above the limit of 1000" \
+  generate --model "$MODEL" --prompt-file "$TMP/long.txt" --limit prompt_file_bytes=1000
+# 2,000 prompts, number 999 not UTF-8: every result printed, that one an error naming it.
+python3 - "$TMP/many.txt" <<'PY'
+import sys
+with open(sys.argv[1], "wb") as f:
+    for i in range(2000):
+        f.write(b"Once upon a \xff\xfe time\n" if i == 999 else b"The dog %d\n" % i)
+PY
+timeout 300 "$STRATA" generate --model "$MODEL" --prompt-file "$TMP/many.txt" --max-new-tokens 2 --format json \
+  >"$TMP/many.jsonl" 2>"$TMP/err"
+rc=$?
+if [ "$rc" -eq 1 ] && python3 - "$TMP/many.jsonl" <<'PY'
+import json, sys
+lines = open(sys.argv[1], "rb").read().decode("utf-8").splitlines()
+assert len(lines) == 2000, len(lines)
+rows = [json.loads(l) for l in lines]
+bad = [i for i, r in enumerate(rows) if "error" in r]
+assert bad == [999], bad
+assert rows[999]["error"].startswith("prompt 999: not valid UTF-8"), rows[999]
+assert rows[999]["prompt"] == "Once upon a \ufffd\ufffd time", rows[999]["prompt"]
+assert rows[1000]["prompt"] == "The dog 1000" and len(rows[1000]["output_ids"]) == 2, rows[1000]
+PY
+then
+  echo "ok   invalid-utf8-prompt-own-error"; passes=$((passes + 1))
+else
+  echo "FAIL invalid-utf8-prompt-own-error: rc=$rc"; tail -3 "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error bench-gen-len-past-context "need 100000007 positions but .* has a context of 512" \
+  bench --model "$MODEL" --prompt-len 8 --gen-len 100000000 --no-limits
+if "$STRATA" bench --model "$MODEL" --prompt-len 8 --gen-len 5 --batch 2 --no-limits --threads 1 \
+    >"$TMP/bench.json" 2>"$TMP/err" &&
+  python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['generated_tokens'] == 10 and d['generated_tokens_expected'] == 10, d
+assert d['executed_gflop'] > 0, d" "$TMP/bench.json"; then
+  echo "ok   bench-reports-generated"; passes=$((passes + 1))
+else
+  echo "FAIL bench-reports-generated"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+for size in inf nan -1 1e30 0x10 " 5" 5XB; do
+  expect_error "cpu-mem-$size" "cpu-mem" bench --model "$MODEL" --cpu-mem "$size" --no-limits
+done
+expect_error threads-1000 "1000 CPU threads requested: the limit is" generate --model "$MODEL" --prompt hi --threads 1000
+expect_error limits-threads-1000 "1000 CPU threads requested" limits --threads 1000
+expect_error max-batch-limit "--max-batch = 100000 is above the limit of 65536" generate --model "$MODEL" --prompt hi --max-batch 100000
+expect_error bad-limit-name "unknown input limit 'bogus'" generate --model "$MODEL" --prompt hi --limit bogus=1
+if STRATA_LIMIT_VOCAB=77 "$STRATA" limits --input --limit layers=5 >"$TMP/limits.json" 2>"$TMP/err" &&
+  python3 -c "
+import json, sys
+d = {f['name']: f for f in json.load(open(sys.argv[1]))}
+assert len(d) == 18, sorted(d)
+assert d['layers']['value'] == 5 and d['layers']['default'] == 1024, d['layers']
+assert d['vocab']['value'] == 77 and d['vocab']['env'] == 'STRATA_LIMIT_VOCAB', d['vocab']
+assert d['context']['default'] >= 131072 and d['hidden']['default'] >= 16384, d
+" "$TMP/limits.json" &&
+  "$STRATA" limits --threads 1 --gemm-n 64 >"$TMP/machine.json" 2>/dev/null &&
+  python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert sorted(d) == ['gemm_gflops', 'gemm_n', 'memory_bandwidth_gbs', 'memory_read_gbs', 'threads'], d
+" "$TMP/machine.json"; then
+  echo "ok   limits-input"; passes=$((passes + 1))
+else
+  echo "FAIL limits-input"; cat "$TMP/err" "$TMP/limits.json"; failures=$((failures + 1))
 fi
 
 echo "$passes passed, $failures failed"

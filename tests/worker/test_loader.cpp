@@ -14,6 +14,8 @@
 #include "worker/model.h"
 #include "worker/safetensors.h"
 #include "worker/scoring.h"
+#include "worker/tokenizer.h"
+#include "worker/weights.h"
 
 namespace strata {
 namespace {
@@ -142,6 +144,186 @@ TEST(Config, RejectsMissingFieldUnknownArchitectureAndBadJson) {
   ModelCopy copy("BadJson");
   std::ofstream(copy.dir / "config.json") << "{ not json";
   EXPECT_NE(error_of([&] { load_model_config(copy.dir.string()); }).find("not valid JSON"),
+            std::string::npos);
+}
+
+// Failure 2 of issue 10: nonsense values that would run to garbage are refused by name.
+TEST(Config, RejectsNormEpsilonOutOfRange) {
+  for (double eps : {1e308, 0.0, -1e-5, 0.5}) {
+    json j = stories_config();
+    j["rms_norm_eps"] = eps;
+    const std::string msg = error_of([&] { parse_model_config(j, "m/config.json"); });
+    EXPECT_NE(msg.find("m/config.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rms_norm_eps"), std::string::npos) << msg;
+  }
+  json j = stories_config();
+  j["rms_norm_eps"] = 1e-12;  // BERT-style, the smallest in common use
+  EXPECT_FLOAT_EQ(parse_model_config(j, "c").norm_eps, 1e-12f);
+}
+
+TEST(Config, RejectsRopeFactorsThatAreNotPositive) {
+  for (const char* type : {"linear", "llama3"}) {
+    for (double factor : {0.0, -1.0}) {
+      json j = stories_config();
+      j["rope_scaling"] = {{"rope_type", type}, {"factor", factor}};
+      const std::string msg = error_of([&] { parse_model_config(j, "c.json"); });
+      EXPECT_NE(msg.find("rope_scaling.factor must be positive"), std::string::npos) << msg;
+    }
+  }
+  json j = stories_config();
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 4.0},
+                       {"high_freq_factor", 4.0}};
+  EXPECT_NE(error_of([&] {
+              parse_model_config(j, "c.json");
+            }).find("rope_scaling.high_freq_factor 4 must be above low_freq_factor 4"),
+            std::string::npos);
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"original_max_position_embeddings", 1024}};  // context is 512
+  EXPECT_NE(error_of([&] { parse_model_config(j, "c.json"); })
+                .find("rope_scaling.original_max_position_embeddings = 1024 is outside [1, "
+                      "max_position_embeddings = 512]"),
+            std::string::npos);
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e39}};  // above FLT_MAX
+  EXPECT_NE(error_of([&] {
+              parse_model_config(j, "c.json");
+            }).find("'rope_scaling.factor' = 1e+39 is not a finite 32-bit float"),
+            std::string::npos);
+}
+
+TEST(Config, RejectsTokenIdsOutsideTheVocabulary) {
+  struct Case {
+    const char* field;
+    json value;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"bos_token_id", 600, "bos_token_id = 600 is outside the vocabulary [0, 512)"},
+      {"pad_token_id", 512, "pad_token_id = 512 is outside"},
+      {"eos_token_id", json::array({2, 9999}), "eos_token_id[1] = 9999 is outside"},
+      {"eos_token_id", -5, "eos_token_id = -5 is outside"},
+      {"bos_token_id", 1e10, "'bos_token_id' must be a token id"}};
+  for (const Case& c : cases) {
+    json j = stories_config();
+    j[c.field] = c.value;
+    const std::string msg = error_of([&] { parse_model_config(j, "s/config.json"); });
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+    EXPECT_NE(msg.find("s/config.json"), std::string::npos) << msg;
+  }
+}
+
+// Failure 7: wrong types are refused naming the file and the field's full path, not with
+// nlohmann's "type must be string, but is number".
+TEST(Config, WrongTypesNameTheField) {
+  struct Case {
+    const char* field;
+    json value;
+  };
+  for (const Case& c : {Case{"model_type", 5}, Case{"hidden_act", false}, Case{"rope_theta", "big"},
+                        Case{"tie_word_embeddings", 1}}) {
+    json j = stories_config();
+    j[c.field] = c.value;
+    const std::string msg = error_of([&] { parse_model_config(j, "t/config.json"); });
+    EXPECT_NE(msg.find("t/config.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << msg;
+  }
+  json j = stories_config();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"original_max_position_embeddings", "8k"}};
+  EXPECT_NE(error_of([&] {
+              parse_model_config(j, "c.json");
+            }).find("'rope_scaling.original_max_position_embeddings' must be an integer"),
+            std::string::npos);
+  j["rope_scaling"] = {{"type", 3}};
+  EXPECT_NE(error_of([&] { parse_model_config(j, "c.json"); }).find("'rope_scaling.type'"),
+            std::string::npos);
+}
+
+TEST(Config, ConfigFileIsReadBounded) {
+  ModelCopy copy("BigConfig");
+  InputLimits limits;
+  limits.json_file_bytes = 100;  // stories260K's config.json is larger
+  const std::string msg = error_of([&] { load_model_config(copy.dir.string(), limits); });
+  EXPECT_NE(msg.find((copy.dir / "config.json").string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("limit of 100 (input limit json_file_bytes"), std::string::npos) << msg;
+}
+
+// --check-weights: one NaN and one infinity, placed by hand, found at their indices.
+TEST(Loader, CheckWeightsNamesTheFirstNonFiniteElement) {
+  ModelCopy copy("NanWeight");
+  const std::string q = "model.layers.2.self_attn.q_proj.weight";  // [64, 64]
+  copy.rewrite([&](TensorToWrite& w, std::vector<std::vector<float>>& storage) {
+    if (w.name != q) return true;
+    const float* src = w.tensor.as<const float>();
+    storage.emplace_back(src, src + w.tensor.shape.numel());
+    storage.back()[3 * 64 + 17] = std::nanf("");
+    storage.back()[40 * 64 + 1] = INFINITY;
+    w.tensor.data = storage.back().data();
+    return true;
+  });
+  LoadOptions o;
+  EXPECT_NO_THROW(load_model(copy.dir.string(), o));  // the scan is opt-in
+  o.check_weights = true;
+  const std::string msg = error_of([&] { load_model(copy.dir.string(), o); });
+  EXPECT_NE(msg.find((copy.dir / "model.safetensors").string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'" + q + "' element [3, 17] (flat index 209) is nan"), std::string::npos)
+      << msg;
+  EXPECT_NO_THROW(load_model(testing::stories_dir(), o));  // the real model is finite
+}
+
+TEST(Loader, FirstNonFiniteCoversEveryFloatType) {
+  std::vector<float> f = {1.f, -0.f, 3e38f, -INFINITY, NAN};
+  EXPECT_EQ(first_non_finite(Tensor{f.data(), DType::kF32, {5}}), 3);
+  // f16: 0x3c00 = 1, 0x7bff = 65504 (largest finite), 0xfc00 = -inf, 0x7e00 = NaN.
+  std::vector<uint16_t> h = {0x3c00, 0x7bff, 0xfc00, 0x7e00};
+  EXPECT_EQ(first_non_finite(Tensor{h.data(), DType::kF16, {4}}), 2);
+  // bf16: 0x7f7f = largest finite, 0x7fc0 = NaN.
+  std::vector<uint16_t> b = {0x3f80, 0x7f7f, 0x7fc0};
+  EXPECT_EQ(first_non_finite(Tensor{b.data(), DType::kBF16, {3}}), 2);
+  std::vector<uint16_t> fine = {0x3f80, 0x7f7f, 0xff7f};
+  EXPECT_EQ(first_non_finite(Tensor{fine.data(), DType::kBF16, {3}}), -1);
+}
+
+TEST(Tokenizer, RefusalsNameTheTokenizerFile) {
+  ModelCopy copy("BadTokenizer");
+  const fs::path model = copy.dir / "tokenizer.model";
+  std::ofstream(model, std::ios::binary) << "not a sentencepiece model";
+  const ModelConfig c = load_model_config(copy.dir.string());
+  EXPECT_NE(error_of([&] { Tokenizer::load(copy.dir.string(), c); }).find(model.string()),
+            std::string::npos);
+  // Found by fuzz_tokenizer: a model whose second piece is empty; sentencepiece's trie
+  // builder threw "zero-length key", which escaped naming no file.
+  const unsigned char empty_piece[] = {0x0a, 0x0e, 0x0a, 0x05, 0x3c, 0x75, 0x6e, 0x6b, 0x3e, 0x15,
+                                       0x00, 0x00, 0x00, 0x00, 0x18, 0x02, 0x0a, 0x0c, 0x0a, 0x03,
+                                       0x3c, 0x0a, 0x0e, 0x0a, 0x05, 0x00, 0x00, 0x00, 0x00, 0x18};
+  std::ofstream(model, std::ios::binary)
+      .write(reinterpret_cast<const char*>(empty_piece), sizeof(empty_piece));
+  EXPECT_NE(error_of([&] {
+              Tokenizer::load(copy.dir.string(), c);
+            }).find(model.string() + ": cannot load sentencepiece model"),
+            std::string::npos);
+  fs::copy_file(fs::path(testing::stories_dir()) / "tokenizer.model", model,
+                fs::copy_options::overwrite_existing);
+  InputLimits small;
+  small.tokenizer_file_bytes = 1000;  // the file has 7522 bytes
+  EXPECT_NE(error_of([&] {
+              Tokenizer::load(copy.dir.string(), c, small);
+            }).find("tokenizer.model size in bytes = 7522 is above the limit of 1000"),
+            std::string::npos);
+  std::ofstream(copy.dir / "tokenizer_config.json") << R"({"add_bos_token": "yes"})";
+  const std::string msg = error_of([&] { Tokenizer::load(copy.dir.string(), c); });
+  EXPECT_NE(msg.find("tokenizer_config.json: field 'add_bos_token' must be true or false"),
+            std::string::npos)
+      << msg;
+  fs::remove(copy.dir / "tokenizer_config.json");
+  // A model vocabulary larger than the tokenizer's: an id past the pieces is named.
+  ModelConfig wide = c;
+  wide.vocab = 600;
+  const auto tok = Tokenizer::load(copy.dir.string(), wide);
+  EXPECT_NE(error_of([&] {
+              tok->decode({1, 550});
+            }).find(model.string() + ": cannot decode token id 550: the tokenizer has 512 pieces"),
             std::string::npos);
 }
 

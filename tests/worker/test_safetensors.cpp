@@ -206,10 +206,21 @@ TEST_F(SafetensorsTest, RejectsHeaderNotJson) {
   expect_mentions(open_error(file), {file, "header is not valid JSON"});
 }
 
+// Found by fuzz_safetensors_index: nlohmann reports a number too large for a double as
+// out_of_range, not parse_error; it escaped as an error naming no file.
+TEST_F(SafetensorsTest, RejectsNumberTooLargeForJson) {
+  const std::string file = path("model.safetensors");
+  write_raw(file, R"({"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 0]}})", 0);
+  expect_mentions(open_error(file), {file, "header is not valid JSON", "number overflow"});
+  const std::string index = path("model.safetensors.index.json");
+  expect_mentions(input_error([&] { parse_safetensors_index(index, R"({"weight_map": 1e999})"); }),
+                  {index, "index is not valid JSON"});
+}
+
 TEST_F(SafetensorsTest, RejectsHeaderNotObject) {
   const std::string file = path("model.safetensors");
   write_raw(file, "[1, 2, 3]", 0);
-  expect_mentions(open_error(file), {file, "header is not a JSON object"});
+  expect_mentions(open_error(file), {file, "header does not begin with '{'"});
 }
 
 TEST_F(SafetensorsTest, RejectsEntryMissingField) {
@@ -259,6 +270,179 @@ TEST_F(SafetensorsTest, RejectsUnknownDType) {
   const std::string file = path("model.safetensors");
   write_raw(file, R"({"x.weight": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}})", 16);
   expect_mentions(open_error(file), {file, "'x.weight'", "\"F64\"", "F32, F16, BF16, I32"});
+}
+
+// Failure 1 of issue 10: corrupt files that parse. The format requires the tensors to cover
+// the data section exactly: no byte before, between or after them.
+TEST_F(SafetensorsTest, RejectsByteInsertedIntoData) {
+  std::vector<float> a(4, 1.f), b(4, 2.f);
+  const std::string file = path("model.safetensors");
+  write_safetensors(file, {tensor("a", DType::kF32, {4}, a), tensor("b", DType::kF32, {4}, b)});
+  const uint64_t data_begin = 8 + read_header(file).size();
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  bytes.insert(data_begin + 5, 1, '\x7f');  // one byte inside tensor a's data
+  write_bytes(file, bytes);
+  // Two tensors of 4 f32 end at byte 32; the data section now holds 33.
+  expect_mentions(open_error(file),
+                  {file, "data section is 33 bytes", "tensors end at byte 32", "1 bytes"});
+}
+
+TEST_F(SafetensorsTest, RejectsHeaderLengthShortenedIntoItsPadding) {
+  std::vector<float> a(4, 1.f);
+  const std::string file = path("model.safetensors");
+  write_safetensors(file, {tensor("a", DType::kF32, {4}, a)});
+  const std::string header = read_header(file);
+  const size_t pad = header.size() - header.find_last_not_of(' ') - 1;
+  ASSERT_GT(pad, 0u) << "the writer pads the header to 8 bytes; this one needs padding: " << header;
+  // The shorter length still ends on the closing '}': valid JSON whose data begins `pad`
+  // bytes early, inside the old padding.
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  bytes.replace(0, 8, le64(header.size() - pad));
+  write_bytes(file, bytes);
+  expect_mentions(open_error(file), {file, fmt::format("data section is {} bytes", 16 + pad),
+                                     "tensors end at byte 16"});
+}
+
+TEST_F(SafetensorsTest, RejectsGapBetweenTensors) {
+  const std::string file = path("model.safetensors");
+  write_raw(file,
+            R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [4], "data_offsets": [20, 36]}})",
+            36);
+  expect_mentions(open_error(file), {file, "bytes [16, 20)", "'b' begins at 20", "'a' ends at 16"});
+}
+
+TEST_F(SafetensorsTest, RejectsDataBeforeFirstTensor) {
+  const std::string file = path("model.safetensors");
+  write_raw(file, R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [4, 20]}})", 20);
+  expect_mentions(open_error(file), {file, "bytes [0, 4)", "'a' begins at 4"});
+}
+
+TEST_F(SafetensorsTest, EmptyTensorsMayShareAnOffset) {
+  const std::string file = path("model.safetensors");
+  write_raw(file,
+            R"({"e": {"dtype": "F32", "shape": [0], "data_offsets": [16, 16]},
+                "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "z": {"dtype": "F16", "shape": [0, 3], "data_offsets": [16, 16]}})",
+            16);
+  EXPECT_EQ(SafetensorsFile::open(file)->tensors().size(), 3u);
+}
+
+TEST_F(SafetensorsTest, RejectsHeaderThatDoesNotBeginWithBrace) {
+  const std::string file = path("model.safetensors");
+  write_raw(file, R"( {"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}})", 0);
+  expect_mentions(open_error(file), {file, "does not begin with '{'"});
+}
+
+// Failure 3: every size a file controls has a limit, checked before it is used.
+TEST_F(SafetensorsTest, RejectsHeaderAboveLimit) {
+  InputLimits limits;
+  limits.safetensors_header_bytes = 16;
+  const std::string file = path("model.safetensors");
+  const std::string header = R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}})";
+  write_raw(file, header, 0);
+  expect_mentions(input_error([&] { SafetensorsFile::open(file, limits); }),
+                  {file, fmt::format("header length = {}", header.size()), "limit of 16",
+                   "safetensors_header_bytes"});
+}
+
+TEST_F(SafetensorsTest, RejectsMoreTensorsThanLimit) {
+  InputLimits limits;
+  limits.safetensors_tensors = 2;
+  const std::string file = path("model.safetensors");
+  write_raw(file,
+            R"({"__metadata__": {"format": "pt"},
+                "a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+                "b": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+                "c": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}})",
+            0);
+  expect_mentions(input_error([&] { SafetensorsFile::open(file, limits); }),
+                  {file, "tensor count = 3", "limit of 2", "safetensors_tensors"});
+  limits.safetensors_tensors = 3;  // __metadata__ is not a tensor
+  EXPECT_EQ(SafetensorsFile::open(file, limits)->tensors().size(), 3u);
+}
+
+TEST_F(SafetensorsTest, RejectsRankAboveLimit) {
+  const std::string file = path("model.safetensors");
+  write_raw(file, R"({"x": {"dtype": "F32", "shape": [1, 1, 1, 1, 1], "data_offsets": [0, 4]}})",
+            4);
+  expect_mentions(open_error(file), {file, "'x'", "shape rank = 5", "limit of 4", "tensor_rank"});
+}
+
+TEST_F(SafetensorsTest, RejectsDimensionAboveLimit) {
+  const std::string file = path("model.safetensors");
+  // 2^26 + 1 elements along one dimension; the default limit is 2^26 = 67108864.
+  write_raw(file, R"({"x": {"dtype": "F32", "shape": [0, 67108865], "data_offsets": [0, 0]}})", 0);
+  expect_mentions(open_error(file),
+                  {file, "'x'", "dimension 1 = 67108865", "limit of 67108864", "tensor_dim"});
+}
+
+TEST_F(SafetensorsTest, RejectsNestingDeeperThanAHeader) {
+  const std::string file = path("model.safetensors");
+  write_raw(file, R"({"x": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}})", 4);
+  expect_mentions(open_error(file), {file, "'x'", "\"shape\" nests deeper"});
+  write_raw(file, R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 4]}})", 4);
+  expect_mentions(open_error(file), {file, "'x'", "\"data_offsets\" holds more than 2"});
+}
+
+// The index path: every shard is checked like a single file, and the index itself is bounded.
+TEST_F(SafetensorsTest, RejectsCorruptShardOfIndex) {
+  std::vector<float> a(4, 1.f), b(4, 2.f);
+  write_safetensors(path("s1.safetensors"), {tensor("a", DType::kF32, {4}, a)});
+  write_safetensors(path("s2.safetensors"), {tensor("b", DType::kF32, {4}, b)});
+  write_bytes(path("model.safetensors.index.json"),
+              R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
+  ASSERT_EQ(SafetensorsArchive::open_dir(dir_.string()).names().size(), 2u);
+  std::ofstream(path("s2.safetensors"), std::ios::binary | std::ios::app).put('\0');
+  expect_mentions(input_error([&] { SafetensorsArchive::open_dir(dir_.string()); }),
+                  {path("s2.safetensors"), "data section is 17 bytes", "tensors end at byte 16"});
+}
+
+TEST_F(SafetensorsTest, RejectsShardOutsideTheModelDirectory) {
+  const std::string index = path("model.safetensors.index.json");
+  for (const char* shard : {"../model.safetensors", "/etc/passwd", "sub/x.safetensors", ".."}) {
+    write_bytes(index, fmt::format(R"({{"weight_map": {{"a": "{}"}}}})", shard));
+    expect_mentions(input_error([&] { SafetensorsArchive::open_dir(dir_.string()); }),
+                    {index, "'a'", shard, "not a file name in the model directory"});
+  }
+}
+
+TEST_F(SafetensorsTest, RejectsUnlistedTensorInTwoShards) {
+  std::vector<float> a(1, 1.f), x(1, 2.f);
+  write_safetensors(path("s1.safetensors"),
+                    {tensor("a", DType::kF32, {1}, a), tensor("x", DType::kF32, {1}, x)});
+  write_safetensors(path("s2.safetensors"), {tensor("x", DType::kF32, {1}, x)});
+  const std::string index = path("model.safetensors.index.json");
+  write_bytes(index, R"({"weight_map": {"a": "s1.safetensors", "x": "s2.safetensors"}})");
+  // x is in both shards but listed: the index decides.
+  EXPECT_EQ(SafetensorsArchive::open_dir(dir_.string()).find("x").file->path(),
+            path("s2.safetensors"));
+  // y is in both shards and not listed: nothing says which copy is meant.
+  std::vector<float> y(1, 3.f);
+  write_safetensors(path("s1.safetensors"),
+                    {tensor("a", DType::kF32, {1}, a), tensor("y", DType::kF32, {1}, y)});
+  write_safetensors(path("s2.safetensors"),
+                    {tensor("x", DType::kF32, {1}, x), tensor("y", DType::kF32, {1}, y)});
+  expect_mentions(input_error([&] { SafetensorsArchive::open_dir(dir_.string()); }),
+                  {index, "'y'", path("s1.safetensors"), path("s2.safetensors")});
+}
+
+TEST_F(SafetensorsTest, RejectsIndexAboveLimits) {
+  std::vector<float> a(1, 1.f);
+  write_safetensors(path("s1.safetensors"), {tensor("a", DType::kF32, {1}, a)});
+  const std::string index = path("model.safetensors.index.json");
+  const std::string text = R"({"weight_map": {"a": "s1.safetensors"}})";
+  write_bytes(index, text);
+  InputLimits limits;
+  limits.json_file_bytes = 10;
+  expect_mentions(input_error([&] { SafetensorsArchive::open_dir(dir_.string(), limits); }),
+                  {index, fmt::format("= {}", text.size()), "limit of 10", "json_file_bytes"});
+  limits = InputLimits{};
+  limits.safetensors_tensors = 0;
+  expect_mentions(input_error([&] { SafetensorsArchive::open_dir(dir_.string(), limits); }),
+                  {index, "weight_map entries = 1", "limit of 0"});
 }
 
 TEST_F(SafetensorsTest, RejectsMissingIndexShard) {
