@@ -11,13 +11,13 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-JsonlRequestSource::JsonlRequestSource(const std::string& path, const RequestLimits& limits)
+JsonlRequestSource::JsonlRequestSource(const std::string& path, const InputLimits& limits)
     : in_(path, std::ios::binary), path_(path), limits_(limits), opened_(wall_seconds()) {
   if (!in_) fail_input("cannot open request file '{}'", path);
 }
 
 std::optional<IncomingRequest> JsonlRequestSource::next() {
-  const size_t limit = limits_.max_request_bytes;
+  const auto limit = static_cast<size_t>(limits_.request_bytes);
   std::string line;
   while (!done_) {
     line.clear();
@@ -41,10 +41,14 @@ std::optional<IncomingRequest> JsonlRequestSource::next() {
     const std::string where = fmt::format("{}:{}", path_, line_);
     IncomingRequest r =
         length > limit ? IncomingRequest{} : parse_request_line(line, where, limits_);
-    if (length > limit) {
+    if (length > limit) {  // refused unread, as parse_request_line would refuse it
       r.where = r.request.id = where;
-      r.error = fmt::format("{}: request of {} bytes exceeds the limit of {} bytes", where, length,
-                            limit);
+      try {
+        limits_.check(&InputLimits::request_bytes, static_cast<int64_t>(length),
+                      where + ": request", "bytes");
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
     }
     r.arrival = opened_;
     return r;

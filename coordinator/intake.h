@@ -50,7 +50,7 @@ class ResultSink {
 // /dev/zero, a binary) ends with an error request saying so. A missing file is InputError.
 class JsonlRequestSource final : public RequestSource {
  public:
-  explicit JsonlRequestSource(const std::string& path, const RequestLimits& limits = {});
+  explicit JsonlRequestSource(const std::string& path, const InputLimits& limits = {});
   std::vector<IncomingRequest> poll(size_t max) override;
   bool exhausted() const override { return done_; }
   // Reads the rest of the file: every line gets an answer, finished or not.
@@ -62,7 +62,7 @@ class JsonlRequestSource final : public RequestSource {
 
   std::ifstream in_;
   std::string path_;
-  RequestLimits limits_;
+  InputLimits limits_;
   double opened_ = 0;  // the arrival time of every request of the file
   size_t line_ = 0;
   bool done_ = false;

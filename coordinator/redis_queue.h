@@ -50,7 +50,7 @@ struct RedisQueueOptions {
   double command_timeout_s = 10;         // one Redis command
   double block_s = 0.2;                  // one blocking read of new entries
   size_t max_waiting_results = 1 << 16;  // results held while Redis is away
-  RequestLimits limits;
+  InputLimits limits;                    // request_bytes and json_depth bound each entry
 
   std::string dead_letters() const;
   std::string done_hash() const { return result_stream + ":done"; }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/error.h"
+#include "worker/text.h"
 
 namespace strata {
 namespace {
@@ -239,14 +240,6 @@ void early_id(const json& j, IncomingRequest& r) {
   }
 }
 
-json parse_limited(std::string_view text, const RequestLimits& limits) {
-  if (text.size() > limits.max_request_bytes)
-    fail_input("request of {} bytes exceeds the limit of {} bytes", text.size(),
-               limits.max_request_bytes);
-  check_depth(text, limits.max_json_depth);
-  return json::parse(text);
-}
-
 // Flat queue fields to the JSON object of a Strata request.
 int64_t field_integer(const std::string& name, const std::string& v) {
   int64_t out = 0;
@@ -264,8 +257,8 @@ double field_number(const std::string& name, const std::string& v) {
   return out;
 }
 
-json field_value(const std::string& name, const std::string& v, const RequestLimits& limits) {
-  if (!valid_utf8(v)) fail_input("field '{}' is not valid UTF-8", name);
+json field_value(const std::string& name, const std::string& v, const InputLimits& limits) {
+  if (first_invalid_utf8(v) >= 0) fail_input("field '{}' is not valid UTF-8", name);
   if (name == "max_new_tokens" || name == "top_k") return field_integer(name, v);
   if (name == "seed") {
     uint64_t out = 0;
@@ -296,7 +289,7 @@ json field_value(const std::string& name, const std::string& v, const RequestLim
   }
   if ((name == "prompt_ids" || name == "stop") && !v.empty() && v.front() == '[') {
     try {
-      return parse_limited(v, limits);
+      return parse_request_json(v, limits);
     } catch (const json::exception& e) {
       fail_input("field '{}' is not a valid JSON array: {}", name, e.what());
     }
@@ -304,19 +297,18 @@ json field_value(const std::string& name, const std::string& v, const RequestLim
   return v;  // id, prompt, latency_class, and a stop value that is one string
 }
 
-void read_fields(const FieldList& fields, const RequestLimits& limits, IncomingRequest& r) {
-  size_t bytes = 0;
-  for (const auto& [name, value] : fields) bytes += name.size() + value.size();
-  if (bytes > limits.max_request_bytes)
-    fail_input("request of {} bytes exceeds the limit of {} bytes", bytes,
-               limits.max_request_bytes);
+void read_fields(const FieldList& fields, const InputLimits& limits, IncomingRequest& r) {
+  int64_t bytes = 0;
+  for (const auto& [name, value] : fields)
+    bytes += static_cast<int64_t>(name.size() + value.size());
+  limits.check(&InputLimits::request_bytes, bytes, "request", "bytes");
   for (const auto& [name, value] : fields) {
     if (name != "json" && name != "openai") continue;
     if (fields.size() != 1)
       fail_input(
           "a '{}' field carries the whole request and comes alone, but the entry has {} fields",
           name, fields.size());
-    const json j = parse_limited(value, limits);
+    const json j = parse_request_json(value, limits);
     early_id(j, r);
     if (name == "openai" && !is_openai_line(j))
       fail_input("field 'openai' must hold an OpenAI batch line (custom_id, method, url, body)");
@@ -324,63 +316,15 @@ void read_fields(const FieldList& fields, const RequestLimits& limits, IncomingR
   }
   json j = json::object();
   for (const auto& [name, value] : fields) {
-    if (!valid_utf8(name) || !known(kStrataFields, name))
+    if (first_invalid_utf8(name) >= 0 || !known(kStrataFields, name))
       fail_input("unknown field '{}' (known: json, openai, {})",
-                 valid_utf8(name) ? name.substr(0, 64) : "(not UTF-8)", list(kStrataFields));
+                 first_invalid_utf8(name) < 0 ? name.substr(0, 64) : "(not UTF-8)",
+                 list(kStrataFields));
     if (j.contains(name)) fail_input("field '{}' appears twice", name);
     j[name] = field_value(name, value, limits);
     if (name == "id") early_id(j, r);
   }
   read_strata(j, r);
-}
-
-void append_utf8_replacement(std::string& out) {
-  out += "\xEF\xBF\xBD";
-}
-
-// The length of the well-formed UTF-8 sequence at s[i], or 0.
-size_t utf8_length(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  size_t n = 0;
-  uint32_t cp = 0;
-  if (c < 0x80) return 1;
-  if ((c & 0xE0) == 0xC0) {
-    n = 2;
-    cp = c & 0x1F;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3;
-    cp = c & 0x0F;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return n;
-}
-
-std::string sanitize_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8_length(s, i);
-    if (n == 0) {
-      append_utf8_replacement(out);
-      ++i;
-    } else {
-      out.append(s.substr(i, n));
-      i += n;
-    }
-  }
-  return out;
 }
 
 std::string completion_text(const GenerationResult& r, const Tokenizer& tokenizer) {
@@ -411,13 +355,10 @@ IncomingRequest parse_guarded(const std::string& where, const std::string& defau
 
 }  // namespace
 
-bool valid_utf8(std::string_view text) {
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = utf8_length(text, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
+nlohmann::json parse_request_json(std::string_view text, const InputLimits& limits) {
+  limits.check(&InputLimits::request_bytes, static_cast<int64_t>(text.size()), "request", "bytes");
+  check_depth(text, static_cast<int>(limits.json_depth));
+  return json::parse(text);
 }
 
 std::string preview(const json& value) {
@@ -428,16 +369,16 @@ std::string preview(const json& value) {
 }
 
 IncomingRequest parse_request_line(std::string_view line, const std::string& where,
-                                   const RequestLimits& limits) {
+                                   const InputLimits& limits) {
   return parse_guarded(where, where, [&](IncomingRequest& r) {
-    const json j = parse_limited(line, limits);
+    const json j = parse_request_json(line, limits);
     early_id(j, r);
     read_json_request(j, r);
   });
 }
 
 IncomingRequest parse_request_fields(const FieldList& fields, const std::string& default_id,
-                                     const std::string& where, const RequestLimits& limits) {
+                                     const std::string& where, const InputLimits& limits) {
   return parse_guarded(where, default_id,
                        [&](IncomingRequest& r) { read_fields(fields, limits, r); });
 }
@@ -454,9 +395,9 @@ void tokenize(IncomingRequest& r, const Tokenizer& tokenizer) {
 
 nlohmann::ordered_json result_object(const GenerationResult& r, const Tokenizer& tokenizer) {
   nlohmann::ordered_json j;
-  j["id"] = sanitize_utf8(r.id);
+  j["id"] = to_valid_utf8(r.id);
   j["status"] = r.stop_reason == StopReason::kError ? "error" : "ok";
-  j["text"] = sanitize_utf8(completion_text(r, tokenizer));
+  j["text"] = to_valid_utf8(completion_text(r, tokenizer));
   j["output_ids"] = r.output_ids;
   j["stop_reason"] = stop_reason_name(r.stop_reason);
   j["prompt_tokens"] = r.prompt_ids.size();
@@ -468,7 +409,7 @@ nlohmann::ordered_json result_object(const GenerationResult& r, const Tokenizer&
   time("first_token_s", r.times.first_token_s);
   time("total_s", r.times.total_s);
   if (r.stop_reason == StopReason::kError) {
-    j["error"] = sanitize_utf8(r.error);
+    j["error"] = to_valid_utf8(r.error);
     j["error_type"] = r.error_kind == ErrorKind::kInvalidInput ? "invalid_request" : "server_error";
   }
   j["prompt_ids"] = r.prompt_ids;
@@ -483,7 +424,7 @@ nlohmann::ordered_json result_from_fields(const FieldList& fields) {
     j[name] = value;
     if (!typed) continue;
     try {
-      check_depth(value, RequestLimits{}.max_json_depth);
+      check_depth(value, static_cast<int>(InputLimits{}.json_depth));
       j[name] = nlohmann::ordered_json::parse(value);
     } catch (const std::exception&) {
       // not what Strata writes: kept as the string it is

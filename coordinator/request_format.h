@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "worker/generator.h"
+#include "worker/input_limits.h"
 #include "worker/tokenizer.h"
 
 namespace strata {
@@ -38,16 +39,15 @@ struct IncomingRequest {
   int64_t deliveries = 1;
 };
 
-// Sizes a request can reach before anything is allocated for it.
-struct RequestLimits {
-  size_t max_request_bytes = size_t{1} << 20;  // one line, or all fields of one queue entry
-  int max_json_depth = 16;                     // a request needs 3; deeper is refused unparsed
-};
-
 // One JSON line (a Strata request or an OpenAI batch line); `where` names it in errors.
+// Sizes are checked against limits.request_bytes and limits.json_depth before parsing.
 // Never throws.
 IncomingRequest parse_request_line(std::string_view line, const std::string& where,
-                                   const RequestLimits& limits = {});
+                                   const InputLimits& limits = {});
+
+// A request's JSON text, parsed once its size (limits.request_bytes) and nesting
+// (limits.json_depth) are known to be within bounds; throws InputError or json::exception.
+nlohmann::json parse_request_json(std::string_view text, const InputLimits& limits);
 
 using FieldList = std::vector<std::pair<std::string, std::string>>;
 
@@ -56,7 +56,7 @@ using FieldList = std::vector<std::pair<std::string, std::string>>;
 // array or space-separated ids, stop as a JSON array; a stop value not starting with '[' is
 // one stop string). A request without an id is called `default_id`. Never throws.
 IncomingRequest parse_request_fields(const FieldList& fields, const std::string& default_id,
-                                     const std::string& where, const RequestLimits& limits = {});
+                                     const std::string& where, const InputLimits& limits = {});
 
 // Fills prompt_ids from the prompt text; a prompt the tokenizer refuses sets `error`.
 void tokenize(IncomingRequest& r, const Tokenizer& tokenizer);
@@ -70,9 +70,6 @@ nlohmann::ordered_json result_object(const GenerationResult& result, const Token
 // A result stored as flat strings (a queue entry: result_object's fields, arrays and
 // numbers as JSON text) read back as typed JSON; fields it does not know stay strings.
 nlohmann::ordered_json result_from_fields(const FieldList& fields);
-
-// True when `text` is well-formed UTF-8.
-bool valid_utf8(std::string_view text);
 
 // A short rendering of a JSON value for error messages (bounded, whatever its size).
 std::string preview(const nlohmann::json& value);

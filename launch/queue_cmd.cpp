@@ -62,13 +62,13 @@ RedisConnection connect(const std::string& url) {
 
 // A file line goes whole into one field: `openai` for an OpenAI batch line, `json` for a
 // Strata request. Its id is read here only to wait for its result; the server validates.
-Submission from_line(const std::string& line) {
+Submission from_line(const std::string& line, const InputLimits& limits) {
   Submission s;
   json j;
   try {
-    j = json::parse(line);
-  } catch (const json::exception&) {
-    s.fields = {{"json", line}};  // not JSON: the server answers with an error result
+    j = parse_request_json(line, limits);
+  } catch (const std::exception&) {
+    s.fields = {{"json", line}};  // the server answers with an error result naming it
     return s;
   }
   const bool openai = j.is_object() && (j.contains("custom_id") || j.contains("body"));
@@ -81,18 +81,21 @@ Submission from_line(const std::string& line) {
   return s;
 }
 
-std::vector<Submission> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_input("cannot open request file '{}'", path);
+std::vector<Submission> read_file(const std::string& path, const InputLimits& limits) {
+  const std::string text =
+      read_file_bounded(path, limits, &InputLimits::prompt_file_bytes, "request file");
   std::vector<Submission> out;
-  std::string line;
-  for (size_t n = 1; std::getline(in, line); ++n) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    if (line.size() > RequestLimits{}.max_request_bytes)
-      fail_input("{}:{}: line of {} bytes exceeds the request limit of {} bytes", path, n,
-                 line.size(), RequestLimits{}.max_request_bytes);
-    out.push_back(from_line(line));
+  size_t n = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    limits.check(&InputLimits::request_bytes, static_cast<int64_t>(line.size()),
+                 fmt::format("{}:{}: request", path, n), "bytes");
+    out.push_back(from_line(std::string(line), limits));
   }
   if (out.empty()) fail_input("request file '{}' holds no request", path);
   return out;
@@ -201,7 +204,8 @@ Tally wait_for_results(RedisConnection& c, const SubmitOptions& o,
 int run_submit(SubmitOptions o) {
   if (o.prompts.empty() == o.file.empty())
     fail_input("give either --prompt TEXT (one or more) or --file FILE.jsonl");
-  std::vector<Submission> subs = o.file.empty() ? from_prompts(o) : read_file(o.file);
+  std::vector<Submission> subs =
+      o.file.empty() ? from_prompts(o) : read_file(o.file, InputLimits::from_env());
   RedisConnection c = connect(o.redis);
   const std::string from = o.wait ? last_result_id(c, o.result_stream) : "";
   add_all(c, o.request_stream, subs);

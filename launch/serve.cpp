@@ -95,7 +95,7 @@ int serve_single(const ServeOptions& o) {
         "serve --redis runs as a cluster: start it with mpirun -np N (N >= 2: rank 0 "
         "coordinates, the others compute), e.g. launch/local-cluster.sh 2 ...");
   Engine e = make_engine(o.engine);
-  JsonlRequestSource source(o.requests);
+  JsonlRequestSource source(o.requests, input_limits(o.engine.limits));
   JsonlResultSink sink(o.results, *e.tokenizer);
   std::vector<GenerationRequest> requests;
   int64_t refused = 0;
@@ -168,10 +168,11 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
     q.endpoint = RedisEndpoint::parse(o.redis);
     if (q.consumer.empty()) q.consumer = default_consumer();
     q.prefetch = static_cast<size_t>(c.kv_slots);
+    q.limits = input_limits(o.engine.limits);
     queue = std::make_unique<RedisQueue>(q, *tokenizer);
     sink = queue.get();
   } else {
-    source = std::make_unique<JsonlRequestSource>(o.requests);
+    source = std::make_unique<JsonlRequestSource>(o.requests, input_limits(o.engine.limits));
     file_sink = std::make_unique<JsonlResultSink>(o.results, *tokenizer);
     sink = file_sink.get();
   }

@@ -16,22 +16,6 @@ double now_s() {
 
 }  // namespace
 
-const char* stop_reason_name(StopReason r) {
-  switch (r) {
-    case StopReason::kEos:
-      return "eos";
-    case StopReason::kLength:
-      return "length";
-    case StopReason::kContext:
-      return "context";
-    case StopReason::kError:
-      return "error";
-    case StopReason::kStop:
-      return "stop";
-  }
-  return "?";
-}
-
 double GenerationStats::generation_throughput() const {
   return total_seconds() > 0 ? static_cast<double>(generated_tokens) / total_seconds() : 0.0;
 }

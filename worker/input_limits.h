@@ -44,8 +44,13 @@ namespace strata {
   X(batch, 65536, INT32_MAX, "sequences in one step (--max-batch, bench --batch)")               \
   X(step_tokens, 65536, INT32_MAX, "rows of one prefill step (--max-step-tokens)")               \
   X(prompt_bytes, int64_t{4} << 20, INT32_MAX, "bytes of one prompt")                            \
-  X(prompt_file_bytes, int64_t{256} << 20, int64_t{1} << 40, "bytes of a --prompt-file")         \
-  X(prompts, 1000000, INT32_MAX, "prompts in one generate run")
+  X(prompt_file_bytes, int64_t{256} << 20, int64_t{1} << 40,                                     \
+    "bytes of a --prompt-file or a submit --file")                                               \
+  X(prompts, 1000000, INT32_MAX, "prompts in one generate run")                                  \
+  X(request_bytes, int64_t{1} << 20, INT32_MAX,                                                  \
+    "bytes of one request: a JSONL line, or all fields of one queue entry")                      \
+  X(json_depth, 16, 1024,                                                                        \
+    "nesting depth of a request's JSON (a request needs 3; deeper is refused unparsed)")
 
 struct InputLimits {
 #define STRATA_INPUT_LIMIT_MEMBER(name, def, ceiling, what) int64_t name = def;

@@ -5,6 +5,23 @@
 #include "kernels/error.h"
 
 namespace strata {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kEos:
+      return "eos";
+    case StopReason::kLength:
+      return "length";
+    case StopReason::kContext:
+      return "context";
+    case StopReason::kError:
+      return "error";
+    case StopReason::kStop:
+      return "stop";
+  }
+  return "?";
+}
+
 namespace {
 
 // The completion cut before the earliest stop string it contains, if any.

@@ -90,8 +90,8 @@ TEST(Intake, FileReadsAreBounded) {
       << "\n"
       << std::string(2048, '\0');
   }
-  RequestLimits limits;
-  limits.max_request_bytes = 64;
+  InputLimits limits;
+  limits.request_bytes = 64;
   JsonlRequestSource source(dir + "/long.jsonl", limits);
   auto first = source.poll(1);
   ASSERT_EQ(first.size(), 1u);
@@ -99,8 +99,10 @@ TEST(Intake, FileReadsAreBounded) {
   EXPECT_FALSE(source.exhausted());
   auto rest = source.stop();
   ASSERT_EQ(rest.size(), 3u);
-  EXPECT_NE(rest[0].error.find("long.jsonl:2: request of 114 bytes exceeds the limit of 64"),
-            std::string::npos)
+  EXPECT_NE(
+      rest[0].error.find(
+          "long.jsonl:2: request: bytes = 114 is above the limit of 64 (input limit request_bytes"),
+      std::string::npos)
       << rest[0].error;
   EXPECT_TRUE(rest[1].error.empty()) << rest[1].error;
   EXPECT_NE(rest[2].error.find("long.jsonl:4: no line end within 1024 bytes"), std::string::npos)

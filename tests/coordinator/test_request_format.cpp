@@ -115,13 +115,13 @@ TEST(RequestFormat, NestingAndSizeLimitsComeBeforeParsing) {
   // Brackets inside strings do not count.
   EXPECT_TRUE(
       parse_request_line(R"({"prompt": "[[[[[[[[[[[[[[[[[[[[[[[[["})", "f:3").error.empty());
-  RequestLimits small;
-  small.max_request_bytes = 64;
+  InputLimits small;
+  small.request_bytes = 64;
   const std::string big = R"({"prompt": ")" + std::string(100, 'a') + "\"}";
   expect_error(parse_request_line(big, "f:4", small),
-               "request of 114 bytes exceeds the limit of 64", "big");
+               "request: bytes = 114 is above the limit of 64", "big");
   expect_error(parse_request_fields({{"prompt", std::string(100, 'a')}}, "e", "s e", small),
-               "request of 106 bytes exceeds the limit of 64", "big fields");
+               "request: bytes = 106 is above the limit of 64", "big fields");
 }
 
 TEST(RequestFormat, FlatQueueFields) {
@@ -189,14 +189,19 @@ TEST(RequestFormat, BadFlatFieldsNameTheFieldAndTheProblem) {
   }
 }
 
-TEST(RequestFormat, Utf8Validation) {
-  EXPECT_TRUE(valid_utf8("plain ascii"));
-  EXPECT_TRUE(valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));  // é € 😀
-  EXPECT_FALSE(valid_utf8("\xc3"));                                      // truncated
-  EXPECT_FALSE(valid_utf8("\xc0\xaf"));                                  // overlong '/'
-  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));                              // a surrogate
-  EXPECT_FALSE(valid_utf8("\xf4\x90\x80\x80"));                          // past U+10FFFF
-  EXPECT_FALSE(valid_utf8("\x80"));                                      // a lone continuation
+// The UTF-8 rules themselves are worker/text's (tests/worker/test_text.cpp); here, that a
+// request's text fields and a result's text go through them.
+TEST(RequestFormat, InvalidUtf8IsRefusedInFieldsAndReplacedInResults) {
+  const IncomingRequest r = parse_request_fields({{"prompt", "caf\xc3\x28"}}, "u", "s 1-0");
+  EXPECT_NE(r.error.find("field 'prompt' is not valid UTF-8"), std::string::npos) << r.error;
+  const IncomingRequest overlong = parse_request_fields({{"id", "\xc0\xaf"}}, "u", "s 1-0");
+  EXPECT_NE(overlong.error.find("field 'id' is not valid UTF-8"), std::string::npos);
+  const auto tok = Tokenizer::ids_only(dummy_model_config("opt-125m"));
+  GenerationResult bad{"id\xed\xa0\x80", {}, {}, StopReason::kError, "bad \xff byte"};
+  const auto j = result_object(bad, *tok);
+  EXPECT_EQ(j["id"], "id\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate: 3 maximal subparts
+  EXPECT_EQ(j["error"], "bad \xef\xbf\xbd byte");
+  EXPECT_NO_THROW((void)j.dump());
 }
 
 TEST(RequestFormat, ResultsPrintInTheDocumentedOrderAndReadBackTyped) {

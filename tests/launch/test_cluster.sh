@@ -208,7 +208,7 @@ PY
     cluster 3 --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
       >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "exit $? on hostile lines"; }
     [ "$(wc -l <"$tmp/r.jsonl")" -eq 5 ] || { cat "$tmp/r.jsonl"; fail "not one result per line"; }
-    for want in "1:.*nested deeper than" "3:.*not valid JSON" "4: request of 2097179 bytes exceeds the limit"; do
+    for want in "1:.*nested deeper than" "3:.*not valid JSON" "4: request: bytes = 2097179 is above the limit"; do
       jq -r 'select(.status == "error") | .error' "$tmp/r.jsonl" | grep -q "req.jsonl:$want" ||
         { cat "$tmp/r.jsonl"; fail "no error result matching '$want'"; }
     done

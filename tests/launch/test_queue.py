@@ -227,7 +227,7 @@ MALFORMED = [
     ({"prompt_ids": "[1, 99999]"}, "outside the vocabulary"),
     ({"prompt_ids": "[]"}, "empty prompt"),
     ({"prompt": "word " * 700}, "exceeds the context"),
-    ({"prompt": "x" * (1 << 20)}, "exceeds the limit"),
+    ({"prompt": "x" * (1 << 20)}, "is above the limit"),
     ({"json": "{not json"}, "not valid JSON"),
     ({"json": json.dumps({"prompt": "a", "stop": [1]})}, "stop[0] must be a string"),
     ({"json": "[" * 5000 + "]" * 5000}, "nested deeper"),
