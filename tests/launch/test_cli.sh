@@ -193,7 +193,8 @@ if STRATA_LIMIT_VOCAB=77 "$STRATA" limits --input --limit layers=5 >"$TMP/limits
   python3 -c "
 import json, sys
 d = {f['name']: f for f in json.load(open(sys.argv[1]))}
-assert len(d) == 18, sorted(d)
+assert len(d) == 20, sorted(d)
+assert d['request_bytes']['default'] == 1 << 20 and d['json_depth']['max'] == 1024, d['json_depth']
 assert d['layers']['value'] == 5 and d['layers']['default'] == 1024, d['layers']
 assert d['vocab']['value'] == 77 and d['vocab']['env'] == 'STRATA_LIMIT_VOCAB', d['vocab']
 assert d['context']['default'] >= 131072 and d['hidden']['default'] >= 16384, d

@@ -142,7 +142,7 @@ TEST(InputLimits, JsonListsEveryLimitWithItsDefault) {
   l.layers = 5;
   const json j = json::parse(l.json());
   ASSERT_EQ(j.size(), InputLimits::fields().size());
-  EXPECT_EQ(j.size(), 18u);  // the limits declared in STRATA_INPUT_LIMITS
+  EXPECT_EQ(j.size(), 20u);  // the limits declared in STRATA_INPUT_LIMITS
   bool seen = false;
   for (const json& f : j) {
     EXPECT_TRUE(f.contains("bounds") && f.contains("max") && f.contains("env")) << f.dump();
