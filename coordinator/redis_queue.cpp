@@ -120,8 +120,10 @@ std::string RedisQueueOptions::str() const {
 
 std::string QueueStats::json() const {
   return fmt::format(R"({{"delivered": {}, "results": {}, "duplicates": {}, "dead_lettered": {}, )"
-                     R"("handed_back": {}, "reconnects": {}}})",
-                     delivered, results, duplicates, dead_lettered, handed_back, reconnects);
+                     R"("handed_back": {}, "reconnects": {}, "reader_cpu_seconds": {:.6f}, )"
+                     R"("writer_cpu_seconds": {:.6f}}})",
+                     delivered, results, duplicates, dead_lettered, handed_back, reconnects,
+                     reader_cpu_seconds, writer_cpu_seconds);
 }
 
 RedisQueue::RedisQueue(const RedisQueueOptions& options, const Tokenizer& tokenizer)

@@ -9,7 +9,8 @@ Three runs on one machine, one after the other, the same cluster settings each t
           then mostly waiting in the queue)
   paced   requests arriving at a fixed rate, PACE x the burst throughput (latency under load)
   jsonl   the same requests from a file (`serve --requests`): the intake without Redis
-Per run: requests/s, p50/p99 queue wait and end-to-end latency (from the results' own
+Per run: requests/s over the coordinator's serving time (first step to last result, the
+same clock for every run), p50/p99 queue wait and end-to-end latency (the results' own
 timings), and the coordinator's cost per request: its loop's time in intake and result
 hand-over, plus the CPU time of the queue's two I/O threads.
 Redis runs with appendonly yes, appendfsync always (the setting the crash tests rely on).
@@ -114,7 +115,7 @@ def redis_run(reqs, tmp, name, rate=None):
             due = start + i / rate
             if due > time.time():
                 pipe.execute()
-                time.sleep(due - time.time())
+                time.sleep(max(0.0, due - time.time()))
         pipe.xadd("strata:requests", {k: str(v) for k, v in q.items()})
     pipe.execute()
     n = len(reqs) + 1
@@ -129,9 +130,10 @@ def redis_run(reqs, tmp, name, rate=None):
             results.append({k: json.loads(f[k]) for k in ("queue_wait_s", "total_s")} | {"status": f["status"]})
     srv.stop()
     ok = sum(r["status"] == "ok" for r in results)
-    return {"requests": len(results), "ok": ok, "wall_seconds": wall,
-            "requests_per_s": len(results) / wall, **latency(results),
-            **overhead(summary_of(log_path), len(reqs) + 1)}
+    s = summary_of(log_path)
+    return {"requests": len(results), "ok": ok, "client_wall_seconds": wall,
+            "requests_per_s": (len(results) + 1) / s["summary"]["seconds"], **latency(results),
+            **overhead(s, len(reqs) + 1)}
 
 
 def jsonl_run(reqs, tmp):
