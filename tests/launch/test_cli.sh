@@ -143,6 +143,17 @@ expect_error prompt-line-too-long "long.txt: bytes of the prompt on line 1 (at l
   generate --model "$MODEL" --prompt-file "$TMP/long.txt"
 expect_error prompt-file-too-large "prompt file size in bytes = 5000001 is above the limit of 1000" \
   generate --model "$MODEL" --prompt-file "$TMP/long.txt" --limit prompt_file_bytes=1000
+# serve --requests /dev/zero: one error result saying there is no line end, then the job ends.
+timeout 60 "$STRATA" serve --model "$MODEL" --threads 1 --requests /dev/zero --results "$TMP/zero.jsonl" \
+  >/dev/null 2>"$TMP/err"
+rc=$?
+if [ "$rc" -ne 124 ] && [ "$(wc -l <"$TMP/zero.jsonl")" -eq 1 ] &&
+  grep -q '"status":"error".*/dev/zero:1: no line end within 16777216 bytes' "$TMP/zero.jsonl"; then
+  echo "ok   serve-requests-dev-zero"; passes=$((passes + 1))
+else
+  echo "FAIL serve-requests-dev-zero: rc=$rc"; head -c 600 "$TMP/zero.jsonl"; tail -3 "$TMP/err"
+  failures=$((failures + 1))
+fi
 # 2,000 prompts, number 999 not UTF-8: every result printed, that one an error naming it.
 python3 - "$TMP/many.txt" <<'PY'
 import sys
