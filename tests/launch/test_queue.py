@@ -280,6 +280,19 @@ def slow_requests(n):
     return prompts, reqs
 
 
+def expect_every_result(srv, cluster, reqs, refs):
+    """The run ends cleanly with exactly one ok result per request, each equal to the
+    reference, and every entry acknowledged."""
+    rc = cluster.wait(300)
+    if rc != 0:
+        fail(f"exit {rc}:\n{cluster.tail()}")
+    got = results(srv.client)
+    if len(got) != len(reqs):
+        fail(f"{len(got)} results for {len(reqs)} requests")
+    check_ok(got, reqs, refs)
+    check_all_acknowledged(srv.client, len(reqs))
+
+
 def case_kill9():
     srv = Redis()
     prompts, reqs = slow_requests(60)
@@ -293,15 +306,7 @@ def case_kill9():
         done = srv.client.xlen(RES)
         n = c.kill9()
         log(f"kill -9 number {k + 1}: {n} processes, {done} results stored before")
-    c = Cluster(srv.url, *args, name="final")
-    rc = c.wait(300)
-    if rc != 0:
-        fail(f"final run exit {rc}:\n{c.tail()}")
-    got = results(srv.client)
-    if len(got) != 60:
-        fail(f"{len(got)} results for 60 requests")
-    check_ok(got, reqs, refs)
-    check_all_acknowledged(srv.client, 60)
+    expect_every_result(srv, Cluster(srv.url, *args, name="final"), reqs, refs)
     log("60 requests, 3 kills: exactly one result each, all equal strata generate")
 
 
@@ -318,14 +323,7 @@ def case_redis_restart():
     time.sleep(1.5)
     srv.start()
     log(f"redis-server restarted; {srv.client.xlen(RES)} results survived")
-    rc = c.wait(300)
-    if rc != 0:
-        fail(f"exit {rc}:\n{c.tail()}")
-    got = results(srv.client)
-    if len(got) != 40:
-        fail(f"{len(got)} results for 40 requests")
-    check_ok(got, reqs, refs)
-    check_all_acknowledged(srv.client, 40)
+    expect_every_result(srv, c, reqs, refs)
     log("redis killed and restarted mid-run: one result per request, all equal strata generate")
 
 
