@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "transport/schema/control.capnp.h"
@@ -396,8 +397,15 @@ StepCommand read(wire::StepCommand::Reader r) {
   c.step_id = r.getStepId();
   c.phase = enum_from_wire(r.getPhase(), Phase::kDecode, "step.phase");
   c.micro_batch = r.getMicroBatch();
+  int64_t rows = 0;  // must fit rows()'s int32, as a real step's always does
   for (auto s : r.getSeqs()) {
     SeqStep step{s.getSeqId(), s.getSlot(), s.getNPast(), s.getNNew(), {}};
+    if (step.slot < 0 || step.n_past < 0 || step.n_new < 0)
+      fail_malformed(
+          fmt::format("step.seqs[{}]: negative slot, past or new ({})", c.seqs.size(), step.str()));
+    rows += step.n_new;
+    if (rows > std::numeric_limits<int32_t>::max())
+      fail_malformed(fmt::format("step: {} rows in all, more than any step holds", rows));
     for (int32_t id : s.getTokenIds()) step.token_ids.push_back(id);
     c.seqs.push_back(std::move(step));
   }

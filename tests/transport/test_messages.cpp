@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "kernels/error.h"
@@ -131,6 +132,21 @@ TEST(Messages, UnknownEnumValueIsRefused) {
   }
   ASSERT_TRUE(patched);
   expect_malformed(bad, "step.phase = 9 is not a known value");
+}
+
+// Found by tests/fuzz/fuzz_messages: two sequences of 2^31 - 100 new rows each made rows()
+// overflow. No step of a real plan holds negative sizes or more rows than an int32.
+TEST(Messages, StepSizesNoStepCanHoldAreRefused) {
+  const int32_t big = std::numeric_limits<int32_t>::max() - 100;
+  expect_malformed(
+      encode(StepCommand{1, Phase::kPrefill, 0, {{1, 0, 0, big, {}}, {2, 1, 0, big, {}}}}),
+      "rows in all, more than any step holds");
+  expect_malformed(encode(StepCommand{1, Phase::kDecode, 0, {{1, 0, 5, 1, {}}, {2, 1, 0, -3, {}}}}),
+                   "step.seqs[1]: negative slot, past or new");
+  expect_malformed(encode(StepCommand{1, Phase::kDecode, 0, {{1, -1, 0, 1, {}}}}),
+                   "step.seqs[0]: negative");
+  const StepCommand ok{1, Phase::kPrefill, 0, {{1, 0, 0, big, {}}, {2, 1, 0, 100, {}}}};
+  EXPECT_EQ(std::get<StepCommand>(decode(encode(ok))).rows(), std::numeric_limits<int32_t>::max());
 }
 
 TEST(Messages, RandomAndCorruptedBytesNeverCrash) {
