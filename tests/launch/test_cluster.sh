@@ -235,19 +235,23 @@ PY
     echo "SIGTERM: exit $rc, 40 lines answered ($(jq -s '[.[] | select(.status == "ok")] | length' "$tmp/r.jsonl") finished)"
     ;;
   dead_coordinator)
+    # Long enough (200 steps of >= 0.1 s) that rank 0 dies mid-run however loaded the machine.
     for i in $(seq 40); do echo "{\"id\": \"$i\", \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": 100}"; done >"$tmp/req.jsonl"
-    cluster 3 --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
-      --debug-step-delay 0.05 --heartbeat-interval 0.2 --heartbeat-timeout 3 >"$tmp/out" 2>&1 &
+    STRATA_LOG_LEVEL=info cluster 3 --model "$stories" --threads 1 --requests "$tmp/req.jsonl" \
+      --results "$tmp/r.jsonl" --debug-step-delay 0.1 --heartbeat-interval 0.2 --heartbeat-timeout 3 \
+      >"$tmp/out" 2>&1 &
     job=$!
     rank0=""
-    for _ in $(seq 100); do  # the coordinator, once it serves
+    for _ in $(seq 600); do  # the coordinator, once every stage is loaded and serving
       for p in $(pgrep -f "strata serve" || true); do
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && rank0=$p
       done
-      [ -n "$rank0" ] && [ -s "$tmp/r.jsonl" ] && break
+      [ -n "$rank0" ] && grep -q "all 2 stages loaded" "$tmp/out" && break
       sleep 0.1
     done
+    grep -q "all 2 stages loaded" "$tmp/out" || { cat "$tmp/out"; fail "the stages never loaded"; }
     [ -n "$rank0" ] || fail "no rank 0 found"
+    sleep 1
     kill -9 "$rank0"
     start=$(date +%s)
     while pgrep -f "strata serve.*$tmp/req.jsonl" >/dev/null; do
@@ -255,6 +259,7 @@ PY
       sleep 0.2
     done
     wait "$job" || true
+    [ ! -s "$tmp/r.jsonl" ] || [ "$(wc -l <"$tmp/r.jsonl")" -lt 40 ] || fail "the run ended before rank 0 was killed"
     grep -q "waiting for rank 0\|rank 0 (the coordinator) silent" "$tmp/out" || { cat "$tmp/out"; fail "no worker named rank 0"; }
     echo "workers ended $(($(date +%s) - start)) s after rank 0 died"
     ;;

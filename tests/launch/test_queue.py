@@ -98,12 +98,14 @@ def descendants(pid):
 class Cluster:
     """launch/local-cluster.sh NP strata serve --redis ..."""
 
-    def __init__(self, url, *args, np=3, name="run"):
+    # The heartbeat timeout is only how soon a dead rank is noticed; 10 s leaves room for a
+    # loaded machine (ASan, other tests) to starve rank 0 of the CPU for a few seconds.
+    def __init__(self, url, *args, np=3, name="run", heartbeat_timeout=10):
         self.log_path = os.path.join(TMP, f"{name}.log")
         env = dict(os.environ, STRATA=STRATA, STRATA_LOG_LEVEL=os.environ.get("STRATA_LOG_LEVEL", "warn"))
         cmd = ["bash", os.path.join(ROOT, "launch/local-cluster.sh"), str(np), "--model", MODEL,
                "--redis", url, "--threads", "1", "--heartbeat-interval", "0.2",
-               "--heartbeat-timeout", "3", *args]
+               "--heartbeat-timeout", str(heartbeat_timeout), *args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
 
     def wait(self, seconds=120):
@@ -341,7 +343,7 @@ def case_poison():
     args = ("--exit-when-drained", "--consumer", "poison-test", "--debug-crash-token", str(crash_token),
             "--max-deliveries", "3")
     for run in range(1, 9):
-        c = Cluster(srv.url, *args, name=f"poison{run}")
+        c = Cluster(srv.url, *args, name=f"poison{run}", heartbeat_timeout=5)
         rc = c.wait(120)
         log(f"run {run}: exit {rc}")
         if rc == 0:
