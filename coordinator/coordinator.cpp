@@ -97,8 +97,7 @@ class Coordinator {
   // Valid requests taken from the source and not yet given to the scheduler: at most a
   // batch's worth (the source holds the rest of the backlog).
   std::deque<IncomingRequest> held_;
-  std::optional<uint64_t> isolated_;  // a redelivered request running alone
-  std::optional<Deadline> grace_;     // set when a stop signal came
+  std::optional<Deadline> grace_;  // set when a stop signal came
   std::unordered_set<std::string> ids_seen_;
   int32_t capacity_ = 0;
   int32_t max_rows_ = 0;
@@ -135,7 +134,6 @@ void Coordinator::end_unfinished(const std::string& why, bool failed) {
           GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
     }
     held_.clear();
-    isolated_.reset();
     if (scheduler_ == nullptr) return;
     for (FinishedRequest& f : scheduler_->drain(why)) {
       ++stats_.unfinished;
@@ -255,9 +253,7 @@ void Coordinator::begin_stop() {
 }
 
 // Backpressure: only as many requests are taken from the source as can wait for the next
-// prefill (one batch); the source keeps the rest. A redelivered request (it was in flight
-// when an earlier run ended) runs alone, so that if it is what ends runs, it ends no
-// other request's run with it.
+// prefill (one batch); the source keeps the rest.
 void Coordinator::admit() {
   if (!grace_) {
     const auto window = static_cast<size_t>(options_.kv_slots);
@@ -268,18 +264,10 @@ void Coordinator::admit() {
       stats_.intake_seconds += since(t0);
     }
   }
-  while (!held_.empty() && !isolated_) {
-    const IncomingRequest& r = held_.front();
-    if (r.deliveries > 1) {
-      if (!scheduler_->idle()) return;
-      isolated_ = next_seq_;
-      log::get("coordinator")
-          ->warn(
-              "request {} was in flight when an earlier run ended ({} deliveries): it runs "
-              "alone",
-              r.request.id, r.deliveries);
-    }
-    submit(r);
+  // A request redelivered after a failed run (deliveries > 1) arrives alone: the source
+  // holds nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
+  while (!held_.empty()) {
+    submit(held_.front());
     held_.pop_front();
   }
 }
@@ -396,7 +384,6 @@ void Coordinator::on_result(const StepResult& result) {
   if (done.empty()) return;
   FinishedSequences left;
   for (FinishedRequest& f : done) {
-    if (isolated_ == f.seq_id) isolated_.reset();
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
     left.seqs.push_back(FinishedSequence{f.seq_id, finish_reason(f.result.stop_reason)});
     const Clock::time_point t0 = Clock::now();

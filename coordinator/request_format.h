@@ -35,7 +35,7 @@ struct IncomingRequest {
   std::string where;                  // "requests.jsonl:3", "strata:requests 1700000000000-0"
   double arrival = 0;                 // when it was queued (system clock, seconds since 1970)
   // How often the queue has handed this entry out; more than once means it was in flight
-  // when an earlier run died, so the coordinator runs it alone (docs/QUEUE.md, "Poison").
+  // when an earlier run died; the queue then hands it out alone (docs/QUEUE.md, "Poison").
   int64_t deliveries = 1;
 };
 

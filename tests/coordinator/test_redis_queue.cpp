@@ -232,6 +232,25 @@ TEST_F(RedisQueueTest, IdleEntriesOfADeadConsumerAreTakenOverAndLiveOnesKeepThei
   EXPECT_EQ(got[0].deliveries, 2);
 }
 
+// The lease: what a live consumer holds is touched every claim_idle / 3, so its idle time
+// (XPENDING) never reaches claim_idle and no other consumer may take it over.
+TEST_F(RedisQueueTest, ALiveConsumerRenewsTheLeaseOfWhatItHolds) {
+  const std::string held = add({{"id", "held"}, {"prompt", "1"}});
+  RedisQueueOptions o = options("live");
+  o.claim_idle_s = 0.9;
+  RedisQueue live(o, *tokenizer_);
+  ASSERT_EQ(take(live, 1).size(), 1u);
+  int64_t most_idle_ms = 0;
+  for (int i = 0; i < 50; ++i) {  // 2.5 s: well past claim_idle
+    std::this_thread::sleep_for(50ms);
+    const RedisReply r = redis({"XPENDING", "strata:requests", "strata", held, held, "1"});
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r.elements[0].elements[1].str, "live");
+    most_idle_ms = std::max(most_idle_ms, r.elements[0].elements[2].integer);
+  }
+  EXPECT_LT(most_idle_ms, 900) << "renewed every 300 ms, the idle time must stay below 0.9 s";
+}
+
 TEST_F(RedisQueueTest, AnEntryDeliveredTooOftenGoesToTheDeadLetterStreamWithAnErrorResult) {
   RedisQueueOptions o = options();
   o.max_deliveries = 2;

@@ -330,6 +330,18 @@ def case_redis_restart():
 
 
 def case_poison():
+    poison(takeover=False)
+
+
+def case_poison_takeover():
+    poison(takeover=True)
+
+
+def poison(takeover):
+    """A request that kills a stage, among 30 that do not. Restarted under the same consumer
+    name, the queue recovers its own pending entries one at a time; under a new name each
+    run (a new Slurm job id), the entries of the dead run are taken over in bulk after
+    --claim-idle and the coordinator must run each redelivered one alone."""
     srv = Redis()
     prompts, reqs = valid_requests(30)
     refs = reference(prompts, 40)
@@ -340,10 +352,13 @@ def case_poison():
         if i == 10:
             srv.client.xadd(REQ, {"id": "poison", "prompt_ids": f"[1, 403, {crash_token}, 261]", "max_new_tokens": "8"})
         submit_valid(srv.client, [q])
-    args = ("--exit-when-drained", "--consumer", "poison-test", "--debug-crash-token", str(crash_token),
-            "--max-deliveries", "3")
+    args = ("--exit-when-drained", "--debug-crash-token", str(crash_token), "--max-deliveries", "3",
+            "--claim-idle", "1")
     for run in range(1, 9):
-        c = Cluster(srv.url, *args, name=f"poison{run}", heartbeat_timeout=5)
+        consumer = f"poison-test-{run}" if takeover else "poison-test"
+        if takeover:
+            time.sleep(1.2)  # the dead run's entries idle past --claim-idle
+        c = Cluster(srv.url, *args, "--consumer", consumer, name=f"poison{run}", heartbeat_timeout=5)
         rc = c.wait(120)
         log(f"run {run}: exit {rc}")
         if rc == 0:
@@ -427,7 +442,8 @@ def case_docs():
 
 try:
     {"equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
-     "poison": case_poison, "sigterm": case_sigterm, "docs": case_docs}[CASE]()
+     "poison": case_poison, "poison_takeover": case_poison_takeover, "sigterm": case_sigterm,
+     "docs": case_docs}[CASE]()
 finally:
     for p in descendants(os.getpid()):
         try:
