@@ -243,7 +243,7 @@ PY
     job=$!
     rank0=""
     for _ in $(seq 600); do  # the coordinator, once every stage is loaded and serving
-      for p in $(pgrep -f "strata serve" || true); do
+      for p in $(pgrep -f "strata serve.*$tmp/req.jsonl" || true); do  # this test's ranks only
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && rank0=$p
       done
       [ -n "$rank0" ] && grep -q "all 2 stages loaded" "$tmp/out" && break
