@@ -548,6 +548,9 @@ void RedisQueue::unfinished(const GenerationResult& partial, bool suspect) {
   auto it = held_.find(partial.id);
   if (it == held_.end()) return;
   if (suspect) {
+    // The run is failing: nothing more is read or recovered, or the reader would take this
+    // very entry back (own pending, no longer held) and count a delivery that never ran.
+    stopped_ = true;
     for (const std::string& e : it->second.entries) held_entries_.erase(e);
     held_.erase(it);
     return;

@@ -366,7 +366,8 @@ def poison(takeover):
     else:
         fail("the job never completed")
     if run != 4:
-        fail(f"completed after {run} runs; expected 3 failed runs (deliveries 1-3) and a 4th that dead-letters")
+        fail(f"completed after {run} runs; expected 3 failed runs (deliveries 1-3) and a 4th that "
+             f"dead-letters; dead letters: {srv.client.xrange(DEAD, '-', '+')}; last log:\n{c.tail()}")
     dead = srv.client.xrange(DEAD, "-", "+")
     if len(dead) != 1:
         fail(f"{len(dead)} dead letters")
