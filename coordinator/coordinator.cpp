@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -94,9 +93,6 @@ class Coordinator {
   ResultSink& sink_;
   ControlChannel control_;
   std::vector<int> workers_;
-  // Valid requests taken from the source and not yet given to the scheduler: at most a
-  // batch's worth (the source holds the rest of the backlog).
-  std::deque<IncomingRequest> held_;
   std::optional<Deadline> grace_;  // set when a stop signal came
   std::unordered_set<std::string> ids_seen_;
   int32_t capacity_ = 0;
@@ -128,12 +124,6 @@ ClusterStats Coordinator::run() {
 // that were running are suspects (one of them may be what failed the cluster).
 void Coordinator::end_unfinished(const std::string& why, bool failed) {
   try {
-    for (const IncomingRequest& r : held_) {
-      ++stats_.unfinished;
-      sink_.unfinished(
-          GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
-    }
-    held_.clear();
     if (scheduler_ == nullptr) return;
     for (FinishedRequest& f : scheduler_->drain(why)) {
       ++stats_.unfinished;
@@ -240,12 +230,6 @@ void Coordinator::begin_stop() {
     sink_.unfinished(
         GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
   }
-  for (const IncomingRequest& r : held_) {
-    ++stats_.unfinished;
-    sink_.unfinished(
-        GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
-  }
-  held_.clear();
   grace_ = Deadline::after_seconds(options_.grace_period_s);
   log::get("coordinator")
       ->warn("signal {}: admitting nothing more; the requests running get {} s to finish",
@@ -257,18 +241,12 @@ void Coordinator::begin_stop() {
 void Coordinator::admit() {
   if (!grace_) {
     const auto window = static_cast<size_t>(options_.kv_slots);
-    const size_t have = scheduler_->waiting() + held_.size();
+    const size_t have = scheduler_->waiting();
     if (have < window) {
       const Clock::time_point t0 = Clock::now();
       for (IncomingRequest& r : source_.poll(window - have)) take(std::move(r));
       stats_.intake_seconds += since(t0);
     }
-  }
-  // A request redelivered after a failed run (deliveries > 1) arrives alone: the source
-  // holds nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
-  while (!held_.empty()) {
-    submit(held_.front());
-    held_.pop_front();
   }
 }
 
@@ -289,7 +267,9 @@ void Coordinator::take(IncomingRequest r) {
     sink_.write(done);
     return;
   }
-  held_.push_back(std::move(r));
+  // A request redelivered after a failed run (deliveries > 1) arrives alone: the source
+  // holds nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
+  submit(r);
 }
 
 void Coordinator::submit(const IncomingRequest& r) {
@@ -338,7 +318,7 @@ void Coordinator::serve() {
       if (scheduler_->in_flight(m)) continue;
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
     }
-    if (scheduler_->idle() && held_.empty() && (grace_ || source_.exhausted())) return;
+    if (scheduler_->idle() && (grace_ || source_.exhausted())) return;
     if (std::optional<Received> r =
             control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
       on_message(*r);
