@@ -7,57 +7,31 @@
 #include <unordered_set>
 
 #include "coordinator/planner.h"
+#include "coordinator/request_rules.h"
 #include "coordinator/scheduler.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
-#include "transport/control_channel.h"
-#include "transport/peer_monitor.h"
-#include "transport/tensor_channel.h"
 #include "worker/dummy.h"
-#include "worker/request_rules.h"
 
 namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-FinishReason finish_reason(StopReason r) {
-  switch (r) {
-    case StopReason::kEos:
-      return FinishReason::kEos;
-    case StopReason::kLength:
-      return FinishReason::kLength;
-    case StopReason::kContext:
-      return FinishReason::kContext;
-    case StopReason::kError:
-      return FinishReason::kError;
-    case StopReason::kStop:
-      return FinishReason::kStop;
-  }
-  return FinishReason::kError;
-}
-
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::chrono::milliseconds ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
 class Coordinator {
  public:
-  Coordinator(const Communicator& world, const CoordinatorOptions& o, const ModelConfig& config,
-              const Tokenizer& tokenizer, RequestSource& source, ResultSink& sink)
-      : world_(world),
+  Coordinator(Stages& stages, const CoordinatorOptions& o, const ModelConfig& config,
+              const Tokenizer* tokenizer, RequestSource& source, ResultSink& sink)
+      : stages_(stages),
         options_(o),
         config_(config),
         tokenizer_(tokenizer),
         source_(source),
-        sink_(sink),
-        control_(world) {
-    for (int r = 1; r < world.size(); ++r) workers_.push_back(r);
-  }
+        sink_(sink) {}
 
   ClusterStats run();
 
@@ -68,42 +42,26 @@ class Coordinator {
   void flush_results(double seconds);
   void admit();
   void take(IncomingRequest r);
-  void submit(const IncomingRequest& r);
-  std::string validate(const GenerationRequest& r) const;
   void refuse(const GenerationRequest& r, const std::string& error);
   bool stop_requested() const;
   void begin_stop();
-  void start_workers();
-  void wait_ready();
   void serve();
   void dispatch(const ScheduledStep& step);
-  void on_message(const Received& r);
   void on_result(const StepResult& result);
-  void ping_workers();
-  void check_alive() const;
-  [[noreturn]] void on_error_report(const ErrorReport& report);
-  void collect_stats();
-  int last_rank() const { return plan_.stages.back().rank; }
 
-  const Communicator& world_;
+  Stages& stages_;
   CoordinatorOptions options_;
   const ModelConfig& config_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   RequestSource& source_;
   ResultSink& sink_;
-  ControlChannel control_;
-  std::vector<int> workers_;
   std::optional<Deadline> grace_;  // set when a stop signal came
   std::unordered_set<std::string> ids_seen_;
   int32_t capacity_ = 0;
   int32_t max_rows_ = 0;
   ClusterPlan plan_;
-  std::unique_ptr<TensorLinks> links_;
   std::unique_ptr<RraScheduler> scheduler_;
-  std::unique_ptr<PeerMonitor> monitor_;
   uint64_t next_seq_ = 0;
-  uint64_t ping_seq_ = 0;
-  Clock::time_point last_ping_;
   std::optional<Clock::time_point> first_step_;  // the run's time: first step sent ...
   Clock::time_point last_result_;                // ... to the last result in (idle excluded)
   ClusterStats stats_;
@@ -142,27 +100,19 @@ void Coordinator::flush_results(double seconds) {
 }
 
 ClusterStats Coordinator::run_plan() {
-  auto log = log::get("coordinator");
   size_run();
-  PlanOptions po{options_.model_spec,
-                 static_cast<int32_t>(workers_.size()),
-                 options_.micro_batches,
-                 options_.kv_slots,
-                 capacity_,
-                 max_rows_,
-                 options_.stage_mem};
+  PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
+                 capacity_,           max_rows_,       options_.stage_mem};
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
-                      options_.max_step_tokens, config_.eos_token_ids, &tokenizer_,       {}};
+                      options_.max_step_tokens, config_.eos_token_ids, tokenizer_,        {}};
   scheduler_ = std::make_unique<RraScheduler>(so);
-  log->info("plan: {}", plan_.str());
-  start_workers();
-  wait_ready();
+  log::get("coordinator")->info("plan: {}", plan_.str());
+  stages_.start(plan_);
   serve();
   if (first_step_)
     stats_.seconds = std::chrono::duration<double>(last_result_ - *first_step_).count();
-  shutdown_workers(world_, grace_ ? "stopped" : "all requests done", options_.step_timeout_s);
-  collect_stats();
+  stats_.stages = stages_.finish(grace_ ? "stopped" : "all requests done");
   if (!sink_.flush(Deadline::after_seconds(options_.flush_timeout_s)))
     fail(ErrorKind::kDisconnected,
          "results not all stored within {} s (--flush-timeout); their requests were not "
@@ -182,19 +132,9 @@ void Coordinator::size_run() {
                model_max, model_max);
   max_rows_ = std::max(options_.max_step_tokens, options_.kv_slots);
   stats_.model = options_.model_spec;
-  stats_.ranks = world_.size();
+  stats_.ranks = stages_.count() + 1;
   stats_.micro_batches = options_.micro_batches;
   stats_.decode_iters = options_.decode_iters;
-}
-
-std::string Coordinator::validate(const GenerationRequest& r) const {
-  std::string error = validate_request(r, config_.vocab, capacity_, &tokenizer_);
-  if (error.empty() && static_cast<int64_t>(r.prompt_ids.size()) > max_rows_)
-    error = fmt::format(
-        "prompt of {} tokens exceeds the {} rows of a prefill step (--max-step-tokens): the "
-        "cluster prefills a prompt in one step",
-        r.prompt_ids.size(), max_rows_);
-  return error;
 }
 
 void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
@@ -213,6 +153,13 @@ bool Coordinator::stop_requested() const {
   return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
 }
 
+// Prompt text to ids; a run without a tokenizer takes ids only.
+void tokenize_with(IncomingRequest& r, const Tokenizer* tokenizer) {
+  if (tokenizer != nullptr) return tokenize(r, *tokenizer);
+  if (r.prompt && r.error.empty())
+    r.error = "field 'prompt': this run has no tokenizer; send prompt_ids";
+}
+
 // A stop signal: nothing more is admitted; what the source read and the coordinator holds
 // but has not started is unfinished at once; the running requests get the grace period.
 void Coordinator::begin_stop() {
@@ -220,7 +167,7 @@ void Coordinator::begin_stop() {
   const std::string why =
       fmt::format("not started: the job was stopped (signal {})", stats_.stop_signal);
   for (IncomingRequest& r : source_.stop()) {
-    tokenize(r, tokenizer_);
+    tokenize_with(r, tokenizer_);
     ++stats_.requests;
     if (!r.error.empty()) {
       refuse(r.request, r.error);
@@ -239,26 +186,28 @@ void Coordinator::begin_stop() {
 // Backpressure: only as many requests are taken from the source as can wait for the next
 // prefill (one batch); the source keeps the rest.
 void Coordinator::admit() {
-  if (!grace_) {
-    const auto window = static_cast<size_t>(options_.kv_slots);
-    const size_t have = scheduler_->waiting();
-    if (have < window) {
-      const Clock::time_point t0 = Clock::now();
-      for (IncomingRequest& r : source_.poll(window - have)) take(std::move(r));
-      stats_.intake_seconds += since(t0);
-    }
-  }
+  if (grace_) return;
+  const auto window = static_cast<size_t>(options_.kv_slots);
+  const size_t have = scheduler_->waiting();
+  if (have >= window) return;
+  const Clock::time_point t0 = Clock::now();
+  for (IncomingRequest& r : source_.poll(window - have)) take(std::move(r));
+  stats_.intake_seconds += since(t0);
 }
 
+// Validation (request_rules.h) and the scheduler's queue: the one way in for a request. A
+// request redelivered after a failed run (deliveries > 1) arrives alone: the source holds
+// nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
 void Coordinator::take(IncomingRequest r) {
-  tokenize(r, tokenizer_);
+  tokenize_with(r, tokenizer_);
   ++stats_.requests;
   if (!ids_seen_.insert(r.request.id).second) {
     ++stats_.duplicate_ids;
     log::get("coordinator")
         ->warn("request id {} was seen before in this run ({})", r.request.id, r.where);
   }
-  const std::string error = r.error.empty() ? validate(r.request) : r.error;
+  const std::string error =
+      r.error.empty() ? validate_request(r.request, config_.vocab, capacity_, tokenizer_) : r.error;
   if (!error.empty()) return refuse(r.request, error);
   if (r.request.max_new_tokens == 0) {
     GenerationResult done{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}};
@@ -267,39 +216,8 @@ void Coordinator::take(IncomingRequest r) {
     sink_.write(done);
     return;
   }
-  // A request redelivered after a failed run (deliveries > 1) arrives alone: the source
-  // holds nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
-  submit(r);
-}
-
-void Coordinator::submit(const IncomingRequest& r) {
   stats_.prompt_tokens += static_cast<int64_t>(r.request.prompt_ids.size());
   scheduler_->submit(r.request, next_seq_++, r.arrival);
-}
-
-void Coordinator::start_workers() {
-  const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
-  for (int r : workers_) control_.send(r, plan_, deadline);
-  links_ = std::make_unique<TensorLinks>(TensorLinks::create(world_, -1, deadline));
-}
-
-// Every stage answers a ping once it has loaded its layers; a load failure comes back as an
-// ErrorReport and ends the run at once.
-void Coordinator::wait_ready() {
-  const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
-  const uint64_t seq = ++ping_seq_;
-  for (int r : workers_) control_.send(r, Heartbeat{0, seq, false}, deadline);
-  std::set<int> waiting(workers_.begin(), workers_.end());
-  while (!waiting.empty()) {
-    Received r = control_.recv(kAnySource, deadline,
-                               fmt::format("stages {} to load", fmt::join(waiting, ", ")));
-    if (auto* e = std::get_if<ErrorReport>(&r.message)) e->raise();
-    if (auto* h = std::get_if<Heartbeat>(&r.message); h && h->reply && h->sequence == seq)
-      waiting.erase(r.source);
-  }
-  log::get("coordinator")->info("all {} stages loaded", workers_.size());
-  monitor_ = std::make_unique<PeerMonitor>(workers_, ms(options_.heartbeat_timeout_s));
-  last_ping_ = Clock::now();
 }
 
 void Coordinator::serve() {
@@ -319,26 +237,18 @@ void Coordinator::serve() {
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
     }
     if (scheduler_->idle() && (grace_ || source_.exhausted())) return;
-    if (std::optional<Received> r =
-            control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
-      on_message(*r);
+    if (std::optional<StepResult> result = stages_.poll()) {
+      on_result(*result);
       backoff = Backoff();
       continue;
     }
-    if (since(last_ping_) >= options_.heartbeat_interval_s) ping_workers();
-    check_alive();
     backoff.pause();
   }
 }
 
 void Coordinator::dispatch(const ScheduledStep& step) {
-  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
   if (!first_step_) first_step_ = Clock::now();
-  if (!step.joins.empty()) control_.send(last_rank(), BatchUpdate{step.joins, {}}, deadline);
-  StepCommand bare = step.command;  // later stages need no token ids
-  for (SeqStep& s : bare.seqs) s.token_ids.clear();
-  for (const StagePlan& s : plan_.stages)
-    control_.send(s.rank, s.has_embedding ? step.command : bare, deadline);
+  stages_.dispatch(step);
   if (step.command.phase == Phase::kPrefill) {
     ++stats_.prefill_steps;
   } else {
@@ -346,83 +256,19 @@ void Coordinator::dispatch(const ScheduledStep& step) {
   }
 }
 
-void Coordinator::on_message(const Received& r) {
-  monitor_->heard_from(r.source);
-  if (auto* result = std::get_if<StepResult>(&r.message)) {
-    on_result(*result);
-  } else if (auto* report = std::get_if<ErrorReport>(&r.message)) {
-    on_error_report(*report);
-  } else if (!std::holds_alternative<Heartbeat>(r.message)) {
-    fail(ErrorKind::kFailed, "unexpected {} from rank {} while serving", message_name(r.message),
-         r.source);
-  }
-}
-
 void Coordinator::on_result(const StepResult& result) {
   last_result_ = Clock::now();
   std::vector<FinishedRequest> done = scheduler_->apply(result);
   if (done.empty()) return;
-  FinishedSequences left;
+  std::vector<uint64_t> left;
   for (FinishedRequest& f : done) {
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
-    left.seqs.push_back(FinishedSequence{f.seq_id, finish_reason(f.result.stop_reason)});
+    left.push_back(f.seq_id);
     const Clock::time_point t0 = Clock::now();
     sink_.write(f.result);
     stats_.result_seconds += since(t0);
   }
-  control_.send(last_rank(), left, Deadline::after_seconds(options_.step_timeout_s));
-}
-
-void Coordinator::ping_workers() {
-  const uint64_t seq = ++ping_seq_;
-  for (int r : workers_)
-    control_.send(r, Heartbeat{0, seq, false}, Deadline::after_seconds(options_.step_timeout_s));
-  last_ping_ = Clock::now();
-}
-
-void Coordinator::check_alive() const {
-  const std::optional<int> silent = monitor_->silent_rank();
-  if (!silent) return;
-  const StagePlan* stage = plan_.stage_of_rank(*silent);
-  try {
-    monitor_->check();
-  } catch (const Error& e) {
-    fail(ErrorKind::kDisconnected, "worker rank {} (stage layers [{}, {})) is dead or hung: {}",
-         *silent, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what());
-  }
-}
-
-// A worker's error is often a symptom (a send to a rank that died): ask every worker for
-// a sign of life first, and name the ones that give none.
-void Coordinator::on_error_report(const ErrorReport& report) {
-  log::get("coordinator")->error("{}", report.str());
-  std::vector<int> others;
-  for (int r : workers_)
-    if (r != report.rank) others.push_back(r);
-  std::vector<Received> other;
-  try {
-    ping_all(control_, others, ++ping_seq_, *monitor_,
-             Deadline::after_seconds(std::min(options_.heartbeat_timeout_s, 5.0)), other);
-  } catch (const Error& e) {
-    fail(ErrorKind::kDisconnected, "{}; rank {} reported: {}", e.what(), report.rank,
-         report.message);
-  }
-  report.raise();
-}
-
-void Coordinator::collect_stats() {
-  std::set<int> waiting(workers_.begin(), workers_.end());
-  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
-  while (!waiting.empty()) {
-    Received r = control_.recv(kAnySource, deadline, "stage statistics");
-    auto* s = std::get_if<StageStats>(&r.message);
-    if (s == nullptr) continue;  // late pings and such
-    const StagePlan* stage = plan_.stage_of_rank(r.source);
-    if (stage != nullptr) stats_.stages.push_back(StageReport{*stage, *s});
-    waiting.erase(r.source);
-  }
-  std::sort(stats_.stages.begin(), stats_.stages.end(),
-            [](const StageReport& a, const StageReport& b) { return a.stage.rank < b.stage.rank; });
+  stages_.leave(left);
 }
 
 }  // namespace
@@ -476,26 +322,15 @@ ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype) {
                               : load_model_config(spec);
 }
 
-ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options,
-                             const ModelConfig& config, const Tokenizer& tokenizer,
+ClusterStats run_coordinator(Stages& stages, const CoordinatorOptions& options,
+                             const ModelConfig& config, const Tokenizer* tokenizer,
                              RequestSource& source, ResultSink& sink) {
   try {
-    Coordinator c(world, options, config, tokenizer, source, sink);
+    Coordinator c(stages, options, config, tokenizer, source, sink);
     return c.run();
   } catch (const std::exception& e) {
-    shutdown_workers(world, std::string("coordinator failed: ") + e.what(), 1.0);
+    stages.abort(std::string("coordinator failed: ") + e.what());
     throw;
-  }
-}
-
-void shutdown_workers(const Communicator& world, const std::string& reason, double seconds) {
-  ControlChannel control(world);
-  for (int r = 1; r < world.size(); ++r) {
-    try {
-      control.send(r, Shutdown{reason}, Deadline::after_seconds(seconds));
-    } catch (const Error& e) {
-      log::get("coordinator")->warn("shutdown of rank {}: {}", r, e.what());
-    }
   }
 }
 

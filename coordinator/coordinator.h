@@ -1,8 +1,10 @@
-// Rank 0 of a cluster: reads requests, plans the stages, drives the pipeline with the RRA
-// scheduler (scheduler.h) over K micro-batches in flight, writes results as they finish,
-// and reports per-stage busy / idle time at the end. A worker that dies or hangs is named
-// (heartbeats and PeerMonitor) and the run ends with an Error within a bounded time; a plan
-// that cannot run is refused (InputError) before any worker loads anything.
+// The one request path: reads requests, validates them (request_rules.h), plans the stages,
+// drives them with the RRA scheduler (scheduler.h) over K micro-batches in flight, writes
+// results as they finish, and reports per-stage busy / idle time at the end. The stages
+// are worker ranks (mpi_stages.h: rank 0 of a cluster) or this process (local_stages.h:
+// `strata generate`, single-process serve); the loop is the same. A stage that dies or
+// hangs ends the run with an Error within a bounded time, every request taken handed back
+// as unfinished; a plan that cannot run is refused (InputError) before any stage loads.
 #pragma once
 
 #include <atomic>
@@ -11,8 +13,8 @@
 #include <vector>
 
 #include "coordinator/intake.h"
+#include "coordinator/stages.h"
 #include "transport/messages.h"
-#include "transport/mpi_session.h"
 #include "worker/config.h"
 #include "worker/tokenizer.h"
 
@@ -28,6 +30,7 @@ struct CoordinatorOptions {
   // may start empty); 0: the model's context.
   int32_t max_context = 0;
   int64_t stage_mem = -1;  // bytes per stage (< 0: no limit)
+  // The MPI stages' (mpi_stages.h; unused in one process):
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
   double load_timeout_s = 300.0;      // plan to every stage loaded
@@ -37,12 +40,6 @@ struct CoordinatorOptions {
   const std::atomic<int>* stop_signal = nullptr;
   double grace_period_s = 30.0;
   double flush_timeout_s = 30.0;  // results handed to the sink, to be stored at the end
-};
-
-struct StageReport {
-  StagePlan stage;
-  StageStats stats;
-  double bubble_fraction() const;  // idle / window of the stage's first to last step
 };
 
 struct ClusterStats {
@@ -74,14 +71,12 @@ struct ClusterStats {
 // The model's config as the workers will load it (a folder or dummy:NAME).
 ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype);
 
-// Runs the whole job on rank 0 of `world` (every other rank runs run_stage_worker). On any
-// failure the workers are told to shut down, every request taken from `source` and not
-// finished is handed to `sink.unfinished`, and the error propagates.
-ClusterStats run_coordinator(const Communicator& world, const CoordinatorOptions& options,
-                             const ModelConfig& config, const Tokenizer& tokenizer,
+// Runs the whole job over `stages`. On any failure the stages are aborted, every request
+// taken from `source` and not finished is handed to `sink.unfinished`, and the error
+// propagates. `tokenizer` may be null: requests must then carry prompt ids, and stop
+// strings are refused.
+ClusterStats run_coordinator(Stages& stages, const CoordinatorOptions& options,
+                             const ModelConfig& config, const Tokenizer* tokenizer,
                              RequestSource& source, ResultSink& sink);
-
-// Tells every worker to stop (best effort, each send bounded by `seconds`).
-void shutdown_workers(const Communicator& world, const std::string& reason, double seconds);
 
 }  // namespace strata

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/request.h"
 #include "coordinator/request_format.h"
 #include "transport/deadline.h"
-#include "worker/generator.h"
 #include "worker/tokenizer.h"
 
 namespace strata {

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/generator.h"
+#include "coordinator/request.h"
 #include "worker/input_limits.h"
 #include "worker/tokenizer.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "coordinator/intake.h"
+#include "coordinator/request_rules.h"
 #include "kernels/error.h"
-#include "worker/request_rules.h"
 
 namespace strata {
 
@@ -45,66 +45,77 @@ void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id, dou
 
 bool RraScheduler::idle() const {
   if (!waiting_.empty()) return false;
-  return std::all_of(batches_.begin(), batches_.end(),
-                     [](const MicroBatch& b) { return b.running.empty() && !b.step; });
+  return std::all_of(batches_.begin(), batches_.end(), [](const MicroBatch& b) {
+    return b.running.empty() && b.prefilling.empty() && !b.step;
+  });
 }
 
-// Waiting requests, in arrival order, into the micro-batch's free slots while their prompts
-// fit the step's row budget (the first always goes, so a long prompt is never stuck), and
-// while the micro-batch holds no more than its share of all the work, so the micro-batches
-// stay balanced and every stage has one to run while the others compute.
-std::vector<uint64_t> RraScheduler::admit(int32_t m) {
+// Waiting requests, in arrival order, into the micro-batch's free slots while it holds no
+// more than its share of all the work, so the micro-batches stay balanced and every stage
+// has one to run while the others compute.
+void RraScheduler::admit(int32_t m) {
   MicroBatch& b = batches_[static_cast<size_t>(m)];
   size_t work = waiting_.size();
-  for (const MicroBatch& other : batches_) work += other.running.size();
+  for (const MicroBatch& other : batches_) work += other.running.size() + other.prefilling.size();
   const size_t k = batches_.size();
   const size_t share = (work + k - 1) / k;
-  std::vector<uint64_t> admitted;
-  int32_t rows = 0;
-  while (!waiting_.empty() && !b.free_slots.empty() && b.running.size() + admitted.size() < share) {
+  while (!waiting_.empty() && !b.free_slots.empty() &&
+         b.running.size() + b.prefilling.size() < share) {
     Seq& seq = seqs_.at(waiting_.front());
-    const auto n = static_cast<int32_t>(seq.request.prompt_ids.size());
-    if (!admitted.empty() && rows + n > options_.max_step_tokens) break;
-    rows += n;
     seq.slot = b.free_slots.back();
     b.free_slots.pop_back();
     seq.micro_batch = m;
-    admitted.push_back(waiting_.front());
+    b.prefilling.push_back(waiting_.front());
     waiting_.pop_front();
   }
-  return admitted;
 }
 
 std::optional<ScheduledStep> RraScheduler::next_step(int32_t m) {
   STRATA_CHECK(m >= 0 && m < micro_batches(), "micro-batch {} of {}", m, micro_batches());
   MicroBatch& b = batches_[static_cast<size_t>(m)];
   STRATA_CHECK(!b.step, "micro-batch {} already has step {} in flight", m, *b.step);
-  if (b.decode_left <= 0 || b.running.empty()) {
-    const std::vector<uint64_t> admitted = admit(m);
+  if (b.prefilling.empty() && (b.decode_left <= 0 || b.running.empty())) {
+    admit(m);
     b.decode_left = options_.decode_iters;  // the next phase: N_D decode iterations
-    if (!admitted.empty()) return prefill_step(m, admitted);
-    if (b.running.empty()) return std::nullopt;
+    if (b.prefilling.empty() && b.running.empty()) return std::nullopt;
   }
+  if (!b.prefilling.empty()) return prefill_step(m);
   --b.decode_left;
   return decode_step(m);
 }
 
-ScheduledStep RraScheduler::prefill_step(int32_t m, const std::vector<uint64_t>& admitted) {
+// The next max_step_tokens prompt rows of the phase's admitted sequences, in admission
+// order; a sequence whose last chunk this is samples its first token and runs.
+ScheduledStep RraScheduler::prefill_step(int32_t m) {
   MicroBatch& b = batches_[static_cast<size_t>(m)];
   ScheduledStep s;
   s.command = StepCommand{next_step_id_++, Phase::kPrefill, m, {}};
   const double now = options_.clock();
-  for (uint64_t id : admitted) {
+  int32_t budget = options_.max_step_tokens;
+  size_t done = 0;
+  for (size_t i = 0; i < b.prefilling.size() && budget > 0; ++i) {
+    const uint64_t id = b.prefilling[i];
     Seq& seq = seqs_.at(id);
-    seq.admitted = now;
-    const auto n = static_cast<int32_t>(seq.request.prompt_ids.size());
-    s.command.seqs.push_back(SeqStep{id, seq.slot, 0, n, seq.request.prompt_ids});
-    s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
-    seq.n_past = n;
-    b.running.push_back(id);
+    const std::vector<int32_t>& prompt = seq.request.prompt_ids;
+    if (seq.n_past == 0) {  // its first chunk: the last stage learns how to sample it
+      seq.admitted = now;
+      s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
+    }
+    const int32_t remaining = static_cast<int32_t>(prompt.size()) - seq.n_past;
+    const int32_t take = std::min(remaining, budget);
+    const auto from = prompt.begin() + seq.n_past;
+    s.command.seqs.push_back(
+        SeqStep{id, seq.slot, seq.n_past, take, {from, from + take}, take == remaining});
+    seq.n_past += take;
+    budget -= take;
+    if (take == remaining) {
+      b.running.push_back(id);
+      ++done;
+    }
   }
+  b.prefilling.erase(b.prefilling.begin(), b.prefilling.begin() + static_cast<ptrdiff_t>(done));
   b.step = s.command.step_id;
-  b.step_seqs = s.command.seqs.size();
+  b.step_seqs = done;
   return s;
 }
 

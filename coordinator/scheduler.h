@@ -3,10 +3,14 @@
 // pipeline one behind the other, so every stage has work while the others compute. Each
 // micro-batch alternates one prefill (encode) phase, which admits waiting requests into its
 // free slots, with `decode_iters` decode iterations (N_D) over its running sequences. A
-// sequence that finishes (EOS, its token budget, the context) leaves at once and frees
-// its slot; requests join only at the next prefill phase.
+// prefill phase is as many steps as its prompts need at `max_step_tokens` rows a step (a
+// long prompt is prefilled in chunks; only its last chunk samples). A sequence that
+// finishes (EOS, its token budget, the context) leaves at once and frees its slot;
+// requests join only at the next prefill phase. One micro-batch with N_D = 1 is
+// continuous batching: `strata generate` runs it so.
 //
-// No MPI here: the coordinator's loop (coordinator.h) turns steps into messages and
+// This is the one scheduler of every request path: the coordinator's loop (coordinator.h)
+// turns steps into work for the stages (stages.h: other ranks, or this process) and
 // StepResults back into apply(); tests drive it directly.
 #pragma once
 
@@ -18,19 +22,18 @@
 #include <unordered_map>
 #include <vector>
 
+#include "coordinator/request.h"
 #include "transport/messages.h"
-#include "worker/generator.h"
 #include "worker/tokenizer.h"
 
 namespace strata {
 
 struct SchedulerOptions {
   int32_t micro_batches = 1;
-  int32_t decode_iters = 8;  // N_D: decode iterations between prefill phases
-  int32_t kv_slots = 32;     // sequences in flight over all micro-batches
-  int32_t kv_capacity = 0;   // positions per slot (the context)
-  int32_t max_step_tokens =
-      512;  // prompt rows one prefill step admits (one longer prompt goes alone)
+  int32_t decode_iters = 8;       // N_D: decode iterations between prefill phases
+  int32_t kv_slots = 32;          // sequences in flight over all micro-batches
+  int32_t kv_capacity = 0;        // positions per slot (the context)
+  int32_t max_step_tokens = 512;  // prompt rows of one prefill step (longer prompts: chunks)
   std::vector<int32_t> eos_token_ids;
   const Tokenizer* tokenizer = nullptr;  // decodes completions for stop strings
   std::function<double()> clock;         // seconds (request times); default: the system clock
@@ -40,7 +43,7 @@ struct SchedulerOptions {
 
 struct ScheduledStep {
   StepCommand command;         // token ids filled (the first stage's copy)
-  std::vector<SeqJoin> joins;  // sequences this prefill admits (for the last stage's sampler)
+  std::vector<SeqJoin> joins;  // sequences this prefill starts (for the last stage's sampler)
 };
 
 struct FinishedRequest {
@@ -78,19 +81,20 @@ class RraScheduler {
     GenerationRequest request;
     GenerationResult result;
     int32_t slot = -1;
-    int32_t n_past = 0;  // positions in the KV cache
+    int32_t n_past = 0;  // positions in the KV cache (of the prompt, while it is prefilled)
     int32_t micro_batch = -1;
     double arrival = 0, admitted = -1, first_token = -1;
   };
   struct MicroBatch {
-    std::vector<int32_t> free_slots;  // ascending order of use
+    std::vector<int32_t> free_slots;   // ascending order of use
+    std::vector<uint64_t> prefilling;  // admitted, prompt not yet all in the cache
     std::vector<uint64_t> running;
     int32_t decode_left = 0;
     std::optional<uint64_t> step;  // the step in flight
-    size_t step_seqs = 0;          // its sequences: the tokens its result must carry
+    size_t step_seqs = 0;          // its sampling sequences: the tokens its result carries
   };
-  std::vector<uint64_t> admit(int32_t m);
-  ScheduledStep prefill_step(int32_t m, const std::vector<uint64_t>& admitted);
+  void admit(int32_t m);
+  ScheduledStep prefill_step(int32_t m);
   ScheduledStep decode_step(int32_t m);
   bool accept(Seq& seq, int32_t token);  // true when the sequence is done
   void stamp_times(Seq& seq) const;      // the result's times, at its end

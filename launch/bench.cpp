@@ -1,5 +1,6 @@
-// strata bench: synthetic prompts through the generator, reported as JSON together with this
-// machine's limits measured in the same run and the achieved fraction of each bound.
+// strata bench: synthetic prompts through the local cluster (the coordinator's one request
+// path), reported as JSON together with this machine's limits measured in the same run and the
+// achieved fraction of each bound.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -201,7 +202,7 @@ int run_bench(BenchOptions o) {
   Engine e = make_engine(o.engine);
   check_workload(o, e.config);
   const ModelShape shape = e.config.shape();
-  Generator gen(*e.model, e.generator);
+  LocalCluster gen(*e.model, e.local);
   for (int w = 0; w < o.warmup; ++w) {  // touch weights and scratch once
     BenchOptions small = o;
     small.batch = 1;

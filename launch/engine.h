@@ -3,10 +3,10 @@
 
 #include <memory>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/profiling_backend.h"
 #include "launch/commands.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/model.h"
 
@@ -42,7 +42,7 @@ struct Engine {
   WeightPlacement placement;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
-  GeneratorOptions generator;
+  LocalOptions local;  // a local run's batch and step rows (strata generate, bench)
 };
 
 // Probes for a GPU (and says what it found), picks the backend, loads the model.

@@ -189,7 +189,7 @@ int run_generate(const GenerateOptions& o) {
     requests.push_back(std::move(r));
     index.push_back(i);
   }
-  Generator gen(*e.model, e.generator);
+  LocalCluster gen(*e.model, e.local, e.tokenizer.get());
   GenerationStats stats;
   gen.run(requests, &stats,
           [&](size_t r, const GenerationResult& result) { printer.take(index[r], result); });

@@ -12,6 +12,8 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/intake.h"
+#include "coordinator/local_stages.h"
+#include "coordinator/mpi_stages.h"
 #include "coordinator/redis_queue.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
@@ -88,49 +90,6 @@ void write_stats(const std::string& path, const std::string& json) {
   if (!out) fail_input("cannot write --stats-out file '{}'", path);
 }
 
-// One rank: the single-process generator over every request of a file.
-int serve_single(const ServeOptions& o) {
-  if (!o.redis.empty())
-    fail_input(
-        "serve --redis runs as a cluster: start it with mpirun -np N (N >= 2: rank 0 "
-        "coordinates, the others compute), e.g. launch/local-cluster.sh 2 ...");
-  Engine e = make_engine(o.engine);
-  JsonlRequestSource source(o.requests, input_limits(o.engine.limits));
-  JsonlResultSink sink(o.results, *e.tokenizer);
-  std::vector<GenerationRequest> requests;
-  int64_t refused = 0;
-  std::vector<IncomingRequest> all = source.poll(SIZE_MAX);
-  for (IncomingRequest& r : all) {
-    tokenize(r, *e.tokenizer);
-    if (r.error.empty()) {
-      requests.push_back(std::move(r.request));
-      continue;
-    }
-    ++refused;
-    sink.write(GenerationResult{r.request.id,
-                                r.request.prompt_ids,
-                                {},
-                                StopReason::kError,
-                                r.error,
-                                ErrorKind::kInvalidInput});
-  }
-  if (o.max_context > 0) e.generator.max_context = o.max_context;
-  Generator gen(*e.model, e.generator, e.tokenizer.get());
-  GenerationStats stats;
-  for (const GenerationResult& r : gen.run(requests, &stats)) {
-    refused += r.stop_reason == StopReason::kError ? 1 : 0;
-    sink.write(r);
-  }
-  const std::string json = fmt::format(
-      R"({{"model": "{}", "ranks": 1, "requests": {}, "errors": {}, "generated_tokens": {}, )"
-      R"("tokens_per_s": {:.3f}, "generator": {}}})",
-      o.engine.model, all.size(), refused, stats.generated_tokens, stats.generation_throughput(),
-      stats.json());
-  std::fprintf(stderr, "%s\n", json.c_str());
-  write_stats(o.stats_out, json);
-  return 0;
-}
-
 CoordinatorOptions coordinator_options(const ServeOptions& o) {
   CoordinatorOptions c;
   c.model_spec = o.engine.model;
@@ -152,12 +111,9 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   return c;
 }
 
-int serve_coordinator(const ServeOptions& o, const Communicator& world) {
-  const ModelConfig config =
-      load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
-  const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
-                                                   ? Tokenizer::ids_only(config)
-                                                   : Tokenizer::load(o.engine.model, config);
+// The coordinator's loop over `stages`: the worker ranks of a cluster, or this process.
+int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& config,
+                   const Tokenizer& tokenizer) {
   const CoordinatorOptions c = coordinator_options(o);
   std::unique_ptr<RequestSource> source;
   std::unique_ptr<ResultSink> file_sink;
@@ -169,20 +125,39 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
     if (q.consumer.empty()) q.consumer = default_consumer();
     q.prefetch = static_cast<size_t>(c.kv_slots);
     q.limits = input_limits(o.engine.limits);
-    queue = std::make_unique<RedisQueue>(q, *tokenizer);
+    queue = std::make_unique<RedisQueue>(q, tokenizer);
     sink = queue.get();
   } else {
     source = std::make_unique<JsonlRequestSource>(o.requests, input_limits(o.engine.limits));
-    file_sink = std::make_unique<JsonlResultSink>(o.results, *tokenizer);
+    file_sink = std::make_unique<JsonlResultSink>(o.results, tokenizer);
     sink = file_sink.get();
   }
   RequestSource& from = queue ? static_cast<RequestSource&>(*queue) : *source;
-  const ClusterStats stats = run_coordinator(world, c, config, *tokenizer, from, *sink);
+  const ClusterStats stats = run_coordinator(stages, c, config, &tokenizer, from, *sink);
   std::fprintf(stderr, "%s", stats.table().c_str());
   const std::string queue_json = queue ? ", \"queue\": " + queue->stats().json() : "";
   std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + queue_json + "}").c_str());
   write_stats(o.stats_out, stats.json());
   return exit_code(stats);
+}
+
+// One process: a one-stage cluster over the engine's model, through the same loop.
+int serve_single(const ServeOptions& o) {
+  Engine e = make_engine(o.engine);
+  LocalStages stages(*e.model);
+  return serve_requests(o, stages, e.config, *e.tokenizer);
+}
+
+int serve_coordinator(const ServeOptions& o, const Communicator& world) {
+  const ModelConfig config =
+      load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
+  const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
+                                                   ? Tokenizer::ids_only(config)
+                                                   : Tokenizer::load(o.engine.model, config);
+  const CoordinatorOptions c = coordinator_options(o);
+  MpiStages stages(world, MpiStagesOptions{c.heartbeat_interval_s, c.heartbeat_timeout_s,
+                                           c.load_timeout_s, c.step_timeout_s});
+  return serve_requests(o, stages, config, *tokenizer);
 }
 
 // A pipeline stage: the engine's compute setup (device, weight tiers, cache placement,
@@ -278,8 +253,8 @@ Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand(
       "serve",
-      "Serve requests from a Redis stream or a JSONL file: a cluster under mpirun (or one "
-      "process for a file)");
+      "Serve requests from a Redis stream or a JSONL file: a cluster under mpirun, or one "
+      "process");
   add_engine_options(*cmd, o->engine);
   cmd->add_option("--requests", o->requests, "JSONL file, one request per line");
   cmd->add_option("--results", o->results, "JSONL file the results are written to");

@@ -25,18 +25,6 @@ static_assert(static_cast<int>(wire::ErrorKind::UNIMPLEMENTED) ==
               static_cast<int>(ErrorKind::kUnimplemented));
 static_assert(static_cast<int>(wire::ErrorKind::INVALID_INPUT) ==
               static_cast<int>(ErrorKind::kInvalidInput));
-static_assert(static_cast<int>(wire::FinishReason::EOS) == static_cast<int>(FinishReason::kEos));
-static_assert(static_cast<int>(wire::FinishReason::LENGTH) ==
-              static_cast<int>(FinishReason::kLength));
-static_assert(static_cast<int>(wire::FinishReason::CONTEXT) ==
-              static_cast<int>(FinishReason::kContext));
-static_assert(static_cast<int>(wire::FinishReason::ERROR) ==
-              static_cast<int>(FinishReason::kError));
-static_assert(static_cast<int>(wire::FinishReason::CANCELLED) ==
-              static_cast<int>(FinishReason::kCancelled));
-static_assert(static_cast<int>(wire::FinishReason::PREEMPTED) ==
-              static_cast<int>(FinishReason::kPreempted));
-static_assert(static_cast<int>(wire::FinishReason::STOP) == static_cast<int>(FinishReason::kStop));
 
 namespace {
 
@@ -83,26 +71,6 @@ const char* phase_name(Phase phase) {
   return phase == Phase::kPrefill ? "prefill" : "decode";
 }
 
-const char* finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kContext:
-      return "context";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kPreempted:
-      return "preempted";
-    case FinishReason::kStop:
-      return "stop";
-  }
-  return "?";
-}
-
 // ---- printing ----
 
 std::string StagePlan::str() const {
@@ -120,8 +88,9 @@ std::string ClusterPlan::str() const {
 }
 
 std::string SeqStep::str() const {
-  return fmt::format("seq {} slot {} past {} new {}{}", seq_id, slot, n_past, n_new,
-                     token_ids.empty() ? "" : fmt::format(" tokens {}", token_ids.size()));
+  return fmt::format("seq {} slot {} past {} new {}{}{}", seq_id, slot, n_past, n_new,
+                     token_ids.empty() ? "" : fmt::format(" tokens {}", token_ids.size()),
+                     sample ? "" : " (no sample)");
 }
 
 int32_t StepCommand::rows() const {
@@ -157,12 +126,6 @@ std::string StepResult::str() const {
       list_str(tokens, [](const SeqToken& t) { return fmt::format("{}:{}", t.seq_id, t.token); }));
 }
 
-std::string FinishedSequences::str() const {
-  return fmt::format("finished {}", list_str(seqs, [](const FinishedSequence& f) {
-                       return fmt::format("{} ({})", f.seq_id, finish_reason_name(f.reason));
-                     }));
-}
-
 std::string Shutdown::str() const {
   return fmt::format("shutdown ({})", reason);
 }
@@ -191,7 +154,7 @@ std::string StageStats::str() const {
 }
 
 const char* message_name(const ControlMessage& message) {
-  static constexpr const char* kNames[] = {"plan",     "step",  "batch",     "result", "finished",
+  static constexpr const char* kNames[] = {"plan",     "step",  "batch",     "result",
                                            "shutdown", "error", "heartbeat", "stats"};
   static_assert(std::size(kNames) == std::variant_size_v<ControlMessage>);
   return kNames[message.index()];
@@ -278,6 +241,7 @@ void write(wire::StepCommand::Builder b, const StepCommand& c) {
     seqs[i].setSlot(s.slot);
     seqs[i].setNPast(s.n_past);
     seqs[i].setNNew(s.n_new);
+    seqs[i].setSample(s.sample);
     seqs[i].setTokenIds(kj::ArrayPtr<const int32_t>(s.token_ids.data(), s.token_ids.size()));
   }
 }
@@ -304,14 +268,6 @@ void write(wire::StepResult::Builder b, const StepResult& r) {
   for (size_t i = 0; i < r.tokens.size(); ++i) {
     tokens[i].setSeqId(r.tokens[i].seq_id);
     tokens[i].setToken(r.tokens[i].token);
-  }
-}
-
-void write(wire::FinishedSequences::Builder b, const FinishedSequences& f) {
-  auto seqs = b.initSeqs(static_cast<unsigned>(f.seqs.size()));
-  for (size_t i = 0; i < f.seqs.size(); ++i) {
-    seqs[i].setSeqId(f.seqs[i].seq_id);
-    seqs[i].setReason(static_cast<wire::FinishReason>(f.seqs[i].reason));
   }
 }
 
@@ -345,7 +301,6 @@ void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& 
         if constexpr (std::is_same_v<T, StepCommand>) write(body.initStep(), m);
         if constexpr (std::is_same_v<T, BatchUpdate>) write(body.initBatch(), m);
         if constexpr (std::is_same_v<T, StepResult>) write(body.initResult(), m);
-        if constexpr (std::is_same_v<T, FinishedSequences>) write(body.initFinished(), m);
         if constexpr (std::is_same_v<T, Shutdown>) body.initShutdown().setReason(text(m.reason));
         if constexpr (std::is_same_v<T, ErrorReport>) write(body.initError(), m);
         if constexpr (std::is_same_v<T, Heartbeat>) write(body.initHeartbeat(), m);
@@ -399,7 +354,7 @@ StepCommand read(wire::StepCommand::Reader r) {
   c.micro_batch = r.getMicroBatch();
   int64_t rows = 0;  // must fit rows()'s int32, as a real step's always does
   for (auto s : r.getSeqs()) {
-    SeqStep step{s.getSeqId(), s.getSlot(), s.getNPast(), s.getNNew(), {}};
+    SeqStep step{s.getSeqId(), s.getSlot(), s.getNPast(), s.getNNew(), {}, s.getSample()};
     if (step.slot < 0 || step.n_past < 0 || step.n_new < 0)
       fail_malformed(
           fmt::format("step.seqs[{}]: negative slot, past or new ({})", c.seqs.size(), step.str()));
@@ -433,15 +388,6 @@ StepResult read(wire::StepResult::Reader r) {
   return result;
 }
 
-FinishedSequences read(wire::FinishedSequences::Reader r) {
-  FinishedSequences f;
-  for (auto s : r.getSeqs()) {
-    f.seqs.push_back(FinishedSequence{
-        s.getSeqId(), enum_from_wire(s.getReason(), FinishReason::kStop, "finished.reason")});
-  }
-  return f;
-}
-
 ErrorReport read(wire::ErrorReport::Reader r) {
   return ErrorReport{r.getRank(),
                      enum_from_wire(r.getKind(), ErrorKind::kInvalidInput, "error.kind"),
@@ -459,8 +405,8 @@ ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
       return read(body.getBatch());
     case W::RESULT:
       return read(body.getResult());
-    case W::FINISHED:
-      return read(body.getFinished());
+    case W::FINISHED:  // protocol 1: departures travel in BatchUpdate.left since 2
+      fail_malformed("'finished' is not a message of this protocol version");
     case W::SHUTDOWN:
       return Shutdown{text(body.getShutdown().getReason())};
     case W::ERROR:

@@ -3,8 +3,8 @@
 // touches a capnp builder; bulk tensors never travel here (TensorChannel carries them).
 //
 // Who sends what:
-//   coordinator -> workers : ClusterPlan, BatchUpdate, StepCommand, FinishedSequences,
-//                            Shutdown, Heartbeat (ping)
+//   coordinator -> workers : ClusterPlan, BatchUpdate, StepCommand, Shutdown,
+//                            Heartbeat (ping)
 //   last stage -> coordinator : StepResult (one sampled token per sequence)
 //   any worker -> coordinator : ErrorReport, Heartbeat (reply), StageStats (at shutdown)
 #pragma once
@@ -22,24 +22,13 @@
 namespace strata {
 
 // Bumped when a change is not a pure addition; a peer with another version is refused.
-inline constexpr uint32_t kControlProtocolVersion = 1;
+inline constexpr uint32_t kControlProtocolVersion = 2;
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
 
 enum class Phase : uint8_t { kPrefill = 0, kDecode = 1 };
 const char* phase_name(Phase phase);
-
-enum class FinishReason : uint8_t {
-  kEos = 0,
-  kLength = 1,
-  kContext = 2,
-  kError = 3,
-  kCancelled = 4,
-  kPreempted = 5,
-  kStop = 6,  // a stop string ended the completion
-};
-const char* finish_reason_name(FinishReason reason);
 
 // One pipeline stage: layers [layer_begin, layer_end) on world rank `rank`.
 struct StagePlan {
@@ -85,6 +74,9 @@ struct SeqStep {
   int32_t n_past = 0;
   int32_t n_new = 0;
   std::vector<int32_t> token_ids;  // only in the first stage's copy (n_new of them)
+  // The step samples the sequence's next token: a decode, or a prompt's last chunk (a
+  // prompt longer than a step's rows is prefilled in chunks; only the last one samples).
+  bool sample = true;
 
   std::string str() const;
   bool operator==(const SeqStep&) const = default;
@@ -110,8 +102,8 @@ struct SeqJoin {
   bool operator==(const SeqJoin& o) const;
 };
 
-// Batch membership: sequences that join (at the next prefill) and leave (preempted or
-// evicted: their KV slot is free at once).
+// Batch membership at the last stage, which samples: sequences that join (before their
+// first step) and leave (finished, preempted or evicted: their sampling state goes).
 struct BatchUpdate {
   std::vector<SeqJoin> joined;
   std::vector<uint64_t> left;
@@ -126,7 +118,8 @@ struct SeqToken {
   bool operator==(const SeqToken&) const = default;
 };
 
-// The last stage's answer to a step: the token sampled for each sequence.
+// The last stage's answer to a step: the token sampled for each sequence that samples
+// (SeqStep::sample), in the step's order.
 struct StepResult {
   uint64_t step_id = 0;
   int32_t micro_batch = 0;
@@ -134,19 +127,6 @@ struct StepResult {
 
   std::string str() const;
   bool operator==(const StepResult&) const = default;
-};
-
-struct FinishedSequence {
-  uint64_t seq_id = 0;
-  FinishReason reason = FinishReason::kEos;
-  bool operator==(const FinishedSequence&) const = default;
-};
-
-struct FinishedSequences {
-  std::vector<FinishedSequence> seqs;
-
-  std::string str() const;
-  bool operator==(const FinishedSequences&) const = default;
 };
 
 struct Shutdown {
@@ -193,9 +173,8 @@ struct StageStats {
   bool operator==(const StageStats&) const = default;
 };
 
-using ControlMessage =
-    std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult, FinishedSequences, Shutdown,
-                 ErrorReport, Heartbeat, StageStats>;
+using ControlMessage = std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult, Shutdown,
+                                    ErrorReport, Heartbeat, StageStats>;
 
 const char* message_name(const ControlMessage& message);  // "plan", "step", ...
 std::string str(const ControlMessage& message);

@@ -22,18 +22,39 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
   if (m.config.hidden != plan.hidden_size)
     fail_input("{}: hidden size {} but the plan says {}", plan.model_spec, m.config.hidden,
                plan.hidden_size);
-  model_ = std::make_unique<Model>(m.config, std::move(m.weights), backend, plan.max_batch_rows,
+  owned_ = std::make_unique<Model>(m.config, std::move(m.weights), backend, plan.max_batch_rows,
                                    std::move(m.streamer), std::move(m.feeder));
+  model_ = owned_.get();
   model_->set_cache_options(so.cache);
   model_->set_gpu_batch_size(so.gpu_batch_size);
-  cache_ = model_->make_cache(plan.kv_slots, plan.kv_capacity);
-  zeros_.assign(static_cast<size_t>(plan.max_batch_rows), 0);
-  if (last())
-    logits_.resize(static_cast<size_t>(plan.kv_slots) * static_cast<size_t>(m.config.vocab));
+  allocate(plan);
   log::get("worker")->info("stage {} on {}: {} layers, KV cache {:.1f} MiB ({}), weights {}",
                            stage.str(), backend.name(), m.config.n_layers,
                            static_cast<double>(cache_->bytes()) / (1 << 20),
                            so.cache.placement.str(), m.placement.str());
+}
+
+PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Model& model)
+    : stage_(stage), kv_slots_(plan.kv_slots), model_(&model) {
+  const ModelConfig& c = model.config();
+  STRATA_CHECK(c.n_layers == stage.n_layers() && c.hidden == plan.hidden_size &&
+                   model.max_rows() >= plan.max_batch_rows,
+               "stage {}: a model of {} layers, hidden {}, {} rows (plan: hidden {}, {} rows)",
+               stage.str(), c.n_layers, c.hidden, model.max_rows(), plan.hidden_size,
+               plan.max_batch_rows);
+  allocate(plan);
+}
+
+// The KV cache (plan.kv_slots x plan.kv_capacity) and the step's buffers, once.
+void PipelineStage::allocate(const ClusterPlan& plan) {
+  STRATA_CHECK(plan.kv_slots > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
+               "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, plan.kv_slots,
+               plan.kv_capacity, plan.max_batch_rows);
+  cache_ = model_->make_cache(plan.kv_slots, plan.kv_capacity);
+  zeros_.assign(static_cast<size_t>(plan.max_batch_rows), 0);
+  if (last())
+    logits_.resize(static_cast<size_t>(plan.kv_slots) *
+                   static_cast<size_t>(model_->config().vocab));
 }
 
 void PipelineStage::join(const SeqJoin& seq) {
@@ -63,7 +84,7 @@ void PipelineStage::build_batch(const StepCommand& c) {
              s.str(), s.token_ids.size(), s.n_new);
       ids = s.token_ids;
     }
-    batch_.add(s.slot, s.n_past, ids, true);
+    batch_.add(s.slot, s.n_past, ids, s.sample);
   }
 }
 
@@ -85,16 +106,18 @@ std::vector<SeqToken> PipelineStage::sample(const StepCommand& c) {
   std::vector<SeqToken> tokens;
   tokens.reserve(c.seqs.size());
   const auto vocab = static_cast<size_t>(model_->config().vocab);
-  for (size_t i = 0; i < c.seqs.size(); ++i) {
-    auto it = sampling_.find(c.seqs[i].seq_id);
+  size_t row = 0;  // logits come for the sequences that sample, in the step's order
+  for (const SeqStep& seq : c.seqs) {
+    if (!seq.sample) continue;
+    auto it = sampling_.find(seq.seq_id);
     if (it == sampling_.end())
       fail(ErrorKind::kFailed,
            "step {}: sequence {} never joined the batch (no sampling parameters)", c.step_id,
-           c.seqs[i].seq_id);
+           seq.seq_id);
     SeqSampling& s = it->second;
     const int32_t token =
-        sampler_.sample(logits_.data() + i * vocab, model_->config().vocab, s.params, s.rng);
-    tokens.push_back(SeqToken{c.seqs[i].seq_id, token});
+        sampler_.sample(logits_.data() + row++ * vocab, model_->config().vocab, s.params, s.rng);
+    tokens.push_back(SeqToken{seq.seq_id, token});
   }
   return tokens;
 }

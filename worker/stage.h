@@ -33,11 +33,16 @@ class PipelineStage {
   // `backend` computes (with a device, options.load.device is the same backend).
   PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
                 StageOptions options);
+  // A stage over a model already loaded (its layers are the stage's, its workspace holds
+  // plan.max_batch_rows rows; its cache options are kept): a one-stage cluster in one
+  // process (coordinator/local_stages.h). `model` outlives the stage.
+  PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Model& model);
 
   const StagePlan& stage() const { return stage_; }
   bool first() const { return stage_.has_embedding; }
   bool last() const { return stage_.has_head; }
   int32_t hidden() const { return model_->config().hidden; }
+  size_t kv_cache_bytes() const { return cache_->bytes(); }
   int32_t max_rows() const { return model_->max_rows(); }
   const ModelConfig& config() const { return model_->config(); }
 
@@ -57,6 +62,7 @@ class PipelineStage {
                             std::span<float> out, bool in_device = false, bool out_device = false);
 
  private:
+  void allocate(const ClusterPlan& plan);
   void build_batch(const StepCommand& command);
   std::vector<SeqToken> sample(const StepCommand& command);
 
@@ -66,7 +72,8 @@ class PipelineStage {
   };
   StagePlan stage_;
   int32_t kv_slots_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> owned_;  // the model this stage loaded, if it did
+  Model* model_ = nullptr;
   std::unique_ptr<KvCache> cache_;
   StepBatch batch_;
   std::vector<int32_t> zeros_;  // token ids a stage without the embedding does not read

@@ -175,8 +175,6 @@ bool StageWorker::handle(const ControlMessage& m) {
   } else if (auto* update = std::get_if<BatchUpdate>(&m)) {
     for (const SeqJoin& j : update->joined) stage_->join(j);
     for (uint64_t id : update->left) stage_->leave(id);
-  } else if (auto* finished = std::get_if<FinishedSequences>(&m)) {
-    for (const FinishedSequence& f : finished->seqs) stage_->leave(f.seq_id);
   } else if (std::holds_alternative<Shutdown>(m)) {
     on_shutdown();
     return false;

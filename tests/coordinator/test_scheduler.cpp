@@ -27,12 +27,75 @@ SchedulerOptions options(int32_t k, int32_t nd, int32_t slots) {
   return o;
 }
 
-// Answers a step with token 7 for every sequence (or `eos_for` gets 2).
+// Answers a step as the last stage does: token 7 for every sequence that samples (or
+// `eos_for` gets 2).
 StepResult answer(const ScheduledStep& s, uint64_t eos_for = UINT64_MAX) {
   StepResult r{s.command.step_id, s.command.micro_batch, {}};
   for (const SeqStep& q : s.command.seqs)
-    r.tokens.push_back(SeqToken{q.seq_id, q.seq_id == eos_for ? 2 : 7});
+    if (q.sample) r.tokens.push_back(SeqToken{q.seq_id, q.seq_id == eos_for ? 2 : 7});
   return r;
+}
+
+// A prompt longer than a step's rows (64) is prefilled in chunks 64 + 64 + 22 = 150; only
+// the last chunk samples, the sampler learns of it with the first, and its first decode
+// feeds position 150.
+TEST(RraScheduler, LongPromptIsPrefilledInChunksAndOnlyTheLastSamples) {
+  SchedulerOptions o = options(1, 4, 2);
+  o.kv_capacity = 256;
+  RraScheduler s(o);
+  GenerationRequest r = req("long", 150, 3);
+  for (size_t i = 0; i < r.prompt_ids.size(); ++i) r.prompt_ids[i] = static_cast<int32_t>(i);
+  s.submit(r, 0, 0.0);
+  const int32_t chunks[] = {64, 64, 22};
+  int32_t past = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto p = s.next_step(0);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->command.phase, Phase::kPrefill) << i;
+    ASSERT_EQ(p->command.seqs.size(), 1u);
+    const SeqStep& q = p->command.seqs[0];
+    EXPECT_EQ(q.n_past, past) << i;
+    EXPECT_EQ(q.n_new, chunks[i]) << i;
+    ASSERT_EQ(q.token_ids.size(), static_cast<size_t>(chunks[i]));
+    EXPECT_EQ(q.token_ids.front(), past) << i;  // the prompt's ids from `past` on
+    EXPECT_EQ(q.sample, i == 2) << i;
+    EXPECT_EQ(p->joins.size(), i == 0 ? 1u : 0u) << i;
+    EXPECT_TRUE(s.apply(answer(*p)).empty());
+    past += chunks[i];
+  }
+  auto d = s.next_step(0);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->command.phase, Phase::kDecode);
+  EXPECT_EQ(d->command.seqs[0].n_past, 150);
+  EXPECT_THROW(s.apply(StepResult{d->command.step_id, 0, {}}), Error);  // one token is due
+}
+
+// Two prompts of 40 in steps of 64 rows: the first whole and 24 of the second, then the
+// second's last 16; each samples once, at its last chunk.
+TEST(RraScheduler, ChunksPackSeveralPromptsIntoTheStepRows) {
+  RraScheduler s(options(1, 4, 2));
+  s.submit(req("a", 40, 3), 0, 0.0);
+  s.submit(req("b", 40, 3), 1, 0.0);
+  auto p1 = s.next_step(0);
+  ASSERT_EQ(p1->command.seqs.size(), 2u);
+  EXPECT_EQ(p1->command.rows(), 64);
+  EXPECT_TRUE(p1->command.seqs[0].sample);
+  EXPECT_FALSE(p1->command.seqs[1].sample);
+  EXPECT_EQ(p1->command.seqs[1].n_new, 24);
+  EXPECT_EQ(p1->joins.size(), 2u);
+  s.apply(answer(*p1));
+  auto p2 = s.next_step(0);
+  EXPECT_EQ(p2->command.phase, Phase::kPrefill);
+  ASSERT_EQ(p2->command.seqs.size(), 1u);
+  EXPECT_EQ(p2->command.seqs[0].seq_id, 1u);
+  EXPECT_EQ(p2->command.seqs[0].n_past, 24);
+  EXPECT_EQ(p2->command.seqs[0].n_new, 16);
+  EXPECT_TRUE(p2->command.seqs[0].sample);
+  EXPECT_TRUE(p2->joins.empty());
+  s.apply(answer(*p2));
+  auto d = s.next_step(0);
+  EXPECT_EQ(d->command.phase, Phase::kDecode);
+  EXPECT_EQ(d->command.seqs.size(), 2u);
 }
 
 TEST(RraScheduler, PrefillThenNdDecodesThenNextPrefill) {

@@ -8,9 +8,9 @@
 #include <string_view>
 
 #include "coordinator/request_format.h"
+#include "coordinator/request_rules.h"
 #include "fuzz_common.h"
 #include "worker/config.h"
-#include "worker/request_rules.h"
 #include "worker/text.h"
 
 namespace {

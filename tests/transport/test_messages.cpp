@@ -29,7 +29,7 @@ ClusterPlan sample_plan() {
 }
 
 std::vector<ControlMessage> every_message() {
-  StepCommand step{7, Phase::kPrefill, 1, {{11, 0, 0, 3, {1, 2, 3}}, {12, 1, 5, 1, {}}}};
+  StepCommand step{7, Phase::kPrefill, 1, {{11, 0, 0, 3, {1, 2, 3}, false}, {12, 1, 5, 1, {}}}};
   SamplingParams sampling;
   sampling.temperature = 0.7f;
   sampling.top_k = 40;
@@ -41,7 +41,6 @@ std::vector<ControlMessage> every_message() {
       StepCommand{8, Phase::kDecode, 0, {}},
       BatchUpdate{{{11, 0, sampling}, {12, 1, SamplingParams{}}}, {9, 10}},
       StepResult{7, 1, {{11, 500}, {12, -1}}},
-      FinishedSequences{{{11, FinishReason::kEos}, {12, FinishReason::kPreempted}}},
       Shutdown{"all requests done"},
       ErrorReport{2, ErrorKind::kOverloaded, "out of memory: KV cache \xc3\xa9", 7},
       Heartbeat{3, 99, true},
@@ -64,7 +63,8 @@ TEST(Messages, EveryMessagePrintsWhatMatters) {
       << str(sample_plan());
   const std::string step = str(every_message()[1]);
   EXPECT_NE(step.find("step 7 prefill micro_batch 1 rows 4"), std::string::npos) << step;
-  EXPECT_NE(step.find("seq 11 slot 0 past 0 new 3 tokens 3"), std::string::npos) << step;
+  EXPECT_NE(step.find("seq 11 slot 0 past 0 new 3 tokens 3 (no sample)"), std::string::npos)
+      << step;
   for (const ControlMessage& m : every_message()) EXPECT_FALSE(str(m).empty()) << message_name(m);
   EXPECT_STREQ(message_name(Heartbeat{}), "heartbeat");
   EXPECT_STREQ(message_name(StageStats{}), "stats");
@@ -106,13 +106,21 @@ TEST(Messages, OtherProtocolVersionIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[16] =
       std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
-  expect_malformed(bytes, "protocol version 7, this binary speaks 1");
+  expect_malformed(bytes, "protocol version 7, this binary speaks 2");
 }
 
 TEST(Messages, UnknownMessageTypeIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[20] = std::byte{99};  // the union tag, bits [32, 48) of the root struct's data
   expect_malformed(bytes, "unknown message type 99");
+}
+
+// Protocol 1 said a sequence finished with its own message (union member 4); since 2 that is
+// BatchUpdate.left, and the old message is refused, not misread.
+TEST(Messages, TheFinishedMessageOfProtocolOneIsRefused) {
+  std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
+  bytes[20] = std::byte{4};
+  expect_malformed(bytes, "'finished' is not a message of this protocol version");
 }
 
 TEST(Messages, UnknownEnumValueIsRefused) {

@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 
 namespace strata {
@@ -68,7 +68,7 @@ TEST(KvCacheTiers, HostComputeWithTheCacheOnDiskMatchesTheReference) {
     std::vector<GenerationRequest> reqs;
     for (const auto& r : refs)
       reqs.push_back({r.name, r.prompt_ids, static_cast<int32_t>(r.output_ids.size()), {}, false});
-    Generator gen(model, GeneratorOptions{3, 64, 0});
+    LocalCluster gen(model, LocalOptions{3, 64, 0});
     const auto results = gen.run(reqs);
     for (size_t i = 0; i < refs.size(); ++i)
       EXPECT_EQ(results[i].output_ids, refs[i].output_ids)
@@ -133,7 +133,7 @@ TEST(KvCacheTiers, CompressedCacheGivesTheSameOutputInEveryTier) {
     std::vector<GenerationRequest> reqs;
     for (const auto& r : refs)
       reqs.push_back({r.name, r.prompt_ids, static_cast<int32_t>(r.output_ids.size()), {}, true});
-    Generator gen(model, GeneratorOptions{3, 64, 0});
+    LocalCluster gen(model, LocalOptions{3, 64, 0});
     std::vector<std::vector<int32_t>> outs;
     for (const auto& res : gen.run(reqs)) outs.push_back(res.output_ids);
     if (first.empty()) {

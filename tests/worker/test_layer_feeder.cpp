@@ -5,11 +5,11 @@
 // `gpu` label, with the CUDA backend where a GPU is present.
 #include <gtest/gtest.h>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
 #include "support/test_device.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
 
@@ -63,7 +63,7 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
   cache.placement.disk_dir = disk_dir();
   engine.set_cache_options(cache);
   engine.set_gpu_batch_size(gpu_batch_size);
-  Generator gen(engine, GeneratorOptions{gpu_batch_size > 0 ? 4 : 3, 64, 0});
+  LocalCluster gen(engine, LocalOptions{gpu_batch_size > 0 ? 4 : 3, 64, 0});
   for (const auto& res : gen.run(requests_for(model, m.config.vocab))) {
     EXPECT_TRUE(res.error.empty()) << res.error;
     run.outputs.push_back(res.output_ids);

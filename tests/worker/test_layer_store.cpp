@@ -5,10 +5,10 @@
 
 #include <filesystem>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
 
@@ -49,7 +49,7 @@ StoriesRun run_stories(int64_t cpu_mem, bool overlap, int32_t expect_disk_layers
   std::vector<GenerationRequest> reqs;
   for (const auto& r : refs)
     reqs.push_back({r.name, r.prompt_ids, static_cast<int32_t>(r.output_ids.size()), {}, false});
-  Generator gen(model, GeneratorOptions{3, 256, 0});
+  LocalCluster gen(model, LocalOptions{3, 256, 0});
   StoriesRun run;
   for (const auto& res : gen.run(reqs)) run.outputs.push_back(res.output_ids);
   run.logits = teacher_forced_logits(model, refs.front().sequence(), 7);

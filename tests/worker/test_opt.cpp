@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/safetensors.h"
 #include "worker/scoring.h"
@@ -266,7 +266,7 @@ TEST(Opt, DummyOpt125mIsDeterministicForASeed) {
     EXPECT_EQ(lm.config.n_layers, 12);
     EXPECT_EQ(lm.config.vocab, 50272);
     Model model(lm.config, std::move(lm.weights), backend, 16);
-    Generator gen(model, GeneratorOptions{2, 16, 0});
+    LocalCluster gen(model, LocalOptions{2, 16, 0});
     GenerationRequest a{"a", {2, 100, 200, 300}, 6, {}, true};
     GenerationRequest b{"b", {2, 7}, 6, SamplingParams{1.0f, 0, 1.0f, 5}, true};
     std::vector<std::vector<int32_t>> out;

@@ -1,5 +1,5 @@
 // Pipeline stages in one process: a model split into stages (each loading only its layers)
-// and chained by hand gives the single-process generator's tokens exactly, greedy and
+// and chained by hand gives the one-stage local run's tokens exactly, greedy and
 // seeded; the layer-range loader builds only the stage's tensors. Stages that offload
 // (weights over the tiers, KV cache off the device, several GPU batches per block,
 // activations exchanged in device memory) give the same tokens: built twice like
@@ -7,11 +7,11 @@
 // label, with the CUDA backend.
 #include <gtest/gtest.h>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"
 #include "support/test_device.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/stage.h"
 
@@ -93,7 +93,7 @@ std::vector<GenerationResult> single_process(const std::string& spec,
   lo.device = device;
   LoadedModel m = load_model(spec, lo);
   Model model(m.config, std::move(m.weights), backend, 64, nullptr, std::move(m.feeder));
-  Generator gen(model, GeneratorOptions{4, 64, 64});
+  LocalCluster gen(model, LocalOptions{4, 64, 64});
   return gen.run(requests);
 }
 
@@ -127,17 +127,17 @@ std::vector<GenerationRequest> requests(std::vector<std::vector<int32_t>> prompt
   return out;
 }
 
-TEST(PipelineStage, Stories260KChainMatchesGeneratorGreedy) {
+TEST(PipelineStage, Stories260KChainMatchesLocalRunGreedy) {
   expect_chain_matches(STRATA_MODEL_DIR, {{0, 2}, {2, 3}, {3, 5}},
                        requests({{1, 403, 407, 261, 378}, {1, 291, 280}, {1, 317}}, 12, 0.0f));
 }
 
-TEST(PipelineStage, Stories260KChainMatchesGeneratorSeeded) {
+TEST(PipelineStage, Stories260KChainMatchesLocalRunSeeded) {
   expect_chain_matches(STRATA_MODEL_DIR, {{0, 4}, {4, 5}},
                        requests({{1, 403, 407, 261, 378}, {1, 291, 280}}, 10, 0.9f));
 }
 
-TEST(PipelineStage, OptDummyChainMatchesGenerator) {
+TEST(PipelineStage, OptDummyChainMatchesLocalRun) {
   expect_chain_matches("dummy:opt-125m", {{0, 5}, {5, 12}},
                        requests({{2, 100, 200}, {2, 5, 6, 7, 8}}, 3, 0.0f));
 }

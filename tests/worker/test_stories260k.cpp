@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "support/stories_reference.h"
-#include "worker/generator.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
 
@@ -71,7 +71,7 @@ TEST_F(Stories260K, TokenizerMatchesReferencePromptIds) {
 }
 
 TEST_F(Stories260K, GreedyIdsEqualReferenceOneAtATime) {
-  Generator gen(*model_, GeneratorOptions{1, 512, 0});
+  LocalCluster gen(*model_, LocalOptions{1, 512, 0});
   for (const auto& r : *refs_) {
     const auto res = gen.run({greedy_request(r)});
     ASSERT_EQ(res.size(), 1u);
@@ -114,17 +114,17 @@ TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
   // Different budgets make sequences leave at different steps, freeing slots mid-run.
   for (size_t i = 0; i < reqs.size(); ++i)
     reqs[i].max_new_tokens = std::max(1, reqs[i].max_new_tokens - static_cast<int32_t>(i) * 9);
-  Generator single(*model_, GeneratorOptions{1, 512, 0});
+  LocalCluster single(*model_, LocalOptions{1, 512, 0});
   std::vector<std::vector<int32_t>> expected;
   for (const auto& q : reqs) expected.push_back(single.run({q})[0].output_ids);
   for (int32_t batch : {2, 3, 32}) {
-    Generator together(*model_, GeneratorOptions{batch, 512, 0});
+    LocalCluster together(*model_, LocalOptions{batch, 512, 0});
     const auto got = together.run(reqs);
     for (size_t i = 0; i < reqs.size(); ++i)
       EXPECT_EQ(got[i].output_ids, expected[i]) << reqs[i].id << " batch " << batch;
   }
   // And the full-length requests equal the reference itself.
-  Generator together(*model_, GeneratorOptions{8, 512, 0});
+  LocalCluster together(*model_, LocalOptions{8, 512, 0});
   std::vector<GenerationRequest> full;
   for (const auto& r : *refs_) full.push_back(greedy_request(r));
   const auto got = together.run(full);
@@ -134,8 +134,8 @@ TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
 TEST_F(Stories260K, ChunkedPrefillEqualsWholePrefill) {
   std::vector<GenerationRequest> reqs;
   for (const auto& r : *refs_) reqs.push_back(greedy_request(r, 16));
-  Generator whole(*model_, GeneratorOptions{8, 512, 0});
-  Generator chunked(*model_, GeneratorOptions{8, 3, 0});
+  LocalCluster whole(*model_, LocalOptions{8, 512, 0});
+  LocalCluster chunked(*model_, LocalOptions{8, 3, 0});
   const auto a = whole.run(reqs);
   const auto b = chunked.run(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a[i].output_ids, b[i].output_ids);
@@ -148,8 +148,8 @@ TEST_F(Stories260K, SampledGenerationIsReproducibleAndBatchIndependent) {
     q.sampling = SamplingParams{0.9f, 40, 0.95f, 1234 + reqs.size()};
     reqs.push_back(q);
   }
-  Generator one(*model_, GeneratorOptions{1, 512, 0});
-  Generator many(*model_, GeneratorOptions{16, 512, 0});
+  LocalCluster one(*model_, LocalOptions{1, 512, 0});
+  LocalCluster many(*model_, LocalOptions{16, 512, 0});
   const auto a = one.run(reqs);
   const auto b = many.run(reqs);
   const auto c = many.run(reqs);
@@ -181,7 +181,7 @@ TEST_F(Stories260K, BadRequestsGetErrorsAndOthersStillRun) {
   too_long.id = "too-long";
   too_long.prompt_ids.assign(600, 5);
   reqs.push_back(too_long);
-  Generator gen(*model_, GeneratorOptions{4, 512, 0});
+  LocalCluster gen(*model_, LocalOptions{4, 512, 0});
   const auto res = gen.run(reqs);
   EXPECT_EQ(res[0].stop_reason, StopReason::kLength);
   EXPECT_EQ(res[0].output_ids, std::vector<int32_t>((*refs_)[0].output_ids.begin(),
@@ -196,7 +196,7 @@ TEST_F(Stories260K, BadRequestsGetErrorsAndOthersStillRun) {
 
 TEST_F(Stories260K, StopsAtContextLimit) {
   GenerationRequest q = greedy_request((*refs_)[0], 10000);
-  Generator gen(*model_, GeneratorOptions{1, 512, 0});
+  LocalCluster gen(*model_, LocalOptions{1, 512, 0});
   const auto res = gen.run({q});
   EXPECT_EQ(res[0].stop_reason, StopReason::kContext);
   // 512 positions: the prompt plus every generated token but the last fit in the cache.

@@ -62,6 +62,8 @@ struct SeqStep {
   nPast @2 :Int32;
   nNew @3 :Int32;
   tokenIds @4 :List(Int32);
+  # The step samples this sequence's next token (false: a prompt chunk before its last).
+  sample @5 :Bool = true;
 }
 
 struct StepCommand {
@@ -143,7 +145,7 @@ struct ControlMessage {
     step @2 :StepCommand;
     batch @3 :BatchUpdate;
     result @4 :StepResult;
-    finished @5 :FinishedSequences;
+    finished @5 :FinishedSequences;  # protocol 1 only; since 2 BatchUpdate.left says it
     shutdown @6 :Shutdown;
     error @7 :ErrorReport;
     heartbeat @8 :Heartbeat;

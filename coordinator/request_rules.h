@@ -1,13 +1,12 @@
-// The rules every request path shares (the single-process generator and the cluster's
-// scheduler), so both refuse the same requests with the same words and stop at the same
-// token: what makes a request valid, and what ends a sequence.
+// The rules of the one request path (the scheduler, scheduler.h, for `strata generate` and
+// every cluster alike): what makes a request valid and what ends a sequence, in one place.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "worker/generator.h"
+#include "coordinator/request.h"
 #include "worker/tokenizer.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-#include "worker/request_rules.h"
+#include "coordinator/request_rules.h"
 
 #include <algorithm>
 

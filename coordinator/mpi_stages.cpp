@@ -1,0 +1,165 @@
+#include "coordinator/mpi_stages.h"
+
+#include <algorithm>
+#include <set>
+
+#include "kernels/error.h"
+#include "kernels/log.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+}  // namespace
+
+MpiStages::MpiStages(const Communicator& world, const MpiStagesOptions& options)
+    : world_(world), options_(options), control_(world) {
+  for (int r = 1; r < world.size(); ++r) workers_.push_back(r);
+}
+
+void MpiStages::start(const ClusterPlan& plan) {
+  plan_ = plan;
+  const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
+  for (int r : workers_) control_.send(r, plan_, deadline);
+  links_ = std::make_unique<TensorLinks>(TensorLinks::create(world_, -1, deadline));
+  wait_ready();
+}
+
+// Every stage answers a ping once it has loaded its layers; a load failure comes back as an
+// ErrorReport and ends the run at once.
+void MpiStages::wait_ready() {
+  const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
+  const uint64_t seq = ++ping_seq_;
+  for (int r : workers_) control_.send(r, Heartbeat{0, seq, false}, deadline);
+  std::set<int> waiting(workers_.begin(), workers_.end());
+  while (!waiting.empty()) {
+    Received r = control_.recv(kAnySource, deadline,
+                               fmt::format("stages {} to load", fmt::join(waiting, ", ")));
+    if (auto* e = std::get_if<ErrorReport>(&r.message)) e->raise();
+    if (auto* h = std::get_if<Heartbeat>(&r.message); h && h->reply && h->sequence == seq)
+      waiting.erase(r.source);
+  }
+  log::get("coordinator")->info("all {} stages loaded", workers_.size());
+  monitor_ = std::make_unique<PeerMonitor>(workers_, ms(options_.heartbeat_timeout_s));
+  last_ping_ = Clock::now();
+}
+
+void MpiStages::dispatch(const ScheduledStep& step) {
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  if (!step.joins.empty()) control_.send(last_rank(), BatchUpdate{step.joins, {}}, deadline);
+  StepCommand bare = step.command;  // later stages need no token ids
+  for (SeqStep& s : bare.seqs) s.token_ids.clear();
+  for (const StagePlan& s : plan_.stages)
+    control_.send(s.rank, s.has_embedding ? step.command : bare, deadline);
+}
+
+void MpiStages::leave(const std::vector<uint64_t>& seq_ids) {
+  control_.send(last_rank(), BatchUpdate{{}, seq_ids},
+                Deadline::after_seconds(options_.step_timeout_s));
+}
+
+std::optional<StepResult> MpiStages::poll() {
+  if (std::optional<Received> r =
+          control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
+    on_message(*r);
+    return std::exchange(result_, std::nullopt);
+  }
+  if (std::chrono::duration<double>(Clock::now() - last_ping_).count() >=
+      options_.heartbeat_interval_s)
+    ping_workers();
+  check_alive();
+  return std::nullopt;
+}
+
+void MpiStages::on_message(const Received& r) {
+  monitor_->heard_from(r.source);
+  if (auto* result = std::get_if<StepResult>(&r.message)) {
+    result_ = *result;
+  } else if (auto* report = std::get_if<ErrorReport>(&r.message)) {
+    on_error_report(*report);
+  } else if (!std::holds_alternative<Heartbeat>(r.message)) {
+    fail(ErrorKind::kFailed, "unexpected {} from rank {} while serving", message_name(r.message),
+         r.source);
+  }
+}
+
+void MpiStages::ping_workers() {
+  const uint64_t seq = ++ping_seq_;
+  for (int r : workers_)
+    control_.send(r, Heartbeat{0, seq, false}, Deadline::after_seconds(options_.step_timeout_s));
+  last_ping_ = Clock::now();
+}
+
+void MpiStages::check_alive() const {
+  const std::optional<int> silent = monitor_->silent_rank();
+  if (!silent) return;
+  const StagePlan* stage = plan_.stage_of_rank(*silent);
+  try {
+    monitor_->check();
+  } catch (const Error& e) {
+    fail(ErrorKind::kDisconnected, "worker rank {} (stage layers [{}, {})) is dead or hung: {}",
+         *silent, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what());
+  }
+}
+
+// A worker's error is often a symptom (a send to a rank that died): ask every worker for
+// a sign of life first, and name the ones that give none.
+void MpiStages::on_error_report(const ErrorReport& report) {
+  log::get("coordinator")->error("{}", report.str());
+  std::vector<int> others;
+  for (int r : workers_)
+    if (r != report.rank) others.push_back(r);
+  std::vector<Received> other;
+  try {
+    ping_all(control_, others, ++ping_seq_, *monitor_,
+             Deadline::after_seconds(std::min(options_.heartbeat_timeout_s, 5.0)), other);
+  } catch (const Error& e) {
+    fail(ErrorKind::kDisconnected, "{}; rank {} reported: {}", e.what(), report.rank,
+         report.message);
+  }
+  report.raise();
+}
+
+std::vector<StageReport> MpiStages::finish(const std::string& reason) {
+  shutdown_workers(world_, reason, options_.step_timeout_s);
+  std::set<int> waiting(workers_.begin(), workers_.end());
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  std::vector<StageReport> reports;
+  while (!waiting.empty()) {
+    Received r = control_.recv(kAnySource, deadline, "stage statistics");
+    auto* s = std::get_if<StageStats>(&r.message);
+    if (s == nullptr) continue;  // late pings and such
+    if (const StagePlan* stage = plan_.stage_of_rank(r.source))
+      reports.push_back(StageReport{*stage, *s});
+    waiting.erase(r.source);
+  }
+  std::sort(reports.begin(), reports.end(),
+            [](const StageReport& a, const StageReport& b) { return a.stage.rank < b.stage.rank; });
+  return reports;
+}
+
+void MpiStages::abort(const std::string& reason) noexcept {
+  try {
+    shutdown_workers(world_, reason, 1.0);
+  } catch (const std::exception& e) {
+    log::get("coordinator")->error("stopping the workers: {}", e.what());
+  }
+}
+
+void shutdown_workers(const Communicator& world, const std::string& reason, double seconds) {
+  ControlChannel control(world);
+  for (int r = 1; r < world.size(); ++r) {
+    try {
+      control.send(r, Shutdown{reason}, Deadline::after_seconds(seconds));
+    } catch (const Error& e) {
+      log::get("coordinator")->warn("shutdown of rank {}: {}", r, e.what());
+    }
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,44 @@
+// The pipeline stages as the coordinator's loop (coordinator.h) reaches them: the one seam
+// between the request path (intake, scheduler, results: the same for every run) and where
+// the layers compute. MpiStages (mpi_stages.h) drives worker ranks over MPI; LocalStages
+// (local_stages.h) is a one-stage cluster inside this process (`strata generate`,
+// single-process `serve`). Tests put faults behind it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/scheduler.h"
+#include "transport/messages.h"
+
+namespace strata {
+
+struct StageReport {
+  StagePlan stage;
+  StageStats stats;
+  double bubble_fraction() const;  // idle / window of the stage's first to last step
+};
+
+class Stages {
+ public:
+  virtual ~Stages() = default;
+  // Stages to plan for (ranks 1..count()).
+  virtual int32_t count() const = 0;
+  // Hands each stage its part of the plan; returns once every one has loaded it. A stage
+  // that cannot load is an Error naming it.
+  virtual void start(const ClusterPlan& plan) = 0;
+  // Starts a step on every stage (its new sequences join the last stage's sampler first).
+  virtual void dispatch(const ScheduledStep& step) = 0;
+  // The sequences finished: the last stage forgets them.
+  virtual void leave(const std::vector<uint64_t>& seq_ids) = 0;
+  // A step's result if one is in, else nullopt at once. Keeps the stages' liveness
+  // checked meanwhile: a stage that failed, died or hangs is an Error naming it.
+  virtual std::optional<StepResult> poll() = 0;
+  // Ends the stages after a run (`reason` for their logs); returns their statistics.
+  virtual std::vector<StageReport> finish(const std::string& reason) = 0;
+  // Best effort after a failure: tells the stages to stop, bounded in time, never throws.
+  virtual void abort(const std::string& reason) noexcept = 0;
+};
+
+}  // namespace strata

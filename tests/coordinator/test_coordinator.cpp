@@ -1,0 +1,228 @@
+// The coordinator's loop in one process, over stages that misbehave on purpose: whatever
+// the stages do (die mid-run, answer a step wrongly, fail to load), every request read
+// comes back exactly once, finished or unfinished with why, and the run ends with the
+// error instead of hanging. A stop signal ends the run within its grace period.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+
+#include "coordinator/coordinator.h"
+#include "worker/dummy.h"
+
+namespace strata {
+namespace {
+
+// Requests held in memory, as a queue that has them all at once.
+class ListSource final : public RequestSource {
+ public:
+  explicit ListSource(std::vector<GenerationRequest> requests) : requests_(std::move(requests)) {}
+  std::vector<IncomingRequest> poll(size_t max) override {
+    std::vector<IncomingRequest> out;
+    while (next_ < requests_.size() && out.size() < max) {
+      IncomingRequest r;
+      r.request = requests_[next_++];
+      r.where = "test";
+      r.arrival = wall_seconds();
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  bool exhausted() const override { return next_ == requests_.size(); }
+  std::vector<IncomingRequest> stop() override { return poll(SIZE_MAX); }
+  size_t read() const { return next_; }
+
+ private:
+  std::vector<GenerationRequest> requests_;
+  size_t next_ = 0;
+};
+
+struct Answer {
+  GenerationResult result;
+  bool unfinished = false;
+  bool suspect = false;
+};
+
+class RecordingSink final : public ResultSink {
+ public:
+  void write(const GenerationResult& r) override { add(Answer{r, false, false}); }
+  void unfinished(const GenerationResult& r, bool suspect) override {
+    add(Answer{r, true, suspect});
+  }
+  bool flush(const Deadline&) override { return true; }
+  std::map<std::string, Answer> answers;
+  int duplicates = 0;
+
+ private:
+  void add(const Answer& a) { duplicates += !answers.emplace(a.result.id, a).second; }
+};
+
+// Stages that answer token 7 for every sampling sequence, and fail as told.
+class FaultyStages final : public Stages {
+ public:
+  int64_t die_at_step = -1;            // poll() throws once this many steps were dispatched
+  int64_t wrong_count_at = -1;         // the result of this step carries one token too many
+  bool fail_start = false;             // loading fails
+  std::atomic<int>* signal = nullptr;  // set to SIGTERM at step `signal_at`
+  int64_t signal_at = -1;
+  int64_t dispatched = 0;
+  std::vector<uint64_t> left;
+
+  int32_t count() const override { return 2; }
+  void start(const ClusterPlan& plan) override {
+    if (fail_start) fail(ErrorKind::kFailed, "rank 2: cannot load {}", plan.model_spec);
+  }
+  void dispatch(const ScheduledStep& step) override {
+    ++dispatched;
+    if (signal != nullptr && dispatched == signal_at) signal->store(15);
+    StepResult r{step.command.step_id, step.command.micro_batch, {}};
+    for (const SeqStep& s : step.command.seqs)
+      if (s.sample) r.tokens.push_back(SeqToken{s.seq_id, 7});
+    if (dispatched == wrong_count_at) r.tokens.push_back(SeqToken{999, 7});
+    results_.push_back(r);
+  }
+  void leave(const std::vector<uint64_t>& ids) override {
+    left.insert(left.end(), ids.begin(), ids.end());
+  }
+  std::optional<StepResult> poll() override {
+    if (die_at_step >= 0 && dispatched >= die_at_step)
+      fail(ErrorKind::kDisconnected, "worker rank 2 is dead or hung");
+    if (results_.empty()) return std::nullopt;
+    StepResult r = results_.front();
+    results_.erase(results_.begin());
+    return r;
+  }
+  std::vector<StageReport> finish(const std::string&) override { return {}; }
+  void abort(const std::string&) noexcept override { ++aborted; }
+  int aborted = 0;
+
+ private:
+  std::vector<StepResult> results_;
+};
+
+std::vector<GenerationRequest> requests(int n, int32_t max_new) {
+  std::vector<GenerationRequest> out;
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_ids = {1, 2, 3, static_cast<int32_t>(4 + i)};
+    r.max_new_tokens = max_new;
+    r.ignore_eos = true;
+    out.push_back(r);
+  }
+  return out;
+}
+
+CoordinatorOptions options() {
+  CoordinatorOptions o;
+  o.model_spec = "dummy:llama-110m";
+  o.micro_batches = 2;
+  o.decode_iters = 2;
+  o.kv_slots = 4;
+  o.max_step_tokens = 8;
+  o.max_context = 64;
+  o.grace_period_s = 0;
+  return o;
+}
+
+struct LoopRun {
+  ModelConfig config = dummy_model_config("llama-110m");
+  ListSource source;
+  RecordingSink sink;
+  explicit LoopRun(std::vector<GenerationRequest> r) : source(std::move(r)) {}
+  ClusterStats go(FaultyStages& stages, const CoordinatorOptions& o = options()) {
+    return run_coordinator(stages, o, config, nullptr, source, sink);
+  }
+};
+
+TEST(CoordinatorLoop, EveryRequestFinishesOnceOverHealthyStages) {
+  LoopRun run(requests(10, 5));
+  FaultyStages stages;
+  const ClusterStats stats = run.go(stages);
+  EXPECT_EQ(stats.requests, 10);
+  EXPECT_EQ(stats.generated_tokens, 50);
+  ASSERT_EQ(run.sink.answers.size(), 10u);
+  EXPECT_EQ(run.sink.duplicates, 0);
+  for (const auto& [id, a] : run.sink.answers) {
+    EXPECT_FALSE(a.unfinished) << id;
+    EXPECT_EQ(a.result.output_ids, std::vector<int32_t>(5, 7)) << id;
+    EXPECT_EQ(a.result.stop_reason, StopReason::kLength) << id;
+  }
+  EXPECT_EQ(stages.left.size(), 10u);  // every finished sequence left the last stage
+}
+
+TEST(CoordinatorLoop, AStageThatDiesMidRunLosesNoRequest) {
+  LoopRun run(requests(10, 6));
+  FaultyStages stages;
+  stages.die_at_step = 5;
+  EXPECT_THROW(run.go(stages), Error);
+  EXPECT_EQ(stages.aborted, 1);
+  // Everything read was answered once; the running ones are suspects, the waiting not.
+  EXPECT_EQ(run.sink.answers.size(), run.source.read());
+  EXPECT_EQ(run.sink.duplicates, 0);
+  int suspects = 0;
+  for (const auto& [id, a] : run.sink.answers) {
+    EXPECT_TRUE(a.unfinished) << id;
+    EXPECT_NE(a.result.error.find("the cluster failed"), std::string::npos) << a.result.error;
+    suspects += a.suspect;
+  }
+  EXPECT_GT(suspects, 0);
+  EXPECT_LE(suspects, 4);  // at most the four KV slots were running
+}
+
+TEST(CoordinatorLoop, AWrongResultEndsTheRunAndHandsEverythingBack) {
+  LoopRun run(requests(6, 4));
+  FaultyStages stages;
+  stages.wrong_count_at = 3;
+  try {
+    run.go(stages);
+    FAIL() << "a step answered with a token too many was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("returned 3 tokens for 2 sequences"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(run.sink.answers.size(), run.source.read());
+  for (const auto& [id, a] : run.sink.answers) EXPECT_TRUE(a.unfinished) << id;
+}
+
+TEST(CoordinatorLoop, StagesThatCannotLoadTakeNoRequest) {
+  LoopRun run(requests(3, 4));
+  FaultyStages stages;
+  stages.fail_start = true;
+  EXPECT_THROW(run.go(stages), Error);
+  EXPECT_EQ(run.source.read(), 0u);  // nothing taken, nothing to hand back
+  EXPECT_TRUE(run.sink.answers.empty());
+}
+
+TEST(CoordinatorLoop, InvalidRequestsAreRefusedAndTheRestRun) {
+  std::vector<GenerationRequest> r = requests(3, 2);
+  r[1].prompt_ids = {1, 32000};  // outside llama-110m's vocabulary of 32000
+  LoopRun run(r);
+  FaultyStages stages;
+  const ClusterStats stats = run.go(stages);
+  EXPECT_EQ(stats.errors, 1);
+  const Answer& bad = run.sink.answers.at("r1");
+  EXPECT_EQ(bad.result.error_kind, ErrorKind::kInvalidInput);
+  EXPECT_NE(bad.result.error.find("outside the vocabulary [0, 32000)"), std::string::npos)
+      << bad.result.error;
+  EXPECT_EQ(run.sink.answers.at("r0").result.output_ids.size(), 2u);
+  EXPECT_EQ(run.sink.answers.at("r2").result.output_ids.size(), 2u);
+}
+
+TEST(CoordinatorLoop, AStopSignalEndsTheRunWithEveryRequestAnswered) {
+  LoopRun run(requests(12, 50));
+  FaultyStages stages;
+  std::atomic<int> signal{0};
+  stages.signal = &signal;
+  stages.signal_at = 4;
+  CoordinatorOptions o = options();
+  o.stop_signal = &signal;
+  const ClusterStats stats = run.go(stages, o);
+  EXPECT_EQ(stats.stop_signal, 15);
+  EXPECT_EQ(run.sink.answers.size(), 12u);  // the rest of the source was read and answered
+  EXPECT_EQ(stats.unfinished, 12);          // none could finish 50 tokens in a 0 s grace
+  for (const auto& [id, a] : run.sink.answers) EXPECT_TRUE(a.unfinished) << id;
+}
+
+}  // namespace
+}  // namespace strata
