@@ -150,7 +150,8 @@ ClusterStats Coordinator::run_plan() {
                  options_.kv_slots,
                  capacity_,
                  max_rows_,
-                 options_.stage_mem};
+                 options_.stage_mem,
+                 options_.placement};
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids, &tokenizer_,       {}};

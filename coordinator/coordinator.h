@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "coordinator/intake.h"
+#include "coordinator/planner.h"
 #include "transport/messages.h"
 #include "transport/mpi_session.h"
 #include "worker/config.h"
@@ -27,7 +28,8 @@ struct CoordinatorOptions {
   // KV positions per slot: the run's context, fixed before any request is seen (a queue
   // may start empty); 0: the model's context.
   int32_t max_context = 0;
-  int64_t stage_mem = -1;  // bytes per stage (< 0: no limit)
+  int64_t stage_mem = -1;           // bytes per stage (< 0: no limit)
+  StagePlacementOptions placement;  // the policy and compute tier each stage is placed for
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
   double load_timeout_s = 300.0;      // plan to every stage loaded
