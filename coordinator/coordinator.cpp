@@ -102,7 +102,7 @@ void Coordinator::flush_results(double seconds) {
 ClusterStats Coordinator::run_plan() {
   size_run();
   PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
-                 capacity_,           max_rows_,       options_.stage_mem};
+                 capacity_,           max_rows_,       options_.stage_mem,     options_.placement};
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids, tokenizer_,        {}};

@@ -14,6 +14,7 @@
 
 #include "coordinator/intake.h"
 #include "coordinator/stages.h"
+#include "coordinator/planner.h"
 #include "transport/messages.h"
 #include "worker/config.h"
 #include "worker/tokenizer.h"
@@ -31,6 +32,8 @@ struct CoordinatorOptions {
   int32_t max_context = 0;
   int64_t stage_mem = -1;  // bytes per stage (< 0: no limit)
   // The MPI stages' (mpi_stages.h; unused in one process):
+  int64_t stage_mem = -1;           // bytes per stage (< 0: no limit)
+  StagePlacementOptions placement;  // the policy and compute tier each stage is placed for
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
   double load_timeout_s = 300.0;      // plan to every stage loaded

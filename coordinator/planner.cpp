@@ -5,52 +5,40 @@
 #include "kernels/error.h"
 
 namespace strata {
-namespace {
 
-double mib(int64_t bytes) {
-  return static_cast<double>(bytes) / (1 << 20);
-}
-
-void check_fit(const ModelConfig& config, const ClusterPlan& plan, int64_t budget) {
-  if (budget < 0) return;
-  for (const StagePlan& s : plan.stages) {
-    const StageMemory need = stage_memory(config, s, plan);
-    if (need.total() <= budget) continue;
-    fail_input(
-        "{} does not fit: the stage on rank {} (layers [{}, {}){}{}) needs {:.1f} MiB ({}) but "
-        "--stage-mem is "
-        "{:.1f} MiB; run more ranks (mpirun -np), fewer KV slots (--max-batch) or a larger "
-        "--stage-mem",
-        plan.model_spec, s.rank, s.layer_begin, s.layer_end, s.has_embedding ? " + embedding" : "",
-        s.has_head ? " + head" : "", mib(need.total()), need.str(), mib(budget));
+StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
+                           const StagePlacementOptions& o, int64_t stage_mem) {
+  StageRequest r;
+  r.layer_begin = stage.layer_begin;
+  r.layer_end = stage.layer_end;
+  r.embedding = stage.has_embedding;
+  r.head = stage.has_head;
+  r.device_compute = o.device_compute;
+  r.max_rows = plan.max_batch_rows;
+  r.kv_slots = plan.kv_slots;
+  r.kv_capacity = plan.kv_capacity;
+  r.host_logit_rows = stage.has_head ? plan.kv_slots : 0;  // PipelineStage's logits
+  r.host_token_rows = plan.max_batch_rows;                 // its token ids of a middle stage
+  r.policy = o.policy;
+  r.budgets = o.budgets;
+  r.budgets.whole_stage = true;
+  int64_t& compute = o.device_compute ? r.budgets.gpu : r.budgets.cpu;
+  if (compute < 0) compute = stage_mem;
+  // The link buffers are the worker's, counted against the same budgets.
+  const TierBytes links = link_buffer_bytes(stage, plan);
+  for (Tier t : kTiers) {
+    int64_t& b = t == Tier::kGpu ? r.budgets.gpu : t == Tier::kCpu ? r.budgets.cpu : r.budgets.disk;
+    if (b >= 0) b = std::max<int64_t>(b - links[t], 0);
   }
+  return r;
 }
 
-}  // namespace
-
-std::string StageMemory::str() const {
-  return fmt::format("weights {:.1f} MiB, KV cache {:.1f} MiB, activations {:.1f} MiB",
-                     mib(weights), mib(kv_cache), mib(activations));
-}
-
-StageMemory stage_memory(const ModelConfig& config, const StagePlan& stage,
-                         const ClusterPlan& plan) {
-  const ModelShape shape = config.shape();
-  const int64_t elem = shape.weight_bytes_per_elem;
-  StageMemory m;
-  m.weights = stage.n_layers() * shape.params_per_layer() * elem;
-  if (stage.has_embedding) m.weights += shape.embedding_params() * elem;
-  if (stage.has_head)
-    m.weights +=
-        (shape.tied_head && !stage.has_embedding ? shape.embedding_params() : shape.head_params()) *
-        elem;
-  m.kv_cache = int64_t{2} * stage.n_layers() * plan.kv_slots * plan.kv_capacity *
-               config.kv_width() * static_cast<int64_t>(sizeof(float));
-  // The model's step buffers (model.cpp): about 8 of [rows, max(hidden, q width)] plus 2 of
-  // [rows, intermediate], and the two send buffers of a stage.
-  const int64_t wide = std::max<int64_t>(config.hidden, config.q_width());
-  m.activations = int64_t{plan.max_batch_rows} * (10 * wide + 2 * config.intermediate) * 4;
-  return m;
+TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan) {
+  const int64_t one = int64_t{plan.max_batch_rows} * plan.hidden_size * 4;
+  const int64_t n = (stage.has_embedding ? 0 : 1) + (stage.has_head ? 0 : 2);
+  TierBytes b;
+  (stage.use_gpu ? b.gpu : b.cpu) = n * one;
+  return b;
 }
 
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
@@ -80,12 +68,54 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
     st.layer_end = begin + n / s + (i < n % s ? 1 : 0);
     st.has_embedding = i == 0;
     st.has_head = i == s - 1;
-    st.cpu_mem_bytes = o.stage_mem > 0 ? static_cast<uint64_t>(o.stage_mem) : 0;
+    st.use_gpu = o.placement.device_compute;
     begin = st.layer_end;
     plan.stages.push_back(st);
   }
   plan.validate();
-  check_fit(config, plan, o.stage_mem);
+  const ModelShape shape = config.shape();
+  std::string refused;
+  for (StagePlan& st : plan.stages) {
+    const StageRequest r = stage_request(st, plan, o.placement, o.stage_mem);
+    const StagePlacement p = place_stage(shape, r);
+    const TierBytes links = link_buffer_bytes(st, plan);
+    TierBudgets whole = r.budgets;  // shortfalls against the stage's budgets, links included
+    for (Tier t : kTiers) {
+      int64_t& b = t == Tier::kGpu ? whole.gpu : t == Tier::kCpu ? whole.cpu : whole.disk;
+      if (b >= 0) b += links[t];
+    }
+    StagePlacement with_links = p;
+    with_links.host_workspace_bytes += links.cpu;
+    with_links.activation_bytes += links.gpu;
+    for (const std::string& line : shortfalls(with_links, whole))
+      refused += fmt::format("{}stage {} (layers [{}, {})): {}", refused.empty() ? "" : "; ",
+                             st.rank, st.layer_begin, st.layer_end, line);
+    auto to_wire = [](const std::vector<Tier>& tiers) {
+      std::vector<uint8_t> out;
+      for (Tier t : tiers) out.push_back(static_cast<uint8_t>(t));
+      return out;
+    };
+    st.gpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.gpu, 0));
+    st.cpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.cpu, 0));
+    st.disk_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.disk, 0));
+    st.weight_tiers = to_wire(p.weights.tiers);
+    st.cache_tiers = to_wire(p.cache.tiers);
+    const Policy policy = o.placement.policy.value_or(Policy{});
+    st.compress_weight = policy.compress_weight;
+    st.compress_cache = policy.compress_cache;
+    st.cpu_attention = policy.cpu_cache_compute;
+    st.gpu_batch_size = p.gpu_batch_size;
+    const TierBytes total = with_links.total();
+    st.placed_gpu_bytes = static_cast<uint64_t>(total.gpu);
+    st.placed_cpu_bytes = static_cast<uint64_t>(total.cpu);
+    st.placed_disk_bytes = static_cast<uint64_t>(total.disk);
+  }
+  if (!refused.empty())
+    fail_input(
+        "{} does not fit: {}; run more ranks (mpirun -np), fewer KV slots (--max-batch), a "
+        "policy that streams more (--policy w=, c=) or a larger --stage-mem",
+        o.model_spec, refused);
+  plan.validate();
   return plan;
 }
 

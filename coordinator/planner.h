@@ -1,17 +1,32 @@
-// The cluster plan: which rank runs which layers. Uniform for now (the scheduling issue
-// brings ExeGPT's WAA allocation): the layers are split as evenly as possible over ranks
-// 1..N-1 in order, earlier stages taking the remainder; the first stage embeds, the last
-// holds the final norm, head and sampler. A plan that cannot run is refused here, with a
-// message that says why and what to change, before any worker loads anything.
+// The cluster plan: which rank runs which layers, and where each stage's weights and KV
+// cache live. Uniform for now (the scheduling issue brings ExeGPT's WAA allocation): the
+// layers are split as evenly as possible over ranks 1..N-1 in order, earlier stages taking
+// the remainder; the first stage embeds, the last holds the final norm, head and sampler.
+// Each stage's placement is placement/'s decision (stage_placement.h) with the engine's
+// memory model; the plan carries it to the worker, which executes it. A plan that cannot
+// run is refused here, naming the stage, the tier and the shortfall, before any worker
+// loads anything.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "placement/stage_placement.h"
 #include "transport/messages.h"
 #include "worker/config.h"
 
 namespace strata {
+
+// How the workers run their stages: the policy (--policy) and whether they compute on an
+// accelerator. The per-stage budgets are PlanOptions::stage_mem or `budgets`.
+struct StagePlacementOptions {
+  std::optional<Policy> policy;
+  bool device_compute = false;
+  // Per-stage budgets per tier for everything a stage allocates; unset tiers (< 0) take
+  // stage_mem on the compute tier.
+  TierBudgets budgets;
+};
 
 struct PlanOptions {
   std::string model_spec;
@@ -20,23 +35,21 @@ struct PlanOptions {
   int32_t kv_slots = 32;
   int32_t kv_capacity = 0;
   int32_t max_batch_rows = 512;
-  int64_t stage_mem =
-      -1;  // bytes each stage may use for weights + KV cache + activations (< 0: no limit)
+  // Bytes each stage may use on its compute tier (the host, or the accelerator) for weights,
+  // KV cache and buffers (< 0: no limit); weights that do not fit stream from the next tier.
+  int64_t stage_mem = -1;
+  StagePlacementOptions placement;
 };
 
-// A stage's memory: its weights as stored, its share of the KV cache, its step buffers.
-struct StageMemory {
-  int64_t weights = 0;
-  int64_t kv_cache = 0;
-  int64_t activations = 0;
-  int64_t total() const { return weights + kv_cache + activations; }
-  std::string str() const;
-};
+// What placement/ is asked for stage `stage` of `plan` (the memory model's inputs).
+StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
+                           const StagePlacementOptions& options, int64_t stage_mem);
+// The bytes of the activation buffers a stage's worker keeps for its links (stage_worker.cpp):
+// one in (not the first stage) and two out (not the last), each max_batch_rows x hidden f32.
+TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan);
 
-StageMemory stage_memory(const ModelConfig& config, const StagePlan& stage,
-                         const ClusterPlan& plan);
-
-// Throws InputError: more stages than layers, or a stage over PlanOptions::stage_mem.
+// Throws InputError: more stages than layers, or a stage over a budget ("stage 2 (layers
+// [8, 16)): cpu needs 3.2 MiB, budget 2.0 MiB: short by 1.2 MiB").
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& options);
 
 }  // namespace strata

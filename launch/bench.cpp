@@ -53,10 +53,11 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   Policy p = r.policy;
   p.act_gpu_percent = device_compute ? 100 : 0;
   p.act_cpu_percent = device_compute ? 0 : 100;
-  o.engine.policy = p.compact();
+  o.engine.policy = p;
+  o.engine.policy_auto = false;
   o.batch = static_cast<int>(p.block_size());
   nlohmann::json j = r.to_json();
-  j["running"] = o.engine.policy;
+  j["running"] = p.compact();
   return j;
 }
 
@@ -196,7 +197,7 @@ int run_bench(BenchOptions o) {
   if (o.batch <= 0 || o.prompt_len <= 0 || o.gen_len <= 0)
     fail_input("--batch, --prompt-len and --gen-len must be positive");
   nlohmann::json searched;
-  if (o.engine.policy == "auto")
+  if (o.engine.policy_auto)
     searched = choose_policy(o, o.engine.device != "cpu" && probe_accelerators().available());
   o.engine.max_batch = o.batch;
   Engine e = make_engine(o.engine);
@@ -230,7 +231,7 @@ int run_bench(BenchOptions o) {
   j["threads"] = e.cpu->threads();
   j["backend"] = e.backend->name();
   j["weight_placement"] = e.placement.str();
-  if (!o.engine.policy.empty()) j["policy"] = o.engine.policy;
+  if (o.engine.policy) j["policy"] = o.engine.policy->compact();
   if (!searched.is_null()) j["policy_search"] = searched;
   if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
   j["result"] = nlohmann::json::parse(stats.json());

@@ -5,9 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "placement/policy.h"
 #include "worker/input_limits.h"
 
 namespace strata::cli {
@@ -49,10 +51,13 @@ struct EngineOptions {
   std::string cpu_mem;   // host memory for weights ("800MiB", "2GiB"; empty: no limit)
   std::string disk_dir = "/tmp";
   bool overlap = true;
-  std::string device = "auto";      // auto | cpu | cuda[:N]
-  std::string gpu_mem;              // accelerator memory for weights (empty: no limit)
-  std::string disk_mem;             // disk space for weights under disk_dir (empty: no limit)
-  std::string policy;               // FlexGen policy (placement/policy.h); weight shares used
+  std::string device = "auto";  // auto | cpu | cuda[:N]
+  std::string gpu_mem;          // accelerator memory for weights (empty: no limit)
+  std::string disk_mem;         // disk space for weights under disk_dir (empty: no limit)
+  // --policy, parsed once on the command line (placement/policy.h); `bench --policy auto`
+  // sets policy_auto and the search fills `policy` in.
+  std::optional<Policy> policy;
+  bool policy_auto = false;
   std::vector<std::string> limits;  // --limit NAME=N overrides of the input limits
   bool check_weights = false;       // scan every weight for NaN / infinity at load
 };

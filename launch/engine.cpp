@@ -12,19 +12,6 @@ namespace strata::cli {
 
 namespace {
 
-// Whether a policy names the block schedule; otherwise --max-batch is one GPU batch.
-bool names_block(const std::string& policy) {
-  return policy.find("gbs=") != std::string::npos || policy.find("ngb=") != std::string::npos;
-}
-
-}  // namespace
-
-int policy_block_size(const std::string& text) {
-  return names_block(text) ? static_cast<int>(Policy::parse(text).block_size()) : 0;
-}
-
-namespace {
-
 // -1: compute on the host; otherwise the CUDA device index to compute on.
 int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_index) {
   auto log = log::get("launch");
@@ -63,17 +50,17 @@ struct PolicyChoice {
   int gpu_batch_size = 0;  // sequences per GPU batch of the block schedule
 };
 
-PolicyChoice apply_policy(const std::string& text, bool device_compute) {
+PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compute) {
   PolicyChoice out;
-  if (text.empty()) return out;
-  const Policy p = Policy::parse(text);
+  if (!policy) return out;
+  const Policy& p = *policy;
   p.validate();
   // Activations are per-step scratch on the compute tier.
   if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
     fail_input(
         "--policy '{}': activations live on the compute tier ({}); h= other than that is not "
         "implemented",
-        text, device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
+        p.compact(), device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
   out.compress_weight = p.compress_weight;
   out.w_gpu = p.w_gpu_percent;
   out.w_cpu = p.w_cpu_percent;
@@ -84,9 +71,9 @@ PolicyChoice apply_policy(const std::string& text, bool device_compute) {
   out.overlap = p.overlap;
   // The block schedule only when the policy names it; otherwise --max-batch (or bench's
   // --batch) is one GPU batch.
-  if (names_block(text)) {
+  if (p.names_block()) {
     out.max_batch = static_cast<int>(p.block_size());
-    out.gpu_batch_size = static_cast<int>(p.gpu_batch_size);
+    out.gpu_batch_size = static_cast<int>(p.gbs());
   }
   return out;
 }
@@ -120,6 +107,8 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   lo.limits.check(&InputLimits::step_tokens, o.max_step_tokens, "command line",
                   "--max-step-tokens");
   lo.device = c.device >= 0 ? c.backend : nullptr;
+  if (o.policy_auto)
+    fail_input("--policy auto: only `strata bench` searches for a policy; give key=value pairs");
   PolicyChoice pc = apply_policy(o.policy, c.device >= 0);
   lo.w_gpu_percent = pc.w_gpu;
   lo.w_cpu_percent = pc.w_cpu;
@@ -158,7 +147,7 @@ Engine make_engine(const EngineOptions& o) {
                                     std::move(m.streamer), std::move(m.feeder));
   e.model->set_cache_options(c.cache);
   e.model->set_gpu_batch_size(c.gpu_batch_size);
-  if (!o.policy.empty())
+  if (o.policy)
     log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}",
               c.max_batch / std::max(1, c.gpu_batch_size), c.gpu_batch_size,
               c.cache.placement.str(), c.cache.cpu_attention ? ", attention on the CPU" : "");

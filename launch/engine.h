@@ -30,9 +30,6 @@ struct ComputeSetup {
 // node), modulo their number.
 ComputeSetup make_compute(const EngineOptions& o, int auto_index = 0);
 
-// The block size (sequences per step) a policy names with gbs= / ngb=; 0 when it names none.
-int policy_block_size(const std::string& policy);
-
 struct Engine {
   std::unique_ptr<CpuBackend> cpu;
   std::unique_ptr<Backend> gpu;                // the CUDA backend when the engine computes on a GPU

@@ -101,9 +101,19 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
       "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");
   cmd.add_option("--disk-mem", o.disk_mem,
                  "Disk space under --disk-dir the weights may take (e.g. 100GiB)");
-  cmd.add_option("--policy", o.policy,
-                 "FlexGen policy, e.g. 'gbs=8,ngb=2,w=20/80/0,c=100/0/0' (weights placed by "
-                 "w=GPU/CPU/DISK %)");
+  cmd.add_option_function<std::string>(
+      "--policy",
+      [&o](const std::string& text) {
+        o.policy_auto = text == "auto";
+        if (o.policy_auto) return;
+        try {
+          o.policy = Policy::parse(text);
+        } catch (const InputError& e) {
+          throw CLI::ValidationError("--policy", e.what());
+        }
+      },
+      "FlexGen policy, e.g. 'gbs=8,ngb=2,w=20/80/0,c=100/0/0' (weights placed by "
+      "w=GPU/CPU/DISK %)");
   cmd.add_option("--limit", o.limits,
                  "Raise or lower an input limit, NAME=N (repeatable; see strata limits --input)");
   cmd.add_flag("--check-weights", o.check_weights,

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/planner.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
 #include "placement/policy_search.h"
@@ -23,14 +24,69 @@ struct PlanOptions {
   std::string policy;
   bool compress_weight = false, compress_cache = false, cpu_attention = true;
   std::string format = "text";
+  // The stages a cluster of `workers` worker ranks would run, placed with the policy
+  // (placement/stage_placement.h, the engine's memory model): what each worker allocates.
+  int32_t workers = 1;
+  int32_t max_step_tokens = 512;
+  bool host_compute = false;  // the stages compute on the CPU (default: on the GPU)
 };
 
-ModelShape plan_shape(const PlanOptions& o) {
+ModelConfig plan_config(const PlanOptions& o) {
   const DType dt = parse_dtype(o.dtype).value_or(DType::kF16);
   ModelConfig c = is_dummy_model(o.model) ? dummy_model_config(o.model.substr(6), dt)
                                           : load_model_config(o.model);
   c.dtype = dt;
-  return c.shape();
+  return c;
+}
+
+// Each stage's placement for `policy` under the budgets, as the cluster planner makes it;
+// a refusal names the stage, the tier and the shortfall.
+nlohmann::json stage_placements(const PlanOptions& o, const HardwareSpec& hw, const Policy& policy,
+                                std::string& text) {
+  const ModelConfig c = plan_config(o);
+  strata::PlanOptions po;
+  po.model_spec = o.model;
+  po.workers = o.workers;
+  po.kv_slots = static_cast<int32_t>(policy.block_size());
+  po.kv_capacity = static_cast<int32_t>(o.prompt_len + o.gen_len);
+  po.max_batch_rows = std::max(po.kv_slots, o.max_step_tokens);
+  po.placement.policy = policy;
+  po.placement.device_compute = !o.host_compute;
+  if (po.placement.device_compute) {
+    po.placement.policy->act_gpu_percent = 100;
+    po.placement.policy->act_cpu_percent = 0;
+  }
+  po.placement.budgets =
+      TierBudgets{static_cast<int64_t>(hw.gpu_mem), static_cast<int64_t>(hw.cpu_mem),
+                  static_cast<int64_t>(hw.disk_mem), true};
+  if (o.host_compute) po.placement.budgets.gpu = -1;
+  nlohmann::json out = nlohmann::json::array();
+  try {
+    const ClusterPlan plan = make_uniform_plan(c, po);
+    for (const StagePlan& st : plan.stages) {
+      const StagePlacement p = place_stage(c.shape(), stage_request(st, plan, po.placement, -1));
+      const TierBytes links = link_buffer_bytes(st, plan);
+      text += fmt::format(
+          "\nstage {} (layers [{}, {})): allocates gpu {} B, cpu {} B, disk {} B "
+          "(links {}); {}",
+          st.rank, st.layer_begin, st.layer_end, st.placed_gpu_bytes, st.placed_cpu_bytes,
+          st.placed_disk_bytes, links.str(), p.str());
+      out.push_back({{"rank", st.rank},
+                     {"layers", {st.layer_begin, st.layer_end}},
+                     {"gpu_bytes", st.placed_gpu_bytes},
+                     {"cpu_bytes", st.placed_cpu_bytes},
+                     {"disk_bytes", st.placed_disk_bytes},
+                     {"placement", p.str()}});
+    }
+  } catch (const InputError& e) {
+    text += fmt::format("\nstages: the engine could not run this policy: {}", e.what());
+    out = {{"refused", e.what()}};
+  }
+  return out;
+}
+
+ModelShape plan_shape(const PlanOptions& o) {
+  return plan_config(o).shape();
 }
 
 HardwareSpec plan_hardware(const PlanOptions& o) {
@@ -51,8 +107,10 @@ int run_plan(const PlanOptions& o) {
   w.validate();
   nlohmann::json out;
   std::string text;
+  Policy chosen;
   if (!o.policy.empty()) {
-    const CostEstimate cost = estimate_cost(shape, w, Policy::parse(o.policy), hw);
+    chosen = Policy::parse(o.policy);
+    const CostEstimate cost = estimate_cost(shape, w, chosen, hw);
     const auto shortfalls = cost.memory_shortfalls(hw);
     for (const auto& s : shortfalls)
       std::fprintf(stderr, "strata: policy does not fit: %s\n", s.c_str());
@@ -70,7 +128,9 @@ int run_plan(const PlanOptions& o) {
     const SearchResult r = search_policy(shape, w, hw, so);
     out = r.to_json();
     text = r.str();
+    chosen = r.policy;
   }
+  out["stages"] = stage_placements(o, hw, chosen, text);
   out["model"] = o.model;
   out["hardware"] = hw.to_json();
   std::printf("%s\n", o.format == "json" ? out.dump(2).c_str()
@@ -101,6 +161,13 @@ Command add_plan(CLI::App& app) {
   cmd->add_flag("--compress-weight", o->compress_weight, "Search with 4-bit weights");
   cmd->add_flag("--compress-cache", o->compress_cache, "Search with a 4-bit KV cache");
   cmd->add_flag("!--no-cpu-attention", o->cpu_attention, "Search without CPU attention");
+  cmd->add_option("--workers", o->workers,
+                  "Pipeline stages to place (worker ranks; each stage's placement is printed)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--max-step-tokens", o->max_step_tokens, "Rows of one prefill step")
+      ->check(positive());
+  cmd->add_flag("--host-compute", o->host_compute,
+                "Place the stages for CPU compute (no GPU tier) instead of the GPU");
   cmd->add_option("--format", o->format, "Output format")->check(CLI::IsMember({"text", "json"}));
   return {cmd, [o] { return run_plan(*o); }};
 }

@@ -15,6 +15,7 @@
 #include "coordinator/local_stages.h"
 #include "coordinator/mpi_stages.h"
 #include "coordinator/redis_queue.h"
+#include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "launch/engine.h"
@@ -96,11 +97,17 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   c.micro_batches = o.micro_batches;
   c.decode_iters = o.decode_iters;
   // A policy's block (gbs x ngb) is the batch, as in the single-process engine.
-  const int block = policy_block_size(o.engine.policy);
+  const int block = o.engine.policy && o.engine.policy->names_block()
+                        ? static_cast<int>(o.engine.policy->block_size())
+                        : 0;
   c.kv_slots = block > 0 ? block : o.engine.max_batch;
   c.max_step_tokens = o.engine.max_step_tokens;
   c.max_context = o.max_context;
   c.stage_mem = o.stage_mem.empty() ? -1 : parse_size(o.stage_mem, "--stage-mem");
+  c.placement.policy = o.engine.policy;
+  // The workers' compute tier as they will find it (--device auto: a GPU when present).
+  c.placement.device_compute =
+      o.engine.device != "cpu" && (o.engine.device != "auto" || probe_accelerators().available());
   c.heartbeat_interval_s = o.heartbeat_interval;
   c.heartbeat_timeout_s = o.heartbeat_timeout;
   c.load_timeout_s = o.load_timeout;

@@ -82,7 +82,7 @@ Sizes sizes_of(const ModelShape& m, const Workload& w, const Policy& p) {
   z.s = double(w.prompt_len);
   z.n = double(w.gen_len);
   z.l = double(m.n_layers);
-  z.gbs = double(p.gpu_batch_size);
+  z.gbs = double(p.gbs());
   z.bls = double(p.block_size());
   return z;
 }

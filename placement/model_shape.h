@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/tensor.h"
+
 namespace strata {
 
 struct ModelShape {
@@ -23,6 +25,19 @@ struct ModelShape {
   bool norm_bias = false;          // LayerNorm (weight + bias) vs RMSNorm (weight)
   bool tied_head = true;           // lm_head shares the token embedding
   int64_t weight_bytes_per_elem = 4;
+  // What the engine's memory model (stage_placement.h) needs beyond the cost model's counts:
+  // the matrices' dtype as stored (vectors are f32), OPT's embedding width and position
+  // offset, the final norm, and which projections carry biases.
+  DType dtype = DType::kF32;
+  int64_t embed_dim = 0;  // token embedding width (OPT word_embed_proj_dim); 0: hidden
+  int64_t position_offset = 0;
+  bool final_norm = true;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+
+  int64_t q_width() const { return n_heads * head_dim; }
+  int64_t kv_width() const { return n_kv_heads * head_dim; }
+  int64_t embed_width() const { return embed_dim > 0 ? embed_dim : hidden; }
 
   // Parameter counts.
   int64_t attention_params_per_layer() const;

@@ -108,10 +108,10 @@ void check_split(std::string_view name, int gpu, int cpu) {
 }  // namespace
 
 void Policy::validate() const {
-  if (gpu_batch_size <= 0 || gpu_batch_size > kMaxBatch)
-    fail_input("policy: gpu_batch_size={} must be in [1, {}]", gpu_batch_size, kMaxBatch);
-  if (num_gpu_batches <= 0 || num_gpu_batches > kMaxBatch)
-    fail_input("policy: num_gpu_batches={} must be in [1, {}]", num_gpu_batches, kMaxBatch);
+  if (gbs() <= 0 || gbs() > kMaxBatch)
+    fail_input("policy: gpu_batch_size={} must be in [1, {}]", gbs(), kMaxBatch);
+  if (ngb() <= 0 || ngb() > kMaxBatch)
+    fail_input("policy: num_gpu_batches={} must be in [1, {}]", ngb(), kMaxBatch);
   check_split("w", w_gpu_percent, w_cpu_percent);
   check_split("c", cache_gpu_percent, cache_cpu_percent);
   check_split("h", act_gpu_percent, act_cpu_percent);
@@ -127,18 +127,21 @@ std::string Policy::str() const {
   return fmt::format(
       "Policy(gpu_batch_size={}, num_gpu_batches={}, w=({},{},{}), c=({},{},{}), h=({},{},{}), "
       "compress_weight={:d}, compress_cache={:d}, cpu_attention={:d}, overlap={:d})",
-      gpu_batch_size, num_gpu_batches, w_gpu_percent, w_cpu_percent, w_disk_percent(),
-      cache_gpu_percent, cache_cpu_percent, cache_disk_percent(), act_gpu_percent, act_cpu_percent,
-      act_disk_percent(), compress_weight, compress_cache, cpu_cache_compute, overlap);
+      gbs(), ngb(), w_gpu_percent, w_cpu_percent, w_disk_percent(), cache_gpu_percent,
+      cache_cpu_percent, cache_disk_percent(), act_gpu_percent, act_cpu_percent, act_disk_percent(),
+      compress_weight, compress_cache, cpu_cache_compute, overlap);
 }
 
 std::string Policy::compact() const {
+  std::string block;
+  if (gpu_batch_size) block += fmt::format("gbs={},", *gpu_batch_size);
+  if (num_gpu_batches) block += fmt::format("ngb={},", *num_gpu_batches);
   return fmt::format(
-      "gbs={},ngb={},w={}/{}/{},c={}/{}/{},h={}/{}/{},cw={:d},cc={:d},"
+      "{}w={}/{}/{},c={}/{}/{},h={}/{}/{},cw={:d},cc={:d},"
       "cpu_attn={:d},overlap={:d}",
-      gpu_batch_size, num_gpu_batches, w_gpu_percent, w_cpu_percent, w_disk_percent(),
-      cache_gpu_percent, cache_cpu_percent, cache_disk_percent(), act_gpu_percent, act_cpu_percent,
-      act_disk_percent(), compress_weight, compress_cache, cpu_cache_compute, overlap);
+      block, w_gpu_percent, w_cpu_percent, w_disk_percent(), cache_gpu_percent, cache_cpu_percent,
+      cache_disk_percent(), act_gpu_percent, act_cpu_percent, act_disk_percent(), compress_weight,
+      compress_cache, cpu_cache_compute, overlap);
 }
 
 Policy Policy::parse(std::string_view text) {

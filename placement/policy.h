@@ -7,20 +7,24 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace strata {
 
 struct Policy {
-  int64_t gpu_batch_size = 1;   // gbs
-  int64_t num_gpu_batches = 1;  // GPU batches in a block
-  int w_gpu_percent = 100;      // wg
-  int w_cpu_percent = 0;        // wc
-  int cache_gpu_percent = 100;  // cg
-  int cache_cpu_percent = 0;    // cc
-  int act_gpu_percent = 100;    // hg
-  int act_cpu_percent = 0;      // hc
+  // The block schedule: gbs and the number of GPU batches in a block. Unset (a policy that
+  // names neither): the engine runs each step as one GPU batch of --max-batch sequences;
+  // the cost model and block_size() read an unset field as 1.
+  std::optional<int64_t> gpu_batch_size;   // gbs
+  std::optional<int64_t> num_gpu_batches;  // GPU batches in a block
+  int w_gpu_percent = 100;                 // wg
+  int w_cpu_percent = 0;                   // wc
+  int cache_gpu_percent = 100;             // cg
+  int cache_cpu_percent = 0;               // cc
+  int act_gpu_percent = 100;               // hg
+  int act_cpu_percent = 0;                 // hc
   bool compress_weight = false;
   bool compress_cache = false;
   bool cpu_cache_compute = false;  // attention on the CPU for the cache kept off the GPU
@@ -33,14 +37,19 @@ struct Policy {
   int cache_disk_percent() const { return 100 - cache_gpu_percent - cache_cpu_percent; }
   int act_disk_percent() const { return 100 - act_gpu_percent - act_cpu_percent; }
   // FlexGen's block size bls (the "effective batch size").
-  int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
+  int64_t block_size() const { return gbs() * ngb(); }
+  int64_t gbs() const { return gpu_batch_size.value_or(1); }
+  int64_t ngb() const { return num_gpu_batches.value_or(1); }
+  // Whether the policy names the block schedule (gbs or ngb given).
+  bool names_block() const { return gpu_batch_size.has_value() || num_gpu_batches.has_value(); }
 
   // Throws InputError naming the field, its value and what is allowed.
   void validate() const;
 
   // FlexGen's tuple style: "Policy(gpu_batch_size=48, num_gpu_batches=3, w=(20,80,0), ...)".
   std::string str() const;
-  // The command-line form that parse() reads back: "gbs=48,ngb=3,w=20/80/0,...".
+  // The command-line form that parse() reads back: "gbs=48,ngb=3,w=20/80/0,..." (gbs and
+  // ngb only when set, so parse(compact()) == *this).
   std::string compact() const;
 
   // Comma-separated key=value: gbs, ngb (positive integers), w, c, h ("GPU/CPU/DISK"

@@ -196,8 +196,7 @@ const CostEstimate& choose(const std::vector<CostEstimate>& found, double tol) {
     if (bls != pick_bls) {
       if (bls < pick_bls) pick = &c;
     } else if (better_rounding(c, *pick) ||
-               (!better_rounding(*pick, c) &&
-                c.policy.gpu_batch_size > pick->policy.gpu_batch_size)) {
+               (!better_rounding(*pick, c) && c.policy.gbs() > pick->policy.gbs())) {
       pick = &c;
     }
   }
@@ -228,8 +227,8 @@ std::string diagnose(const ModelShape& shape, const Workload& w, const HardwareS
     msg += fmt::format(
         "{}{} memory: the smallest configuration (gpu_batch_size={}, "
         "num_gpu_batches={}) needs {} but {} is {} (short by {})",
-        msg.empty() ? "" : "; ", name, smallest.gpu_batch_size, smallest.num_gpu_batches,
-        format_gib(cap + over), field, format_gib(cap), format_gib(over));
+        msg.empty() ? "" : "; ", name, smallest.gbs(), smallest.ngb(), format_gib(cap + over),
+        field, format_gib(cap), format_gib(over));
   };
   tier("GPU", "gpu_mem", s.gpu, hw.gpu_mem);
   tier("CPU", "cpu_mem", s.cpu, hw.cpu_mem);

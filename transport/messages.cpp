@@ -73,11 +73,26 @@ const char* phase_name(Phase phase) {
 
 // ---- printing ----
 
+namespace {
+// "ggcd": one letter per layer (g gpu, c cpu, d disk).
+std::string tiers_str(const std::vector<uint8_t>& tiers) {
+  std::string out;
+  for (uint8_t t : tiers) out += t == 0 ? 'g' : t == 1 ? 'c' : t == 2 ? 'd' : '?';
+  return out;
+}
+}  // namespace
+
 std::string StagePlan::str() const {
   return fmt::format("rank {}: layers [{}, {}){}{} {} gpu {} cpu {} disk {}", rank, layer_begin,
                      layer_end, has_embedding ? " +embedding" : "", has_head ? " +head" : "",
                      use_gpu ? "on gpu" : "on cpu", mib(gpu_mem_bytes), mib(cpu_mem_bytes),
-                     mib(disk_mem_bytes));
+                     mib(disk_mem_bytes)) +
+         (placed() ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}",
+                                 tiers_str(weight_tiers), tiers_str(cache_tiers),
+                                 mib(placed_gpu_bytes), mib(placed_cpu_bytes),
+                                 mib(placed_disk_bytes), compress_weight ? " cw" : "",
+                                 compress_cache ? " cc" : "", cpu_attention ? " cpu_attn" : "")
+                   : "");
 }
 
 std::string ClusterPlan::str() const {
@@ -188,6 +203,17 @@ void ClusterPlan::validate() const {
       fail_input("plan {}: the embedding must be on the first stage only", plan_id);
     if (s.has_head != (i + 1 == stages.size()))
       fail_input("plan {}: the head must be on the last stage only", plan_id);
+    if (s.placed() || !s.cache_tiers.empty()) {
+      const auto n = static_cast<size_t>(s.n_layers());
+      if (s.weight_tiers.size() != n || s.cache_tiers.size() != n)
+        fail_input("plan {}: stage {} places {} weight and {} cache layers of its {}", plan_id, i,
+                   s.weight_tiers.size(), s.cache_tiers.size(), n);
+      for (const auto* tiers : {&s.weight_tiers, &s.cache_tiers})
+        for (uint8_t t : *tiers)
+          if (t > 2) fail_input("plan {}: stage {} places a layer on tier {} (0-2)", plan_id, i, t);
+      if (s.gpu_batch_size < 0)
+        fail_input("plan {}: stage {} has GPU batch size {}", plan_id, i, s.gpu_batch_size);
+    }
     next = s.layer_end;
   }
   if (next != num_layers)
@@ -215,6 +241,17 @@ void write_stage(wire::Stage::Builder b, const StagePlan& s) {
   b.setCpuMemBytes(s.cpu_mem_bytes);
   b.setDiskMemBytes(s.disk_mem_bytes);
   b.setUseGpu(s.use_gpu);
+  auto wt = b.initWeightTiers(static_cast<unsigned>(s.weight_tiers.size()));
+  for (unsigned i = 0; i < wt.size(); ++i) wt.set(i, s.weight_tiers[i]);
+  auto ct = b.initCacheTiers(static_cast<unsigned>(s.cache_tiers.size()));
+  for (unsigned i = 0; i < ct.size(); ++i) ct.set(i, s.cache_tiers[i]);
+  b.setCompressWeight(s.compress_weight);
+  b.setCompressCache(s.compress_cache);
+  b.setCpuAttention(s.cpu_attention);
+  b.setGpuBatchSize(s.gpu_batch_size);
+  b.setPlacedGpuBytes(s.placed_gpu_bytes);
+  b.setPlacedCpuBytes(s.placed_cpu_bytes);
+  b.setPlacedDiskBytes(s.placed_disk_bytes);
 }
 
 void write(wire::Plan::Builder b, const ClusterPlan& p) {
@@ -328,9 +365,26 @@ std::vector<std::byte> encode(const ControlMessage& message) {
 namespace {
 
 StagePlan read_stage(wire::Stage::Reader r) {
-  return StagePlan{r.getRank(),         r.getLayerBegin(),   r.getLayerEnd(),
-                   r.getHasEmbedding(), r.getHasHead(),      r.getGpuMemBytes(),
-                   r.getCpuMemBytes(),  r.getDiskMemBytes(), r.getUseGpu()};
+  StagePlan s;
+  s.rank = r.getRank();
+  s.layer_begin = r.getLayerBegin();
+  s.layer_end = r.getLayerEnd();
+  s.has_embedding = r.getHasEmbedding();
+  s.has_head = r.getHasHead();
+  s.gpu_mem_bytes = r.getGpuMemBytes();
+  s.cpu_mem_bytes = r.getCpuMemBytes();
+  s.disk_mem_bytes = r.getDiskMemBytes();
+  s.use_gpu = r.getUseGpu();
+  for (uint8_t t : r.getWeightTiers()) s.weight_tiers.push_back(t);
+  for (uint8_t t : r.getCacheTiers()) s.cache_tiers.push_back(t);
+  s.compress_weight = r.getCompressWeight();
+  s.compress_cache = r.getCompressCache();
+  s.cpu_attention = r.getCpuAttention();
+  s.gpu_batch_size = r.getGpuBatchSize();
+  s.placed_gpu_bytes = r.getPlacedGpuBytes();
+  s.placed_cpu_bytes = r.getPlacedCpuBytes();
+  s.placed_disk_bytes = r.getPlacedDiskBytes();
+  return s;
 }
 
 ClusterPlan read(wire::Plan::Reader r) {

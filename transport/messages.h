@@ -22,7 +22,8 @@
 namespace strata {
 
 // Bumped when a change is not a pure addition; a peer with another version is refused.
-inline constexpr uint32_t kControlProtocolVersion = 2;
+inline constexpr uint32_t kControlProtocolVersion = 2;  // 2: StagePlan carries the placement,
+                                                        // SeqStep.sample, BatchUpdate.left
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
@@ -41,8 +42,23 @@ struct StagePlan {
   uint64_t cpu_mem_bytes = 0;
   uint64_t disk_mem_bytes = 0;
   bool use_gpu = false;
+  // The stage's placement (placement/stage_placement.h), decided by the planner and executed
+  // by the worker: per-layer tiers of the weights and of the KV cache (values of
+  // placement/tier.h's Tier: 0 gpu, 1 cpu, 2 disk; empty: no placement, the worker decides),
+  // how the engine runs the stage, and the bytes per tier it allocates -- the worker checks
+  // what it allocated against these.
+  std::vector<uint8_t> weight_tiers;
+  std::vector<uint8_t> cache_tiers;
+  bool compress_weight = false;
+  bool compress_cache = false;
+  bool cpu_attention = false;
+  int32_t gpu_batch_size = 0;
+  uint64_t placed_gpu_bytes = 0;
+  uint64_t placed_cpu_bytes = 0;
+  uint64_t placed_disk_bytes = 0;
 
   int32_t n_layers() const { return layer_end - layer_begin; }
+  bool placed() const { return !weight_tiers.empty(); }
   std::string str() const;
   bool operator==(const StagePlan&) const = default;
 };

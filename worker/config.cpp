@@ -319,6 +319,12 @@ ModelShape ModelConfig::shape() const {
   s.norm_bias = is_opt();
   s.tied_head = tie_word_embeddings;
   s.weight_bytes_per_elem = static_cast<int64_t>(dtype_size(dtype));
+  s.dtype = dtype;
+  s.embed_dim = is_opt() ? word_embed_proj_dim : hidden;
+  s.position_offset = position_offset;
+  s.final_norm = !is_opt() || do_layer_norm_before;
+  s.attention_bias = attention_bias;
+  s.mlp_bias = mlp_bias;
   return s;
 }
 

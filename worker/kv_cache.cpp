@@ -26,7 +26,13 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   if (compress_ && c.head_dim % 2 != 0)
     fail_input("{}: head_dim {} is odd; the 4-bit KV cache packs two values per byte", c.source,
                c.head_dim);
-  tiers_ = tiers_from_shares(c.n_layers, placement.gpu_percent, placement.cpu_percent, "cache");
+  on_device_ = placement.device_tier || backend.device() != Device::kHost;
+  tiers_ = placement.tiers.empty() ? tiers_from_shares(c.n_layers, placement.gpu_percent,
+                                                       placement.cpu_percent, "cache")
+                                   : placement.tiers;
+  if (tiers_.size() != static_cast<size_t>(c.n_layers))
+    fail_input("the plan places {} KV-cache layers but the model has {}", tiers_.size(),
+               c.n_layers);
   const size_t bytes = layer_bytes();
   layers_.resize(tiers_.size());
   for (size_t i = 0; i < tiers_.size(); ++i) {
@@ -54,6 +60,18 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
       if (tiers_[i] == Tier::kDisk) store_zero(static_cast<int32_t>(i));
   }
   for (int32_t s = n_slots - 1; s >= 0; --s) free_.push_back(s);
+}
+
+TierBytes KvCache::memory() const {
+  TierBytes m;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto b = static_cast<int64_t>(layers_[i].k.size() + layers_[i].v.size());
+    (tiers_[i] == Tier::kGpu && on_device_ ? m.gpu : m.cpu) += b;
+  }
+  m.cpu += static_cast<int64_t>(staging_.k.size() + staging_.v.size());
+  const auto disk = std::count(tiers_.begin(), tiers_.end(), Tier::kDisk);
+  m.disk = static_cast<int64_t>(disk) * 2 * static_cast<int64_t>(align_up(layer_bytes()));
+  return m;
 }
 
 size_t KvCache::file_offset(int32_t layer) const {

@@ -27,6 +27,11 @@ struct CachePlacement {
   // FlexGen's cache compression: stored 4-bit in every tier (KvQ4LayerView), dequantised
   // just before attention.
   bool compress = false;
+  // Per-layer tiers decided elsewhere (a cluster plan's placement); empty: from the shares.
+  std::vector<Tier> tiers;
+  // The GPU tier is an accelerator's memory (device compute) even where the backend driving
+  // it is the host's (tests run the device path on the CPU backend).
+  bool device_tier = false;
   std::string str() const;
 };
 
@@ -51,6 +56,9 @@ class KvCache {
   size_t bytes() const { return 2 * layer_bytes() * tiers_.size(); }
   size_t layer_bytes() const;  // K or V of one layer as stored
   int64_t disk_bytes_moved() const { return disk_bytes_moved_; }
+  // What the cache holds per tier: layers (the GPU tier is host memory when the host
+  // computes), the disk staging pair and the disk file.
+  TierBytes memory() const;
 
   // A free slot, or -1 when all are taken.
   int32_t acquire();
@@ -71,6 +79,7 @@ class KvCache {
   int32_t head_dim_;
   size_t layer_elems_;
   bool compress_ = false;
+  bool on_device_ = false;  // the backend's memory is an accelerator's
   std::vector<Tier> tiers_;
   std::vector<Layer> layers_;  // empty buffers for disk-tier layers
   Layer staging_;              // host pair the disk-tier layer in use is read into

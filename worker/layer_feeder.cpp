@@ -26,47 +26,6 @@ Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned
 
 }  // namespace
 
-const char* tier_name(Tier t) {
-  switch (t) {
-    case Tier::kGpu:
-      return "gpu";
-    case Tier::kCpu:
-      return "cpu";
-    case Tier::kDisk:
-      return "disk";
-  }
-  return "?";
-}
-
-std::vector<Tier> spread_tiers(int32_t n, int32_t n_gpu, int32_t n_cpu) {
-  STRATA_CHECK(n_gpu >= 0 && n_cpu >= 0 && n_gpu + n_cpu <= n, "tiers {}+{} of {} layers", n_gpu,
-               n_cpu, n);
-  std::vector<Tier> tiers(static_cast<size_t>(n), Tier::kGpu);
-  const std::vector<int32_t> disk = spread_disk_layers(n, n - n_gpu - n_cpu);
-  std::vector<int32_t> left;
-  for (int32_t i = 0; i < n; ++i) {
-    if (std::binary_search(disk.begin(), disk.end(), i)) {
-      tiers[static_cast<size_t>(i)] = Tier::kDisk;
-    } else {
-      left.push_back(i);
-    }
-  }
-  for (int32_t pick : spread_disk_layers(static_cast<int32_t>(left.size()), n_cpu))
-    tiers[static_cast<size_t>(left[static_cast<size_t>(pick)])] = Tier::kCpu;
-  return tiers;
-}
-
-std::vector<Tier> tiers_from_shares(int32_t n, int gpu_percent, int cpu_percent, const char* what) {
-  if (gpu_percent < 0 || cpu_percent < 0 || gpu_percent + cpu_percent > 100)
-    fail_input("{} shares gpu={}% cpu={}% must be >= 0 and sum to at most 100", what, gpu_percent,
-               cpu_percent);
-  const auto n_gpu = static_cast<int32_t>(std::lround(n * gpu_percent / 100.0));
-  const auto n_cpu =
-      std::min(n - n_gpu,
-               static_cast<int32_t>(std::lround(n * (gpu_percent + cpu_percent) / 100.0)) - n_gpu);
-  return spread_tiers(n, n_gpu, n_cpu);
-}
-
 LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap)
     : device_(device), tiers_(std::move(tiers)), overlap_(overlap) {
   resident_.resize(tiers_.size());
@@ -166,6 +125,15 @@ const LayerWeights& LayerFeeder::acquire(int32_t layer) {
   return slot->view;
 }
 
+TierBytes LayerFeeder::memory() const {
+  TierBytes m;
+  for (size_t i = 0; i < tiers_.size(); ++i)
+    (tiers_[i] == Tier::kGpu ? m.gpu : m.cpu) += static_cast<int64_t>(resident_[i].size());
+  for (const Slot& s : slots_) m.gpu += static_cast<int64_t>(s.blob.size());
+  if (disk_ != nullptr) m += disk_->memory();
+  return m;
+}
+
 FeedStats LayerFeeder::stats() const {
   return stats_;
 }
@@ -176,6 +144,10 @@ void upload_fixed_weights(Backend& device, ModelWeights& w) {
        {&w.embed, &w.positions, &w.project_in, &w.project_out, &w.final_norm, &w.final_norm_bias})
     *t = upload(device, *t, w.device_owned);
   w.lm_head = tied ? w.embed : upload(device, w.lm_head, w.device_owned);
+  // Every layer lives in the feeder or on disk and the fixed tensors on the device now: the
+  // host copies go (placement/ counts the fixed weights on the device alone).
+  w.owned.clear();
+  w.archive.reset();
 }
 
 }  // namespace strata

@@ -12,22 +12,13 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "placement/tier.h"
 #include "worker/layer_store.h"
 #include "worker/weights.h"
 
 namespace strata {
 
-enum class Tier : uint8_t { kGpu = 0, kCpu = 1, kDisk = 2 };
-const char* tier_name(Tier t);
-
-// Per-layer tiers with `n_gpu` layers on the device, `n_cpu` in host memory and the rest on
-// disk, each share spread evenly over the layers so every streamed layer has resident
-// layers' compute to hide behind.
-std::vector<Tier> spread_tiers(int32_t n_layers, int32_t n_gpu, int32_t n_cpu);
-// The same from percentages (rounded to whole layers). InputError names `what` and the
-// shares when they are out of range.
-std::vector<Tier> tiers_from_shares(int32_t n_layers, int gpu_percent, int cpu_percent,
-                                    const char* what);
+// The tiers (Tier, spread_tiers, tiers_from_shares) are placement/'s decision (tier.h).
 
 struct FeedStats {
   int64_t layers_from_cpu = 0;
@@ -59,6 +50,9 @@ class LayerFeeder {
   FeedStats stats() const;
   size_t layer_bytes() const { return layout_.bytes(); }  // one packed layer
   const LayerStreamer* disk() const { return disk_.get(); }
+  // What the feeder holds: resident layers (device or page-locked host) and its two device
+  // slots; the disk streamer's staging and file included.
+  TierBytes memory() const;
 
  private:
   struct Slot {

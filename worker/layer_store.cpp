@@ -12,6 +12,10 @@
 #include "kernels/log.h"
 
 namespace strata {
+
+static_assert(kDirectAlignment == static_cast<size_t>(kPageBytes),
+              "placement/tier.h models O_DIRECT transfers with kPageBytes");
+
 namespace {
 
 // Every tensor member of LayerWeights, in a fixed order.
@@ -234,16 +238,11 @@ std::unique_ptr<LayerStreamer> LayerOffloader::finish(size_t n_layers, bool over
   return std::make_unique<LayerStreamer>(std::move(file_), layout_, disk_layers_, overlap);
 }
 
-std::vector<int32_t> spread_disk_layers(int32_t n_layers, int32_t n_disk) {
-  std::vector<int32_t> out;
-  for (int32_t i = 0; i < n_layers; ++i) {
-    // Layer i goes to disk when the running share crosses an integer: evenly spread, so
-    // every disk read has resident layers' compute to hide behind.
-    if ((static_cast<int64_t>(i) + 1) * n_disk / n_layers >
-        static_cast<int64_t>(i) * n_disk / n_layers)
-      out.push_back(i);
-  }
-  return out;
+TierBytes LayerStreamer::memory() const {
+  TierBytes m;
+  for (const Slot& s : slots_) m.cpu += static_cast<int64_t>(s.storage.size());
+  m.disk = static_cast<int64_t>(disk_layers_.size() * layout_.bytes());
+  return m;
 }
 
 }  // namespace strata

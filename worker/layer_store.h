@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "placement/tier.h"
 #include "worker/direct_file.h"
 #include "worker/weights.h"
 
@@ -63,6 +64,8 @@ class LayerStreamer {
   const LayerLayout& layout() const { return layout_; }
   StreamStats stats() const;
   size_t staging_bytes() const { return 2 * layout_.bytes(); }
+  // What the streamer holds: its two host staging buffers (cpu) and the layers' file (disk).
+  TierBytes memory() const;
 
  private:
   struct Slot {
@@ -113,8 +116,5 @@ class LayerOffloader {
 // Empties a layer that was copied elsewhere, giving back the pages of mapped checkpoint
 // tensors (the loader frees what it allocated once the layer is empty).
 void release_layer(LayerWeights& w);
-
-// `n_disk` of `n_layers` layers, spread evenly (ascending).
-std::vector<int32_t> spread_disk_layers(int32_t n_layers, int32_t n_disk);
 
 }  // namespace strata

@@ -10,74 +10,6 @@
 namespace strata {
 namespace {
 
-double mib(int64_t bytes) {
-  return static_cast<double>(bytes) / (1 << 20);
-}
-
-// Layer counts per tier from policy shares, rounded to whole layers.
-void counts_from_shares(const WeightBudget& b, int32_t n, int32_t& n_gpu, int32_t& n_cpu) {
-  const std::vector<Tier> t = tiers_from_shares(n, b.w_gpu_percent, b.w_cpu_percent, "weight");
-  n_gpu = static_cast<int32_t>(std::count(t.begin(), t.end(), Tier::kGpu));
-  n_cpu = static_cast<int32_t>(std::count(t.begin(), t.end(), Tier::kCpu));
-  if (!b.device_compute) {  // the host computes: GPU shares are host-resident too
-    n_cpu += n_gpu;
-    n_gpu = 0;
-  }
-}
-
-// Layer counts per tier from the budgets alone: fill the compute tier, then the host.
-void counts_from_budgets(const WeightBudget& b, const WeightPlacement& p, int32_t n, int32_t& n_gpu,
-                         int32_t& n_cpu) {
-  const int64_t L = p.layer_bytes;
-  n_gpu = 0;
-  if (b.device_compute) {
-    if (b.gpu_mem < 0 || p.fixed_bytes + n * L <= b.gpu_mem) {
-      n_gpu = n;
-    } else {
-      n_gpu =
-          static_cast<int32_t>(std::clamp<int64_t>((b.gpu_mem - p.fixed_bytes - 2 * L) / L, 0, n));
-    }
-  }
-  const int32_t rest = n - n_gpu;
-  const int64_t host_fixed = b.device_compute ? 0 : p.fixed_bytes;
-  if (b.cpu_mem < 0 || host_fixed + rest * L <= b.cpu_mem) {
-    n_cpu = rest;
-  } else {
-    n_cpu =
-        static_cast<int32_t>(std::clamp<int64_t>((b.cpu_mem - host_fixed - 2 * L) / L, 0, rest));
-  }
-}
-
-void check_budget(const char* option, int64_t budget, int64_t need, const WeightPlacement& p,
-                  const char* what) {
-  if (budget < 0 || need <= budget) return;
-  fail_input(
-      "{} {:.1f} MiB is too small for this weight placement: {} need {:.1f} MiB (short by {:.1f} "
-      "MiB; {})",
-      option, mib(budget), what, mib(need), mib(need - budget), p.str());
-}
-
-// One layer's bytes as stored: matrices in their dtype (or kQ4), vectors in f32.
-int64_t layer_bytes_estimate(const ModelConfig& c, bool compress) {
-  const int64_t h = c.hidden, qw = c.q_width(), kvw = c.kv_width(), f = c.intermediate;
-  struct Mat {
-    int64_t rows, cols;
-  };
-  std::vector<Mat> mats{{qw, h}, {kvw, h}, {kvw, h}, {h, qw}, {f, h}, {h, f}};
-  if (c.is_llama()) mats.push_back({f, h});
-  int64_t total = 0;
-  for (Mat m : mats) {
-    Tensor t{nullptr, c.dtype, {m.rows, m.cols}};
-    if (compress && m.cols % kQuantGroupSize == 0) t.dtype = DType::kQ4;
-    total += static_cast<int64_t>(align_up(t.bytes(), 64));
-  }
-  const ModelShape s = c.shape();
-  const int64_t vector_params =
-      s.params_per_layer() -
-      (2 * qw * h + 2 * kvw * h + static_cast<int64_t>(mats.size() - 4) * f * h);
-  return static_cast<int64_t>(align_up(static_cast<size_t>(total + vector_params * 4)));
-}
-
 WeightParts weight_parts(const ModelConfig& full, const LoadOptions& o) {
   const int32_t end = o.layer_end < 0 ? full.n_layers : o.layer_end;
   if (o.layer_begin < 0 || o.layer_begin >= end || end > full.n_layers)
@@ -107,65 +39,24 @@ int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& s
   return compressed;
 }
 
-int32_t WeightPlacement::count(Tier t) const {
-  return static_cast<int32_t>(std::count(tiers.begin(), tiers.end(), t));
-}
-
-int64_t WeightPlacement::gpu_bytes() const {
-  if (!device_compute) return 0;
-  return fixed_bytes + count(Tier::kGpu) * layer_bytes + device_staging_bytes;
-}
-
-int64_t WeightPlacement::cpu_bytes() const {
-  return (device_compute ? 0 : fixed_bytes) + count(Tier::kCpu) * layer_bytes + staging_bytes;
-}
-
-std::string WeightPlacement::str() const {
-  return fmt::format(
-      "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} "
-      "MiB, "
-      "device slots {:.1f} MiB, host staging {:.1f} MiB)",
-      device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
-      mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes));
-}
-
-WeightPlacement place_weights(const ModelConfig& c, const WeightBudget& b) {
-  const ModelShape s = c.shape();
-  const int32_t n = c.n_layers;
-  WeightPlacement p;
-  p.device_compute = b.device_compute;
-  p.layer_bytes = layer_bytes_estimate(c, b.compress_weight);
-  p.fixed_bytes =
-      (s.embedding_params() + s.head_params()) * s.weight_bytes_per_elem + 2 * s.hidden * 4;
-  int32_t n_gpu = 0, n_cpu = 0;
-  if (b.w_gpu_percent >= 0 || b.w_cpu_percent >= 0) {
-    counts_from_shares(b, n, n_gpu, n_cpu);
-  } else {
-    counts_from_budgets(b, p, n, n_gpu, n_cpu);
+StageRequest weight_request(const LoadOptions& o) {
+  StageRequest r;
+  r.layer_begin = o.layer_begin;
+  r.layer_end = o.layer_end;
+  r.embedding = o.embedding;
+  r.head = o.head;
+  r.device_compute = o.device != nullptr;
+  r.budgets = TierBudgets{o.gpu_mem, o.cpu_mem, o.disk_mem, false};
+  const bool shares = o.w_gpu_percent >= 0 || o.w_cpu_percent >= 0;
+  if (shares || o.compress_weight) {
+    Policy p;
+    p.w_gpu_percent = std::max(o.w_gpu_percent, 0);
+    p.w_cpu_percent = std::max(o.w_cpu_percent, 0);
+    p.compress_weight = o.compress_weight;
+    r.policy = p;
+    r.weight_shares = shares;
   }
-  const int32_t n_disk = n - n_gpu - n_cpu;
-  if (b.device_compute && n_gpu < n) p.device_staging_bytes = 2 * p.layer_bytes;
-  if (n_disk > 0) p.staging_bytes = 2 * p.layer_bytes;
-
-  p.tiers = spread_tiers(n, n_gpu, n_cpu);
-  for (int32_t i = 0; i < n; ++i)
-    if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
-
-  if (b.device_compute)
-    check_budget("--gpu-mem", b.gpu_mem, p.gpu_bytes(), p,
-                 "embeddings, head, GPU-tier layers and two device slots");
-  check_budget("--disk-mem", b.disk_mem, p.count(Tier::kDisk) * p.layer_bytes, p,
-               "disk-tier layers");
-  check_budget("--cpu-mem", b.cpu_mem, p.cpu_bytes(), p,
-               b.device_compute ? "CPU-tier layers and disk staging"
-                                : "embeddings, head, resident layers and disk staging");
-  return p;
-}
-
-WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem) {
-  WeightBudget b;
-  b.cpu_mem = cpu_mem;
-  return place_weights(config, b);
+  return r;
 }
 
 namespace {
@@ -179,10 +70,20 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   m.config = full;
   m.config.n_layers = parts.n_layers;
   m.layer_begin = parts.layer_begin;
-  WeightBudget budget{options.device != nullptr, options.gpu_mem,       options.cpu_mem,
-                      options.w_gpu_percent,     options.w_cpu_percent, options.compress_weight,
-                      options.disk_mem};
-  m.placement = place_weights(m.config, budget);
+  m.placement = place_weights(full.shape(), weight_request(options));
+  if (!options.weight_tiers.empty()) {  // decided by the plan: execute it
+    if (options.weight_tiers.size() != static_cast<size_t>(parts.n_layers))
+      fail_input("{}: the plan places {} weight layers but the stage has {}", full.source,
+                 options.weight_tiers.size(), parts.n_layers);
+    WeightPlacement& p = m.placement;
+    p.tiers = options.weight_tiers;
+    p.disk_layers.clear();
+    for (int32_t i = 0; i < parts.n_layers; ++i)
+      if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
+    p.device_staging_bytes =
+        p.device_compute && p.count(Tier::kGpu) < parts.n_layers ? 2 * p.layer_bytes : 0;
+    p.staging_bytes = p.disk_layers.empty() ? 0 : 2 * (p.layer_bytes + kPageBytes);
+  }
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
   if (options.device != nullptr)
     m.feeder = std::make_unique<LayerFeeder>(*options.device, m.placement.tiers, options.overlap);

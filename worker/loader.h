@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "placement/stage_placement.h"
 #include "worker/config.h"
 #include "worker/layer_feeder.h"
 #include "worker/layer_store.h"
@@ -37,6 +38,9 @@ struct LoadOptions {
   // FlexGen's weight compression: every layer matrix whose rows are whole groups of 64 is
   // stored 4-bit group-wise (kQ4) in every tier and dequantised just before use.
   bool compress_weight = false;
+  // The weight tiers decided elsewhere (a cluster plan's placement, one per loaded layer);
+  // empty: placement/ decides from the budgets and shares above (place_weights).
+  std::vector<Tier> weight_tiers;
   // A pipeline stage (worker/stage.h) loads only its part: layers [layer_begin, layer_end)
   // (layer_end < 0: to the last) and the embedding / head only where it has them. The loaded
   // config then counts only those layers (n_layers = layer_end - layer_begin), so the model,
@@ -55,37 +59,9 @@ struct LoadOptions {
 // storage is appended to `store`. Returns how many matrices were compressed.
 int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store);
 
-// The budgets and shares a weight placement must honour (see LoadOptions).
-struct WeightBudget {
-  bool device_compute = false;
-  int64_t gpu_mem = -1;
-  int64_t cpu_mem = -1;
-  int w_gpu_percent = -1;
-  int w_cpu_percent = -1;
-  bool compress_weight = false;
-  int64_t disk_mem = -1;
-};
-
-// How the budgets split the layers over the tiers (FlexGen's wg/wc/wd at layer granularity).
-// With host compute the GPU tier is empty and "cpu" means resident in host memory.
-struct WeightPlacement {
-  bool device_compute = false;
-  int64_t fixed_bytes = 0;           // embeddings, positions, head, final norm: on the compute tier
-  int64_t layer_bytes = 0;           // one layer as stored
-  int64_t device_staging_bytes = 0;  // two device slots, when some layer streams to the device
-  int64_t staging_bytes = 0;         // two host buffers, when some layer is on disk
-  std::vector<Tier> tiers;           // per layer
-  std::vector<int32_t> disk_layers;  // the layers whose tier is disk, ascending
-
-  int32_t count(Tier t) const;
-  int64_t gpu_bytes() const;  // on the accelerator
-  int64_t cpu_bytes() const;  // in host memory
-  std::string str() const;
-};
-// Throws InputError naming the budget and the shortfall when a share or the fixed part
-// and the staging buffers do not fit.
-WeightPlacement place_weights(const ModelConfig& config, const WeightBudget& budget);
-WeightPlacement place_weights(const ModelConfig& config, int64_t cpu_mem);  // host compute
+// The weight placement these options ask placement/ for (place_weights): the budgets
+// bound the weights alone; shares when the options name them.
+StageRequest weight_request(const LoadOptions& options);
 
 struct LoadedModel {
   ModelConfig config;       // n_layers: the layers loaded (a stage's share; see LoadOptions)

@@ -65,8 +65,9 @@ void Model::allocate_activations() {
   f1_ = buf(static_cast<size_t>(config.intermediate));
   f2_ = buf(static_cast<size_t>(config.intermediate));
   sel_ = buf(wide);
-  logits_ = DeviceBuffer(backend, static_cast<size_t>(std::min(max_rows, kLogitChunk)) *
-                                      static_cast<size_t>(config.vocab) * sizeof(float));
+  if (weights_.lm_head.data != nullptr)  // a pipeline stage without the head has no logits
+    logits_ = DeviceBuffer(backend, static_cast<size_t>(std::min(max_rows, kLogitChunk)) *
+                                        static_cast<size_t>(config.vocab) * sizeof(float));
   tokens_ = DeviceBuffer(backend, rows * sizeof(int32_t));
   positions_ = DeviceBuffer(backend, rows * sizeof(int32_t));
 }
@@ -432,9 +433,81 @@ std::unique_ptr<KvCache> Model::make_cache(int32_t n_slots, int32_t capacity) {
                   "in f32)",
                   n_slots, capacity, config_.n_layers, bytes / (1 << 20)),
       [&] {
-        return std::make_unique<KvCache>(backend_, config_, n_slots, capacity,
-                                         cache_options_.placement);
+        CachePlacement placement = cache_options_.placement;
+        placement.device_tier = feeder_ != nullptr;
+        auto cache = std::make_unique<KvCache>(backend_, config_, n_slots, capacity, placement);
+        reserve_workspaces(*cache);
+        return cache;
       });
+}
+
+void Model::reserve_workspaces(const KvCache& cache) {
+  const int32_t n = cache.n_slots();
+  const auto batches = static_cast<size_t>(
+      gpu_batch_size_ > 0 && n > gpu_batch_size_ ? (n + gpu_batch_size_ - 1) / gpu_batch_size_ : 1);
+  while (block_state_.size() < batches) block_state_.push_back(make_batch_state());
+  bool off_device = false;
+  for (int32_t i = 0; i < config_.n_layers; ++i)
+    off_device = off_device || cache.tier(i) != Tier::kGpu;
+  off_device = off_device && feeder_ != nullptr;
+  const bool delegated = off_device && cache_options_.cpu_attention;
+  if (cache.compressed()) {  // store_kv's dequantised layer, on the compute device
+    const KvLayerView f = cache.f32_shape();
+    const size_t bytes = f.slot_stride() * static_cast<size_t>(f.n_slots) * sizeof(float);
+    if (work_k_.size() < bytes) {
+      work_k_ = DeviceBuffer(backend_, bytes);
+      work_v_ = DeviceBuffer(backend_, bytes);
+    }
+  }
+  if (off_device && !delegated && staged_k_.size() < cache.layer_bytes()) {
+    staged_k_ = DeviceBuffer(backend_, cache.layer_bytes());
+    staged_v_ = DeviceBuffer(backend_, cache.layer_bytes());
+  }
+  if (delegated && host_q_.size() == 0) {
+    const auto rows = static_cast<size_t>(max_rows_);
+    host_q_ =
+        DeviceBuffer::host(backend_, rows * static_cast<size_t>(config_.q_width()) * sizeof(float));
+    host_out_ = DeviceBuffer::host(backend_, host_q_.size());
+    host_k_ = DeviceBuffer::host(backend_,
+                                 rows * static_cast<size_t>(config_.kv_width()) * sizeof(float));
+    host_v_ = DeviceBuffer::host(backend_, host_k_.size());
+  }
+}
+
+TierBytes Model::memory() const {
+  TierBytes m;
+  // The compute tier: the accelerator's memory when the model computes there.
+  int64_t& compute = feeder_ != nullptr || backend_.device() != Device::kHost ? m.gpu : m.cpu;
+  auto size = [](const DeviceBuffer& b) { return static_cast<int64_t>(b.size()); };
+  for (const DeviceBuffer* b :
+       {&x_, &h_, &q_, &k_, &v_, &attn_, &f1_, &f2_, &sel_, &logits_, &tokens_, &positions_,
+        &rope_cos_, &rope_sin_, &staged_k_, &staged_v_, &work_k_, &work_v_})
+    compute += size(*b);
+  for (const BatchState& s : block_state_)
+    compute += size(s.x) + size(s.tokens) + size(s.positions);
+  for (const DeviceBuffer* b :
+       {&host_q_, &host_k_, &host_v_, &host_out_, &host_work_k_, &host_work_v_})
+    m.cpu += size(*b);
+  if (feeder_ != nullptr) {
+    for (const DeviceBuffer& b : weights_.device_owned) m.gpu += size(b);
+    m += feeder_->memory();
+    return m;
+  }
+  const ModelWeights& w = weights_;
+  auto bytes = [](const Tensor& t) {
+    return t.data == nullptr ? 0 : static_cast<int64_t>(t.bytes());
+  };
+  for (const Tensor* t :
+       {&w.embed, &w.positions, &w.project_in, &w.project_out, &w.final_norm, &w.final_norm_bias})
+    m.cpu += bytes(*t);
+  if (w.lm_head.data != w.embed.data) m.cpu += bytes(w.lm_head);
+  for (const LayerWeights& L : w.layers)
+    for (const Tensor* t : {&L.attn_norm, &L.attn_norm_bias, &L.q, &L.k, &L.v, &L.o, &L.q_bias,
+                            &L.k_bias, &L.v_bias, &L.o_bias, &L.mlp_norm, &L.mlp_norm_bias, &L.gate,
+                            &L.up, &L.down, &L.up_bias, &L.down_bias})
+      m.cpu += bytes(*t);
+  if (streamer_ != nullptr) m += streamer_->memory();
+  return m;
 }
 
 void Model::mlp_block(const LayerWeights& L, int32_t rows) {

@@ -72,8 +72,14 @@ class Model {
 
   void set_cache_options(const CacheOptions& options);
   const CacheOptions& cache_options() const { return cache_options_; }
-  // A cache placed as the cache options say.
+  // A cache placed as the cache options say. Also allocates, once, the workspaces a cache
+  // of that size needs (the GPU batches' states, a layer staged or dequantised for
+  // attention, the host buffers of CPU attention), so a step allocates nothing.
   std::unique_ptr<KvCache> make_cache(int32_t n_slots, int32_t capacity);
+
+  // What the model holds per tier: weights (fixed tensors, resident layers, the feeder's or
+  // streamer's buffers and files), activations and workspaces. The KV cache is the cache's.
+  TierBytes memory() const;
 
   // FlexGen's GPU batch size in sequences: a step with more sequences runs as a block of
   // several GPU batches (zig-zag schedule). 0: the whole step is one GPU batch.
@@ -137,6 +143,7 @@ class Model {
 
   static constexpr int32_t kLogitChunk = 64;
   void allocate_activations();
+  void reserve_workspaces(const KvCache& cache);
   void build_rope_tables();
 
   ModelConfig config_;

@@ -14,6 +14,30 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
                "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, plan.kv_slots,
                plan.kv_capacity, plan.max_batch_rows);
   LoadOptions& options = so.load;
+  if (stage.placed()) {  // the plan decided: execute it
+    if (stage.use_gpu != (options.device != nullptr))
+      fail_input(
+          "stage {}: the plan placed it for {} compute but this rank computes on {}; give every "
+          "rank the same --device",
+          stage.str(), stage.use_gpu ? "device" : "host", backend.name());
+    auto tiers = [&](const std::vector<uint8_t>& wire) {
+      std::vector<Tier> out;
+      for (uint8_t t : wire) {
+        if (t > static_cast<uint8_t>(Tier::kDisk))
+          fail(ErrorKind::kFailed, "stage {}: tier {} is not 0-2", stage.str(), t);
+        out.push_back(static_cast<Tier>(t));
+      }
+      return out;
+    };
+    options.weight_tiers = tiers(stage.weight_tiers);
+    options.compress_weight = stage.compress_weight;
+    options.gpu_mem = options.cpu_mem = options.disk_mem = -1;  // the planner checked them
+    options.w_gpu_percent = options.w_cpu_percent = -1;
+    so.cache.placement.tiers = tiers(stage.cache_tiers);
+    so.cache.placement.compress = stage.compress_cache;
+    so.cache.cpu_attention = stage.cpu_attention;
+    so.gpu_batch_size = stage.gpu_batch_size;
+  }
   options.layer_begin = stage.layer_begin;
   options.layer_end = stage.layer_end;
   options.embedding = stage.has_embedding;
@@ -28,10 +52,32 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
   model_->set_cache_options(so.cache);
   model_->set_gpu_batch_size(so.gpu_batch_size);
   allocate(plan);
-  log::get("worker")->info("stage {} on {}: {} layers, KV cache {:.1f} MiB ({}), weights {}",
-                           stage.str(), backend.name(), m.config.n_layers,
-                           static_cast<double>(cache_->bytes()) / (1 << 20),
-                           so.cache.placement.str(), m.placement.str());
+  log::get("worker")->info(
+      "stage {} on {}: {} layers, KV cache {:.1f} MiB ({}), weights {}, allocated {}", stage.str(),
+      backend.name(), m.config.n_layers, static_cast<double>(cache_->bytes()) / (1 << 20),
+      so.cache.placement.str(), m.placement.str(), memory().str());
+}
+
+TierBytes PipelineStage::memory() const {
+  TierBytes m = model_->memory();
+  m += cache_->memory();
+  m.cpu += static_cast<int64_t>(logits_.size() * sizeof(float) + zeros_.size() * sizeof(int32_t));
+  return m;
+}
+
+void check_allocation(const StagePlan& stage, const TierBytes& allocated) {
+  if (!stage.placed()) return;
+  const TierBytes planned{static_cast<int64_t>(stage.placed_gpu_bytes),
+                          static_cast<int64_t>(stage.placed_cpu_bytes),
+                          static_cast<int64_t>(stage.placed_disk_bytes)};
+  std::string diff;
+  for (Tier t : kTiers)
+    if (planned[t] != allocated[t])
+      diff += fmt::format("{}{}: the plan placed {} bytes, the worker allocated {} bytes",
+                          diff.empty() ? "" : "; ", tier_name(t), planned[t], allocated[t]);
+  if (!diff.empty())
+    fail(ErrorKind::kFailed, "stage on rank {} (layers [{}, {})): placement mismatch: {}",
+         stage.rank, stage.layer_begin, stage.layer_end, diff);
 }
 
 PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Model& model)

@@ -26,11 +26,19 @@ struct StageOptions {
   int32_t gpu_batch_size = 0;  // block schedule: sequences per GPU batch (0: one GPU batch)
 };
 
+// The plan's placement for `stage` against what its worker allocated: Error(kFailed) naming
+// the stage, the tier and both numbers when they differ; nothing for a stage the plan did
+// not place.
+void check_allocation(const StagePlan& stage, const TierBytes& allocated);
+
 class PipelineStage {
  public:
-  // Loads the stage's share of plan.model_spec and allocates its KV cache (plan.kv_slots x
-  // plan.kv_capacity, the stage's layers only) and step buffers (plan.max_batch_rows) once.
-  // `backend` computes (with a device, options.load.device is the same backend).
+  // A stage the plan placed (stage.placed()) executes that placement: its weight and cache
+  // tiers, compression, CPU attention and GPU batch come from the plan, not from `options`
+  // (whose budgets and shares then go unused). Loads the stage's share of plan.model_spec and
+  // allocates its KV cache (plan.kv_slots x plan.kv_capacity, the stage's layers only) and step
+  // buffers (plan.max_batch_rows) once. `backend` computes (with a device, options.load.device is
+  // the same backend).
   PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
                 StageOptions options);
   // A stage over a model already loaded (its layers are the stage's, its workspace holds
@@ -45,6 +53,9 @@ class PipelineStage {
   size_t kv_cache_bytes() const { return cache_->bytes(); }
   int32_t max_rows() const { return model_->max_rows(); }
   const ModelConfig& config() const { return model_->config(); }
+  // What the stage allocated per tier: the model's weights and buffers, its KV cache, and
+  // the logits and token ids it keeps (not the worker's link buffers).
+  TierBytes memory() const;
 
   // Sampling state of a sequence (the last stage samples): its params and its RNG, seeded
   // as the single-process generator seeds it, so seeded sampling gives the same tokens.

@@ -157,6 +157,12 @@ void StageWorker::start(const ClusterPlan& plan) {
     b.out[0] = buffer(b.out_device);
     b.out[1] = buffer(b.out_device);
   }
+  TierBytes allocated = stage_->memory();
+  for (const DeviceBuffer* buf : {&b.in, &b.out[0], &b.out[1]}) {
+    const bool device = buf == &b.in ? b.in_device : b.out_device;
+    (device ? allocated.gpu : allocated.cpu) += static_cast<int64_t>(buf->size());
+  }
+  check_allocation(*stage, allocated);
   log::get("worker")->info("rank {}: activations from rank {} over {}, to rank {} over {}", me,
                            prev_, prev_ < 0 ? "-" : links_->to(prev_).name(), next_,
                            next_ < 0 ? "-" : links_->to(next_).name());

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 
@@ -131,7 +132,21 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
     build_layer(c, n, parts.layer_begin + i, fetch, L);
     if (!sink) continue;
     sink(i, L);
-    if (L.q.data == nullptr) owned.resize(mark);  // the sink took the layer elsewhere
+    if (L.q.data == nullptr) {
+      owned.resize(mark);  // the sink took the layer elsewhere
+      continue;
+    }
+    // Storage the sink replaced (a matrix compressed to 4-bit): the layer no longer reads it.
+    const auto used = [&](const std::unique_ptr<OwnedTensor>& t) {
+      for (const Tensor* m : {&L.attn_norm, &L.attn_norm_bias, &L.q, &L.k, &L.v, &L.o, &L.q_bias,
+                              &L.k_bias, &L.v_bias, &L.o_bias, &L.mlp_norm, &L.mlp_norm_bias,
+                              &L.gate, &L.up, &L.down, &L.up_bias, &L.down_bias})
+        if (m->data != nullptr && m->data == t->view.data) return true;
+      return false;
+    };
+    owned.erase(std::remove_if(owned.begin() + static_cast<std::ptrdiff_t>(mark), owned.end(),
+                               [&](const auto& t) { return !used(t); }),
+                owned.end());
   }
   return w;
 }

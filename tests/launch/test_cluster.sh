@@ -180,7 +180,7 @@ JSON
     rc=$?
     set -e
     [ "$rc" -ne 0 ] || fail "over-budget plan accepted"
-    grep -q "does not fit: the stage on rank 1" "$tmp/out" || { cat "$tmp/out"; fail "no clear budget refusal"; }
+    grep -q "does not fit: stage 1 (layers \[0, 6)): cpu needs" "$tmp/out" || { cat "$tmp/out"; fail "no clear budget refusal"; }
     # A worker that cannot start (no such GPU here, with or without a GPU on this machine)
     # ends the job at once with its reason, rather than leaving rank 0 waiting for it.
     start=$(date +%s)

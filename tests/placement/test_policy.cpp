@@ -184,5 +184,22 @@ TEST(Policy, ValidateChecksAStructBuiltInCode) {
   EXPECT_NE(validate_error(p).find("num_gpu_batches"), std::string::npos);
 }
 
+TEST(Policy, TheBlockIsOptionalAndReadNotReparsed) {
+  const Policy none = Policy::parse("w=20/80/0");
+  EXPECT_FALSE(none.gpu_batch_size.has_value());
+  EXPECT_FALSE(none.num_gpu_batches.has_value());
+  EXPECT_FALSE(none.names_block());
+  EXPECT_EQ(none.block_size(), 1);
+  const Policy ngb = Policy::parse("ngb=3");
+  EXPECT_TRUE(ngb.names_block());
+  EXPECT_FALSE(ngb.gpu_batch_size.has_value());
+  EXPECT_EQ(ngb.block_size(), 3);
+  // compact() names only what was given, so it parses back to the same policy.
+  EXPECT_EQ(none.compact().find("gbs="), std::string::npos) << none.compact();
+  EXPECT_EQ(Policy::parse(none.compact()), none);
+  EXPECT_EQ(Policy::parse(ngb.compact()), ngb);
+  EXPECT_EQ(Policy::parse(paper_opt30b().compact()), paper_opt30b());
+}
+
 }  // namespace
 }  // namespace strata

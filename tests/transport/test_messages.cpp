@@ -25,6 +25,16 @@ ClusterPlan sample_plan() {
   p.kv_capacity = 1024;
   p.stages = {{1, 0, 5, true, false, 0, 1ull << 30, 0, false},
               {2, 5, 12, false, true, 16ull << 30, 2ull << 30, 100ull << 30, true}};
+  // The second stage carries its placement (protocol 2): 7 layers' weight and cache tiers.
+  StagePlan& s = p.stages[1];
+  s.weight_tiers = {0, 1, 2, 0, 1, 2, 1};
+  s.cache_tiers = {0, 0, 1, 1, 2, 2, 0};
+  s.compress_weight = true;
+  s.compress_cache = true;
+  s.gpu_batch_size = 4;
+  s.placed_gpu_bytes = 15ull << 30;
+  s.placed_cpu_bytes = (1ull << 30) + 7;
+  s.placed_disk_bytes = 99ull << 30;
   return p;
 }
 
@@ -224,6 +234,18 @@ TEST(Plan, FaultsAreNamed) {
   expect_refused(p, "stages cover 12 of 13 layers");
   p.stages.clear();
   expect_refused(p, "no stages");
+  p = sample_plan();
+  p.stages[1].cache_tiers.pop_back();
+  expect_refused(p, "stage 1 places 7 weight and 6 cache layers of its 7");
+  p = sample_plan();
+  p.stages[1].weight_tiers[3] = 3;
+  expect_refused(p, "stage 1 places a layer on tier 3");
+}
+
+TEST(Plan, PlacementPrints) {
+  const std::string s = sample_plan().stages[1].str();
+  EXPECT_NE(s.find("placed: weights gcdgcdc cache ggccddg"), std::string::npos) << s;
+  EXPECT_EQ(sample_plan().stages[0].str().find("placed"), std::string::npos);
 }
 
 TEST(Messages, ErrorReportCarriesKindAndRank) {

@@ -25,9 +25,16 @@ std::string disk_dir() {
 
 // A budget that leaves exactly `resident` stories260K layers in memory (the two staging
 // buffers cost two layers, so at most 2 of its 5 layers can stay resident with any on disk).
+WeightPlacement stories_weights(int64_t cpu_mem) {
+  StageRequest r;
+  r.budgets.cpu = cpu_mem;
+  return place_weights(load_model_config(testing::stories_dir()).shape(), r);
+}
+
 int64_t budget_for(int32_t resident) {
-  const WeightPlacement all = place_weights(load_model_config(testing::stories_dir()), -1);
-  return all.fixed_bytes + 2 * all.layer_bytes + resident * all.layer_bytes + all.layer_bytes / 2;
+  const WeightPlacement all = stories_weights(-1);
+  const int64_t staging = 2 * (all.layer_bytes + kPageBytes);
+  return all.fixed_bytes + staging + resident * all.host_layer_bytes + all.host_layer_bytes / 2;
 }
 
 struct StoriesRun {
@@ -117,7 +124,7 @@ TEST(LayerStore, LayoutPacksAndBindsEveryTensor) {
 
 TEST(LayerStore, BudgetTooSmallSaysByHowMuch) {
   try {
-    place_weights(load_model_config(testing::stories_dir()), 1000);
+    stories_weights(1000);
     FAIL() << "a 1000-byte budget cannot hold the embeddings";
   } catch (const InputError& e) {
     const std::string msg = e.what();

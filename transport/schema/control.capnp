@@ -42,6 +42,17 @@ struct Stage {
   cpuMemBytes @6 :UInt64;
   diskMemBytes @7 :UInt64;
   useGpu @8 :Bool;
+  # The placement (protocol 2): per-layer tiers (0 gpu, 1 cpu, 2 disk) of the weights and
+  # the KV cache, how the stage runs, and the bytes per tier the worker must allocate.
+  weightTiers @9 :List(UInt8);
+  cacheTiers @10 :List(UInt8);
+  compressWeight @11 :Bool;
+  compressCache @12 :Bool;
+  cpuAttention @13 :Bool;
+  gpuBatchSize @14 :Int32;
+  placedGpuBytes @15 :UInt64;
+  placedCpuBytes @16 :UInt64;
+  placedDiskBytes @17 :UInt64;
 }
 
 struct Plan {

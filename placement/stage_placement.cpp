@@ -1,0 +1,332 @@
+#include "placement/stage_placement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kernels/backend.h"
+#include "kernels/error.h"
+#include "kernels/quant.h"
+
+namespace strata {
+namespace {
+
+constexpr int64_t kF32 = 4;
+constexpr int64_t kI32 = 4;
+// Model::allocate_activations: logits are computed this many rows at a time.
+constexpr int64_t kLogitChunk = 64;
+
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+int64_t matrix_bytes(const ModelShape& s, int64_t rows, int64_t cols, bool compress) {
+  Tensor t{nullptr, s.dtype, {rows, cols}};
+  if (compress && cols % kQuantGroupSize == 0) t.dtype = DType::kQ4;
+  return static_cast<int64_t>(t.bytes());
+}
+
+// One layer's tensors in LayerLayout's order (worker/layer_store.cpp kMembers), bytes each.
+std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
+  const int64_t h = s.hidden, qw = s.q_width(), kvw = s.kv_width(), f = s.intermediate;
+  const bool ln = s.norm_bias;
+  std::vector<int64_t> t;
+  auto vec = [&](bool present, int64_t n) {
+    if (present) t.push_back(n * kF32);
+  };
+  auto mat = [&](bool present, int64_t rows, int64_t cols) {
+    if (present) t.push_back(matrix_bytes(s, rows, cols, compress));
+  };
+  vec(true, h);  // attn_norm
+  vec(ln, h);
+  mat(true, qw, h);
+  mat(true, kvw, h);
+  mat(true, kvw, h);
+  mat(true, h, qw);
+  vec(s.attention_bias, qw);
+  vec(s.attention_bias, kvw);
+  vec(s.attention_bias, kvw);
+  vec(s.attention_bias, h);
+  vec(true, h);  // mlp_norm
+  vec(ln, h);
+  mat(s.gated_mlp, f, h);
+  mat(true, f, h);
+  mat(true, h, f);
+  vec(s.mlp_bias, f);
+  vec(s.mlp_bias, h);
+  return t;
+}
+
+// The embedding, positions, projections, final norm and head that the stage holds.
+int64_t fixed_bytes(const ModelShape& s, bool embedding, bool head) {
+  const int64_t h = s.hidden, e = s.embed_width();
+  auto mat = [&](int64_t rows, int64_t cols) { return matrix_bytes(s, rows, cols, false); };
+  int64_t b = 0;
+  if (embedding || (head && s.tied_head)) b += mat(s.vocab, e);
+  if (s.learned_positions && embedding) {
+    b += mat(s.max_positions + s.position_offset, h);
+    if (e != h) b += mat(h, e);  // project_in
+  }
+  if (!head) return b;
+  if (s.learned_positions && e != h) b += mat(e, h);  // project_out
+  if (s.final_norm) b += h * kF32 * (s.norm_bias ? 2 : 1);
+  if (!s.tied_head) b += mat(s.vocab, e);
+  return b;
+}
+
+struct Counts {
+  int32_t gpu = 0, cpu = 0;
+};
+
+Counts counts_from_shares(const Policy& p, int32_t n, bool device_compute) {
+  const std::vector<Tier> t = tiers_from_shares(n, p.w_gpu_percent, p.w_cpu_percent, "weight");
+  Counts c{count_tier(t, Tier::kGpu), count_tier(t, Tier::kCpu)};
+  if (!device_compute) {  // the host computes: GPU shares are host-resident too
+    c.cpu += c.gpu;
+    c.gpu = 0;
+  }
+  return c;
+}
+
+// Fill the compute tier, then the host, as the budgets allow (`other`: what the stage's
+// cache and buffers already take of each tier when the budgets bound the whole stage).
+Counts counts_from_budgets(const WeightPlacement& p, int32_t n, const TierBudgets& b,
+                           const TierBytes& other, int64_t host_staging) {
+  const int64_t L = p.layer_bytes;
+  Counts c;
+  if (p.device_compute) {
+    const int64_t avail = b.gpu - other.gpu;
+    if (b.gpu < 0 || p.fixed_bytes + n * L <= avail) {
+      c.gpu = n;
+    } else {
+      c.gpu = static_cast<int32_t>(std::clamp<int64_t>((avail - p.fixed_bytes - 2 * L) / L, 0, n));
+    }
+  }
+  const int32_t rest = n - c.gpu;
+  const int64_t host_fixed = p.device_compute ? 0 : p.fixed_bytes;
+  const int64_t H = p.host_layer_bytes;
+  const int64_t avail = b.cpu - other.cpu;
+  if (b.cpu < 0 || host_fixed + rest * H <= avail) {
+    c.cpu = rest;
+  } else {
+    c.cpu =
+        static_cast<int32_t>(std::clamp<int64_t>((avail - host_fixed - host_staging) / H, 0, rest));
+  }
+  return c;
+}
+
+void check_weight_budget(const char* option, int64_t budget, int64_t need, const WeightPlacement& p,
+                         const char* what) {
+  if (budget < 0 || need <= budget) return;
+  fail_input(
+      "{} {:.1f} MiB is too small for this weight placement: {} need {:.1f} MiB (short by {:.1f} "
+      "MiB; {})",
+      option, mib(budget), what, mib(need), mib(need - budget), p.str());
+}
+
+}  // namespace
+
+int64_t WeightPlacement::gpu_bytes() const {
+  if (!device_compute) return 0;
+  return fixed_bytes + count(Tier::kGpu) * layer_bytes + device_staging_bytes;
+}
+
+int64_t WeightPlacement::cpu_bytes() const {
+  return (device_compute ? 0 : fixed_bytes) + count(Tier::kCpu) * host_layer_bytes + staging_bytes;
+}
+
+int64_t WeightPlacement::disk_bytes() const {
+  return count(Tier::kDisk) * layer_bytes;
+}
+
+std::string WeightPlacement::str() const {
+  return fmt::format(
+      "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} "
+      "MiB, device slots {:.1f} MiB, host staging {:.1f} MiB)",
+      device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
+      mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes));
+}
+
+int64_t KvPlacement::file_bytes() const {
+  return count(Tier::kDisk) * 2 * align_bytes(layer_bytes);
+}
+
+std::string KvPlacement::str() const {
+  return fmt::format("KvPlacement({}, layers gpu/cpu/disk {}/{}/{}, layer K or V {:.3f} MiB)",
+                     compress ? "4-bit" : "f32", count(Tier::kGpu), count(Tier::kCpu),
+                     count(Tier::kDisk), mib(layer_bytes));
+}
+
+TierBytes StagePlacement::weight_bytes() const {
+  return {weights.gpu_bytes(), weights.cpu_bytes(), weights.disk_bytes()};
+}
+
+TierBytes StagePlacement::cache_bytes() const {
+  TierBytes b;
+  const int64_t resident_gpu = cache.count(Tier::kGpu) * 2 * cache.layer_bytes;
+  (device_compute ? b.gpu : b.cpu) += resident_gpu;
+  b.cpu += cache.count(Tier::kCpu) * 2 * cache.layer_bytes + cache.staging_bytes;
+  b.disk += cache.file_bytes();
+  return b;
+}
+
+TierBytes StagePlacement::buffer_bytes() const {
+  TierBytes b;
+  (device_compute ? b.gpu : b.cpu) += activation_bytes + compute_workspace_bytes;
+  b.cpu += host_workspace_bytes;
+  return b;
+}
+
+TierBytes StagePlacement::total() const {
+  TierBytes t = weight_bytes();
+  t += cache_bytes();
+  t += buffer_bytes();
+  return t;
+}
+
+std::string StagePlacement::str() const {
+  std::string w, c;
+  for (Tier t : weights.tiers) w += tier_name(t)[0];
+  for (Tier t : cache.tiers) c += tier_name(t)[0];
+  return fmt::format(
+      "StagePlacement(layers [{}, {}){}{}, {} compute, total {}; weights {} [{}]; kv cache {} "
+      "[{}] = {}; activations {:.1f} MiB, workspace {:.1f} MiB compute + {:.1f} MiB host{}{})",
+      layer_begin, layer_end, embedding ? " + embedding" : "", head ? " + head" : "",
+      device_compute ? "device" : "host", total().str(), weights.str(), w, cache.str(), c,
+      cache_bytes().str(), mib(activation_bytes), mib(compute_workspace_bytes),
+      mib(host_workspace_bytes),
+      gpu_batch_size > 0 ? fmt::format(", GPU batch {}", gpu_batch_size) : "",
+      cpu_attention ? ", attention on the CPU" : "");
+}
+
+StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
+  const auto n_model = static_cast<int32_t>(s.n_layers);
+  const int32_t end = r.layer_end < 0 ? n_model : r.layer_end;
+  if (r.layer_begin < 0 || r.layer_begin >= end || end > n_model)
+    fail_input("layer range [{}, {}) is not a non-empty part of the model's {} layers",
+               r.layer_begin, end, n_model);
+  const int32_t n = end - r.layer_begin;
+  const Policy policy = r.policy.value_or(Policy{});
+  policy.validate();
+  StagePlacement p;
+  p.layer_begin = r.layer_begin;
+  p.layer_end = end;
+  p.embedding = r.embedding;
+  p.head = r.head;
+  p.device_compute = r.device_compute;
+  p.gpu_batch_size = r.policy ? static_cast<int32_t>(r.policy->gpu_batch_size.value_or(0)) : 0;
+  p.cpu_attention = policy.cpu_cache_compute;
+
+  // The KV cache: layer tiers from the cache shares, K and V per layer as stored.
+  KvPlacement& kv = p.cache;
+  if (r.kv_slots > 0) {
+    kv.compress = policy.compress_cache;
+    if (kv.compress && s.head_dim % 2 != 0)
+      fail_input("head_dim {} is odd; the 4-bit KV cache packs two values per byte", s.head_dim);
+    const int64_t rows = int64_t{r.kv_slots} * r.kv_capacity * s.n_kv_heads;
+    if (kv.compress) {
+      KvQ4LayerView v;
+      v.n_slots = r.kv_slots;
+      v.capacity = r.kv_capacity;
+      v.n_kv_heads = static_cast<int32_t>(s.n_kv_heads);
+      v.head_dim = static_cast<int32_t>(s.head_dim);
+      v.group = KvQ4LayerView::group_for(v.head_dim);
+      kv.layer_bytes = static_cast<int64_t>(v.tensor_bytes());
+    } else {
+      kv.layer_bytes = rows * s.head_dim * kF32;
+    }
+    kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
+    if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
+  }
+
+  // The step's buffers (Model::allocate_activations and its workspaces).
+  if (r.max_rows > 0) {
+    const int64_t rows = r.max_rows;
+    const int64_t wide = std::max({s.hidden, s.q_width(), s.embed_width()});
+    int64_t a = rows * kF32 *
+                (3 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // x h sel ..
+    a += 2 * rows * kI32;  // token ids and positions
+    if (r.head) a += std::min(rows, kLogitChunk) * s.vocab * kF32;
+    if (!s.learned_positions) a += 2 * s.max_positions * (s.head_dim / 2) * kF32;  // rotary
+    if (r.kv_slots > 0) {
+      // Each GPU batch of a block keeps its residual stream, ids and positions.
+      const int64_t gbs = p.gpu_batch_size;
+      const int64_t states = gbs > 0 && r.kv_slots > gbs ? (r.kv_slots + gbs - 1) / gbs : 1;
+      a += states * (rows * wide * kF32 + 2 * rows * kI32);
+      const bool off_device =
+          r.device_compute && kv.count(Tier::kGpu) < static_cast<int32_t>(kv.tiers.size());
+      if (kv.compress)  // a layer dequantised to f32 for attention
+        p.compute_workspace_bytes += 2 * int64_t{r.kv_slots} * r.kv_capacity * s.kv_width() * kF32;
+      if (off_device && !p.cpu_attention)  // a layer staged on the device around attention
+        p.compute_workspace_bytes += 2 * kv.layer_bytes;
+      if (off_device && p.cpu_attention)  // q, k, v and the output on the host
+        p.host_workspace_bytes += rows * kF32 * (2 * s.q_width() + 2 * s.kv_width());
+    }
+    p.activation_bytes = a;
+  }
+  p.host_workspace_bytes +=
+      int64_t{r.host_logit_rows} * s.vocab * kF32 + int64_t{r.host_token_rows} * kI32;
+
+  // The weights: layer tiers from the shares, or from the budgets.
+  WeightPlacement& w = p.weights;
+  w.device_compute = r.device_compute;
+  const bool compress = policy.compress_weight;
+  const std::vector<int64_t> tensors = layer_tensors(s, compress);
+  int64_t packed = 0, plain = 0;
+  for (int64_t b : tensors) {
+    packed = align_bytes(packed + b, 64);
+    plain += b;
+  }
+  w.layer_bytes = align_bytes(packed);
+  w.host_layer_bytes = r.device_compute ? w.layer_bytes : plain;
+  w.fixed_bytes = fixed_bytes(s, r.embedding, r.head);
+  const int64_t host_staging = 2 * (w.layer_bytes + kPageBytes);
+  Counts c;
+  if (r.policy && r.weight_shares) {
+    c = counts_from_shares(*r.policy, n, r.device_compute);
+  } else {
+    TierBytes other;
+    if (r.budgets.whole_stage) {
+      other = p.cache_bytes();
+      other += p.buffer_bytes();
+    }
+    c = counts_from_budgets(w, n, r.budgets, other, host_staging);
+  }
+  const int32_t n_disk = n - c.gpu - c.cpu;
+  if (r.device_compute && c.gpu < n) w.device_staging_bytes = 2 * w.layer_bytes;
+  if (n_disk > 0) w.staging_bytes = host_staging;
+  w.tiers = spread_tiers(n, c.gpu, c.cpu);
+  for (int32_t i = 0; i < n; ++i)
+    if (w.tiers[static_cast<size_t>(i)] == Tier::kDisk) w.disk_layers.push_back(i);
+
+  if (!r.budgets.whole_stage) {
+    const TierBudgets& b = r.budgets;
+    if (r.device_compute)
+      check_weight_budget("--gpu-mem", b.gpu, w.gpu_bytes(), w,
+                          "embeddings, head, GPU-tier layers and two device slots");
+    check_weight_budget("--disk-mem", b.disk, w.disk_bytes(), w, "disk-tier layers");
+    check_weight_budget("--cpu-mem", b.cpu, w.cpu_bytes(), w,
+                        r.device_compute ? "CPU-tier layers and disk staging"
+                                         : "embeddings, head, resident layers and disk staging");
+  }
+  return p;
+}
+
+std::vector<std::string> shortfalls(const StagePlacement& p, const TierBudgets& b) {
+  std::vector<std::string> out;
+  const TierBytes need = p.total();
+  for (Tier t : kTiers) {
+    if (b[t] < 0 || need[t] <= b[t]) continue;
+    out.push_back(fmt::format(
+        "{} needs {:.1f} MiB ({} bytes), budget {:.1f} MiB ({} bytes): short by {:.1f} MiB ({} "
+        "bytes)",
+        tier_name(t), mib(need[t]), need[t], mib(b[t]), b[t], mib(need[t] - b[t]), need[t] - b[t]));
+  }
+  return out;
+}
+
+WeightPlacement place_weights(const ModelShape& model, const StageRequest& request) {
+  return place_stage(model, request).weights;
+}
+
+}  // namespace strata

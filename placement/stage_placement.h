@@ -1,0 +1,121 @@
+// Where a pipeline stage's memory goes: every weight layer and every KV-cache layer gets a
+// tier (FlexGen's wg/wc/wd and cg/cc/cd at layer granularity, §4.2), and each tier's bytes
+// are summed with the memory model the engine allocates by: weights in their dtype or 4-bit
+// (kernels/quant.h), vectors in f32, layers packed as they stream (64-byte aligned tensors,
+// page-aligned blobs), the KV cache in f32 or 4-bit, the head's logits buffer, the step's
+// activations, rotary tables, GPU-batch states and attention workspaces.
+//
+// This is the one placement decision: the planner checks it against the budgets, the plan
+// carries it (transport/messages.h StagePlan), the worker executes it (worker/loader.h,
+// worker/kv_cache.h) and reports what it allocated, which must equal total().
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "placement/model_shape.h"
+#include "placement/policy.h"
+#include "placement/tier.h"
+
+namespace strata {
+
+// Memory per tier in bytes (< 0: no limit).
+struct TierBudgets {
+  int64_t gpu = -1;
+  int64_t cpu = -1;
+  int64_t disk = -1;
+  // false: the budgets bound the weights alone (the engine's --gpu-mem / --cpu-mem /
+  // --disk-mem); true: everything the stage allocates (the planner's --stage-mem).
+  bool whole_stage = false;
+
+  int64_t operator[](Tier t) const { return t == Tier::kGpu ? gpu : t == Tier::kCpu ? cpu : disk; }
+};
+
+// A stage and how the engine runs it: the memory model's inputs besides the model's shape.
+struct StageRequest {
+  // Layers [layer_begin, layer_end) (layer_end < 0: to the last); the embedding and the
+  // head (final norm, projection, lm_head) only where the stage has them.
+  int32_t layer_begin = 0;
+  int32_t layer_end = -1;
+  bool embedding = true;
+  bool head = true;
+  bool device_compute = false;  // an accelerator computes; otherwise the host does
+  // The engine's fixed buffers: rows of one step's activations (0: none counted), the KV
+  // cache (0 slots: none counted), and what a pipeline stage keeps on the host besides:
+  // logits for `host_logit_rows` sequences (the last stage) and `host_token_rows` token ids.
+  int32_t max_rows = 0;
+  int32_t kv_slots = 0;
+  int32_t kv_capacity = 0;
+  int32_t host_logit_rows = 0;
+  int32_t host_token_rows = 0;
+  // The policy. Unset: weights fill the compute tier, then the host, then the disk as the
+  // budgets allow; the cache lives on the compute tier; nothing is compressed.
+  std::optional<Policy> policy;
+  bool weight_shares = true;  // with a policy: its w= shares place the weights (else budgets)
+  TierBudgets budgets;
+};
+
+struct WeightPlacement {
+  bool device_compute = false;
+  int64_t fixed_bytes = 0;           // embeddings, positions, projections, final norm, head present
+  int64_t layer_bytes = 0;           // one layer packed: a GPU-tier, streamed or disk layer
+  int64_t host_layer_bytes = 0;      // a CPU-tier layer as held (packed when pinned for a device)
+  int64_t device_staging_bytes = 0;  // two device slots, when some layer streams to the device
+  int64_t staging_bytes = 0;         // two host buffers, when some layer is on disk
+  std::vector<Tier> tiers;           // per layer (host compute: no GPU tier)
+  std::vector<int32_t> disk_layers;  // the layers whose tier is disk, ascending
+
+  int32_t count(Tier t) const { return count_tier(tiers, t); }
+  int64_t gpu_bytes() const;  // on the accelerator
+  int64_t cpu_bytes() const;  // in host memory
+  int64_t disk_bytes() const;
+  std::string str() const;
+};
+
+struct KvPlacement {
+  bool compress = false;
+  int64_t layer_bytes = 0;    // K or V of one layer as stored (f32 or 4-bit)
+  int64_t staging_bytes = 0;  // two host buffers (page-aligned), when some layer is on disk
+  std::vector<Tier> tiers;    // per layer; host compute: GPU tier means the host's memory
+
+  int32_t count(Tier t) const { return count_tier(tiers, t); }
+  int64_t file_bytes() const;  // the disk tier's file (K and V page-aligned)
+  std::string str() const;
+};
+
+struct StagePlacement {
+  int32_t layer_begin = 0;
+  int32_t layer_end = 0;
+  bool embedding = false;
+  bool head = false;
+  bool device_compute = false;
+  int32_t gpu_batch_size = 0;  // the block schedule's GPU batch (0: one GPU batch a step)
+  bool cpu_attention = false;
+  WeightPlacement weights;
+  KvPlacement cache;
+  int64_t activation_bytes = 0;         // compute tier: step buffers, rotary tables, batch states
+  int64_t compute_workspace_bytes = 0;  // compute tier: a cache layer staged or dequantised
+  int64_t host_workspace_bytes = 0;     // host: delegated attention, the stage's logits and ids
+
+  TierBytes weight_bytes() const;
+  TierBytes cache_bytes() const;
+  TierBytes buffer_bytes() const;  // activations and workspaces
+  TierBytes total() const;
+  std::string str() const;
+};
+
+// Throws InputError for a layer range outside the model, bad shares, or (budgets bounding
+// the weights alone) a weight placement over a budget, naming the option and the shortfall.
+// With whole-stage budgets it never refuses: shortfalls() says what does not fit.
+StagePlacement place_stage(const ModelShape& model, const StageRequest& request);
+
+// One line per tier over its budget: "cpu needs 1.1 MiB (1143456 bytes), budget 1.0 MiB
+// (1048576 bytes): short by 0.1 MiB (94880 bytes)".
+std::vector<std::string> shortfalls(const StagePlacement& placement, const TierBudgets& budgets);
+
+// The weights alone (the loader's part of place_stage), with budgets bounding the weights.
+WeightPlacement place_weights(const ModelShape& model, const StageRequest& request);
+
+}  // namespace strata
