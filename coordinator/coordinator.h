@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "coordinator/intake.h"
-#include "coordinator/stages.h"
 #include "coordinator/planner.h"
+#include "coordinator/stages.h"
 #include "transport/messages.h"
 #include "worker/config.h"
 #include "worker/tokenizer.h"
@@ -26,14 +26,13 @@ struct CoordinatorOptions {
   int32_t micro_batches = 1;
   int32_t decode_iters = 8;
   int32_t kv_slots = 32;          // --max-batch: sequences in flight over all micro-batches
-  int32_t max_step_tokens = 512;  // prompt rows per prefill step (a longer prompt is refused)
+  int32_t max_step_tokens = 512;  // prompt rows per prefill step (longer prompts: chunks)
   // KV positions per slot: the run's context, fixed before any request is seen (a queue
   // may start empty); 0: the model's context.
   int32_t max_context = 0;
-  int64_t stage_mem = -1;  // bytes per stage (< 0: no limit)
-  // The MPI stages' (mpi_stages.h; unused in one process):
   int64_t stage_mem = -1;           // bytes per stage (< 0: no limit)
   StagePlacementOptions placement;  // the policy and compute tier each stage is placed for
+  // The MPI stages' (mpi_stages.h; unused in one process):
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
   double load_timeout_s = 300.0;      // plan to every stage loaded
