@@ -99,8 +99,24 @@ expect_error plan-infeasible "short by" plan --model dummy:opt-175b --gpu-mem 1 
 expect_error plan-bad-policy "gbs" plan --model dummy:opt-30b --policy gbs=0,ngb=1
 
 # profile: measures the disk around the page cache and says so.
+# The rates must agree with what the test can see for itself: the bytes moved are 16 MiB
+# rounded up to whole 64 MiB requests; the write and read times the rates imply
+# (bytes / rate) cannot add up to more than the command's wall time, and neither rate can
+# be above 200 GB/s (no host memory, let alone a disk, is that fast for one thread).
+t0=$(date +%s.%N)
 if "$STRATA" profile --disk-dir "$TMP" --disk-mib 16 --out "$TMP/profile.json" >/dev/null 2>"$TMP/err" &&
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['disk']['read_gbs'] > 0 and d['disk']['write_gbs'] > 0, d" "$TMP/profile.json"
+  python3 - "$TMP/profile.json" "$t0" "$(date +%s.%N)" "$TMP" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["disk"]
+wall = float(sys.argv[3]) - float(sys.argv[2])
+total = -(-16 * 2**20 // (64 * 2**20)) * 64 * 2**20  # ceil to 64 MiB requests
+assert d["bytes"] == total == 67108864, d
+assert d["dir"] == sys.argv[4], d
+for k in ("read_gbs", "write_gbs"):
+    assert 0 < d[k] < 200, (k, d)
+implied = total / (d["read_gbs"] * 1e9) + total / (d["write_gbs"] * 1e9)
+assert implied <= wall, (implied, wall, d)
+PY
 then
   echo "ok   profile"; passes=$((passes + 1))
 else
@@ -128,7 +144,28 @@ else
 fi
 if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
   --prompt-len 8 --gen-len 2 --no-limits --threads 2 >"$TMP/auto.json" 2>"$TMP/err" &&
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['policy_search']['running'] == d['policy'], d" "$TMP/auto.json"
+  python3 - "$TMP/auto.json" <<'PY'
+import json, sys
+# What ran must be the searched placement with the activations moved to the compute tier
+# (the CPU here), at the block size it chose; parsed here, not taken from the program.
+d = json.load(open(sys.argv[1]))
+def fields(text):
+    f = dict(kv.split("=") for kv in text.split(","))
+    for k in ("w", "c", "h"):
+        if k in f:
+            f[k] = [int(x) for x in f[k].split("/")]
+            assert sum(f[k]) == 100, (k, text)
+    return f
+searched = fields(d["policy_search"]["policy"])
+ran = fields(d["policy"])
+assert d["policy_search"]["running"] == d["policy"], d
+assert ran["h"] == [0, 100, 0], ran
+for k in ("gbs", "ngb", "w", "c"):
+    assert ran[k] == searched[k], (k, ran, searched)
+block = int(ran["gbs"]) * int(ran["ngb"])
+assert d["batch"] == block, (d["batch"], block)
+assert d["generated_tokens"] == block * 2, d  # --gen-len 2 for every sequence of the block
+PY
 then
   echo "ok   bench-policy-auto"; passes=$((passes + 1))
 else

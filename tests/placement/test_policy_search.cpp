@@ -64,18 +64,91 @@ TEST(PolicySearch, Opt30bOnT4LandsInThePapersRegion) {
   EXPECT_TRUE(r.cost.fits(hw));
 }
 
-// The exact answer, pinned so that a change to the model or the search that moves it is
-// noticed. In the paper's region (see above): FlexGen's gbs 48 is one grid step away, and
-// for gbs 16..64 the model predicts the same throughput at the same block size and weight
-// share, the tie going to the larger GPU batch.
-TEST(PolicySearch, Opt30bOnT4Pinned) {
-  const SearchResult r = search_policy(opt_30b(), kWorkload, HardwareSpec::flexgen_t4());
-  EXPECT_EQ(r.policy.str(),
-            "Policy(gpu_batch_size=64, num_gpu_batches=3, w=(20,80,0), c=(0,100,0), "
-            "h=(0,100,0), compress_weight=0, compress_cache=0, cpu_attention=1, overlap=1)");
-  EXPECT_NEAR(r.cost.throughput, 7.4848, 1e-3);
-  EXPECT_EQ(r.cost.prefill.binding, "comp");
-  EXPECT_EQ(r.cost.decode.binding, "ctog+comp");
+// The search's optimum against an independent brute force: every policy on a grid (each
+// schedule; weights and cache in 10% steps, activations in 20% steps over GPU/CPU/disk)
+// evaluated with the cost model, the fastest that fits kept. The search is an LP
+// relaxation rounded to neighbouring grid points, not an exhaustive one: measured against
+// this grid it comes within 2% (OPT-30B with 40 GiB of host memory: 0.6437 against the
+// grid's 0.6559 token/s at the time of writing), inside the 5% the search itself treats as
+// a tie. So the bound is 2.5% below the grid's best; and since the search places cache and
+// activations in whole percents, it may beat the grid, but not by more than 5%.
+struct BruteForce {
+  Policy best;
+  double throughput = 0;
+  int64_t evaluated = 0;
+};
+
+std::vector<std::pair<int, int>> splits(int step) {  // (GPU, CPU) percents; disk is the rest
+  std::vector<std::pair<int, int>> out;
+  for (int g = 0; g <= 100; g += step)
+    for (int c = 0; g + c <= 100; c += step) out.emplace_back(g, c);
+  return out;
+}
+
+BruteForce brute_force(const ModelShape& shape, const HardwareSpec& hw,
+                       const std::vector<int64_t>& sizes, int64_t max_ngb) {
+  BruteForce out;
+  const auto tenths = splits(10), fifths = splits(20);
+  for (int64_t gbs : sizes) {
+    for (int64_t ngb = 1; ngb <= max_ngb; ++ngb) {
+      for (auto [wg, wc] : tenths) {
+        for (auto [cg, cc] : tenths) {
+          for (auto [hg, hc] : fifths) {
+            Policy p;
+            p.gpu_batch_size = gbs, p.num_gpu_batches = ngb;
+            p.w_gpu_percent = wg, p.w_cpu_percent = wc;
+            p.cache_gpu_percent = cg, p.cache_cpu_percent = cc;
+            p.act_gpu_percent = hg, p.act_cpu_percent = hc;
+            p.cpu_cache_compute = true;
+            const CostEstimate c = estimate_cost(shape, kWorkload, p, hw);
+            ++out.evaluated;
+            if (c.throughput > out.throughput && c.fits(hw)) {
+              out.throughput = c.throughput;
+              out.best = p;
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void expect_search_agrees_with_brute_force(const ModelShape& shape, const HardwareSpec& hw,
+                                           const char* what) {
+  SearchOptions o;
+  o.gpu_batch_sizes = {8, 32, 48};
+  o.max_num_gpu_batches = 4;
+  o.weight_step_percent = 10;
+  o.tie_tolerance = 0;  // the fastest, as the brute force keeps
+  const SearchResult r = search_policy(shape, kWorkload, hw, o);
+  const BruteForce bf = brute_force(shape, hw, o.gpu_batch_sizes, o.max_num_gpu_batches);
+  ASSERT_GT(bf.throughput, 0) << what << ": the grid has a policy that fits";
+  fmt::print("  {}: search {} -> {:.4f} token/s; brute force over {} policies {} -> {:.4f}\n", what,
+             r.policy.compact(), r.cost.throughput, bf.evaluated, bf.best.compact(), bf.throughput);
+  // What the search reports is what the cost model says of its policy, and it fits.
+  const CostEstimate again = estimate_cost(shape, kWorkload, r.policy, hw);
+  EXPECT_TRUE(again.fits(hw)) << what;
+  EXPECT_DOUBLE_EQ(again.throughput, r.cost.throughput) << what;
+  EXPECT_EQ(r.policy.w_gpu_percent % 10, 0) << what;
+  EXPECT_EQ(r.policy.w_cpu_percent % 10, 0) << what;
+  EXPECT_GE(r.cost.throughput, bf.throughput * (1 - 0.025)) << what << ": missed " << bf.best.str();
+  EXPECT_LE(r.cost.throughput, bf.throughput * 1.05) << what;
+}
+
+TEST(PolicySearch, Opt30bOnT4AgreesWithBruteForce) {
+  expect_search_agrees_with_brute_force(opt_30b(), HardwareSpec::flexgen_t4(), "OPT-30B on T4");
+}
+
+TEST(PolicySearch, Opt30bWithTheWeightsPartlyOnDiskAgreesWithBruteForce) {
+  // 40 GiB of host memory for 55 GiB of weights: some must go to disk.
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.cpu_mem = 40 * kGiB;
+  expect_search_agrees_with_brute_force(opt_30b(), hw, "OPT-30B, 40 GiB host");
+}
+
+TEST(PolicySearch, Opt6_7bOnT4AgreesWithBruteForce) {
+  expect_search_agrees_with_brute_force(opt_6_7b(), HardwareSpec::flexgen_t4(), "OPT-6.7B on T4");
 }
 
 TEST(PolicySearch, TiesWithinTheToleranceGoToTheSmallestBlock) {

@@ -91,11 +91,32 @@ class Q4CacheBackend final : public Backend {
   CpuBackend& inner_;
 };
 
+// The results docs/OFFLOADING.md records (stories260K, 320 teacher-forced continuation
+// tokens). Each run is deterministic; the checks allow a few points around the documented
+// value (top-1: 3 points, about 10 of 320 tokens; perplexity: 3%), so a change to the
+// quantiser that costs or gains more than that is noticed.
+struct Documented {
+  double perplexity;
+  double top1;
+};
+constexpr double kF32Perplexity = 1.697;
+constexpr Documented kRoundTripWeights{1.855, 0.894};
+constexpr Documented kRoundTripWeightsAndCache{6.021, 0.534};  // cache groups of 32
+constexpr Documented kEngineWeights{1.825, 0.922};
+constexpr Documented kEngineWeightsAndCache{2.530, 0.769};  // cache groups of 8
+constexpr double kTop1Points = 0.03;
+constexpr double kPerplexityShare = 0.03;
+
 struct Accuracy {
   double perplexity = 0;
   double top1_agreement = 0;  // vs the reference (uncompressed) argmax
   double max_logit_diff = 0;
 };
+
+void expect_documented(const char* what, double perplexity, double top1, Documented doc) {
+  EXPECT_NEAR(top1, doc.top1, kTop1Points) << what;
+  EXPECT_NEAR(perplexity, doc.perplexity, kPerplexityShare * doc.perplexity) << what;
+}
 
 Accuracy measure(Model& model) {
   const auto refs = testing::load_stories_references();
@@ -149,11 +170,11 @@ TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
       "stories260K continuations: 4-bit weights and KV cache: perplexity %.4f; top-1 agreement "
       "%.4f\n",
       q4_both.perplexity, q4_both.top1_agreement);
-  EXPECT_GT(q4_both.top1_agreement, 0.5);
-  EXPECT_NE(q4_both.perplexity, q4.perplexity) << "the cache round trip should change the model";
+  EXPECT_NEAR(base.perplexity, kF32Perplexity, 1e-3);
+  expect_documented("4-bit weights", q4.perplexity, q4.top1_agreement, kRoundTripWeights);
+  expect_documented("4-bit weights and cache", q4_both.perplexity, q4_both.top1_agreement,
+                    kRoundTripWeightsAndCache);
   EXPECT_GT(q4.max_logit_diff, 1e-3) << "the round trip should change the model";
-  EXPECT_GT(q4.top1_agreement, 0.6);
-  EXPECT_LT(q4.perplexity, base.perplexity * 2.0);
 }
 
 }  // namespace
@@ -209,7 +230,7 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
       "stories260K continuations, engine with compressed weights: perplexity %.4f, top-1 agreement "
       "%.4f\n",
       acc.perplexity, acc.top1_agreement);
-  EXPECT_GT(acc.top1_agreement, 0.8);
+  expect_documented("engine, 4-bit weights", acc.perplexity, acc.top1_agreement, kEngineWeights);
 
   // And the cache (groups of head_dim = 8 here: the row is shorter than 64).
   CacheOptions cache;
@@ -220,7 +241,8 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
       "stories260K continuations, engine with compressed weights and KV cache: perplexity %.4f, "
       "top-1 agreement %.4f\n",
       both.perplexity, both.top1_agreement);
-  EXPECT_GT(both.top1_agreement, 0.5);
+  expect_documented("engine, 4-bit weights and cache", both.perplexity, both.top1_agreement,
+                    kEngineWeightsAndCache);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // double-precision reference of Hugging Face's OPTForCausalLM over several tokens (learned
 // positions at offset 2, pre-LayerNorm, ReLU, final layer norm, tied head, biases), both
 // loaded through real safetensors files; and dummy:opt-125m determinism.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,7 +35,9 @@ struct TinyOpt {
   std::vector<float>& at(const std::string& name) { return tensors.at(name); }
 
   // Writes config.json + model.safetensors; `prefix` is "model." or "" (both occur in the wild).
-  std::string write(const std::string& test_name, const std::string& prefix = "model.") {
+  // `pre_ln` false: OPT-350m's post-LayerNorm layers; `proj` > 0: word_embed_proj_dim.
+  std::string write(const std::string& test_name, const std::string& prefix = "model.",
+                    bool pre_ln = true, int proj = 0) {
     const fs::path dir = fs::path(STRATA_TEST_TMP) / test_name;
     fs::create_directories(dir);
     const nlohmann::json config = {{"architectures", {"OPTForCausalLM"}},
@@ -45,8 +48,8 @@ struct TinyOpt {
                                    {"num_attention_heads", heads},
                                    {"vocab_size", vocab},
                                    {"max_position_embeddings", max_pos},
-                                   {"do_layer_norm_before", true},
-                                   {"word_embed_proj_dim", hidden},
+                                   {"do_layer_norm_before", pre_ln},
+                                   {"word_embed_proj_dim", proj > 0 ? proj : hidden},
                                    {"activation_function", "relu"},
                                    {"bos_token_id", 2},
                                    {"eos_token_id", 2},
@@ -71,16 +74,28 @@ std::vector<float> random_values(std::mt19937& rng, size_t n, float scale) {
   return v;
 }
 
-TinyOpt random_opt(unsigned seed) {
+// `pre_ln` and `proj` as in TinyOpt::write: a post-LayerNorm model has no final layer norm
+// (HF's OPTDecoder creates it only with do_layer_norm_before), and a word_embed_proj_dim e
+// other than hidden h gives embeddings [vocab, e] and bias-free project_in [h, e] and
+// project_out [e, h].
+TinyOpt random_opt(unsigned seed, bool pre_ln = true, int proj_dim = 0) {
   TinyOpt m{8, 2, 12, 11, 2, 16, {}, {}};
   std::mt19937 rng(seed);
-  const int64_t h = m.hidden, f = m.ffn;
-  m.set("decoder.embed_tokens.weight", {m.vocab, h},
-        random_values(rng, static_cast<size_t>(m.vocab * h), 1.0f));
+  const int64_t h = m.hidden, f = m.ffn, e = proj_dim > 0 ? proj_dim : h;
+  m.set("decoder.embed_tokens.weight", {m.vocab, e},
+        random_values(rng, static_cast<size_t>(m.vocab * e), 1.0f));
   m.set("decoder.embed_positions.weight", {m.max_pos + 2, h},
         random_values(rng, static_cast<size_t>((m.max_pos + 2) * h), 1.0f));
-  m.set("decoder.final_layer_norm.weight", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
-  m.set("decoder.final_layer_norm.bias", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
+  if (pre_ln) {
+    m.set("decoder.final_layer_norm.weight", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
+    m.set("decoder.final_layer_norm.bias", {h}, random_values(rng, static_cast<size_t>(h), 0.5f));
+  }
+  if (proj_dim > 0) {
+    m.set("decoder.project_in.weight", {h, e},
+          random_values(rng, static_cast<size_t>(h * e), 0.6f));
+    m.set("decoder.project_out.weight", {e, h},
+          random_values(rng, static_cast<size_t>(e * h), 0.6f));
+  }
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "decoder.layers." + std::to_string(l) + ".";
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
@@ -126,20 +141,32 @@ Vec linear(const Vec& x, const std::vector<float>& w, const std::vector<float>* 
   return y;
 }
 
-std::vector<Vec> reference_logits(TinyOpt& m, const std::vector<int32_t>& ids) {
+// HF's OPTDecoderLayer: with do_layer_norm_before (pre_ln) each block normalises its input;
+// without it (OPT-350m) each block normalises the residual sum after it, and the decoder has
+// no final layer norm (applied here when the weights have one). project_in maps the
+// token embedding (before the positions are added), project_out the final hidden state
+// (after the final layer norm, if any) to word_embed_proj_dim for the tied head.
+std::vector<Vec> reference_logits(TinyOpt& m, const std::vector<int32_t>& ids, bool pre_ln = true,
+                                  int proj = 0) {
   const size_t h = static_cast<size_t>(m.hidden), hd = h / static_cast<size_t>(m.heads);
+  const size_t e = proj > 0 ? static_cast<size_t>(proj) : h;
   std::vector<Vec> x(ids.size(), Vec(h));
-  for (size_t t = 0; t < ids.size(); ++t)
+  for (size_t t = 0; t < ids.size(); ++t) {
+    Vec tok(e);
+    for (size_t i = 0; i < e; ++i)
+      tok[i] = m.at("decoder.embed_tokens.weight")[static_cast<size_t>(ids[t]) * e + i];
+    if (proj > 0) tok = linear(tok, m.at("decoder.project_in.weight"), nullptr, h);
     for (size_t i = 0; i < h; ++i)
-      x[t][i] = m.at("decoder.embed_tokens.weight")[static_cast<size_t>(ids[t]) * h + i] +
-                m.at("decoder.embed_positions.weight")[(t + 2) * h + i];  // offset 2
+      x[t][i] = tok[i] + m.at("decoder.embed_positions.weight")[(t + 2) * h + i];  // offset 2
+  }
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "decoder.layers." + std::to_string(l) + ".";
     auto W = [&](const std::string& n) -> std::vector<float>& { return m.at(p + n); };
     std::vector<Vec> q, k, v;
     for (auto& xt : x) {
       const Vec hn =
-          layer_norm(xt, W("self_attn_layer_norm.weight"), W("self_attn_layer_norm.bias"));
+          pre_ln ? layer_norm(xt, W("self_attn_layer_norm.weight"), W("self_attn_layer_norm.bias"))
+                 : xt;
       q.push_back(linear(hn, W("self_attn.q_proj.weight"), &W("self_attn.q_proj.bias"), h));
       k.push_back(linear(hn, W("self_attn.k_proj.weight"), &W("self_attn.k_proj.bias"), h));
       v.push_back(linear(hn, W("self_attn.v_proj.weight"), &W("self_attn.v_proj.bias"), h));
@@ -155,23 +182,32 @@ std::vector<Vec> reference_logits(TinyOpt& m, const std::vector<int32_t>& ids) {
           s[u] = d / std::sqrt(static_cast<double>(hd));  // HF scales q by head_dim^-0.5
           mx = std::max(mx, s[u]);
         }
-        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (auto& a : s) sum += (a = std::exp(a - mx));
         for (size_t u = 0; u <= t; ++u)
           for (size_t j = 0; j < hd; ++j) attn[hh * hd + j] += s[u] / sum * v[u][hh * hd + j];
       }
       const Vec o = linear(attn, W("self_attn.out_proj.weight"), &W("self_attn.out_proj.bias"), h);
       for (size_t i = 0; i < h; ++i) x[t][i] += o[i];
-      const Vec hn = layer_norm(x[t], W("final_layer_norm.weight"), W("final_layer_norm.bias"));
+      if (!pre_ln)
+        x[t] = layer_norm(x[t], W("self_attn_layer_norm.weight"), W("self_attn_layer_norm.bias"));
+      const Vec hn =
+          pre_ln ? layer_norm(x[t], W("final_layer_norm.weight"), W("final_layer_norm.bias"))
+                 : x[t];
       Vec f = linear(hn, W("fc1.weight"), &W("fc1.bias"), static_cast<size_t>(m.ffn));
-      for (auto& e : f) e = std::max(e, 0.0);  // ReLU
+      for (auto& a : f) a = std::max(a, 0.0);  // ReLU
       const Vec d = linear(f, W("fc2.weight"), &W("fc2.bias"), h);
       for (size_t i = 0; i < h; ++i) x[t][i] += d[i];
+      if (!pre_ln)
+        x[t] = layer_norm(x[t], W("final_layer_norm.weight"), W("final_layer_norm.bias"));
     }
   }
   std::vector<Vec> logits;
   for (auto& xt : x) {
-    const Vec y = layer_norm(xt, m.at("decoder.final_layer_norm.weight"),
-                             m.at("decoder.final_layer_norm.bias"));
+    Vec y = m.tensors.count("decoder.final_layer_norm.weight")
+                ? layer_norm(xt, m.at("decoder.final_layer_norm.weight"),
+                             m.at("decoder.final_layer_norm.bias"))
+                : xt;
+    if (proj > 0) y = linear(y, m.at("decoder.project_out.weight"), nullptr, e);
     logits.push_back(linear(y, m.at("decoder.embed_tokens.weight"), nullptr,
                             static_cast<size_t>(m.vocab)));  // tied
   }
@@ -245,6 +281,35 @@ TEST(Opt, MatchesNaiveReferenceOverSeveralTokens) {
       for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
         EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5)
             << "t=" << t << " v=" << v << " chunk " << chunk;
+  }
+}
+
+// OPT-350m's two differences from the other OPT sizes, alone and together: post-LayerNorm
+// layers without a final layer norm, and word_embed_proj_dim (here 6) != hidden (8).
+TEST(Opt, PostLayerNormAndProjectionsMatchNaiveReference) {
+  const std::vector<int32_t> ids = {2, 5, 9, 1, 0, 10, 3};
+  for (auto [pre_ln, proj] : {std::pair{false, 0}, {true, 6}, {false, 6}}) {
+    TinyOpt m = random_opt(13, pre_ln, proj);
+    const std::string name = fmt::format("Variant_ln{}_proj{}", pre_ln ? "pre" : "post", proj);
+    const std::string dir = m.write(name, "model.", pre_ln, proj);
+    const auto ref = reference_logits(m, ids, pre_ln, proj);
+    // The variant matters: the standard model's reference on the same weights differs.
+    double differs = 0;
+    if (proj == 0) {
+      const auto standard = reference_logits(m, ids, true, 0);
+      for (size_t t = 0; t < ids.size(); ++t)
+        for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
+          differs = std::max(differs, std::fabs(standard[t][v] - ref[t][v]));
+      EXPECT_GT(differs, 0.1) << name;
+    }
+    for (int32_t chunk : {7, 1, 3}) {
+      const auto got = strata_logits(dir, ids, chunk);
+      ASSERT_EQ(got.size(), ids.size() * static_cast<size_t>(m.vocab)) << name;
+      for (size_t t = 0; t < ids.size(); ++t)
+        for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
+          EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5)
+              << name << " t=" << t << " v=" << v << " chunk " << chunk;
+    }
   }
 }
 

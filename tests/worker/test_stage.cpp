@@ -177,13 +177,13 @@ void expect_offloaded_chain_matches(const std::string& spec,
     EXPECT_EQ(chain[i], want[i].output_ids) << spec << " request " << i;
 }
 
-TEST(PipelineStageOffloading, Stories260KStagesOverEveryTierMatchGenerator) {
+TEST(PipelineStageOffloading, Stories260KStagesOverEveryTierMatchLocalRun) {
   expect_offloaded_chain_matches(
       STRATA_MODEL_DIR, {{0, 2}, {2, 5}}, 20, 40,
       requests({{1, 403, 407, 261, 378}, {1, 291, 280}, {1, 317}}, 12, 0.0f));
 }
 
-TEST(PipelineStageOffloading, OptDummyStagesFromHostMemoryMatchGenerator) {
+TEST(PipelineStageOffloading, OptDummyStagesFromHostMemoryMatchLocalRun) {
   expect_offloaded_chain_matches("dummy:opt-125m", {{0, 6}, {6, 9}, {9, 12}}, 0, 100,
                                  requests({{2, 100, 200}, {2, 5, 6, 7, 8}}, 3, 0.0f));
 }

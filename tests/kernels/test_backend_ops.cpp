@@ -1,0 +1,542 @@
+// One table of every Backend op (kernels/backend.h), 4-bit ones included, each run on every
+// backend against a naive reference written here (double precision, from the op's
+// definition; not another backend). Inputs go through the backend's own memory (allocate /
+// copy), outputs sit between guard elements that must survive the op, and the error is
+// normalised: max |got - ref| / max(1, max |ref|), against a bound per op and backend.
+// The CPU backend always runs; the CUDA rows skip (GTEST_SKIP) without a usable device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/dtype.h"
+#include "kernels/error.h"
+#include "kernels/quant.h"
+#include "support/guarded.h"
+
+namespace strata {
+namespace {
+
+using testing::random_floats;
+using Ref = std::vector<double>;
+
+// ---- buffers in the backend's memory, with guard elements ----------------------------
+
+constexpr size_t kGuard = 16;  // elements each side
+
+template <typename T>
+T guard_value() {
+  T v;
+  std::memset(&v, 0xA5, sizeof(T));
+  return v;
+}
+
+template <typename T>
+class DevVec {
+ public:
+  DevVec(Backend& b, const std::vector<T>& host) : b_(b), n_(host.size()) {
+    std::vector<T> all(n_ + 2 * kGuard, guard_value<T>());
+    std::copy(host.begin(), host.end(), all.begin() + kGuard);
+    buf_ = DeviceBuffer(b, all.size() * sizeof(T));
+    b.copy(buf_.data(), all.data(), all.size() * sizeof(T), CopyKind::kHostToDevice);
+  }
+  T* data() const { return static_cast<T*>(buf_.data()) + kGuard; }
+  std::vector<T> all() const {
+    std::vector<T> out(n_ + 2 * kGuard);
+    b_.synchronize();
+    b_.copy(out.data(), buf_.data(), out.size() * sizeof(T), CopyKind::kDeviceToHost);
+    return out;
+  }
+  std::vector<T> download() const {
+    const std::vector<T> a = all();
+    return std::vector<T>(a.begin() + kGuard, a.begin() + static_cast<std::ptrdiff_t>(kGuard + n_));
+  }
+  bool guards_intact() const {
+    const std::vector<T> a = all();
+    const T g = guard_value<T>();
+    for (size_t i = 0; i < kGuard; ++i)
+      if (std::memcmp(&a[i], &g, sizeof(T)) != 0 ||
+          std::memcmp(&a[kGuard + n_ + i], &g, sizeof(T)) != 0)
+        return false;
+    return true;
+  }
+
+ private:
+  Backend& b_;
+  size_t n_;
+  DeviceBuffer buf_;
+};
+
+// A weight tensor in the backend's memory.
+struct DevTensor {
+  DeviceBuffer buf;
+  Tensor t;
+  DevTensor(Backend& b, DType dtype, Shape shape, const void* host, size_t bytes) : buf(b, bytes) {
+    b.copy(buf.data(), host, bytes, CopyKind::kHostToDevice);
+    t.data = buf.data();
+    t.dtype = dtype;
+    t.shape = shape;
+    t.device = b.device();
+  }
+};
+
+struct Outcome {
+  double err = std::numeric_limits<double>::infinity();
+  bool guards = false;
+};
+
+double norm_err(const std::vector<float>& got, const Ref& ref) {
+  if (got.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_diff = std::max(max_diff, std::fabs(got[i] - ref[i]));
+  }
+  return max_diff / std::max(1.0, max_ref);
+}
+
+Outcome outcome(const DevVec<float>& out, const Ref& ref) {
+  return {norm_err(out.download(), ref), out.guards_intact()};
+}
+
+// Values k / 256 in [-1, 1]: exact in f16 and bf16, so those weights lose nothing.
+std::vector<float> grid_floats(size_t n, uint32_t seed) {
+  std::vector<float> v = random_floats(n, seed);
+  for (float& x : v) x = std::round(x * 256.0f) / 256.0f;
+  return v;
+}
+
+// The 4-bit round trip from its definition (quant.h): one min and scale per group,
+// scale = (max - min) / 15, q = clamp(round((x - min) / scale), 0, 15), x' = q * scale + min.
+Ref naive_q4(const std::vector<float>& x, size_t group) {
+  Ref out(x.size());
+  for (size_t g = 0; g < x.size(); g += group) {
+    const float mn = *std::min_element(x.begin() + g, x.begin() + g + group);
+    const float mx = *std::max_element(x.begin() + g, x.begin() + g + group);
+    const double scale = (static_cast<double>(mx) - mn) / 15.0;
+    for (size_t i = g; i < g + group; ++i) {
+      const double q =
+          scale == 0
+              ? 0
+              : std::clamp(std::nearbyint((x[i] - static_cast<double>(mn)) / scale), 0.0, 15.0);
+      out[i] = q * scale + mn;
+    }
+  }
+  return out;
+}
+
+// ---- the ops ---------------------------------------------------------------------------
+
+Outcome op_copy(Backend& b) {
+  const std::vector<float> x = random_floats(1000, 1);
+  DevVec<float> a(b, x), c(b, std::vector<float>(x.size(), 0.0f));
+  b.copy(c.data(), a.data(), x.size() * sizeof(float), CopyKind::kDeviceToDevice);
+  return outcome(c, Ref(x.begin(), x.end()));
+}
+
+Outcome op_transfer(Backend& b) {
+  // Host (transfer-ready) -> device -> host again, each waited for as the contract says.
+  const std::vector<float> x = random_floats(4096, 2);
+  const size_t bytes = x.size() * sizeof(float);
+  DeviceBuffer host = DeviceBuffer::host(b, bytes), back = DeviceBuffer::host(b, bytes);
+  std::memcpy(host.data(), x.data(), bytes);
+  DevVec<float> dev(b, std::vector<float>(x.size(), 0.0f));
+  const TransferTicket in = b.transfer(dev.data(), host.data(), bytes, CopyKind::kHostToDevice);
+  b.compute_waits(in);
+  b.host_waits(in);
+  const TransferTicket out = b.transfer(back.data(), dev.data(), bytes, CopyKind::kDeviceToHost);
+  b.host_waits(out);
+  b.synchronize();
+  std::vector<float> got(x.size());
+  std::memcpy(got.data(), back.data(), bytes);
+  return {norm_err(got, Ref(x.begin(), x.end())), dev.guards_intact()};
+}
+
+constexpr int64_t kM = 5, kK = 128, kN = 24;
+
+Outcome linear_case(Backend& b, DType dtype) {
+  const std::vector<float> x = random_floats(static_cast<size_t>(kM * kK), 3);
+  // On the k / 256 grid (exact in f16 / bf16), except for 4-bit: there grid values would
+  // put codes on rounding ties, which f32 and double break differently.
+  const std::vector<float> w = dtype == DType::kQ4 ? random_floats(static_cast<size_t>(kN * kK), 4)
+                                                   : grid_floats(static_cast<size_t>(kN * kK), 4);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(kN), 5);
+  Ref wref(w.begin(), w.end());
+  std::vector<uint8_t> blob;
+  if (dtype == DType::kF32) {
+    blob.resize(w.size() * 4);
+    std::memcpy(blob.data(), w.data(), blob.size());
+  } else if (dtype == DType::kF16 || dtype == DType::kBF16) {
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      h[i] = dtype == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+    blob.resize(h.size() * 2);
+    std::memcpy(blob.data(), h.data(), blob.size());
+  } else {  // kQ4: rows grouped by 64
+    const QuantizedTensor q =
+        quantize_4bit(w.data(), {kN, kK, kQuantGroupSize, QuantAxis::kAlongRow});
+    Tensor shape_only;
+    shape_only.dtype = DType::kQ4;
+    shape_only.shape = {kN, kK};
+    blob.resize(shape_only.bytes());
+    write_q4_blob(q, blob.data());
+    wref = naive_q4(w, kQuantGroupSize);
+  }
+  DevTensor dw(b, dtype, {kN, kK}, blob.data(), blob.size());
+  DevVec<float> dx(b, x), db(b, bias), dy(b, std::vector<float>(static_cast<size_t>(kM * kN)));
+  b.linear(dx.data(), kM, dw.t, db.data(), dy.data());
+  Ref ref(static_cast<size_t>(kM * kN));
+  for (int64_t i = 0; i < kM; ++i)
+    for (int64_t o = 0; o < kN; ++o) {
+      double s = bias[static_cast<size_t>(o)];
+      for (int64_t k = 0; k < kK; ++k)
+        s += static_cast<double>(x[static_cast<size_t>(i * kK + k)]) *
+             wref[static_cast<size_t>(o * kK + k)];
+      ref[static_cast<size_t>(i * kN + o)] = s;
+    }
+  return outcome(dy, ref);
+}
+
+Outcome embedding_case(Backend& b, DType dtype) {
+  constexpr int64_t vocab = 17, h = 40;
+  const std::vector<float> table = grid_floats(static_cast<size_t>(vocab * h), 6);
+  std::vector<uint8_t> blob(table.size() * dtype_size(dtype));
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(blob.data() + 4 * i, &table[i], 4);
+    } else {
+      const uint16_t v = dtype == DType::kF16 ? f32_to_f16(table[i]) : f32_to_bf16(table[i]);
+      std::memcpy(blob.data() + 2 * i, &v, 2);
+    }
+  }
+  const std::vector<int32_t> ids = {3, 0, 16, 3, 9};
+  DevTensor dt(b, dtype, {vocab, h}, blob.data(), blob.size());
+  DevVec<int32_t> did(b, ids);
+  DevVec<float> dy(b, std::vector<float>(ids.size() * h));
+  b.embedding(did.data(), static_cast<int64_t>(ids.size()), dt.t, dy.data());
+  Ref ref;
+  for (int32_t id : ids)
+    for (int64_t i = 0; i < h; ++i) ref.push_back(table[static_cast<size_t>(id * h + i)]);
+  return outcome(dy, ref);
+}
+
+constexpr int64_t kRows = 4, kH = 96;
+
+Outcome op_rms_norm(Backend& b) {
+  const std::vector<float> x = random_floats(static_cast<size_t>(kRows * kH), 7, -3, 3);
+  const std::vector<float> w = random_floats(static_cast<size_t>(kH), 8, 0.5f, 1.5f);
+  DevVec<float> dx(b, x), dw(b, w), dy(b, std::vector<float>(x.size()));
+  b.rms_norm(dx.data(), kRows, kH, dw.data(), 1e-5f, dy.data());
+  Ref ref(x.size());
+  for (int64_t r = 0; r < kRows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < kH; ++i)
+      ss += double(x[static_cast<size_t>(r * kH + i)]) * x[static_cast<size_t>(r * kH + i)];
+    const double inv = 1.0 / std::sqrt(ss / kH + 1e-5);
+    for (int64_t i = 0; i < kH; ++i)
+      ref[static_cast<size_t>(r * kH + i)] =
+          x[static_cast<size_t>(r * kH + i)] * inv * w[static_cast<size_t>(i)];
+  }
+  return outcome(dy, ref);
+}
+
+Outcome op_layer_norm(Backend& b) {
+  const std::vector<float> x = random_floats(static_cast<size_t>(kRows * kH), 9, -3, 4);
+  const std::vector<float> w = random_floats(static_cast<size_t>(kH), 10, 0.5f, 1.5f);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(kH), 11);
+  DevVec<float> dx(b, x), dw(b, w), db(b, bias), dy(b, std::vector<float>(x.size()));
+  b.layer_norm(dx.data(), kRows, kH, dw.data(), db.data(), 1e-5f, dy.data());
+  Ref ref(x.size());
+  for (int64_t r = 0; r < kRows; ++r) {
+    const float* row = x.data() + r * kH;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < kH; ++i) mean += row[i];
+    mean /= kH;
+    for (int64_t i = 0; i < kH; ++i) var += (row[i] - mean) * (row[i] - mean);
+    var /= kH;
+    for (int64_t i = 0; i < kH; ++i)
+      ref[static_cast<size_t>(r * kH + i)] =
+          (row[i] - mean) / std::sqrt(var + 1e-5) * w[static_cast<size_t>(i)] +
+          bias[static_cast<size_t>(i)];
+  }
+  return outcome(dy, ref);
+}
+
+Outcome op_rope(Backend& b) {
+  constexpr int32_t heads = 3, hd = 16, half = hd / 2, max_pos = 32;
+  std::vector<float> cos_t(max_pos * half), sin_t(cos_t.size());
+  for (int32_t p = 0; p < max_pos; ++p)
+    for (int32_t j = 0; j < half; ++j) {
+      const double a = p * std::pow(10000.0, -2.0 * j / hd);
+      cos_t[static_cast<size_t>(p * half + j)] = static_cast<float>(std::cos(a));
+      sin_t[static_cast<size_t>(p * half + j)] = static_cast<float>(std::sin(a));
+    }
+  const std::vector<int32_t> pos = {0, 7, 31, 2};
+  const auto m = static_cast<int64_t>(pos.size());
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * heads * hd), 12, -2, 2);
+  DevVec<float> dx(b, x), dc(b, cos_t), ds(b, sin_t);
+  DevVec<int32_t> dp(b, pos);
+  b.rope(dx.data(), m, heads, hd, dp.data(), RopeTables{dc.data(), ds.data(), max_pos, half});
+  Ref ref(x.begin(), x.end());
+  for (int64_t r = 0; r < m; ++r)
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t j = 0; j < half; ++j) {
+        const size_t i0 = static_cast<size_t>((r * heads + h) * hd + j), i1 = i0 + half;
+        const double a = pos[static_cast<size_t>(r)] * std::pow(10000.0, -2.0 * j / hd);
+        ref[i0] = x[i0] * std::cos(a) - x[i1] * std::sin(a);
+        ref[i1] = x[i1] * std::cos(a) + x[i0] * std::sin(a);
+      }
+  return outcome(dx, ref);
+}
+
+constexpr int64_t kElems = 1000;
+
+Outcome op_silu_mul(Backend& b) {
+  const std::vector<float> g = random_floats(kElems, 13, -6, 6),
+                           u = random_floats(kElems, 14, -2, 2);
+  DevVec<float> dg(b, g), du(b, u), dout(b, std::vector<float>(kElems));
+  b.silu_mul(dg.data(), du.data(), dout.data(), kElems);
+  Ref ref(kElems);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  return outcome(dout, ref);
+}
+
+Outcome op_relu(Backend& b) {
+  const std::vector<float> x = random_floats(kElems, 15, -2, 2);
+  DevVec<float> dx(b, x);
+  b.relu(dx.data(), kElems);
+  Ref ref(kElems);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = std::max(0.0, double(x[i]));
+  return outcome(dx, ref);
+}
+
+Outcome op_add(Backend& b) {
+  const std::vector<float> y = random_floats(kElems, 16), x = random_floats(kElems, 17);
+  DevVec<float> dy(b, y), dx(b, x);
+  b.add(dy.data(), dx.data(), kElems);
+  Ref ref(kElems);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = double(y[i]) + x[i];
+  return outcome(dy, ref);
+}
+
+Outcome op_softmax(Backend& b) {
+  constexpr int64_t m = 6, n = 77;
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * n), 18, -8, 8);
+  DevVec<float> dx(b, x);
+  b.softmax(dx.data(), m, n);
+  Ref ref(x.size());
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x.data() + r * n;
+    const double mx = *std::max_element(row, row + n);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(row[i] - mx);
+    for (int64_t i = 0; i < n; ++i) ref[static_cast<size_t>(r * n + i)] = std::exp(row[i] - mx) / s;
+  }
+  return outcome(dx, ref);
+}
+
+// Attention shape: 4 query heads over 2 kv heads (GQA), head_dim 16, two sequences in two
+// slots of capacity 12: slot 1 gets 3 new rows after 5 cached, slot 0 one row after 8.
+constexpr int32_t kHeads = 4, kKvHeads = 2, kHd = 16, kSlots = 2, kCap = 12;
+const std::vector<SeqSlice> kSeqs = {{0, 3, 5, 1}, {3, 1, 8, 0}};
+constexpr int64_t kNewRows = 4, kKvW = kKvHeads * kHd;
+
+KvLayerView view_of(float* k, float* v) {
+  return {k, v, kSlots, kCap, kKvHeads, kHd};
+}
+size_t cache_elems() {
+  return static_cast<size_t>(kSlots) * kKvHeads * kCap * kHd;
+}
+size_t cache_index(int32_t slot, int32_t head, int32_t pos, int32_t d) {
+  return ((static_cast<size_t>(slot) * kKvHeads + head) * kCap + pos) * kHd + d;
+}
+
+Outcome op_kv_store(Backend& b) {
+  const std::vector<float> k = random_floats(kNewRows * kKvW, 19),
+                           v = random_floats(kNewRows * kKvW, 20);
+  const std::vector<float> k0 = random_floats(cache_elems(), 21),
+                           v0 = random_floats(cache_elems(), 22);
+  DevVec<float> dk(b, k), dv(b, v), ck(b, k0), cv(b, v0);
+  b.kv_store(dk.data(), dv.data(), kSeqs, view_of(ck.data(), cv.data()));
+  Ref rk(k0.begin(), k0.end()), rv(v0.begin(), v0.end());
+  for (const SeqSlice& s : kSeqs)
+    for (int32_t t = 0; t < s.n_new; ++t)
+      for (int32_t h = 0; h < kKvHeads; ++h)
+        for (int32_t d = 0; d < kHd; ++d) {
+          const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
+          rk[cache_index(s.slot, h, s.n_past + t, d)] = k[src];
+          rv[cache_index(s.slot, h, s.n_past + t, d)] = v[src];
+        }
+  const Outcome a = outcome(ck, rk), c = outcome(cv, rv);
+  return {std::max(a.err, c.err), a.guards && c.guards};
+}
+
+Outcome op_attention(Backend& b) {
+  const std::vector<float> kc = random_floats(cache_elems(), 23),
+                           vc = random_floats(cache_elems(), 24);
+  const std::vector<float> q = random_floats(kNewRows * kHeads * kHd, 25, -2, 2);
+  DevVec<float> dq(b, q), ck(b, kc), cv(b, vc), dout(b, std::vector<float>(q.size()));
+  const float scale = 1.0f / 4.0f;  // 1 / sqrt(16)
+  b.attention(dq.data(), kSeqs, view_of(ck.data(), cv.data()), {kHeads, kKvHeads, kHd, scale},
+              dout.data());
+  Ref ref(q.size());
+  for (const SeqSlice& s : kSeqs)
+    for (int32_t t = 0; t < s.n_new; ++t)
+      for (int32_t h = 0; h < kHeads; ++h) {
+        const int32_t kh = h / (kHeads / kKvHeads), n = s.n_past + t + 1;  // causal
+        const float* qr = q.data() + ((s.row_begin + t) * kHeads + h) * kHd;
+        std::vector<double> p(static_cast<size_t>(n));
+        double mx = -1e300, sum = 0;
+        for (int32_t u = 0; u < n; ++u) {
+          double d = 0;
+          for (int32_t j = 0; j < kHd; ++j) d += double(qr[j]) * kc[cache_index(s.slot, kh, u, j)];
+          p[static_cast<size_t>(u)] = d * scale;
+          mx = std::max(mx, d * scale);
+        }
+        for (double& e : p) sum += (e = std::exp(e - mx));
+        for (int32_t j = 0; j < kHd; ++j) {
+          double o = 0;
+          for (int32_t u = 0; u < n; ++u)
+            o += p[static_cast<size_t>(u)] / sum * vc[cache_index(s.slot, kh, u, j)];
+          ref[static_cast<size_t>(((s.row_begin + t) * kHeads + h) * kHd + j)] = o;
+        }
+      }
+  return outcome(dout, ref);
+}
+
+// kv_store_q4 then kv_dequantize: the stored rows come back as the naive round trip of
+// their groups (head_dim 16 < 64: one group per cached row); the rest of the cache stays 0.
+Outcome op_kv_q4(Backend& b) {
+  const std::vector<float> k = random_floats(kNewRows * kKvW, 26, -3, 3),
+                           v = random_floats(kNewRows * kKvW, 27);
+  KvQ4LayerView q{nullptr, nullptr, kSlots, kCap, kKvHeads, kHd, KvQ4LayerView::group_for(kHd)};
+  DeviceBuffer qk(b, q.tensor_bytes()), qv(b, q.tensor_bytes());
+  const std::vector<uint8_t> zeros(q.tensor_bytes(), 0);
+  b.copy(qk.data(), zeros.data(), zeros.size(), CopyKind::kHostToDevice);
+  b.copy(qv.data(), zeros.data(), zeros.size(), CopyKind::kHostToDevice);
+  q.k = qk.data();
+  q.v = qv.data();
+  DevVec<float> dk(b, k), dv(b, v);
+  DevVec<float> ok(b, std::vector<float>(cache_elems(), 7.0f)),
+      ov(b, std::vector<float>(cache_elems(), 7.0f));
+  b.kv_store_q4(dk.data(), dv.data(), kSeqs, q);
+  b.kv_dequantize(q, view_of(ok.data(), ov.data()));
+  const Ref nk = naive_q4(k, static_cast<size_t>(q.group)),
+            nv = naive_q4(v, static_cast<size_t>(q.group));
+  Ref rk(cache_elems(), 0.0), rv(cache_elems(), 0.0);
+  for (const SeqSlice& s : kSeqs)
+    for (int32_t t = 0; t < s.n_new; ++t)
+      for (int32_t h = 0; h < kKvHeads; ++h)
+        for (int32_t d = 0; d < kHd; ++d) {
+          const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
+          rk[cache_index(s.slot, h, s.n_past + t, d)] = nk[src];
+          rv[cache_index(s.slot, h, s.n_past + t, d)] = nv[src];
+        }
+  const Outcome a = outcome(ok, rk), c = outcome(ov, rv);
+  return {std::max(a.err, c.err), a.guards && c.guards};
+}
+
+// ---- the table -------------------------------------------------------------------------
+
+struct OpCase {
+  std::string name;
+  std::function<Outcome(Backend&)> run;
+  double cpu_tol;
+  double cuda_tol;  // f16/bf16/q4 weights: the CUDA GEMM rounds x to f16 (cuda_backend.h)
+};
+
+const std::vector<OpCase>& op_table() {
+  static const std::vector<OpCase> table = {
+      {"copy", op_copy, 0, 0},
+      {"transfer", op_transfer, 0, 0},
+      {"linear_f32", [](Backend& b) { return linear_case(b, DType::kF32); }, 1e-5, 1e-3},
+      {"linear_f16", [](Backend& b) { return linear_case(b, DType::kF16); }, 1e-5, 1e-2},
+      {"linear_bf16", [](Backend& b) { return linear_case(b, DType::kBF16); }, 1e-5, 2e-2},
+      {"linear_q4", [](Backend& b) { return linear_case(b, DType::kQ4); }, 1e-4, 1e-2},
+      {"embedding_f32", [](Backend& b) { return embedding_case(b, DType::kF32); }, 0, 0},
+      {"embedding_f16", [](Backend& b) { return embedding_case(b, DType::kF16); }, 0, 0},
+      {"embedding_bf16", [](Backend& b) { return embedding_case(b, DType::kBF16); }, 0, 0},
+      {"rms_norm", op_rms_norm, 1e-5, 1e-5},
+      {"layer_norm", op_layer_norm, 1e-5, 1e-5},
+      {"rope", op_rope, 1e-5, 1e-5},
+      {"silu_mul", op_silu_mul, 1e-5, 1e-5},
+      {"relu", op_relu, 0, 0},
+      {"add", op_add, 1e-6, 1e-6},
+      {"softmax", op_softmax, 1e-5, 1e-5},
+      {"kv_store", op_kv_store, 0, 0},
+      {"attention", op_attention, 1e-5, 1e-4},
+      {"kv_store_q4+kv_dequantize", op_kv_q4, 1e-5, 1e-5},
+  };
+  return table;
+}
+
+TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
+  // Backend's compute and memory ops as backend.h declares them (allocate, deallocate,
+  // allocate_host, compute_waits, host_waits, synchronize run inside the cases above).
+  const std::set<std::string> interface = {"copy",        "transfer",      "linear",   "embedding",
+                                           "rms_norm",    "layer_norm",    "rope",     "silu_mul",
+                                           "relu",        "add",           "softmax",  "kv_store",
+                                           "kv_store_q4", "kv_dequantize", "attention"};
+  std::set<std::string> covered;
+  for (const OpCase& c : op_table()) {
+    std::string n = c.name;
+    for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4"})
+      if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && n != "kv_store_q4")
+        n = n.substr(0, n.size() - std::strlen(suffix));
+    if (n == "kv_store_q4+kv_dequantize") {
+      covered.insert("kv_store_q4");
+      covered.insert("kv_dequantize");
+    } else {
+      covered.insert(n);
+    }
+  }
+  EXPECT_EQ(covered, interface);
+}
+
+class BackendOpTest : public ::testing::TestWithParam<size_t> {};
+
+void run_case(Backend& b, const OpCase& c, double tol) {
+  const Outcome o = c.run(b);
+  EXPECT_LE(o.err, tol) << b.name() << " " << c.name;
+  EXPECT_TRUE(o.guards) << b.name() << " " << c.name << ": wrote outside its output";
+}
+
+TEST_P(BackendOpTest, Cpu) {
+  CpuBackend cpu(2);
+  const OpCase& c = op_table()[GetParam()];
+  run_case(cpu, c, c.cpu_tol);
+}
+
+TEST_P(BackendOpTest, Cuda) {
+  std::unique_ptr<Backend> gpu;
+  try {
+    gpu = make_cuda_backend(0);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no CUDA device: " << e.what();
+  }
+  const OpCase& c = op_table()[GetParam()];
+  run_case(*gpu, c, c.cuda_tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, BackendOpTest, ::testing::Range(size_t{0}, op_table().size()),
+                         [](const ::testing::TestParamInfo<size_t>& i) {
+                           std::string n = op_table()[i.param].name;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace strata
