@@ -275,6 +275,25 @@ def case_equal200():
     log("180 results equal strata generate, 20 error results name their problem, all acknowledged")
 
 
+def case_single_process():
+    """One rank: `strata serve --redis` as a one-stage cluster in the process, the same
+    request path; results equal strata generate, every entry acknowledged."""
+    srv = Redis()
+    prompts, reqs = valid_requests(40)
+    refs = reference(prompts, 40)
+    submit_valid(srv.client, reqs, {q["id"]: ref for q, ref in zip(reqs, refs)})
+    c = Cluster(srv.url, "--exit-when-drained", np=1, name="single")
+    rc = c.wait(300)
+    if rc != 0:
+        fail(f"exit {rc}:\n{c.tail()}")
+    got = results(srv.client)
+    if len(got) != len(reqs):
+        fail(f"{len(got)} results for {len(reqs)} requests")
+    check_ok(got, reqs, refs)
+    check_all_acknowledged(srv.client, len(reqs))
+    log("one process: 40 results equal strata generate, all acknowledged")
+
+
 def slow_requests(n):
     prompts, reqs = valid_requests(n, 60)
     for q in reqs:
@@ -444,7 +463,7 @@ def case_docs():
 try:
     {"equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
      "poison": case_poison, "poison_takeover": case_poison_takeover, "sigterm": case_sigterm,
-     "docs": case_docs}[CASE]()
+     "docs": case_docs, "single_process": case_single_process}[CASE]()
 finally:
     for p in descendants(os.getpid()):
         try:
