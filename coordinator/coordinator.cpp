@@ -132,7 +132,7 @@ void Coordinator::size_run() {
                model_max, model_max);
   max_rows_ = std::max(options_.max_step_tokens, options_.kv_slots);
   stats_.model = options_.model_spec;
-  stats_.ranks = stages_.count() + 1;
+  stats_.ranks = stages_.ranks();
   stats_.micro_batches = options_.micro_batches;
   stats_.decode_iters = options_.decode_iters;
 }

@@ -32,11 +32,6 @@ struct CoordinatorOptions {
   int32_t max_context = 0;
   int64_t stage_mem = -1;           // bytes per stage (< 0: no limit)
   StagePlacementOptions placement;  // the policy and compute tier each stage is placed for
-  // The MPI stages' (mpi_stages.h; unused in one process):
-  double heartbeat_interval_s = 1.0;
-  double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
-  double load_timeout_s = 300.0;      // plan to every stage loaded
-  double step_timeout_s = 60.0;       // one control send
   // Once *stop_signal is non-zero (SIGTERM, SIGINT): nothing more is admitted, requests in
   // flight get this long to finish, then the rest end as unfinished.
   const std::atomic<int>* stop_signal = nullptr;

@@ -92,7 +92,7 @@ void LocalStages::start(const ClusterPlan& plan) {
   stage_ = std::make_unique<PipelineStage>(plan, plan.stages[0], model_);
   stats_ = GenerationStats{};
   stats_.kv_cache_bytes = stage_->kv_cache_bytes();
-  stage_stats_ = StageStats{plan.stages[0].rank};
+  rows_ = 0;
 }
 
 void LocalStages::dispatch(const ScheduledStep& step) {
@@ -109,9 +109,7 @@ void LocalStages::dispatch(const ScheduledStep& step) {
     ++stats_.decode_steps;
     stats_.decode_tokens += static_cast<int64_t>(result.tokens.size());
   }
-  stage_stats_.steps += 1;
-  stage_stats_.rows += static_cast<uint64_t>(c.rows());
-  stage_stats_.busy_seconds += seconds;
+  rows_ += static_cast<uint64_t>(c.rows());
   results_.push_back(std::move(result));
 }
 
@@ -128,8 +126,10 @@ std::optional<StepResult> LocalStages::poll() {
 
 // One process computes every step as it comes: the stage is never idle inside the run.
 std::vector<StageReport> LocalStages::finish(const std::string&) {
-  stage_stats_.window_seconds = stage_stats_.busy_seconds;
-  return {StageReport{stage_->stage(), stage_stats_}};
+  const double busy = stats_.total_seconds();
+  const auto steps = static_cast<uint64_t>(stats_.prefill_steps + stats_.decode_steps);
+  return {StageReport{stage_->stage(),
+                      StageStats{stage_->stage().rank, steps, rows_, busy, 0.0, busy}}};
 }
 
 LocalCluster::LocalCluster(Model& model, LocalOptions options, const Tokenizer* tokenizer)

@@ -43,6 +43,7 @@ class LocalStages final : public Stages {
   explicit LocalStages(Model& model) : model_(model) {}
 
   int32_t count() const override { return 1; }
+  int32_t ranks() const override { return 1; }
   void start(const ClusterPlan& plan) override;
   void dispatch(const ScheduledStep& step) override;
   void leave(const std::vector<uint64_t>& seq_ids) override;
@@ -58,7 +59,7 @@ class LocalStages final : public Stages {
   std::unique_ptr<PipelineStage> stage_;
   std::deque<StepResult> results_;
   GenerationStats stats_;
-  StageStats stage_stats_;
+  uint64_t rows_ = 0;  // activation rows over all steps (the stage report's)
 };
 
 // What a local run needs beyond the model (CoordinatorOptions' counterparts).

@@ -27,6 +27,7 @@ class MpiStages final : public Stages {
   MpiStages(const Communicator& world, const MpiStagesOptions& options);
 
   int32_t count() const override { return static_cast<int32_t>(workers_.size()); }
+  int32_t ranks() const override { return world_.size(); }
   void start(const ClusterPlan& plan) override;
   void dispatch(const ScheduledStep& step) override;
   void leave(const std::vector<uint64_t>& seq_ids) override;

@@ -25,6 +25,8 @@ class Stages {
   virtual ~Stages() = default;
   // Stages to plan for (ranks 1..count()).
   virtual int32_t count() const = 0;
+  // Processes the run spans, the coordinator's included (statistics).
+  virtual int32_t ranks() const = 0;
   // Hands each stage its part of the plan; returns once every one has loaded it. A stage
   // that cannot load is an Error naming it.
   virtual void start(const ClusterPlan& plan) = 0;

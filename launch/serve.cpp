@@ -108,10 +108,6 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   // The workers' compute tier as they will find it (--device auto: a GPU when present).
   c.placement.device_compute =
       o.engine.device != "cpu" && (o.engine.device != "auto" || probe_accelerators().available());
-  c.heartbeat_interval_s = o.heartbeat_interval;
-  c.heartbeat_timeout_s = o.heartbeat_timeout;
-  c.load_timeout_s = o.load_timeout;
-  c.step_timeout_s = o.step_timeout;
   c.stop_signal = &g_stop_signal;
   c.grace_period_s = o.grace_period;
   c.flush_timeout_s = o.flush_timeout;
@@ -161,9 +157,8 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
   const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
                                                    ? Tokenizer::ids_only(config)
                                                    : Tokenizer::load(o.engine.model, config);
-  const CoordinatorOptions c = coordinator_options(o);
-  MpiStages stages(world, MpiStagesOptions{c.heartbeat_interval_s, c.heartbeat_timeout_s,
-                                           c.load_timeout_s, c.step_timeout_s});
+  MpiStages stages(world, MpiStagesOptions{o.heartbeat_interval, o.heartbeat_timeout,
+                                           o.load_timeout, o.step_timeout});
   return serve_requests(o, stages, config, *tokenizer);
 }
 

@@ -69,6 +69,7 @@ class FaultyStages final : public Stages {
   std::vector<uint64_t> left;
 
   int32_t count() const override { return 2; }
+  int32_t ranks() const override { return 3; }
   void start(const ClusterPlan& plan) override {
     if (fail_start) fail(ErrorKind::kFailed, "rank 2: cannot load {}", plan.model_spec);
   }

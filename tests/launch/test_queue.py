@@ -275,25 +275,6 @@ def case_equal200():
     log("180 results equal strata generate, 20 error results name their problem, all acknowledged")
 
 
-def case_single_process():
-    """One rank: `strata serve --redis` as a one-stage cluster in the process, the same
-    request path; results equal strata generate, every entry acknowledged."""
-    srv = Redis()
-    prompts, reqs = valid_requests(40)
-    refs = reference(prompts, 40)
-    submit_valid(srv.client, reqs, {q["id"]: ref for q, ref in zip(reqs, refs)})
-    c = Cluster(srv.url, "--exit-when-drained", np=1, name="single")
-    rc = c.wait(300)
-    if rc != 0:
-        fail(f"exit {rc}:\n{c.tail()}")
-    got = results(srv.client)
-    if len(got) != len(reqs):
-        fail(f"{len(got)} results for {len(reqs)} requests")
-    check_ok(got, reqs, refs)
-    check_all_acknowledged(srv.client, len(reqs))
-    log("one process: 40 results equal strata generate, all acknowledged")
-
-
 def slow_requests(n):
     prompts, reqs = valid_requests(n, 60)
     for q in reqs:
@@ -312,6 +293,17 @@ def expect_every_result(srv, cluster, reqs, refs):
         fail(f"{len(got)} results for {len(reqs)} requests")
     check_ok(got, reqs, refs)
     check_all_acknowledged(srv.client, len(reqs))
+
+
+def case_single_process():
+    """One rank: `strata serve --redis` as a one-stage cluster in the process, the same
+    request path; results equal strata generate, every entry acknowledged."""
+    srv = Redis()
+    prompts, reqs = valid_requests(40)
+    refs = reference(prompts, 40)
+    submit_valid(srv.client, reqs, {q["id"]: ref for q, ref in zip(reqs, refs)})
+    expect_every_result(srv, Cluster(srv.url, "--exit-when-drained", np=1, name="single"), reqs, refs)
+    log("one process: 40 results equal strata generate, all acknowledged")
 
 
 def case_kill9():

@@ -10,6 +10,7 @@
 #include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
+#include "support/forwarding_backend.h"
 #include "support/stories_reference.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
@@ -40,43 +41,10 @@ void naive_q4_round_trip(const float* x, int32_t n, float* y) {
 
 // The CPU backend with an f32 cache whose every stored key and value row is first put
 // through naive_q4_round_trip: what a correct compressed cache hands to attention.
-class NaiveQ4KvBackend final : public Backend {
+class NaiveQ4KvBackend final : public testing::ForwardingBackend {
  public:
-  explicit NaiveQ4KvBackend(CpuBackend& inner) : inner_(inner) {}
+  using ForwardingBackend::ForwardingBackend;
   std::string name() const override { return "cpu with a naive 4-bit KV round trip"; }
-  Device device() const override { return Device::kHost; }
-  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
-  void deallocate(void* p) override { inner_.deallocate(p); }
-  void copy(void* d, const void* s, size_t b, CopyKind k) override { inner_.copy(d, s, b, k); }
-  void synchronize() override {}
-  void linear(const float* x, int64_t m, const Tensor& w, const float* b, float* y) override {
-    inner_.linear(x, m, w, b, y);
-  }
-  void embedding(const int32_t* ids, int64_t n, const Tensor& t, float* y) override {
-    inner_.embedding(ids, n, t, y);
-  }
-  void rms_norm(const float* x, int64_t m, int64_t h, const float* w, float eps,
-                float* y) override {
-    inner_.rms_norm(x, m, h, w, eps, y);
-  }
-  void layer_norm(const float* x, int64_t m, int64_t h, const float* w, const float* b, float eps,
-                  float* y) override {
-    inner_.layer_norm(x, m, h, w, b, eps, y);
-  }
-  void rope(float* x, int64_t m, int32_t nh, int32_t hd, const int32_t* pos,
-            const RopeTables& t) override {
-    inner_.rope(x, m, nh, hd, pos, t);
-  }
-  void silu_mul(const float* g, const float* u, float* o, int64_t n) override {
-    inner_.silu_mul(g, u, o, n);
-  }
-  void relu(float* x, int64_t n) override { inner_.relu(x, n); }
-  void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
-  void softmax(float* x, int64_t m, int64_t n) override { inner_.softmax(x, m, n); }
-  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& c,
-                 const AttentionDims& d, float* out) override {
-    inner_.attention(q, seqs, c, d, out);
-  }
   void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
                 const KvLayerView& c) override {
     int32_t rows = 0;
@@ -89,9 +57,6 @@ class NaiveQ4KvBackend final : public Backend {
     }
     inner_.kv_store(kq.data(), vq.data(), seqs, c);
   }
-
- private:
-  CpuBackend& inner_;
 };
 
 std::vector<GenerationRequest> reference_requests(
