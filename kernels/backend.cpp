@@ -15,8 +15,31 @@ TransferTicket Backend::transfer(void* dst, const void* src, size_t bytes, CopyK
 
 void Backend::compute_waits(TransferTicket) {}
 
-void Backend::kv_store_q4(const float*, const float*, std::span<const SeqSlice>,
-                          const KvQ4LayerView&) {
+int64_t fill_row_table(std::span<const SeqSlice> seqs, int32_t n_slots, int32_t capacity,
+                       RowEntry* out, int64_t max_rows) {
+  int64_t n = 0;
+  for (const SeqSlice& s : seqs) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < n_slots, "kv slot {} of {}", s.slot, n_slots);
+    STRATA_CHECK(s.n_new >= 0 && s.n_past >= 0 && s.row_begin >= 0,
+                 "bad sequence slice: rows {}+{} past {}", s.row_begin, s.n_new, s.n_past);
+    STRATA_CHECK(s.n_past + s.n_new <= capacity, "kv cache overflow: {} + {} > capacity {}",
+                 s.n_past, s.n_new, capacity);
+    STRATA_CHECK(n + s.n_new <= max_rows, "row table of {} rows overflows at slot {}", max_rows,
+                 s.slot);
+    for (int32_t t = 0; t < s.n_new; ++t)
+      out[n++] = RowEntry{s.row_begin + t, s.slot, s.n_past + t};
+  }
+  return n;
+}
+
+int64_t accelerator_scratch_bytes(const KernelBounds& b) {
+  int64_t bytes = 0;
+  if (b.half_weights) bytes += b.max_rows * b.max_in_features * 2;  // x in f16 / bf16
+  bytes += b.max_q4_elems * 2;                                      // a 4-bit matrix in f16
+  return bytes;
+}
+
+void Backend::kv_store_q4(const float*, const float*, const StepRows&, const KvQ4LayerView&) {
   fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
 }
 

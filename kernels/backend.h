@@ -4,6 +4,7 @@
 // own memory plus plain dimension structs; they know nothing of models or engines.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -76,6 +77,51 @@ struct RopeTables {
   int32_t half_dim = 0;
 };
 
+// The kernels' entry per new row of a ragged batch: its activation row, KV slot and
+// position. Built from the slices once per step (fill_row_table) and read by kv_store and
+// attention of every layer, so no layer rebuilds or uploads it.
+struct RowEntry {
+  int32_t row = 0;
+  int32_t slot = 0;
+  int32_t pos = 0;
+};
+
+// A ragged batch as kv_store and attention take it: the slices (host memory, what the CPU
+// kernels read) and, where the caller built one, the row table in the backend's memory
+// (`n_rows` entries, already checked against the cache). An accelerator given no table
+// builds and uploads one for the call.
+struct StepRows {
+  std::span<const SeqSlice> seqs;
+  const RowEntry* table = nullptr;
+  int64_t n_rows = 0;
+
+  StepRows() = default;
+  // From the slices alone (a span, or a vector of them): no table.
+  template <class Slices>
+  requires std::convertible_to<const Slices&, std::span<const SeqSlice>> StepRows(const Slices& s)
+      : seqs(s) {}  // NOLINT(google-explicit-constructor)
+};
+
+// Checks every slice against a cache of n_slots x capacity positions (Error naming the
+// slice) and writes one entry per new row into out[0, max_rows). Returns the rows written.
+int64_t fill_row_table(std::span<const SeqSlice> seqs, int32_t n_slots, int32_t capacity,
+                       RowEntry* out, int64_t max_rows);
+
+// The largest calls a model makes, known when it is built: a backend reserves its kernels'
+// scratch for them once (Backend::reserve), so no op allocates on the token path.
+struct KernelBounds {
+  int64_t max_rows = 0;         // rows of x in any linear
+  int64_t max_in_features = 0;  // k of any linear
+  int64_t max_q4_elems = 0;     // elements of the largest 4-bit matrix (0: none)
+  bool half_weights = false;    // some matrix is stored f16, bf16 or 4-bit
+  int64_t max_positions = 0;    // positions one sequence attends over (the KV capacity)
+};
+
+// The scratch an accelerator backend (kernels/cuda) reserves for `b`: x rounded to f16 for
+// half-precision and 4-bit linears, and the largest 4-bit matrix dequantised to f16.
+// placement/ counts it on the device; the CUDA backend allocates exactly this.
+int64_t accelerator_scratch_bytes(const KernelBounds& b);
+
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 // Names one transfer() so compute or the host can wait for it; id 0 is "nothing to wait for".
@@ -97,6 +143,10 @@ class Backend {
   // Called on a thread before its first call into this backend (a pipeline stage's compute
   // thread): the CPU backend gives it its thread count, the CUDA backend its device.
   virtual void bind_thread() {}
+  // Reserves the kernels' scratch for calls within `bounds` (grow-only; a later call with
+  // larger bounds grows it). reserved_bytes(): what that scratch holds now.
+  virtual void reserve(const KernelBounds& bounds) { (void)bounds; }
+  virtual size_t reserved_bytes() const { return 0; }
 
   // Copies that overlap compute (FlexGen Algorithm 1's loads of the next layer). A transfer
   // runs after all compute enqueued before it (so it may overwrite memory that compute
@@ -127,16 +177,16 @@ class Backend {
   // Row-wise softmax of x[m, n] in place.
   virtual void softmax(float* x, int64_t m, int64_t n) = 0;
   // Writes the new keys/values (rows of k, v: [rows, n_kv_heads * head_dim]) into the cache.
-  virtual void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  virtual void kv_store(const float* k, const float* v, const StepRows& rows,
                         const KvLayerView& cache) = 0;
   // The same into a 4-bit cache: each new row is quantised as it is stored.
-  virtual void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  virtual void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                            const KvQ4LayerView& cache);
   // Every row of a 4-bit cache dequantised into `out` (same shape), just before attention.
   virtual void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out);
   // Causal attention of q[rows, n_heads * head_dim] over each sequence's cache
   // (positions 0 .. n_past + i for its i-th new row) into out[rows, n_heads * head_dim].
-  virtual void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+  virtual void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                          const AttentionDims& dims, float* out) = 0;
 };
 

@@ -118,6 +118,21 @@ std::string CpuBackend::name() const {
   return fmt::format("cpu ({} threads)", threads_);
 }
 
+void CpuBackend::reserve(const KernelBounds& b) {
+  if (b.half_weights)
+    dequant_scratch_.reserve(static_cast<size_t>(kDequantRows * b.max_in_features));
+  if (b.max_q4_elems > 0) q4_scratch_.reserve(kGemvMaxRows, b.max_in_features, kQuantGroupSize);
+  // attention(): one score block per task, at most (rows of one sequence) x (its positions).
+  const int64_t per_task = std::min(b.max_rows, b.max_positions) * b.max_positions;
+  const auto threads = static_cast<int64_t>(std::max(threads_, omp_get_max_threads()));
+  attn_scratch_.reserve(static_cast<size_t>(per_task * threads));
+}
+
+size_t CpuBackend::reserved_bytes() const {
+  return (dequant_scratch_.capacity() + attn_scratch_.capacity()) * sizeof(float) +
+         q4_scratch_.bytes();
+}
+
 void* CpuBackend::allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
@@ -139,7 +154,7 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
   check_linear_args(m, w);
   if (m == 0) return;
   if (w.dtype == DType::kQ4 && m <= kGemvMaxRows) {
-    linear_4bit(x, m, q4_view(w), bias, y);  // dequantised in registers as the codes stream
+    linear_4bit(x, m, q4_view(w), bias, y, q4_scratch_);  // dequantised as the codes stream
   } else if (m <= kGemvMaxRows) {
     // Decode: stream each weight row once for all m rows, at memory bandwidth.
     const int64_t n = w.shape[0];
@@ -296,8 +311,9 @@ void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
     causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n));
 }
 
-void CpuBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+void CpuBackend::kv_store(const float* k, const float* v, const StepRows& rows,
                           const KvLayerView& cache) {
+  const std::span<const SeqSlice> seqs = rows.seqs;
   const int32_t hd = cache.head_dim;
   const int64_t width = static_cast<int64_t>(cache.n_kv_heads) * hd;
   for (const SeqSlice& s : seqs) {
@@ -343,8 +359,9 @@ void store_q4_row(const float* x, const KvQ4LayerView& c, Q4Blob b, size_t row) 
 
 }  // namespace
 
-void CpuBackend::kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+void CpuBackend::kv_store_q4(const float* k, const float* v, const StepRows& rows,
                              const KvQ4LayerView& cache) {
+  const std::span<const SeqSlice> seqs = rows.seqs;
   const int32_t hd = cache.head_dim;
   const int64_t width = static_cast<int64_t>(cache.n_kv_heads) * hd;
   const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
@@ -383,8 +400,9 @@ void CpuBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& ou
 // One task per (sequence, query head): S = scale * Q K^T over the sequence's cache, causal
 // softmax per row, O = P V. BLAS does the products (GEMV for a decode row, GEMM for a
 // prefill chunk); inside the parallel region OpenBLAS runs single-threaded.
-void CpuBackend::attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                            const AttentionDims& dims, float* out) {
+  const std::span<const SeqSlice> seqs = rows.seqs;
   const int32_t hd = dims.head_dim;
   const int32_t group = dims.n_heads / dims.n_kv_heads;
   const int64_t width = static_cast<int64_t>(dims.n_heads) * hd;

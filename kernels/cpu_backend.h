@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/quant.h"
 
 namespace strata {
 
@@ -22,6 +23,10 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override {}
   void bind_thread() override;
+  // Reserves the f32 rows a half-precision GEMM dequantises into and attention's score
+  // blocks (one per thread), so a step allocates nothing.
+  void reserve(const KernelBounds& bounds) override;
+  size_t reserved_bytes() const override;
 
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
@@ -35,12 +40,12 @@ class CpuBackend final : public Backend {
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
   void softmax(float* x, int64_t m, int64_t n) override;
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store(const float* k, const float* v, const StepRows& rows,
                 const KvLayerView& cache) override;
-  void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                    const KvQ4LayerView& cache) override;
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
-  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+  void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
 
  private:
@@ -48,9 +53,10 @@ class CpuBackend final : public Backend {
   void linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
 
   int threads_;
-  // Scratch reused across calls so the per-token path allocates nothing once warm.
+  // Scratch reserved by reserve() and reused across calls.
   std::vector<float> attn_scratch_;
   std::vector<float> dequant_scratch_;
+  Linear4bitScratch q4_scratch_;
 };
 
 // The most threads a CPU backend takes: 4 x the hardware threads (more only oversubscribes

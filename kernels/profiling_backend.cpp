@@ -18,9 +18,9 @@ void ProfilingBackend::timed(Op op, Fn&& fn) {
 void ProfilingBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
   timed(kCopy, [&] { inner_.copy(dst, src, bytes, kind); });
 }
-void ProfilingBackend::kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+void ProfilingBackend::kv_store_q4(const float* k, const float* v, const StepRows& rows,
                                    const KvQ4LayerView& cache) {
-  timed(kKvStore, [&] { inner_.kv_store_q4(k, v, seqs, cache); });
+  timed(kKvStore, [&] { inner_.kv_store_q4(k, v, rows, cache); });
 }
 void ProfilingBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) {
   timed(kKvStore, [&] { inner_.kv_dequantize(cache, out); });
@@ -56,13 +56,13 @@ void ProfilingBackend::add(float* y, const float* x, int64_t n) {
 void ProfilingBackend::softmax(float* x, int64_t m, int64_t n) {
   timed(kSoftmax, [&] { inner_.softmax(x, m, n); });
 }
-void ProfilingBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+void ProfilingBackend::kv_store(const float* k, const float* v, const StepRows& rows,
                                 const KvLayerView& cache) {
-  timed(kKvStore, [&] { inner_.kv_store(k, v, seqs, cache); });
+  timed(kKvStore, [&] { inner_.kv_store(k, v, rows, cache); });
 }
-void ProfilingBackend::attention(const float* q, std::span<const SeqSlice> seqs,
-                                 const KvLayerView& cache, const AttentionDims& dims, float* out) {
-  timed(kAttention, [&] { inner_.attention(q, seqs, cache, dims, out); });
+void ProfilingBackend::attention(const float* q, const StepRows& rows, const KvLayerView& cache,
+                                 const AttentionDims& dims, float* out) {
+  timed(kAttention, [&] { inner_.attention(q, rows, cache, dims, out); });
 }
 
 std::string ProfilingBackend::json() const {

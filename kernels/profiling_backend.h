@@ -21,6 +21,8 @@ class ProfilingBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override { inner_.synchronize(); }
   void bind_thread() override { inner_.bind_thread(); }
+  void reserve(const KernelBounds& bounds) override { inner_.reserve(bounds); }
+  size_t reserved_bytes() const override { return inner_.reserved_bytes(); }
   // Transfers are what the profile must not serialise: passed through untimed.
   TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     return inner_.transfer(dst, src, bytes, kind);
@@ -28,7 +30,7 @@ class ProfilingBackend final : public Backend {
   void compute_waits(TransferTicket t) override { inner_.compute_waits(t); }
   void host_waits(TransferTicket t) override { inner_.host_waits(t); }
   void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
-  void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                    const KvQ4LayerView& cache) override;
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
   void deallocate_host(void* p) override { inner_.deallocate_host(p); }
@@ -44,9 +46,9 @@ class ProfilingBackend final : public Backend {
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
   void softmax(float* x, int64_t m, int64_t n) override;
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store(const float* k, const float* v, const StepRows& rows,
                 const KvLayerView& cache) override;
-  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+  void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
 
   // {"linear": {"calls": n, "seconds": s}, ...}

@@ -217,24 +217,16 @@ struct LinearArgs {
   float* y;
 };
 
-// Per-call scratch in the calling thread; it only grows, so the per-token path allocates
-// nothing once warm.
-struct LinearScratch {
-  std::vector<float> xsum;
-  std::vector<float> xperm;
-};
-
 bool use_avx2(int64_t group_size) {
   return STRATA_QUANT_AVX2 && group_size % kBlock == 0;
 }
 
-LinearScratch& linear_scratch(int64_t m, int64_t k, int64_t g) {
-  thread_local LinearScratch s;
+// Sized for a call of m rows of k columns in groups of g (grows, never shrinks).
+void fit(Linear4bitScratch& s, int64_t m, int64_t k, int64_t g) {
   const auto need_sum = static_cast<size_t>(m * (k / g));
   const auto need_perm = use_avx2(g) ? static_cast<size_t>(m * k) : 0;
   if (s.xsum.size() < need_sum) s.xsum.resize(need_sum);
   if (s.xperm.size() < need_perm) s.xperm.resize(need_perm);
-  return s;
 }
 
 // Sums of x over each group, [m, k / g]: groups tile each row of x exactly.
@@ -489,13 +481,23 @@ void write_q4_blob(const QuantizedTensor& q, void* blob) {
   std::memcpy(out + q.packed.size() + q.mins.size(), q.scales.data(), q.scales.size());
 }
 
+void Linear4bitScratch::reserve(int64_t m, int64_t k, int64_t group_size) {
+  if (m > 0 && k > 0 && group_size > 0) fit(*this, m, k, group_size);
+}
+
 void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y) {
+  thread_local Linear4bitScratch scratch;  // the caller brought none: this thread's
+  linear_4bit(x, m, w, bias, y, scratch);
+}
+
+void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y,
+                 Linear4bitScratch& scratch) {
   const QuantLayout& l = w.layout;
   STRATA_CHECK(l.axis == QuantAxis::kAlongRow,
                "linear_4bit needs a weight grouped along rows, got {}", l.str());
   STRATA_CHECK(m >= 0, "linear_4bit rows {}", m);
   if (m == 0 || l.rows == 0) return;
-  LinearScratch& scratch = linear_scratch(m, l.cols, l.group_size);
+  fit(scratch, m, l.cols, l.group_size);
   group_sums(x, m, l.cols, l.group_size, scratch.xsum.data());
   if (use_avx2(l.group_size)) rearrange_blocks(x, m * l.cols, scratch.xperm.data());
   const LinearArgs a{.x = use_avx2(l.group_size) ? scratch.xperm.data() : x,

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -121,5 +122,17 @@ void dequantize_rows(const QuantView& t, int64_t row_begin, int64_t n_rows, floa
 // dequantize_rows a block into f32 and use the GEMM.
 void linear_4bit(const float* x, int64_t m, const QuantizedTensor& w, const float* bias, float* y);
 void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y);
+
+// linear_4bit's per-call scratch (x's group sums, x rearranged for the AVX2 kernel). A
+// caller that owns one reserves it for its largest call and passes it, so no call allocates;
+// the overloads above use one per thread that grows on demand.
+struct Linear4bitScratch {
+  std::vector<float> xsum;
+  std::vector<float> xperm;
+  void reserve(int64_t m, int64_t k, int64_t group_size);
+  size_t bytes() const { return (xsum.capacity() + xperm.capacity()) * sizeof(float); }
+};
+void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y,
+                 Linear4bitScratch& scratch);
 
 }  // namespace strata

@@ -13,7 +13,7 @@ namespace {
 
 constexpr int64_t kF32 = 4;
 constexpr int64_t kI32 = 4;
-// Model::allocate_activations: logits are computed this many rows at a time.
+// worker/transformer.h: logits are computed this many rows at a time.
 constexpr int64_t kLogitChunk = 64;
 
 double mib(int64_t bytes) {
@@ -24,6 +24,35 @@ int64_t matrix_bytes(const ModelShape& s, int64_t rows, int64_t cols, bool compr
   Tensor t{nullptr, s.dtype, {rows, cols}};
   if (compress && cols % kQuantGroupSize == 0) t.dtype = DType::kQ4;
   return static_cast<int64_t>(t.bytes());
+}
+
+// The largest linear calls a stage makes (worker/transformer.cpp kernel_bounds, from the
+// tensors themselves): every layer matrix, and project_in / project_out / lm_head where the
+// stage has them.
+KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, const Policy& policy) {
+  struct Matrix {
+    int64_t rows, cols;
+    bool layer;
+  };
+  const int64_t e = s.embed_width();
+  std::vector<Matrix> m = {{s.q_width(), s.hidden, true},
+                           {s.kv_width(), s.hidden, true},
+                           {s.hidden, s.q_width(), true},
+                           {s.intermediate, s.hidden, true},
+                           {s.hidden, s.intermediate, true}};
+  if (r.embedding && e != s.hidden) m.push_back({s.hidden, e, false});
+  if (r.head && e != s.hidden) m.push_back({e, s.hidden, false});
+  if (r.head) m.push_back({s.vocab, e, false});
+  KernelBounds b;
+  b.max_rows = r.max_rows;
+  b.max_positions = r.kv_capacity;
+  for (const Matrix& x : m) {
+    const bool q4 = policy.compress_weight && x.layer && x.cols % kQuantGroupSize == 0;
+    b.max_in_features = std::max(b.max_in_features, x.cols);
+    b.half_weights = b.half_weights || q4 || s.dtype != DType::kF32;
+    if (q4) b.max_q4_elems = std::max(b.max_q4_elems, x.rows * x.cols);
+  }
+  return b;
 }
 
 // One layer's tensors in LayerLayout's order (worker/layer_store.cpp kMembers), bytes each.
@@ -190,11 +219,14 @@ std::string StagePlacement::str() const {
   for (Tier t : cache.tiers) c += tier_name(t)[0];
   return fmt::format(
       "StagePlacement(layers [{}, {}){}{}, {} compute, total {}; weights {} [{}]; kv cache {} "
-      "[{}] = {}; activations {:.1f} MiB, workspace {:.1f} MiB compute + {:.1f} MiB host{}{})",
+      "[{}] = {}; activations {:.1f} MiB, workspace {:.1f} MiB compute + {:.1f} MiB host{}{}{})",
       layer_begin, layer_end, embedding ? " + embedding" : "", head ? " + head" : "",
       device_compute ? "device" : "host", total().str(), weights.str(), w, cache.str(), c,
       cache_bytes().str(), mib(activation_bytes), mib(compute_workspace_bytes),
       mib(host_workspace_bytes),
+      kernel_scratch_bytes > 0
+          ? fmt::format("; kernel scratch {:.1f} MiB on the device", mib(kernel_scratch_bytes))
+          : "",
       gpu_batch_size > 0 ? fmt::format(", GPU batch {}", gpu_batch_size) : "",
       cpu_attention ? ", attention on the CPU" : "");
 }
@@ -239,20 +271,21 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
   }
 
-  // The step's buffers (Model::allocate_activations and its workspaces).
+  // The step's buffers (worker/transformer.h: one layer's temporaries; block_executor.h: a
+  // state per GPU batch; kv_attention.h: its workspaces).
   if (r.max_rows > 0) {
     const int64_t rows = r.max_rows;
     const int64_t wide = std::max({s.hidden, s.q_width(), s.embed_width()});
     int64_t a = rows * kF32 *
-                (3 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // x h sel ..
-    a += 2 * rows * kI32;  // token ids and positions
+                (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // h sel ..
     if (r.head) a += std::min(rows, kLogitChunk) * s.vocab * kF32;
     if (!s.learned_positions) a += 2 * s.max_positions * (s.head_dim / 2) * kF32;  // rotary
+    // Each GPU batch of a block keeps its residual stream and its step ids: tokens,
+    // positions and the row table (RowEntry per row). One GPU batch at least.
+    const int64_t gbs = p.gpu_batch_size;
+    const int64_t states = gbs > 0 && r.kv_slots > gbs ? (r.kv_slots + gbs - 1) / gbs : 1;
+    a += states * rows * (wide * kF32 + 2 * kI32 + static_cast<int64_t>(sizeof(RowEntry)));
     if (r.kv_slots > 0) {
-      // Each GPU batch of a block keeps its residual stream, ids and positions.
-      const int64_t gbs = p.gpu_batch_size;
-      const int64_t states = gbs > 0 && r.kv_slots > gbs ? (r.kv_slots + gbs - 1) / gbs : 1;
-      a += states * (rows * wide * kF32 + 2 * rows * kI32);
       const bool off_device =
           r.device_compute && kv.count(Tier::kGpu) < static_cast<int32_t>(kv.tiers.size());
       if (kv.compress)  // a layer dequantised to f32 for attention
@@ -263,6 +296,8 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
         p.host_workspace_bytes += rows * kF32 * (2 * s.q_width() + 2 * s.kv_width());
     }
     p.activation_bytes = a;
+    if (r.device_compute)
+      p.kernel_scratch_bytes = accelerator_scratch_bytes(stage_kernel_bounds(s, r, policy));
   }
   p.host_workspace_bytes +=
       int64_t{r.host_logit_rows} * s.vocab * kF32 + int64_t{r.host_token_rows} * kI32;
@@ -314,7 +349,8 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
 
 std::vector<std::string> shortfalls(const StagePlacement& p, const TierBudgets& b) {
   std::vector<std::string> out;
-  const TierBytes need = p.total();
+  TierBytes need = p.total();
+  need.gpu += p.kernel_scratch_bytes;
   for (Tier t : kTiers) {
     if (b[t] < 0 || need[t] <= b[t]) continue;
     out.push_back(fmt::format(

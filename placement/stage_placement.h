@@ -98,6 +98,10 @@ struct StagePlacement {
   int64_t activation_bytes = 0;         // compute tier: step buffers, rotary tables, batch states
   int64_t compute_workspace_bytes = 0;  // compute tier: a cache layer staged or dequantised
   int64_t host_workspace_bytes = 0;     // host: delegated attention, the stage's logits and ids
+  // The accelerator backend's own scratch (kernels/backend.h accelerator_scratch_bytes): held
+  // by the backend, not the engine, so outside total() (what the worker's engine reports),
+  // but counted against the device budget.
+  int64_t kernel_scratch_bytes = 0;
 
   TierBytes weight_bytes() const;
   TierBytes cache_bytes() const;
@@ -111,8 +115,8 @@ struct StagePlacement {
 // With whole-stage budgets it never refuses: shortfalls() says what does not fit.
 StagePlacement place_stage(const ModelShape& model, const StageRequest& request);
 
-// One line per tier over its budget: "cpu needs 1.1 MiB (1143456 bytes), budget 1.0 MiB
-// (1048576 bytes): short by 0.1 MiB (94880 bytes)".
+// One line per tier over its budget (the GPU's need includes the kernel scratch): "cpu needs 1.1
+// MiB (1143456 bytes), budget 1.0 MiB (1048576 bytes): short by 0.1 MiB (94880 bytes)".
 std::vector<std::string> shortfalls(const StagePlacement& placement, const TierBudgets& budgets);
 
 // The weights alone (the loader's part of place_stage), with budgets bounding the weights.

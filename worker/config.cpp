@@ -168,8 +168,9 @@ struct Names {
   const char* eps;
 };
 Names field_names(const ModelConfig& c) {
-  return c.is_llama() ? Names{"intermediate_size", "rms_norm_eps"}
-                      : Names{"ffn_dim", "layer_norm_eps (fixed at 1e-5 for OPT)"};
+  return c.family == ModelFamily::kLlama
+             ? Names{"intermediate_size", "rms_norm_eps"}
+             : Names{"ffn_dim", "layer_norm_eps (fixed at 1e-5 for OPT)"};
 }
 
 // Every size a config controls, against its limit, before anything of that size exists.
@@ -198,7 +199,7 @@ void check_sizes(const ModelConfig& c, const InputLimits& l) {
     positive(z.field, z.value);
     l.check(z.limit, z.value, s, z.field);
   }
-  if (c.is_opt()) {
+  if (c.family == ModelFamily::kOpt) {
     positive("word_embed_proj_dim", c.word_embed_proj_dim);
     l.check(&InputLimits::hidden, c.word_embed_proj_dim, s, "word_embed_proj_dim");
   }
@@ -218,7 +219,7 @@ void check_shape(const ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads != 0)
     fail_input("{}: num_key_value_heads {} does not divide num_attention_heads {}", s, c.n_kv_heads,
                c.n_heads);
-  if (c.is_llama() && c.head_dim % 2 != 0)
+  if (c.architecture().rotary() && c.head_dim % 2 != 0)
     fail_input("{}: head_dim {} must be even for rotary embeddings", s, c.head_dim);
 }
 
@@ -230,7 +231,7 @@ void check_numbers(const ModelConfig& c) {
   const std::string& s = c.source;
   if (!(c.norm_eps > 0.0f && c.norm_eps <= kMaxNormEps))
     fail_input("{}: {} = {} is outside (0, {}]", s, field_names(c).eps, c.norm_eps, kMaxNormEps);
-  if (!c.is_llama()) return;
+  if (!c.architecture().rotary()) return;
   if (!(c.rope_theta > 0.0f))
     fail_input("{}: rope_theta must be positive, got {}", s, c.rope_theta);
   if (c.rope_scaling_type.empty()) return;
@@ -287,7 +288,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source,
     auto parsed = parse_dtype(dt->get<std::string>());
     if (parsed && *parsed != DType::kI32) c.dtype = *parsed;
   }
-  if (c.is_llama()) {
+  if (c.family == ModelFamily::kLlama) {
     parse_llama(j, c);
   } else {
     parse_opt(j, c);
@@ -303,7 +304,25 @@ void ModelConfig::validate(const InputLimits& limits) const {
   check_token_ids(*this);
 }
 
+const char* family_name(ModelFamily f) {
+  return f == ModelFamily::kLlama ? "llama" : "opt";
+}
+
+Architecture Architecture::of(const ModelConfig& c) {
+  const bool opt = c.family == ModelFamily::kOpt;
+  Architecture a;
+  a.norm = opt ? NormKind::kLayer : NormKind::kRms;
+  a.mlp = opt ? MlpKind::kRelu : MlpKind::kGatedSilu;
+  a.positions = opt ? PositionKind::kLearned : PositionKind::kRotary;
+  a.pre_norm = !opt || c.do_layer_norm_before;
+  a.final_norm = a.pre_norm;
+  a.position_offset = c.position_offset;
+  a.embed_dim = opt ? c.word_embed_proj_dim : c.hidden;
+  return a;
+}
+
 ModelShape ModelConfig::shape() const {
+  const Architecture a = architecture();
   ModelShape s;
   s.hidden = hidden;
   s.intermediate = intermediate;
@@ -313,16 +332,16 @@ ModelShape ModelConfig::shape() const {
   s.head_dim = head_dim;
   s.vocab = vocab;
   s.max_positions = max_positions;
-  s.gated_mlp = is_llama();
-  s.learned_positions = is_opt();
+  s.gated_mlp = a.gated_mlp();
+  s.learned_positions = a.learned_positions();
   s.linear_bias = attention_bias || mlp_bias;
-  s.norm_bias = is_opt();
+  s.norm_bias = a.norm_bias();
   s.tied_head = tie_word_embeddings;
   s.weight_bytes_per_elem = static_cast<int64_t>(dtype_size(dtype));
   s.dtype = dtype;
-  s.embed_dim = is_opt() ? word_embed_proj_dim : hidden;
+  s.embed_dim = a.embed_dim;
   s.position_offset = position_offset;
-  s.final_norm = !is_opt() || do_layer_norm_before;
+  s.final_norm = a.final_norm;
   s.attention_bias = attention_bias;
   s.mlp_bias = mlp_bias;
   return s;
@@ -332,8 +351,8 @@ std::string ModelConfig::str() const {
   return fmt::format(
       "ModelConfig({}, {}, hidden={}, intermediate={}, layers={}, heads={}, kv_heads={}, "
       "head_dim={}, vocab={}, max_pos={}, eps={}, dtype={}, tied={})",
-      source, is_llama() ? "llama" : "opt", hidden, intermediate, n_layers, n_heads, n_kv_heads,
-      head_dim, vocab, max_positions, norm_eps, dtype_name(dtype), tie_word_embeddings);
+      source, family_name(family), hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim,
+      vocab, max_positions, norm_eps, dtype_name(dtype), tie_word_embeddings);
 }
 
 ModelConfig parse_model_config_text(std::string_view text, const std::string& source,

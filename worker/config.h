@@ -16,6 +16,32 @@
 namespace strata {
 
 enum class ModelFamily { kLlama, kOpt };
+const char* family_name(ModelFamily f);
+
+struct ModelConfig;
+
+// How the two families differ, as data (FasterTransformer's lesson: one layer builder with a
+// table of differences, not a copy per architecture). Derived once from the config
+// (Architecture::of, the one place the family becomes behaviour); the layer code, the weight
+// table and the memory model read these fields, never the family.
+enum class NormKind : uint8_t { kRms, kLayer };           // RMSNorm / LayerNorm (+ bias)
+enum class MlpKind : uint8_t { kGatedSilu, kRelu };       // SwiGLU gate*up / fc1-ReLU-fc2
+enum class PositionKind : uint8_t { kRotary, kLearned };  // RoPE / a learned table
+struct Architecture {
+  NormKind norm = NormKind::kRms;
+  MlpKind mlp = MlpKind::kGatedSilu;
+  PositionKind positions = PositionKind::kRotary;
+  bool pre_norm = true;         // norm on the way into attention / MLP; else after the residual
+  bool final_norm = true;       // a norm before the head (post-norm OPT has none)
+  int32_t position_offset = 0;  // learned positions: the table row of position 0
+  int32_t embed_dim = 0;        // token embedding width (OPT's word_embed_proj_dim)
+
+  bool norm_bias() const { return norm == NormKind::kLayer; }
+  bool gated_mlp() const { return mlp == MlpKind::kGatedSilu; }
+  bool rotary() const { return positions == PositionKind::kRotary; }
+  bool learned_positions() const { return positions == PositionKind::kLearned; }
+  static Architecture of(const ModelConfig& c);
+};
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
@@ -51,8 +77,7 @@ struct ModelConfig {
   int32_t pad_token_id = -1;  // -1: none given
   std::vector<int32_t> eos_token_ids;
 
-  bool is_llama() const { return family == ModelFamily::kLlama; }
-  bool is_opt() const { return family == ModelFamily::kOpt; }
+  Architecture architecture() const { return Architecture::of(*this); }
   int32_t q_width() const { return n_heads * head_dim; }
   int32_t kv_width() const { return n_kv_heads * head_dim; }
   ModelShape shape() const;

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "placement/tier.h"
 #include "worker/config.h"
 #include "worker/direct_file.h"
-#include "worker/layer_feeder.h"
 
 namespace strata {
 

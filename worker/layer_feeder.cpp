@@ -26,8 +26,19 @@ Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned
 
 }  // namespace
 
+namespace {
+
+std::vector<int32_t> streamed_layers(const std::vector<Tier>& tiers) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < tiers.size(); ++i)
+    if (tiers[i] != Tier::kGpu) out.push_back(static_cast<int32_t>(i));
+  return out;
+}
+
+}  // namespace
+
 LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap)
-    : device_(device), tiers_(std::move(tiers)), overlap_(overlap) {
+    : device_(device), tiers_(std::move(tiers)), prefetch_(streamed_layers(tiers_), overlap) {
   resident_.resize(tiers_.size());
   gpu_views_.resize(tiers_.size());
 }
@@ -75,16 +86,8 @@ void LayerFeeder::finish(std::unique_ptr<LayerStreamer> disk) {
   }
 }
 
-int32_t LayerFeeder::next_streamed(int32_t layer) const {
-  const auto n = static_cast<int32_t>(tiers_.size());
-  for (int32_t step = 1; step <= n; ++step) {
-    const int32_t j = (layer + step) % n;
-    if (tier(j) != Tier::kGpu) return j;
-  }
-  return -1;
-}
-
-void LayerFeeder::load(Slot& slot, int32_t layer) {
+void LayerFeeder::start(int slot_index, int32_t layer) {
+  Slot& slot = slots_[slot_index];
   const void* src = nullptr;
   if (tier(layer) == Tier::kCpu) {
     src = resident_[static_cast<size_t>(layer)].data();
@@ -100,29 +103,21 @@ void LayerFeeder::load(Slot& slot, int32_t layer) {
     stats_.layers_from_disk += 1;
     stats_.bytes_from_disk += static_cast<int64_t>(layout_.bytes());
   }
-  slot.layer = layer;
+  // The transfer queue runs after the compute already issued, which is the last to read
+  // this slot's previous layer, so overwriting it is safe.
   slot.ticket = device_.transfer(slot.blob.data(), src, layout_.bytes(), CopyKind::kHostToDevice);
   if (tier(layer) == Tier::kDisk) disk_ticket_ = slot.ticket;
+}
+
+void LayerFeeder::finish(int slot, int32_t) {
+  device_.compute_waits(slots_[slot].ticket);
 }
 
 const LayerWeights& LayerFeeder::acquire(int32_t layer) {
   STRATA_CHECK(layer >= 0 && static_cast<size_t>(layer) < tiers_.size(), "layer {} of {}", layer,
                tiers_.size());
   if (tier(layer) == Tier::kGpu) return gpu_views_[static_cast<size_t>(layer)];
-  Slot* slot = slots_[0].layer == layer   ? &slots_[0]
-               : slots_[1].layer == layer ? &slots_[1]
-                                          : nullptr;
-  if (slot == nullptr) {  // not prefetched (first use, or overlap off)
-    slot = &slots_[0];
-    load(*slot, layer);
-  }
-  device_.compute_waits(slot->ticket);
-  Slot& other = slot == &slots_[0] ? slots_[1] : slots_[0];
-  const int32_t next = next_streamed(layer);
-  // The other slot held the previous streamed layer, whose compute is already enqueued; the
-  // transfer queue runs after it, so overwriting it is safe.
-  if (overlap_ && next != layer && other.layer != next) load(other, next);
-  return slot->view;
+  return slots_[prefetch_.acquire(layer, *this)].view;
 }
 
 TierBytes LayerFeeder::memory() const {

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "placement/tier.h"
 #include "worker/layer_store.h"
+#include "worker/prefetch.h"
 #include "worker/weights.h"
 
 namespace strata {
@@ -28,11 +29,12 @@ struct FeedStats {
   double wait_seconds = 0;      // host waiting for a disk layer before it could be sent on
 };
 
-class LayerFeeder {
+class LayerFeeder : private SlotIo {
  public:
   // `tiers` has one entry per layer; `overlap` false loads a streamed layer only when it is
   // needed (the ablation).
   LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap);
+  ~LayerFeeder() override = default;
   LayerFeeder(const LayerFeeder&) = delete;
   LayerFeeder& operator=(const LayerFeeder&) = delete;
 
@@ -49,6 +51,7 @@ class LayerFeeder {
   Tier tier(int32_t layer) const { return tiers_[static_cast<size_t>(layer)]; }
   FeedStats stats() const;
   size_t layer_bytes() const { return layout_.bytes(); }  // one packed layer
+  const LayerLayout& layout() const { return layout_; }
   const LayerStreamer* disk() const { return disk_.get(); }
   // What the feeder holds: resident layers (device or page-locked host) and its two device
   // slots; the disk streamer's staging and file included.
@@ -58,22 +61,23 @@ class LayerFeeder {
   struct Slot {
     DeviceBuffer blob;
     LayerWeights view;
-    int32_t layer = -1;
     TransferTicket ticket;
   };
   void set_layout(const LayerLayout& layout);  // the first one wins; all layers share it
-  void load(Slot& slot, int32_t layer);        // issues the copy of a streamed layer into `slot`
-  int32_t next_streamed(int32_t layer) const;
+  // SlotIo: a copy on the transfer queue (from pinned host memory, or from the disk
+  // streamer's staging), and compute ordered after it.
+  void start(int slot, int32_t layer) override;
+  void finish(int slot, int32_t layer) override;
 
   Backend& device_;
   std::vector<Tier> tiers_;
-  bool overlap_;
   LayerLayout layout_;
   std::vector<DeviceBuffer>
       resident_;  // per layer: device blob (GPU tier) or pinned blob (CPU tier)
   std::vector<LayerWeights> gpu_views_;
   std::unique_ptr<LayerStreamer> disk_;
   TransferTicket disk_ticket_;  // the last copy out of the streamer's host staging
+  TwoSlotPrefetcher prefetch_;  // over the CPU- and disk-tier layers
   Slot slots_[2];
   FeedStats stats_;
 };

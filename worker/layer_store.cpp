@@ -89,17 +89,15 @@ LayerStreamer::LayerStreamer(DirectFile file, LayerLayout layout, std::vector<in
                              bool overlap)
     : file_(std::move(file)),
       layout_(std::move(layout)),
-      disk_layers_(std::move(disk_layers)),
-      overlap_(overlap) {
-  STRATA_CHECK(!disk_layers_.empty(), "a layer streamer needs at least one disk layer");
+      prefetch_(std::move(disk_layers), overlap) {
+  STRATA_CHECK(!prefetch_.streamed().empty(), "a layer streamer needs at least one disk layer");
   for (Slot& s : slots_) {
     s.storage = Buffer(layout_.bytes() + kDirectAlignment);
     s.blob = aligned_in(s.storage);
     s.view = layout_.bind(s.blob);
   }
   io_ = std::thread([this] { io_loop(); });
-  std::lock_guard lock(mu_);
-  request(slots_[0], disk_layers_.front());  // the first token needs it first
+  prefetch_.prime(*this);  // the first token needs the first disk layer first
 }
 
 LayerStreamer::~LayerStreamer() {
@@ -111,56 +109,41 @@ LayerStreamer::~LayerStreamer() {
   io_.join();
 }
 
-bool LayerStreamer::on_disk(int32_t layer) const {
-  return std::binary_search(disk_layers_.begin(), disk_layers_.end(), layer);
-}
-
 size_t LayerStreamer::index_of(int32_t layer) const {
-  return static_cast<size_t>(std::lower_bound(disk_layers_.begin(), disk_layers_.end(), layer) -
-                             disk_layers_.begin());
+  const std::vector<int32_t>& d = prefetch_.streamed();
+  return static_cast<size_t>(std::lower_bound(d.begin(), d.end(), layer) - d.begin());
 }
 
-int32_t LayerStreamer::next_disk_layer(int32_t layer) const {
-  const size_t i = index_of(layer) + 1;
-  return disk_layers_[i == disk_layers_.size() ? 0 : i];
-}
-
-void LayerStreamer::request(Slot& slot, int32_t layer) {
-  slot.layer = layer;
-  slot.ready = false;
-  pending_ = &slot;
+void LayerStreamer::start(int slot, int32_t layer) {
+  std::unique_lock lock(mu_);
+  // One read in flight at a time: the disk gives no more bandwidth to two.
+  if (!cv_.wait_for(lock, kReadDeadline, [&] { return pending_ == nullptr || !io_error_.empty(); }))
+    fail(ErrorKind::kFailed, "a read from '{}' did not finish within {} s", file_.path(),
+         kReadDeadline.count());
+  Slot& s = slots_[slot];
+  s.layer = layer;
+  s.ready = false;
+  pending_ = &s;
   cv_.notify_all();
 }
 
-const LayerWeights& LayerStreamer::acquire(int32_t layer) {
-  STRATA_CHECK(on_disk(layer), "layer {} is not on disk", layer);
+void LayerStreamer::finish(int slot, int32_t layer) {
   std::unique_lock lock(mu_);
-  Slot* slot = slots_[0].layer == layer   ? &slots_[0]
-               : slots_[1].layer == layer ? &slots_[1]
-                                          : nullptr;
-  if (slot == nullptr) {  // not prefetched (first use, or overlap off): read it now
-    while (pending_ != nullptr) cv_.wait(lock);  // never two reads into flight
-    slot = &slots_[1 - current_];
-    request(*slot, layer);
-  }
+  const Slot& s = slots_[slot];
   const double t0 = now_s();
-  if (!cv_.wait_for(lock, kReadDeadline, [&] { return slot->ready || !io_error_.empty(); }))
+  if (!cv_.wait_for(lock, kReadDeadline, [&] { return s.ready || !io_error_.empty(); }))
     fail(ErrorKind::kFailed, "reading layer {} from '{}' did not finish within {} s", layer,
          file_.path(), kReadDeadline.count());
   if (!io_error_.empty()) fail(ErrorKind::kFailed, "{}", io_error_);
   stats_.wait_seconds += now_s() - t0;
-  current_ = static_cast<size_t>(slot - slots_);
-  // The other slot held the previous disk layer, whose compute is over: refill it (unless it
-  // already holds what comes next, as with a single disk layer).
-  Slot& other = slots_[1 - current_];
-  const int32_t next = next_disk_layer(layer);
-  if (overlap_ && other.layer != next && pending_ == nullptr) request(other, next);
-  return slot->view;
+}
+
+const LayerWeights& LayerStreamer::acquire(int32_t layer) {
+  return slots_[prefetch_.acquire(layer, *this)].view;
 }
 
 const void* LayerStreamer::acquire_blob(int32_t layer) {
-  acquire(layer);
-  return slots_[current_].blob;
+  return slots_[prefetch_.acquire(layer, *this)].blob;
 }
 
 void LayerStreamer::io_loop() {
@@ -241,7 +224,7 @@ std::unique_ptr<LayerStreamer> LayerOffloader::finish(size_t n_layers, bool over
 TierBytes LayerStreamer::memory() const {
   TierBytes m;
   for (const Slot& s : slots_) m.cpu += static_cast<int64_t>(s.storage.size());
-  m.disk = static_cast<int64_t>(disk_layers_.size() * layout_.bytes());
+  m.disk = static_cast<int64_t>(prefetch_.streamed().size() * layout_.bytes());
   return m;
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/tensor.h"
 #include "placement/tier.h"
 #include "worker/direct_file.h"
+#include "worker/prefetch.h"
 #include "worker/weights.h"
 
 namespace strata {
@@ -45,17 +46,17 @@ struct StreamStats {
   double wait_seconds = 0;  // compute waiting for a layer that was not there yet
 };
 
-class LayerStreamer {
+class LayerStreamer : private SlotIo {
  public:
   // `disk_layers` (ascending) have been written to `file` at index * layout.bytes().
   // `overlap` false reads each layer only when it is needed (the ablation).
   LayerStreamer(DirectFile file, LayerLayout layout, std::vector<int32_t> disk_layers,
                 bool overlap);
-  ~LayerStreamer();
+  ~LayerStreamer() override;
   LayerStreamer(const LayerStreamer&) = delete;
   LayerStreamer& operator=(const LayerStreamer&) = delete;
 
-  bool on_disk(int32_t layer) const;
+  bool on_disk(int32_t layer) const { return prefetch_.streams(layer); }
   // Weights of disk layer `layer`, valid until the next acquire(); starts the read of the
   // disk layer that follows it (wrapping to the first one for the next token).
   const LayerWeights& acquire(int32_t layer);
@@ -75,17 +76,16 @@ class LayerStreamer {
     int32_t layer = -1;  // what the slot holds (or is loading)
     bool ready = false;
   };
-  void request(Slot& slot, int32_t layer);  // caller holds mu_
+  // SlotIo: a read on the I/O thread (one at a time), and the wait for it.
+  void start(int slot, int32_t layer) override;
+  void finish(int slot, int32_t layer) override;
   void io_loop();
-  int32_t next_disk_layer(int32_t layer) const;
   size_t index_of(int32_t layer) const;
 
   DirectFile file_;
   LayerLayout layout_;
-  std::vector<int32_t> disk_layers_;
-  bool overlap_;
+  TwoSlotPrefetcher prefetch_;
   Slot slots_[2];
-  size_t current_ = 0;  // slot handed out by the last acquire()
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -69,7 +69,8 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
                  LayerWeights& L) {
   const std::string p = n.layer_prefix + std::to_string(i) + ".";
   const int64_t h = c.hidden, qw = c.q_width(), kvw = c.kv_width(), f = c.intermediate;
-  const bool ln = c.is_opt();
+  const Architecture a = c.architecture();
+  const bool ln = a.norm_bias();
   L.attn_norm = fetch(p + n.attn_norm + ".weight", {h}, Role::kVector, 0);
   if (ln) L.attn_norm_bias = fetch(p + n.attn_norm + ".bias", {h}, Role::kVector, -1);
   L.q = fetch(p + n.q + ".weight", {qw, h}, Role::kMatrix, h);
@@ -84,7 +85,7 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
   }
   L.mlp_norm = fetch(p + n.mlp_norm + ".weight", {h}, Role::kVector, 0);
   if (ln) L.mlp_norm_bias = fetch(p + n.mlp_norm + ".bias", {h}, Role::kVector, -1);
-  if (c.is_llama()) L.gate = fetch(p + n.gate + ".weight", {f, h}, Role::kMatrix, h);
+  if (a.gated_mlp()) L.gate = fetch(p + n.gate + ".weight", {f, h}, Role::kMatrix, h);
   L.up = fetch(p + n.up + ".weight", {f, h}, Role::kMatrix, h);
   L.down = fetch(p + n.down + ".weight", {h, f}, Role::kMatrix, f);
   if (c.mlp_bias) {
@@ -96,21 +97,21 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
 void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
                  const WeightParts& parts, ModelWeights& w) {
   const int64_t h = c.hidden;
-  const int64_t e = c.is_opt() ? c.word_embed_proj_dim : c.hidden;
+  const Architecture a = c.architecture();
+  const int64_t e = a.embed_dim;
   if (parts.embedding || (parts.head && c.tie_word_embeddings))
     w.embed = fetch(n.embed + ".weight", {c.vocab, e}, Role::kMatrix, -1);
-  if (c.is_opt() && parts.embedding) {
+  if (a.learned_positions() && parts.embedding)
     w.positions =
         fetch(n.positions + ".weight", {c.max_positions + c.position_offset, h}, Role::kMatrix, -1);
-    if (e != h) w.project_in = fetch(n.project_in + ".weight", {h, e}, Role::kMatrix, e);
-  }
+  if (e != h && parts.embedding)
+    w.project_in = fetch(n.project_in + ".weight", {h, e}, Role::kMatrix, e);
   if (!parts.head) return;
-  if (c.is_opt() && e != h)
-    w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
+  if (e != h) w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
   // OPT-350m style (post-LN) models have no final layer norm.
-  if (!c.is_opt() || c.do_layer_norm_before) {
+  if (a.final_norm) {
     w.final_norm = fetch(n.final_norm + ".weight", {h}, Role::kVector, 0);
-    if (c.is_opt()) w.final_norm_bias = fetch(n.final_norm + ".bias", {h}, Role::kVector, -1);
+    if (a.norm_bias()) w.final_norm_bias = fetch(n.final_norm + ".bias", {h}, Role::kVector, -1);
   }
   w.lm_head = c.tie_word_embeddings ? w.embed
                                     : fetch(n.lm_head + ".weight", {c.vocab, e}, Role::kMatrix, e);
@@ -223,7 +224,7 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
   auto archive =
       std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir, options.limits));
   NameTable names = llama_names();
-  if (config.is_opt()) {
+  if (config.family == ModelFamily::kOpt) {
     const bool prefixed = archive->find("model.decoder.embed_tokens.weight").tensor != nullptr;
     names = opt_names(prefixed ? "model." : "");
   }
@@ -273,7 +274,7 @@ ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const 
     fill_dummy_tensor(seed, name, fan_in, t);
     return t;
   };
-  const NameTable names = config.is_opt() ? opt_names("model.") : llama_names();
+  const NameTable names = config.family == ModelFamily::kOpt ? opt_names("model.") : llama_names();
   ModelWeights built = build_weights(config, names, fetch, sink, w.owned, parts);
   built.owned = std::move(w.owned);
   return built;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -26,6 +27,12 @@ namespace {
 
 using cuda_kernels::KernelStatus;
 using cuda_kernels::RowDesc;
+// The engine's row tables (kernels/backend.h RowEntry) are read by the kernels as RowDesc.
+static_assert(sizeof(RowDesc) == sizeof(RowEntry) &&
+                  offsetof(RowDesc, row) == offsetof(RowEntry, row) &&
+                  offsetof(RowDesc, slot) == offsetof(RowEntry, slot) &&
+                  offsetof(RowDesc, pos) == offsetof(RowEntry, pos),
+              "RowDesc and RowEntry must share one layout");
 
 // ---- One status check for the CUDA runtime, cuBLAS and our kernel launches. ----
 
@@ -129,6 +136,10 @@ class CudaBackend final : public Backend {
   void deallocate(void* p) override;
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override;
+  // The f16 copy of x for half-precision and 4-bit linears and the f16 dequantised 4-bit
+  // matrix, at exactly accelerator_scratch_bytes(bounds).
+  void reserve(const KernelBounds& bounds) override;
+  size_t reserved_bytes() const override { return half_x_bytes_ + dequant_bytes_; }
   void bind_thread() override { activate(); }
   TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void compute_waits(TransferTicket ticket) override;
@@ -148,11 +159,11 @@ class CudaBackend final : public Backend {
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
   void softmax(float* x, int64_t m, int64_t n) override;
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store(const float* k, const float* v, const StepRows& rows,
                 const KvLayerView& cache) override;
-  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& cache,
+  void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
-  void kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                    const KvQ4LayerView& cache) override;
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
 
@@ -167,6 +178,8 @@ class CudaBackend final : public Backend {
   // host) and uploads them through pinned staging memory; returns the device table.
   const RowDesc* upload_rows(std::span<const SeqSlice> seqs, const KvLayerView& cache,
                              int64_t& n_rows);
+  // The step's row table when the caller uploaded one (StepRows::table), else one built now.
+  const RowDesc* rows_of(const StepRows& rows, const KvLayerView& cache, int64_t& n_rows);
   static cuda_kernels::KvCacheDesc cache_desc(const KvLayerView& cache);
 
   int device_;
@@ -509,20 +522,16 @@ cuda_kernels::KvCacheDesc CudaBackend::cache_desc(const KvLayerView& cache) {
                                    static_cast<int64_t>(cache.head_stride())};
 }
 
+// A table for one call whose caller brought none (a test calling the op directly); the
+// engine uploads one table per GPU batch per step instead (StepRows::table).
 const RowDesc* CudaBackend::upload_rows(std::span<const SeqSlice> seqs, const KvLayerView& cache,
                                         int64_t& n_rows) {
+  int64_t total = 0;
+  for (const SeqSlice& s : seqs) total += std::max(s.n_new, 0);
   n_rows = 0;
-  for (const SeqSlice& s : seqs) {
-    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "kv slot {} of {}", s.slot, cache.n_slots);
-    STRATA_CHECK(s.n_new >= 0 && s.n_past >= 0 && s.row_begin >= 0,
-                 "bad sequence slice: rows {}+{} past {}", s.row_begin, s.n_new, s.n_past);
-    STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "kv cache overflow: {} + {} > capacity {}",
-                 s.n_past, s.n_new, cache.capacity);
-    n_rows += s.n_new;
-  }
-  if (n_rows == 0) return nullptr;
-  checked_int(n_rows, "batch rows");
-  const size_t bytes = static_cast<size_t>(n_rows) * sizeof(RowDesc);
+  if (total == 0) return nullptr;
+  checked_int(total, "batch rows");
+  const size_t bytes = static_cast<size_t>(total) * sizeof(RowDesc);
   // The pinned staging buffer may still be the source of the previous upload.
   STRATA_CUDA_CHECK(cudaEventSynchronize(upload_done_.get()));
   if (bytes > pinned_rows_bytes_) {
@@ -534,22 +543,48 @@ const RowDesc* CudaBackend::upload_rows(std::span<const SeqSlice> seqs, const Kv
     pinned_rows_.reset(p);
     pinned_rows_bytes_ = want;
   }
-  auto* host = static_cast<RowDesc*>(pinned_rows_.get());
-  size_t i = 0;
-  for (const SeqSlice& s : seqs)
-    for (int32_t t = 0; t < s.n_new; ++t)
-      host[i++] = RowDesc{s.row_begin + t, s.slot, s.n_past + t};
+  auto* host = static_cast<RowEntry*>(pinned_rows_.get());
+  n_rows = fill_row_table(seqs, cache.n_slots, cache.capacity, host, total);
   void* dev = device_scratch(rows_, rows_bytes_, bytes);
   STRATA_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_.get()));
   STRATA_CUDA_CHECK(cudaEventRecord(upload_done_.get(), stream_.get()));
   return static_cast<const RowDesc*>(dev);
 }
 
-void CudaBackend::kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+const RowDesc* CudaBackend::rows_of(const StepRows& rows, const KvLayerView& cache,
+                                    int64_t& n_rows) {
+  if (rows.table == nullptr) return upload_rows(rows.seqs, cache, n_rows);
+  n_rows = rows.n_rows;
+  return reinterpret_cast<const RowDesc*>(rows.table);
+}
+
+void CudaBackend::reserve(const KernelBounds& bounds) {
+  activate();
+  auto exactly = [&](DevicePtr& buf, size_t& capacity, int64_t bytes) {
+    if (bytes <= 0 || static_cast<size_t>(bytes) <= capacity) return;
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    buf.reset();
+    capacity = 0;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(status_kind(err), "{}: out of device memory reserving {} bytes of kernel scratch: {}",
+           name_, bytes, status_text(err));
+    }
+    buf.reset(p);
+    capacity = static_cast<size_t>(bytes);
+  };
+  if (bounds.half_weights)
+    exactly(half_x_, half_x_bytes_, bounds.max_rows * bounds.max_in_features * 2);
+  exactly(dequant_, dequant_bytes_, bounds.max_q4_elems * 2);
+}
+
+void CudaBackend::kv_store(const float* k, const float* v, const StepRows& step,
                            const KvLayerView& cache) {
   activate();
   int64_t n_rows = 0;
-  const RowDesc* rows = upload_rows(seqs, cache, n_rows);
+  const RowDesc* rows = rows_of(step, cache, n_rows);
   if (n_rows == 0) return;
   STRATA_CUDA_CHECK(cuda_kernels::kv_store(k, v, rows, n_rows, cache_desc(cache), stream()));
 }
@@ -560,16 +595,16 @@ cuda_kernels::KvQ4Desc q4_desc(const KvQ4LayerView& c) {
 }
 }  // namespace
 
-void CudaBackend::kv_store_q4(const float* k, const float* v, std::span<const SeqSlice> seqs,
+void CudaBackend::kv_store_q4(const float* k, const float* v, const StepRows& step,
                               const KvQ4LayerView& cache) {
   activate();
-  KvLayerView shape;  // for upload_rows' slot and capacity checks
+  KvLayerView shape;  // for the row table's slot and capacity checks
   shape.n_slots = cache.n_slots;
   shape.capacity = cache.capacity;
   shape.n_kv_heads = cache.n_kv_heads;
   shape.head_dim = cache.head_dim;
   int64_t n_rows = 0;
-  const RowDesc* rows = upload_rows(seqs, shape, n_rows);
+  const RowDesc* rows = rows_of(step, shape, n_rows);
   if (n_rows == 0) return;
   STRATA_CUDA_CHECK(cuda_kernels::kv_store_q4(k, v, rows, n_rows, q4_desc(cache), stream()));
 }
@@ -579,8 +614,8 @@ void CudaBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& o
   STRATA_CUDA_CHECK(cuda_kernels::kv_dequantize(q4_desc(cache), out.k, out.v, stream()));
 }
 
-void CudaBackend::attention(const float* q, std::span<const SeqSlice> seqs,
-                            const KvLayerView& cache, const AttentionDims& dims, float* out) {
+void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerView& cache,
+                            const AttentionDims& dims, float* out) {
   STRATA_CHECK(dims.n_kv_heads == cache.n_kv_heads && dims.head_dim == cache.head_dim,
                "attention dims (kv heads {}, head_dim {}) vs cache (kv heads {}, head_dim {})",
                dims.n_kv_heads, dims.head_dim, cache.n_kv_heads, cache.head_dim);
@@ -592,7 +627,7 @@ void CudaBackend::attention(const float* q, std::span<const SeqSlice> seqs,
                cuda_kernels::kMaxAttentionHeadDim);
   activate();
   int64_t n_rows = 0;
-  const RowDesc* rows = upload_rows(seqs, cache, n_rows);
+  const RowDesc* rows = rows_of(step, cache, n_rows);
   if (n_rows == 0) return;
   STRATA_CUDA_CHECK(cuda_kernels::attention(q, rows, n_rows, cache_desc(cache), dims.n_heads,
                                             dims.scale, out, stream()));

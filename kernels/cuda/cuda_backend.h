@@ -8,8 +8,11 @@
 //  - token ids (embedding) and positions (rope) live in device memory and are not
 //    validated on the host: an id outside the vocabulary gives a zero row, a position
 //    outside the rope table leaves that row unrotated;
-//  - the SeqSlice spans of kv_store/attention live in host memory and are checked there
-//    (slot, capacity), as on the CPU;
+//  - kv_store/attention read the step's row table in device memory when the caller gives
+//    one (StepRows::table, checked on the host by fill_row_table when it was built);
+//    otherwise they check the SeqSlice spans on the host and upload a table per call;
+//  - reserve() allocates the linear scratch (accelerator_scratch_bytes) up front; without
+//    it the first call of each kind allocates it;
 //  - linear with f16/bf16 weights rounds x to the weight's type before the GEMM (see
 //    cuda_backend.cpp), so it is accurate to that type's precision, not to f32.
 #pragma once

@@ -363,13 +363,27 @@ size_t cache_index(int32_t slot, int32_t head, int32_t pos, int32_t d) {
   return ((static_cast<size_t>(slot) * kKvHeads + head) * kCap + pos) * kHd + d;
 }
 
-Outcome op_kv_store(Backend& b) {
+// The step's rows as the engine hands them over: the slices and, with `table`, the row
+// table filled on the host and copied into the backend's memory (`holder` keeps it).
+StepRows step_rows(Backend& b, bool table, DeviceBuffer& holder) {
+  StepRows rows(kSeqs);
+  if (!table) return rows;
+  std::vector<RowEntry> host(kNewRows);
+  rows.n_rows = fill_row_table(kSeqs, kSlots, kCap, host.data(), kNewRows);
+  holder = DeviceBuffer(b, host.size() * sizeof(RowEntry));
+  b.copy(holder.data(), host.data(), host.size() * sizeof(RowEntry), CopyKind::kHostToDevice);
+  rows.table = static_cast<const RowEntry*>(holder.data());
+  return rows;
+}
+
+Outcome op_kv_store(Backend& b, bool table) {
   const std::vector<float> k = random_floats(kNewRows * kKvW, 19),
                            v = random_floats(kNewRows * kKvW, 20);
   const std::vector<float> k0 = random_floats(cache_elems(), 21),
                            v0 = random_floats(cache_elems(), 22);
   DevVec<float> dk(b, k), dv(b, v), ck(b, k0), cv(b, v0);
-  b.kv_store(dk.data(), dv.data(), kSeqs, view_of(ck.data(), cv.data()));
+  DeviceBuffer holder;
+  b.kv_store(dk.data(), dv.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data()));
   Ref rk(k0.begin(), k0.end()), rv(v0.begin(), v0.end());
   for (const SeqSlice& s : kSeqs)
     for (int32_t t = 0; t < s.n_new; ++t)
@@ -383,14 +397,15 @@ Outcome op_kv_store(Backend& b) {
   return {std::max(a.err, c.err), a.guards && c.guards};
 }
 
-Outcome op_attention(Backend& b) {
+Outcome op_attention(Backend& b, bool table) {
   const std::vector<float> kc = random_floats(cache_elems(), 23),
                            vc = random_floats(cache_elems(), 24);
   const std::vector<float> q = random_floats(kNewRows * kHeads * kHd, 25, -2, 2);
   DevVec<float> dq(b, q), ck(b, kc), cv(b, vc), dout(b, std::vector<float>(q.size()));
   const float scale = 1.0f / 4.0f;  // 1 / sqrt(16)
-  b.attention(dq.data(), kSeqs, view_of(ck.data(), cv.data()), {kHeads, kKvHeads, kHd, scale},
-              dout.data());
+  DeviceBuffer holder;
+  b.attention(dq.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data()),
+              {kHeads, kKvHeads, kHd, scale}, dout.data());
   Ref ref(q.size());
   for (const SeqSlice& s : kSeqs)
     for (int32_t t = 0; t < s.n_new; ++t)
@@ -418,7 +433,7 @@ Outcome op_attention(Backend& b) {
 
 // kv_store_q4 then kv_dequantize: the stored rows come back as the naive round trip of
 // their groups (head_dim 16 < 64: one group per cached row); the rest of the cache stays 0.
-Outcome op_kv_q4(Backend& b) {
+Outcome op_kv_q4(Backend& b, bool table) {
   const std::vector<float> k = random_floats(kNewRows * kKvW, 26, -3, 3),
                            v = random_floats(kNewRows * kKvW, 27);
   KvQ4LayerView q{nullptr, nullptr, kSlots, kCap, kKvHeads, kHd, KvQ4LayerView::group_for(kHd)};
@@ -431,7 +446,8 @@ Outcome op_kv_q4(Backend& b) {
   DevVec<float> dk(b, k), dv(b, v);
   DevVec<float> ok(b, std::vector<float>(cache_elems(), 7.0f)),
       ov(b, std::vector<float>(cache_elems(), 7.0f));
-  b.kv_store_q4(dk.data(), dv.data(), kSeqs, q);
+  DeviceBuffer holder;
+  b.kv_store_q4(dk.data(), dv.data(), step_rows(b, table, holder), q);
   b.kv_dequantize(q, view_of(ok.data(), ov.data()));
   const Ref nk = naive_q4(k, static_cast<size_t>(q.group)),
             nv = naive_q4(v, static_cast<size_t>(q.group));
@@ -475,9 +491,13 @@ const std::vector<OpCase>& op_table() {
       {"relu", op_relu, 0, 0},
       {"add", op_add, 1e-6, 1e-6},
       {"softmax", op_softmax, 1e-5, 1e-5},
-      {"kv_store", op_kv_store, 0, 0},
-      {"attention", op_attention, 1e-5, 1e-4},
-      {"kv_store_q4+kv_dequantize", op_kv_q4, 1e-5, 1e-5},
+      {"kv_store", [](Backend& b) { return op_kv_store(b, false); }, 0, 0},
+      {"attention", [](Backend& b) { return op_attention(b, false); }, 1e-5, 1e-4},
+      {"kv_store_q4+kv_dequantize", [](Backend& b) { return op_kv_q4(b, false); }, 1e-5, 1e-5},
+      // The same with the step's row table in the backend's memory (the engine's path).
+      {"kv_store_table", [](Backend& b) { return op_kv_store(b, true); }, 0, 0},
+      {"attention_table", [](Backend& b) { return op_attention(b, true); }, 1e-5, 1e-4},
+      {"kv_store_q4+kv_dequantize_table", [](Backend& b) { return op_kv_q4(b, true); }, 1e-5, 1e-5},
   };
   return table;
 }
@@ -492,6 +512,7 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   std::set<std::string> covered;
   for (const OpCase& c : op_table()) {
     std::string n = c.name;
+    if (n.ends_with("_table")) n = n.substr(0, n.size() - std::strlen("_table"));
     for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4"})
       if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && n != "kv_store_q4")
         n = n.substr(0, n.size() - std::strlen(suffix));
@@ -537,6 +558,24 @@ INSTANTIATE_TEST_SUITE_P(Ops, BackendOpTest, ::testing::Range(size_t{0}, op_tabl
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// The row table by hand: kSeqs-like slices {row 0: 2 new at 3 in slot 1}, {row 2: 1 new at
+// 0 in slot 0} give (0,1,3) (1,1,4) (2,0,0); a slot outside the cache, a sequence past its
+// capacity or more rows than the table holds are refused.
+TEST(RowTable, OneEntryPerNewRowCheckedAgainstTheCache) {
+  const std::vector<SeqSlice> seqs = {{0, 2, 3, 1}, {2, 1, 0, 0}};
+  std::vector<RowEntry> t(3);
+  ASSERT_EQ(fill_row_table(seqs, 2, 8, t.data(), 3), 3);
+  const int32_t want[3][3] = {{0, 1, 3}, {1, 1, 4}, {2, 0, 0}};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(t[i].row, want[i][0]) << i;
+    EXPECT_EQ(t[i].slot, want[i][1]) << i;
+    EXPECT_EQ(t[i].pos, want[i][2]) << i;
+  }
+  EXPECT_THROW(fill_row_table(seqs, 1, 8, t.data(), 3), Error);  // slot 1 of 1
+  EXPECT_THROW(fill_row_table(seqs, 2, 4, t.data(), 3), Error);  // 3 + 2 > 4 positions
+  EXPECT_THROW(fill_row_table(seqs, 2, 8, t.data(), 2), Error);  // 3 rows, room for 2
+}
 
 }  // namespace
 }  // namespace strata

@@ -41,13 +41,13 @@ class ForwardingBackend : public Backend {
   void relu(float* x, int64_t n) override { inner_.relu(x, n); }
   void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
   void softmax(float* x, int64_t m, int64_t n) override { inner_.softmax(x, m, n); }
-  void attention(const float* q, std::span<const SeqSlice> seqs, const KvLayerView& c,
-                 const AttentionDims& d, float* out) override {
-    inner_.attention(q, seqs, c, d, out);
+  void attention(const float* q, const StepRows& rows, const KvLayerView& c, const AttentionDims& d,
+                 float* out) override {
+    inner_.attention(q, rows, c, d, out);
   }
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store(const float* k, const float* v, const StepRows& rows,
                 const KvLayerView& c) override {
-    inner_.kv_store(k, v, seqs, c);
+    inner_.kv_store(k, v, rows, c);
   }
 
  protected:

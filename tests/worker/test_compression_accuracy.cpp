@@ -42,8 +42,9 @@ class Q4CacheBackend final : public testing::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   std::string name() const override { return "cpu with 4-bit KV cache"; }
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store(const float* k, const float* v, const StepRows& step,
                 const KvLayerView& c) override {
+    const std::span<const SeqSlice> seqs = step.seqs;
     int64_t rows = 0;
     for (const SeqSlice& s : seqs) rows = std::max<int64_t>(rows, s.row_begin + s.n_new);
     const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
@@ -52,7 +53,7 @@ class Q4CacheBackend final : public testing::ForwardingBackend {
     std::vector<float> kq(static_cast<size_t>(rows * width)), vq(kq.size());
     dequantize_4bit(quantize_4bit(k, layout), kq.data());
     dequantize_4bit(quantize_4bit(v, layout), vq.data());
-    inner_.kv_store(kq.data(), vq.data(), seqs, c);
+    inner_.kv_store(kq.data(), vq.data(), step, c);
   }
 };
 

@@ -45,8 +45,9 @@ class NaiveQ4KvBackend final : public testing::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   std::string name() const override { return "cpu with a naive 4-bit KV round trip"; }
-  void kv_store(const float* k, const float* v, std::span<const SeqSlice> seqs,
+  void kv_store(const float* k, const float* v, const StepRows& step,
                 const KvLayerView& c) override {
+    const std::span<const SeqSlice> seqs = step.seqs;
     int32_t rows = 0;
     for (const SeqSlice& s : seqs) rows = std::max(rows, s.row_begin + s.n_new);
     const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(c.n_kv_heads * c.head_dim);
@@ -55,7 +56,7 @@ class NaiveQ4KvBackend final : public testing::ForwardingBackend {
       naive_q4_round_trip(k + r, c.head_dim, kq.data() + r);
       naive_q4_round_trip(v + r, c.head_dim, vq.data() + r);
     }
-    inner_.kv_store(kq.data(), vq.data(), seqs, c);
+    inner_.kv_store(kq.data(), vq.data(), step, c);
   }
 };
 

@@ -68,7 +68,7 @@ std::string error_of(Fn fn) {
 
 TEST(Config, ParsesStoriesLlamaConfig) {
   const ModelConfig c = load_model_config(testing::stories_dir());
-  EXPECT_TRUE(c.is_llama());
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
   EXPECT_EQ(c.hidden, 64);
   EXPECT_EQ(c.intermediate, 172);
   EXPECT_EQ(c.n_layers, 5);
@@ -106,7 +106,7 @@ TEST(Config, OptConventions) {
             {"vocab_size", 50272},
             {"max_position_embeddings", 2048}};
   const ModelConfig c = parse_model_config(j, "cfg");
-  EXPECT_TRUE(c.is_opt());
+  EXPECT_EQ(c.family, ModelFamily::kOpt);
   EXPECT_EQ(c.position_offset, 2);
   EXPECT_TRUE(c.do_layer_norm_before);
   EXPECT_TRUE(c.tie_word_embeddings);
@@ -114,6 +114,45 @@ TEST(Config, OptConventions) {
   EXPECT_TRUE(c.mlp_bias);
   EXPECT_EQ(c.head_dim, 64);
   EXPECT_EQ(c.word_embed_proj_dim, 768);
+}
+
+// The table of architecture differences, against Hugging Face's modelling code:
+// LlamaDecoderLayer (RMSNorm before attention and MLP, rotary, SwiGLU, a final norm) and
+// OPTDecoderLayer (LayerNorm with bias, learned positions at offset 2, fc1-ReLU-fc2; with
+// do_layer_norm_before false the norms follow the residual adds and OPTDecoder builds no
+// final_layer_norm; OPT-350m embeds 512 wide and projects in and out).
+TEST(Config, ArchitectureIsTheFamilyAsData) {
+  const Architecture llama = parse_model_config(stories_config(), "cfg").architecture();
+  EXPECT_EQ(llama.norm, NormKind::kRms);
+  EXPECT_EQ(llama.mlp, MlpKind::kGatedSilu);
+  EXPECT_EQ(llama.positions, PositionKind::kRotary);
+  EXPECT_TRUE(llama.pre_norm);
+  EXPECT_TRUE(llama.final_norm);
+  EXPECT_EQ(llama.position_offset, 0);
+  EXPECT_EQ(llama.embed_dim, 64);
+
+  json opt = {{"architectures", {"OPTForCausalLM"}},
+              {"hidden_size", 1024},
+              {"ffn_dim", 4096},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 16},
+              {"vocab_size", 50272},
+              {"max_position_embeddings", 2048}};
+  const Architecture pre = parse_model_config(opt, "cfg").architecture();
+  EXPECT_EQ(pre.norm, NormKind::kLayer);
+  EXPECT_EQ(pre.mlp, MlpKind::kRelu);
+  EXPECT_EQ(pre.positions, PositionKind::kLearned);
+  EXPECT_TRUE(pre.pre_norm);
+  EXPECT_TRUE(pre.final_norm);
+  EXPECT_EQ(pre.position_offset, 2);
+  EXPECT_EQ(pre.embed_dim, 1024);
+
+  opt["do_layer_norm_before"] = false;
+  opt["word_embed_proj_dim"] = 512;
+  const Architecture post = parse_model_config(opt, "cfg").architecture();
+  EXPECT_FALSE(post.pre_norm);
+  EXPECT_FALSE(post.final_norm);
+  EXPECT_EQ(post.embed_dim, 512);
 }
 
 TEST(Config, RejectsHeadsNotDividingHidden) {

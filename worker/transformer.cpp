@@ -1,0 +1,293 @@
+#include "worker/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/error.h"
+
+namespace strata {
+
+void StepBatch::clear() {
+  tokens.clear();
+  positions.clear();
+  seqs.clear();
+  logit_rows.clear();
+}
+
+size_t StepBatch::add(int32_t slot, int32_t n_past, std::span<const int32_t> new_tokens,
+                      bool want_logits) {
+  SeqSlice s;
+  s.row_begin = rows();
+  s.n_new = static_cast<int32_t>(new_tokens.size());
+  s.n_past = n_past;
+  s.slot = slot;
+  for (int32_t i = 0; i < s.n_new; ++i) {
+    tokens.push_back(new_tokens[static_cast<size_t>(i)]);
+    positions.push_back(n_past + i);
+  }
+  if (want_logits && s.n_new > 0) logit_rows.push_back(s.row_begin + s.n_new - 1);
+  seqs.push_back(s);
+  return seqs.size() - 1;
+}
+
+namespace {
+
+// The widest row a step buffer holds: the residual stream, a query, or OPT's narrower or
+// wider token embedding before project_in.
+size_t wide_width(const ModelConfig& c) {
+  return static_cast<size_t>(std::max({c.hidden, c.q_width(), c.architecture().embed_dim}));
+}
+
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& config, const ModelWeights& fixed, Backend& backend,
+                         int32_t max_rows, bool device_compute)
+    : config_(config),
+      arch_(config.architecture()),
+      fixed_(fixed),
+      backend_(backend),
+      max_rows_(max_rows),
+      device_compute_(device_compute),
+      attention_(config, backend, max_rows, device_compute) {
+  STRATA_CHECK(max_rows > 0, "max_rows {}", max_rows);
+  with_oom_context(fmt::format("allocating the activations of {} rows", max_rows), [&] {
+    const auto rows = static_cast<size_t>(max_rows);
+    auto buf = [&](size_t width) { return DeviceBuffer(backend, rows * width * sizeof(float)); };
+    h_ = buf(wide_width(config));
+    sel_ = buf(wide_width(config));
+    q_ = buf(static_cast<size_t>(config.q_width()));
+    attn_ = buf(static_cast<size_t>(config.q_width()));
+    k_ = buf(static_cast<size_t>(config.kv_width()));
+    v_ = buf(static_cast<size_t>(config.kv_width()));
+    f1_ = buf(static_cast<size_t>(config.intermediate));
+    f2_ = buf(static_cast<size_t>(config.intermediate));
+    if (fixed.lm_head.data != nullptr)  // a pipeline stage without the head has no logits
+      logits_ = DeviceBuffer(backend, static_cast<size_t>(std::min(max_rows, kLogitChunk)) *
+                                          static_cast<size_t>(config.vocab) * sizeof(float));
+  });
+  if (arch_.rotary())
+    with_oom_context(
+        fmt::format("building the rotary tables of {} positions", config.max_positions),
+        [&] { build_rope_tables(); });
+  if (arch_.learned_positions() && fixed.positions.data != nullptr) {
+    positions_ = fixed.positions;
+    positions_.data = static_cast<char*>(fixed.positions.data) +
+                      static_cast<size_t>(arch_.position_offset) *
+                          static_cast<size_t>(fixed.positions.shape[1]) *
+                          dtype_size(fixed.positions.dtype);
+    positions_.shape =
+        Shape{fixed.positions.shape[0] - arch_.position_offset, fixed.positions.shape[1]};
+  }
+}
+
+// cos/sin of position * inv_freq, in f32 like the reference implementations, with the
+// inverse frequencies adjusted by the config's rope scaling.
+void Transformer::build_rope_tables() {
+  const int32_t half = config_.head_dim / 2;
+  const int32_t n_pos = config_.max_positions;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int32_t j = 0; j < half; ++j) {
+    float f = 1.0f / std::pow(config_.rope_theta,
+                              static_cast<float>(2 * j) / static_cast<float>(config_.head_dim));
+    if (config_.rope_scaling_type == "linear") {
+      f /= config_.rope_factor;
+    } else if (config_.rope_scaling_type == "llama3") {
+      const float old_ctx = static_cast<float>(config_.rope_original_max_positions);
+      const float low_wavelen = old_ctx / config_.rope_low_freq_factor;
+      const float high_wavelen = old_ctx / config_.rope_high_freq_factor;
+      const float wavelen = 2.0f * static_cast<float>(M_PI) / f;
+      if (wavelen > low_wavelen) {
+        f /= config_.rope_factor;
+      } else if (wavelen >= high_wavelen) {
+        const float smooth = (old_ctx / wavelen - config_.rope_low_freq_factor) /
+                             (config_.rope_high_freq_factor - config_.rope_low_freq_factor);
+        f = (1.0f - smooth) * f / config_.rope_factor + smooth * f;
+      }
+    }
+    inv_freq[static_cast<size_t>(j)] = f;
+  }
+  std::vector<float> cos_t(static_cast<size_t>(n_pos) * half), sin_t(cos_t.size());
+  for (int32_t p = 0; p < n_pos; ++p) {
+    for (int32_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(j)];
+      cos_t[static_cast<size_t>(p) * half + j] = std::cos(angle);
+      sin_t[static_cast<size_t>(p) * half + j] = std::sin(angle);
+    }
+  }
+  rope_cos_ = DeviceBuffer(backend_, cos_t.size() * sizeof(float));
+  rope_sin_ = DeviceBuffer(backend_, sin_t.size() * sizeof(float));
+  backend_.copy(rope_cos_.data(), cos_t.data(), cos_t.size() * sizeof(float),
+                CopyKind::kHostToDevice);
+  backend_.copy(rope_sin_.data(), sin_t.data(), sin_t.size() * sizeof(float),
+                CopyKind::kHostToDevice);
+  rope_ = {rope_cos_.f32(), rope_sin_.f32(), n_pos, half};
+}
+
+BatchState Transformer::make_batch_state() const {
+  BatchState s;
+  s.max_rows = max_rows_;
+  s.x =
+      DeviceBuffer(backend_, static_cast<size_t>(max_rows_) * wide_width(config_) * sizeof(float));
+  s.ids = DeviceBuffer(backend_, BatchState::ids_bytes(max_rows_));
+  s.host_ids.resize(BatchState::ids_bytes(max_rows_) / sizeof(int32_t));  // RowEntry: 3 int32
+  return s;
+}
+
+void Transformer::upload_batch(const StepBatch& batch, const KvCache& cache, BatchState& s) const {
+  const int32_t rows = batch.rows();
+  STRATA_CHECK(rows > 0 && rows <= s.max_rows, "GPU batch of {} rows (max {})", rows, s.max_rows);
+  const auto n = static_cast<size_t>(rows);
+  int32_t* host = s.host_ids.data();
+  std::memcpy(host, batch.tokens.data(), n * sizeof(int32_t));
+  std::memcpy(host + n, batch.positions.data(), n * sizeof(int32_t));
+  auto* table = reinterpret_cast<RowEntry*>(host + 2 * n);
+  const int64_t n_rows = fill_row_table(batch.seqs, cache.n_slots(), cache.capacity(), table, rows);
+  s.rows = rows;
+  backend_.copy(s.ids.data(), host, BatchState::ids_bytes(rows), CopyKind::kHostToDevice);
+  s.step_rows = StepRows(batch.seqs);
+  s.step_rows.table = reinterpret_cast<const RowEntry*>(s.positions() + rows);
+  s.step_rows.n_rows = n_rows;
+}
+
+void Transformer::norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y) {
+  if (arch_.norm == NormKind::kLayer) {
+    backend_.layer_norm(x, rows, config_.hidden, w.f32(), b.f32(), config_.norm_eps, y);
+  } else {
+    backend_.rms_norm(x, rows, config_.hidden, w.f32(), config_.norm_eps, y);
+  }
+}
+
+void Transformer::embed(const StepBatch& batch, BatchState& s) {
+  const int32_t rows = batch.rows();
+  const ModelWeights& w = fixed_;
+  if (w.project_in.data != nullptr) {
+    backend_.embedding(s.tokens(), rows, w.embed, h_.f32());
+    backend_.linear(h_.f32(), rows, w.project_in, nullptr, s.x.f32());
+  } else {
+    backend_.embedding(s.tokens(), rows, w.embed, s.x.f32());
+  }
+  if (arch_.learned_positions()) {
+    backend_.embedding(s.positions(), rows, positions_, h_.f32());
+    backend_.add(s.x.f32(), h_.f32(), static_cast<int64_t>(rows) * config_.hidden);
+  }
+}
+
+void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
+                        KvCache& cache) {
+  const bool pre_norm = arch_.pre_norm;
+  const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
+  float* x = s.x.f32();
+
+  if (pre_norm) {
+    norm(L.attn_norm, L.attn_norm_bias, x, rows, h_.f32());
+  } else {
+    backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
+  }
+  attention_block(L, i, s, rows, cache);  // h_ -> h_ (output projection)
+  backend_.add(x, h_.f32(), n);
+  if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x, rows, x);
+
+  if (pre_norm) {
+    norm(L.mlp_norm, L.mlp_norm_bias, x, rows, h_.f32());
+  } else {
+    backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
+  }
+  mlp_block(L, rows);  // h_ -> h_
+  backend_.add(x, h_.f32(), n);
+  if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
+}
+
+void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
+                                  KvCache& cache) {
+  const float* in = h_.f32();
+  backend_.linear(in, rows, L.q, L.q_bias.data ? L.q_bias.f32() : nullptr, q_.f32());
+  backend_.linear(in, rows, L.k, L.k_bias.data ? L.k_bias.f32() : nullptr, k_.f32());
+  backend_.linear(in, rows, L.v, L.v_bias.data ? L.v_bias.f32() : nullptr, v_.f32());
+  if (arch_.rotary()) {
+    backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, s.positions(), rope_);
+    backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.positions(), rope_);
+  }
+  attention_.run(i, q_.f32(), k_.f32(), v_.f32(), s.step_rows, rows, cache, attn_.f32());
+  backend_.linear(attn_.f32(), rows, L.o, L.o_bias.data ? L.o_bias.f32() : nullptr, h_.f32());
+}
+
+void Transformer::mlp_block(const LayerWeights& L, int32_t rows) {
+  const int64_t n = static_cast<int64_t>(rows) * config_.intermediate;
+  const float* up_bias = L.up_bias.data ? L.up_bias.f32() : nullptr;
+  if (arch_.gated_mlp()) {
+    backend_.linear(h_.f32(), rows, L.gate, nullptr, f1_.f32());
+    backend_.linear(h_.f32(), rows, L.up, up_bias, f2_.f32());
+    backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
+  } else {
+    backend_.linear(h_.f32(), rows, L.up, up_bias, f1_.f32());
+    backend_.relu(f1_.f32(), n);
+  }
+  backend_.linear(f1_.f32(), rows, L.down, L.down_bias.data ? L.down_bias.f32() : nullptr,
+                  h_.f32());
+}
+
+// Final norm and LM head on the requested rows only, kLogitChunk rows at a time so the
+// logits buffer stays small even when every row of a long prompt wants logits.
+void Transformer::head(const StepBatch& batch, const BatchState& s, float* logits) {
+  const auto n = static_cast<int32_t>(batch.logit_rows.size());
+  const int32_t chunk = std::min(max_rows_, kLogitChunk);
+  for (int32_t c0 = 0; c0 < n; c0 += chunk) {
+    const int32_t rows = std::min(chunk, n - c0);
+    head_chunk(
+        std::span(batch.logit_rows).subspan(static_cast<size_t>(c0), static_cast<size_t>(rows)),
+        batch.rows(), s, logits + static_cast<size_t>(c0) * static_cast<size_t>(config_.vocab));
+  }
+}
+
+void Transformer::head_chunk(std::span<const int32_t> rows, int32_t batch_rows, const BatchState& s,
+                             float* logits) {
+  const auto n = static_cast<int32_t>(rows.size());
+  const size_t row_bytes = static_cast<size_t>(config_.hidden) * sizeof(float);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t r = rows[static_cast<size_t>(i)];
+    STRATA_CHECK(r >= 0 && r < batch_rows, "logit row {} of {}", r, batch_rows);
+    backend_.copy(static_cast<char*>(sel_.data()) + static_cast<size_t>(i) * row_bytes,
+                  static_cast<const char*>(s.x.data()) + static_cast<size_t>(r) * row_bytes,
+                  row_bytes, CopyKind::kDeviceToDevice);
+  }
+  const ModelWeights& w = fixed_;
+  float* hidden = sel_.f32();
+  if (w.final_norm.data != nullptr) {
+    norm(w.final_norm, w.final_norm_bias, hidden, n, h_.f32());
+    hidden = h_.f32();
+  }
+  if (w.project_out.data != nullptr) {
+    backend_.linear(hidden, n, w.project_out, nullptr, f1_.f32());
+    hidden = f1_.f32();
+  }
+  backend_.linear(hidden, n, w.lm_head, nullptr, logits_.f32());
+  backend_.copy(logits, logits_.data(), static_cast<size_t>(n) * config_.vocab * sizeof(float),
+                CopyKind::kDeviceToHost);
+}
+
+KernelBounds Transformer::kernel_bounds(const LayerWeights& L, int32_t capacity) const {
+  KernelBounds b;
+  b.max_rows = max_rows_;
+  b.max_positions = capacity;
+  const ModelWeights& w = fixed_;
+  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &w.project_in,
+                          &w.project_out, &w.lm_head}) {
+    if (t->shape.rank != 2) continue;  // absent in this family or on this stage
+    b.max_in_features = std::max(b.max_in_features, t->shape[1]);
+    b.half_weights = b.half_weights || t->dtype != DType::kF32;
+    if (t->dtype == DType::kQ4) b.max_q4_elems = std::max(b.max_q4_elems, t->shape.numel());
+  }
+  return b;
+}
+
+TierBytes Transformer::memory() const {
+  TierBytes m = attention_.memory();
+  int64_t& compute = device_compute_ || backend_.device() != Device::kHost ? m.gpu : m.cpu;
+  for (const DeviceBuffer* b :
+       {&h_, &q_, &k_, &v_, &attn_, &f1_, &f2_, &sel_, &logits_, &rope_cos_, &rope_sin_})
+    compute += static_cast<int64_t>(b->size());
+  return m;
+}
+
+}  // namespace strata

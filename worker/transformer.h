@@ -1,0 +1,112 @@
+// The transformer, written once against the backend for both families: the embeddings, one
+// layer and the head, each for one GPU batch. What differs between families is read from
+// the config's Architecture. It knows nothing of blocks, prefetching or where a layer's
+// weights came from: the block executor (block_executor.h) hands it each layer's weights and
+// each GPU batch's state.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/config.h"
+#include "worker/kv_attention.h"
+#include "worker/kv_cache.h"
+#include "worker/weights.h"
+
+namespace strata {
+
+// The work of one forward step: rows (one per new token) of several sequences, packed
+// without padding, and which rows need logits.
+struct StepBatch {
+  std::vector<int32_t> tokens;     // one per row
+  std::vector<int32_t> positions;  // one per row
+  std::vector<SeqSlice> seqs;
+  std::vector<int32_t> logit_rows;  // rows whose next-token logits are wanted, in output order
+
+  void clear();
+  int32_t rows() const { return static_cast<int32_t>(tokens.size()); }
+  // Appends `n` tokens of the sequence in `slot` that already has `n_past` cached; if
+  // `want_logits`, its last row's logits are requested. Returns the slice index.
+  size_t add(int32_t slot, int32_t n_past, std::span<const int32_t> new_tokens, bool want_logits);
+};
+
+// One GPU batch's state across the layers of a block (FlexGen keeps each GPU batch's
+// activations between layers): its residual stream and its step ids — token ids, positions
+// and the row table every layer's kv_store and attention read — uploaded together once per
+// step. Sized for the stage's max rows when the executor is built.
+struct BatchState {
+  DeviceBuffer x;    // [max_rows, wide] residual stream
+  DeviceBuffer ids;  // this step's tokens [rows], positions [rows], RowEntry [rows], packed
+  std::vector<int32_t> host_ids;  // the same on the host, filled before the upload
+  int32_t max_rows = 0;
+  int32_t rows = 0;    // this step's
+  StepRows step_rows;  // this step's slices and its row table on the device
+
+  const int32_t* tokens() const { return static_cast<const int32_t*>(ids.data()); }
+  const int32_t* positions() const { return tokens() + rows; }
+  static size_t ids_bytes(int32_t rows) {
+    return static_cast<size_t>(rows) * (2 * sizeof(int32_t) + sizeof(RowEntry));
+  }
+};
+
+class Transformer {
+ public:
+  // `fixed` (the embeddings and the head, where the model has them) outlives the
+  // transformer. Step workspaces for `max_rows` rows are allocated here, once.
+  Transformer(const ModelConfig& config, const ModelWeights& fixed, Backend& backend,
+              int32_t max_rows, bool device_compute);
+
+  const ModelConfig& config() const { return config_; }
+  const Architecture& architecture() const { return arch_; }
+  int32_t max_rows() const { return max_rows_; }
+  KvAttention& attention() { return attention_; }
+  const KvAttention& attention() const { return attention_; }
+
+  // A GPU batch's state of this transformer's size.
+  BatchState make_batch_state() const;
+  // Uploads the state's token ids, positions and row table for `batch` (checked against
+  // `cache`) in one copy: once per step, before the layers.
+  void upload_batch(const StepBatch& batch, const KvCache& cache, BatchState& s) const;
+  // Token (and learned position) embeddings of the batch into s.x.
+  void embed(const StepBatch& batch, BatchState& s);
+  // Layer `i` (its weights `L`) on the batch's residual stream s.x.
+  void layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows, KvCache& cache);
+  // Final norm and LM head on the batch's logit rows, into host memory `logits`
+  // [logit_rows, vocab].
+  void head(const StepBatch& batch, const BatchState& s, float* logits);
+
+  // The largest calls this transformer makes with these layer weights (any layer: all share
+  // shapes and dtypes) over a cache of `capacity` positions, for Backend::reserve.
+  KernelBounds kernel_bounds(const LayerWeights& example, int32_t capacity) const;
+  // The step workspaces, rotary tables and attention workspaces.
+  TierBytes memory() const;
+
+ private:
+  void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
+  void attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
+                       KvCache& cache);
+  void mlp_block(const LayerWeights& L, int32_t rows);
+  void head_chunk(std::span<const int32_t> rows, int32_t batch_rows, const BatchState& s,
+                  float* logits);
+  void build_rope_tables();
+
+  static constexpr int32_t kLogitChunk = 64;  // rows of logits computed at a time
+
+  ModelConfig config_;
+  Architecture arch_;
+  const ModelWeights& fixed_;
+  Backend& backend_;
+  int32_t max_rows_;
+  bool device_compute_;
+  KvAttention attention_;
+  // One layer's temporaries, shared by the GPU batches (each runs its layer to the end).
+  DeviceBuffer h_, q_, k_, v_, attn_, f1_, f2_, sel_, logits_;
+  DeviceBuffer rope_cos_, rope_sin_;
+  RopeTables rope_;
+  // Learned positions from the table row of position 0 on (OPT stores them at an offset).
+  Tensor positions_;
+};
+
+}  // namespace strata
