@@ -8,6 +8,7 @@
 #include "coordinator/planner.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
+#include "launch/plan_schedule.h"
 #include "placement/policy_search.h"
 #include "worker/config.h"
 #include "worker/dummy.h"
@@ -29,6 +30,7 @@ struct PlanOptions {
   int32_t workers = 1;
   int32_t max_step_tokens = 512;
   bool host_compute = false;  // the stages compute on the CPU (default: on the GPU)
+  ScheduleCliOptions schedule;  // ExeGPT's scheduler (--workload)
 };
 
 ModelConfig plan_config(const PlanOptions& o) {
@@ -101,6 +103,11 @@ HardwareSpec plan_hardware(const PlanOptions& o) {
 }
 
 int run_plan(const PlanOptions& o) {
+  if (!o.schedule.workload.empty()) {
+    ScheduleCliInputs in{o.model, parse_dtype(o.dtype).value_or(DType::kF16), o.hardware,
+                         o.policy, o.host_compute, o.max_step_tokens, o.format};
+    return run_schedule_plan(in, o.schedule);
+  }
   const ModelShape shape = plan_shape(o);
   const HardwareSpec hw = plan_hardware(o);
   const Workload w{o.prompt_len, o.gen_len};
@@ -143,13 +150,16 @@ int run_plan(const PlanOptions& o) {
 Command add_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "plan", "Choose an offloading policy with FlexGen's cost model and LP search");
+      "plan",
+      "Choose an offloading policy (FlexGen's cost model and LP search) or, with --workload, a "
+      "schedule under a latency bound (ExeGPT)");
   cmd->add_option("--model", o->model, "Model directory (its config.json) or dummy:NAME")
       ->required();
   cmd->add_option("--dtype", o->dtype, "Weight dtype the plan assumes")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_option("--hardware", o->hardware,
-                  "HardwareSpec JSON (default: FlexGen's T4 machine, Table 1)");
+                  "HardwareSpec JSON (default: FlexGen's T4 machine, Table 1); with --workload a "
+                  "node: a40, a100, h100 or a JSON node description (default: this machine)");
   cmd->add_option("--gpu-mem", o->gpu_mem_gib, "GPU memory budget, GiB")->check(non_negative());
   cmd->add_option("--cpu-mem", o->cpu_mem_gib, "CPU memory budget, GiB")->check(non_negative());
   cmd->add_option("--disk-mem", o->disk_mem_gib, "Disk budget, GiB")->check(non_negative());
@@ -169,6 +179,7 @@ Command add_plan(CLI::App& app) {
   cmd->add_flag("--host-compute", o->host_compute,
                 "Place the stages for CPU compute (no GPU tier) instead of the GPU");
   cmd->add_option("--format", o->format, "Output format")->check(CLI::IsMember({"text", "json"}));
+  add_schedule_options(cmd, o->schedule);
   return {cmd, [o] { return run_plan(*o); }};
 }
 

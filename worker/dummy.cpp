@@ -27,6 +27,10 @@ constexpr DummyShape kShapes[] = {
     {"opt-30b", ModelFamily::kOpt, 7168, 28672, 48, 56, 56, 50272, 2048, true},
     {"opt-66b", ModelFamily::kOpt, 9216, 36864, 64, 72, 72, 50272, 2048, true},
     {"opt-175b", ModelFamily::kOpt, 12288, 49152, 96, 96, 96, 50272, 2048, true},
+    // GPT-3 shapes of ExeGPT's Table 1 (layers, hidden, heads; MLP 4x hidden), built as
+    // OPT-family models: the same weights and FLOPs per token.
+    {"gpt3-39b", ModelFamily::kOpt, 8192, 32768, 48, 64, 64, 50272, 2048, true},
+    {"gpt3-101b", ModelFamily::kOpt, 10240, 40960, 80, 80, 80, 50272, 2048, true},
     {"llama-110m", ModelFamily::kLlama, 768, 2048, 12, 12, 12, 32000, 1024, true},
     {"llama-7b", ModelFamily::kLlama, 4096, 11008, 32, 32, 32, 32000, 4096, false},
     {"llama-13b", ModelFamily::kLlama, 5120, 13824, 40, 40, 40, 32000, 4096, false},

@@ -1,0 +1,170 @@
+// strata plan --workload ... --latency-bound ...: ExeGPT's scheduler (docs/SCHEDULING.md).
+// The workers' layer profile (measured by `strata profile-layers`, or modelled for N
+// workers of this machine's kind or of a node description), a workload and a bound go in;
+// the chosen schedule comes out as the paper's tables show one -- policy, control
+// variables, predicted p99 latency and throughput, the layers of each rank -- with the
+// FT-style baseline beside it.
+#include "launch/plan_schedule.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "coordinator/schedule_planner.h"
+#include "kernels/error.h"
+#include "kernels/limits.h"
+#include "worker/dummy.h"
+
+namespace strata::cli {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A worker like this machine: its GEMM FLOP/s and read bandwidth measured now, its memory,
+// and a link as fast as Open MPI's shared memory on it (ENVIRONMENT.md: 5-6 GB/s).
+NodeModel this_machine() {
+  const MachineLimits l = measure_machine_limits(0);
+  NodeModel n;
+  n.name = "this machine";
+  n.flops = l.gemm_gflops * 1e9;
+  n.memory_bandwidth = l.memory_read_gbs * 1e9;
+  n.memory_bytes = 16.0 * (1 << 30);
+  n.link_bandwidth = 5e9;
+  n.link_latency_s = 20e-6;
+  n.layer_overhead_s = 50e-6;  // OpenMP fork / join of a layer's ops
+  n.device = false;
+  return n;
+}
+
+std::string seconds(double s) {
+  return std::isfinite(s) ? fmt::format("{:.3f} s", s) : std::string("inf");
+}
+
+std::string schedule_table(const ScheduleChoice& c, const SchedulePlanOptions& o) {
+  std::string out = fmt::format("latency bound {} on the p{:.0f}-length output ({} tokens)\n",
+                                seconds(c.latency_bound), 100 * o.percentile,
+                                o.workload.output.percentile(o.percentile));
+  out += fmt::format("{:<6} {:<34} {:>12} {:>14}  {}\n", "policy", "control variables",
+                     "p99 latency", "throughput", "layers per rank");
+  auto row = [&](const Prediction& p, const char* mark) {
+    out += fmt::format("{:<6} {:<34} {:>12} {:>10.1f} tok/s  {}{}\n", policy_name(p.vars.policy),
+                       p.vars.str().substr(p.vars.str().find(' ') + 1), seconds(p.p99_latency_s),
+                       p.throughput_tok_s, p.allocation.str(), mark);
+  };
+  for (const Prediction& p : c.per_search)
+    row(p, c.feasible && p.vars.str() == c.best.vars.str() ? "   <- chosen" : "");
+  if (c.baseline) row(*c.baseline, "   (baseline)");
+  if (!c.feasible)
+    out += fmt::format("no schedule meets the bound: the fastest achievable p99 latency is {}\n",
+                       seconds(c.fastest_latency_s));
+  else if (c.baseline)
+    out += fmt::format("speed-up over the baseline: {:.2f}x\n",
+                       c.best.throughput_tok_s / c.baseline->throughput_tok_s);
+  else
+    out += "the baseline meets no configuration within the bound\n";
+  out += fmt::format("points evaluated: {} of {} in the grids (the baseline: {})",
+                     c.points_evaluated, c.grid_points, c.baseline_points);
+  return out;
+}
+
+}  // namespace
+
+double parse_latency_bound(const std::string& text) {
+  if (text == "inf" || text == "infinity" || text == "none") return kInf;
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && v > 0 && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  fail_input("--latency-bound {}: need seconds (> 0) or inf", text);
+}
+
+void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
+  cmd->add_option("--workload", o.workload,
+                  "ExeGPT mode: a task of the paper's Table 3 (S, T, G, C1, C2) or a JSONL file of "
+                  "requests (input / output lengths)");
+  cmd->add_option("--length-scale", o.length_scale,
+                  "Scale every length of the workload (a small model's context)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--latency-bound", o.latency_bound,
+                  "Seconds for the p99-length output (inf: unbounded)");
+  cmd->add_option("--nodes", o.nodes, "Workers to model (with --hardware, or this machine's kind)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--profile", o.profile,
+                  "A layer profile JSON (strata profile-layers) instead of a modelled cluster");
+  cmd->add_option("--max-batch", o.max_encode_batch, "The largest encode batch B_E to try")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--stage-mem", o.stage_mem_gib,
+                  "Memory per worker, GiB, on its compute tier (default: the node's)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--exhaustive", o.exhaustive, "Evaluate every grid point (to compare)");
+  cmd->add_flag("--rra-only", o.rra_only, "Only schedules Strata's stages execute today (RRA)");
+  cmd->add_flag("--paper-bounds", o.paper_bounds,
+                "Plan at the paper's four bounds: the baseline's bottom 10/30/70% latencies and inf");
+}
+
+int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) {
+  ModelConfig config = is_dummy_model(in.model)
+                           ? dummy_model_config(in.model.substr(6), in.dtype)
+                           : load_model_config(in.model);
+  config.dtype = in.dtype;
+  SchedulePlanOptions po;
+  po.model_spec = in.model;
+  po.workload = TaskWorkload::parse(o.workload).scaled(o.length_scale);
+  po.latency_bound = parse_latency_bound(o.latency_bound);
+  po.max_step_tokens = in.max_step_tokens;
+  po.max_encode_batch = o.max_encode_batch;
+  po.exhaustive = o.exhaustive;
+  po.executable_only = o.rra_only;
+  if (!in.policy.empty()) po.placement.policy = Policy::parse(in.policy);
+  ClusterProfile profile;
+  NodeModel node;
+  if (!o.profile.empty()) {
+    profile = ClusterProfile::load(o.profile);
+    po.placement.device_compute = !in.host_compute;
+  } else {
+    node = in.hardware.empty() ? this_machine() : NodeModel::parse(in.hardware);
+    po.placement.device_compute = node.device && !in.host_compute;
+    if (!po.placement.policy) po.placement.policy = Policy::parse("w=100/0/0,c=100/0/0");
+    const int32_t context = po.workload.input.max() + po.workload.output.max();
+    profile = modelled_profile(config.shape(), in.model, node, o.nodes,
+                               ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch * 8,
+                                                       context));
+    po.stage_mem = static_cast<int64_t>(node.memory_bytes);
+  }
+  if (o.stage_mem_gib >= 0) po.stage_mem = static_cast<int64_t>(o.stage_mem_gib * (1 << 30));
+  const Simulator sim(simulator_inputs(config, profile, po));
+  std::vector<double> bounds{po.latency_bound};
+  if (o.paper_bounds) bounds = paper_bounds(sim, search_options(sim, po));
+  nlohmann::json runs = nlohmann::json::array();
+  std::string text = fmt::format("{}\n{}\nworkload {}\n", config.shape().str(),
+                                 profile.modelled ? node.str() : profile.str(),
+                                 po.workload.str());
+  bool all_feasible = true;
+  for (double bound : bounds) {
+    po.latency_bound = bound;
+    const ScheduleChoice c = search_schedule(sim, search_options(sim, po));
+    all_feasible = all_feasible && c.feasible;
+    nlohmann::json j = c.to_json();
+    j["model"] = in.model;
+    j["workers"] = profile.workers();
+    j["workload"] = po.workload.to_json();
+    j["profile"] = profile.source;
+    runs.push_back(j);
+    text += "\n" + schedule_table(c, po) + "\n";
+  }
+  if (in.format == "json") {
+    std::printf("%s\n", (o.paper_bounds ? runs : runs.front()).dump(2).c_str());
+  } else {
+    std::printf("%s", text.c_str());
+  }
+  if (!all_feasible) {
+    std::fprintf(stderr, "strata: the latency bound cannot be met (see the fastest achievable "
+                         "latency above)\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,41 @@
+// strata plan's ExeGPT mode (--workload): options and the run (launch/plan_schedule.cpp).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "kernels/dtype.h"
+
+namespace strata::cli {
+
+struct ScheduleCliOptions {
+  std::string workload;  // empty: FlexGen's policy search instead
+  double length_scale = 1.0;
+  std::string latency_bound = "inf";
+  int32_t nodes = 1;
+  std::string profile;
+  int32_t max_encode_batch = 256;
+  double stage_mem_gib = -1;
+  bool exhaustive = false;
+  bool rra_only = false;
+  bool paper_bounds = false;
+};
+
+// What plan's other options say.
+struct ScheduleCliInputs {
+  std::string model;
+  DType dtype = DType::kF16;
+  std::string hardware;  // a node: preset name or JSON (empty: this machine)
+  std::string policy;
+  bool host_compute = false;
+  int32_t max_step_tokens = 512;
+  std::string format = "text";
+};
+
+void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o);
+// Seconds, or inf.
+double parse_latency_bound(const std::string& text);
+// Exit code 1 when the bound cannot be met (after printing the fastest latency).
+int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o);
+
+}  // namespace strata::cli

@@ -1,0 +1,234 @@
+// XSimulator (coordinator/simulator.h) against hand-worked examples: §6's P_D(U|S), P_D(U)
+// and B_D; the steady decode batch against the real RRA scheduler driving requests (an
+// independent implementation of the same schedule); WAA-C / WAA-M counts by §4.1's formula;
+// and throughput / latency of tiny pipelines whose timelines are worked out by hand.
+#include "coordinator/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "coordinator/scheduler.h"
+#include "kernels/error.h"
+
+namespace strata {
+namespace {
+
+LengthDistribution lengths(std::vector<int32_t> v) {
+  return LengthDistribution::from_samples(v, "test lengths");
+}
+
+// ---- §6's formulas by hand ----------------------------------------------------------------
+
+TEST(RraFormulas, PdGivenSFollowsSection6) {
+  // N_D = 4. S <= N_D: completes at U = S for sure.
+  EXPECT_EQ(pd_given_s(3, 3, 4), 1.0);
+  EXPECT_EQ(pd_given_s(2, 3, 4), 0.0);
+  EXPECT_EQ(pd_given_s(4, 4, 4), 1.0);
+  // S = 6 needs ceil(6/4) = 2 phases, ends at U = 1 + (5 mod 4) = 2 of its last: 1/2.
+  EXPECT_EQ(pd_given_s(2, 6, 4), 0.5);
+  EXPECT_EQ(pd_given_s(1, 6, 4), 0.0);
+  // S = 9: 3 phases, U = 1 + (8 mod 4) = 1: 1/3. S = 8: 2 phases, U = 4: 1/2.
+  EXPECT_DOUBLE_EQ(pd_given_s(1, 9, 4), 1.0 / 3);
+  EXPECT_EQ(pd_given_s(4, 8, 4), 0.5);
+  EXPECT_EQ(pd_given_s(5, 3, 4), 0.0);  // no iteration 5 in a phase of 4
+}
+
+TEST(RraFormulas, PdUAndDecodeBatchByHand) {
+  // P(S=3) = 1/2, P(S=6) = P(S=9) = 1/4, N_D = 4:
+  // P_D(1) = 1/4 * 1/3 = 1/12, P_D(2) = 1/4 * 1/2 = 1/8, P_D(3) = 1/2, P_D(4) = 0.
+  const LengthDistribution d = lengths({3, 3, 6, 9});
+  const std::vector<double> pd = pd_u(d, 4);
+  ASSERT_EQ(pd.size(), 5u);
+  EXPECT_DOUBLE_EQ(pd[1], 1.0 / 12);
+  EXPECT_DOUBLE_EQ(pd[2], 1.0 / 8);
+  EXPECT_DOUBLE_EQ(pd[3], 0.5);
+  EXPECT_DOUBLE_EQ(pd[4], 0.0);
+  // sum = 17/24, so B_E = 17 keeps B_D = 17 / (17/24) = 24.
+  EXPECT_DOUBLE_EQ(rra_decode_batch(17, pd), 24.0);
+}
+
+TEST(RraFormulas, InBatchWeightsEachLengthByItsPhases) {
+  // The same lengths held by the decode batch: weights 1/2 * 1, 1/4 * 2, 1/4 * 3 (phases in
+  // the batch) = 2/7, 2/7, 3/7. P_D(U): U=3 2/7, U=2 2/7 * 1/2, U=1 3/7 * 1/3; sum 4/7, so
+  // B_D = B_E * 7/4 = B_E * E[ceil(S / N_D)] = B_E * (1/2 + 2/4 + 3/4): Little's law.
+  const LengthDistribution held = in_batch(lengths({3, 3, 6, 9}), 4);
+  EXPECT_DOUBLE_EQ(held.p(3), 2.0 / 7);
+  EXPECT_DOUBLE_EQ(held.p(9), 3.0 / 7);
+  const std::vector<double> pd = pd_u(held, 4);
+  EXPECT_DOUBLE_EQ(pd[1], 1.0 / 7);
+  EXPECT_DOUBLE_EQ(pd[2], 1.0 / 7);
+  EXPECT_DOUBLE_EQ(pd[3], 2.0 / 7);
+  EXPECT_NEAR(rra_decode_batch(8, pd), 14.0, 1e-12);
+}
+
+TEST(RraFormulas, DecodeIterationsAreTheOutputLessThePrefillsToken) {
+  const LengthDistribution d = decode_iterations(lengths({1, 3, 3, 10}));
+  EXPECT_DOUBLE_EQ(d.p(0), 0.25);  // finishes at its prefill
+  EXPECT_DOUBLE_EQ(d.p(2), 0.5);
+  EXPECT_DOUBLE_EQ(d.p(9), 0.25);
+}
+
+// The RRA scheduler itself (one micro-batch, N_D = 4, 14 KV slots) over requests whose
+// decode iterations cycle 2, 2, 6, 9 (outputs 3, 3, 7, 10): in the steady state it admits
+// B_E = B_D / E[ceil(D / N_D)] = 14 / 1.75 = 8 requests per prefill phase, as the in-batch
+// P_D(U) says. (P_D(U) over the arrivals would give 14 * 17/24 = 9.9.)
+TEST(RraFormulas, TheSchedulerAdmitsWhatTheFormulaSays) {
+  SchedulerOptions so;
+  so.micro_batches = 1;
+  so.decode_iters = 4;
+  so.kv_slots = 14;
+  so.kv_capacity = 64;
+  so.clock = [] { return 0.0; };
+  RraScheduler sched(so);
+  const int32_t outputs[] = {3, 3, 7, 10};
+  for (uint64_t i = 0; i < 4000; ++i)
+    sched.submit(GenerationRequest{std::to_string(i), {1, 2, 3}, outputs[i % 4], {}, true},
+                 i, 0.0);
+  std::vector<size_t> admitted;  // per prefill phase
+  while (!sched.idle() && admitted.size() < 600) {
+    std::optional<ScheduledStep> s = sched.next_step(0);
+    ASSERT_TRUE(s);
+    if (s->command.phase == Phase::kPrefill) admitted.push_back(s->joins.size());
+    StepResult r{s->command.step_id, 0, {}};
+    for (const SeqStep& q : s->command.seqs)
+      if (q.sample) r.tokens.push_back({q.seq_id, 5});
+    sched.apply(r);
+  }
+  ASSERT_GE(admitted.size(), 500u);
+  double sum = 0;
+  for (size_t i = 100; i < 500; ++i) sum += static_cast<double>(admitted[i]);
+  const double per_phase = sum / 400;
+  const LengthDistribution d = decode_iterations(lengths({3, 3, 7, 10}));
+  const double predicted = 14.0 / rra_decode_batch(1.0, pd_u(in_batch(d, 4), 4));
+  EXPECT_NEAR(predicted, 8.0, 1e-12);
+  EXPECT_NEAR(per_phase, predicted, 0.3) << "admitted per phase";
+}
+
+// ---- WAA ------------------------------------------------------------------------------------
+
+TEST(WaaFormulas, GpuCountsFollowSection41) {
+  // floor(4 * 3/10) = 1 encoder, floor(4 * 7/10) = 2 decoders, the fourth to the larger
+  // remainder (0.8 of the decoders').
+  EXPECT_EQ(waa_split(4, 3, 7).encoders, 1);
+  EXPECT_EQ(waa_split(4, 3, 7).decoders, 3);
+  EXPECT_EQ(waa_split(4, 1, 1).encoders, 2);
+  EXPECT_EQ(waa_split(8, 7, 1).encoders, 7);
+  EXPECT_EQ(waa_split(8, 7, 1).decoders, 1);
+  // floor(3 * 0.001) = 0 encoders: each side keeps at least one.
+  EXPECT_EQ(waa_split(3, 0.01, 10).encoders, 1);
+  EXPECT_EQ(waa_split(3, 0.01, 10).decoders, 2);
+  EXPECT_THROW(waa_split(1, 1, 1), InputError);
+}
+
+// ---- tiny pipelines by hand ----------------------------------------------------------------
+
+// stories260K's shape with `layers` layers (placement/'s memory model needs a real one).
+ModelShape tiny_shape(int64_t layers) {
+  ModelShape s;
+  s.hidden = 64;
+  s.intermediate = 172;
+  s.n_layers = layers;
+  s.n_heads = 8;
+  s.n_kv_heads = 4;
+  s.head_dim = 8;
+  s.vocab = 512;
+  s.max_positions = 512;
+  s.gated_mlp = true;
+  s.weight_bytes_per_elem = 4;
+  return s;
+}
+
+// Every step of one layer costs 1 ms whatever its size; nothing else costs anything.
+ClusterProfile constant_profile(int32_t workers) {
+  const TimeGrid one({1, 1e6}, {1, 1e6}, {1e-3, 1e-3, 1e-3, 1e-3});
+  const TimeGrid zero = TimeGrid::curve({1, 1e6}, {0, 0});
+  ClusterProfile p;
+  for (int32_t r = 1; r <= workers; ++r) {
+    p.ranks.push_back(RankProfile{r, "h", one, one, zero, zero});
+    p.hosts.push_back("h");
+  }
+  return p;
+}
+
+Simulator tiny_simulator(int32_t workers, std::vector<int32_t> outputs) {
+  SimulatorInputs in;
+  in.profile = constant_profile(workers);
+  in.shape = tiny_shape(workers);
+  in.workload = TaskWorkload{"hand", lengths({10}), lengths(std::move(outputs))};
+  return Simulator(in);
+}
+
+TEST(Simulator, OneWorkerRraByHand) {
+  // Output 5 = 4 decode iterations. B_E = 2, N_D = 4: B_D = 2, one prefill step and four
+  // decode steps of 1 ms: 2 + 4 * 2 = 10 tokens per 5 ms = 2000 tok/s; the p99 sequence
+  // takes the whole cycle, 5 ms.
+  const Simulator sim = tiny_simulator(1, {5});
+  const Prediction a = sim.predict(ScheduleVars{SchedulePolicy::kRra, 2, 4, 1, 1});
+  ASSERT_TRUE(a.feasible) << a.infeasible_reason;
+  EXPECT_DOUBLE_EQ(a.decode_batch, 2);
+  EXPECT_EQ(a.kv_slots, 2);
+  EXPECT_NEAR(a.throughput_tok_s, 2000, 1e-6);
+  EXPECT_NEAR(a.p99_latency_s, 5e-3, 1e-12);
+  // N_D = 2 encodes twice as often: each sequence stays two phases, B_D = 4; a cycle of
+  // 3 ms makes 2 + 4 + 4 = 10 tokens (3333 tok/s), and the p99 sequence now spans two
+  // cycles: 6 ms. Throughput up, latency up (§4.2).
+  const Prediction b = sim.predict(ScheduleVars{SchedulePolicy::kRra, 2, 2, 1, 1});
+  EXPECT_DOUBLE_EQ(b.decode_batch, 4);
+  EXPECT_NEAR(b.throughput_tok_s, 10 / 3e-3, 1e-6);
+  EXPECT_NEAR(b.p99_latency_s, 6e-3, 1e-12);
+}
+
+TEST(Simulator, TwoStagePipelineWithTwoMicroBatchesByHand) {
+  // Two workers of one layer each, two micro-batches of one sequence (B_E = 2): a step
+  // crosses both stages in 2 ms and the micro-batches alternate, so each gets a step every
+  // 2 ms: a cycle of 5 steps takes 10 ms for 5 tokens per micro-batch: 1000 tok/s, and the
+  // p99 sequence's cycle is 10 ms.
+  const Simulator sim = tiny_simulator(2, {5});
+  const Prediction p = sim.predict(ScheduleVars{SchedulePolicy::kRra, 2, 4, 2, 1});
+  ASSERT_TRUE(p.feasible) << p.infeasible_reason;
+  EXPECT_EQ(p.allocation.layers, (std::vector<int32_t>{1, 1}));
+  EXPECT_NEAR(p.throughput_tok_s, 1000, 1e-6);
+  EXPECT_NEAR(p.p99_latency_s, 10e-3, 1e-12);
+  // Each stage is busy 1 ms of every 1 ms-slot: 10 steps (5 per micro-batch) of 1 ms per
+  // cycle.
+  EXPECT_NEAR(p.stages[0].busy_seconds_per_cycle, 10e-3, 1e-12);
+}
+
+TEST(Simulator, BaselineDecodesEveryoneToTheLongestOutput) {
+  // Outputs 3 and 5: FT decodes both sequences 4 iterations (no early termination): a batch
+  // of 2 makes its 3 + 5 = 8 wanted tokens in 1 + 4 steps = 5 ms: 1600 tok/s; its latency
+  // (the bound applies to the longest) is 5 ms.
+  const Simulator sim = tiny_simulator(1, {3, 5});
+  const Prediction p = sim.predict(ScheduleVars{SchedulePolicy::kBaseline, 2, 1, 1, 1});
+  ASSERT_TRUE(p.feasible);
+  EXPECT_NEAR(p.throughput_tok_s, 1600, 1e-6);
+  EXPECT_NEAR(p.p99_latency_s, 5e-3, 1e-12);
+  EXPECT_EQ(p.p99_output, 5);
+}
+
+TEST(Simulator, WaaDecodeBatchIsEncodeBatchTimesOutputLength) {
+  // Output 33 tokens = 32 decode iterations: B_D = B_E * S_D = 8 * 32.
+  const Simulator sim = tiny_simulator(2, {33});
+  const Prediction p = sim.predict(ScheduleVars{SchedulePolicy::kWaaC, 8, 1, 1, 1});
+  EXPECT_DOUBLE_EQ(p.decode_batch, 256);
+  EXPECT_EQ(p.allocation.encoder_stages, 1);
+  EXPECT_EQ(p.allocation.layers, (std::vector<int32_t>{2, 2})) << "each side holds every layer";
+}
+
+TEST(Simulator, AStageThatDoesNotFitIsInfeasibleAndSaysWhere) {
+  SimulatorInputs in;
+  in.profile = constant_profile(1);
+  in.shape = tiny_shape(1);
+  in.workload = TaskWorkload{"hand", lengths({10}), lengths({5})};
+  in.budgets = TierBudgets{-1, 200 * 1024, -1, true};  // 200 KiB of host memory
+  const Simulator sim(in);
+  const Prediction p = sim.predict(ScheduleVars{SchedulePolicy::kRra, 64, 4, 1, 1});
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.infeasible_reason.find("stage 1"), std::string::npos) << p.infeasible_reason;
+  EXPECT_NE(p.infeasible_reason.find("cpu needs"), std::string::npos) << p.infeasible_reason;
+  EXPECT_TRUE(std::isinf(p.p99_latency_s));
+}
+
+}  // namespace
+}  // namespace strata
