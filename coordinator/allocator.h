@@ -18,8 +18,9 @@ struct StageCost {
 };
 
 // Layer counts n_s >= 1 (sum `layers`) minimising max_s (n_s * per_layer_s + fixed_s), with
-// n_s <= max_layers_s; exact (dynamic programming over split points). InputError when the
-// stages cannot hold the layers at all, naming how many they hold.
+// n_s <= max_layers_s; exact (dynamic programming over split points), and among splits with
+// the same bottleneck the evenest (smallest sum of squared stage times). InputError when
+// the stages cannot hold the layers at all, naming how many they hold.
 std::vector<int32_t> balance_layers(int32_t layers, const std::vector<StageCost>& stages);
 
 // The stage times an allocation gives.

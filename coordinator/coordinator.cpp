@@ -1,5 +1,7 @@
 #include "coordinator/coordinator.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -20,6 +22,15 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return s(u.ru_utime) + s(u.ru_stime);
 }
 
 class Coordinator {
@@ -48,6 +59,8 @@ class Coordinator {
   void serve();
   void dispatch(const ScheduledStep& step);
   void on_result(const StepResult& result);
+  void choose_schedule(PlanOptions& plan_options, SchedulerOptions& scheduler_options);
+  void observe(const FinishedRequest& f);
 
   Stages& stages_;
   CoordinatorOptions options_;
@@ -61,9 +74,14 @@ class Coordinator {
   int32_t max_rows_ = 0;
   ClusterPlan plan_;
   std::unique_ptr<RraScheduler> scheduler_;
+  std::unique_ptr<RunSchedule> schedule_;
   uint64_t next_seq_ = 0;
   std::optional<Clock::time_point> first_step_;  // the run's time: first step sent ...
   Clock::time_point last_result_;                // ... to the last result in (idle excluded)
+  double run_seconds() const { return first_step_ ? since(*first_step_) : 0.0; }
+  void steady_window();
+  std::vector<std::pair<double, size_t>> token_log_;  // (run seconds, tokens) per result
+  double first_finish_s_ = -1, admissions_end_s_ = -1;
   ClusterStats stats_;
 };
 
@@ -100,18 +118,29 @@ void Coordinator::flush_results(double seconds) {
 }
 
 ClusterStats Coordinator::run_plan() {
+  const double cpu0 = process_cpu_seconds();
   size_run();
   PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
                  capacity_,           max_rows_,       options_.stage_mem,     options_.placement};
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids, tokenizer_,        {}};
-  scheduler_ = std::make_unique<RraScheduler>(so);
   log::get("coordinator")->info("plan: {}", plan_.str());
   stages_.start(plan_);
+  if (options_.schedule) choose_schedule(po, so);
+  scheduler_ = std::make_unique<RraScheduler>(so);
+  stats_.micro_batches = so.micro_batches;
+  stats_.decode_iters = so.decode_iters;
   serve();
   if (first_step_)
     stats_.seconds = std::chrono::duration<double>(last_result_ - *first_step_).count();
+  steady_window();
+  stats_.cpu_seconds = process_cpu_seconds() - cpu0;
+  if (schedule_) {
+    stats_.schedule = schedule_->report();
+    stats_.schedule->steady_from_s = stats_.steady_from_s;
+    stats_.schedule->steady_to_s = stats_.steady_to_s;
+  }
   stats_.stages = stages_.finish(grace_ ? "stopped" : "all requests done");
   if (!sink_.flush(Deadline::after_seconds(options_.flush_timeout_s)))
     fail(ErrorKind::kDisconnected,
@@ -135,6 +164,58 @@ void Coordinator::size_run() {
   stats_.ranks = stages_.ranks();
   stats_.micro_batches = options_.micro_batches;
   stats_.decode_iters = options_.decode_iters;
+}
+
+void Coordinator::steady_window() {
+  stats_.steady_from_s = std::max(first_finish_s_, 0.0);
+  stats_.steady_to_s =
+      admissions_end_s_ > stats_.steady_from_s ? admissions_end_s_ : stats_.seconds;
+  stats_.steady_tokens = 0;
+  for (const auto& [t, n] : token_log_)
+    if (t > stats_.steady_from_s && t <= stats_.steady_to_s)
+      stats_.steady_tokens += static_cast<int64_t>(n);
+}
+
+// ExeGPT at start: the profile of the stages just started (uniform), the best RRA schedule
+// under the bound, and the stages re-deployed when it wants other layers or KV slots.
+void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
+  SchedulePlanOptions sp;
+  sp.model_spec = options_.model_spec;
+  sp.max_step_tokens = options_.max_step_tokens;
+  sp.max_encode_batch = options_.kv_slots;
+  sp.max_context = capacity_;
+  sp.placement = options_.placement;
+  sp.stage_mem = options_.stage_mem;
+  schedule_ = std::make_unique<RunSchedule>(*options_.schedule, config_, sp);
+  const Prediction& chosen = schedule_->plan(stages_, plan_);
+  po.micro_batches = chosen.vars.micro_batches;
+  po.kv_slots = chosen.kv_slots;
+  ClusterPlan next = make_plan(config_, po, chosen.allocation.layers);
+  next.plan_id = plan_.plan_id + 1;
+  if (next.stages != plan_.stages || next.kv_slots != plan_.kv_slots ||
+      next.micro_batches != plan_.micro_batches) {
+    plan_ = next;
+    log::get("coordinator")->info("re-deploying: {}", plan_.str());
+    stages_.start(plan_);
+  }
+  so.micro_batches = chosen.vars.micro_batches;
+  so.decode_iters = chosen.vars.decode_iters;
+  so.encode_batch = chosen.vars.encode_batch;
+  so.kv_slots = plan_.kv_slots;
+}
+
+// A finished request's lengths and latency for the schedule; a drift re-plans N_D and the
+// batch on the same layers.
+void Coordinator::observe(const FinishedRequest& f) {
+  if (!schedule_ || f.result.stop_reason == StopReason::kError) return;
+  const RequestTimes& t = f.result.times;
+  const double latency = t.total_s >= 0 && t.queue_wait_s >= 0 ? t.total_s - t.queue_wait_s : -1;
+  if (std::optional<Prediction> next =
+          schedule_->observe(static_cast<int32_t>(f.result.prompt_ids.size()),
+                             static_cast<int32_t>(f.result.output_ids.size()), latency,
+                             run_seconds() - std::max(latency, 0.0)))
+    scheduler_->reschedule(next->vars.decode_iters, next->vars.encode_batch,
+                           std::min(next->kv_slots, plan_.kv_slots));
 }
 
 void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
@@ -232,6 +313,8 @@ void Coordinator::serve() {
       return;
     }
     admit();
+    if (admissions_end_s_ < 0 && first_step_ && source_.exhausted() && scheduler_->waiting() == 0)
+      admissions_end_s_ = run_seconds();
     for (int32_t m = 0; m < scheduler_->micro_batches(); ++m) {
       if (scheduler_->in_flight(m)) continue;
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
@@ -258,12 +341,15 @@ void Coordinator::dispatch(const ScheduledStep& step) {
 
 void Coordinator::on_result(const StepResult& result) {
   last_result_ = Clock::now();
+  token_log_.emplace_back(run_seconds(), result.tokens.size());
   std::vector<FinishedRequest> done = scheduler_->apply(result);
   if (done.empty()) return;
+  if (first_finish_s_ < 0) first_finish_s_ = run_seconds();
   std::vector<uint64_t> left;
   for (FinishedRequest& f : done) {
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
     left.push_back(f.seq_id);
+    observe(f);
     const Clock::time_point t0 = Clock::now();
     sink_.write(f.result);
     stats_.result_seconds += since(t0);
@@ -281,6 +367,11 @@ double ClusterStats::tokens_per_second() const {
   return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0;
 }
 
+double ClusterStats::steady_tokens_per_second() const {
+  const double w = steady_to_s - steady_from_s;
+  return w > 0 ? static_cast<double>(steady_tokens) / w : tokens_per_second();
+}
+
 std::string ClusterStats::json() const {
   std::string stages_json;
   for (const StageReport& s : stages) {
@@ -294,12 +385,15 @@ std::string ClusterStats::json() const {
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "errors": {}, )"
       R"("unfinished": {}, "duplicate_ids": {}, "stop_signal": {}, "intake_seconds": {:.6f}, )"
-      R"("result_seconds": {:.6f}, )"
+      R"("result_seconds": {:.6f}, "cpu_seconds": {:.3f}, )"
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
-      R"("tokens_per_s": {:.3f}, "stages": [{}]}})",
+      R"("tokens_per_s": {:.3f}, "steady_from_s": {:.6f}, "steady_to_s": {:.6f}, )"
+      R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "stages": [{}]{}}})",
       model, ranks, micro_batches, decode_iters, requests, errors, unfinished, duplicate_ids,
-      stop_signal, intake_seconds, result_seconds, prompt_tokens, generated_tokens, prefill_steps,
-      decode_steps, seconds, tokens_per_second(), stages_json);
+      stop_signal, intake_seconds, result_seconds, cpu_seconds, prompt_tokens, generated_tokens,
+      prefill_steps, decode_steps, seconds, tokens_per_second(), steady_from_s, steady_to_s,
+      steady_tokens, steady_tokens_per_second(), stages_json,
+      schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string());
 }
 
 std::string ClusterStats::table() const {
@@ -313,6 +407,7 @@ std::string ClusterStats::table() const {
     out += fmt::format("  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%\n",
                        s.stage.rank, s.stage.layer_begin, s.stage.layer_end, s.stats.steps,
                        s.stats.busy_seconds, s.stats.idle_seconds, 100 * s.bubble_fraction());
+  if (schedule) out += "  " + schedule->line(steady_tokens_per_second()) + "\n";
   return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include "coordinator/intake.h"
 #include "coordinator/planner.h"
+#include "coordinator/run_schedule.h"
 #include "coordinator/stages.h"
 #include "transport/messages.h"
 #include "worker/config.h"
@@ -37,6 +38,11 @@ struct CoordinatorOptions {
   const std::atomic<int>* stop_signal = nullptr;
   double grace_period_s = 30.0;
   double flush_timeout_s = 30.0;  // results handed to the sink, to be stored at the end
+  // ExeGPT's scheduler (run_schedule.h): with a target, the run profiles its stages, plans
+  // the schedule with the best throughput under the latency bound (its micro-batches, N_D,
+  // KV slots and layers replace the ones above; --max-batch caps the slots), re-deploys the
+  // stages with it, and re-plans when the lengths drift.
+  std::optional<ScheduleTarget> schedule;
 };
 
 struct ClusterStats {
@@ -54,13 +60,23 @@ struct ClusterStats {
   int64_t prefill_steps = 0;
   int64_t decode_steps = 0;
   double seconds = 0;  // first step sent to last result in
+  // The steady part of the run (a batch job fills the cluster, runs, then drains): from the
+  // first request finished to the last admission (the source empty, nothing waiting), or
+  // to the end when admissions never stopped; the tokens generated in it.
+  double steady_from_s = 0, steady_to_s = 0;
+  int64_t steady_tokens = 0;
   // The coordinator's own cost per request: reading and parsing, validating and queueing
   // them (intake), and handing finished ones to the sink (results).
   double intake_seconds = 0;
   double result_seconds = 0;
+  // CPU time of this process over the run (user + system): the coordinator's own cost on
+  // rank 0 of a cluster (its polling included), everything in a one-process run.
+  double cpu_seconds = 0;
   std::vector<StageReport> stages;
+  std::optional<ScheduleReport> schedule;  // what a run with a schedule target planned
 
   double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)
+  double steady_tokens_per_second() const;
   std::string json() const;
   std::string table() const;  // the human summary printed at the end
 };

@@ -130,7 +130,8 @@ json ClusterProfile::to_json() const {
           {"modelled", modelled},
           {"ranks", ranks_j},
           {"link", {{"latency_s", link.latency_s}, {"seconds_per_byte", link.seconds_per_byte}}},
-          {"step_overhead_s", step_overhead_s}};
+          {"step_overhead_s", step_overhead_s},
+          {"step_overhead_per_row_s", step_overhead_per_row_s}};
 }
 
 ClusterProfile ClusterProfile::from_json(const json& j, const std::string& source) {
@@ -164,6 +165,8 @@ ClusterProfile ClusterProfile::from_json(const json& j, const std::string& sourc
   p.link.latency_s = number(link, "latency_s", source + ": link");
   p.link.seconds_per_byte = number(link, "seconds_per_byte", source + ": link");
   p.step_overhead_s = number(j, "step_overhead_s", source);
+  if (j.contains("step_overhead_per_row_s"))
+    p.step_overhead_per_row_s = number(j, "step_overhead_per_row_s", source);
   return p;
 }
 
@@ -250,8 +253,8 @@ std::string NodeModel::str() const {
 }
 
 ProfileGrid ProfileGrid::for_limits(int32_t max_rows, int32_t max_seqs, int32_t max_context) {
-  STRATA_CHECK(max_rows > 0 && max_seqs > 0 && max_context > 0, "profile limits {} {} {}",
-               max_rows, max_seqs, max_context);
+  STRATA_CHECK(max_rows > 0 && max_seqs > 0 && max_context > 0, "profile limits {} {} {}", max_rows,
+               max_seqs, max_context);
   ProfileGrid g;
   g.prefill_rows = powers(std::min(16, max_rows), 4, max_rows);
   g.prefill_lengths = powers(std::min(16, max_context), 4, max_context);
@@ -289,12 +292,12 @@ ClusterProfile modelled_profile(const ModelShape& s, const std::string& model,
   // A layer: every weight read once, 2 FLOPs per weight per row; causal attention over the
   // rows' contexts (QK^T and PV); the cache read for it and the new rows written.
   auto prefill = [&](double rows, double len) {
-    return roof(2 * params * rows + 2 * rows * len * q,
-                params * wb + rows * kv_bytes_per_pos * 2) +
+    return roof(2 * params * rows + 2 * rows * len * q, params * wb + rows * kv_bytes_per_pos * 2) +
            node.layer_overhead_s;
   };
   auto decode = [&](double seqs, double ctx) {
-    return roof(2 * params * seqs + 4 * seqs * ctx * q, params * wb + seqs * ctx * kv_bytes_per_pos) +
+    return roof(2 * params * seqs + 4 * seqs * ctx * q,
+                params * wb + seqs * ctx * kv_bytes_per_pos) +
            node.layer_overhead_s;
   };
   const double e = static_cast<double>(s.embed_width());
@@ -304,7 +307,8 @@ ClusterProfile modelled_profile(const ModelShape& s, const std::string& model,
            node.layer_overhead_s;
   };
   auto head = [&](double rows) {
-    return roof(2 * static_cast<double>(s.vocab) * e * rows, static_cast<double>(s.vocab) * e * wb) +
+    return roof(2 * static_cast<double>(s.vocab) * e * rows,
+                static_cast<double>(s.vocab) * e * wb) +
            node.layer_overhead_s;
   };
   auto grid2 = [&](const std::vector<int32_t>& xs, const std::vector<int32_t>& ys, auto f) {

@@ -65,9 +65,15 @@ struct ClusterProfile {
   std::vector<std::string> hosts;  // per rank, in rank order
   std::vector<RankProfile> ranks;  // ranks 1..N
   LinkProfile link;
-  double step_overhead_s = 0;  // the coordinator's turn per step: dispatch and result
-  bool modelled = false;       // from a NodeModel, not measured
-  std::string source;          // where it came from (a file, "measured", "modelled a40")
+  // The coordinator's turn per step (commands out, the result back, the scheduler and the
+  // results written), beyond the stages' compute and links: fixed plus per row of the step.
+  double step_overhead_s = 0;
+  double step_overhead_per_row_s = 0;
+  double step_overhead(double rows) const {
+    return step_overhead_s + rows * step_overhead_per_row_s;
+  }
+  bool modelled = false;  // from a NodeModel, not measured
+  std::string source;     // where it came from (a file, "measured", "modelled a40")
 
   int32_t workers() const { return static_cast<int32_t>(ranks.size()); }
   // The match key: model, dtype, placement and hosts.

@@ -1,5 +1,7 @@
 #include "coordinator/local_stages.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -130,6 +132,15 @@ std::vector<StageReport> LocalStages::finish(const std::string&) {
   const auto steps = static_cast<uint64_t>(stats_.prefill_steps + stats_.decode_steps);
   return {StageReport{stage_->stage(),
                       StageStats{stage_->stage().rank, steps, rows_, busy, 0.0, busy}}};
+}
+
+// One stage in this process: no link, and the coordinator's turn is a function call.
+ProfileResult LocalStages::profile(const ProfileRequest& request) {
+  ProfileReport report = stage_->profile(request);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  report.host = host;
+  return ProfileResult{{std::move(report)}, 0.0};
 }
 
 LocalCluster::LocalCluster(Model& model, LocalOptions options, const Tokenizer* tokenizer)

@@ -49,6 +49,7 @@ class LocalStages final : public Stages {
   void leave(const std::vector<uint64_t>& seq_ids) override;
   std::optional<StepResult> poll() override;
   std::vector<StageReport> finish(const std::string& reason) override;
+  ProfileResult profile(const ProfileRequest& request) override;
   void abort(const std::string&) noexcept override {}
 
   // Time and steps by phase, and the KV cache's size (tokens are counted by the caller).

@@ -1,6 +1,7 @@
 #include "coordinator/mpi_stages.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "kernels/error.h"
@@ -141,6 +142,61 @@ std::vector<StageReport> MpiStages::finish(const std::string& reason) {
   std::sort(reports.begin(), reports.end(),
             [](const StageReport& a, const StageReport& b) { return a.stage.rank < b.stage.rank; });
   return reports;
+}
+
+// Every worker times its stage and its link, answering pings meanwhile; the coordinator
+// keeps pinging (a worker takes a silent coordinator for a dead one) until every report is
+// in. Then the round trip to the last stage, polled as the run loop polls for results.
+ProfileResult MpiStages::profile(const ProfileRequest& request) {
+  const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
+  for (int r : workers_) control_.send(r, request, deadline);
+  std::map<int, ProfileReport> reports;
+  Backoff backoff;
+  while (reports.size() < workers_.size()) {
+    if (deadline.expired())
+      fail(ErrorKind::kDisconnected, "profiling: {} of {} stages reported within {} s",
+           reports.size(), workers_.size(), options_.load_timeout_s);
+    if (std::optional<Received> r =
+            control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
+      monitor_->heard_from(r->source);
+      if (auto* report = std::get_if<ProfileReport>(&r->message)) {
+        reports[r->source] = *report;
+      } else if (auto* e = std::get_if<ErrorReport>(&r->message)) {
+        on_error_report(*e);
+      }
+      backoff = Backoff();
+      continue;
+    }
+    if (std::chrono::duration<double>(Clock::now() - last_ping_).count() >=
+        options_.heartbeat_interval_s)
+      ping_workers();
+    check_alive();
+    backoff.pause();
+  }
+  ProfileResult out;
+  for (const StagePlan& s : plan_.stages) out.reports.push_back(reports.at(s.rank));
+  constexpr int kTrips = 8;
+  double total = 0;
+  for (int i = 0; i < kTrips; ++i) {
+    const uint64_t seq = ++ping_seq_;
+    const auto t0 = Clock::now();
+    control_.send(last_rank(), Heartbeat{0, seq, false}, deadline);
+    Backoff wait;
+    while (true) {
+      std::optional<Received> r = control_.try_recv(last_rank(), deadline);
+      if (r) {
+        if (auto* h = std::get_if<Heartbeat>(&r->message); h && h->reply && h->sequence == seq)
+          break;
+        continue;
+      }
+      if (deadline.expired()) fail(ErrorKind::kDisconnected, "profiling: no ping reply in time");
+      wait.pause();
+    }
+    total += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  out.round_trip_s = total / kTrips;
+  last_ping_ = Clock::now();
+  return out;
 }
 
 void MpiStages::abort(const std::string& reason) noexcept {

@@ -33,6 +33,7 @@ class MpiStages final : public Stages {
   void leave(const std::vector<uint64_t>& seq_ids) override;
   std::optional<StepResult> poll() override;
   std::vector<StageReport> finish(const std::string& reason) override;
+  ProfileResult profile(const ProfileRequest& request) override;
   void abort(const std::string& reason) noexcept override;
 
  private:

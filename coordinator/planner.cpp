@@ -41,6 +41,13 @@ TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan) {
   return b;
 }
 
+std::vector<int32_t> uniform_layers(int32_t layers, int32_t stages) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < stages; ++i)
+    out.push_back(layers / stages + (i < layers % stages ? 1 : 0));
+  return out;
+}
+
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
   const int32_t n = config.n_layers, s = o.workers;
   if (s < 1)
@@ -51,6 +58,15 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
         "{} worker ranks but {} has only {} layers: each pipeline stage needs at least one layer; "
         "run at most mpirun -np {}",
         s, o.model_spec, n, n + 1);
+  return make_plan(config, o, uniform_layers(n, s));
+}
+
+ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
+                      const std::vector<int32_t>& layers) {
+  const int32_t n = config.n_layers;
+  const auto s = static_cast<int32_t>(layers.size());
+  if (s != o.workers)
+    fail_input("an allocation of {} stages for {} worker ranks", layers.size(), o.workers);
   ClusterPlan plan;
   plan.plan_id = 1;
   plan.model_spec = o.model_spec;
@@ -65,7 +81,7 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
     StagePlan st;
     st.rank = i + 1;
     st.layer_begin = begin;
-    st.layer_end = begin + n / s + (i < n % s ? 1 : 0);
+    st.layer_end = begin + layers[static_cast<size_t>(i)];
     st.has_embedding = i == 0;
     st.has_head = i == s - 1;
     st.use_gpu = o.placement.device_compute;

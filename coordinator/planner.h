@@ -1,7 +1,7 @@
 // The cluster plan: which rank runs which layers, and where each stage's weights and KV
-// cache live. Uniform for now (the scheduling issue brings ExeGPT's WAA allocation): the
-// layers are split as evenly as possible over ranks 1..N-1 in order, earlier stages taking
-// the remainder; the first stage embeds, the last holds the final norm, head and sampler.
+// cache live. The layers are split over ranks 1..N-1 in order -- evenly, or as a schedule's
+// allocation balances them (schedule_planner.h); the first stage embeds, the last holds the
+// final norm, head and sampler.
 // Each stage's placement is placement/'s decision (stage_placement.h) with the engine's
 // memory model; the plan carries it to the worker, which executes it. A plan that cannot
 // run is refused here, naming the stage, the tier and the shortfall, before any worker
@@ -51,5 +51,12 @@ TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan);
 // Throws InputError: more stages than layers, or a stage over a budget ("stage 2 (layers
 // [8, 16)): cpu needs 3.2 MiB, budget 2.0 MiB: short by 1.2 MiB").
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& options);
+// The same with `layers[i]` layers on worker rank i + 1, in order (a schedule's allocation,
+// coordinator/allocator.h); plan.validate() refuses a count that leaves a stage empty or
+// does not sum to the model's layers.
+ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& options,
+                      const std::vector<int32_t>& layers);
+// Layers split as evenly as possible, earlier stages taking the remainder.
+std::vector<int32_t> uniform_layers(int32_t layers, int32_t stages);
 
 }  // namespace strata

@@ -36,8 +36,8 @@ SimulatorInputs simulator_inputs(const ModelConfig& config, const ClusterProfile
   return in;
 }
 
-SearchOptions search_options(const Simulator& sim, const SchedulePlanOptions& o) {
-  SearchOptions s = SearchOptions::defaults(sim, o.max_encode_batch);
+ScheduleSearchOptions search_options(const Simulator& sim, const SchedulePlanOptions& o) {
+  ScheduleSearchOptions s = ScheduleSearchOptions::defaults(sim, o.max_encode_batch);
   s.latency_bound = o.latency_bound;
   s.exhaustive = o.exhaustive;
   if (!o.micro_batches.empty()) s.micro_batches = o.micro_batches;
@@ -47,12 +47,13 @@ SearchOptions search_options(const Simulator& sim, const SchedulePlanOptions& o)
 
 ScheduleChoice plan_schedule(const ModelConfig& config, const ClusterProfile& profile,
                              const SchedulePlanOptions& o) {
-  if (!(o.latency_bound > 0)) fail_input("--latency-bound must be positive, got {}", o.latency_bound);
+  if (!(o.latency_bound > 0))
+    fail_input("--latency-bound must be positive, got {}", o.latency_bound);
   const Simulator sim(simulator_inputs(config, profile, o));
   return search_schedule(sim, search_options(sim, o));
 }
 
-std::vector<double> paper_bounds(const Simulator& sim, const SearchOptions& search) {
+std::vector<double> paper_bounds(const Simulator& sim, const ScheduleSearchOptions& search) {
   std::vector<Prediction> all;
   search_baseline(sim, std::numeric_limits<double>::infinity(), search.encode_batches,
                   search.micro_batches, &all);

@@ -144,8 +144,9 @@ std::vector<int32_t> geometric_values(int32_t max) {
   return v;
 }
 
-SearchOptions SearchOptions::defaults(const Simulator& sim, int32_t max_encode_batch) {
-  SearchOptions o;
+ScheduleSearchOptions ScheduleSearchOptions::defaults(const Simulator& sim,
+                                                      int32_t max_encode_batch) {
+  ScheduleSearchOptions o;
   o.encode_batches = geometric_values(std::max(max_encode_batch, 1));
   const int32_t longest = std::max(sim.inputs().workload.output.percentile(0.99) - 1, 1);
   o.decode_iters = geometric_values(longest);
@@ -169,7 +170,7 @@ Perf perf_of(const Prediction& p) {
 // One search over two variables for one policy and micro-batch count.
 struct Search {
   const Simulator& sim;
-  const SearchOptions& o;
+  const ScheduleSearchOptions& o;
   SchedulePolicy policy;
   int32_t micro_batches;  // RRA's, fixed for this search
 
@@ -195,28 +196,30 @@ struct Search {
 
 }  // namespace
 
-ScheduleChoice search_schedule(const Simulator& sim, const SearchOptions& o) {
+ScheduleChoice search_schedule(const Simulator& sim, const ScheduleSearchOptions& o) {
   if (o.encode_batches.empty() || o.decode_iters.empty() || o.micro_batches.empty())
     fail_input("the schedule search needs B_E, N_D and micro-batch values");
   ScheduleChoice choice;
   choice.latency_bound = o.latency_bound;
   for (SchedulePolicy policy : o.policies) {
     const bool rra = policy == SchedulePolicy::kRra;
-    if (!rra && sim.workers() < 2) continue;  // WAA needs an encoder and a decoder
+    if (!rra && o.fixed_allocation) continue;  // WAA allocates its own
+    if (!rra && sim.workers() < 2) continue;   // WAA needs an encoder and a decoder
     for (int32_t k : rra ? o.micro_batches : std::vector<int32_t>{0}) {
       const Search s{sim, o, policy, k};
       const auto n1 = static_cast<int32_t>(o.encode_batches.size());
       std::map<std::pair<int32_t, int32_t>, Prediction> seen;
       const PerfFn f = [&](int32_t i1, int32_t i2) {
-        const Prediction p = sim.predict(s.vars(i1, i2));
+        const Prediction p = o.fixed_allocation ? sim.predict(s.vars(i1, i2), *o.fixed_allocation)
+                                                : sim.predict(s.vars(i1, i2));
         seen[{i1, i2}] = p;
         return perf_of(p);
       };
-      const BnbResult r = o.exhaustive
-                              ? exhaustive(n1, s.n2(), f, o.latency_bound)
-                              : branch_and_bound(n1, s.n2(), f,
-                                                 BnbOptions{o.latency_bound, o.eps_throughput,
-                                                            o.eps_latency});
+      const BnbResult r =
+          o.exhaustive
+              ? exhaustive(n1, s.n2(), f, o.latency_bound)
+              : branch_and_bound(n1, s.n2(), f,
+                                 BnbOptions{o.latency_bound, o.eps_throughput, o.eps_latency});
       choice.points_evaluated += r.points_evaluated;
       choice.grid_points += static_cast<int64_t>(n1) * s.n2();
       choice.fastest_latency_s = std::min(choice.fastest_latency_s, r.fastest_latency);
@@ -229,8 +232,9 @@ ScheduleChoice search_schedule(const Simulator& sim, const SearchOptions& o) {
       }
     }
   }
-  choice.baseline = search_baseline(sim, o.latency_bound, o.encode_batches, o.micro_batches,
-                                    nullptr, &choice.baseline_points);
+  if (!o.fixed_allocation)
+    choice.baseline = search_baseline(sim, o.latency_bound, o.encode_batches, o.micro_batches,
+                                      nullptr, &choice.baseline_points);
   return choice;
 }
 
@@ -291,9 +295,10 @@ std::string ScheduleChoice::str() const {
   if (feasible) {
     out += fmt::format("chosen (latency bound {}): {}\n", bound, best.str());
   } else {
-    out += fmt::format("no schedule meets the latency bound {}: the fastest achievable p99 "
-                       "latency is {:.3f} s\n",
-                       bound, fastest_latency_s);
+    out += fmt::format(
+        "no schedule meets the latency bound {}: the fastest achievable p99 "
+        "latency is {:.3f} s\n",
+        bound, fastest_latency_s);
   }
   for (const Prediction& p : per_search) out += fmt::format("  best {}\n", p.str());
   out += baseline ? fmt::format("baseline (FT-style): {}\n", baseline->str())

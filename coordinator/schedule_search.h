@@ -37,7 +37,7 @@ struct BnbResult {
   bool found = false;
   int32_t i1 = -1, i2 = -1;
   Perf perf;
-  int64_t points_evaluated = 0;        // distinct grid points perf() was asked for
+  int64_t points_evaluated = 0;  // distinct grid points perf() was asked for
   double fastest_latency = std::numeric_limits<double>::infinity();  // at (0, 0)
 };
 
@@ -46,7 +46,7 @@ BnbResult branch_and_bound(int32_t n1, int32_t n2, const PerfFn& perf, const Bnb
 // Every point: the reference branch-and-bound must agree with on a monotonic grid.
 BnbResult exhaustive(int32_t n1, int32_t n2, const PerfFn& perf, double latency_bound);
 
-struct SearchOptions {
+struct ScheduleSearchOptions {
   double latency_bound = std::numeric_limits<double>::infinity();
   std::vector<int32_t> encode_batches;  // B_E values, ascending
   std::vector<int32_t> decode_iters;    // N_D values, ascending (RRA)
@@ -58,8 +58,10 @@ struct SearchOptions {
   double eps_throughput = 0.0;
   double eps_latency = 0.0;
   bool exhaustive = false;  // enumerate every point instead (for comparison)
+  // A running cluster re-planning keeps its layers: every point on this allocation (RRA).
+  std::optional<Allocation> fixed_allocation;
   // Grids sized from the workload and the run's limits.
-  static SearchOptions defaults(const Simulator& sim, int32_t max_encode_batch);
+  static ScheduleSearchOptions defaults(const Simulator& sim, int32_t max_encode_batch);
 };
 
 struct ScheduleChoice {
@@ -68,7 +70,7 @@ struct ScheduleChoice {
   std::vector<Prediction> per_search;  // the best of each (policy, micro-batches) search
   double fastest_latency_s = std::numeric_limits<double>::infinity();  // over every policy
   int64_t points_evaluated = 0;
-  int64_t grid_points = 0;  // what an exhaustive search would evaluate
+  int64_t grid_points = 0;             // what an exhaustive search would evaluate
   std::optional<Prediction> baseline;  // FT's best under the same bound
   int64_t baseline_points = 0;
   double latency_bound = 0;
@@ -77,7 +79,7 @@ struct ScheduleChoice {
   std::string str() const;
 };
 
-ScheduleChoice search_schedule(const Simulator& sim, const SearchOptions& options);
+ScheduleChoice search_schedule(const Simulator& sim, const ScheduleSearchOptions& options);
 
 // The baseline: every static batch in `batches` with every micro-batch count; the best
 // throughput within the bound (nullopt when none meets it). `all` receives every

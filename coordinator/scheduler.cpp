@@ -7,6 +7,14 @@
 #include "kernels/error.h"
 
 namespace strata {
+namespace {
+// Micro-batch m's share of B_E per prefill phase (0: no limit).
+int32_t encode_share(int32_t encode_batch, int32_t micro_batches, int32_t m) {
+  if (encode_batch <= 0) return 0;
+  return std::max(1, encode_batch / micro_batches + (m < encode_batch % micro_batches ? 1 : 0));
+}
+
+}  // namespace
 
 void SchedulerOptions::validate() const {
   if (micro_batches <= 0) fail_input("--micro-batches must be positive, got {}", micro_batches);
@@ -17,12 +25,15 @@ void SchedulerOptions::validate() const {
   if (kv_capacity <= 0) fail_input("KV capacity must be positive, got {}", kv_capacity);
   if (max_step_tokens <= 0)
     fail_input("--max-step-tokens must be positive, got {}", max_step_tokens);
+  if (encode_batch < 0)
+    fail_input("the encode batch B_E must not be negative, got {}", encode_batch);
 }
 
 RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) {
   options_.validate();
   if (!options_.clock) options_.clock = wall_seconds;
   batches_.resize(static_cast<size_t>(options_.micro_batches));
+  active_slots_ = options_.kv_slots;
   // Slot s belongs to micro-batch s mod K; each hands out its lowest free slot first.
   for (int32_t s = options_.kv_slots - 1; s >= 0; --s)
     batches_[static_cast<size_t>(s % options_.micro_batches)].free_slots.push_back(s);
@@ -55,12 +66,19 @@ bool RraScheduler::idle() const {
 // has one to run while the others compute.
 void RraScheduler::admit(int32_t m) {
   MicroBatch& b = batches_[static_cast<size_t>(m)];
-  size_t work = waiting_.size();
-  for (const MicroBatch& other : batches_) work += other.running.size() + other.prefilling.size();
+  size_t work = waiting_.size(), running_now = 0;
+  for (const MicroBatch& other : batches_)
+    running_now += other.running.size() + other.prefilling.size();
+  work += running_now;
   const size_t k = batches_.size();
   const size_t share = (work + k - 1) / k;
-  while (!waiting_.empty() && !b.free_slots.empty() &&
-         b.running.size() + b.prefilling.size() < share) {
+  const int32_t limit = encode_share(options_.encode_batch, micro_batches(), m);
+  for (int32_t admitted = 0;
+       !waiting_.empty() && !b.free_slots.empty() &&
+       b.running.size() + b.prefilling.size() < share &&
+       running_now < static_cast<size_t>(active_slots_) && (limit == 0 || admitted < limit);
+       ++admitted) {
+    ++running_now;
     Seq& seq = seqs_.at(waiting_.front());
     seq.slot = b.free_slots.back();
     b.free_slots.pop_back();
@@ -174,6 +192,16 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
   }
   std::sort(b.free_slots.rbegin(), b.free_slots.rend());  // lowest on top, as the KV cache does
   return finished;
+}
+
+void RraScheduler::reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots) {
+  if (decode_iters <= 0) fail_input("N_D must be positive, got {}", decode_iters);
+  if (encode_batch < 0) fail_input("B_E must not be negative, got {}", encode_batch);
+  STRATA_CHECK(active_slots > 0 && active_slots <= options_.kv_slots,
+               "{} active slots of {} KV slots", active_slots, options_.kv_slots);
+  options_.decode_iters = decode_iters;
+  options_.encode_batch = encode_batch;
+  active_slots_ = active_slots;
 }
 
 std::vector<FinishedRequest> RraScheduler::drain(const std::string& error) {

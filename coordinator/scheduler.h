@@ -37,6 +37,9 @@ struct SchedulerOptions {
   std::vector<int32_t> eos_token_ids;
   const Tokenizer* tokenizer = nullptr;  // decodes completions for stop strings
   std::function<double()> clock;         // seconds (request times); default: the system clock
+  // B_E: the most sequences the prefill phases of all micro-batches admit together (micro-batch
+  // m takes its share, B_E / K and one of the remainder); 0 fills every free slot.
+  int32_t encode_batch = 0;
 
   void validate() const;  // InputError naming the option
 };
@@ -64,6 +67,10 @@ class RraScheduler {
   std::optional<ScheduledStep> next_step(int32_t m);
   // Takes the tokens of an in-flight step; returns the requests it finished.
   std::vector<FinishedRequest> apply(const StepResult& result);
+
+  // A re-planned schedule (docs/SCHEDULING.md): N_D and B_E from the next phase on, and no more
+  // than `active_slots` sequences in flight over all micro-batches (<= the KV slots it has).
+  void reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots);
 
   // Ends every request still waiting or running (the cluster failed): each comes back as
   // an error result carrying `error` and the tokens it had, in submission order, and the
@@ -104,6 +111,7 @@ class RraScheduler {
   std::deque<uint64_t> waiting_;
   std::unordered_map<uint64_t, Seq> seqs_;
   uint64_t next_step_id_ = 1;
+  int32_t active_slots_ = 0;  // sequences in flight at most (the KV slots unless re-planned)
 };
 
 }  // namespace strata

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <queue>
 
 #include "coordinator/allocator.h"
@@ -29,6 +29,26 @@ double row_weighted_length(const LengthDistribution& d) {
     sq += d.p(s) * s * s;
   }
   return sum > 0 ? sq / sum : 1.0;
+}
+
+// The standard normal's quantile: bisection on its distribution function.
+double normal_quantile(double q) {
+  double lo = -10, hi = 10;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = (lo + hi) / 2;
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < q ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+// The prompt rows of a prefill phase of `a` sequences at quantile q of their sum (a normal, by
+// the central limit theorem, no more than a times the longest prompt). The latency bound is
+// for the worst case of a p99-length sequence: ExeGPT considers the encoder's variance too
+// (section 7.6, Table 7), and with a small B_E or widely spread prompts a phase of long
+// prompts costs a p99 sequence more than its whole decode.
+double phase_rows_at(const LengthDistribution& input, double a, double q) {
+  const double mean = a * input.mean();
+  return std::min(mean + normal_quantile(q) * std::sqrt(a) * input.stddev(), a * input.max());
 }
 
 }  // namespace
@@ -112,7 +132,8 @@ LengthDistribution in_batch(const LengthDistribution& d, int32_t n_d) {
 }
 
 WaaSplit waa_split(int32_t workers, double encode, double decode) {
-  if (workers < 2) fail_input("WAA needs at least two workers (one encodes, one decodes), got {}", workers);
+  if (workers < 2)
+    fail_input("WAA needs at least two workers (one encodes, one decodes), got {}", workers);
   STRATA_CHECK(encode > 0 && decode > 0, "WAA split of {} and {}", encode, decode);
   const double fe = workers * encode / (encode + decode);
   const double fd = workers * decode / (encode + decode);
@@ -153,7 +174,9 @@ json Prediction::to_json() const {
   for (const StageEstimate& s : stages)
     stages_j.push_back({{"rank", s.rank},
                         {"layers", {s.layer_begin, s.layer_end}},
-                        {"role", s.encoder && s.decoder ? "both" : s.encoder ? "encode" : "decode"},
+                        {"role", s.encoder && s.decoder ? "both"
+                                 : s.encoder            ? "encode"
+                                                        : "decode"},
                         {"busy_seconds_per_cycle", s.busy_seconds_per_cycle},
                         {"gpu_bytes", s.memory.gpu},
                         {"cpu_bytes", s.memory.cpu},
@@ -190,16 +213,24 @@ std::string Prediction::str() const {
 struct Simulator::Phases {
   struct Step {
     bool prefill = false;
-    double rows = 0;     // rows of the step
+    double rows = 0;     // rows of the step when it runs
     double length = 0;   // prefill: sequence length at its end; decode: context
     double samples = 0;  // rows that sample (the head's rows)
+    // The chance the step runs at all: a phase ends early once every sequence in it has
+    // finished (the scheduler starts the next phase), so a late iteration of a small batch
+    // often never happens. Its expected time is chance x its time at `rows`.
+    double chance = 1;
+    // Its rows when a given sequence is known to be in the batch (the p99 sequence whose
+    // latency is measured: its phases run every iteration up to its last; its prefill phase
+    // at the same percentile of prompt rows, phase_rows_at).
+    double rows_with_one = 0;
   };
   std::vector<Step> steps;
   int32_t micro_batches = 1;
-  int32_t prefill_steps = 0;     // the first steps of a cycle
-  int32_t decode_steps = 0;      // N_D (RRA), the longest output's iterations (baseline)
-  double tokens_per_cycle = 0;   // generated per micro-batch per cycle
-  double decode_batch = 0;       // over all micro-batches
+  int32_t prefill_steps = 0;    // the first steps of a cycle
+  int32_t decode_steps = 0;     // N_D (RRA), the longest output's iterations (baseline)
+  double tokens_per_cycle = 0;  // generated per micro-batch per cycle
+  double decode_batch = 0;      // over all micro-batches
   int32_t kv_slots = 0;
   int32_t latency_decode_steps = 0;  // the p99 sequence's decode iterations after its prefill
   int32_t p99_output = 0;
@@ -211,8 +242,8 @@ Simulator::Simulator(SimulatorInputs inputs) : in_(std::move(inputs)) {
     fail_input("workload {} has no lengths", in_.workload.name);
   if (in_.max_step_tokens <= 0)
     fail_input("--max-step-tokens must be positive, got {}", in_.max_step_tokens);
-  capacity_ = in_.kv_capacity > 0 ? in_.kv_capacity
-                                   : in_.workload.input.max() + in_.workload.output.max();
+  capacity_ =
+      in_.kv_capacity > 0 ? in_.kv_capacity : in_.workload.input.max() + in_.workload.output.max();
   if (in_.shape.n_layers < workers())
     fail_input("{} layers cannot be split over {} workers", in_.shape.n_layers, workers());
 }
@@ -238,14 +269,22 @@ Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
   const double rows = a * w.input.mean();
   ph.prefill_steps = static_cast<int32_t>(std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(rows / static_cast<double>(in_.max_step_tokens)))));
+  const double heavy = phase_rows_at(w.input, a, in_.percentile);  // the p99 sequence's phase
   for (int32_t i = 0; i < ph.prefill_steps; ++i)
     ph.steps.push_back({true, rows / ph.prefill_steps, row_weighted_length(w.input),
-                        a / ph.prefill_steps});
-  double left = n0, tokens = a;
+                        a / ph.prefill_steps, 1, heavy / ph.prefill_steps});
+  // Decode iteration u: of the n0 sequences a phase starts with, each has finished before u
+  // with probability done = sum_{u' < u} P_D(u'); the iteration runs unless all have.
+  double done = 0, tokens = a;
+  const double members = std::max(n0, 1.0);
   for (int32_t u = 1; u <= v.decode_iters; ++u) {
-    ph.steps.push_back({false, left, w.input.mean() + position, left});
+    const double left = n0 * (1 - done);
+    const double chance = 1 - std::pow(std::min(done, 1.0), members);
+    const double rows_if_run = chance > 1e-12 ? left / chance : 0.0;
+    ph.steps.push_back({false, rows_if_run, w.input.mean() + position, rows_if_run, chance,
+                        1 + std::max(n0 - 1, 0.0) * std::max(1 - done, 0.0)});
     tokens += left;
-    left -= n0 * pd[static_cast<size_t>(u)];
+    done += pd[static_cast<size_t>(u)];
   }
   ph.decode_steps = v.decode_iters;
   ph.tokens_per_cycle = tokens;
@@ -259,8 +298,7 @@ Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
 
 Simulator::Phases Simulator::baseline_phases(const ScheduleVars& v) const {
   if (v.encode_batch < v.micro_batches || v.micro_batches < 1)
-    fail_input("the baseline needs a batch of at least one sequence per micro-batch ({})",
-               v.str());
+    fail_input("the baseline needs a batch of at least one sequence per micro-batch ({})", v.str());
   const TaskWorkload& w = in_.workload;
   Phases ph;
   ph.micro_batches = v.micro_batches;
@@ -268,13 +306,14 @@ Simulator::Phases Simulator::baseline_phases(const ScheduleVars& v) const {
   const double rows = a * w.input.mean();
   ph.prefill_steps = static_cast<int32_t>(std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(rows / static_cast<double>(in_.max_step_tokens)))));
+  const double heavy = phase_rows_at(w.input, a, in_.percentile);
   for (int32_t i = 0; i < ph.prefill_steps; ++i)
     ph.steps.push_back({true, rows / ph.prefill_steps, row_weighted_length(w.input),
-                        a / ph.prefill_steps});
+                        a / ph.prefill_steps, 1, heavy / ph.prefill_steps});
   // No early termination: the whole batch decodes to the longest output.
   const int32_t longest = w.output.max() - 1;
   for (int32_t u = 1; u <= longest; ++u)
-    ph.steps.push_back({false, a, w.input.mean() + u, a});
+    ph.steps.push_back({false, a, w.input.mean() + u, a, 1, a});
   ph.decode_steps = longest;
   ph.tokens_per_cycle = a * w.output.mean();  // the tokens anyone asked for
   ph.decode_batch = v.encode_batch;
@@ -378,7 +417,8 @@ Allocation Simulator::balance(const Phases& ph, int32_t kv_slots) const {
   if (total_room < in_.shape.n_layers) {  // cannot fit: split evenly, the memory check says why
     Allocation even;
     for (int32_t s = 0; s < S; ++s)
-      even.layers.push_back(static_cast<int32_t>(in_.shape.n_layers / S + (s < in_.shape.n_layers % S ? 1 : 0)));
+      even.layers.push_back(
+          static_cast<int32_t>(in_.shape.n_layers / S + (s < in_.shape.n_layers % S ? 1 : 0)));
     return even;
   }
   return Allocation{balance_layers(static_cast<int32_t>(in_.shape.n_layers), costs), 0};
@@ -437,10 +477,13 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
   const int32_t S = workers();
   if (static_cast<int32_t>(p.allocation.layers.size()) != S)
     fail_input("an allocation of {} stages for {} workers", p.allocation.layers.size(), S);
-  // Each stage's time for each step of the cycle, and each step's link time.
+  // Each stage's time for each step of the cycle, and each step's link time and the
+  // coordinator's turn around it: expected (a step that may not run counts its chance), and
+  // for the phases the p99 sequence is in (it runs every iteration up to its last).
   const size_t n_steps = ph.steps.size();
-  std::vector<std::vector<double>> t(static_cast<size_t>(S), std::vector<double>(n_steps));
-  std::vector<double> link(n_steps);
+  const auto S_ = static_cast<size_t>(S);
+  std::vector<std::vector<double>> t(S_, std::vector<double>(n_steps)), t_one = t;
+  std::vector<double> link(n_steps), link_one(n_steps), half(n_steps), half_one(n_steps);
   int32_t begin = 0;
   for (int32_t s = 0; s < S; ++s) {
     const int32_t n = p.allocation.layers[static_cast<size_t>(s)];
@@ -448,65 +491,101 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
                           &p.outside_profile};
     for (size_t k = 0; k < n_steps; ++k) {
       const Phases::Step& st = ph.steps[k];
-      t[static_cast<size_t>(s)][k] = timer(st.prefill, st.rows, st.length, st.samples);
+      const double mean = timer(st.prefill, st.rows, st.length, st.samples);
+      t[static_cast<size_t>(s)][k] = st.chance * mean;
+      // The p99 sequence's prefill phase is a heavier one of the same chunks (more rows would
+      // be more chunks, not longer ones): its time scaled by the rows, within the profile.
+      t_one[static_cast<size_t>(s)][k] =
+          st.prefill ? mean * st.rows_with_one / std::max(st.rows, 1e-9)
+                     : timer(false, st.rows_with_one, st.length, st.rows_with_one);
     }
     p.stages.push_back({s + 1, begin, begin + n, true, true, 0, {}, {}});
     begin += n;
   }
   check_memory(p, ph.kv_slots);
+  if (p.feasible && in_.max_kv_slots > 0 && ph.kv_slots > in_.max_kv_slots) {
+    p.feasible = false;
+    p.infeasible_reason = fmt::format("{} KV slots, more than the run's {} (--max-batch)",
+                                      ph.kv_slots, in_.max_kv_slots);
+  }
   if (!p.feasible) {
     p.p99_latency_s = std::numeric_limits<double>::infinity();
     return p;
   }
-  for (size_t k = 0; k < n_steps; ++k)
-    link[k] = in_.profile.link.time(ph.steps[k].rows * static_cast<double>(in_.shape.hidden) * kF32);
+  const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
+  for (size_t k = 0; k < n_steps; ++k) {
+    const Phases::Step& st = ph.steps[k];
+    link[k] = st.chance * in_.profile.link.time(st.rows * row_bytes);
+    link_one[k] = in_.profile.link.time(st.rows_with_one * row_bytes);
+    half[k] = st.chance * in_.profile.step_overhead(st.rows) / 2;
+    half_one[k] = in_.profile.step_overhead(st.rows_with_one) / 2;
+  }
   // Cycles: a warm-up, then enough for the p99 sequence to finish after its prefill.
   const int32_t K = ph.micro_batches;
   const int32_t c0 = 2 + K;
-  const int32_t span = ph.decode_steps > 0 ? (std::max(ph.latency_decode_steps, 1) - 1) / ph.decode_steps : 0;
+  const int32_t span =
+      ph.decode_steps > 0 ? (std::max(ph.latency_decode_steps, 1) - 1) / ph.decode_steps : 0;
   const int32_t cycles = c0 + span + 2;
-  const double half = in_.profile.step_overhead_s / 2;
-  std::vector<double> free(static_cast<size_t>(S), 0.0), busy(static_cast<size_t>(S), 0.0);
-  std::vector<std::vector<double>> cycle_start(static_cast<size_t>(K), std::vector<double>(static_cast<size_t>(cycles) + 1, 0));
-  std::vector<double> latency_steps;  // results of micro-batch 0's steps from cycle c0 on
-  using Ready = std::pair<double, int32_t>;  // (dispatch time, micro-batch)
-  std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
-  std::vector<int32_t> cycle(static_cast<size_t>(K), 0), step(static_cast<size_t>(K), 0);
-  for (int32_t m = 0; m < K; ++m) ready.push({0.0, m});
-  while (!ready.empty()) {
-    const auto [dispatch, m] = ready.top();
-    ready.pop();
-    const auto mi = static_cast<size_t>(m);
-    const auto k = static_cast<size_t>(step[mi]);
-    if (k == 0) cycle_start[mi][static_cast<size_t>(cycle[mi])] = dispatch;
-    if (cycle[mi] == cycles) continue;
-    double at = dispatch + half;
-    for (int32_t s = 0; s < S; ++s) {
-      const auto si = static_cast<size_t>(s);
-      const double start = std::max(at, free[si]);
-      free[si] = start + t[si][k];
-      if (cycle[mi] >= c0 && cycle[mi] < cycles - 1) busy[si] += t[si][k];
-      at = free[si] + (s + 1 < S ? link[k] : 0.0);
+  // The timeline, run twice: with expected step times (throughput, stage busy time), and
+  // with micro-batch 0 holding the p99 sequence from cycle c0 until it ends (its latency).
+  struct Timeline {
+    std::vector<std::vector<double>> cycle_start;  // per micro-batch, per cycle
+    std::vector<double> results;                   // micro-batch 0's steps from cycle c0 on
+    std::vector<double> busy;                      // per stage over the steady cycles
+  };
+  auto run = [&](bool track_one) {
+    Timeline tl;
+    tl.cycle_start.assign(static_cast<size_t>(K),
+                          std::vector<double>(static_cast<size_t>(cycles) + 1, 0));
+    tl.busy.assign(S_, 0.0);
+    std::vector<double> free(S_, 0.0);
+    using Ready = std::pair<double, int32_t>;  // (dispatch time, micro-batch)
+    std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+    std::vector<int32_t> cycle(static_cast<size_t>(K), 0), step(static_cast<size_t>(K), 0);
+    for (int32_t m = 0; m < K; ++m) ready.push({0.0, m});
+    while (!ready.empty()) {
+      const auto [dispatch, m] = ready.top();
+      ready.pop();
+      const auto mi = static_cast<size_t>(m);
+      const auto k = static_cast<size_t>(step[mi]);
+      if (k == 0) tl.cycle_start[mi][static_cast<size_t>(cycle[mi])] = dispatch;
+      if (cycle[mi] == cycles) continue;
+      // The p99 sequence's own prefill phase is the heavy one; later phases admit others.
+      const bool one = track_one && m == 0 && cycle[mi] >= c0 && cycle[mi] <= c0 + span &&
+                       (cycle[mi] == c0 || !ph.steps[k].prefill);
+      const auto& ts = one ? t_one : t;
+      double at = dispatch + (one ? half_one : half)[k];
+      for (int32_t s = 0; s < S; ++s) {
+        const auto si = static_cast<size_t>(s);
+        const double begin_at = std::max(at, free[si]);
+        free[si] = begin_at + ts[si][k];
+        if (cycle[mi] >= c0 && cycle[mi] < cycles - 1) tl.busy[si] += ts[si][k];
+        at = free[si] + (s + 1 < S ? (one ? link_one : link)[k] : 0.0);
+      }
+      const double result = at + (one ? half_one : half)[k];
+      if (m == 0 && cycle[mi] >= c0) tl.results.push_back(result);
+      if (++step[mi] == static_cast<int32_t>(n_steps)) {
+        step[mi] = 0;
+        ++cycle[mi];
+      }
+      ready.push({result, m});
     }
-    const double result = at + half;
-    if (m == 0 && cycle[mi] >= c0) latency_steps.push_back(result);
-    if (++step[mi] == static_cast<int32_t>(n_steps)) {
-      step[mi] = 0;
-      ++cycle[mi];
-    }
-    ready.push({result, m});
-  }
+    return tl;
+  };
+  const Timeline expected = run(false), with_p99 = run(true);
   // Steady cycle time per micro-batch, over cycles c0 .. cycles - 1.
   const int32_t measured = cycles - 1 - c0;
   double tokens_per_s = 0;
   for (int32_t m = 0; m < K; ++m) {
-    const auto& cs = cycle_start[static_cast<size_t>(m)];
-    const double cycle_s = (cs[static_cast<size_t>(cycles - 1)] - cs[static_cast<size_t>(c0)]) / measured;
+    const auto& cs = expected.cycle_start[static_cast<size_t>(m)];
+    const double cycle_s =
+        (cs[static_cast<size_t>(cycles - 1)] - cs[static_cast<size_t>(c0)]) / measured;
     tokens_per_s += ph.tokens_per_cycle / cycle_s;
   }
   p.throughput_tok_s = tokens_per_s;
   for (int32_t s = 0; s < S; ++s)  // one cycle of every micro-batch
-    p.stages[static_cast<size_t>(s)].busy_seconds_per_cycle = busy[static_cast<size_t>(s)] / measured;
+    p.stages[static_cast<size_t>(s)].busy_seconds_per_cycle =
+        expected.busy[static_cast<size_t>(s)] / measured;
   // The p99 sequence joins at cycle c0's prefill and ends with its last decode iteration
   // (or the prefill, when it has none).
   const int32_t D = ph.latency_decode_steps;
@@ -517,8 +596,9 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
     const int32_t c = (D - 1) / ph.decode_steps, u = (D - 1) % ph.decode_steps;
     last = static_cast<size_t>(c) * n_steps + static_cast<size_t>(ph.prefill_steps + u);
   }
-  STRATA_CHECK(last < latency_steps.size(), "latency step {} of {} simulated", last, latency_steps.size());
-  p.p99_latency_s = latency_steps[last] - cycle_start[0][static_cast<size_t>(c0)];
+  STRATA_CHECK(last < with_p99.results.size(), "latency step {} of {} simulated", last,
+               with_p99.results.size());
+  p.p99_latency_s = with_p99.results[last] - with_p99.cycle_start[0][static_cast<size_t>(c0)];
   return p;
 }
 
@@ -539,11 +619,13 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
   const int32_t L = static_cast<int32_t>(in_.shape.n_layers);
   const double ctx = w.input.mean() + d.mean() / 2;
   const double rows_e = b_e * w.input.mean();
-  const int64_t chunks = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_e / in_.max_step_tokens)));
+  const int64_t chunks =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_e / in_.max_step_tokens)));
   const RankProfile& r0 = in_.profile.ranks.front();
   bool& out = p.outside_profile;
   // The whole model on one worker: an encode of B_E sequences, a decode iteration of B_D.
-  const double enc_layer = chunks * r0.prefill.at(rows_e / chunks, row_weighted_length(w.input), &out);
+  const double enc_layer =
+      chunks * r0.prefill.at(rows_e / chunks, row_weighted_length(w.input), &out);
   const double enc_fixed = chunks * r0.embed.at(rows_e / chunks, &out) + r0.head.at(b_e, &out);
   const double dec_layer = r0.decode.at(b_d, ctx, &out);
   const double dec_fixed = r0.embed.at(b_d, &out) + r0.head.at(b_d, &out);
@@ -577,13 +659,16 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
   };
   const double b_m = b_d / micro;
   const double dec_mb = r0.decode.at(b_m, ctx, &out);
-  const std::vector<int32_t> enc = side(split.encoders, enc_layer, enc_fixed - r0.head.at(b_e, &out), r0.head.at(b_e, &out));
-  const std::vector<int32_t> dec = side(split.decoders, dec_mb, r0.embed.at(b_m, &out), r0.head.at(b_m, &out));
+  const std::vector<int32_t> enc =
+      side(split.encoders, enc_layer, enc_fixed - r0.head.at(b_e, &out), r0.head.at(b_e, &out));
+  const std::vector<int32_t> dec =
+      side(split.decoders, dec_mb, r0.embed.at(b_m, &out), r0.head.at(b_m, &out));
   p.allocation.layers = enc;
   p.allocation.layers.insert(p.allocation.layers.end(), dec.begin(), dec.end());
   p.allocation.encoder_stages = split.encoders;
   const double act_e = in_.profile.link.time(rows_e / chunks * in_.shape.hidden * kF32);
-  const double kv_per_layer = b_e * w.input.mean() * 2 * static_cast<double>(in_.shape.kv_width()) * kF32;
+  const double kv_per_layer =
+      b_e * w.input.mean() * 2 * static_cast<double>(in_.shape.kv_width()) * kF32;
   // Encoder stages: an encode of B_E sequences, then the KV of their layers to the decoders.
   double enc_latency = 0, enc_period = 0;
   for (int32_t s = 0; s < split.encoders; ++s) {
@@ -607,12 +692,16 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
     if (s == 0) ts += r.embed.at(b_m, &out);
     if (s == split.decoders - 1) ts += r.head.at(b_m, &out);
     widest = std::max(widest, ts);
-    trip += ts + (s + 1 < split.decoders ? in_.profile.link.time(b_m * in_.shape.hidden * kF32) : 0.0);
+    trip +=
+        ts + (s + 1 < split.decoders ? in_.profile.link.time(b_m * in_.shape.hidden * kF32) : 0.0);
     p.stages.push_back({split.encoders + s + 1, 0, 0, false, true, ts * micro, {}, {}});
   }
-  trip += in_.profile.step_overhead_s;
+  trip += in_.profile.step_overhead(b_m);
   const double period = std::max({trip, micro * widest, enc_period});
   p.throughput_tok_s = b_e * w.output.mean() / period;
+  // The p99 sequence's encode at the quantile of its batch's prompt rows (its time scaled by
+  // the rows: the encode's layers are linear in them to within the chunking).
+  enc_latency *= phase_rows_at(w.input, b_e, in_.percentile) / rows_e;
   p.p99_latency_s = enc_latency + period / 2 + std::max(p.p99_output - 1, 0) * period;
   int32_t begin = 0;
   for (size_t s = 0; s < p.stages.size(); ++s) {

@@ -120,6 +120,7 @@ struct SimulatorInputs {
   double percentile = 0.99;       // the latency bound is for this output-length percentile
   int32_t max_step_tokens = 512;  // prompt rows of one prefill step (longer: chunks)
   int32_t kv_capacity = 0;        // positions per KV slot (0: max input + max output)
+  int32_t max_kv_slots = 0;       // the most KV slots a stage may hold (--max-batch; 0: any)
   // Each stage's memory model and budgets (placement/): the policy it runs, whether it
   // computes on a device, and budgets per tier (whole stage; < 0: unlimited).
   std::optional<Policy> policy;

@@ -20,6 +20,13 @@ struct StageReport {
   double bubble_fraction() const;  // idle / window of the stage's first to last step
 };
 
+// What the stages measured for the profiler (coordinator/profiler.h): each stage's report,
+// in rank order, and the coordinator's round trip to the last stage (a step's overhead).
+struct ProfileResult {
+  std::vector<ProfileReport> reports;
+  double round_trip_s = 0;
+};
+
 class Stages {
  public:
   virtual ~Stages() = default;
@@ -39,6 +46,10 @@ class Stages {
   virtual std::optional<StepResult> poll() = 0;
   // Ends the stages after a run (`reason` for their logs); returns their statistics.
   virtual std::vector<StageReport> finish(const std::string& reason) = 0;
+  // ExeGPT's XProfiler: every stage times its part as `request` asks, under its real
+  // placement, and its link to the next (worker/stage.h PipelineStage::profile). Between
+  // start() and the first dispatch().
+  virtual ProfileResult profile(const ProfileRequest& request) = 0;
   // Best effort after a failure: tells the stages to stop, bounded in time, never throws.
   virtual void abort(const std::string& reason) noexcept = 0;
 };

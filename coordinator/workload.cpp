@@ -25,8 +25,8 @@ struct Preset {
   int32_t out_max;
 };
 constexpr Preset kPresets[] = {
-    {"S", 256, 252, 512, 32, 13, 80},    {"T", 128, 81, 256, 128, 68, 320},
-    {"G", 64, 23, 128, 192, 93, 480},    {"C1", 256, 115, 512, 64, 30, 160},
+    {"S", 256, 252, 512, 32, 13, 80},      {"T", 128, 81, 256, 128, 68, 320},
+    {"G", 64, 23, 128, 192, 93, 480},      {"C1", 256, 115, 512, 64, 30, 160},
     {"C2", 512, 252, 1024, 256, 134, 640},
 };
 
@@ -74,7 +74,7 @@ LengthDistribution LengthDistribution::truncated_normal(double mean, double stdd
 }
 
 LengthDistribution LengthDistribution::truncated_normal_with_moments(double mean, double stddev,
-                                                                    int32_t max) {
+                                                                     int32_t max) {
   if (!(mean >= 1 && mean <= max) || !(stddev > 0))
     fail_input("truncated normal: mean {} must lie in [1, max {}] and std {} be positive", mean,
                max, stddev);
@@ -97,8 +97,8 @@ LengthDistribution LengthDistribution::from_weights(std::vector<double> weights,
   double total = 0;
   for (size_t s = 0; s < weights.size(); ++s) {
     if (!(weights[s] >= 0) || !std::isfinite(weights[s]))
-      fail_input("{}: weight {} of length {} is not a finite non-negative number", what,
-                 weights[s], s);
+      fail_input("{}: weight {} of length {} is not a finite non-negative number", what, weights[s],
+                 s);
     total += weights[s];
   }
   if (!(total > 0)) fail_input("{}: no length has a positive weight", what);
@@ -127,8 +127,8 @@ LengthDistribution LengthDistribution::scaled(double factor) const {
   std::vector<double> w;
   for (size_t s = 0; s < pmf_.size(); ++s) {
     if (pmf_[s] == 0) continue;
-    const auto t = static_cast<size_t>(
-        std::max<int64_t>(1, std::llround(static_cast<double>(s) * factor)));
+    const auto t =
+        static_cast<size_t>(std::max<int64_t>(1, std::llround(static_cast<double>(s) * factor)));
     if (t >= w.size()) w.resize(t + 1, 0.0);
     w[t] += pmf_[s];
   }
@@ -148,7 +148,8 @@ double LengthDistribution::mean() const {
 double LengthDistribution::stddev() const {
   const double m = mean();
   double v = 0;
-  for (size_t s = 0; s < pmf_.size(); ++s) v += pmf_[s] * (static_cast<double>(s) - m) * (static_cast<double>(s) - m);
+  for (size_t s = 0; s < pmf_.size(); ++s)
+    v += pmf_[s] * (static_cast<double>(s) - m) * (static_cast<double>(s) - m);
   return std::sqrt(v);
 }
 
@@ -211,8 +212,7 @@ TaskWorkload TaskWorkload::load_jsonl(const std::string& path) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      fail_input("{}:{}: not a JSON object", path, line_no);
+    if (j.is_discarded() || !j.is_object()) fail_input("{}:{}: not a JSON object", path, line_no);
     bool found = false;
     for (const auto& pair : kPairs) {
       if (!j.contains(pair[0]) || !j.contains(pair[1])) continue;
@@ -225,10 +225,11 @@ TaskWorkload TaskWorkload::load_jsonl(const std::string& path) {
       break;
     }
     if (!found)
-      fail_input("{}:{}: no input/output length fields (input_len/output_len, "
-                 "prompt_tokens/completion_tokens, prompt_ids/max_new_tokens, question/answer, "
-                 "instruction/output)",
-                 path, line_no);
+      fail_input(
+          "{}:{}: no input/output length fields (input_len/output_len, "
+          "prompt_tokens/completion_tokens, prompt_ids/max_new_tokens, question/answer, "
+          "instruction/output)",
+          path, line_no);
   }
   if (in.empty()) fail_input("{}: no requests", path);
   return TaskWorkload{path, LengthDistribution::from_samples(in, path + " (inputs)"),
@@ -247,10 +248,8 @@ std::string TaskWorkload::str() const {
 
 nlohmann::json TaskWorkload::to_json() const {
   auto dist = [](const LengthDistribution& d) {
-    return nlohmann::json{{"mean", d.mean()},
-                          {"std", d.stddev()},
-                          {"p99", d.percentile(0.99)},
-                          {"max", d.max()}};
+    return nlohmann::json{
+        {"mean", d.mean()}, {"std", d.stddev()}, {"p99", d.percentile(0.99)}, {"max", d.max()}};
   };
   return {{"name", name}, {"input", dist(input)}, {"output", dist(output)}};
 }
@@ -258,6 +257,10 @@ nlohmann::json TaskWorkload::to_json() const {
 void ObservedLengths::add(int32_t input, int32_t output) {
   inputs_.push_back(std::max(input, 0));
   outputs_.push_back(std::max(output, 1));
+  if (outputs_.size() > window_) {
+    inputs_.erase(inputs_.begin());
+    outputs_.erase(outputs_.begin());
+  }
 }
 
 TaskWorkload ObservedLengths::workload(const std::string& name) const {
@@ -267,11 +270,17 @@ TaskWorkload ObservedLengths::workload(const std::string& name) const {
 
 bool ObservedLengths::drifted(const TaskWorkload& planned, int64_t min_samples,
                               double tolerance) const {
-  if (count() < min_samples || count() == 0) return false;
+  if (count() < std::max<int64_t>(min_samples, 1)) return false;
   const LengthDistribution seen = LengthDistribution::from_samples(outputs_, "observed outputs");
-  auto off = [&](double a, double b) { return std::abs(a - b) > tolerance * std::max(b, 1.0); };
-  return off(seen.mean(), planned.output.mean()) ||
-         off(seen.percentile(0.99), planned.output.percentile(0.99));
+  const double n = static_cast<double>(count());
+  const double mean = planned.output.mean();
+  const double error = planned.output.stddev() / std::sqrt(n);
+  const double off = std::abs(seen.mean() - mean);
+  if (off > tolerance * std::max(mean, 1.0) && off > 3 * error) return true;
+  constexpr int64_t kTail = 300;
+  if (count() < kTail) return false;
+  const double p99 = planned.output.percentile(0.99);
+  return std::abs(seen.percentile(0.99) - p99) > tolerance * std::max(p99, 1.0);
 }
 
 }  // namespace strata

@@ -22,8 +22,7 @@ class LengthDistribution {
   // The truncated normal whose own mean and standard deviation (after truncation to [1, max])
   // are `mean` and `stddev`: how the paper's Table 3 states its tasks (its 99th-percentile
   // column follows from these, not from a normal of those parameters truncated afterwards).
-  static LengthDistribution truncated_normal_with_moments(double mean, double stddev,
-                                                          int32_t max);
+  static LengthDistribution truncated_normal_with_moments(double mean, double stddev, int32_t max);
   // weights[s] is the (unnormalised) weight of length s; InputError when none is positive or
   // any is negative or not finite.
   static LengthDistribution from_weights(std::vector<double> weights, const std::string& what);
@@ -73,14 +72,19 @@ struct TaskWorkload {
 // from the one a schedule was planned for.
 class ObservedLengths {
  public:
+  // Keeps the last `window` requests' lengths: what the run sees now.
+  explicit ObservedLengths(size_t window = 1000) : window_(window) {}
   void add(int32_t input, int32_t output);
   int64_t count() const { return static_cast<int64_t>(outputs_.size()); }
   TaskWorkload workload(const std::string& name) const;
-  // True once at least `min_samples` were seen and the observed output mean or 99th
-  // percentile differs from `planned`'s by more than `tolerance` (relative).
+  // True once at least `min_samples` were seen and the observed outputs differ from
+  // `planned`'s by more than `tolerance` (relative) in a way their number can tell: the mean
+  // by more than three standard errors too, the 99th percentile only from 300 samples on
+  // (fewer have too few lengths above it to place it).
   bool drifted(const TaskWorkload& planned, int64_t min_samples, double tolerance) const;
 
  private:
+  size_t window_;
   std::vector<int32_t> inputs_, outputs_;
 };
 

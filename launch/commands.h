@@ -26,6 +26,7 @@ Command add_score(CLI::App& app);
 Command add_profile(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_serve(CLI::App& app);
+Command add_profile_layers(CLI::App& app);
 Command add_submit(CLI::App& app);
 Command add_collect(CLI::App& app);
 

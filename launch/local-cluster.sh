@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A cluster on this machine: rank 0 coordinates, ranks 1..NP-1 are pipeline stages.
 #   launch/local-cluster.sh NP [strata serve options...]
+#   launch/local-cluster.sh NP profile-layers [options...]   (the stages' layer profile)
 #   launch/local-cluster.sh 3 --model ../shared/models/stories260K --redis redis://127.0.0.1:6379
 #   launch/local-cluster.sh 3 --model ../shared/models/stories260K \
 #       --requests requests.jsonl --results results.jsonl --micro-batches 2
@@ -23,6 +24,11 @@ if [ $# -lt 1 ]; then
 fi
 np=$1
 shift
+command=serve
+if [ "${1:-}" = profile-layers ]; then
+  command=$1
+  shift
+fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 strata=${STRATA:-$here/build/launch/strata}
 if [ "$(id -u)" = 0 ]; then
@@ -31,7 +37,7 @@ fi
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # shellcheck disable=SC2086
 setsid mpirun -np "$np" --oversubscribe --bind-to none \
-  --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} "$strata" serve "$@" &
+  --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} "$strata" "$command" "$@" &
 mpirun_pid=$!
 # A signal is passed on once the ranks exist (one that comes while mpirun still starts them
 # waits for them).

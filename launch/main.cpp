@@ -12,9 +12,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");
   const strata::cli::Command commands[] = {
-      strata::cli::add_generate(app), strata::cli::add_bench(app),   strata::cli::add_limits(app),
-      strata::cli::add_score(app),    strata::cli::add_profile(app), strata::cli::add_plan(app),
-      strata::cli::add_serve(app),    strata::cli::add_submit(app),  strata::cli::add_collect(app),
+      strata::cli::add_generate(app), strata::cli::add_bench(app),
+      strata::cli::add_limits(app),   strata::cli::add_score(app),
+      strata::cli::add_profile(app),  strata::cli::add_plan(app),
+      strata::cli::add_serve(app),    strata::cli::add_profile_layers(app),
+      strata::cli::add_submit(app),   strata::cli::add_collect(app),
   };
   try {
     app.parse(argc, argv);

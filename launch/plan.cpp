@@ -29,7 +29,7 @@ struct PlanOptions {
   // (placement/stage_placement.h, the engine's memory model): what each worker allocates.
   int32_t workers = 1;
   int32_t max_step_tokens = 512;
-  bool host_compute = false;  // the stages compute on the CPU (default: on the GPU)
+  bool host_compute = false;    // the stages compute on the CPU (default: on the GPU)
   ScheduleCliOptions schedule;  // ExeGPT's scheduler (--workload)
 };
 
@@ -104,8 +104,10 @@ HardwareSpec plan_hardware(const PlanOptions& o) {
 
 int run_plan(const PlanOptions& o) {
   if (!o.schedule.workload.empty()) {
-    ScheduleCliInputs in{o.model, parse_dtype(o.dtype).value_or(DType::kF16), o.hardware,
-                         o.policy, o.host_compute, o.max_step_tokens, o.format};
+    ScheduleCliInputs in{o.model,        parse_dtype(o.dtype).value_or(DType::kF16),
+                         o.hardware,     o.policy,
+                         o.host_compute, o.max_step_tokens,
+                         o.format};
     return run_schedule_plan(in, o.schedule);
   }
   const ModelShape shape = plan_shape(o);

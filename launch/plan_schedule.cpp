@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "coordinator/schedule_planner.h"
 #include "kernels/error.h"
@@ -100,14 +101,14 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--exhaustive", o.exhaustive, "Evaluate every grid point (to compare)");
   cmd->add_flag("--rra-only", o.rra_only, "Only schedules Strata's stages execute today (RRA)");
-  cmd->add_flag("--paper-bounds", o.paper_bounds,
-                "Plan at the paper's four bounds: the baseline's bottom 10/30/70% latencies and inf");
+  cmd->add_flag(
+      "--paper-bounds", o.paper_bounds,
+      "Plan at the paper's four bounds: the baseline's bottom 10/30/70% latencies and inf");
 }
 
 int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) {
-  ModelConfig config = is_dummy_model(in.model)
-                           ? dummy_model_config(in.model.substr(6), in.dtype)
-                           : load_model_config(in.model);
+  ModelConfig config = is_dummy_model(in.model) ? dummy_model_config(in.model.substr(6), in.dtype)
+                                                : load_model_config(in.model);
   config.dtype = in.dtype;
   SchedulePlanOptions po;
   po.model_spec = in.model;
@@ -128,9 +129,9 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
     po.placement.device_compute = node.device && !in.host_compute;
     if (!po.placement.policy) po.placement.policy = Policy::parse("w=100/0/0,c=100/0/0");
     const int32_t context = po.workload.input.max() + po.workload.output.max();
-    profile = modelled_profile(config.shape(), in.model, node, o.nodes,
-                               ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch * 8,
-                                                       context));
+    profile = modelled_profile(
+        config.shape(), in.model, node, o.nodes,
+        ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch * 8, context));
     po.stage_mem = static_cast<int64_t>(node.memory_bytes);
   }
   if (o.stage_mem_gib >= 0) po.stage_mem = static_cast<int64_t>(o.stage_mem_gib * (1 << 30));
@@ -139,13 +140,12 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   if (o.paper_bounds) bounds = paper_bounds(sim, search_options(sim, po));
   nlohmann::json runs = nlohmann::json::array();
   std::string text = fmt::format("{}\n{}\nworkload {}\n", config.shape().str(),
-                                 profile.modelled ? node.str() : profile.str(),
-                                 po.workload.str());
-  bool all_feasible = true;
+                                 profile.modelled ? node.str() : profile.str(), po.workload.str());
+  std::optional<ScheduleChoice> refused;
   for (double bound : bounds) {
     po.latency_bound = bound;
     const ScheduleChoice c = search_schedule(sim, search_options(sim, po));
-    all_feasible = all_feasible && c.feasible;
+    if (!c.feasible && !refused) refused = c;
     nlohmann::json j = c.to_json();
     j["model"] = in.model;
     j["workers"] = profile.workers();
@@ -159,9 +159,12 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   } else {
     std::printf("%s", text.c_str());
   }
-  if (!all_feasible) {
-    std::fprintf(stderr, "strata: the latency bound cannot be met (see the fastest achievable "
-                         "latency above)\n");
+  if (refused) {
+    std::fprintf(stderr,
+                 "strata: --latency-bound %s cannot be met for workload %s on %d workers: the "
+                 "fastest achievable p99 latency is %.3f s\n",
+                 seconds(refused->latency_bound).c_str(), po.workload.name.c_str(),
+                 profile.workers(), refused->fastest_latency_s);
     return 1;
   }
   return 0;

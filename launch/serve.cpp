@@ -9,16 +9,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "coordinator/coordinator.h"
 #include "coordinator/intake.h"
 #include "coordinator/local_stages.h"
 #include "coordinator/mpi_stages.h"
+#include "coordinator/profiler.h"
 #include "coordinator/redis_queue.h"
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "launch/engine.h"
+#include "launch/plan_schedule.h"
 #include "transport/mpi_session.h"
 #include "worker/dummy.h"
 #include "worker/stage_worker.h"
@@ -47,6 +50,13 @@ struct ServeOptions {
   int debug_kill_after_steps = 1;
   double debug_step_delay = 0;
   int debug_crash_token = -1;
+  // ExeGPT's scheduler (docs/SCHEDULING.md).
+  std::string latency_bound;  // seconds or inf; with --workload, the run plans its schedule
+  std::string workload;
+  double length_scale = 1.0;
+  std::string profile;  // the layer profile's file (default: one per key in the cache dir)
+  double replan_tolerance = 0.15;
+  std::string profile_out;  // profile-layers: where the profile goes
 };
 
 // The signal that asked this process to stop (SIGTERM from mpirun, Slurm or a user;
@@ -91,6 +101,42 @@ void write_stats(const std::string& path, const std::string& json) {
   if (!out) fail_input("cannot write --stats-out file '{}'", path);
 }
 
+// Where a run keeps its layer profile: --profile, or a file per key (model, dtype,
+// placement, hosts) under $STRATA_PROFILE_DIR or ~/.cache/strata/profiles.
+std::string profile_path(const ServeOptions& o, const ProfileKey& key) {
+  if (!o.profile.empty()) return o.profile;
+  std::string dir;
+  if (const char* d = std::getenv("STRATA_PROFILE_DIR"); d != nullptr && *d != 0) {
+    dir = d;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != 0) {
+    dir = std::string(home) + "/.cache/strata/profiles";
+  } else {
+    dir = "/tmp/strata-profiles";
+  }
+  std::string name = key.model;
+  for (char& c : name)
+    if (c == '/' || c == ':' || c == ' ') c = '_';
+  return fmt::format("{}/{}-{:08x}.json", dir, name, static_cast<uint32_t>(name_key(key.str())));
+}
+
+// --latency-bound with --workload: the schedule the run plans, keyed by the workers' hosts.
+std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const CoordinatorOptions& c,
+                                              const ModelConfig& config,
+                                              std::vector<std::string> hosts) {
+  if (o.latency_bound.empty() && o.workload.empty()) return std::nullopt;
+  if (o.latency_bound.empty() || o.workload.empty())
+    fail_input("--latency-bound and --workload go together: the schedule is planned for both");
+  ScheduleTarget t;
+  t.workload = TaskWorkload::parse(o.workload).scaled(o.length_scale);
+  t.latency_bound = parse_latency_bound(o.latency_bound);
+  t.hosts = std::move(hosts);
+  t.replan_tolerance = o.replan_tolerance;
+  const std::string placement = c.placement.policy ? c.placement.policy->str() : "budgets";
+  t.profile_path =
+      profile_path(o, ProfileKey{o.engine.model, dtype_name(config.dtype), placement, t.hosts});
+  return t;
+}
+
 CoordinatorOptions coordinator_options(const ServeOptions& o) {
   CoordinatorOptions c;
   c.model_spec = o.engine.model;
@@ -116,8 +162,9 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
 
 // The coordinator's loop over `stages`: the worker ranks of a cluster, or this process.
 int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& config,
-                   const Tokenizer& tokenizer) {
-  const CoordinatorOptions c = coordinator_options(o);
+                   const Tokenizer& tokenizer, std::vector<std::string> hosts) {
+  CoordinatorOptions c = coordinator_options(o);
+  c.schedule = schedule_target(o, c, config, std::move(hosts));
   std::unique_ptr<RequestSource> source;
   std::unique_ptr<ResultSink> file_sink;
   ResultSink* sink = nullptr;
@@ -148,10 +195,11 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
 int serve_single(const ServeOptions& o) {
   Engine e = make_engine(o.engine);
   LocalStages stages(*e.model);
-  return serve_requests(o, stages, e.config, *e.tokenizer);
+  return serve_requests(o, stages, e.config, *e.tokenizer, {processor_name()});
 }
 
-int serve_coordinator(const ServeOptions& o, const Communicator& world) {
+int serve_coordinator(const ServeOptions& o, const Communicator& world,
+                      std::vector<std::string> hosts) {
   const ModelConfig config =
       load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
   const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
@@ -159,7 +207,7 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world) {
                                                    : Tokenizer::load(o.engine.model, config);
   MpiStages stages(world, MpiStagesOptions{o.heartbeat_interval, o.heartbeat_timeout,
                                            o.load_timeout, o.step_timeout});
-  return serve_requests(o, stages, config, *tokenizer);
+  return serve_requests(o, stages, config, *tokenizer, std::move(hosts));
 }
 
 // A pipeline stage: the engine's compute setup (device, weight tiers, cache placement,
@@ -186,23 +234,27 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, int local_ind
   return rc;
 }
 
-int run_serve(const ServeOptions& o) {
-  if (o.redis.empty() == o.requests.empty())
-    fail_input("give either --redis URL (the queue) or --requests FILE (a JSONL file)");
-  if (!o.requests.empty() && o.results.empty())
-    fail_input("--requests needs --results FILE for the results");
-  if (!o.redis.empty() && !o.results.empty())
-    fail_input("--results is for --requests; with --redis results go to --result-stream");
-  catch_stop_signals();
+// What rank 0 of a cluster, or a single process, does in a cluster command (serve,
+// profile-layers); the workers are the same stage workers for both.
+struct ClusterRoles {
+  std::function<int(const ServeOptions&)> single;
+  std::function<int(const ServeOptions&, const Communicator&, std::vector<std::string>)>
+      coordinator;
+};
+
+int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
   MpiSession session(nullptr, nullptr);
   log::set_identity(session.rank(), "cpu");
-  if (session.size() == 1) return serve_single(o);
+  if (session.size() == 1) return roles.single(o);
   log::get("launch")->info("{}", session.str());
   const int local_index =
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
+  std::vector<std::string> hosts =
+      host_names(session.world(), Deadline::after_seconds(o.load_timeout));
+  hosts.erase(hosts.begin());  // the workers'
   try {
     if (session.rank() != 0) return serve_worker(o, session, local_index);
-    const int rc = serve_coordinator(o, session.world());
+    const int rc = roles.coordinator(o, session.world(), std::move(hosts));
     // Under `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun exits 0 whatever
     // a rank returns: a job that did not finish its work says so through MPI_Abort.
     if (rc != 0) {
@@ -219,6 +271,74 @@ int run_serve(const ServeOptions& o) {
     log::get("launch")->error("rank {} ends the job", session.rank());
     session.abort(report_error(e));
   }
+}
+
+int run_serve(const ServeOptions& o) {
+  if (o.redis.empty() == o.requests.empty())
+    fail_input("give either --redis URL (the queue) or --requests FILE (a JSONL file)");
+  if (!o.requests.empty() && o.results.empty())
+    fail_input("--requests needs --results FILE for the results");
+  if (!o.redis.empty() && !o.results.empty())
+    fail_input("--results is for --requests; with --redis results go to --result-stream");
+  catch_stop_signals();
+  return run_cluster(o, ClusterRoles{serve_single, serve_coordinator});
+}
+
+// strata profile-layers: the stages of the uniform plan time their parts (ExeGPT's
+// XProfiler; coordinator/profiler.h) and the profile goes to --out.
+int profile_stages(const ServeOptions& o, Stages& stages, const ModelConfig& config,
+                   std::vector<std::string> hosts) {
+  const CoordinatorOptions c = coordinator_options(o);
+  const int32_t capacity =
+      c.max_context > 0 ? std::min(c.max_context, config.max_positions) : config.max_positions;
+  const int32_t max_rows = std::max(c.max_step_tokens, c.kv_slots);
+  const PlanOptions po{c.model_spec, stages.count(), 1,           c.kv_slots,
+                       capacity,     max_rows,       c.stage_mem, c.placement};
+  const ClusterPlan plan = make_uniform_plan(config, po);
+  stages.start(plan);
+  const ProfileKey key{o.engine.model, dtype_name(config.dtype),
+                       c.placement.policy ? c.placement.policy->str() : "budgets",
+                       std::move(hosts)};
+  const ProfileGrid grid = ProfileGrid::for_limits(max_rows, c.kv_slots, capacity);
+  const ProfileRequest request = profile_request(grid, max_rows, 3);
+  ClusterProfile profile =
+      cluster_profile(key, grid, request, stages.profile(request), config.hidden);
+  measure_step_overhead(stages, plan, profile);
+  profile.save(o.profile_out);
+  stages.finish("profiled");
+  std::printf("%s\n", profile.str().c_str());
+  for (size_t i = 0; i < profile.ranks.size(); ++i) {
+    const RankProfile& r = profile.ranks[i];
+    std::printf(
+        "rank %d on %s, layers [%d, %d): a layer takes %.3f ms to decode 1 sequence, "
+        "%.3f ms for %d; %.3f ms to prefill %d rows\n",
+        r.rank, r.host.c_str(), plan.stages[i].layer_begin, plan.stages[i].layer_end,
+        1e3 * r.decode.at(1, 64), 1e3 * r.decode.at(c.kv_slots, 64), c.kv_slots,
+        1e3 * r.prefill.at(max_rows, std::min(capacity, 256)), max_rows);
+  }
+  std::printf("link: %.1f us + %.3f ns a byte; the coordinator's turn: %.1f us + %.2f us a row\n",
+              1e6 * profile.link.latency_s, 1e9 * profile.link.seconds_per_byte,
+              1e6 * profile.step_overhead_s, 1e6 * profile.step_overhead_per_row_s);
+  std::printf("saved to %s\n", o.profile_out.c_str());
+  return 0;
+}
+
+int run_profile_layers(const ServeOptions& o) {
+  if (o.profile_out.empty()) fail_input("give --out FILE for the layer profile");
+  const ClusterRoles roles{
+      [](const ServeOptions& opts) {
+        Engine e = make_engine(opts.engine);
+        LocalStages stages(*e.model);
+        return profile_stages(opts, stages, e.config, {processor_name()});
+      },
+      [](const ServeOptions& opts, const Communicator& world, std::vector<std::string> hosts) {
+        const ModelConfig config = load_plan_config(
+            opts.engine.model, parse_dtype(opts.engine.dtype).value_or(DType::kF32));
+        MpiStages stages(world, MpiStagesOptions{opts.heartbeat_interval, opts.heartbeat_timeout,
+                                                 opts.load_timeout, opts.step_timeout});
+        return profile_stages(opts, stages, config, std::move(hosts));
+      }};
+  return run_cluster(o, roles);
 }
 
 void add_queue_options(CLI::App& cmd, std::string& url, RedisQueueOptions& q) {
@@ -249,7 +369,58 @@ void add_queue_options(CLI::App& cmd, std::string& url, RedisQueueOptions& q) {
       ->capture_default_str();
 }
 
+void add_schedule_serve_options(CLI::App& cmd, ServeOptions& o) {
+  cmd.add_option("--latency-bound", o.latency_bound,
+                 "Plan the schedule (ExeGPT): the best throughput whose p99-length output "
+                 "finishes within this many seconds from its prefill (inf: unbounded); with "
+                 "--workload");
+  cmd.add_option("--workload", o.workload,
+                 "The lengths to plan for: S, T, G, C1, C2 (the paper's Table 3) or a JSONL file");
+  cmd.add_option("--length-scale", o.length_scale, "Scale the workload's lengths")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--layer-profile", o.profile,
+                 "The layer profile: reused when it matches the run, else measured and saved "
+                 "here (default: one per model, placement and hosts in $STRATA_PROFILE_DIR or "
+                 "~/.cache/strata/profiles)");
+  cmd.add_option("--replan-tolerance", o.replan_tolerance,
+                 "Relative drift of the observed output lengths (mean or p99) that re-plans")
+      ->check(CLI::PositiveNumber);
+}
+
 }  // namespace
+
+// The options a cluster's shape and timeouts take, shared by serve and profile-layers.
+void add_cluster_options(CLI::App& cmd, ServeOptions& o) {
+  cmd.add_option("--max-context", o.max_context,
+                 "KV positions per sequence, the run's context (0: the model's)")
+      ->check(non_negative());
+  cmd.add_option("--stage-mem", o.stage_mem,
+                 "Memory per stage for weights, KV cache and buffers (e.g. 2GiB)");
+  cmd.add_option("--heartbeat-interval", o.heartbeat_interval,
+                 "Seconds between pings of the workers")
+      ->check(positive());
+  cmd.add_option("--heartbeat-timeout", o.heartbeat_timeout,
+                 "Seconds of silence before a worker is declared dead")
+      ->check(positive());
+  cmd.add_option("--load-timeout", o.load_timeout,
+                 "Seconds for every stage to load its layers (and to profile them)")
+      ->check(positive());
+  cmd.add_option("--step-timeout", o.step_timeout,
+                 "Seconds a stage waits for one step's activations, and computes one step")
+      ->check(positive());
+}
+
+Command add_profile_layers(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "profile-layers",
+      "Time every stage's layers under its placement, and the links (ExeGPT's XProfiler): a "
+      "layer profile for strata plan --profile and serve --layer-profile");
+  add_engine_options(*cmd, o->engine);
+  add_cluster_options(*cmd, *o);
+  cmd->add_option("--out", o->profile_out, "The layer profile's JSON file")->required();
+  return {cmd, [o] { return run_profile_layers(*o); }};
+}
 
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
@@ -274,22 +445,8 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--decode-iters", o->decode_iters,
                   "Decode iterations between prefill phases (ExeGPT's N_D)")
       ->check(positive());
-  cmd->add_option("--max-context", o->max_context,
-                  "KV positions per sequence, the run's context (0: the model's)")
-      ->check(non_negative());
-  cmd->add_option("--stage-mem", o->stage_mem,
-                  "Memory per stage for weights, KV cache and buffers (e.g. 2GiB)");
-  cmd->add_option("--heartbeat-interval", o->heartbeat_interval,
-                  "Seconds between pings of the workers")
-      ->check(positive());
-  cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout,
-                  "Seconds of silence before a worker is declared dead")
-      ->check(positive());
-  cmd->add_option("--load-timeout", o->load_timeout, "Seconds for every stage to load its layers")
-      ->check(positive());
-  cmd->add_option("--step-timeout", o->step_timeout,
-                  "Seconds a stage waits for one step's activations, and computes one step")
-      ->check(positive());
+  add_cluster_options(*cmd, *o);
+  add_schedule_serve_options(*cmd, *o);
   cmd->add_option("--debug-kill-rank", o->debug_kill_rank,
                   "Tests: this rank dies (SIGKILL) mid-run")
       ->group("");

@@ -24,8 +24,9 @@ void Backoff::pause() {
     std::this_thread::yield();
     return;
   }
-  const int exponent = std::min(calls_ - kYields, 7);  // 8 us .. 1 ms
-  std::this_thread::sleep_for(std::chrono::microseconds(8 << exponent));
+  constexpr int kShortSleeps = 4000;  // of at most 128 us: about half a second
+  const int exponent = std::min(calls_ - kYields, calls_ - kYields < kShortSleeps ? 4 : 7);
+  std::this_thread::sleep_for(std::chrono::microseconds(8 << exponent));  // 8 us .. 1 ms
 }
 
 void fail_timeout(const Deadline& deadline, const std::string& peer, const std::string& awaited) {

@@ -27,8 +27,11 @@ class Deadline {
 };
 
 // Sleeps a little longer on each call: spins first (a step's reply is usually microseconds
-// away), then yields, then sleeps up to 1 ms so waiting ranks leave the cores to ranks that
-// compute (tests and small clusters oversubscribe 2 cores with 3 ranks).
+// away), then yields, then sleeps so waiting ranks leave the cores to ranks that compute
+// (tests and small clusters oversubscribe 2 cores with 3 ranks). Sleeps stay at or below
+// 128 us for about half a second: a step's result or command is then noticed within that,
+// which on steps of a millisecond is what separates the pipeline's throughput from its
+// profile (docs/SCHEDULING.md); a wait that goes on longer (an idle queue) backs off to 1 ms.
 class Backoff {
  public:
   void pause();

@@ -168,9 +168,23 @@ std::string StageStats::str() const {
       rows, busy_seconds, idle_seconds, window_seconds);
 }
 
+std::string ProfileRequest::str() const {
+  return fmt::format(
+      "profile request: prefill {} x {}, decode {} x {}, embedding {}, head {}, transfers {}, "
+      "{} repeats",
+      prefill_rows.size(), prefill_lengths.size(), decode_seqs.size(), decode_contexts.size(),
+      embed_rows.size(), head_rows.size(), transfer_rows.size(), repeats);
+}
+
+std::string ProfileReport::str() const {
+  return fmt::format("profile of rank {} on {} ({} layers): {} prefill, {} decode points", rank,
+                     host, layers, prefill_seconds.size(), decode_seconds.size());
+}
+
 const char* message_name(const ControlMessage& message) {
-  static constexpr const char* kNames[] = {"plan",     "step",  "batch",     "result",
-                                           "shutdown", "error", "heartbeat", "stats"};
+  static constexpr const char* kNames[] = {"plan",     "step",          "batch",     "result",
+                                           "shutdown", "error",         "heartbeat", "stats",
+                                           "profile",  "profile report"};
   static_assert(std::size(kNames) == std::variant_size_v<ControlMessage>);
   return kNames[message.index()];
 }
@@ -330,6 +344,37 @@ void write(wire::StageStats::Builder b, const StageStats& s) {
   b.setWindowSeconds(s.window_seconds);
 }
 
+template <typename T, typename Builder>
+void set_list(Builder&& list, const std::vector<T>& v) {
+  for (size_t i = 0; i < v.size(); ++i) list.set(static_cast<unsigned>(i), v[i]);
+}
+
+void write(wire::ProfileRequest::Builder b, const ProfileRequest& r) {
+  set_list(b.initPrefillRows(static_cast<unsigned>(r.prefill_rows.size())), r.prefill_rows);
+  set_list(b.initPrefillLengths(static_cast<unsigned>(r.prefill_lengths.size())),
+           r.prefill_lengths);
+  set_list(b.initDecodeSeqs(static_cast<unsigned>(r.decode_seqs.size())), r.decode_seqs);
+  set_list(b.initDecodeContexts(static_cast<unsigned>(r.decode_contexts.size())),
+           r.decode_contexts);
+  set_list(b.initEmbedRows(static_cast<unsigned>(r.embed_rows.size())), r.embed_rows);
+  set_list(b.initHeadRows(static_cast<unsigned>(r.head_rows.size())), r.head_rows);
+  b.setRepeats(r.repeats);
+  set_list(b.initTransferRows(static_cast<unsigned>(r.transfer_rows.size())), r.transfer_rows);
+}
+
+void write(wire::ProfileReport::Builder b, const ProfileReport& r) {
+  b.setRank(r.rank);
+  b.setHost(text(r.host));
+  b.setLayers(r.layers);
+  set_list(b.initPrefillSeconds(static_cast<unsigned>(r.prefill_seconds.size())),
+           r.prefill_seconds);
+  set_list(b.initDecodeSeconds(static_cast<unsigned>(r.decode_seconds.size())), r.decode_seconds);
+  set_list(b.initEmbedSeconds(static_cast<unsigned>(r.embed_seconds.size())), r.embed_seconds);
+  set_list(b.initHeadSeconds(static_cast<unsigned>(r.head_seconds.size())), r.head_seconds);
+  set_list(b.initTransferSeconds(static_cast<unsigned>(r.transfer_seconds.size())),
+           r.transfer_seconds);
+}
+
 void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& message) {
   std::visit(
       [&](const auto& m) {
@@ -342,6 +387,8 @@ void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& 
         if constexpr (std::is_same_v<T, ErrorReport>) write(body.initError(), m);
         if constexpr (std::is_same_v<T, Heartbeat>) write(body.initHeartbeat(), m);
         if constexpr (std::is_same_v<T, StageStats>) write(body.initStats(), m);
+        if constexpr (std::is_same_v<T, ProfileRequest>) write(body.initProfile(), m);
+        if constexpr (std::is_same_v<T, ProfileReport>) write(body.initProfileReport(), m);
       },
       message);
 }
@@ -448,6 +495,40 @@ ErrorReport read(wire::ErrorReport::Reader r) {
                      text(r.getMessage()), r.getStepId()};
 }
 
+template <typename T, typename List>
+std::vector<T> get_list(List list) {
+  std::vector<T> v;
+  v.reserve(list.size());
+  for (auto x : list) v.push_back(x);
+  return v;
+}
+
+ProfileRequest read(wire::ProfileRequest::Reader r) {
+  ProfileRequest p;
+  p.prefill_rows = get_list<int32_t>(r.getPrefillRows());
+  p.prefill_lengths = get_list<int32_t>(r.getPrefillLengths());
+  p.decode_seqs = get_list<int32_t>(r.getDecodeSeqs());
+  p.decode_contexts = get_list<int32_t>(r.getDecodeContexts());
+  p.embed_rows = get_list<int32_t>(r.getEmbedRows());
+  p.head_rows = get_list<int32_t>(r.getHeadRows());
+  p.repeats = r.getRepeats();
+  p.transfer_rows = get_list<int32_t>(r.getTransferRows());
+  return p;
+}
+
+ProfileReport read(wire::ProfileReport::Reader r) {
+  ProfileReport p;
+  p.rank = r.getRank();
+  p.host = text(r.getHost());
+  p.layers = r.getLayers();
+  p.prefill_seconds = get_list<double>(r.getPrefillSeconds());
+  p.decode_seconds = get_list<double>(r.getDecodeSeconds());
+  p.embed_seconds = get_list<double>(r.getEmbedSeconds());
+  p.head_seconds = get_list<double>(r.getHeadSeconds());
+  p.transfer_seconds = get_list<double>(r.getTransferSeconds());
+  return p;
+}
+
 ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
   using W = wire::ControlMessage::Body;
   switch (body.which()) {
@@ -474,6 +555,10 @@ ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
       return StageStats{s.getRank(),        s.getSteps(),       s.getRows(),
                         s.getBusySeconds(), s.getIdleSeconds(), s.getWindowSeconds()};
     }
+    case W::PROFILE:
+      return read(body.getProfile());
+    case W::PROFILE_REPORT:
+      return read(body.getProfileReport());
   }
   fail_malformed(fmt::format("unknown message type {}", static_cast<int>(body.which())));
 }

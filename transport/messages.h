@@ -3,10 +3,11 @@
 // touches a capnp builder; bulk tensors never travel here (TensorChannel carries them).
 //
 // Who sends what:
-//   coordinator -> workers : ClusterPlan, BatchUpdate, StepCommand, Shutdown,
-//                            Heartbeat (ping)
+//   coordinator -> workers : ClusterPlan (again to re-deploy), BatchUpdate, StepCommand,
+//                            ProfileRequest, Shutdown, Heartbeat (ping)
 //   last stage -> coordinator : StepResult (one sampled token per sequence)
-//   any worker -> coordinator : ErrorReport, Heartbeat (reply), StageStats (at shutdown)
+//   any worker -> coordinator : ErrorReport, Heartbeat (reply), StageStats (at shutdown),
+//                               ProfileReport
 #pragma once
 
 #include <cstddef>
@@ -22,8 +23,9 @@
 namespace strata {
 
 // Bumped when a change is not a pure addition; a peer with another version is refused.
-inline constexpr uint32_t kControlProtocolVersion = 2;  // 2: StagePlan carries the placement,
-                                                        // SeqStep.sample, BatchUpdate.left
+// 2: StagePlan carries the placement, SeqStep.sample, BatchUpdate.left; 3: profiling
+// (ProfileRequest / ProfileReport) and a second plan to a running worker (re-deployment).
+inline constexpr uint32_t kControlProtocolVersion = 3;
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
@@ -189,8 +191,40 @@ struct StageStats {
   bool operator==(const StageStats&) const = default;
 };
 
-using ControlMessage = std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult, Shutdown,
-                                    ErrorReport, Heartbeat, StageStats>;
+// The coordinator asks every stage to time its part (ExeGPT's XProfiler,
+// coordinator/profiler.h): its layers on synthetic prefill steps (each of prefill_rows x
+// prefill_lengths) and decode steps (decode_seqs x decode_contexts), its embedding
+// (embed_rows) and head (head_rows) where it holds them, and sending transfer_rows rows of
+// activations to the next stage; the fastest of `repeats` runs each.
+struct ProfileRequest {
+  std::vector<int32_t> prefill_rows, prefill_lengths;
+  std::vector<int32_t> decode_seqs, decode_contexts;
+  std::vector<int32_t> embed_rows, head_rows;
+  int32_t repeats = 3;
+  std::vector<int32_t> transfer_rows;
+
+  std::string str() const;
+  bool operator==(const ProfileRequest&) const = default;
+};
+
+// A stage's answer: seconds per layer at every prefill and decode point (row-major over
+// the request's grids), of its embedding and head per point (empty where it has none),
+// of sending each transfer size to the next stage (empty on the last).
+struct ProfileReport {
+  int32_t rank = 0;
+  std::string host;
+  int32_t layers = 0;
+  std::vector<double> prefill_seconds, decode_seconds;
+  std::vector<double> embed_seconds, head_seconds;
+  std::vector<double> transfer_seconds;
+
+  std::string str() const;
+  bool operator==(const ProfileReport&) const = default;
+};
+
+using ControlMessage =
+    std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult, Shutdown, ErrorReport,
+                 Heartbeat, StageStats, ProfileRequest, ProfileReport>;
 
 const char* message_name(const ControlMessage& message);  // "plan", "step", ...
 std::string str(const ControlMessage& message);

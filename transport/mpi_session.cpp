@@ -208,6 +208,22 @@ int name_key(std::string_view text) {
   return key == 0 ? 1 : key;
 }
 
+std::vector<std::string> host_names(const Communicator& comm, const Deadline& deadline) {
+  constexpr size_t kName = MPI_MAX_PROCESSOR_NAME;
+  std::vector<char> mine(kName, 0), all(kName * static_cast<size_t>(comm.size()), 0);
+  const std::string name = processor_name();
+  std::copy_n(name.begin(), std::min(name.size(), kName - 1), mine.begin());
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(mine.data(), static_cast<int>(kName), MPI_CHAR, all.data(),
+                           static_cast<int>(kName), MPI_CHAR, comm.native(), &request),
+            "MPI_Iallgather");
+  wait_request(request, MPI_STATUS_IGNORE, deadline, "all ranks", "the ranks' host names");
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r)
+    out.emplace_back(all.data() + static_cast<size_t>(r) * kName);
+  return out;
+}
+
 int host_local_index(const Communicator& comm, int first_rank, const Deadline& deadline) {
   const std::vector<int> hosts =
       comm.allgather(name_key(processor_name()), deadline, "the ranks' host names");

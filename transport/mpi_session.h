@@ -76,6 +76,9 @@ int name_key(std::string_view text);
 // This process's host name as MPI reports it.
 std::string processor_name();
 
+// Every rank's host name (processor_name), in rank order. Collective over comm.
+std::vector<std::string> host_names(const Communicator& comm, const Deadline& deadline);
+
 // This rank's index among the ranks >= first_rank that run on the same host (-1 below
 // first_rank): the GPU `--device auto` gives a cluster worker. Collective over comm.
 int host_local_index(const Communicator& comm, int first_rank, const Deadline& deadline);

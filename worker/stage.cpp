@@ -1,6 +1,9 @@
 #include "worker/stage.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
 
 #include "kernels/error.h"
 #include "kernels/log.h"
@@ -166,6 +169,95 @@ std::vector<SeqToken> PipelineStage::sample(const StepCommand& c) {
     tokens.push_back(SeqToken{seq.seq_id, token});
   }
   return tokens;
+}
+
+double PipelineStage::time_step(int32_t seqs, int32_t n_new, int32_t n_past, bool embed, bool head,
+                                int32_t repeats) {
+  const int32_t rows = seqs * n_new;
+  if (seqs <= 0 || n_new <= 0 || n_past < 0 || seqs > kv_slots_ ||
+      n_past + n_new > cache_->capacity() || rows > model_->max_rows() || (embed && !first()) ||
+      (head && !last()))
+    fail(ErrorKind::kFailed,
+         "stage {}: a profile step of {} sequences x {} new rows after {} does not fit its {} "
+         "slots of {} positions and {} rows{}",
+         stage_.str(), seqs, n_new, n_past, kv_slots_, cache_->capacity(), model_->max_rows(),
+         embed || head ? " (or asks for an embedding or head it does not hold)" : "");
+  StepBatch batch;
+  const std::vector<int32_t> ids(static_cast<size_t>(n_new), 0);
+  for (int32_t s = 0; s < seqs; ++s) batch.add(s, n_past, ids, head);
+  const size_t act = static_cast<size_t>(rows) * static_cast<size_t>(hidden());
+  std::vector<float> in(act, 0.0f), out(act);
+  const StepIo io{embed ? nullptr : in.data(), head ? logits_.data() : out.data(), head, false,
+                  false};
+  const auto vocab = static_cast<size_t>(model_->config().vocab);
+  std::vector<double> times;
+  for (int32_t r = 0; r < std::max(repeats, 1); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model_->forward_stage(batch, *cache_, io);
+    model_->backend().synchronize();
+    // The last stage samples every row it computed logits for, as a step does.
+    for (int32_t s = 0; head && s < seqs; ++s)
+      (void)argmax(logits_.data() + static_cast<size_t>(s) * vocab, model_->config().vocab);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  // The median: what a step of this size typically takes on this machine (the fastest run
+  // would promise a throughput that a loaded host does not keep).
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2),
+                   times.end());
+  return times[times.size() / 2];
+}
+
+namespace {
+
+// A prefill point of `rows` rows of sequences `length` long, as a step can hold it: whole
+// sequences when a row budget holds several (as many as the slots allow), else one chunk of
+// `rows` rows ending at `length`.
+struct PrefillShape {
+  int32_t seqs, n_new, n_past;
+};
+PrefillShape prefill_shape(int32_t rows, int32_t length, int32_t slots) {
+  if (rows >= length) return {std::clamp(rows / length, 1, slots), length, 0};
+  return {1, rows, length - rows};
+}
+
+}  // namespace
+
+ProfileReport PipelineStage::profile(const ProfileRequest& r) {
+  ProfileReport rep;
+  rep.rank = stage_.rank;
+  rep.layers = stage_.n_layers();
+  const int32_t reps = std::max(r.repeats, 1);
+  const double layers = stage_.n_layers();
+  for (int32_t rows : r.prefill_rows)
+    for (int32_t len : r.prefill_lengths) {
+      const PrefillShape p = prefill_shape(rows, len, kv_slots_);
+      // Scaled to the asked-for rows when the slots held fewer sequences (linear in rows).
+      const double scale = static_cast<double>(rows) / (p.seqs * p.n_new);
+      rep.prefill_seconds.push_back(time_step(p.seqs, p.n_new, p.n_past, false, false, reps) *
+                                    scale / layers);
+    }
+  for (int32_t seqs : r.decode_seqs)
+    for (int32_t ctx : r.decode_contexts)
+      rep.decode_seconds.push_back(time_step(seqs, 1, ctx - 1, false, false, reps) / layers);
+  // The embedding and head: a step with them less the same step without, the two run in
+  // turn (so a noisy moment hits both) and the fastest of each kept.
+  auto difference = [&](int32_t seqs, int32_t n_new, bool embed, bool head) {
+    double with = std::numeric_limits<double>::infinity(), without = with;
+    for (int32_t i = 0; i < 2 * reps; ++i) {
+      with = std::min(with, time_step(seqs, n_new, 0, embed, head, 1));
+      without = std::min(without, time_step(seqs, n_new, 0, false, false, 1));
+    }
+    return std::max(with - without, 0.0);
+  };
+  if (first())
+    for (int32_t rows : r.embed_rows) {
+      const int32_t seqs = static_cast<int32_t>(
+          std::min<int64_t>(kv_slots_, (rows + cache_->capacity() - 1) / cache_->capacity()));
+      rep.embed_seconds.push_back(difference(seqs, std::max(rows / seqs, 1), true, false));
+    }
+  if (last())
+    for (int32_t seqs : r.head_rows) rep.head_seconds.push_back(difference(seqs, 1, false, true));
+  return rep;
 }
 
 }  // namespace strata

@@ -72,6 +72,18 @@ class PipelineStage {
   std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in,
                             std::span<float> out, bool in_device = false, bool out_device = false);
 
+  // The profiler's measurement (coordinator/profiler.h): the median of `repeats` runs of
+  // this stage's layers on a synthetic step of `seqs` sequences, each `n_new` new rows
+  // after `n_past` cached positions (KV slots 0..seqs-1, as they are), under the stage's
+  // real placement. `embed` (the first stage) takes token ids instead of activations in,
+  // `head` (the last) computes the logits of every sequence's last row. Error(kFailed)
+  // when the step does not fit the plan's slots, context or rows.
+  double time_step(int32_t seqs, int32_t n_new, int32_t n_past, bool embed, bool head,
+                   int32_t repeats);
+  // Answers a ProfileRequest's timings (not its transfers): seconds per layer at every
+  // prefill and decode point, the embedding and head where the stage holds them.
+  ProfileReport profile(const ProfileRequest& request);
+
  private:
   void allocate(const ClusterPlan& plan);
   void build_batch(const StepCommand& command);

@@ -1,8 +1,12 @@
 #include "worker/stage_worker.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <csignal>
 #include <deque>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -48,6 +52,10 @@ class StageWorker {
   int serve();
   bool handle(const ControlMessage& message);  // false on Shutdown
   void on_step(const StepCommand& command);
+  void on_profile(const ProfileRequest& request);
+  void measure_transfers(const ProfileRequest& request, ProfileReport& report);
+  void run_on_compute(std::function<void()> job, const std::string& what, double timeout_s,
+                      const char* timeout_name);
   std::vector<SeqToken> compute_step(const StepCommand& command, std::span<float> in,
                                      std::span<float> out);
   void on_shutdown();
@@ -178,6 +186,17 @@ int StageWorker::serve() {
 bool StageWorker::handle(const ControlMessage& m) {
   if (auto* step = std::get_if<StepCommand>(&m)) {
     on_step(*step);
+  } else if (auto* request = std::get_if<ProfileRequest>(&m)) {
+    on_profile(*request);
+  } else if (auto* plan = std::get_if<ClusterPlan>(&m)) {
+    // Re-deployment (a schedule chose other layers or KV slots): the old stage goes first,
+    // its memory with it, then the new one loads as the first did.
+    for (Transfer& t : sends_) wait_serving(t, Deadline::after_seconds(options_.step_timeout_s));
+    buffers_.reset();
+    stage_.reset();
+    plan_ = *plan;
+    prev_ = next_ = -1;
+    start(*plan_);
   } else if (auto* update = std::get_if<BatchUpdate>(&m)) {
     for (const SeqJoin& j : update->joined) stage_->join(j);
     for (uint64_t id : update->left) stage_->leave(id);
@@ -241,15 +260,11 @@ void StageWorker::on_step(const StepCommand& c) {
   }
 }
 
-// Runs the step on the compute thread and serves control messages (pings) until it ends.
-// The job holds its own copies and pointers, not this worker, so that settle_compute can
-// abandon a job that never ends.
-std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<float> in,
-                                                std::span<float> out) {
-  auto tokens = std::make_shared<std::vector<SeqToken>>();
-  PipelineStage* stage = stage_.get();
-  const bool in_device = buffers_->in_device, out_device = buffers_->out_device;
-  const double delay = options_.debug_step_delay_s;
+// Runs a job on the compute thread and serves control messages (pings) until it ends. The
+// job holds its own copies and pointers, not this worker, so that settle_compute can abandon
+// a job that never ends.
+void StageWorker::run_on_compute(std::function<void()> job, const std::string& what,
+                                 double timeout_s, const char* timeout_name) {
   // The thread's OpenMP count and CUDA device, once: the compute backend's and the host's
   // that attends over an offloaded cache.
   Backend* backend = bound_ ? nullptr : &backend_;
@@ -258,19 +273,78 @@ std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<
   compute_.start([=] {
     if (host != nullptr && host != backend) host->bind_thread();
     if (backend != nullptr) backend->bind_thread();
-    if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
-    *tokens = stage->run(c, in, out, in_device, out_device);
+    job();
   });
-  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  const Deadline deadline = Deadline::after_seconds(timeout_s);
   Backoff backoff;
   while (!compute_.poll()) {
     if (deadline.expired())
-      fail(ErrorKind::kFailed, "step {}: still computing after {} s (the step timeout)", c.step_id,
-           options_.step_timeout_s);
+      fail(ErrorKind::kFailed, "{}: still computing after {} s ({})", what, timeout_s,
+           timeout_name);
     if (serve_control_once()) continue;
     check_coordinator();
     backoff.pause();
   }
+}
+
+// ExeGPT's XProfiler on this rank: its stage's timings on the compute thread, then its
+// links (receiving from the previous stage, sending to the next), reported to rank 0.
+void StageWorker::on_profile(const ProfileRequest& r) {
+  auto report = std::make_shared<ProfileReport>();
+  PipelineStage* stage = stage_.get();
+  run_on_compute([=] { *report = stage->profile(r); }, "profiling", options_.plan_timeout_s,
+                 "the load timeout");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  report->host = host;
+  measure_transfers(r, *report);
+  control_.send(0, *report, Deadline::after_seconds(options_.step_timeout_s));
+}
+
+// Each size from the previous stage is received, then each size to the next is sent and
+// timed until it is delivered, so a link is measured while its receiver waits for it.
+void StageWorker::measure_transfers(const ProfileRequest& r, ProfileReport& report) {
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  StepBuffers& b = *buffers_;
+  const auto floats = [&](int32_t rows) {
+    return std::min(buffer_floats_,
+                    static_cast<size_t>(std::max(rows, 1)) * static_cast<size_t>(stage_->hidden()));
+  };
+  const int32_t reps = std::max(r.repeats, 1);
+  if (!stage_->first())
+    for (int32_t rows : r.transfer_rows)
+      for (int32_t i = 0; i < reps; ++i) {
+        Transfer t =
+            links_->to(prev_).start_recv(prev_, std::span<float>(b.in.f32(), floats(rows)));
+        wait_serving(t, deadline);
+      }
+  if (stage_->last()) return;
+  for (int32_t rows : r.transfer_rows) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int32_t i = 0; i < reps; ++i) {
+      const double t0 = now_s();
+      Transfer t =
+          links_->to(next_).start_send(next_, std::span<const float>(b.out[0].f32(), floats(rows)));
+      wait_serving(t, deadline);
+      best = std::min(best, now_s() - t0);
+    }
+    report.transfer_seconds.push_back(best);
+  }
+}
+
+// One step on the compute thread, pings served meanwhile, bounded by the step timeout.
+std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<float> in,
+                                                std::span<float> out) {
+  auto tokens = std::make_shared<std::vector<SeqToken>>();
+  PipelineStage* stage = stage_.get();
+  const bool in_device = buffers_->in_device, out_device = buffers_->out_device;
+  const double delay = options_.debug_step_delay_s;
+  run_on_compute(
+      [=] {
+        if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+        *tokens = stage->run(c, in, out, in_device, out_device);
+      },
+      fmt::format("step {}", c.step_id), options_.step_timeout_s, "the step timeout");
   return std::move(*tokens);
 }
 

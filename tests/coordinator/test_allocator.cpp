@@ -2,12 +2,11 @@
 // stage times worked out by hand -- a head that costs six layers, a slower worker, a stage
 // whose memory holds fewer layers -- and, through the simulator, OPT-125m on two modelled
 // workers, whose last stage carries a head about as costly as its layers.
-#include "coordinator/allocator.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
+#include "coordinator/allocator.h"
 #include "coordinator/layer_profile.h"
 #include "coordinator/simulator.h"
 #include "kernels/error.h"

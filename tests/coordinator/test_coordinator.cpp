@@ -66,15 +66,20 @@ class FaultyStages final : public Stages {
   std::atomic<int>* signal = nullptr;  // set to SIGTERM at step `signal_at`
   int64_t signal_at = -1;
   int64_t dispatched = 0;
+  int64_t scheduled = 0;  // steps of requests (not the profiler's probes)
   std::vector<uint64_t> left;
 
   int32_t count() const override { return 2; }
   int32_t ranks() const override { return 3; }
   void start(const ClusterPlan& plan) override {
     if (fail_start) fail(ErrorKind::kFailed, "rank 2: cannot load {}", plan.model_spec);
+    plans.push_back(plan);
   }
+  std::vector<ClusterPlan> plans;  // every plan started, re-deployments included
   void dispatch(const ScheduledStep& step) override {
     ++dispatched;
+    // The scheduler numbers steps from 1; the profiler's probe steps count down from the top.
+    if (step.command.step_id < (uint64_t{1} << 63)) ++scheduled;
     if (signal != nullptr && dispatched == signal_at) signal->store(15);
     StepResult r{step.command.step_id, step.command.micro_batch, {}};
     for (const SeqStep& s : step.command.seqs)
@@ -94,8 +99,30 @@ class FaultyStages final : public Stages {
     return r;
   }
   std::vector<StageReport> finish(const std::string&) override { return {}; }
+  // Every stage's layers cost `layer_seconds` at every point; nothing else costs anything.
+  ProfileResult profile(const ProfileRequest& r) override {
+    ++profiled;
+    ProfileResult out;
+    for (int32_t rank = 1; rank <= count(); ++rank) {
+      ProfileReport rep;
+      rep.rank = rank;
+      rep.host = "fake";
+      rep.layers = 1;
+      const double t = layer_seconds * (rank == 2 ? rank2_factor : 1.0);
+      rep.prefill_seconds.assign(r.prefill_rows.size() * r.prefill_lengths.size(), t);
+      rep.decode_seconds.assign(r.decode_seqs.size() * r.decode_contexts.size(), t);
+      if (rank == 1) rep.embed_seconds.assign(r.embed_rows.size(), 0.0);
+      if (rank == count()) rep.head_seconds.assign(r.head_rows.size(), 0.0);
+      if (rank < count()) rep.transfer_seconds.assign(r.transfer_rows.size(), 0.0);
+      out.reports.push_back(rep);
+    }
+    return out;
+  }
   void abort(const std::string&) noexcept override { ++aborted; }
   int aborted = 0;
+  int profiled = 0;
+  double layer_seconds = 1e-3;
+  double rank2_factor = 1.0;  // rank 2's layers cost this many times rank 1's
 
  private:
   std::vector<StepResult> results_;
@@ -223,6 +250,70 @@ TEST(CoordinatorLoop, AStopSignalEndsTheRunWithEveryRequestAnswered) {
   EXPECT_EQ(run.sink.answers.size(), 12u);  // the rest of the source was read and answered
   EXPECT_EQ(stats.unfinished, 12);          // none could finish 50 tokens in a 0 s grace
   for (const auto& [id, a] : run.sink.answers) EXPECT_TRUE(a.unfinished) << id;
+}
+
+// ---- ExeGPT's schedule in the loop --------------------------------------------------------
+
+// Requests of 4 prompt tokens and `out` new ones, and a target whose workload says so.
+ScheduleTarget target(int32_t out, double bound) {
+  const std::vector<int32_t> in{4}, outs{out};
+  return ScheduleTarget{TaskWorkload{"test", LengthDistribution::from_samples(in, "in"),
+                                     LengthDistribution::from_samples(outs, "out")},
+                        bound,
+                        "",
+                        {"a", "b"},
+                        0.15,
+                        8};
+}
+
+TEST(CoordinatorSchedule, AnUnmeetableBoundIsRefusedBeforeAnyRequestRuns) {
+  LoopRun run(requests(6, 5));
+  FaultyStages stages;  // 1 ms a layer: 12 layers x 5 tokens take far more than 0.1 ms
+  CoordinatorOptions o = options();
+  o.schedule = target(5, 1e-4);
+  try {
+    run.go(stages, o);
+    FAIL() << "a bound of 0.1 ms was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be met"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fastest achievable p99 latency"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(stages.profiled, 1);
+  EXPECT_EQ(stages.scheduled, 0);
+  EXPECT_EQ(run.source.read(), 0u);  // nothing taken, nothing lost
+}
+
+TEST(CoordinatorSchedule, TheChosenLayersAreDeployedAndEveryRequestRuns) {
+  LoopRun run(requests(20, 5));
+  FaultyStages stages;
+  stages.rank2_factor = 2.0;  // rank 2 is twice as slow: it should get a third of the layers
+  CoordinatorOptions o = options();
+  o.schedule = target(5, std::numeric_limits<double>::infinity());
+  const ClusterStats stats = run.go(stages, o);
+  ASSERT_EQ(stages.plans.size(), 2u) << "uniform to profile, then the schedule's";
+  EXPECT_EQ(stages.plans[0].stages[0].layer_end, 6);
+  EXPECT_EQ(stages.plans[1].stages[0].layer_end, 8);  // 8 layers of 1 ms, 4 of 2 ms
+  ASSERT_TRUE(stats.schedule.has_value());
+  const Prediction& p = stats.schedule->planned;
+  EXPECT_EQ(stats.micro_batches, p.vars.micro_batches);
+  EXPECT_EQ(stats.decode_iters, p.vars.decode_iters);
+  EXPECT_EQ(stages.plans[1].kv_slots, p.kv_slots);
+  EXPECT_LE(p.kv_slots, 4);  // --max-batch
+  EXPECT_EQ(run.sink.answers.size(), 20u);
+  for (const auto& [id, a] : run.sink.answers) EXPECT_EQ(a.result.output_ids.size(), 5u) << id;
+  EXPECT_EQ(stats.schedule->latencies.size(), 20u);
+}
+
+TEST(CoordinatorSchedule, LengthsThatDriftArePlannedAgain) {
+  LoopRun run(requests(40, 20));  // the workload said 5 tokens; they ask for 20
+  FaultyStages stages;
+  CoordinatorOptions o = options();
+  o.schedule = target(5, std::numeric_limits<double>::infinity());
+  const ClusterStats stats = run.go(stages, o);
+  ASSERT_TRUE(stats.schedule.has_value());
+  EXPECT_GE(stats.schedule->replans, 1);
+  EXPECT_EQ(run.sink.answers.size(), 40u);
 }
 
 }  // namespace

@@ -3,13 +3,12 @@
 // synthetic monotonic grids, and the simulator's own grid for OPT-13B on four modelled A40
 // workers (the paper's setting) at several latency bounds. A bound nothing meets is
 // refused with the fastest achievable latency.
-#include "coordinator/schedule_search.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
+#include "coordinator/schedule_search.h"
 #include "worker/dummy.h"
 
 namespace strata {
@@ -28,8 +27,10 @@ struct MonotoneGrid {
     for (int32_t i = 0; i < a; ++i)
       for (int32_t j = 0; j < b; ++j) {
         const size_t k = static_cast<size_t>(i * b + j);
-        const double left_t = j > 0 ? thr[k - 1] : 0, below_t = i > 0 ? thr[k - static_cast<size_t>(b)] : 0;
-        const double left_l = j > 0 ? lat[k - 1] : 0, below_l = i > 0 ? lat[k - static_cast<size_t>(b)] : 0;
+        const double left_t = j > 0 ? thr[k - 1] : 0,
+                     below_t = i > 0 ? thr[k - static_cast<size_t>(b)] : 0;
+        const double left_l = j > 0 ? lat[k - 1] : 0,
+                     below_l = i > 0 ? lat[k - static_cast<size_t>(b)] : 0;
         thr[k] = std::max(left_t, below_t) + step(rng);
         lat[k] = std::max(left_l, below_l) + step(rng);
       }
@@ -67,8 +68,8 @@ TEST(BranchAndBound, EqualsExhaustiveSearchOnMonotonicGridsWithFewerPoints) {
 
 TEST(BranchAndBound, AnUnboundedSearchStopsAtTheTopCorner) {
   const MonotoneGrid g(10, 10, 7);
-  const BnbResult r = branch_and_bound(10, 10, [&](int32_t i, int32_t j) { return g(i, j); },
-                                       BnbOptions{});
+  const BnbResult r = branch_and_bound(
+      10, 10, [&](int32_t i, int32_t j) { return g(i, j); }, BnbOptions{});
   EXPECT_TRUE(r.found);
   EXPECT_EQ(r.i1, 9);
   EXPECT_EQ(r.i2, 9);
@@ -77,8 +78,8 @@ TEST(BranchAndBound, AnUnboundedSearchStopsAtTheTopCorner) {
 
 TEST(BranchAndBound, ABoundBelowEveryPointIsRefusedWithTheFastestLatency) {
   const MonotoneGrid g(8, 8, 3);
-  const BnbResult r = branch_and_bound(8, 8, [&](int32_t i, int32_t j) { return g(i, j); },
-                                       BnbOptions{g(0, 0).latency * 0.5, 0, 0});
+  const BnbResult r = branch_and_bound(
+      8, 8, [&](int32_t i, int32_t j) { return g(i, j); }, BnbOptions{g(0, 0).latency * 0.5, 0, 0});
   EXPECT_FALSE(r.found);
   EXPECT_DOUBLE_EQ(r.fastest_latency, g(0, 0).latency);
 }
@@ -89,23 +90,25 @@ Simulator opt13b_on_a40(int32_t workers, const std::string& task) {
   SimulatorInputs in;
   in.shape = c.shape();
   in.workload = TaskWorkload::preset(task);
-  in.profile = modelled_profile(in.shape, "dummy:opt-13b", NodeModel::preset("a40"), workers,
-                                ProfileGrid::for_limits(512, 256, in.workload.input.max() + in.workload.output.max()));
+  in.profile = modelled_profile(
+      in.shape, "dummy:opt-13b", NodeModel::preset("a40"), workers,
+      ProfileGrid::for_limits(512, 256, in.workload.input.max() + in.workload.output.max()));
   in.device_compute = true;
-  in.budgets = TierBudgets{static_cast<int64_t>(NodeModel::preset("a40").memory_bytes), -1, -1, true};
+  in.budgets =
+      TierBudgets{static_cast<int64_t>(NodeModel::preset("a40").memory_bytes), -1, -1, true};
   in.policy = Policy::parse("w=100/0/0,c=100/0/0");
   return Simulator(in);
 }
 
 TEST(ScheduleSearch, BranchAndBoundFindsExhaustiveSearchsScheduleOnTheSimulator) {
   const Simulator sim = opt13b_on_a40(4, "S");
-  SearchOptions o;
+  ScheduleSearchOptions o;
   o.encode_batches = {1, 2, 4, 8, 16, 32, 64};
   o.decode_iters = {1, 2, 4, 8, 16, 32, 62};
   o.micro_batches = {1, 2};
   o.decoder_micro_batches = {1};
   o.policies = {SchedulePolicy::kRra, SchedulePolicy::kWaaC};
-  SearchOptions all = o;
+  ScheduleSearchOptions all = o;
   all.exhaustive = true;
   all.latency_bound = std::numeric_limits<double>::infinity();
   const ScheduleChoice unbounded = search_schedule(sim, all);
@@ -131,7 +134,7 @@ TEST(ScheduleSearch, BranchAndBoundFindsExhaustiveSearchsScheduleOnTheSimulator)
 
 TEST(ScheduleSearch, AnUnmeetableBoundNamesTheFastestLatency) {
   const Simulator sim = opt13b_on_a40(4, "S");
-  SearchOptions o = SearchOptions::defaults(sim, 64);
+  ScheduleSearchOptions o = ScheduleSearchOptions::defaults(sim, 64);
   o.latency_bound = 1e-4;
   const ScheduleChoice c = search_schedule(sim, o);
   EXPECT_FALSE(c.feasible);

@@ -167,6 +167,27 @@ TEST(RraScheduler, MicroBatchesShareTheWorkAndOwnDisjointSlots) {
   EXPECT_THROW(s.apply(StepResult{b->command.step_id, 0, {}}), Error);  // wrong micro-batch
 }
 
+// B_E = 5 over two micro-batches: each prefill phase admits its share (3 and 2) although
+// both have free slots and requests wait; a re-plan changes B_E from the next phase on.
+TEST(RraScheduler, APrefillPhaseAdmitsItsShareOfTheEncodeBatch) {
+  SchedulerOptions o = options(2, 1, 16);
+  o.encode_batch = 5;
+  RraScheduler s(o);
+  for (uint64_t i = 0; i < 12; ++i) s.submit(req(std::to_string(i), 2, 1), i, 0.0);
+  auto a = s.next_step(0);
+  auto b = s.next_step(1);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->command.seqs.size(), 3u);
+  EXPECT_EQ(b->command.seqs.size(), 2u);
+  EXPECT_EQ(s.waiting(), 7u);
+  EXPECT_EQ(s.apply(answer(*a)).size(), 3u);  // one token each: done at the prefill
+  s.reschedule(1, 2, 16);
+  auto a2 = s.next_step(0);
+  ASSERT_TRUE(a2);
+  EXPECT_EQ(a2->command.seqs.size(), 1u);
+  EXPECT_THROW(s.reschedule(1, -1, 16), Error);
+}
+
 TEST(RraScheduler, ContextLimitStopsAsTheGeneratorDoes) {
   SchedulerOptions o = options(1, 8, 1);
   o.kv_capacity = 5;

@@ -2,13 +2,12 @@
 // and B_D; the steady decode batch against the real RRA scheduler driving requests (an
 // independent implementation of the same schedule); WAA-C / WAA-M counts by §4.1's formula;
 // and throughput / latency of tiny pipelines whose timelines are worked out by hand.
-#include "coordinator/simulator.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "coordinator/scheduler.h"
+#include "coordinator/simulator.h"
 #include "kernels/error.h"
 
 namespace strata {
@@ -83,8 +82,7 @@ TEST(RraFormulas, TheSchedulerAdmitsWhatTheFormulaSays) {
   RraScheduler sched(so);
   const int32_t outputs[] = {3, 3, 7, 10};
   for (uint64_t i = 0; i < 4000; ++i)
-    sched.submit(GenerationRequest{std::to_string(i), {1, 2, 3}, outputs[i % 4], {}, true},
-                 i, 0.0);
+    sched.submit(GenerationRequest{std::to_string(i), {1, 2, 3}, outputs[i % 4], {}, true}, i, 0.0);
   std::vector<size_t> admitted;  // per prefill phase
   while (!sched.idle() && admitted.size() < 600) {
     std::optional<ScheduledStep> s = sched.next_step(0);
@@ -177,6 +175,48 @@ TEST(Simulator, OneWorkerRraByHand) {
   EXPECT_DOUBLE_EQ(b.decode_batch, 4);
   EXPECT_NEAR(b.throughput_tok_s, 10 / 3e-3, 1e-6);
   EXPECT_NEAR(b.p99_latency_s, 6e-3, 1e-12);
+}
+
+TEST(Simulator, APhaseEndsWhenItsLastSequenceDoes) {
+  // One sequence a phase (B_E = 1), outputs 2 or 5 tokens (1 or 4 decode iterations), N_D = 4.
+  // Half the phases are a prefill and one decode (2 ms, 2 tokens), half a prefill and four
+  // (5 ms, 5 tokens): the scheduler starts the next phase as soon as the batch is empty, so
+  // 3.5 tokens per 3.5 ms = 1000 tok/s. (Phases always N_D long would give 3.5 per 5 ms.)
+  // The p99 sequence (5 tokens) runs its whole phase: 5 ms.
+  const Simulator sim = tiny_simulator(1, {2, 5});
+  const Prediction p = sim.predict(ScheduleVars{SchedulePolicy::kRra, 1, 4, 1, 1});
+  ASSERT_TRUE(p.feasible) << p.infeasible_reason;
+  EXPECT_NEAR(p.throughput_tok_s, 1000, 1e-6);
+  EXPECT_NEAR(p.p99_latency_s, 5e-3, 1e-12);
+}
+
+TEST(Simulator, TheP99SequencesPrefillPhaseIsAHeavyOne) {
+  // A prefill costs 1 ms per prompt row, a decode nothing. Prompts of 10 or 30 rows (mean
+  // 20, std 10), outputs of 2 tokens. B_E = 16: the mean phase has 320 rows (throughput:
+  // 32 tokens per 320 ms = 100 tok/s); the p99 sequence's phase has 320 + z_0.99 * 4 * 10 =
+  // 413.05 rows (z_0.99 = 2.326348, a normal table), so its latency is 413.05 ms. B_E = 4:
+  // 80 + 2.326348 * 2 * 10 = 126.5 rows, more than four of the longest: 120 ms.
+  SimulatorInputs in;
+  in.profile = constant_profile(1);
+  in.profile.ranks[0].prefill = TimeGrid({1, 1e6}, {1, 1e6}, {1e-3, 1e-3, 1e3, 1e3});
+  in.profile.ranks[0].decode = TimeGrid::curve({1, 1e6}, {0, 0});
+  in.shape = tiny_shape(1);
+  in.workload = TaskWorkload{"spread", lengths({10, 30}), lengths({2})};
+  const Simulator sim(in);
+  const Prediction a = sim.predict(ScheduleVars{SchedulePolicy::kRra, 16, 1, 1, 1});
+  ASSERT_TRUE(a.feasible) << a.infeasible_reason;
+  EXPECT_NEAR(a.throughput_tok_s, 100, 1e-6);
+  EXPECT_NEAR(a.p99_latency_s, 0.320 + 2.326348e-3 * 40, 1e-6);
+  const Prediction b = sim.predict(ScheduleVars{SchedulePolicy::kRra, 4, 1, 1, 1});
+  EXPECT_NEAR(b.p99_latency_s, 0.120, 1e-9);
+  // The baseline's batch is priced the same way.
+  const Prediction f = sim.predict(ScheduleVars{SchedulePolicy::kBaseline, 16, 1, 1, 1});
+  EXPECT_NEAR(f.p99_latency_s, 0.320 + 2.326348e-3 * 40, 1e-6);
+  // Outputs of 3 tokens with N_D = 1 span two phases: only the first is the sequence's own
+  // (heavy) prefill, the next admits others at the mean: 413.05 + 320 ms.
+  in.workload.output = lengths({3});
+  const Prediction two = Simulator(in).predict(ScheduleVars{SchedulePolicy::kRra, 16, 1, 1, 1});
+  EXPECT_NEAR(two.p99_latency_s, 0.320 + 2.326348e-3 * 40 + 0.320, 1e-6);
 }
 
 TEST(Simulator, TwoStagePipelineWithTwoMicroBatchesByHand) {

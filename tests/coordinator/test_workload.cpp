@@ -1,13 +1,12 @@
 // Length distributions against the paper's Table 3 (its 99th-percentile column follows from
 // the mean and std of the truncated distributions), a hand-made histogram, and the JSONL
 // loader's field pairs and errors.
-#include "coordinator/workload.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 
+#include "coordinator/workload.h"
 #include "kernels/error.h"
 #include "support/test_device.h"
 
@@ -67,14 +66,20 @@ TEST(Workload, HistogramPercentilesByHand) {
 TEST(Workload, JsonlFilesGiveAHistogramAndNameTheirErrors) {
   const std::string dir = testing::test_tmp_dir("workload");
   const std::string good = dir + "/good.jsonl";
-  std::ofstream(good) << R"({"input_len": 10, "output_len": 3})" << "\n"
-                      << R"({"prompt_ids": [1, 2, 3, 4], "max_new_tokens": 7})" << "\n"
-                      << R"({"question": "how are you", "answer": "fine thanks"})" << "\n";
+  std::ofstream(good) << R"({"input_len": 10, "output_len": 3})"
+                      << "\n"
+                      << R"({"prompt_ids": [1, 2, 3, 4], "max_new_tokens": 7})"
+                      << "\n"
+                      << R"({"question": "how are you", "answer": "fine thanks"})"
+                      << "\n";
   const TaskWorkload w = TaskWorkload::load_jsonl(good);
   EXPECT_NEAR(w.input.mean(), (10 + 4 + 3) / 3.0, 1e-12);
   EXPECT_NEAR(w.output.mean(), (3 + 7 + 2) / 3.0, 1e-12);
   const std::string bad = dir + "/bad.jsonl";
-  std::ofstream(bad) << R"({"input_len": 10, "output_len": 3})" << "\n" << R"({"x": 1})" << "\n";
+  std::ofstream(bad) << R"({"input_len": 10, "output_len": 3})"
+                     << "\n"
+                     << R"({"x": 1})"
+                     << "\n";
   try {
     TaskWorkload::load_jsonl(bad);
     FAIL() << "accepted a line without lengths";

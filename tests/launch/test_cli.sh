@@ -96,6 +96,38 @@ else
   echo "FAIL plan-opt30b-t4"; cat "$TMP/plan.json" "$TMP/err"; failures=$((failures + 1))
 fi
 expect_error plan-infeasible "short by" plan --model dummy:opt-175b --gpu-mem 1 --cpu-mem 2 --disk-mem 10
+
+# plan --workload: ExeGPT's schedule for the paper's OPT-13B on four modelled A40s, as one
+# JSON object with the documented keys, and better than the FT-style baseline it prints.
+if "$STRATA" plan --model dummy:opt-13b --workload S --nodes 4 --hardware a40 --latency-bound 8 \
+    --format json >"$TMP/sched.json" 2>"$TMP/err" &&
+  python3 - "$TMP/sched.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for k in ("feasible", "policy", "control_variables", "allocation", "predicted_throughput_tok_s",
+          "predicted_p99_latency_s", "baseline", "points_evaluated"):
+    assert k in j, k
+assert j["feasible"] and j["predicted_p99_latency_s"] <= 8, j
+assert j["policy"] in ("RRA", "WAA-C", "WAA-M"), j["policy"]
+assert sum(j["allocation"]) % 40 == 0, j["allocation"]  # OPT-13B's 40 layers (twice for WAA)
+b = j["baseline"]
+assert b["feasible"] and b["predicted_p99_latency_s"] <= 8, b
+assert j["predicted_throughput_tok_s"] >= b["predicted_throughput_tok_s"], (j, b)
+assert 0 < j["points_evaluated"] < j["grid_points"], j
+PY
+then
+  echo "ok   plan-schedule-opt13b-a40"; passes=$((passes + 1))
+else
+  echo "FAIL plan-schedule-opt13b-a40"; cat "$TMP/sched.json" "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error plan-unmeetable-bound "fastest achievable p99 latency is" plan --model dummy:opt-13b \
+  --workload S --nodes 4 --hardware a40 --latency-bound 0.001
+expect_error plan-unknown-task "not a task of the paper's Table 3" plan --model dummy:opt-13b \
+  --workload Q --nodes 4 --hardware a40
+expect_error plan-bad-bound "need seconds" plan --model dummy:opt-13b --workload S --nodes 4 \
+  --hardware a40 --latency-bound -3
+expect_error plan-workload-past-context "shrink it with --length-scale" plan \
+  --model "$MODEL" --workload C2 --nodes 2 --hardware a40 --latency-bound inf
 expect_error plan-bad-policy "gbs" plan --model dummy:opt-30b --policy gbs=0,ngb=1
 
 # profile: measures the disk around the page cache and says so.

@@ -17,6 +17,12 @@
 #                                      period, every line of the file gets a result, exit 143
 #   dead_coordinator                   rank 0 killed mid-run: every worker notices within the
 #                                      heartbeat timeout and exits with a message naming it
+#   schedule NP                        --latency-bound with --workload: the run profiles its
+#                                      stages, plans, re-deploys the chosen layers and slots,
+#                                      and its results equal strata generate; a second run
+#                                      reuses the saved profile; a bound nothing meets is
+#                                      refused before any request runs, naming the fastest
+#                                      achievable latency
 #   slow NP                            every step computes longer than the heartbeat
 #                                      timeout: the workers answer pings meanwhile, the
 #                                      results equal strata generate
@@ -150,6 +156,35 @@ case $case_name in
     jq -se --arg r "worker rank $rank" '[.[] | select(.stop_reason == "error" and (.error | contains($r)))]
         | length > 0' "$tmp/r.jsonl" >/dev/null || { cat "$tmp/r.jsonl"; fail "no unfinished request names rank $rank"; }
     echo "rank $rank named, exit $rc after $took s, $lines results"
+    ;;
+  schedule)
+    np=$1
+    write_requests "$stories" "$tmp/req.jsonl"
+    plan=(--workload S --length-scale 0.1 --layer-profile "$tmp/profile.json")
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r1.jsonl" \
+      "${plan[@]}" --latency-bound inf --stats-out "$tmp/s1.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r1.jsonl"
+    [ -s "$tmp/profile.json" ] || fail "no layer profile saved"
+    jq -e --arg p "$tmp/profile.json" --argjson n "$((np - 1))" '.schedule.profile == $p
+        and (.schedule.allocation | length) == $n and (.schedule.allocation | add) == 5
+        and .schedule.predicted_throughput_tok_s > 0 and .schedule.measured_requests > 0
+        and .micro_batches == .schedule.control_variables.micro_batches' "$tmp/s1.json" >/dev/null ||
+      fail "stats: $(cat "$tmp/s1.json")"
+    sum=$(md5sum <"$tmp/profile.json")
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r2.jsonl" \
+      "${plan[@]}" --latency-bound 1000 --stats-out "$tmp/s2.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r2.jsonl"
+    [ "$(md5sum <"$tmp/profile.json")" = "$sum" ] || fail "the saved profile was measured again"
+    set +e
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r3.jsonl" \
+      "${plan[@]}" --latency-bound 0.0001 >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -ne 0 ] || fail "a bound of 0.1 ms was accepted"
+    grep -q "cannot be met .* the fastest achievable p99 latency is" "$tmp/out" ||
+      { cat "$tmp/out"; fail "no clear refusal of the bound"; }
+    [ ! -s "$tmp/r3.jsonl" ] || fail "requests ran under a refused bound: $(cat "$tmp/r3.jsonl")"
+    echo "planned, re-deployed, equal to generate; profile reused; unmeetable bound refused"
     ;;
   slow)
     np=$1

@@ -55,6 +55,15 @@ std::vector<ControlMessage> every_message() {
       ErrorReport{2, ErrorKind::kOverloaded, "out of memory: KV cache \xc3\xa9", 7},
       Heartbeat{3, 99, true},
       StageStats{2, 40, 320, 1.25, 0.5, 1.75},
+      ProfileRequest{{16, 64}, {16, 64, 256}, {1, 4}, {16, 512}, {1, 16}, {1, 4}, 3, {1, 512}},
+      ProfileReport{2,
+                    "node-7",
+                    6,
+                    {1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3},
+                    {1e-4, 2e-4, 3e-4, 4e-4},
+                    {},
+                    {2.5e-4, 9e-4},
+                    {1.5e-5, 2.25e-4}},
   };
 }
 
@@ -116,7 +125,7 @@ TEST(Messages, OtherProtocolVersionIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[16] =
       std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
-  expect_malformed(bytes, "protocol version 7, this binary speaks 2");
+  expect_malformed(bytes, "protocol version 7, this binary speaks 3");
 }
 
 TEST(Messages, UnknownMessageTypeIsRefused) {

@@ -149,6 +149,34 @@ struct StageStats {
   windowSeconds @5 :Float64;
 }
 
+# The coordinator asks every stage to time its part (protocol 3): its layers on synthetic
+# prefill steps (rows x sequence length) and decode steps (sequences x context), its
+# embedding and head where it holds them, and sending activations to the next stage.
+struct ProfileRequest {
+  prefillRows @0 :List(Int32);
+  prefillLengths @1 :List(Int32);
+  decodeSeqs @2 :List(Int32);
+  decodeContexts @3 :List(Int32);
+  embedRows @4 :List(Int32);
+  headRows @5 :List(Int32);
+  repeats @6 :Int32;
+  transferRows @7 :List(Int32);
+}
+
+# A stage's answer: seconds of one of its layers at every prefill and decode point
+# (row-major), of its embedding and head at every point (empty where it has none), and of
+# sending each transfer size to the next stage (empty on the last).
+struct ProfileReport {
+  rank @0 :Int32;
+  host @1 :Text;
+  layers @2 :Int32;
+  prefillSeconds @3 :List(Float64);
+  decodeSeconds @4 :List(Float64);
+  embedSeconds @5 :List(Float64);
+  headSeconds @6 :List(Float64);
+  transferSeconds @7 :List(Float64);
+}
+
 struct ControlMessage {
   version @0 :UInt32;
   body :union {
@@ -161,5 +189,7 @@ struct ControlMessage {
     error @7 :ErrorReport;
     heartbeat @8 :Heartbeat;
     stats @9 :StageStats;
+    profile @10 :ProfileRequest;
+    profileReport @11 :ProfileReport;
   }
 }
