@@ -36,7 +36,7 @@ double normal_quantile(double q) {
   double lo = -10, hi = 10;
   for (int i = 0; i < 100; ++i) {
     const double mid = (lo + hi) / 2;
-    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < q ? lo : hi) = mid;
+    (normal_cdf(mid) < q ? lo : hi) = mid;
   }
   return (lo + hi) / 2;
 }

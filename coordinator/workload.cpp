@@ -10,11 +10,11 @@
 #include "worker/input_limits.h"
 
 namespace strata {
-namespace {
-
 double normal_cdf(double x) {
   return 0.5 * std::erfc(-x / std::sqrt(2.0));
 }
+
+namespace {
 
 // Table 3 of the paper: input (mean, std, max), output (mean, std, max).
 struct Preset {

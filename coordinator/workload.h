@@ -13,6 +13,9 @@
 
 namespace strata {
 
+// The standard normal's distribution function.
+double normal_cdf(double x);
+
 class LengthDistribution {
  public:
   LengthDistribution() = default;
