@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -49,6 +50,12 @@ class Coordinator {
  private:
   ClusterStats run_plan();
   void size_run();
+  int32_t encoder_slots() const {
+    const WaaRun& w = *options_.waa;
+    return w.encoder_slots > 0  ? w.encoder_slots
+           : w.encode_batch > 0 ? w.encode_batch * w.encoder_micro_batches
+                                : options_.kv_slots;
+  }
   void end_unfinished(const std::string& why, bool failed);
   void flush_results(double seconds);
   void admit();
@@ -61,6 +68,8 @@ class Coordinator {
   void on_result(const StepResult& result);
   void choose_schedule(PlanOptions& plan_options, SchedulerOptions& scheduler_options);
   void observe(const FinishedRequest& f);
+  std::unique_ptr<StepScheduler> make_scheduler(const SchedulerOptions& so) const;
+  bool hand_over();
 
   Stages& stages_;
   CoordinatorOptions options_;
@@ -73,7 +82,9 @@ class Coordinator {
   int32_t capacity_ = 0;
   int32_t max_rows_ = 0;
   ClusterPlan plan_;
-  std::unique_ptr<RraScheduler> scheduler_;
+  std::unique_ptr<StepScheduler> scheduler_;
+  WaaScheduler* waa_ = nullptr;                      // scheduler_ when the run is WAA
+  std::map<uint64_t, Clock::time_point> handovers_;  // started, not done
   std::unique_ptr<RunSchedule> schedule_;
   uint64_t next_seq_ = 0;
   std::optional<Clock::time_point> first_step_;  // the run's time: first step sent ...
@@ -122,13 +133,25 @@ ClusterStats Coordinator::run_plan() {
   size_run();
   PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
                  capacity_,           max_rows_,       options_.stage_mem,     options_.placement};
+  if (options_.waa) {
+    if (options_.schedule)
+      fail_input(
+          "--waa-encoders and --latency-bound: the schedule search deploys RRA only; give "
+          "one of them");
+    po.encoder_stages = options_.waa->encoder_stages;
+    po.encoder_kv_slots = encoder_slots();
+  }
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids, tokenizer_,        {}};
   log::get("coordinator")->info("plan: {}", plan_.str());
   stages_.start(plan_);
   if (options_.schedule) choose_schedule(po, so);
-  scheduler_ = std::make_unique<RraScheduler>(so);
+  scheduler_ = make_scheduler(so);
+  if (options_.waa) {
+    waa_ = static_cast<WaaScheduler*>(scheduler_.get());
+    stats_.waa = HandoverStats{};
+  }
   stats_.micro_batches = so.micro_batches;
   stats_.decode_iters = so.decode_iters;
   serve();
@@ -148,6 +171,18 @@ ClusterStats Coordinator::run_plan() {
          "acknowledged and will run again",
          options_.flush_timeout_s);
   return stats_;
+}
+
+std::unique_ptr<StepScheduler> Coordinator::make_scheduler(const SchedulerOptions& so) const {
+  if (!options_.waa) return std::make_unique<RraScheduler>(so);
+  const WaaRun& w = *options_.waa;
+  WaaOptions wo{
+      so,         w.encoder_micro_batches, encoder_slots(), w.planned_input, w.planned_decode_batch,
+      w.threshold};
+  wo.common.encode_batch = w.encode_batch;
+  auto s = std::make_unique<WaaScheduler>(wo);
+  log::get("coordinator")->info("{}", wo.str());
+  return s;
 }
 
 // The run's context and step buffers come from the configuration, never from the first
@@ -320,13 +355,38 @@ void Coordinator::serve() {
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
     }
     if (scheduler_->idle() && (grace_ || source_.exhausted())) return;
-    if (std::optional<StepResult> result = stages_.poll()) {
-      on_result(*result);
+    std::optional<StepResult> result = stages_.poll();
+    if (result) on_result(*result);
+    if (hand_over() || result) {
       backoff = Backoff();
       continue;
     }
     backoff.pause();
   }
+}
+
+// WAA: hand-overs that ended let their sequences decode; prefilled sequences with a free
+// decode slot start the next. True when either happened.
+bool Coordinator::hand_over() {
+  if (waa_ == nullptr) return false;
+  bool moved = false;
+  HandoverStats& h = *stats_.waa;
+  for (const HandoverDone& done : stages_.handovers_done()) {
+    scheduler_->handed_over(done.handover_id);
+    h.bytes += done.bytes;
+    h.seconds += since(handovers_.at(done.handover_id));
+    handovers_.erase(done.handover_id);
+    moved = true;
+  }
+  while (std::optional<KvHandover> next = scheduler_->next_handover()) {
+    stages_.hand_over(*next);
+    handovers_[next->handover_id] = Clock::now();
+    ++h.handovers;
+    h.sequences += static_cast<int64_t>(next->moves.size());
+    moved = true;
+  }
+  h.counters = waa_->counters();
+  return moved;
 }
 
 void Coordinator::dispatch(const ScheduledStep& step) {
@@ -388,12 +448,23 @@ std::string ClusterStats::json() const {
       R"("result_seconds": {:.6f}, "cpu_seconds": {:.3f}, )"
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "steady_from_s": {:.6f}, "steady_to_s": {:.6f}, )"
-      R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "stages": [{}]{}}})",
+      R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "stages": [{}]{}{}}})",
       model, ranks, micro_batches, decode_iters, requests, errors, unfinished, duplicate_ids,
       stop_signal, intake_seconds, result_seconds, cpu_seconds, prompt_tokens, generated_tokens,
       prefill_steps, decode_steps, seconds, tokens_per_second(), steady_from_s, steady_to_s,
       steady_tokens, steady_tokens_per_second(), stages_json,
-      schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string());
+      schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string(),
+      waa ? ", \"waa\": " + waa->json() : std::string());
+}
+
+std::string HandoverStats::json() const {
+  const double per_seq = sequences > 0 ? static_cast<double>(bytes) / sequences : 0.0;
+  return fmt::format(
+      R"({{"handovers": {}, "sequences": {}, "kv_bytes": {}, "kv_bytes_per_sequence": {:.1f}, )"
+      R"("handover_seconds": {:.6f}, "seconds_per_handover": {:.6f}, "encoder_batches": {}, )"
+      R"("encoder_adjustments": {}, "decoder_adjustments": {}}})",
+      handovers, sequences, bytes, per_seq, seconds, handovers > 0 ? seconds / handovers : 0.0,
+      counters.encoder_batches, counters.encoder_adjustments, counters.decoder_adjustments);
 }
 
 std::string ClusterStats::table() const {
@@ -408,6 +479,15 @@ std::string ClusterStats::table() const {
                        s.stage.rank, s.stage.layer_begin, s.stage.layer_end, s.stats.steps,
                        s.stats.busy_seconds, s.stats.idle_seconds, 100 * s.bubble_fraction());
   if (schedule) out += "  " + schedule->line(steady_tokens_per_second()) + "\n";
+  if (waa)
+    out += fmt::format(
+        "  WAA: {} KV hand-overs of {} sequences, {:.1f} KiB and {:.3f} ms each on average; "
+        "encoder batches {} ({} adjusted for their workload, {} for the decode batch)\n",
+        waa->handovers, waa->sequences,
+        waa->handovers > 0 ? static_cast<double>(waa->bytes) / waa->handovers / 1024 : 0.0,
+        waa->handovers > 0 ? 1e3 * waa->seconds / waa->handovers : 0.0,
+        waa->counters.encoder_batches, waa->counters.encoder_adjustments,
+        waa->counters.decoder_adjustments);
   return out;
 }
 

@@ -16,11 +16,36 @@
 #include "coordinator/planner.h"
 #include "coordinator/run_schedule.h"
 #include "coordinator/stages.h"
+#include "coordinator/waa_scheduler.h"
 #include "transport/messages.h"
 #include "worker/config.h"
 #include "worker/tokenizer.h"
 
 namespace strata {
+
+// ExeGPT's WAA (waa_scheduler.h): the first `encoder_stages` worker ranks are the prefill
+// pipeline, the rest the decode pipeline (CoordinatorOptions::micro_batches: B_m,
+// kv_slots: the decode side's KV slots).
+struct WaaRun {
+  int32_t encoder_stages = 1;
+  int32_t encoder_slots = 0;  // the prefill side's KV slots (0: B_E, or the decode side's)
+  int32_t encoder_micro_batches = 1;
+  int32_t encode_batch = 0;  // B_E (0: what the prefill slots hold)
+  double planned_input = 0;  // §5.2 (0: off)
+  double planned_decode_batch = 0;
+  double threshold = 0.25;
+};
+
+// What the KV hand-overs of a WAA run moved, and how long each took from the coordinator's
+// request to the last stage's word.
+struct HandoverStats {
+  int64_t handovers = 0;
+  int64_t sequences = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;  // summed over hand-overs
+  WaaCounters counters;
+  std::string json() const;
+};
 
 struct CoordinatorOptions {
   std::string model_spec;
@@ -43,6 +68,7 @@ struct CoordinatorOptions {
   // KV slots and layers replace the ones above; --max-batch caps the slots), re-deploys the
   // stages with it, and re-plans when the lengths drift.
   std::optional<ScheduleTarget> schedule;
+  std::optional<WaaRun> waa;  // run WAA instead of RRA
 };
 
 struct ClusterStats {
@@ -74,6 +100,7 @@ struct ClusterStats {
   double cpu_seconds = 0;
   std::vector<StageReport> stages;
   std::optional<ScheduleReport> schedule;  // what a run with a schedule target planned
+  std::optional<HandoverStats> waa;        // a WAA run's hand-overs
 
   double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)
   double steady_tokens_per_second() const;

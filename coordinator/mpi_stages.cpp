@@ -50,18 +50,45 @@ void MpiStages::wait_ready() {
   last_ping_ = Clock::now();
 }
 
+// A step goes to the pipeline that runs its phase: every stage (RRA), or one side (WAA).
 void MpiStages::dispatch(const ScheduledStep& step) {
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
-  if (!step.joins.empty()) control_.send(last_rank(), BatchUpdate{step.joins, {}}, deadline);
+  const Phase phase = step.command.phase;
+  if (!step.joins.empty()) control_.send(last_rank(phase), BatchUpdate{step.joins, {}}, deadline);
   StepCommand bare = step.command;  // later stages need no token ids
   for (SeqStep& s : bare.seqs) s.token_ids.clear();
-  for (const StagePlan& s : plan_.stages)
+  for (const StagePlan& s : plan_.pipeline(phase))
     control_.send(s.rank, s.has_embedding ? step.command : bare, deadline);
 }
 
+// The decode pipeline's last stage samples a running sequence (a WAA prefill stage forgets
+// a sequence once it has sampled its first token).
 void MpiStages::leave(const std::vector<uint64_t>& seq_ids) {
-  control_.send(last_rank(), BatchUpdate{{}, seq_ids},
+  control_.send(last_rank(Phase::kDecode), BatchUpdate{{}, seq_ids},
                 Deadline::after_seconds(options_.step_timeout_s));
+}
+
+void MpiStages::hand_over(const KvHandover& handover) {
+  if (!plan_.waa()) Stages::hand_over(handover);
+  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
+  handovers_[handover.handover_id] = Handover{};
+  for (const StagePlan& s : plan_.stages) control_.send(s.rank, handover, deadline);
+}
+
+void MpiStages::on_handover_done(const KvHandoverDone& done) {
+  auto it = handovers_.find(done.handover_id);
+  if (it == handovers_.end())
+    fail(ErrorKind::kFailed, "rank {} finished KV hand-over {}, which is not in progress",
+         done.rank, done.handover_id);
+  const StagePlan* stage = plan_.stage_of_rank(done.rank);
+  if (stage != nullptr && plan_.encoder(*stage)) it->second.bytes += done.bytes;
+  if (++it->second.acks < plan_.stages.size()) return;
+  handovers_done_.push_back(HandoverDone{done.handover_id, it->second.bytes});
+  handovers_.erase(it);
+}
+
+std::vector<HandoverDone> MpiStages::handovers_done() {
+  return std::exchange(handovers_done_, {});
 }
 
 std::optional<StepResult> MpiStages::poll() {
@@ -81,6 +108,8 @@ void MpiStages::on_message(const Received& r) {
   monitor_->heard_from(r.source);
   if (auto* result = std::get_if<StepResult>(&r.message)) {
     result_ = *result;
+  } else if (auto* done = std::get_if<KvHandoverDone>(&r.message)) {
+    on_handover_done(*done);
   } else if (auto* report = std::get_if<ErrorReport>(&r.message)) {
     on_error_report(*report);
   } else if (!std::holds_alternative<Heartbeat>(r.message)) {
@@ -103,8 +132,14 @@ void MpiStages::check_alive() const {
   try {
     monitor_->check();
   } catch (const Error& e) {
-    fail(ErrorKind::kDisconnected, "worker rank {} (stage layers [{}, {})) is dead or hung: {}",
-         *silent, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what());
+    const char* role = !plan_.waa() || stage == nullptr ? "stage"
+                       : plan_.encoder(*stage)          ? "prefill stage"
+                                                        : "decode stage";
+    fail(ErrorKind::kDisconnected, "worker rank {} ({} layers [{}, {})) is dead or hung: {}{}",
+         *silent, role, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what(),
+         handovers_.empty()
+             ? ""
+             : fmt::format(" ({} KV hand-overs were in progress)", handovers_.size()));
   }
 }
 
@@ -180,10 +215,11 @@ ProfileResult MpiStages::profile(const ProfileRequest& request) {
   for (int i = 0; i < kTrips; ++i) {
     const uint64_t seq = ++ping_seq_;
     const auto t0 = Clock::now();
-    control_.send(last_rank(), Heartbeat{0, seq, false}, deadline);
+    const int last = last_rank(Phase::kDecode);
+    control_.send(last, Heartbeat{0, seq, false}, deadline);
     Backoff wait;
     while (true) {
-      std::optional<Received> r = control_.try_recv(last_rank(), deadline);
+      std::optional<Received> r = control_.try_recv(last, deadline);
       if (r) {
         if (auto* h = std::get_if<Heartbeat>(&r->message); h && h->reply && h->sequence == seq)
           break;

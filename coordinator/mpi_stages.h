@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 
 #include "coordinator/stages.h"
@@ -34,6 +35,8 @@ class MpiStages final : public Stages {
   std::optional<StepResult> poll() override;
   std::vector<StageReport> finish(const std::string& reason) override;
   ProfileResult profile(const ProfileRequest& request) override;
+  void hand_over(const KvHandover& handover) override;
+  std::vector<HandoverDone> handovers_done() override;
   void abort(const std::string& reason) noexcept override;
 
  private:
@@ -42,7 +45,8 @@ class MpiStages final : public Stages {
   void ping_workers();
   void check_alive() const;
   [[noreturn]] void on_error_report(const ErrorReport& report);
-  int last_rank() const { return plan_.stages.back().rank; }
+  int last_rank(Phase phase) const { return plan_.pipeline(phase).back().rank; }
+  void on_handover_done(const KvHandoverDone& done);
 
   const Communicator& world_;
   MpiStagesOptions options_;
@@ -52,6 +56,12 @@ class MpiStages final : public Stages {
   std::unique_ptr<TensorLinks> links_;
   std::unique_ptr<PeerMonitor> monitor_;
   std::optional<StepResult> result_;  // the one on_message just read
+  struct Handover {
+    size_t acks = 0;  // stages that said KvHandoverDone
+    uint64_t bytes = 0;
+  };
+  std::map<uint64_t, Handover> handovers_;  // in progress
+  std::vector<HandoverDone> handovers_done_;
   uint64_t ping_seq_ = 0;
   std::chrono::steady_clock::time_point last_ping_;
 };

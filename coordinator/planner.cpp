@@ -15,10 +15,10 @@ StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
   r.head = stage.has_head;
   r.device_compute = o.device_compute;
   r.max_rows = plan.max_batch_rows;
-  r.kv_slots = plan.kv_slots;
+  r.kv_slots = plan.kv_slots_of(stage);
   r.kv_capacity = plan.kv_capacity;
-  r.host_logit_rows = stage.has_head ? plan.kv_slots : 0;  // PipelineStage's logits
-  r.host_token_rows = plan.max_batch_rows;                 // its token ids of a middle stage
+  r.host_logit_rows = stage.has_head ? r.kv_slots : 0;  // PipelineStage's logits
+  r.host_token_rows = plan.max_batch_rows;              // its token ids of a middle stage
   r.policy = o.policy;
   r.budgets = o.budgets;
   r.budgets.whole_stage = true;
@@ -53,12 +53,19 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
   if (s < 1)
     fail_input(
         "a cluster needs at least one worker rank besides the coordinator (mpirun -np 2 or more)");
-  if (s > n)
+  const int32_t e = o.encoder_stages;
+  if (e < 0 || (e > 0 && e >= s))
+    fail_input("WAA with {} prefill stages of {} worker ranks: each side needs at least one", e, s);
+  const int32_t longest = e > 0 ? std::max(e, s - e) : s;
+  if (longest > n)
     fail_input(
-        "{} worker ranks but {} has only {} layers: each pipeline stage needs at least one layer; "
-        "run at most mpirun -np {}",
-        s, o.model_spec, n, n + 1);
-  return make_plan(config, o, uniform_layers(n, s));
+        "{} worker ranks in one pipeline but {} has only {} layers: each pipeline stage needs at "
+        "least one layer; run at most {} ranks per pipeline",
+        longest, o.model_spec, n, n);
+  if (e == 0) return make_plan(config, o, uniform_layers(n, s));
+  std::vector<int32_t> layers = uniform_layers(n, e);
+  for (int32_t c : uniform_layers(n, s - e)) layers.push_back(c);
+  return make_plan(config, o, layers);
 }
 
 ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
@@ -76,14 +83,20 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
   plan.micro_batches = o.micro_batches;
   plan.kv_slots = o.kv_slots;
   plan.kv_capacity = o.kv_capacity;
+  plan.encoder_stages = o.encoder_stages;
+  plan.encoder_kv_slots = o.encoder_stages > 0 ? o.encoder_kv_slots : 0;
   int32_t begin = 0;
   for (int32_t i = 0; i < s; ++i) {
+    // A WAA plan starts its decode pipeline at layer 0 again.
+    const bool first = i == 0 || i == o.encoder_stages;
+    const bool last = i == s - 1 || i + 1 == o.encoder_stages;
+    if (first) begin = 0;
     StagePlan st;
     st.rank = i + 1;
     st.layer_begin = begin;
     st.layer_end = begin + layers[static_cast<size_t>(i)];
-    st.has_embedding = i == 0;
-    st.has_head = i == s - 1;
+    st.has_embedding = first;
+    st.has_head = last;
     st.use_gpu = o.placement.device_compute;
     begin = st.layer_end;
     plan.stages.push_back(st);

@@ -39,6 +39,10 @@ struct PlanOptions {
   // KV cache and buffers (< 0: no limit); weights that do not fit stream from the next tier.
   int64_t stage_mem = -1;
   StagePlacementOptions placement;
+  // WAA (ClusterPlan::encoder_stages): the first `encoder_stages` workers are the prefill
+  // pipeline with `encoder_kv_slots` KV slots each, the rest the decode pipeline; 0: RRA.
+  int32_t encoder_stages = 0;
+  int32_t encoder_kv_slots = 0;
 };
 
 // What placement/ is asked for stage `stage` of `plan` (the memory model's inputs).
@@ -52,8 +56,9 @@ TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan);
 // [8, 16)): cpu needs 3.2 MiB, budget 2.0 MiB: short by 1.2 MiB").
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& options);
 // The same with `layers[i]` layers on worker rank i + 1, in order (a schedule's allocation,
-// coordinator/allocator.h); plan.validate() refuses a count that leaves a stage empty or
-// does not sum to the model's layers.
+// coordinator/allocator.h; with WAA the prefill pipeline's counts, then the decode one's);
+// plan.validate() refuses a count that leaves a stage empty or does not sum to the model's
+// layers on each pipeline.
 ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& options,
                       const std::vector<int32_t>& layers);
 // Layers split as evenly as possible, earlier stages taking the remainder.

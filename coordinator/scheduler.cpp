@@ -29,6 +29,11 @@ void SchedulerOptions::validate() const {
     fail_input("the encode batch B_E must not be negative, got {}", encode_batch);
 }
 
+void StepScheduler::handed_over(uint64_t handover_id) {
+  fail(ErrorKind::kFailed, "KV hand-over {} done, but this schedule hands nothing over",
+       handover_id);
+}
+
 RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) {
   options_.validate();
   if (!options_.clock) options_.clock = wall_seconds;

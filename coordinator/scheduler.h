@@ -55,32 +55,52 @@ struct FinishedRequest {
   bool started = false;  // it had been admitted into a prefill (drain: it was running)
 };
 
-class RraScheduler {
+// What the coordinator's loop drives: RRA (below) or WAA (waa_scheduler.h). Steps run in
+// lanes (micro-batches), one in flight per lane.
+class StepScheduler {
  public:
-  explicit RraScheduler(const SchedulerOptions& options);
-
+  virtual ~StepScheduler() = default;
   // Queues a valid request (prompt within the context, max_new_tokens > 0) that was queued
   // at `arrival` (the clock's seconds): its result's times count from there.
-  void submit(const GenerationRequest& request, uint64_t seq_id, double arrival);
-  // The next step of micro-batch `m` when it has none in flight, or nullopt when it has
-  // nothing to run.
-  std::optional<ScheduledStep> next_step(int32_t m);
+  virtual void submit(const GenerationRequest& request, uint64_t seq_id, double arrival) = 0;
+  // The next step of lane `m` when it has none in flight, or nullopt when it has nothing to
+  // run.
+  virtual std::optional<ScheduledStep> next_step(int32_t m) = 0;
   // Takes the tokens of an in-flight step; returns the requests it finished.
-  std::vector<FinishedRequest> apply(const StepResult& result);
-
-  // A re-planned schedule (docs/SCHEDULING.md): N_D and B_E from the next phase on, and no more
-  // than `active_slots` sequences in flight over all micro-batches (<= the KV slots it has).
-  void reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots);
-
+  virtual std::vector<FinishedRequest> apply(const StepResult& result) = 0;
+  // WAA: the next KV hand-over to start (prefilled sequences into free decode slots), and
+  // the end of one (its sequences join the decode batch). RRA hands nothing over.
+  virtual std::optional<KvHandover> next_handover() { return std::nullopt; }
+  virtual void handed_over(uint64_t handover_id);
+  // A re-planned schedule (docs/SCHEDULING.md): N_D and B_E from the next phase on, and no
+  // more than `active_slots` sequences in flight (<= the KV slots it has).
+  virtual void reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots) = 0;
   // Ends every request still waiting or running (the cluster failed): each comes back as
   // an error result carrying `error` and the tokens it had, in submission order, and the
   // scheduler is idle afterwards.
-  std::vector<FinishedRequest> drain(const std::string& error);
+  virtual std::vector<FinishedRequest> drain(const std::string& error) = 0;
+  virtual bool in_flight(int32_t m) const = 0;
+  virtual bool idle() const = 0;  // nothing waiting, running, handed over or in flight
+  virtual size_t waiting() const = 0;
+  virtual int32_t micro_batches() const = 0;  // lanes
+};
 
-  bool in_flight(int32_t m) const { return batches_[static_cast<size_t>(m)].step.has_value(); }
-  bool idle() const;  // nothing waiting, running or in flight
-  size_t waiting() const { return waiting_.size(); }
-  int32_t micro_batches() const { return static_cast<int32_t>(batches_.size()); }
+class RraScheduler final : public StepScheduler {
+ public:
+  explicit RraScheduler(const SchedulerOptions& options);
+
+  void submit(const GenerationRequest& request, uint64_t seq_id, double arrival) override;
+  std::optional<ScheduledStep> next_step(int32_t m) override;
+  std::vector<FinishedRequest> apply(const StepResult& result) override;
+  void reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots) override;
+  std::vector<FinishedRequest> drain(const std::string& error) override;
+
+  bool in_flight(int32_t m) const override {
+    return batches_[static_cast<size_t>(m)].step.has_value();
+  }
+  bool idle() const override;
+  size_t waiting() const override { return waiting_.size(); }
+  int32_t micro_batches() const override { return static_cast<int32_t>(batches_.size()); }
   const SchedulerOptions& options() const { return options_; }
 
  private:

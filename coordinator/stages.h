@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "coordinator/scheduler.h"
+#include "kernels/error.h"
 #include "transport/messages.h"
 
 namespace strata {
@@ -22,6 +23,12 @@ struct StageReport {
 
 // What the stages measured for the profiler (coordinator/profiler.h): each stage's report,
 // in rank order, and the coordinator's round trip to the last stage (a step's overhead).
+// A KV hand-over every stage finished (WAA): the KV bytes the prefill stages sent.
+struct HandoverDone {
+  uint64_t handover_id = 0;
+  uint64_t bytes = 0;
+};
+
 struct ProfileResult {
   std::vector<ProfileReport> reports;
   double round_trip_s = 0;
@@ -50,6 +57,13 @@ class Stages {
   // placement, and its link to the next (worker/stage.h PipelineStage::profile). Between
   // start() and the first dispatch().
   virtual ProfileResult profile(const ProfileRequest& request) = 0;
+  // WAA (plan.waa()): hands the KV of a prefill's sequences to the decode pipeline
+  // (KvHandover: every stage of both sides takes part). Stages without WAA refuse it.
+  virtual void hand_over(const KvHandover& handover) {
+    fail(ErrorKind::kFailed, "{}: these stages run no WAA plan (one pipeline)", handover.str());
+  }
+  // The hand-overs every stage has finished since the last call, in no particular order.
+  virtual std::vector<HandoverDone> handovers_done() { return {}; }
   // Best effort after a failure: tells the stages to stop, bounded in time, never throws.
   virtual void abort(const std::string& reason) noexcept = 0;
 };

@@ -50,6 +50,10 @@ struct ServeOptions {
   int debug_kill_after_steps = 1;
   double debug_step_delay = 0;
   int debug_crash_token = -1;
+  int debug_die_in_handover = -1;
+  // ExeGPT's WAA (docs/SCHEDULING.md): prefill workers, the rest decode (0: RRA).
+  int waa_encoders = 0;
+  WaaRun waa;
   // ExeGPT's scheduler (docs/SCHEDULING.md).
   std::string latency_bound;  // seconds or inf; with --workload, the run plans its schedule
   std::string workload;
@@ -157,6 +161,10 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   c.stop_signal = &g_stop_signal;
   c.grace_period_s = o.grace_period;
   c.flush_timeout_s = o.flush_timeout;
+  if (o.waa_encoders > 0) {
+    c.waa = o.waa;
+    c.waa->encoder_stages = o.waa_encoders;
+  }
   return c;
 }
 
@@ -226,7 +234,13 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, int local_ind
   w.coordinator_timeout_s = o.heartbeat_timeout;
   w.step_timeout_s = o.step_timeout;
   w.debug_step_delay_s = o.debug_step_delay;
-  if (world.rank() == o.debug_kill_rank) w.debug_exit_after_steps = o.debug_kill_after_steps;
+  if (world.rank() == o.debug_kill_rank) {
+    if (o.debug_die_in_handover > 0) {
+      w.debug_die_in_handover = o.debug_die_in_handover;
+    } else {
+      w.debug_exit_after_steps = o.debug_kill_after_steps;
+    }
+  }
   w.debug_crash_token = o.debug_crash_token;
   const int rc = run_stage_worker(world, *c.backend, w);
   // MPI_Finalize would wait for a lost rank; a step that never ended still uses the backend.
@@ -422,6 +436,38 @@ Command add_profile_layers(CLI::App& app) {
   return {cmd, [o] { return run_profile_layers(*o); }};
 }
 
+void add_waa_options(CLI::App& cmd, ServeOptions& o) {
+  cmd.add_option("--waa-encoders", o.waa_encoders,
+                 "ExeGPT's WAA: the first N worker ranks prefill, the rest decode, each side a "
+                 "pipeline over all the layers; the KV cache moves after prefill (0: RRA)")
+      ->check(non_negative())
+      ->group("WAA");
+  cmd.add_option("--waa-encode-batch", o.waa.encode_batch,
+                 "B_E: sequences per encoder batch (0: as many as the prefill slots hold)")
+      ->check(non_negative())
+      ->group("WAA");
+  cmd.add_option("--waa-encoder-slots", o.waa.encoder_slots,
+                 "KV slots of the prefill side (0: B_E x its micro-batches, or --max-batch)")
+      ->check(non_negative())
+      ->group("WAA");
+  cmd.add_option("--waa-encoder-micro-batches", o.waa.encoder_micro_batches,
+                 "Encoder batches in flight through the prefill pipeline")
+      ->check(positive())
+      ->group("WAA");
+  cmd.add_option("--waa-planned-input", o.waa.planned_input,
+                 "Dynamic workload adjustment: the planned mean input length (0: off)")
+      ->check(non_negative())
+      ->group("WAA");
+  cmd.add_option("--waa-planned-decode-batch", o.waa.planned_decode_batch,
+                 "Dynamic workload adjustment: the planned decode batch B_D (0: off)")
+      ->check(non_negative())
+      ->group("WAA");
+  cmd.add_option("--waa-threshold", o.waa.threshold,
+                 "Dynamic workload adjustment: the band around the planned workloads")
+      ->capture_default_str()
+      ->group("WAA");
+}
+
 Command add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand(
@@ -447,6 +493,7 @@ Command add_serve(CLI::App& app) {
       ->check(positive());
   add_cluster_options(*cmd, *o);
   add_schedule_serve_options(*cmd, *o);
+  add_waa_options(*cmd, *o);
   cmd->add_option("--debug-kill-rank", o->debug_kill_rank,
                   "Tests: this rank dies (SIGKILL) mid-run")
       ->group("");
@@ -458,6 +505,9 @@ Command add_serve(CLI::App& app) {
       ->group("");
   cmd->add_option("--debug-crash-token", o->debug_crash_token,
                   "Tests: the first stage dies (SIGKILL) on a prompt holding this token id")
+      ->group("");
+  cmd->add_option("--debug-die-in-handover", o->debug_die_in_handover,
+                  "Tests: --debug-kill-rank dies in its n-th KV hand-over, transfers posted")
       ->group("");
   return {cmd, [o] { return run_serve(*o); }};
 }

@@ -97,9 +97,13 @@ std::string StagePlan::str() const {
 
 std::string ClusterPlan::str() const {
   return fmt::format(
-      "plan {} model={} layers={} hidden={} max_rows={} micro_batches={} kv={}x{} stages={}",
+      "plan {} model={} layers={} hidden={} max_rows={} micro_batches={} kv={}x{}{} stages={}",
       plan_id, model_spec, num_layers, hidden_size, max_batch_rows, micro_batches, kv_slots,
-      kv_capacity, list_str(stages, [](const StagePlan& s) { return s.str(); }));
+      kv_capacity,
+      waa() ? fmt::format(" WAA: {} prefill stages with {} KV slots", encoder_stages,
+                          encoder_kv_slots)
+            : "",
+      list_str(stages, [](const StagePlan& s) { return s.str(); }));
 }
 
 std::string SeqStep::str() const {
@@ -181,10 +185,24 @@ std::string ProfileReport::str() const {
                      host, layers, prefill_seconds.size(), decode_seconds.size());
 }
 
+std::string KvMove::str() const {
+  return fmt::format("seq {} slot {} -> {} ({} positions)", seq_id, from_slot, to_slot, positions);
+}
+
+std::string KvHandover::str() const {
+  return fmt::format("kv hand-over {} of {}", handover_id,
+                     list_str(moves, [](const KvMove& m) { return m.str(); }));
+}
+
+std::string KvHandoverDone::str() const {
+  return fmt::format("kv hand-over {} done on rank {} ({} bytes in {:.6f} s)", handover_id, rank,
+                     bytes, seconds);
+}
+
 const char* message_name(const ControlMessage& message) {
-  static constexpr const char* kNames[] = {"plan",     "step",          "batch",     "result",
-                                           "shutdown", "error",         "heartbeat", "stats",
-                                           "profile",  "profile report"};
+  static constexpr const char* kNames[] = {
+      "plan",      "step",  "batch",   "result",         "shutdown",     "error",
+      "heartbeat", "stats", "profile", "profile report", "kv hand-over", "kv hand-over done"};
   static_assert(std::size(kNames) == std::variant_size_v<ControlMessage>);
   return kNames[message.index()];
 }
@@ -195,28 +213,76 @@ std::string str(const ControlMessage& message) {
 
 // ---- validation ----
 
+namespace {
+
+// One pipeline's stages (all of an RRA plan, one side of a WAA plan) cover the layers in
+// order, embedding first and head last.
+void validate_pipeline(const ClusterPlan& p, std::span<const StagePlan> stages, const char* which) {
+  if (stages.empty()) fail_input("plan {}: no {} stages", p.plan_id, which);
+  if (p.num_layers < static_cast<int32_t>(stages.size())) {
+    fail_input("plan {}: {} {} stages but the model has only {} layers; each stage needs one",
+               p.plan_id, stages.size(), which, p.num_layers);
+  }
+  int32_t next = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const StagePlan& s = stages[i];
+    if (s.layer_begin != next || s.layer_end <= s.layer_begin) {
+      fail_input("plan {}: {} stage {} has layers [{}, {}), expected [{}, ...) with at least one",
+                 p.plan_id, which, i, s.layer_begin, s.layer_end, next);
+    }
+    if (s.has_embedding != (i == 0))
+      fail_input("plan {}: the embedding must be on the first {} stage only", p.plan_id, which);
+    if (s.has_head != (i + 1 == stages.size()))
+      fail_input("plan {}: the head must be on the last {} stage only", p.plan_id, which);
+    next = s.layer_end;
+  }
+  if (next != p.num_layers)
+    fail_input("plan {}: {} stages cover {} of {} layers", p.plan_id, which, next, p.num_layers);
+}
+
+}  // namespace
+
+std::span<const StagePlan> ClusterPlan::pipeline(Phase phase) const {
+  const std::span<const StagePlan> all(stages);
+  if (!waa()) return all;
+  const auto e = static_cast<size_t>(encoder_stages);
+  return phase == Phase::kPrefill ? all.first(e) : all.subspan(e);
+}
+
+bool ClusterPlan::encoder(const StagePlan& stage) const {
+  for (const StagePlan& s : pipeline(Phase::kPrefill).first(waa() ? encoder_stages : 0))
+    if (s.rank == stage.rank) return true;
+  return false;
+}
+
+std::span<const StagePlan> ClusterPlan::pipeline_of(const StagePlan& stage) const {
+  return pipeline(encoder(stage) ? Phase::kPrefill : Phase::kDecode);
+}
+
+int32_t ClusterPlan::kv_slots_of(const StagePlan& stage) const {
+  return encoder(stage) ? encoder_kv_slots : kv_slots;
+}
+
 void ClusterPlan::validate() const {
   if (stages.empty()) fail_input("plan {}: no stages", plan_id);
-  if (num_layers < static_cast<int32_t>(stages.size())) {
-    fail_input("plan {}: {} stages but the model has only {} layers; each stage needs one", plan_id,
-               stages.size(), num_layers);
+  if (encoder_stages < 0 || encoder_stages >= static_cast<int32_t>(stages.size()))
+    fail_input("plan {}: {} encoder stages of {}: WAA needs at least one stage on each side",
+               plan_id, encoder_stages, stages.size());
+  if (waa() && encoder_kv_slots <= 0)
+    fail_input("plan {}: WAA's encoder stages need KV slots, got {}", plan_id, encoder_kv_slots);
+  if (waa()) {
+    validate_pipeline(*this, pipeline(Phase::kPrefill), "prefill");
+    validate_pipeline(*this, pipeline(Phase::kDecode), "decode");
+  } else {
+    validate_pipeline(*this, stages, "pipeline");
   }
   std::set<int32_t> ranks;
-  int32_t next = 0;
   for (size_t i = 0; i < stages.size(); ++i) {
     const StagePlan& s = stages[i];
     if (s.rank <= 0)
       fail_input("plan {}: stage {} on rank {} (rank 0 coordinates)", plan_id, i, s.rank);
     if (!ranks.insert(s.rank).second)
       fail_input("plan {}: rank {} holds two stages", plan_id, s.rank);
-    if (s.layer_begin != next || s.layer_end <= s.layer_begin) {
-      fail_input("plan {}: stage {} has layers [{}, {}), expected [{}, ...) with at least one",
-                 plan_id, i, s.layer_begin, s.layer_end, next);
-    }
-    if (s.has_embedding != (i == 0))
-      fail_input("plan {}: the embedding must be on the first stage only", plan_id);
-    if (s.has_head != (i + 1 == stages.size()))
-      fail_input("plan {}: the head must be on the last stage only", plan_id);
     if (s.placed() || !s.cache_tiers.empty()) {
       const auto n = static_cast<size_t>(s.n_layers());
       if (s.weight_tiers.size() != n || s.cache_tiers.size() != n)
@@ -228,10 +294,7 @@ void ClusterPlan::validate() const {
       if (s.gpu_batch_size < 0)
         fail_input("plan {}: stage {} has GPU batch size {}", plan_id, i, s.gpu_batch_size);
     }
-    next = s.layer_end;
   }
-  if (next != num_layers)
-    fail_input("plan {}: stages cover {} of {} layers", plan_id, next, num_layers);
 }
 
 const StagePlan* ClusterPlan::stage_of_rank(int32_t r) const {
@@ -279,6 +342,8 @@ void write(wire::Plan::Builder b, const ClusterPlan& p) {
   b.setMicroBatches(p.micro_batches);
   b.setKvSlots(p.kv_slots);
   b.setKvCapacity(p.kv_capacity);
+  b.setEncoderStages(p.encoder_stages);
+  b.setEncoderKvSlots(p.encoder_kv_slots);
 }
 
 void write(wire::StepCommand::Builder b, const StepCommand& c) {
@@ -297,19 +362,43 @@ void write(wire::StepCommand::Builder b, const StepCommand& c) {
   }
 }
 
-void write(wire::BatchUpdate::Builder b, const BatchUpdate& u) {
-  auto joined = b.initJoined(static_cast<unsigned>(u.joined.size()));
-  for (size_t i = 0; i < u.joined.size(); ++i) {
-    const SeqJoin& j = u.joined[i];
-    joined[i].setSeqId(j.seq_id);
-    joined[i].setSlot(j.slot);
-    auto s = joined[i].initSampling();
+template <typename Joins>
+void write_joins(Joins&& joined, const std::vector<SeqJoin>& joins) {
+  for (size_t i = 0; i < joins.size(); ++i) {
+    const SeqJoin& j = joins[i];
+    joined[static_cast<unsigned>(i)].setSeqId(j.seq_id);
+    joined[static_cast<unsigned>(i)].setSlot(j.slot);
+    auto s = joined[static_cast<unsigned>(i)].initSampling();
     s.setTemperature(j.sampling.temperature);
     s.setTopK(j.sampling.top_k);
     s.setTopP(j.sampling.top_p);
     s.setSeed(j.sampling.seed);
   }
+}
+
+void write(wire::BatchUpdate::Builder b, const BatchUpdate& u) {
+  write_joins(b.initJoined(static_cast<unsigned>(u.joined.size())), u.joined);
   b.setLeft(kj::ArrayPtr<const uint64_t>(u.left.data(), u.left.size()));
+}
+
+void write(wire::KvHandover::Builder b, const KvHandover& h) {
+  b.setHandoverId(h.handover_id);
+  auto moves = b.initMoves(static_cast<unsigned>(h.moves.size()));
+  for (size_t i = 0; i < h.moves.size(); ++i) {
+    const KvMove& m = h.moves[i];
+    moves[static_cast<unsigned>(i)].setSeqId(m.seq_id);
+    moves[static_cast<unsigned>(i)].setFromSlot(m.from_slot);
+    moves[static_cast<unsigned>(i)].setToSlot(m.to_slot);
+    moves[static_cast<unsigned>(i)].setPositions(m.positions);
+  }
+  write_joins(b.initJoins(static_cast<unsigned>(h.joins.size())), h.joins);
+}
+
+void write(wire::KvHandoverDone::Builder b, const KvHandoverDone& d) {
+  b.setHandoverId(d.handover_id);
+  b.setRank(d.rank);
+  b.setBytes(d.bytes);
+  b.setSeconds(d.seconds);
 }
 
 void write(wire::StepResult::Builder b, const StepResult& r) {
@@ -389,6 +478,8 @@ void write_body(wire::ControlMessage::Body::Builder body, const ControlMessage& 
         if constexpr (std::is_same_v<T, StageStats>) write(body.initStats(), m);
         if constexpr (std::is_same_v<T, ProfileRequest>) write(body.initProfile(), m);
         if constexpr (std::is_same_v<T, ProfileReport>) write(body.initProfileReport(), m);
+        if constexpr (std::is_same_v<T, KvHandover>) write(body.initKvHandover(), m);
+        if constexpr (std::is_same_v<T, KvHandoverDone>) write(body.initKvHandoverDone(), m);
       },
       message);
 }
@@ -445,6 +536,8 @@ ClusterPlan read(wire::Plan::Reader r) {
   p.micro_batches = r.getMicroBatches();
   p.kv_slots = r.getKvSlots();
   p.kv_capacity = r.getKvCapacity();
+  p.encoder_stages = r.getEncoderStages();
+  p.encoder_kv_slots = r.getEncoderKvSlots();
   return p;
 }
 
@@ -468,19 +561,42 @@ StepCommand read(wire::StepCommand::Reader r) {
   return c;
 }
 
-BatchUpdate read(wire::BatchUpdate::Reader r) {
-  BatchUpdate u;
-  for (auto j : r.getJoined()) {
+template <typename Joins>
+std::vector<SeqJoin> read_joins(Joins joins) {
+  std::vector<SeqJoin> out;
+  for (auto j : joins) {
     auto s = j.getSampling();
     SamplingParams sampling;
     sampling.temperature = s.getTemperature();
     sampling.top_k = s.getTopK();
     sampling.top_p = s.getTopP();
     sampling.seed = s.getSeed();
-    u.joined.push_back(SeqJoin{j.getSeqId(), j.getSlot(), sampling});
+    out.push_back(SeqJoin{j.getSeqId(), j.getSlot(), sampling});
   }
+  return out;
+}
+
+BatchUpdate read(wire::BatchUpdate::Reader r) {
+  BatchUpdate u;
+  u.joined = read_joins(r.getJoined());
   for (uint64_t id : r.getLeft()) u.left.push_back(id);
   return u;
+}
+
+KvHandover read(wire::KvHandover::Reader r) {
+  KvHandover h;
+  h.handover_id = r.getHandoverId();
+  for (auto m : r.getMoves()) {
+    KvMove move{m.getSeqId(), m.getFromSlot(), m.getToSlot(), m.getPositions()};
+    if (move.from_slot < 0 || move.to_slot < 0 || move.positions <= 0)
+      fail_malformed(
+          fmt::format("kv hand-over {}: moves[{}] has a negative slot or no positions "
+                      "({})",
+                      h.handover_id, h.moves.size(), move.str()));
+    h.moves.push_back(move);
+  }
+  h.joins = read_joins(r.getJoins());
+  return h;
 }
 
 StepResult read(wire::StepResult::Reader r) {
@@ -559,6 +675,12 @@ ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
       return read(body.getProfile());
     case W::PROFILE_REPORT:
       return read(body.getProfileReport());
+    case W::KV_HANDOVER:
+      return read(body.getKvHandover());
+    case W::KV_HANDOVER_DONE: {
+      auto d = body.getKvHandoverDone();
+      return KvHandoverDone{d.getHandoverId(), d.getRank(), d.getBytes(), d.getSeconds()};
+    }
   }
   fail_malformed(fmt::format("unknown message type {}", static_cast<int>(body.which())));
 }

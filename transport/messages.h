@@ -24,8 +24,9 @@ namespace strata {
 
 // Bumped when a change is not a pure addition; a peer with another version is refused.
 // 2: StagePlan carries the placement, SeqStep.sample, BatchUpdate.left; 3: profiling
-// (ProfileRequest / ProfileReport) and a second plan to a running worker (re-deployment).
-inline constexpr uint32_t kControlProtocolVersion = 3;
+// (ProfileRequest / ProfileReport) and a second plan to a running worker (re-deployment);
+// 4: WAA plans (encoder stages, their KV slots) and KV hand-overs (KvHandover / KvHandoverDone).
+inline constexpr uint32_t kControlProtocolVersion = 4;
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
@@ -75,12 +76,25 @@ struct ClusterPlan {
   int32_t micro_batches = 1;
   int32_t kv_slots = 0;
   int32_t kv_capacity = 0;
+  // ExeGPT's WAA (§4.1): the first `encoder_stages` stages are a prefill (encoder) pipeline
+  // over all the layers with `encoder_kv_slots` KV slots each, the rest a decode pipeline
+  // over all the layers again with `kv_slots`; a sequence's KV cache moves from the one to
+  // the other after its prefill (KvHandover). 0: RRA, one pipeline running both phases.
+  int32_t encoder_stages = 0;
+  int32_t encoder_kv_slots = 0;
 
-  // Throws InputError when stages do not cover [0, num_layers) in order with at least one
-  // layer each, when ranks repeat or are 0 (the coordinator), or when the embedding is
-  // not on the first stage or the head not on the last.
+  // Throws InputError when a pipeline's stages do not cover [0, num_layers) in order with
+  // at least one layer each, when ranks repeat or are 0 (the coordinator), or when the
+  // embedding is not on a pipeline's first stage or the head not on its last.
   void validate() const;
   const StagePlan* stage_of_rank(int32_t rank) const;  // nullptr when rank has no stage
+  bool waa() const { return encoder_stages > 0; }
+  // The stages that run `phase`, in pipeline order: every stage (RRA), or one side (WAA).
+  std::span<const StagePlan> pipeline(Phase phase) const;
+  // The pipeline `stage` is part of (its neighbours are there), and its KV slots.
+  std::span<const StagePlan> pipeline_of(const StagePlan& stage) const;
+  bool encoder(const StagePlan& stage) const;  // a WAA prefill stage
+  int32_t kv_slots_of(const StagePlan& stage) const;
   std::string str() const;
   bool operator==(const ClusterPlan&) const = default;
 };
@@ -222,9 +236,47 @@ struct ProfileReport {
   bool operator==(const ProfileReport&) const = default;
 };
 
+// One sequence's KV cache handed from a prefill stage's slot to a decode stage's (WAA): its
+// first `positions` positions, every layer the two stages share.
+struct KvMove {
+  uint64_t seq_id = 0;
+  int32_t from_slot = 0;  // on the prefill (encoder) stages
+  int32_t to_slot = 0;    // on the decode stages
+  int32_t positions = 0;
+
+  std::string str() const;
+  bool operator==(const KvMove&) const = default;
+};
+
+// WAA's hand-over (§3, §4.1): sent to every stage of both pipelines once the prefill of
+// `moves` has sampled their first tokens. Each prefill stage sends the KV of its layers to
+// every decode stage that holds some of them (transport/tensor_channel.h, its own tag), in
+// handover_id order; each decode stage stores what it receives between its steps and says
+// KvHandoverDone, as does each prefill stage once its sends are delivered. `joins` (the
+// decode pipeline's last stage) carry the sampling of the sequences, which have sampled
+// one token already.
+struct KvHandover {
+  uint64_t handover_id = 0;
+  std::vector<KvMove> moves;
+  std::vector<SeqJoin> joins;
+
+  std::string str() const;
+  bool operator==(const KvHandover&) const = default;
+};
+
+struct KvHandoverDone {
+  uint64_t handover_id = 0;
+  int32_t rank = 0;
+  uint64_t bytes = 0;  // KV bytes this stage sent or received for the hand-over
+  double seconds = 0;  // from the hand-over's arrival to its last transfer done
+
+  std::string str() const;
+  bool operator==(const KvHandoverDone&) const = default;
+};
+
 using ControlMessage =
     std::variant<ClusterPlan, StepCommand, BatchUpdate, StepResult, Shutdown, ErrorReport,
-                 Heartbeat, StageStats, ProfileRequest, ProfileReport>;
+                 Heartbeat, StageStats, ProfileRequest, ProfileReport, KvHandover, KvHandoverDone>;
 
 const char* message_name(const ControlMessage& message);  // "plan", "step", ...
 std::string str(const ControlMessage& message);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "kernels/error.h"
@@ -137,6 +138,77 @@ void KvCache::store(int32_t i) {
   file_.write(staging_.k.data(), padded, file_offset(i));
   file_.write(staging_.v.data(), padded, file_offset(i) + padded);
   disk_bytes_moved_ += static_cast<int64_t>(2 * padded);
+}
+
+template <class F>
+void KvCache::for_each_slot_range(int32_t slot, int32_t positions, F&& f) const {
+  const auto hd = static_cast<size_t>(head_dim_);
+  const auto n = static_cast<size_t>(positions);
+  for (int32_t h = 0; h < n_kv_heads_; ++h) {
+    // The slot's rows of kv head h: [r0, r0 + positions) in the (slot, head, position) order.
+    const size_t r0 =
+        (static_cast<size_t>(slot) * static_cast<size_t>(n_kv_heads_) + static_cast<size_t>(h)) *
+        static_cast<size_t>(capacity_);
+    if (!compress_) {
+      f(r0 * hd * sizeof(float), n * hd * sizeof(float));
+      continue;
+    }
+    const KvQ4LayerView q = q4_layer_shape();
+    const size_t per_row = hd / static_cast<size_t>(q.group);
+    const size_t codes = q.rows() * hd / 2;
+    f(r0 * hd / 2, n * hd / 2);
+    f(codes + r0 * per_row * sizeof(float), n * per_row * sizeof(float));
+    f(codes + (q.groups() + r0 * per_row) * sizeof(float), n * per_row * sizeof(float));
+  }
+}
+
+size_t KvCache::slot_bytes(int32_t positions) const {
+  size_t total = 0;
+  for_each_slot_range(0, positions, [&](size_t, size_t bytes) { total += bytes; });
+  return 2 * total;
+}
+
+// Out of the cache into `out`, or (out null) from `in` into the cache.
+void KvCache::copy_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions,
+                        std::byte* out, const std::byte* in) {
+  const bool to_cache = out == nullptr;
+  if (layer < 0 || layer >= static_cast<int32_t>(tiers_.size()) || slot < 0 || slot >= n_slots_ ||
+      positions <= 0 || positions > capacity_)
+    fail(ErrorKind::kFailed,
+         "KV cache copy of layer {} slot {} positions {}: outside {} layers x {} slots x {} "
+         "positions",
+         layer, slot, positions, tiers_.size(), n_slots_, capacity_);
+  load(layer);
+  const Layer& L = tier(layer) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(layer)];
+  const bool device = tier(layer) == Tier::kGpu && on_device_;
+  for (const DeviceBuffer* t : {&L.k, &L.v}) {
+    auto* base = static_cast<std::byte*>(t->data());
+    for_each_slot_range(slot, positions, [&](size_t offset, size_t bytes) {
+      std::byte* dst = to_cache ? base + offset : out;
+      const std::byte* src = to_cache ? in : base + offset;
+      if (device) {
+        backend.copy(dst, src, bytes, to_cache ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost);
+      } else {
+        std::memcpy(dst, src, bytes);
+      }
+      if (to_cache) {
+        in += bytes;
+      } else {
+        out += bytes;
+      }
+    });
+  }
+  if (to_cache) store(layer);
+}
+
+void KvCache::read_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions,
+                        std::byte* out) {
+  copy_slot(backend, layer, slot, positions, out, nullptr);
+}
+
+void KvCache::write_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions,
+                         const std::byte* in) {
+  copy_slot(backend, layer, slot, positions, nullptr, in);
 }
 
 int32_t KvCache::acquire() {

@@ -60,6 +60,16 @@ class KvCache {
   // computes), the disk staging pair and the disk file.
   TierBytes memory() const;
 
+  // One slot's first `positions` positions of layer i as stored -- K then V, each as f32
+  // rows or as the 4-bit codes, mins and scales of those rows -- in a flat buffer of
+  // slot_bytes(positions): what WAA's KV hand-over moves between stages, bit for bit. Both
+  // caches must share the format (compression, KV heads, head size; capacity may differ).
+  // Between steps only: a disk layer goes through the staging pair.
+  size_t slot_bytes(int32_t positions) const;
+  void read_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions, std::byte* out);
+  void write_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions,
+                  const std::byte* in);
+
   // A free slot, or -1 when all are taken.
   int32_t acquire();
   void release(int32_t slot);
@@ -72,6 +82,12 @@ class KvCache {
   size_t file_offset(int32_t layer) const;
   KvQ4LayerView q4_layer_shape() const;
   void store_zero(int32_t i);  // staging is still all zeros
+  // The byte ranges [offset, offset + bytes) of one K or V tensor that hold a slot's first
+  // `positions` positions, in the order slot_bytes() packs them.
+  template <class F>
+  void for_each_slot_range(int32_t slot, int32_t positions, F&& f) const;
+  void copy_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions, std::byte* out,
+                 const std::byte* in);
 
   int32_t n_slots_;
   int32_t capacity_;

@@ -12,9 +12,9 @@ namespace strata {
 
 PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Backend& backend,
                              StageOptions so)
-    : stage_(stage), kv_slots_(plan.kv_slots) {
-  STRATA_CHECK(plan.kv_slots > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
-               "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, plan.kv_slots,
+    : stage_(stage), kv_slots_(plan.kv_slots_of(stage)), encoder_(plan.encoder(stage)) {
+  STRATA_CHECK(kv_slots_ > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
+               "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, kv_slots_,
                plan.kv_capacity, plan.max_batch_rows);
   LoadOptions& options = so.load;
   if (stage.placed()) {  // the plan decided: execute it
@@ -84,7 +84,10 @@ void check_allocation(const StagePlan& stage, const TierBytes& allocated) {
 }
 
 PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Model& model)
-    : stage_(stage), kv_slots_(plan.kv_slots), model_(&model) {
+    : stage_(stage),
+      kv_slots_(plan.kv_slots_of(stage)),
+      encoder_(plan.encoder(stage)),
+      model_(&model) {
   const ModelConfig& c = model.config();
   STRATA_CHECK(c.n_layers == stage.n_layers() && c.hidden == plan.hidden_size &&
                    model.max_rows() >= plan.max_batch_rows,
@@ -94,16 +97,15 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Mo
   allocate(plan);
 }
 
-// The KV cache (plan.kv_slots x plan.kv_capacity) and the step's buffers, once.
+// The KV cache (the stage's KV slots x plan.kv_capacity) and the step's buffers, once.
 void PipelineStage::allocate(const ClusterPlan& plan) {
-  STRATA_CHECK(plan.kv_slots > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
-               "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, plan.kv_slots,
+  STRATA_CHECK(kv_slots_ > 0 && plan.kv_capacity > 0 && plan.max_batch_rows > 0,
+               "plan {}: kv slots {}, capacity {}, rows {}", plan.plan_id, kv_slots_,
                plan.kv_capacity, plan.max_batch_rows);
-  cache_ = model_->make_cache(plan.kv_slots, plan.kv_capacity);
+  cache_ = model_->make_cache(kv_slots_, plan.kv_capacity);
   zeros_.assign(static_cast<size_t>(plan.max_batch_rows), 0);
   if (last())
-    logits_.resize(static_cast<size_t>(plan.kv_slots) *
-                   static_cast<size_t>(model_->config().vocab));
+    logits_.resize(static_cast<size_t>(kv_slots_) * static_cast<size_t>(model_->config().vocab));
 }
 
 void PipelineStage::join(const SeqJoin& seq) {
@@ -113,6 +115,54 @@ void PipelineStage::join(const SeqJoin& seq) {
 
 void PipelineStage::leave(uint64_t seq_id) {
   sampling_.erase(seq_id);
+}
+
+void PipelineStage::join_after_prefill(const SeqJoin& seq) {
+  join(seq);
+  SeqSampling& s = sampling_.at(seq.seq_id);
+  if (s.params.temperature != 0.0f) (void)s.rng.uniform();  // Sampler::sample's one draw
+}
+
+void PipelineStage::check_kv_range(std::span<const KvMove> moves, int32_t begin, int32_t end,
+                                   bool to_slots) const {
+  if (begin < stage_.layer_begin || end > stage_.layer_end || begin >= end)
+    fail(ErrorKind::kFailed, "KV hand-over of layers [{}, {}) to stage {}, which holds [{}, {})",
+         begin, end, stage_.rank, stage_.layer_begin, stage_.layer_end);
+  for (const KvMove& m : moves) {
+    const int32_t slot = to_slots ? m.to_slot : m.from_slot;
+    if (slot < 0 || slot >= kv_slots_ || m.positions <= 0 || m.positions > cache_->capacity())
+      fail(ErrorKind::kFailed,
+           "KV hand-over on stage {}: {} does not fit {} KV slots of {} positions", stage_.rank,
+           m.str(), kv_slots_, cache_->capacity());
+  }
+}
+
+size_t PipelineStage::kv_bytes(std::span<const KvMove> moves, int32_t begin, int32_t end) const {
+  size_t total = 0;
+  for (const KvMove& m : moves)
+    total += static_cast<size_t>(end - begin) * cache_->slot_bytes(m.positions);
+  return total;
+}
+
+void PipelineStage::export_kv(std::span<const KvMove> moves, int32_t begin, int32_t end,
+                              std::byte* out) {
+  check_kv_range(moves, begin, end, false);
+  for (const KvMove& m : moves)
+    for (int32_t layer = begin; layer < end; ++layer) {
+      cache_->read_slot(model_->backend(), layer - stage_.layer_begin, m.from_slot, m.positions,
+                        out);
+      out += cache_->slot_bytes(m.positions);
+    }
+}
+
+void PipelineStage::import_kv(std::span<const KvMove> moves, int32_t begin, int32_t end,
+                              const std::byte* in) {
+  check_kv_range(moves, begin, end, true);
+  for (const KvMove& m : moves)
+    for (int32_t layer = begin; layer < end; ++layer) {
+      cache_->write_slot(model_->backend(), layer - stage_.layer_begin, m.to_slot, m.positions, in);
+      in += cache_->slot_bytes(m.positions);
+    }
 }
 
 void PipelineStage::build_batch(const StepCommand& c) {
@@ -167,6 +217,7 @@ std::vector<SeqToken> PipelineStage::sample(const StepCommand& c) {
     const int32_t token =
         sampler_.sample(logits_.data() + row++ * vocab, model_->config().vocab, s.params, s.rng);
     tokens.push_back(SeqToken{seq.seq_id, token});
+    if (encoder_) sampling_.erase(it);  // its next tokens are the decode side's
   }
   return tokens;
 }

@@ -61,7 +61,18 @@ class PipelineStage {
   // as the single-process generator seeds it, so seeded sampling gives the same tokens.
   void join(const SeqJoin& seq);
   void leave(uint64_t seq_id);
+  // WAA's decode side: a sequence whose first token the prefill side sampled joins with
+  // its RNG one draw on, so seeded sampling gives what one pipeline would.
+  void join_after_prefill(const SeqJoin& seq);
   size_t sequences() const { return sampling_.size(); }
+
+  // WAA's KV hand-over: the KV cache of `moves` for the model layers [begin, end) (within
+  // this stage's), packed move by move and layer by layer as KvCache::read_slot packs a slot;
+  // a prefill stage exports from each move's from_slot, a decode stage imports into its
+  // to_slot. Between steps only. Error(kFailed) naming the move that does not fit.
+  size_t kv_bytes(std::span<const KvMove> moves, int32_t begin, int32_t end) const;
+  void export_kv(std::span<const KvMove> moves, int32_t begin, int32_t end, std::byte* out);
+  void import_kv(std::span<const KvMove> moves, int32_t begin, int32_t end, const std::byte* in);
 
   // Runs one step. `in`: the previous stage's activations [rows, hidden] (empty on the
   // first stage, which reads the command's token ids). Not the last stage: writes its
@@ -86,6 +97,8 @@ class PipelineStage {
 
  private:
   void allocate(const ClusterPlan& plan);
+  void check_kv_range(std::span<const KvMove> moves, int32_t begin, int32_t end,
+                      bool to_slots) const;
   void build_batch(const StepCommand& command);
   std::vector<SeqToken> sample(const StepCommand& command);
 
@@ -95,6 +108,7 @@ class PipelineStage {
   };
   StagePlan stage_;
   int32_t kv_slots_;
+  bool encoder_ = false;  // a WAA prefill stage: a sequence samples here once, then moves on
   std::unique_ptr<Model> owned_;  // the model this stage loaded, if it did
   Model* model_ = nullptr;
   std::unique_ptr<KvCache> cache_;

@@ -30,6 +30,27 @@ double now_s() {
 // The coordinator said stop while this worker was waiting inside a step.
 struct ShutdownRequested {};
 
+// WAA's KV hand-over moves on its own tag, beside the activations.
+constexpr int kKvTag = kTensorTag + 1;
+
+// One hand-over's transfers on this stage: to every decode stage that shares layers with
+// this prefill stage, or from every prefill stage that shares layers with this decode
+// stage (one buffer and one transfer per peer, in pipeline order on both sides).
+struct KvTransfers {
+  KvHandover handover;
+  bool receiving = false;
+  struct Part {
+    int peer = -1;
+    int32_t begin = 0, end = 0;  // the model layers the two stages share
+    std::vector<int32_t> buffer;
+    Transfer transfer;
+  };
+  std::vector<Part> parts;
+  uint64_t bytes = 0;
+  double started = 0;
+  Deadline deadline = Deadline::after_seconds(0);
+};
+
 // One step's activations: on the compute device when the link to that neighbour is NCCL,
 // else the backend's transfer-ready host memory (page-locked with CUDA) for MPI.
 struct StepBuffers {
@@ -52,6 +73,9 @@ class StageWorker {
   int serve();
   bool handle(const ControlMessage& message);  // false on Shutdown
   void on_step(const StepCommand& command);
+  void on_handover(const KvHandover& handover);
+  bool progress_handovers(bool compute_idle);
+  void finish_handover(KvTransfers& h);
   void on_profile(const ProfileRequest& request);
   void measure_transfers(const ProfileRequest& request, ProfileReport& report);
   void run_on_compute(std::function<void()> job, const std::string& what, double timeout_s,
@@ -66,7 +90,9 @@ class StageWorker {
   // The next message from rank 0; `deadline` nullopt: until rank 0 is silent for the
   // heartbeat timeout (every ping it sends moves the deadline on).
   ControlMessage next_message(std::optional<Deadline> deadline, const char* awaited);
-  bool serve_control_once();
+  // A ping is answered, anything else queued; Shutdown ends a step at once (throws) when
+  // `stop_on_shutdown`, else (between steps) it is queued and handled in order.
+  bool serve_control_once(bool stop_on_shutdown = true);
   void check_coordinator() const;
   void wait_serving(Transfer& transfer, const Deadline& deadline);
 
@@ -77,6 +103,10 @@ class StageWorker {
   std::deque<ControlMessage> pending_;
   std::optional<ClusterPlan> plan_;
   std::unique_ptr<TensorLinks> links_;
+  std::unique_ptr<MpiTensorChannel> kv_channel_;
+  std::deque<std::unique_ptr<KvTransfers>> handovers_;  // posted, not yet all done
+  int64_t handovers_taken_ = 0;
+  bool progressing_ = false;  // inside progress_handovers
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<StepBuffers> buffers_;
   size_t buffer_floats_ = 0;
@@ -145,9 +175,14 @@ void StageWorker::start(const ClusterPlan& plan) {
   const StagePlan* stage = plan.stage_of_rank(me);
   if (stage == nullptr)
     fail(ErrorKind::kFailed, "plan {} has no stage for rank {}", plan.plan_id, me);
-  const auto index = static_cast<size_t>(stage - plan.stages.data());
-  if (index > 0) prev_ = plan.stages[index - 1].rank;
-  if (index + 1 < plan.stages.size()) next_ = plan.stages[index + 1].rank;
+  // Neighbours within the stage's pipeline (a WAA plan has two).
+  const std::span<const StagePlan> pipeline = plan.pipeline_of(*stage);
+  for (size_t i = 0; i < pipeline.size(); ++i) {
+    if (pipeline[i].rank != me) continue;
+    if (i > 0) prev_ = pipeline[i - 1].rank;
+    if (i + 1 < pipeline.size()) next_ = pipeline[i + 1].rank;
+  }
+  if (plan.waa()) kv_channel_ = std::make_unique<MpiTensorChannel>(world_, kKvTag);
   stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.stage);
   buffer_floats_ = static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
   const size_t bytes = buffer_floats_ * sizeof(float);
@@ -176,10 +211,24 @@ void StageWorker::start(const ClusterPlan& plan) {
                            next_ < 0 ? "-" : links_->to(next_).name());
 }
 
+// Commands in order; between them, the hand-overs in progress move on (a WAA stage keeps
+// serving steps while its KV transfers complete).
 int StageWorker::serve() {
+  Backoff backoff;
   while (true) {
-    ControlMessage m = next_message(std::nullopt, "the coordinator's next command");
-    if (!handle(m)) return 0;
+    if (!pending_.empty()) {
+      ControlMessage m = std::move(pending_.front());
+      pending_.pop_front();
+      if (!handle(m)) return 0;
+      backoff = Backoff();
+      continue;
+    }
+    if (progress_handovers(true) || serve_control_once(false)) {
+      backoff = Backoff();
+      continue;
+    }
+    check_coordinator();
+    backoff.pause();
   }
 }
 
@@ -193,10 +242,13 @@ bool StageWorker::handle(const ControlMessage& m) {
     // its memory with it, then the new one loads as the first did.
     for (Transfer& t : sends_) wait_serving(t, Deadline::after_seconds(options_.step_timeout_s));
     buffers_.reset();
+    handovers_.clear();
     stage_.reset();
     plan_ = *plan;
     prev_ = next_ = -1;
     start(*plan_);
+  } else if (auto* handover = std::get_if<KvHandover>(&m)) {
+    on_handover(*handover);
   } else if (auto* update = std::get_if<BatchUpdate>(&m)) {
     for (const SeqJoin& j : update->joined) stage_->join(j);
     for (uint64_t id : update->left) stage_->leave(id);
@@ -260,6 +312,102 @@ void StageWorker::on_step(const StepCommand& c) {
   }
 }
 
+// WAA's hand-over on this stage: a prefill stage packs the KV of its layers that each decode
+// stage holds (on the compute thread, which is idle between steps) and posts the sends; a
+// decode stage posts the receives and stores them once they are in, between its steps
+// (progress_handovers). Neither waits here: the stage goes on with its next steps.
+void StageWorker::on_handover(const KvHandover& h) {
+  if (!plan_->waa())
+    fail(ErrorKind::kFailed, "{} for plan {}, which is not WAA", h.str(), plan_->plan_id);
+  const StagePlan& me = stage_->stage();
+  const bool receiving = !plan_->encoder(me);
+  if (receiving && stage_->last())
+    for (const SeqJoin& j : h.joins) stage_->join_after_prefill(j);
+  auto t = std::make_unique<KvTransfers>();
+  t->handover = h;
+  t->receiving = receiving;
+  t->started = now_s();
+  t->deadline = Deadline::after_seconds(options_.step_timeout_s);
+  for (const StagePlan& peer : plan_->pipeline(receiving ? Phase::kPrefill : Phase::kDecode)) {
+    const int32_t begin = std::max(me.layer_begin, peer.layer_begin);
+    const int32_t end = std::min(me.layer_end, peer.layer_end);
+    if (begin >= end) continue;
+    KvTransfers::Part part{peer.rank, begin, end, {}, {}};
+    const size_t bytes = stage_->kv_bytes(h.moves, begin, end);
+    part.buffer.assign((bytes + sizeof(int32_t) - 1) / sizeof(int32_t), 0);
+    t->bytes += bytes;
+    t->parts.push_back(std::move(part));
+  }
+  if (!receiving) {
+    PipelineStage* stage = stage_.get();
+    KvTransfers* raw = t.get();
+    run_on_compute(
+        [=] {
+          for (KvTransfers::Part& p : raw->parts)
+            stage->export_kv(raw->handover.moves, p.begin, p.end,
+                             reinterpret_cast<std::byte*>(p.buffer.data()));
+        },
+        fmt::format("KV hand-over {}", h.handover_id), options_.step_timeout_s, "the step timeout");
+  }
+  for (KvTransfers::Part& p : t->parts)
+    p.transfer = receiving ? kv_channel_->start_recv(p.peer, std::span<int32_t>(p.buffer))
+                           : kv_channel_->start_send(p.peer, std::span<const int32_t>(p.buffer));
+  handovers_.push_back(std::move(t));
+  if (options_.debug_die_in_handover >= 0 && ++handovers_taken_ >= options_.debug_die_in_handover) {
+    log::get("worker")->warn("test hook: rank {} dies now (SIGKILL) in KV hand-over {}",
+                             world_.rank(), h.handover_id);
+    std::raise(SIGKILL);
+  }
+}
+
+// Tests the hand-overs' transfers; one whose transfers are all done is finished (a decode
+// stage stores what it received, which needs the compute thread idle). A transfer not done
+// by its deadline (the peer is gone or stuck) is an Error naming it. True when one finished.
+bool StageWorker::progress_handovers(bool compute_idle) {
+  if (progressing_) return false;  // a hand-over finishing waits on the compute thread
+  progressing_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{progressing_};
+  bool finished = false;
+  for (auto it = handovers_.begin(); it != handovers_.end();) {
+    KvTransfers& h = **it;
+    bool done = true;
+    for (KvTransfers::Part& p : h.parts) {
+      if (!p.transfer.pending() || p.transfer.test()) continue;
+      done = false;
+      if (h.deadline.expired()) p.transfer.wait(h.deadline);  // throws, naming the peer
+    }
+    if (!done || (h.receiving && !compute_idle)) {
+      ++it;
+      continue;
+    }
+    finish_handover(h);
+    it = handovers_.erase(it);
+    finished = true;
+  }
+  return finished;
+}
+
+void StageWorker::finish_handover(KvTransfers& h) {
+  if (h.receiving) {
+    PipelineStage* stage = stage_.get();
+    KvTransfers* raw = &h;
+    run_on_compute(
+        [=] {
+          for (const KvTransfers::Part& p : raw->parts)
+            stage->import_kv(raw->handover.moves, p.begin, p.end,
+                             reinterpret_cast<const std::byte*>(p.buffer.data()));
+        },
+        fmt::format("KV hand-over {}", h.handover.handover_id), options_.step_timeout_s,
+        "the step timeout");
+  }
+  control_.send(0,
+                KvHandoverDone{h.handover.handover_id, world_.rank(), h.bytes, now_s() - h.started},
+                Deadline::after_seconds(options_.step_timeout_s));
+}
+
 // Runs a job on the compute thread and serves control messages (pings) until it ends. The
 // job holds its own copies and pointers, not this worker, so that settle_compute can abandon
 // a job that never ends.
@@ -281,7 +429,7 @@ void StageWorker::run_on_compute(std::function<void()> job, const std::string& w
     if (deadline.expired())
       fail(ErrorKind::kFailed, "{}: still computing after {} s ({})", what, timeout_s,
            timeout_name);
-    if (serve_control_once()) continue;
+    if (progress_handovers(false) || serve_control_once()) continue;
     check_coordinator();
     backoff.pause();
   }
@@ -351,6 +499,7 @@ std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<
 void StageWorker::on_shutdown() {
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
   for (Transfer& t : sends_) wait_serving(t, deadline);
+  handovers_.clear();  // the run is over: what was not handed over is not needed (cancels)
   send_stats();
 }
 
@@ -377,6 +526,7 @@ int StageWorker::linger_after(const std::exception& e) {
     control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_),
                   Deadline::after_seconds(5));
     for (Transfer& t : sends_) t = Transfer();  // cancels
+    handovers_.clear();
     while (
         !std::holds_alternative<Shutdown>(next_message(std::nullopt, "shutdown after an error"))) {
     }
@@ -411,14 +561,14 @@ ControlMessage StageWorker::next_message(std::optional<Deadline> fixed, const ch
 
 // While waiting inside a step: answer a ping at once, keep anything else for later, and
 // stop at once on Shutdown.
-bool StageWorker::serve_control_once() {
+bool StageWorker::serve_control_once(bool stop_on_shutdown) {
   std::optional<Received> r =
       control_.try_recv(0, Deadline::after_seconds(options_.step_timeout_s));
   if (!r) return false;
   last_heard_ = now_s();
   if (auto* ping = std::get_if<Heartbeat>(&r->message); ping && !ping->reply) {
     answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
-  } else if (std::holds_alternative<Shutdown>(r->message)) {
+  } else if (stop_on_shutdown && std::holds_alternative<Shutdown>(r->message)) {
     throw ShutdownRequested{};
   } else {
     pending_.push_back(std::move(r->message));
@@ -441,7 +591,7 @@ void StageWorker::wait_serving(Transfer& t, const Deadline& deadline) {
   Backoff backoff;
   while (!deadline.expired()) {
     if (t.test()) return;
-    if (serve_control_once()) continue;
+    if (progress_handovers(!compute_.busy()) || serve_control_once()) continue;
     check_coordinator();
     backoff.pause();
   }

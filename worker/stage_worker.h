@@ -28,6 +28,8 @@ struct StageWorkerOptions {
   int64_t debug_exit_after_steps = -1;  // tests: die (SIGKILL) after this many steps
   double debug_step_delay_s = 0;        // tests: every step computes this much longer
   int32_t debug_crash_token = -1;       // tests: the first stage dies on a prompt with this id
+  // tests: die (SIGKILL) with the KV transfers of this rank's n-th hand-over posted (WAA)
+  int64_t debug_die_in_handover = -1;
 };
 
 // run_stage_worker's result after an error that means a peer is gone (kDisconnected): the

@@ -23,6 +23,10 @@
 #                                      reuses the saved profile; a bound nothing meets is
 #                                      refused before any request runs, naming the fastest
 #                                      achievable latency
+#   dead_handover NP RANK ENCODERS     WAA with ENCODERS prefill ranks; RANK dies in its
+#                                      second KV hand-over with the transfers posted: rank 0
+#                                      names it and its side, every request line has a
+#                                      result (the unfinished name the rank), bounded time
 #   slow NP                            every step computes longer than the heartbeat
 #                                      timeout: the workers answer pings meanwhile, the
 #                                      results equal strata generate
@@ -156,6 +160,31 @@ case $case_name in
     jq -se --arg r "worker rank $rank" '[.[] | select(.stop_reason == "error" and (.error | contains($r)))]
         | length > 0' "$tmp/r.jsonl" >/dev/null || { cat "$tmp/r.jsonl"; fail "no unfinished request names rank $rank"; }
     echo "rank $rank named, exit $rc after $took s, $lines results"
+    ;;
+  dead_handover)
+    np=$1
+    rank=$2
+    encoders=$3
+    write_requests "$stories" "$tmp/req.jsonl"
+    start=$(date +%s)
+    set +e
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --waa-encoders "$encoders" --waa-encode-batch 2 --micro-batches 2 --max-batch 4 \
+      --debug-kill-rank "$rank" --debug-die-in-handover 2 --heartbeat-interval 0.2 --heartbeat-timeout 2 \
+      >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+    [ "$rc" -ne 0 ] || fail "exit status 0 after rank $rank died"
+    side=$([ "$rank" -le "$encoders" ] && echo prefill || echo decode)
+    grep -q "worker rank $rank ($side stage layers .*dead or hung.*KV hand-overs were in progress" "$tmp/out" ||
+      { cat "$tmp/out"; fail "rank $rank not named as a $side stage dying in a hand-over"; }
+    [ "$took" -le 20 ] || fail "took $took s"
+    lines=$(wc -l <"$tmp/req.jsonl")
+    [ "$(wc -l <"$tmp/r.jsonl")" -eq "$lines" ] || { cat "$tmp/r.jsonl"; fail "not one result per request"; }
+    jq -se --arg r "worker rank $rank" '[.[] | select(.stop_reason == "error" and (.error | contains($r)))]
+        | length > 0' "$tmp/r.jsonl" >/dev/null || { cat "$tmp/r.jsonl"; fail "no unfinished request names rank $rank"; }
+    echo "$side rank $rank died in a hand-over: named, exit $rc after $took s, $lines results"
     ;;
   schedule)
     np=$1

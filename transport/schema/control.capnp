@@ -65,6 +65,9 @@ struct Plan {
   microBatches @6 :Int32;
   kvSlots @7 :Int32;
   kvCapacity @8 :Int32;
+  # WAA (protocol 4): the first encoderStages stages are the prefill pipeline.
+  encoderStages @9 :Int32;
+  encoderKvSlots @10 :Int32;
 }
 
 struct SeqStep {
@@ -177,6 +180,27 @@ struct ProfileReport {
   transferSeconds @7 :List(Float64);
 }
 
+# WAA's KV hand-over (protocol 4): the bytes go over the tensor channel, not here.
+struct KvMove {
+  seqId @0 :UInt64;
+  fromSlot @1 :Int32;
+  toSlot @2 :Int32;
+  positions @3 :Int32;
+}
+
+struct KvHandover {
+  handoverId @0 :UInt64;
+  moves @1 :List(KvMove);
+  joins @2 :List(SeqJoin);
+}
+
+struct KvHandoverDone {
+  handoverId @0 :UInt64;
+  rank @1 :Int32;
+  bytes @2 :UInt64;
+  seconds @3 :Float64;
+}
+
 struct ControlMessage {
   version @0 :UInt32;
   body :union {
@@ -191,5 +215,7 @@ struct ControlMessage {
     stats @9 :StageStats;
     profile @10 :ProfileRequest;
     profileReport @11 :ProfileReport;
+    kvHandover @12 :KvHandover;
+    kvHandoverDone @13 :KvHandoverDone;
   }
 }
