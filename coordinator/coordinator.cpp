@@ -67,6 +67,7 @@ class Coordinator {
   void dispatch(const ScheduledStep& step);
   void on_result(const StepResult& result);
   void choose_schedule(PlanOptions& plan_options, SchedulerOptions& scheduler_options);
+  void use_waa(const Prediction& chosen, PlanOptions& plan_options);
   void observe(const FinishedRequest& f);
   std::unique_ptr<StepScheduler> make_scheduler(const SchedulerOptions& so) const;
   bool hand_over();
@@ -221,14 +222,17 @@ void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
   sp.max_context = capacity_;
   sp.placement = options_.placement;
   sp.stage_mem = options_.stage_mem;
-  schedule_ = std::make_unique<RunSchedule>(*options_.schedule, config_, sp);
+  ScheduleTarget target = *options_.schedule;
+  if (!stages_.runs_waa()) target.policies = {SchedulePolicy::kRra};  // one pipeline only
+  schedule_ = std::make_unique<RunSchedule>(target, config_, sp);
   const Prediction& chosen = schedule_->plan(stages_, plan_);
   po.micro_batches = chosen.vars.micro_batches;
   po.kv_slots = chosen.kv_slots;
+  if (chosen.vars.policy != SchedulePolicy::kRra) use_waa(chosen, po);
   ClusterPlan next = make_plan(config_, po, chosen.allocation.layers);
   next.plan_id = plan_.plan_id + 1;
   if (next.stages != plan_.stages || next.kv_slots != plan_.kv_slots ||
-      next.micro_batches != plan_.micro_batches) {
+      next.micro_batches != plan_.micro_batches || next.encoder_stages != plan_.encoder_stages) {
     plan_ = next;
     log::get("coordinator")->info("re-deploying: {}", plan_.str());
     stages_.start(plan_);
@@ -237,6 +241,23 @@ void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
   so.decode_iters = chosen.vars.decode_iters;
   so.encode_batch = chosen.vars.encode_batch;
   so.kv_slots = plan_.kv_slots;
+}
+
+// A WAA schedule (§4.1): its encoder stages prefill, B_E a batch with one batch in flight
+// per encoder stage (and one more waiting for decode slots), the decode side's B_m
+// micro-batches over ceil(B_D) slots; §5.2's adjustment keeps the encoder workload and the
+// decode batch near the planned B_E x mean input and B_D.
+void Coordinator::use_waa(const Prediction& chosen, PlanOptions& po) {
+  WaaRun w;
+  w.encoder_stages = chosen.allocation.encoder_stages;
+  w.encoder_micro_batches = w.encoder_stages;
+  w.encode_batch = chosen.vars.encode_batch;
+  w.encoder_slots = w.encode_batch * (w.encoder_micro_batches + 1);
+  w.planned_input = options_.schedule->workload.input.mean();
+  w.planned_decode_batch = chosen.decode_batch;
+  options_.waa = w;
+  po.encoder_stages = w.encoder_stages;
+  po.encoder_kv_slots = w.encoder_slots;
 }
 
 // A finished request's lengths and latency for the schedule; a drift re-plans N_D and the

@@ -1,5 +1,6 @@
 // The one request path: reads requests, validates them (request_rules.h), plans the stages,
-// drives them with the RRA scheduler (scheduler.h) over K micro-batches in flight, writes
+// drives them with the RRA scheduler (scheduler.h) over K micro-batches in flight -- or
+// WAA's (waa_scheduler.h) over a prefill and a decode pipeline, with KV hand-overs -- writes
 // results as they finish, and reports per-stage busy / idle time at the end. The stages
 // are worker ranks (mpi_stages.h: rank 0 of a cluster) or this process (local_stages.h:
 // `strata generate`, single-process serve); the loop is the same. A stage that dies or

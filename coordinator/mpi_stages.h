@@ -35,6 +35,7 @@ class MpiStages final : public Stages {
   std::optional<StepResult> poll() override;
   std::vector<StageReport> finish(const std::string& reason) override;
   ProfileResult profile(const ProfileRequest& request) override;
+  bool runs_waa() const override { return true; }
   void hand_over(const KvHandover& handover) override;
   std::vector<HandoverDone> handovers_done() override;
   void abort(const std::string& reason) noexcept override;

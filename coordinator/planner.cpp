@@ -56,12 +56,16 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
   const int32_t e = o.encoder_stages;
   if (e < 0 || (e > 0 && e >= s))
     fail_input("WAA with {} prefill stages of {} worker ranks: each side needs at least one", e, s);
-  const int32_t longest = e > 0 ? std::max(e, s - e) : s;
-  if (longest > n)
+  if (e == 0 && s > n)
     fail_input(
-        "{} worker ranks in one pipeline but {} has only {} layers: each pipeline stage needs at "
-        "least one layer; run at most {} ranks per pipeline",
-        longest, o.model_spec, n, n);
+        "{} worker ranks but {} has only {} layers: each pipeline stage needs at least one layer; "
+        "run at most mpirun -np {}",
+        s, o.model_spec, n, n + 1);
+  if (e > 0 && std::max(e, s - e) > n)
+    fail_input(
+        "WAA with {} prefill and {} decode ranks but {} has only {} layers: each stage of a "
+        "pipeline needs at least one layer",
+        e, s - e, o.model_spec, n);
   if (e == 0) return make_plan(config, o, uniform_layers(n, s));
   std::vector<int32_t> layers = uniform_layers(n, e);
   for (int32_t c : uniform_layers(n, s - e)) layers.push_back(c);

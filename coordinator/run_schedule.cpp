@@ -71,7 +71,7 @@ RunSchedule::RunSchedule(const ScheduleTarget& target, const ModelConfig& config
     : target_(target), config_(config), options_(std::move(options)) {
   options_.workload = target.workload;
   options_.latency_bound = target.latency_bound;
-  options_.executable_only = true;  // the stages run RRA (WAA's execution is the next step)
+  options_.policies = target.policies;
   planned_workload_ = target.workload;
 }
 
@@ -131,8 +131,14 @@ std::optional<Prediction> RunSchedule::observe(int32_t input, int32_t output, do
   SchedulePlanOptions o = options_;
   o.workload = seen;
   ScheduleSearchOptions s = search_options(*sim, o);
-  s.micro_batches = {report_.planned.vars.micro_batches};
-  s.fixed_allocation = report_.planned.allocation;
+  // The same layers: RRA re-plans on them; WAA allocates its own, so a WAA re-plan that
+  // would move layers is not taken (that needs a new run).
+  const bool waa = report_.planned.vars.policy != SchedulePolicy::kRra;
+  if (!waa) {
+    s.micro_batches = {report_.planned.vars.micro_batches};
+    s.fixed_allocation = report_.planned.allocation;
+  }
+  s.policies = {report_.planned.vars.policy};
   const ScheduleChoice choice = search_schedule(*sim, s);
   planned_workload_ = seen;
   if (!choice.feasible) {
@@ -140,6 +146,11 @@ std::optional<Prediction> RunSchedule::observe(int32_t input, int32_t output, do
         "the observed lengths ({}) put the bound out of reach (fastest p99 latency {:.3f} s); "
         "keeping {}",
         seen.str(), choice.fastest_latency_s, report_.planned.vars.str());
+    return std::nullopt;
+  }
+  if (waa && choice.best.allocation != report_.planned.allocation) {
+    log->warn("the observed lengths ({}) want WAA on other layers ({}); keeping {}", seen.str(),
+              choice.best.allocation.str(), report_.planned.vars.str());
     return std::nullopt;
   }
   ++report_.replans;

@@ -1,7 +1,8 @@
 // A run's schedule under a latency bound (ExeGPT; docs/SCHEDULING.md), as the coordinator's
 // loop executes it: at start, the stages' layer profile (loaded, or measured through the
-// started stages) and the workload give the best RRA schedule -- layers per stage, KV
-// slots, micro-batches, N_D -- or a refusal naming the fastest achievable latency before
+// started stages) and the workload give the best schedule -- RRA (layers per stage, KV
+// slots, micro-batches, N_D) or WAA-C / WAA-M (the two pipelines, B_E, B_m) -- or a
+// refusal naming the fastest achievable latency before
 // any request runs; during the run, every finished request's lengths are observed, and
 // when they drift from the planned workload the schedule is re-planned on the same layers
 // (N_D and the batch; RRA adapts without re-deployment, §7.6). The run's statistics put the
@@ -31,6 +32,7 @@ struct ScheduleTarget {
   double replan_tolerance = 0.15;  // relative drift of the output mean or p99 that re-plans
   // Finished requests before drift counts (0: 4 x the KV slots, at least 64).
   int64_t replan_min_samples = 0;
+  std::vector<SchedulePolicy> policies;  // searched (--schedule-policy); empty: RRA, WAA-C, WAA-M
 };
 
 // What a run planned and what it measured. The prediction is a steady state; the

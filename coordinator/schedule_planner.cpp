@@ -41,7 +41,7 @@ ScheduleSearchOptions search_options(const Simulator& sim, const SchedulePlanOpt
   s.latency_bound = o.latency_bound;
   s.exhaustive = o.exhaustive;
   if (!o.micro_batches.empty()) s.micro_batches = o.micro_batches;
-  if (o.executable_only) s.policies = {SchedulePolicy::kRra};
+  if (!o.policies.empty()) s.policies = o.policies;
   return s;
 }
 

@@ -23,13 +23,14 @@ struct SchedulePlanOptions {
   std::string model_spec;
   TaskWorkload workload;
   double latency_bound = std::numeric_limits<double>::infinity();
-  double percentile = 0.99;            // the bound is on this output-length percentile's latency
-  int32_t max_step_tokens = 512;       // prompt rows of one prefill step
-  int32_t max_encode_batch = 256;      // the largest B_E tried
-  int32_t max_context = 0;             // KV positions per slot; 0: max input + max output
-  StagePlacementOptions placement;     // each stage's policy, compute tier and budgets
-  int64_t stage_mem = -1;              // bytes per stage on its compute tier (< 0: no limit)
-  bool executable_only = false;        // RRA only: what `strata serve` executes today
+  double percentile = 0.99;         // the bound is on this output-length percentile's latency
+  int32_t max_step_tokens = 512;    // prompt rows of one prefill step
+  int32_t max_encode_batch = 256;   // the largest B_E tried
+  int32_t max_context = 0;          // KV positions per slot; 0: max input + max output
+  StagePlacementOptions placement;  // each stage's policy, compute tier and budgets
+  int64_t stage_mem = -1;           // bytes per stage on its compute tier (< 0: no limit)
+  // The allocation policies searched (RRA, WAA-C, WAA-M); empty: all three.
+  std::vector<SchedulePolicy> policies;
   bool exhaustive = false;             // enumerate every point instead of branch-and-bound
   std::vector<int32_t> micro_batches;  // RRA's micro-batch counts; empty: 1, 2, 4 (<= workers)
 };

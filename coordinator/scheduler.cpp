@@ -29,6 +29,43 @@ void SchedulerOptions::validate() const {
     fail_input("the encode batch B_E must not be negative, got {}", encode_batch);
 }
 
+SeqRecord::SeqRecord(const GenerationRequest& r, double arrival_s, int32_t kv_capacity)
+    : request(r), arrival(arrival_s) {
+  STRATA_CHECK(!r.prompt_ids.empty() && r.max_new_tokens > 0 &&
+                   static_cast<int32_t>(r.prompt_ids.size()) <= kv_capacity,
+               "request {}: {} prompt tokens, {} new, context {}", r.id, r.prompt_ids.size(),
+               r.max_new_tokens, kv_capacity);
+  result.id = r.id;
+  result.prompt_ids = r.prompt_ids;
+}
+
+SeqStep SeqRecord::prefill_chunk(uint64_t id, int32_t slot, int32_t budget) {
+  const int32_t remaining = static_cast<int32_t>(request.prompt_ids.size()) - n_past;
+  const int32_t take = std::min(remaining, budget);
+  const auto from = request.prompt_ids.begin() + n_past;
+  SeqStep s{id, slot, n_past, take, {from, from + take}, take == remaining};
+  n_past += take;
+  return s;
+}
+
+bool SeqRecord::accept(int32_t token, const SchedulerOptions& o) {
+  result.output_ids.push_back(token);
+  if (first_token < 0) first_token = o.clock();
+  return finish_if_done(request, o.eos_token_ids, o.tokenizer, n_past, o.kv_capacity, result);
+}
+
+void SeqRecord::stamp_times(double now) {
+  const auto since = [&](double t) { return t < 0 ? -1.0 : std::max(0.0, t - arrival); };
+  result.times = RequestTimes{since(admitted), since(first_token), since(now)};
+}
+
+FinishedRequest SeqRecord::end(uint64_t id, const std::string& error, double now, bool started) {
+  result.stop_reason = StopReason::kError;
+  result.error = error;
+  stamp_times(now);
+  return FinishedRequest{id, std::move(result), started};
+}
+
 void StepScheduler::handed_over(uint64_t handover_id) {
   fail(ErrorKind::kFailed, "KV hand-over {} done, but this schedule hands nothing over",
        handover_id);
@@ -45,17 +82,8 @@ RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) 
 }
 
 void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id, double arrival) {
-  STRATA_CHECK(!request.prompt_ids.empty() && request.max_new_tokens > 0 &&
-                   static_cast<int32_t>(request.prompt_ids.size()) <= options_.kv_capacity,
-               "request {}: {} prompt tokens, {} new, context {}", request.id,
-               request.prompt_ids.size(), request.max_new_tokens, options_.kv_capacity);
   STRATA_CHECK(!seqs_.contains(seq_id), "sequence {} submitted twice", seq_id);
-  Seq seq;
-  seq.request = request;
-  seq.result.id = request.id;
-  seq.result.prompt_ids = request.prompt_ids;
-  seq.arrival = arrival;
-  seqs_.emplace(seq_id, std::move(seq));
+  seqs_.emplace(seq_id, Seq(request, arrival, options_.kv_capacity));
   waiting_.push_back(seq_id);
 }
 
@@ -119,19 +147,13 @@ ScheduledStep RraScheduler::prefill_step(int32_t m) {
   for (size_t i = 0; i < b.prefilling.size() && budget > 0; ++i) {
     const uint64_t id = b.prefilling[i];
     Seq& seq = seqs_.at(id);
-    const std::vector<int32_t>& prompt = seq.request.prompt_ids;
     if (seq.n_past == 0) {  // its first chunk: the last stage learns how to sample it
       seq.admitted = now;
       s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
     }
-    const int32_t remaining = static_cast<int32_t>(prompt.size()) - seq.n_past;
-    const int32_t take = std::min(remaining, budget);
-    const auto from = prompt.begin() + seq.n_past;
-    s.command.seqs.push_back(
-        SeqStep{id, seq.slot, seq.n_past, take, {from, from + take}, take == remaining});
-    seq.n_past += take;
-    budget -= take;
-    if (take == remaining) {
+    s.command.seqs.push_back(seq.prefill_chunk(id, seq.slot, budget));
+    budget -= s.command.seqs.back().n_new;
+    if (seq.prefilled()) {
       b.running.push_back(id);
       ++done;
     }
@@ -156,21 +178,6 @@ ScheduledStep RraScheduler::decode_step(int32_t m) {
   return s;
 }
 
-bool RraScheduler::accept(Seq& seq, int32_t token) {
-  seq.result.output_ids.push_back(token);
-  if (seq.first_token < 0) seq.first_token = options_.clock();
-  return finish_if_done(seq.request, options_.eos_token_ids, options_.tokenizer, seq.n_past,
-                        options_.kv_capacity, seq.result);
-}
-
-// Times count from the request's arrival; a clock behind the queue's (another host's)
-// would make them negative, so they are clamped at 0.
-void RraScheduler::stamp_times(Seq& seq) const {
-  const auto since = [&](double t) { return t < 0 ? -1.0 : std::max(0.0, t - seq.arrival); };
-  seq.result.times =
-      RequestTimes{since(seq.admitted), since(seq.first_token), since(options_.clock())};
-}
-
 std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
   const int32_t m = result.micro_batch;
   if (m < 0 || m >= micro_batches() || batches_[static_cast<size_t>(m)].step != result.step_id)
@@ -188,10 +195,10 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
     if (it == seqs_.end() || it->second.micro_batch != m)
       fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in micro-batch {}",
            result.step_id, t.seq_id, m);
-    if (!accept(it->second, t.token)) continue;
+    if (!it->second.accept(t.token, options_)) continue;
     b.free_slots.push_back(it->second.slot);
     std::erase(b.running, t.seq_id);
-    stamp_times(it->second);
+    it->second.stamp_times(options_.clock());
     finished.push_back(FinishedRequest{t.seq_id, std::move(it->second.result), true});
     seqs_.erase(it);
   }
@@ -210,18 +217,8 @@ void RraScheduler::reschedule(int32_t decode_iters, int32_t encode_batch, int32_
 }
 
 std::vector<FinishedRequest> RraScheduler::drain(const std::string& error) {
-  std::vector<uint64_t> ids;
-  ids.reserve(seqs_.size());
-  for (const auto& [id, seq] : seqs_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());  // sequence ids follow submission order
-  std::vector<FinishedRequest> out;
-  for (uint64_t id : ids) {
-    Seq& seq = seqs_.at(id);
-    seq.result.stop_reason = StopReason::kError;
-    seq.result.error = error;
-    stamp_times(seq);
-    out.push_back(FinishedRequest{id, std::move(seq.result), seq.slot >= 0});
-  }
+  std::vector<FinishedRequest> out =
+      end_all(seqs_, error, options_.clock(), [](const Seq& s) { return s.slot >= 0; });
   seqs_.clear();
   waiting_.clear();
   const uint64_t next_step = next_step_id_;

@@ -14,6 +14,7 @@
 // StepResults back into apply(); tests drive it directly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -54,6 +55,44 @@ struct FinishedRequest {
   GenerationResult result;
   bool started = false;  // it had been admitted into a prefill (drain: it was running)
 };
+
+// What both schedulers keep of a request while it runs, and what they do with it alike.
+struct SeqRecord {
+  GenerationRequest request;
+  GenerationResult result;
+  int32_t n_past = 0;  // positions in the KV cache (of the prompt, while it is prefilled)
+  double arrival = 0, admitted = -1, first_token = -1;
+
+  // A valid request (prompt within `kv_capacity`, max_new_tokens > 0) queued at `arrival`.
+  SeqRecord(const GenerationRequest& request, double arrival, int32_t kv_capacity);
+  // The next at most `budget` rows of its prompt into KV slot `slot`, as sequence `id`; the
+  // step samples when they are the last. Advances n_past.
+  SeqStep prefill_chunk(uint64_t id, int32_t slot, int32_t budget);
+  bool prefilled() const { return n_past >= static_cast<int32_t>(request.prompt_ids.size()); }
+  // A sampled token; true when that ends the request (request_rules.h).
+  bool accept(int32_t token, const SchedulerOptions& options);
+  // The result's times (from arrival; clamped at 0: a queue clock may run ahead).
+  void stamp_times(double now);
+  // Ends it with `error` (the cluster failed), the tokens so far kept.
+  FinishedRequest end(uint64_t id, const std::string& error, double now, bool started);
+};
+
+// Every record of `seqs` (id -> a SeqRecord) ended with `error`, in id (submission) order;
+// `started` says which were running.
+template <class Seqs, class Started>
+std::vector<FinishedRequest> end_all(Seqs& seqs, const std::string& error, double now,
+                                     Started&& started) {
+  std::vector<uint64_t> ids;
+  ids.reserve(seqs.size());
+  for (const auto& [id, seq] : seqs) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  std::vector<FinishedRequest> out;
+  for (uint64_t id : ids) {
+    auto& seq = seqs.at(id);
+    out.push_back(seq.end(id, error, now, started(seq)));
+  }
+  return out;
+}
 
 // What the coordinator's loop drives: RRA (below) or WAA (waa_scheduler.h). Steps run in
 // lanes (micro-batches), one in flight per lane.
@@ -104,13 +143,10 @@ class RraScheduler final : public StepScheduler {
   const SchedulerOptions& options() const { return options_; }
 
  private:
-  struct Seq {
-    GenerationRequest request;
-    GenerationResult result;
+  struct Seq : SeqRecord {
+    using SeqRecord::SeqRecord;
     int32_t slot = -1;
-    int32_t n_past = 0;  // positions in the KV cache (of the prompt, while it is prefilled)
     int32_t micro_batch = -1;
-    double arrival = 0, admitted = -1, first_token = -1;
   };
   struct MicroBatch {
     std::vector<int32_t> free_slots;   // ascending order of use
@@ -123,8 +159,6 @@ class RraScheduler final : public StepScheduler {
   void admit(int32_t m);
   ScheduledStep prefill_step(int32_t m);
   ScheduledStep decode_step(int32_t m);
-  bool accept(Seq& seq, int32_t token);  // true when the sequence is done
-  void stamp_times(Seq& seq) const;      // the result's times, at its end
 
   SchedulerOptions options_;
   std::vector<MicroBatch> batches_;

@@ -711,6 +711,15 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
     begin += p.allocation.layers[s];
   }
   check_memory(p, p.kv_slots);
+  // The decode side holds ceil(B_D) slots, each a row of its decode step: no more than the
+  // run has (--max-batch), as for RRA.
+  if (p.feasible && in_.max_kv_slots > 0 && p.kv_slots > in_.max_kv_slots) {
+    p.feasible = false;
+    p.infeasible_reason = fmt::format(
+        "{} decode KV slots (B_D {:.1f}), more than the run's {} "
+        "(--max-batch)",
+        p.kv_slots, b_d, in_.max_kv_slots);
+  }
   if (!p.feasible) p.p99_latency_s = std::numeric_limits<double>::infinity();
   return p;
 }

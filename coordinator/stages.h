@@ -57,6 +57,8 @@ class Stages {
   // placement, and its link to the next (worker/stage.h PipelineStage::profile). Between
   // start() and the first dispatch().
   virtual ProfileResult profile(const ProfileRequest& request) = 0;
+  // Whether these stages can run a WAA plan (two pipelines and KV hand-overs).
+  virtual bool runs_waa() const { return false; }
   // WAA (plan.waa()): hands the KV of a prefill's sequences to the decode pipeline
   // (KvHandover: every stage of both sides takes part). Stages without WAA refuse it.
   virtual void hand_over(const KvHandover& handover) {

@@ -45,17 +45,8 @@ WaaScheduler::WaaScheduler(const WaaOptions& options) : options_(options) {
 }
 
 void WaaScheduler::submit(const GenerationRequest& request, uint64_t seq_id, double arrival) {
-  STRATA_CHECK(!request.prompt_ids.empty() && request.max_new_tokens > 0 &&
-                   static_cast<int32_t>(request.prompt_ids.size()) <= options_.common.kv_capacity,
-               "request {}: {} prompt tokens, {} new, context {}", request.id,
-               request.prompt_ids.size(), request.max_new_tokens, options_.common.kv_capacity);
   STRATA_CHECK(!seqs_.contains(seq_id), "sequence {} submitted twice", seq_id);
-  Seq seq;
-  seq.request = request;
-  seq.result.id = request.id;
-  seq.result.prompt_ids = request.prompt_ids;
-  seq.arrival = arrival;
-  seqs_.emplace(seq_id, std::move(seq));
+  seqs_.emplace(seq_id, Seq(request, arrival, options_.common.kv_capacity));
   waiting_.push_back(seq_id);
 }
 
@@ -158,16 +149,10 @@ ScheduledStep WaaScheduler::prefill_step(int32_t m) {
   for (size_t i = 0; i < l.prefilling.size() && budget > 0; ++i) {
     const uint64_t id = l.prefilling[i];
     Seq& seq = seqs_.at(id);
-    const std::vector<int32_t>& prompt = seq.request.prompt_ids;
     if (seq.n_past == 0) s.joins.push_back(SeqJoin{id, seq.prefill_slot, seq.request.sampling});
-    const int32_t remaining = static_cast<int32_t>(prompt.size()) - seq.n_past;
-    const int32_t take = std::min(remaining, budget);
-    const auto from = prompt.begin() + seq.n_past;
-    s.command.seqs.push_back(
-        SeqStep{id, seq.prefill_slot, seq.n_past, take, {from, from + take}, take == remaining});
-    seq.n_past += take;
-    budget -= take;
-    if (take == remaining) ++done;
+    s.command.seqs.push_back(seq.prefill_chunk(id, seq.prefill_slot, budget));
+    budget -= s.command.seqs.back().n_new;
+    if (seq.prefilled()) ++done;
   }
   l.prefilling.erase(l.prefilling.begin(), l.prefilling.begin() + static_cast<ptrdiff_t>(done));
   l.step = s.command.step_id;
@@ -206,13 +191,7 @@ std::vector<FinishedRequest> WaaScheduler::apply(const StepResult& result) {
     if (it == seqs_.end() || it->second.lane != m)
       fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in lane {}",
            result.step_id, t.seq_id, m);
-    Seq& seq = it->second;
-    seq.result.output_ids.push_back(t.token);
-    if (seq.first_token < 0) seq.first_token = options_.common.clock();
-    const bool done =
-        finish_if_done(seq.request, options_.common.eos_token_ids, options_.common.tokenizer,
-                       seq.n_past, options_.common.kv_capacity, seq.result);
-    if (done) {
+    if (it->second.accept(t.token, options_.common)) {
       finished.push_back(finish(t.seq_id));
     } else if (prefill_lane(m)) {
       ready_.push_back(t.seq_id);  // its KV cache waits for a decode slot
@@ -235,7 +214,7 @@ FinishedRequest WaaScheduler::finish(uint64_t id) {
     prefill_free_.push_back(seq.prefill_slot);
     std::sort(prefill_free_.rbegin(), prefill_free_.rend());
   }
-  stamp_times(seq);
+  seq.stamp_times(options_.common.clock());
   FinishedRequest f{id, std::move(seq.result), true};
   seqs_.erase(id);
   return f;
@@ -297,25 +276,9 @@ void WaaScheduler::reschedule(int32_t decode_iters, int32_t encode_batch, int32_
   active_slots_ = active_slots;
 }
 
-void WaaScheduler::stamp_times(Seq& seq) const {
-  const auto since = [&](double t) { return t < 0 ? -1.0 : std::max(0.0, t - seq.arrival); };
-  seq.result.times =
-      RequestTimes{since(seq.admitted), since(seq.first_token), since(options_.common.clock())};
-}
-
 std::vector<FinishedRequest> WaaScheduler::drain(const std::string& error) {
-  std::vector<uint64_t> ids;
-  ids.reserve(seqs_.size());
-  for (const auto& [id, seq] : seqs_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());  // sequence ids follow submission order
-  std::vector<FinishedRequest> out;
-  for (uint64_t id : ids) {
-    Seq& seq = seqs_.at(id);
-    seq.result.stop_reason = StopReason::kError;
-    seq.result.error = error;
-    stamp_times(seq);
-    out.push_back(FinishedRequest{id, std::move(seq.result), seq.admitted >= 0});
-  }
+  std::vector<FinishedRequest> out =
+      end_all(seqs_, error, options_.common.clock(), [](const Seq& s) { return s.admitted >= 0; });
   const uint64_t next_step = next_step_id_, next_handover = next_handover_id_;
   const WaaCounters counters = counters_;
   *this = WaaScheduler(options_);  // every slot free, nothing in flight

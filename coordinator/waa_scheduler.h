@@ -76,14 +76,11 @@ class WaaScheduler final : public StepScheduler {
   size_t decoding() const;  // sequences in the decode batch (running there)
 
  private:
-  struct Seq {
-    GenerationRequest request;
-    GenerationResult result;
+  struct Seq : SeqRecord {
+    using SeqRecord::SeqRecord;
     int32_t prefill_slot = -1;
     int32_t decode_slot = -1;
-    int32_t n_past = 0;
     int32_t lane = -1;
-    double arrival = 0, admitted = -1, first_token = -1;
   };
   struct Lane {
     std::vector<uint64_t> prefilling;  // prefill lane: admitted, prompt not all in the cache
@@ -99,7 +96,6 @@ class WaaScheduler final : public StepScheduler {
   ScheduledStep decode_step(int32_t m);
   int32_t least_loaded_decode_lane() const;
   FinishedRequest finish(uint64_t id);
-  void stamp_times(Seq& seq) const;
 
   WaaOptions options_;
   std::vector<Lane> lanes_;

@@ -100,7 +100,7 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
                   "Memory per worker, GiB, on its compute tier (default: the node's)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--exhaustive", o.exhaustive, "Evaluate every grid point (to compare)");
-  cmd->add_flag("--rra-only", o.rra_only, "Only schedules Strata's stages execute today (RRA)");
+  cmd->add_flag("--rra-only", o.rra_only, "Only RRA schedules (one pipeline running both phases)");
   cmd->add_flag(
       "--paper-bounds", o.paper_bounds,
       "Plan at the paper's four bounds: the baseline's bottom 10/30/70% latencies and inf");
@@ -117,7 +117,7 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   po.max_step_tokens = in.max_step_tokens;
   po.max_encode_batch = o.max_encode_batch;
   po.exhaustive = o.exhaustive;
-  po.executable_only = o.rra_only;
+  if (o.rra_only) po.policies = {SchedulePolicy::kRra};
   if (!in.policy.empty()) po.placement.policy = Policy::parse(in.policy);
   ClusterProfile profile;
   NodeModel node;

@@ -60,7 +60,8 @@ struct ServeOptions {
   double length_scale = 1.0;
   std::string profile;  // the layer profile's file (default: one per key in the cache dir)
   double replan_tolerance = 0.15;
-  std::string profile_out;  // profile-layers: where the profile goes
+  std::vector<std::string> schedule_policies;  // rra, waa-c, waa-m; empty: all
+  std::string profile_out;                     // profile-layers: where the profile goes
 };
 
 // The signal that asked this process to stop (SIGTERM from mpirun, Slurm or a user;
@@ -135,6 +136,10 @@ std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const Coord
   t.latency_bound = parse_latency_bound(o.latency_bound);
   t.hosts = std::move(hosts);
   t.replan_tolerance = o.replan_tolerance;
+  for (const std::string& p : o.schedule_policies)
+    t.policies.push_back(p == "rra"     ? SchedulePolicy::kRra
+                         : p == "waa-c" ? SchedulePolicy::kWaaC
+                                        : SchedulePolicy::kWaaM);
   const std::string placement = c.placement.policy ? c.placement.policy->str() : "budgets";
   t.profile_path =
       profile_path(o, ProfileKey{o.engine.model, dtype_name(config.dtype), placement, t.hosts});
@@ -399,6 +404,11 @@ void add_schedule_serve_options(CLI::App& cmd, ServeOptions& o) {
   cmd.add_option("--replan-tolerance", o.replan_tolerance,
                  "Relative drift of the observed output lengths (mean or p99) that re-plans")
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--schedule-policy", o.schedule_policies,
+                 "The allocation policies the schedule is searched over: rra, waa-c, waa-m "
+                 "(default: all three)")
+      ->check(CLI::IsMember({"rra", "waa-c", "waa-m"}))
+      ->delimiter(',');
 }
 
 }  // namespace

@@ -220,8 +220,8 @@ namespace {
 void validate_pipeline(const ClusterPlan& p, std::span<const StagePlan> stages, const char* which) {
   if (stages.empty()) fail_input("plan {}: no {} stages", p.plan_id, which);
   if (p.num_layers < static_cast<int32_t>(stages.size())) {
-    fail_input("plan {}: {} {} stages but the model has only {} layers; each stage needs one",
-               p.plan_id, stages.size(), which, p.num_layers);
+    fail_input("plan {}: {} stages but the model has only {} layers; each stage needs one ({})",
+               p.plan_id, stages.size(), p.num_layers, which);
   }
   int32_t next = 0;
   for (size_t i = 0; i < stages.size(); ++i) {
@@ -231,9 +231,10 @@ void validate_pipeline(const ClusterPlan& p, std::span<const StagePlan> stages, 
                  p.plan_id, which, i, s.layer_begin, s.layer_end, next);
     }
     if (s.has_embedding != (i == 0))
-      fail_input("plan {}: the embedding must be on the first {} stage only", p.plan_id, which);
+      fail_input("plan {}: the embedding must be on the first stage only ({} stages)", p.plan_id,
+                 which);
     if (s.has_head != (i + 1 == stages.size()))
-      fail_input("plan {}: the head must be on the last {} stage only", p.plan_id, which);
+      fail_input("plan {}: the head must be on the last stage only ({} stages)", p.plan_id, which);
     next = s.layer_end;
   }
   if (next != p.num_layers)

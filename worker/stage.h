@@ -51,6 +51,7 @@ class PipelineStage {
   bool last() const { return stage_.has_head; }
   int32_t hidden() const { return model_->config().hidden; }
   size_t kv_cache_bytes() const { return cache_->bytes(); }
+  const KvCache& kv_cache() const { return *cache_; }
   int32_t max_rows() const { return model_->max_rows(); }
   const ModelConfig& config() const { return model_->config(); }
   // What the stage allocated per tier: the model's weights and buffers, its KV cache, and

@@ -99,6 +99,37 @@ TEST(Planner, AResidentStageIsTheSumWorkedOutByHand) {
   EXPECT_EQ(s.weight_tiers, std::vector<uint8_t>(5, 1));
 }
 
+// WAA: the prefill pipeline (rank 1, every layer, the embedding and the head) with its own
+// KV slots, and the decode pipeline over every layer again. The prefill stage is the
+// resident stage above with 1 KV slot instead of 2: half the cache (20480) and one row of
+// logits (2048) less: 1118912 bytes.
+TEST(Planner, WaaPlansTwoPipelinesEachWithItsSlots) {
+  const ModelConfig c = load_model_config(testing::stories_dir());
+  PlanOptions o = stories(-1);
+  o.workers = 3;
+  o.encoder_stages = 1;
+  o.encoder_kv_slots = 1;
+  const ClusterPlan p = make_uniform_plan(c, o);
+  ASSERT_EQ(p.stages.size(), 3u);
+  const int32_t want[][2] = {{0, 5}, {0, 3}, {3, 5}};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p.stages[i].layer_begin, want[i][0]) << i;
+    EXPECT_EQ(p.stages[i].layer_end, want[i][1]) << i;
+  }
+  EXPECT_TRUE(p.stages[0].has_embedding && p.stages[0].has_head);
+  EXPECT_TRUE(p.stages[1].has_embedding && !p.stages[1].has_head);
+  EXPECT_TRUE(!p.stages[2].has_embedding && p.stages[2].has_head);
+  EXPECT_EQ(p.stages[0].placed_cpu_bytes,
+            static_cast<uint64_t>(kFixed + 5 * kLayer + kKv / 2 + kActivations + 512 * 4 + 8 * 4));
+  EXPECT_EQ(p.stages[0].placed_cpu_bytes, 1118912u);
+  o.workers = 7;
+  o.encoder_stages = 1;
+  EXPECT_NE(refusal(c, o).find("WAA with 1 prefill and 6 decode ranks but"), std::string::npos)
+      << refusal(c, o);
+  o.encoder_stages = 7;
+  EXPECT_NE(refusal(c, o).find("each side needs at least one"), std::string::npos);
+}
+
 TEST(Planner, RefusalNamesTheStageTheTierAndTheShortfall) {
   const ModelConfig c = load_model_config(testing::stories_dir());
   // w=100/0/0 keeps every layer resident: 1141440 bytes against a 1 MiB budget.

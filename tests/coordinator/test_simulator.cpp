@@ -256,6 +256,19 @@ TEST(Simulator, WaaDecodeBatchIsEncodeBatchTimesOutputLength) {
   EXPECT_EQ(p.allocation.layers, (std::vector<int32_t>{2, 2})) << "each side holds every layer";
 }
 
+TEST(Simulator, WaaDecodeSlotsAreCappedByTheRunsSlots) {
+  // B_D = 8 * 32 = 256 decode slots: a run of 255 (--max-batch) cannot hold them.
+  SimulatorInputs in = tiny_simulator(2, {33}).inputs();
+  in.max_kv_slots = 255;
+  const Prediction p = Simulator(in).predict(ScheduleVars{SchedulePolicy::kWaaC, 8, 1, 1, 1});
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.infeasible_reason.find("256 decode KV slots (B_D 256.0), more than the run's 255"),
+            std::string::npos)
+      << p.infeasible_reason;
+  in.max_kv_slots = 256;
+  EXPECT_TRUE(Simulator(in).predict(ScheduleVars{SchedulePolicy::kWaaC, 8, 1, 1, 1}).feasible);
+}
+
 TEST(Simulator, AStageThatDoesNotFitIsInfeasibleAndSaysWhere) {
   SimulatorInputs in;
   in.profile = constant_profile(1);

@@ -17,7 +17,7 @@
 #                                      period, every line of the file gets a result, exit 143
 #   dead_coordinator                   rank 0 killed mid-run: every worker notices within the
 #                                      heartbeat timeout and exits with a message naming it
-#   schedule NP                        --latency-bound with --workload: the run profiles its
+#   schedule NP                        --latency-bound with --workload (RRA): the run profiles its
 #                                      stages, plans, re-deploys the chosen layers and slots,
 #                                      and its results equal strata generate; a second run
 #                                      reuses the saved profile; a bound nothing meets is
@@ -27,6 +27,10 @@
 #                                      second KV hand-over with the transfers posted: rank 0
 #                                      names it and its side, every request line has a
 #                                      result (the unfinished name the rank), bounded time
+#   schedule_waa NP POLICY             --latency-bound inf --schedule-policy POLICY (waa-c or
+#                                      waa-m): the search deploys that WAA split of the
+#                                      workers, KV moves between the sides, results equal
+#                                      strata generate
 #   slow NP                            every step computes longer than the heartbeat
 #                                      timeout: the workers answer pings meanwhile, the
 #                                      results equal strata generate
@@ -189,7 +193,7 @@ case $case_name in
   schedule)
     np=$1
     write_requests "$stories" "$tmp/req.jsonl"
-    plan=(--workload S --length-scale 0.1 --layer-profile "$tmp/profile.json")
+    plan=(--workload S --length-scale 0.1 --layer-profile "$tmp/profile.json" --schedule-policy rra)
     cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r1.jsonl" \
       "${plan[@]}" --latency-bound inf --stats-out "$tmp/s1.json"
     check_equal "$stories" "$tmp/req.jsonl" "$tmp/r1.jsonl"
@@ -214,6 +218,20 @@ case $case_name in
       { cat "$tmp/out"; fail "no clear refusal of the bound"; }
     [ ! -s "$tmp/r3.jsonl" ] || fail "requests ran under a refused bound: $(cat "$tmp/r3.jsonl")"
     echo "planned, re-deployed, equal to generate; profile reused; unmeetable bound refused"
+    ;;
+  schedule_waa)
+    np=$1
+    policy=$2
+    write_requests "$stories" "$tmp/req.jsonl"
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --workload S --length-scale 0.1 --latency-bound inf --layer-profile "$tmp/profile.json" \
+      --schedule-policy "$policy" --stats-out "$tmp/s.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r.jsonl"
+    want=$(tr a-z A-Z <<<"$policy")
+    jq -e --arg p "$want" --argjson n "$((np - 1))" '.schedule.policy == $p
+        and (.schedule.allocation | length) == $n and .waa.handovers > 0 and .waa.sequences > 0
+        and .waa.kv_bytes > 0' "$tmp/s.json" >/dev/null || fail "stats: $(cat "$tmp/s.json")"
+    echo "$want: $(jq -r .schedule.allocation_text "$tmp/s.json"), $(jq .waa.handovers "$tmp/s.json") hand-overs"
     ;;
   slow)
     np=$1

@@ -38,6 +38,15 @@ ClusterPlan sample_plan() {
   return p;
 }
 
+// WAA (protocol 4): a prefill pipeline [0, 12) on rank 1, a decode pipeline [0, 5) [5, 12).
+ClusterPlan waa_plan() {
+  ClusterPlan p = sample_plan();
+  p.stages = {{1, 0, 12, true, true}, {2, 0, 5, true, false}, {3, 5, 12, false, true}};
+  p.encoder_stages = 1;
+  p.encoder_kv_slots = 3;
+  return p;
+}
+
 std::vector<ControlMessage> every_message() {
   StepCommand step{7, Phase::kPrefill, 1, {{11, 0, 0, 3, {1, 2, 3}, false}, {12, 1, 5, 1, {}}}};
   SamplingParams sampling;
@@ -64,6 +73,10 @@ std::vector<ControlMessage> every_message() {
                     {},
                     {2.5e-4, 9e-4},
                     {1.5e-5, 2.25e-4}},
+      waa_plan(),
+      KvHandover{
+          5, {{11, 2, 0, 17}, {12, 0, 3, 1}}, {{11, 0, sampling}, {12, 3, SamplingParams{}}}},
+      KvHandoverDone{5, 2, 123456789012ull, 0.0125},
   };
 }
 
@@ -125,7 +138,7 @@ TEST(Messages, OtherProtocolVersionIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[16] =
       std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
-  expect_malformed(bytes, "protocol version 7, this binary speaks 3");
+  expect_malformed(bytes, "protocol version 7, this binary speaks 4");
 }
 
 TEST(Messages, UnknownMessageTypeIsRefused) {
@@ -249,6 +262,46 @@ TEST(Plan, FaultsAreNamed) {
   p = sample_plan();
   p.stages[1].weight_tiers[3] = 3;
   expect_refused(p, "stage 1 places a layer on tier 3");
+}
+
+TEST(Plan, WaaPlanHasTwoPipelines) {
+  const ClusterPlan p = waa_plan();
+  EXPECT_NO_THROW(p.validate());
+  EXPECT_TRUE(p.waa());
+  ASSERT_EQ(p.pipeline(Phase::kPrefill).size(), 1u);
+  EXPECT_EQ(p.pipeline(Phase::kDecode).front().rank, 2);
+  EXPECT_TRUE(p.encoder(*p.stage_of_rank(1)));
+  EXPECT_FALSE(p.encoder(*p.stage_of_rank(3)));
+  EXPECT_EQ(p.pipeline_of(*p.stage_of_rank(3)).size(), 2u);
+  EXPECT_EQ(p.kv_slots_of(*p.stage_of_rank(1)), 3);
+  EXPECT_EQ(p.kv_slots_of(*p.stage_of_rank(2)), 8);
+  EXPECT_NE(p.str().find("WAA: 1 prefill stages with 3 KV slots"), std::string::npos) << p.str();
+  EXPECT_EQ(sample_plan().pipeline(Phase::kPrefill).size(), 2u);  // RRA: one pipeline
+  EXPECT_FALSE(sample_plan().encoder(sample_plan().stages[0]));
+  EXPECT_EQ(message_name(KvHandover{}), std::string("kv hand-over"));
+  EXPECT_NE(str(KvHandover{5, {{11, 2, 0, 17}}, {}}).find("seq 11 slot 2 -> 0 (17 positions)"),
+            std::string::npos);
+}
+
+TEST(Plan, WaaFaultsAreNamed) {
+  ClusterPlan p = waa_plan();
+  p.encoder_stages = 3;
+  expect_refused(p, "3 encoder stages of 3: WAA needs at least one stage on each side");
+  p = waa_plan();
+  p.encoder_kv_slots = 0;
+  expect_refused(p, "WAA's encoder stages need KV slots");
+  p = waa_plan();
+  p.stages[2].layer_end = 11;
+  expect_refused(p, "decode stages cover 11 of 12 layers");
+  p = waa_plan();
+  p.stages[0].layer_end = 6;
+  expect_refused(p, "prefill stages cover 6 of 12 layers");
+  p = waa_plan();
+  p.stages[1].has_embedding = false;
+  expect_refused(p, "the embedding must be on the first stage only (decode stages)");
+  p = waa_plan();
+  p.stages[2].rank = 1;
+  expect_refused(p, "rank 1 holds two stages");
 }
 
 TEST(Plan, PlacementPrints) {
