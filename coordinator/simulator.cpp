@@ -682,6 +682,11 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
     enc_latency += ts + (s + 1 < split.encoders ? chunks * act_e : 0.0);
     p.stages.push_back({s + 1, 0, 0, true, false, ts, {}, {}});
   }
+  // The coordinator turns every encode step (the command out, the first tokens back) as it
+  // turns a decode step. With one encoder batch in flight per encoder stage, an encode comes
+  // out every slowest stage or every trip shared by the batches, whichever is longer.
+  enc_latency += chunks * in_.profile.step_overhead(rows_e / chunks);
+  enc_period = std::max(enc_period, enc_latency / split.encoders);
   // Decoder stages: B_m micro-batches of B_D / B_m; a micro-batch gets a token per trip
   // through all of them, and the stages are shared by the micro-batches.
   double trip = 0, widest = 0;
@@ -702,7 +707,11 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
   // The p99 sequence's encode at the quantile of its batch's prompt rows (its time scaled by
   // the rows: the encode's layers are linear in them to within the chunking).
   enc_latency *= phase_rows_at(w.input, b_e, in_.percentile) / rows_e;
-  p.p99_latency_s = enc_latency + period / 2 + std::max(p.p99_output - 1, 0) * period;
+  // The hand-over (docs/CLUSTER.md): two control messages through the coordinator, and the
+  // decode stage's next pause between steps (half its step on average) before it stores the
+  // KV; the bytes themselves are in the encoder stages' times above.
+  const double handover = 2 * in_.profile.step_overhead(0) + widest / 2;
+  p.p99_latency_s = enc_latency + handover + period / 2 + std::max(p.p99_output - 1, 0) * period;
   int32_t begin = 0;
   for (size_t s = 0; s < p.stages.size(); ++s) {
     if (static_cast<int32_t>(s) == split.encoders) begin = 0;

@@ -256,6 +256,23 @@ TEST(Simulator, WaaDecodeBatchIsEncodeBatchTimesOutputLength) {
   EXPECT_EQ(p.allocation.layers, (std::vector<int32_t>{2, 2})) << "each side holds every layer";
 }
 
+TEST(Simulator, WaaByHandWithTheCoordinatorsTurns) {
+  // 1 encoder + 1 decoder worker, 2 layers of 1 ms a step each; inputs 10, outputs 5 (4
+  // decode iterations); the coordinator's turn 0.5 ms + 0.1 ms a row. B_E 1: an encode is
+  // 2 ms of layers + a 10-row turn of 1.5 ms = 3.5 ms; B_D = 4 in one micro-batch: a trip is
+  // 2 ms + 0.9 ms. The period is the encoder's 3.5 ms: 5 tokens per 3.5 ms = 1428.6 tok/s.
+  // The p99 sequence: its encode 3.5 ms, the hand-over 2 x 0.5 ms + half the decode stage's
+  // 2 ms step, half a period to join, 4 periods: 3.5 + 2 + 1.75 + 14 = 21.25 ms.
+  SimulatorInputs in = tiny_simulator(2, {5}).inputs();
+  in.profile.step_overhead_s = 0.5e-3;
+  in.profile.step_overhead_per_row_s = 0.1e-3;
+  const Prediction p = Simulator(in).predict(ScheduleVars{SchedulePolicy::kWaaC, 1, 1, 1, 1});
+  ASSERT_TRUE(p.feasible) << p.infeasible_reason;
+  EXPECT_DOUBLE_EQ(p.decode_batch, 4);
+  EXPECT_NEAR(p.throughput_tok_s, 5 / 3.5e-3, 1e-6);
+  EXPECT_NEAR(p.p99_latency_s, 21.25e-3, 1e-12);
+}
+
 TEST(Simulator, WaaDecodeSlotsAreCappedByTheRunsSlots) {
   // B_D = 8 * 32 = 256 decode slots: a run of 255 (--max-batch) cannot hold them.
   SimulatorInputs in = tiny_simulator(2, {33}).inputs();
