@@ -53,7 +53,7 @@ class Coordinator {
   int32_t encoder_slots() const {
     const WaaRun& w = *options_.waa;
     return w.encoder_slots > 0  ? w.encoder_slots
-           : w.encode_batch > 0 ? w.encode_batch * w.encoder_micro_batches
+           : w.encode_batch > 0 ? w.encode_batch * (w.encoder_micro_batches + 1)
                                 : options_.kv_slots;
   }
   void end_unfinished(const std::string& why, bool failed);
@@ -137,8 +137,8 @@ ClusterStats Coordinator::run_plan() {
   if (options_.waa) {
     if (options_.schedule)
       fail_input(
-          "--waa-encoders and --latency-bound: the schedule search deploys RRA only; give "
-          "one of them");
+          "--waa-encoders with --latency-bound: the bound's search chooses the allocation itself "
+          "(--schedule-policy waa-c,waa-m keeps it to WAA); give one of them");
     po.encoder_stages = options_.waa->encoder_stages;
     po.encoder_kv_slots = encoder_slots();
   }
@@ -156,6 +156,7 @@ ClusterStats Coordinator::run_plan() {
   stats_.micro_batches = so.micro_batches;
   stats_.decode_iters = so.decode_iters;
   serve();
+  if (waa_ != nullptr) stats_.waa->counters = waa_->counters();
   if (first_step_)
     stats_.seconds = std::chrono::duration<double>(last_result_ - *first_step_).count();
   steady_window();
@@ -252,12 +253,11 @@ void Coordinator::use_waa(const Prediction& chosen, PlanOptions& po) {
   w.encoder_stages = chosen.allocation.encoder_stages;
   w.encoder_micro_batches = w.encoder_stages;
   w.encode_batch = chosen.vars.encode_batch;
-  w.encoder_slots = w.encode_batch * (w.encoder_micro_batches + 1);
   w.planned_input = options_.schedule->workload.input.mean();
   w.planned_decode_batch = chosen.decode_batch;
   options_.waa = w;
   po.encoder_stages = w.encoder_stages;
-  po.encoder_kv_slots = w.encoder_slots;
+  po.encoder_kv_slots = encoder_slots();
 }
 
 // A finished request's lengths and latency for the schedule; a drift re-plans N_D and the
@@ -406,7 +406,6 @@ bool Coordinator::hand_over() {
     h.sequences += static_cast<int64_t>(next->moves.size());
     moved = true;
   }
-  h.counters = waa_->counters();
   return moved;
 }
 

@@ -29,7 +29,9 @@ namespace strata {
 // kv_slots: the decode side's KV slots).
 struct WaaRun {
   int32_t encoder_stages = 1;
-  int32_t encoder_slots = 0;  // the prefill side's KV slots (0: B_E, or the decode side's)
+  // The prefill side's KV slots; 0: B_E for each encoder batch in flight and one more
+  // waiting for decode slots, or the decode side's slots when B_E is 0.
+  int32_t encoder_slots = 0;
   int32_t encoder_micro_batches = 1;
   int32_t encode_batch = 0;  // B_E (0: what the prefill slots hold)
   double planned_input = 0;  // §5.2 (0: off)
@@ -43,8 +45,8 @@ struct HandoverStats {
   int64_t handovers = 0;
   int64_t sequences = 0;
   uint64_t bytes = 0;
-  double seconds = 0;  // summed over hand-overs
-  WaaCounters counters;
+  double seconds = 0;    // summed over hand-overs
+  WaaCounters counters;  // the scheduler's, at the end of the run
   std::string json() const;
 };
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -195,8 +196,7 @@ std::string KvHandover::str() const {
 }
 
 std::string KvHandoverDone::str() const {
-  return fmt::format("kv hand-over {} done on rank {} ({} bytes in {:.6f} s)", handover_id, rank,
-                     bytes, seconds);
+  return fmt::format("kv hand-over {} done on rank {} ({} bytes)", handover_id, rank, bytes);
 }
 
 const char* message_name(const ControlMessage& message) {
@@ -251,9 +251,10 @@ std::span<const StagePlan> ClusterPlan::pipeline(Phase phase) const {
 }
 
 bool ClusterPlan::encoder(const StagePlan& stage) const {
-  for (const StagePlan& s : pipeline(Phase::kPrefill).first(waa() ? encoder_stages : 0))
-    if (s.rank == stage.rank) return true;
-  return false;
+  if (!waa()) return false;
+  const std::span<const StagePlan> prefill = pipeline(Phase::kPrefill);
+  return std::any_of(prefill.begin(), prefill.end(),
+                     [&](const StagePlan& s) { return s.rank == stage.rank; });
 }
 
 std::span<const StagePlan> ClusterPlan::pipeline_of(const StagePlan& stage) const {
@@ -399,7 +400,6 @@ void write(wire::KvHandoverDone::Builder b, const KvHandoverDone& d) {
   b.setHandoverId(d.handover_id);
   b.setRank(d.rank);
   b.setBytes(d.bytes);
-  b.setSeconds(d.seconds);
 }
 
 void write(wire::StepResult::Builder b, const StepResult& r) {
@@ -680,7 +680,7 @@ ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
       return read(body.getKvHandover());
     case W::KV_HANDOVER_DONE: {
       auto d = body.getKvHandoverDone();
-      return KvHandoverDone{d.getHandoverId(), d.getRank(), d.getBytes(), d.getSeconds()};
+      return KvHandoverDone{d.getHandoverId(), d.getRank(), d.getBytes()};
     }
   }
   fail_malformed(fmt::format("unknown message type {}", static_cast<int>(body.which())));

@@ -268,7 +268,6 @@ struct KvHandoverDone {
   uint64_t handover_id = 0;
   int32_t rank = 0;
   uint64_t bytes = 0;  // KV bytes this stage sent or received for the hand-over
-  double seconds = 0;  // from the hand-over's arrival to its last transfer done
 
   std::string str() const;
   bool operator==(const KvHandoverDone&) const = default;

@@ -47,7 +47,6 @@ struct KvTransfers {
   };
   std::vector<Part> parts;
   uint64_t bytes = 0;
-  double started = 0;
   Deadline deadline = Deadline::after_seconds(0);
 };
 
@@ -326,7 +325,6 @@ void StageWorker::on_handover(const KvHandover& h) {
   auto t = std::make_unique<KvTransfers>();
   t->handover = h;
   t->receiving = receiving;
-  t->started = now_s();
   t->deadline = Deadline::after_seconds(options_.step_timeout_s);
   for (const StagePlan& peer : plan_->pipeline(receiving ? Phase::kPrefill : Phase::kDecode)) {
     const int32_t begin = std::max(me.layer_begin, peer.layer_begin);
@@ -403,8 +401,7 @@ void StageWorker::finish_handover(KvTransfers& h) {
         fmt::format("KV hand-over {}", h.handover.handover_id), options_.step_timeout_s,
         "the step timeout");
   }
-  control_.send(0,
-                KvHandoverDone{h.handover.handover_id, world_.rank(), h.bytes, now_s() - h.started},
+  control_.send(0, KvHandoverDone{h.handover.handover_id, world_.rank(), h.bytes},
                 Deadline::after_seconds(options_.step_timeout_s));
 }
 

@@ -76,7 +76,7 @@ std::vector<ControlMessage> every_message() {
       waa_plan(),
       KvHandover{
           5, {{11, 2, 0, 17}, {12, 0, 3, 1}}, {{11, 0, sampling}, {12, 3, SamplingParams{}}}},
-      KvHandoverDone{5, 2, 123456789012ull, 0.0125},
+      KvHandoverDone{5, 2, 123456789012ull},
   };
 }
 

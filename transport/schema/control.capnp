@@ -198,7 +198,6 @@ struct KvHandoverDone {
   handoverId @0 :UInt64;
   rank @1 :Int32;
   bytes @2 :UInt64;
-  seconds @3 :Float64;
 }
 
 struct ControlMessage {
