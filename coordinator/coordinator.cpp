@@ -134,6 +134,14 @@ ClusterStats Coordinator::run_plan() {
   size_run();
   PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
                  capacity_,           max_rows_,       options_.stage_mem,     options_.placement};
+  if (!options_.tensor_parallel.empty()) {
+    if (options_.waa || options_.schedule)
+      fail_input("--tensor-parallel with {}: {}",
+                 options_.waa ? "--waa-encoders" : "--latency-bound",
+                 options_.waa ? "KV hand-over between tensor-parallel groups is not built"
+                              : "the bound's search chooses the degrees itself; give one of them");
+    po.tp_degrees = parse_tp_degrees(options_.tensor_parallel, stages_.count());
+  }
   if (options_.waa) {
     if (options_.schedule)
       fail_input(
@@ -458,7 +466,7 @@ std::string ClusterStats::json() const {
     stages_json += fmt::format(
         R"({}{{"rank": {}, "layers": [{}, {}], "steps": {}, "rows": {}, "busy_seconds": {:.6f}, )"
         R"("idle_seconds": {:.6f}, "window_seconds": {:.6f}, "bubble_fraction": {:.4f}}})",
-        stages_json.empty() ? "" : ", ", s.stage.rank, s.stage.layer_begin, s.stage.layer_end,
+        stages_json.empty() ? "" : ", ", s.rank(), s.stage.layer_begin, s.stage.layer_end,
         s.stats.steps, s.stats.rows, s.stats.busy_seconds, s.stats.idle_seconds,
         s.stats.window_seconds, s.bubble_fraction());
   }
@@ -495,9 +503,9 @@ std::string ClusterStats::table() const {
       tokens_per_second(), prefill_steps, decode_steps);
   out += "  rank  layers      steps   busy s   idle s  bubble\n";
   for (const StageReport& s : stages)
-    out += fmt::format("  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%\n",
-                       s.stage.rank, s.stage.layer_begin, s.stage.layer_end, s.stats.steps,
-                       s.stats.busy_seconds, s.stats.idle_seconds, 100 * s.bubble_fraction());
+    out += fmt::format("  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%\n", s.rank(),
+                       s.stage.layer_begin, s.stage.layer_end, s.stats.steps, s.stats.busy_seconds,
+                       s.stats.idle_seconds, 100 * s.bubble_fraction());
   if (schedule) out += "  " + schedule->line(steady_tokens_per_second()) + "\n";
   if (waa)
     out += fmt::format(

@@ -72,6 +72,9 @@ struct CoordinatorOptions {
   // stages with it, and re-plans when the lengths drift.
   std::optional<ScheduleTarget> schedule;
   std::optional<WaaRun> waa;  // run WAA instead of RRA
+  // Partial tensor parallelism (--tensor-parallel, planner.h's parse_tp_degrees): the
+  // degree of each pipeline stage; empty: one rank a stage.
+  std::string tensor_parallel;
 };
 
 struct ClusterStats {

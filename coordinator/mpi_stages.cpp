@@ -58,7 +58,8 @@ void MpiStages::dispatch(const ScheduledStep& step) {
   StepCommand bare = step.command;  // later stages need no token ids
   for (SeqStep& s : bare.seqs) s.token_ids.clear();
   for (const StagePlan& s : plan_.pipeline(phase))
-    control_.send(s.rank, s.has_embedding ? step.command : bare, deadline);
+    for (int32_t r : s.ranks())  // every member of a tensor-parallel group runs the step
+      control_.send(r, s.has_embedding ? step.command : bare, deadline);
 }
 
 // The decode pipeline's last stage samples a running sequence (a WAA prefill stage forgets
@@ -132,9 +133,10 @@ void MpiStages::check_alive() const {
   try {
     monitor_->check();
   } catch (const Error& e) {
-    const char* role = !plan_.waa() || stage == nullptr ? "stage"
-                       : plan_.encoder(*stage)          ? "prefill stage"
-                                                        : "decode stage";
+    const char* role = stage != nullptr && stage->tp_degree() > 1 ? "tensor-parallel stage"
+                       : !plan_.waa() || stage == nullptr         ? "stage"
+                       : plan_.encoder(*stage)                    ? "prefill stage"
+                                                                  : "decode stage";
     fail(ErrorKind::kDisconnected, "worker rank {} ({} layers [{}, {})) is dead or hung: {}{}",
          *silent, role, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what(),
          handovers_.empty()
@@ -175,7 +177,7 @@ std::vector<StageReport> MpiStages::finish(const std::string& reason) {
     waiting.erase(r.source);
   }
   std::sort(reports.begin(), reports.end(),
-            [](const StageReport& a, const StageReport& b) { return a.stage.rank < b.stage.rank; });
+            [](const StageReport& a, const StageReport& b) { return a.rank() < b.rank(); });
   return reports;
 }
 

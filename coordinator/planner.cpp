@@ -1,6 +1,11 @@
 #include "coordinator/planner.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <charconv>
+#include <numeric>
+#include <sstream>
 
 #include "kernels/error.h"
 
@@ -41,6 +46,38 @@ TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan) {
   return b;
 }
 
+int32_t PlanOptions::stages() const {
+  return tp_degrees.empty() ? workers : static_cast<int32_t>(tp_degrees.size());
+}
+
+std::vector<int32_t> parse_tp_degrees(const std::string& text, int32_t workers) {
+  std::vector<int32_t> degrees;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    int32_t d = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), d);
+    if (ec != std::errc() || end != item.data() + item.size() || d < 1)
+      fail_input("--tensor-parallel '{}': '{}' is not a degree (a whole number, 1 or more)", text,
+                 item);
+    degrees.push_back(d);
+  }
+  if (degrees.empty()) fail_input("--tensor-parallel '{}': no degrees", text);
+  if (degrees.size() == 1) {  // one degree for every stage
+    const int32_t d = degrees[0];
+    if (workers % d != 0)
+      fail_input("--tensor-parallel {}: {} worker ranks do not split into groups of {}", text,
+                 workers, d);
+    degrees.assign(static_cast<size_t>(workers / d), d);
+  }
+  const int32_t sum = std::accumulate(degrees.begin(), degrees.end(), 0);
+  if (sum != workers)
+    fail_input(
+        "--tensor-parallel {}: the stages take {} worker ranks but the job has {} "
+        "(mpirun -np {})",
+        text, sum, workers, sum + 1);
+  return degrees;
+}
+
 std::vector<int32_t> uniform_layers(int32_t layers, int32_t stages) {
   std::vector<int32_t> out;
   for (int32_t i = 0; i < stages; ++i)
@@ -49,10 +86,12 @@ std::vector<int32_t> uniform_layers(int32_t layers, int32_t stages) {
 }
 
 ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
-  const int32_t n = config.n_layers, s = o.workers;
-  if (s < 1)
+  const int32_t n = config.n_layers, s = o.stages();
+  if (o.workers < 1)
     fail_input(
         "a cluster needs at least one worker rank besides the coordinator (mpirun -np 2 or more)");
+  if (!o.tp_degrees.empty() && s > n)
+    fail_input("{} tensor-parallel pipeline stages but {} has only {} layers", s, o.model_spec, n);
   const int32_t e = o.encoder_stages;
   if (e < 0 || (e > 0 && e >= s))
     fail_input("WAA with {} prefill stages of {} worker ranks: each side needs at least one", e, s);
@@ -76,8 +115,12 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
                       const std::vector<int32_t>& layers) {
   const int32_t n = config.n_layers;
   const auto s = static_cast<int32_t>(layers.size());
-  if (s != o.workers)
-    fail_input("an allocation of {} stages for {} worker ranks", layers.size(), o.workers);
+  if (s != o.stages())
+    fail_input("an allocation of {} stages for {} pipeline stages", layers.size(), o.stages());
+  if (!o.tp_degrees.empty() &&
+      std::accumulate(o.tp_degrees.begin(), o.tp_degrees.end(), 0) != o.workers)
+    fail_input("tensor-parallel degrees [{}] for {} worker ranks", fmt::join(o.tp_degrees, ", "),
+               o.workers);
   ClusterPlan plan;
   plan.plan_id = 1;
   plan.model_spec = o.model_spec;
@@ -90,13 +133,17 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
   plan.encoder_stages = o.encoder_stages;
   plan.encoder_kv_slots = o.encoder_stages > 0 ? o.encoder_kv_slots : 0;
   int32_t begin = 0;
+  int32_t rank = 1;
   for (int32_t i = 0; i < s; ++i) {
     // A WAA plan starts its decode pipeline at layer 0 again.
     const bool first = i == 0 || i == o.encoder_stages;
     const bool last = i == s - 1 || i + 1 == o.encoder_stages;
     if (first) begin = 0;
     StagePlan st;
-    st.rank = i + 1;
+    st.rank = rank;
+    const int32_t degree = o.tp_degrees.empty() ? 1 : o.tp_degrees[static_cast<size_t>(i)];
+    for (int32_t k = 0; k < degree && degree > 1; ++k) st.tp_ranks.push_back(rank + k);
+    rank += degree;
     st.layer_begin = begin;
     st.layer_end = begin + layers[static_cast<size_t>(i)];
     st.has_embedding = first;
@@ -106,9 +153,11 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     plan.stages.push_back(st);
   }
   plan.validate();
-  const ModelShape shape = config.shape();
   std::string refused;
   for (StagePlan& st : plan.stages) {
+    // A tensor-parallel stage is placed as its leader's shard (the other members hold the
+    // same without the head).
+    const ModelShape shape = tensor_parallel_shard(config, st.tp_degree()).shape();
     const StageRequest r = stage_request(st, plan, o.placement, o.stage_mem);
     const StagePlacement p = place_stage(shape, r);
     const TierBytes links = link_buffer_bytes(st, plan);

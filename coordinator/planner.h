@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "placement/stage_placement.h"
 #include "transport/messages.h"
@@ -43,7 +44,18 @@ struct PlanOptions {
   // pipeline with `encoder_kv_slots` KV slots each, the rest the decode pipeline; 0: RRA.
   int32_t encoder_stages = 0;
   int32_t encoder_kv_slots = 0;
+  // ExeGPT's partial tensor parallelism: the degree of each pipeline stage, in order (the
+  // stage's layers split over that many consecutive worker ranks; their sum is `workers`).
+  // Empty: every stage on one rank.
+  std::vector<int32_t> tp_degrees;
+
+  int32_t stages() const;  // pipeline stages: tp_degrees' count, or one per worker
 };
+
+// --tensor-parallel's text: per-stage degrees "1,2,1", or one degree "2" for every stage of
+// `workers` ranks. Throws InputError naming the text and what is wrong (a degree below 1,
+// a sum that is not the worker count).
+std::vector<int32_t> parse_tp_degrees(const std::string& text, int32_t workers);
 
 // What placement/ is asked for stage `stage` of `plan` (the memory model's inputs).
 StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,

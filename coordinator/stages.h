@@ -19,6 +19,8 @@ struct StageReport {
   StagePlan stage;
   StageStats stats;
   double bubble_fraction() const;  // idle / window of the stage's first to last step
+  // The rank that reported: the stage's, or a member of its tensor-parallel group.
+  int32_t rank() const { return stats.rank > 0 ? stats.rank : stage.rank; }
 };
 
 // What the stages measured for the profiler (coordinator/profiler.h): each stage's report,

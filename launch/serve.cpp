@@ -53,6 +53,7 @@ struct ServeOptions {
   int debug_die_in_handover = -1;
   // ExeGPT's WAA (docs/SCHEDULING.md): prefill workers, the rest decode (0: RRA).
   int waa_encoders = 0;
+  std::string tensor_parallel;  // --tensor-parallel: per-stage degrees
   WaaRun waa;
   // ExeGPT's scheduler (docs/SCHEDULING.md).
   std::string latency_bound;  // seconds or inf; with --workload, the run plans its schedule
@@ -166,6 +167,7 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   c.stop_signal = &g_stop_signal;
   c.grace_period_s = o.grace_period;
   c.flush_timeout_s = o.flush_timeout;
+  c.tensor_parallel = o.tensor_parallel;
   if (o.waa_encoders > 0) {
     c.waa = o.waa;
     c.waa->encoder_stages = o.waa_encoders;
@@ -501,6 +503,10 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--decode-iters", o->decode_iters,
                   "Decode iterations between prefill phases (ExeGPT's N_D)")
       ->check(positive());
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "ExeGPT's partial tensor parallelism: each pipeline stage's degree, e.g. 1,2,1 "
+                  "(a stage's heads and MLP columns split over that many consecutive worker "
+                  "ranks), or one degree for every stage");
   add_cluster_options(*cmd, *o);
   add_schedule_serve_options(*cmd, *o);
   add_waa_options(*cmd, *o);

@@ -83,9 +83,18 @@ std::string tiers_str(const std::vector<uint8_t>& tiers) {
 }
 }  // namespace
 
+int32_t StagePlan::tp_index(int32_t world_rank) const {
+  const std::vector<int32_t> all = ranks();
+  const auto it = std::find(all.begin(), all.end(), world_rank);
+  return it == all.end() ? -1 : static_cast<int32_t>(it - all.begin());
+}
+
 std::string StagePlan::str() const {
-  return fmt::format("rank {}: layers [{}, {}){}{} {} gpu {} cpu {} disk {}", rank, layer_begin,
-                     layer_end, has_embedding ? " +embedding" : "", has_head ? " +head" : "",
+  return (tp_ranks.empty()
+              ? fmt::format("rank {}", rank)
+              : fmt::format("ranks {} (TP {})", fmt::join(tp_ranks, "+"), tp_ranks.size())) +
+         fmt::format(": layers [{}, {}){}{} {} gpu {} cpu {} disk {}", layer_begin, layer_end,
+                     has_embedding ? " +embedding" : "", has_head ? " +head" : "",
                      use_gpu ? "on gpu" : "on cpu", mib(gpu_mem_bytes), mib(cpu_mem_bytes),
                      mib(disk_mem_bytes)) +
          (placed() ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}",
@@ -281,10 +290,20 @@ void ClusterPlan::validate() const {
   std::set<int32_t> ranks;
   for (size_t i = 0; i < stages.size(); ++i) {
     const StagePlan& s = stages[i];
-    if (s.rank <= 0)
-      fail_input("plan {}: stage {} on rank {} (rank 0 coordinates)", plan_id, i, s.rank);
-    if (!ranks.insert(s.rank).second)
-      fail_input("plan {}: rank {} holds two stages", plan_id, s.rank);
+    if (!s.tp_ranks.empty() && (s.tp_ranks.size() < 2 || s.tp_ranks[0] != s.rank))
+      fail_input(
+          "plan {}: stage {}'s tensor-parallel group [{}] must hold two or more ranks led "
+          "by the stage's rank {}",
+          plan_id, i, fmt::join(s.tp_ranks, ", "), s.rank);
+    if (!s.tp_ranks.empty() && waa())
+      fail_input(
+          "plan {}: stage {} is tensor-parallel in a WAA plan (KV hand-over between "
+          "tensor-parallel groups is not built)",
+          plan_id, i);
+    for (int32_t r : s.ranks()) {
+      if (r <= 0) fail_input("plan {}: stage {} on rank {} (rank 0 coordinates)", plan_id, i, r);
+      if (!ranks.insert(r).second) fail_input("plan {}: rank {} holds two stages", plan_id, r);
+    }
     if (s.placed() || !s.cache_tiers.empty()) {
       const auto n = static_cast<size_t>(s.n_layers());
       if (s.weight_tiers.size() != n || s.cache_tiers.size() != n)
@@ -301,9 +320,14 @@ void ClusterPlan::validate() const {
 
 const StagePlan* ClusterPlan::stage_of_rank(int32_t r) const {
   for (const StagePlan& s : stages) {
-    if (s.rank == r) return &s;
+    if (s.tp_index(r) >= 0) return &s;
   }
   return nullptr;
+}
+
+bool ClusterPlan::tensor_parallel() const {
+  return std::any_of(stages.begin(), stages.end(),
+                     [](const StagePlan& s) { return s.tp_degree() > 1; });
 }
 
 // ---- encoding ----
@@ -331,6 +355,7 @@ void write_stage(wire::Stage::Builder b, const StagePlan& s) {
   b.setPlacedGpuBytes(s.placed_gpu_bytes);
   b.setPlacedCpuBytes(s.placed_cpu_bytes);
   b.setPlacedDiskBytes(s.placed_disk_bytes);
+  b.setTpRanks(kj::ArrayPtr<const int32_t>(s.tp_ranks.data(), s.tp_ranks.size()));
 }
 
 void write(wire::Plan::Builder b, const ClusterPlan& p) {
@@ -523,6 +548,7 @@ StagePlan read_stage(wire::Stage::Reader r) {
   s.placed_gpu_bytes = r.getPlacedGpuBytes();
   s.placed_cpu_bytes = r.getPlacedCpuBytes();
   s.placed_disk_bytes = r.getPlacedDiskBytes();
+  for (int32_t rank : r.getTpRanks()) s.tp_ranks.push_back(rank);
   return s;
 }
 

@@ -25,8 +25,9 @@ namespace strata {
 // Bumped when a change is not a pure addition; a peer with another version is refused.
 // 2: StagePlan carries the placement, SeqStep.sample, BatchUpdate.left; 3: profiling
 // (ProfileRequest / ProfileReport) and a second plan to a running worker (re-deployment);
-// 4: WAA plans (encoder stages, their KV slots) and KV hand-overs (KvHandover / KvHandoverDone).
-inline constexpr uint32_t kControlProtocolVersion = 4;
+// 4: WAA plans (encoder stages, their KV slots) and KV hand-overs (KvHandover / KvHandoverDone);
+// 5: tensor-parallel stages (StagePlan::tp_ranks).
+inline constexpr uint32_t kControlProtocolVersion = 5;
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
@@ -34,7 +35,10 @@ inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
 enum class Phase : uint8_t { kPrefill = 0, kDecode = 1 };
 const char* phase_name(Phase phase);
 
-// One pipeline stage: layers [layer_begin, layer_end) on world rank `rank`.
+// One pipeline stage: layers [layer_begin, layer_end) on world rank `rank`, or split over a
+// tensor-parallel group (ExeGPT's partial tensor parallelism, Megatron's split of heads and
+// MLP columns): `tp_ranks` in shard order, tp_ranks[0] == rank, the leader, which alone
+// talks to the pipeline's other stages and to the coordinator and holds the head.
 struct StagePlan {
   int32_t rank = 0;
   int32_t layer_begin = 0;
@@ -59,8 +63,14 @@ struct StagePlan {
   uint64_t placed_gpu_bytes = 0;
   uint64_t placed_cpu_bytes = 0;
   uint64_t placed_disk_bytes = 0;
+  std::vector<int32_t> tp_ranks;  // empty: one rank (degree 1)
 
   int32_t n_layers() const { return layer_end - layer_begin; }
+  int32_t tp_degree() const { return tp_ranks.empty() ? 1 : static_cast<int32_t>(tp_ranks.size()); }
+  // Every rank that computes this stage: the group, or `rank` alone.
+  std::vector<int32_t> ranks() const { return tp_ranks.empty() ? std::vector{rank} : tp_ranks; }
+  // This rank's shard index in the group; -1 when it is not a member.
+  int32_t tp_index(int32_t world_rank) const;
   bool placed() const { return !weight_tiers.empty(); }
   std::string str() const;
   bool operator==(const StagePlan&) const = default;
@@ -84,10 +94,14 @@ struct ClusterPlan {
   int32_t encoder_kv_slots = 0;
 
   // Throws InputError when a pipeline's stages do not cover [0, num_layers) in order with
-  // at least one layer each, when ranks repeat or are 0 (the coordinator), or when the
-  // embedding is not on a pipeline's first stage or the head not on its last.
+  // at least one layer each, when ranks repeat or are 0 (the coordinator), when the
+  // embedding is not on a pipeline's first stage or the head not on its last, or when a
+  // tensor-parallel group is malformed (fewer than two ranks, not led by the stage's rank)
+  // or part of a WAA plan.
   void validate() const;
-  const StagePlan* stage_of_rank(int32_t rank) const;  // nullptr when rank has no stage
+  // The stage `rank` computes (as its rank or a member of its group); nullptr: none.
+  const StagePlan* stage_of_rank(int32_t rank) const;
+  bool tensor_parallel() const;  // any stage split over a group
   bool waa() const { return encoder_stages > 0; }
   // The stages that run `phase`, in pipeline order: every stage (RRA), or one side (WAA).
   std::span<const StagePlan> pipeline(Phase phase) const;

@@ -347,6 +347,22 @@ ModelShape ModelConfig::shape() const {
   return s;
 }
 
+ModelConfig tensor_parallel_shard(const ModelConfig& full, int32_t degree) {
+  if (degree < 1)
+    fail_input("{}: tensor-parallel degree {} (must be 1 or more)", full.source, degree);
+  for (const auto& [what, count] :
+       {std::pair{"attention heads", full.n_heads}, std::pair{"KV heads", full.n_kv_heads},
+        std::pair{"MLP intermediate columns", full.intermediate}})
+    if (count % degree != 0)
+      fail_input("{}: tensor-parallel degree {} does not divide its {} {}", full.source, degree,
+                 count, what);
+  ModelConfig shard = full;
+  shard.n_heads /= degree;
+  shard.n_kv_heads /= degree;
+  shard.intermediate /= degree;
+  return shard;
+}
+
 std::string ModelConfig::str() const {
   return fmt::format(
       "ModelConfig({}, {}, hidden={}, intermediate={}, layers={}, heads={}, kv_heads={}, "

@@ -91,6 +91,13 @@ struct ModelConfig {
   void validate(const InputLimits& limits = {}) const;
 };
 
+// One shard of a tensor-parallel group of `degree` ranks (Megatron's split, which ExeGPT's
+// partial tensor parallelism applies to some stages): the attention heads, the KV heads and
+// the MLP's intermediate columns divided by the degree, the hidden size (the residual stream
+// every member keeps whole) unchanged. Throws InputError naming the model and the count the
+// degree does not divide. Degree 1: the config itself.
+ModelConfig tensor_parallel_shard(const ModelConfig& full, int32_t degree);
+
 // Parses a config.json object. `source` names the file in error messages.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source,
                                const InputLimits& limits = {});

@@ -15,7 +15,8 @@ WeightParts weight_parts(const ModelConfig& full, const LoadOptions& o) {
   if (o.layer_begin < 0 || o.layer_begin >= end || end > full.n_layers)
     fail_input("{}: layer range [{}, {}) is not a non-empty part of its {} layers", full.source,
                o.layer_begin, end, full.n_layers);
-  return WeightParts{o.layer_begin, end - o.layer_begin, o.embedding, o.head};
+  return WeightParts{o.layer_begin, end - o.layer_begin, o.embedding,
+                     o.head,        o.tp_index,          o.tp_degree};
 }
 
 }  // namespace
@@ -67,10 +68,11 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   const ModelConfig full = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype)
                                  : load_model_config(spec, options.limits);
   const WeightParts parts = weight_parts(full, options);
-  m.config = full;
+  m.config = tensor_parallel_shard(full, options.tp_degree);
   m.config.n_layers = parts.n_layers;
   m.layer_begin = parts.layer_begin;
-  m.placement = place_weights(full.shape(), weight_request(options));
+  m.placement = place_weights(tensor_parallel_shard(full, options.tp_degree).shape(),
+                              weight_request(options));
   if (!options.weight_tiers.empty()) {  // decided by the plan: execute it
     if (options.weight_tiers.size() != static_cast<size_t>(parts.n_layers))
       fail_input("{}: the plan places {} weight layers but the stage has {}", full.source,

@@ -49,6 +49,10 @@ struct LoadOptions {
   int32_t layer_end = -1;
   bool embedding = true;
   bool head = true;
+  // A tensor-parallel stage's shard (weights.h's WeightParts): the loaded config is the
+  // shard's (config.h's tensor_parallel_shard), and so are its placement and KV cache.
+  int32_t tp_index = 0;
+  int32_t tp_degree = 1;
   // Bounds on what the model files may ask for (input_limits.h), and whether to scan every
   // weight for NaN / infinity at load (--check-weights).
   InputLimits limits;

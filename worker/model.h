@@ -53,6 +53,8 @@ class Model {
   // FlexGen's GPU batch size in sequences: a step with more sequences runs as a block of
   // several GPU batches (zig-zag schedule). 0: the whole step is one GPU batch.
   void set_gpu_batch_size(int32_t sequences) { executor_.set_gpu_batch_size(sequences); }
+  // A tensor-parallel shard's group sum (Transformer::set_block_reduce); outlives the model.
+  void set_block_reduce(BlockReduce* reduce) { transformer_.set_block_reduce(reduce); }
   int32_t gpu_batch_size() const { return executor_.gpu_batch_size(); }
 
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.

@@ -41,10 +41,18 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
     so.cache.cpu_attention = stage.cpu_attention;
     so.gpu_batch_size = stage.gpu_batch_size;
   }
+  options.tp_degree = stage.tp_degree();
+  options.tp_index = so.tp_index;
+  if (stage.tp_degree() > 1) {
+    STRATA_CHECK(so.tp_reduce != nullptr && so.tp_index >= 0 && so.tp_index < stage.tp_degree(),
+                 "stage {}: shard {} without its group", stage.str(), so.tp_index);
+    // Every member keeps the whole residual stream; the leader alone samples from it.
+    if (so.tp_index > 0) stage_.has_head = false;
+  }
   options.layer_begin = stage.layer_begin;
   options.layer_end = stage.layer_end;
   options.embedding = stage.has_embedding;
-  options.head = stage.has_head;
+  options.head = stage_.has_head;
   LoadedModel m = load_model(plan.model_spec, options);
   if (m.config.hidden != plan.hidden_size)
     fail_input("{}: hidden size {} but the plan says {}", plan.model_spec, m.config.hidden,
@@ -54,6 +62,7 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
   model_ = owned_.get();
   model_->set_cache_options(so.cache);
   model_->set_gpu_batch_size(so.gpu_batch_size);
+  if (stage.tp_degree() > 1) model_->set_block_reduce(so.tp_reduce);
   allocate(plan);
   log::get("worker")->info(
       "stage {} on {}: {} layers, KV cache {:.1f} MiB ({}), weights {}, allocated {}", stage.str(),

@@ -16,6 +16,7 @@
 #include "worker/kv_cache.h"
 #include "worker/loader.h"
 #include "worker/model.h"
+#include "worker/tensor_parallel.h"
 
 namespace strata {
 
@@ -24,6 +25,10 @@ struct StageOptions {
   LoadOptions load;    // dummy dtype and seed, budgets, weight tiers; the plan sets the range
   CacheOptions cache;  // where the stage's KV cache lives, who attends over it
   int32_t gpu_batch_size = 0;  // block schedule: sequences per GPU batch (0: one GPU batch)
+  // A tensor-parallel stage (StagePlan::tp_ranks): this rank's shard and its group's sum,
+  // which outlives the stage. Shards other than 0 hold no head and sample nothing.
+  int32_t tp_index = 0;
+  BlockReduce* tp_reduce = nullptr;
 };
 
 // The plan's placement for `stage` against what its worker allocated: Error(kFailed) naming
@@ -46,6 +51,7 @@ class PipelineStage {
   // process (coordinator/local_stages.h). `model` outlives the stage.
   PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Model& model);
 
+  // The plan's stage as this rank runs it (a tensor-parallel shard other than 0: no head).
   const StagePlan& stage() const { return stage_; }
   bool first() const { return stage_.has_embedding; }
   bool last() const { return stage_.has_head; }

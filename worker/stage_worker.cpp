@@ -14,11 +14,13 @@
 
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "transport/all_reduce.h"
 #include "transport/control_channel.h"
 #include "transport/peer_monitor.h"
 #include "transport/tensor_channel.h"
 #include "worker/compute_thread.h"
 #include "worker/stage.h"
+#include "worker/tensor_parallel.h"
 
 namespace strata {
 namespace {
@@ -69,6 +71,8 @@ class StageWorker {
  private:
   bool receive_plan();
   void start(const ClusterPlan& plan);
+  void join_group(const StagePlan& stage);
+  void allocate_buffers(const StagePlan& stage);
   int serve();
   bool handle(const ControlMessage& message);  // false on Shutdown
   void on_step(const StepCommand& command);
@@ -94,6 +98,7 @@ class StageWorker {
   bool serve_control_once(bool stop_on_shutdown = true);
   void check_coordinator() const;
   void wait_serving(Transfer& transfer, const Deadline& deadline);
+  void wait_sends(const Deadline& deadline);
 
   const Communicator& world_;
   Backend& backend_;
@@ -103,16 +108,24 @@ class StageWorker {
   std::optional<ClusterPlan> plan_;
   std::unique_ptr<TensorLinks> links_;
   std::unique_ptr<MpiTensorChannel> kv_channel_;
+  // A tensor-parallel stage's group and the sum its shard's layers call (both outlive the
+  // stage, whose compute uses them).
+  std::unique_ptr<AllReduceGroup> group_;
+  std::unique_ptr<GroupBlockReduce> block_reduce_;
+  int32_t tp_index_ = 0;  // 0: the stage's rank (the leader) or no group
   std::deque<std::unique_ptr<KvTransfers>> handovers_;  // posted, not yet all done
   int64_t handovers_taken_ = 0;
   bool progressing_ = false;  // inside progress_handovers
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<StepBuffers> buffers_;
   size_t buffer_floats_ = 0;
+  // The previous stage's rank (its leader sends to every member of this stage), the next
+  // stage's rank, and every rank of the next stage (this stage's leader sends to each).
   int prev_ = -1, next_ = -1;
-  Transfer sends_[2];      // of buffers_->out, so destroyed (cancelled) first
-  ComputeThread compute_;  // uses stage_ and buffers_, so joined before they go
-  bool bound_ = false;     // the compute thread has bound itself to the backend
+  std::vector<int> next_group_;
+  std::vector<Transfer> sends_[2];  // of buffers_->out, so destroyed (cancelled) first
+  ComputeThread compute_;           // uses stage_ and buffers_, so joined before they go
+  bool bound_ = false;              // the compute thread has bound itself to the backend
   int next_out_ = 0;
   uint64_t step_id_ = 0;
   StageStats stats_;
@@ -145,7 +158,7 @@ int StageWorker::settle_compute(int code) {
   log::get("worker")->error(
       "rank {}: step {} still computing {} s after the stop; ending the process", world_.rank(),
       step_id_, options_.step_timeout_s);
-  for (Transfer& t : sends_) t = Transfer();
+  for (auto& sends : sends_) sends.clear();
   compute_.abandon();
   (void)stage_.release();
   (void)buffers_.release();
@@ -174,16 +187,51 @@ void StageWorker::start(const ClusterPlan& plan) {
   const StagePlan* stage = plan.stage_of_rank(me);
   if (stage == nullptr)
     fail(ErrorKind::kFailed, "plan {} has no stage for rank {}", plan.plan_id, me);
-  // Neighbours within the stage's pipeline (a WAA plan has two).
+  tp_index_ = stage->tp_index(me);
+  // Neighbours within the stage's pipeline (a WAA plan has two); a shard other than the
+  // leader receives from the previous stage as the leader does but sends nothing.
   const std::span<const StagePlan> pipeline = plan.pipeline_of(*stage);
   for (size_t i = 0; i < pipeline.size(); ++i) {
-    if (pipeline[i].rank != me) continue;
+    if (pipeline[i].rank != stage->rank) continue;
     if (i > 0) prev_ = pipeline[i - 1].rank;
-    if (i + 1 < pipeline.size()) next_ = pipeline[i + 1].rank;
+    if (i + 1 < pipeline.size() && tp_index_ == 0) {
+      next_ = pipeline[i + 1].rank;
+      next_group_ = pipeline[i + 1].ranks();
+    }
   }
   if (plan.waa()) kv_channel_ = std::make_unique<MpiTensorChannel>(world_, kKvTag);
-  stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, options_.stage);
-  buffer_floats_ = static_cast<size_t>(plan.max_batch_rows) * static_cast<size_t>(plan.hidden_size);
+  if (stage->tp_degree() > 1) join_group(*stage);
+  StageOptions so = options_.stage;
+  so.tp_index = tp_index_;
+  so.tp_reduce = block_reduce_.get();
+  stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, so);
+  allocate_buffers(*stage);
+  log::get("worker")->info("rank {}: activations from rank {} over {}, to ranks [{}] over {}{}", me,
+                           prev_, prev_ < 0 ? "-" : links_->to(prev_).name(),
+                           fmt::join(next_group_, ", "), next_ < 0 ? "-" : links_->to(next_).name(),
+                           group_ ? "; " + group_->str() : "");
+}
+
+// The stage's tensor-parallel group: NCCL when every member computes on its own GPU (as
+// TensorLinks found them), MPI otherwise.
+void StageWorker::join_group(const StagePlan& stage) {
+  const std::vector<int32_t> members = stage.ranks();
+  const bool nccl = options_.device >= 0 && std::all_of(members.begin(), members.end(),
+                                                        [&](int32_t r) { return links_->gpu(r); });
+  const Deadline deadline = Deadline::after_seconds(options_.plan_timeout_s);
+  group_ = nccl ? make_nccl_all_reduce(world_, {members.begin(), members.end()}, options_.device,
+                                       deadline)
+                : make_mpi_all_reduce(world_, {members.begin(), members.end()});
+  block_reduce_ = std::make_unique<GroupBlockReduce>(backend_, *group_, options_.step_timeout_s);
+}
+
+// One step's activations in (not the first stage) and out: two buffers to the next stage
+// (the leader of a stage that is not the last), or one the shard discards (the other members
+// of a tensor-parallel group, whose output is the leader's too). Checked against the plan on
+// the leader; a member holds the same shard without the head.
+void StageWorker::allocate_buffers(const StagePlan& stage) {
+  buffer_floats_ =
+      static_cast<size_t>(plan_->max_batch_rows) * static_cast<size_t>(plan_->hidden_size);
   const size_t bytes = buffer_floats_ * sizeof(float);
   auto buffer = [&](bool device) {
     return device ? DeviceBuffer(backend_, bytes) : DeviceBuffer::host(backend_, bytes);
@@ -194,20 +242,31 @@ void StageWorker::start(const ClusterPlan& plan) {
     b.in_device = links_->to(prev_).device_buffers();
     b.in = buffer(b.in_device);
   }
-  if (!stage_->last()) {
-    b.out_device = links_->to(next_).device_buffers();
+  if (!next_group_.empty()) {
+    b.out_device = links_->to(next_group_[0]).device_buffers();
+    for (int r : next_group_)
+      if (links_->to(r).device_buffers() != b.out_device)
+        fail(ErrorKind::kFailed,
+             "rank {}: the next stage's ranks [{}] mix NCCL and MPI links; give every rank of a "
+             "tensor-parallel group the same kind of device",
+             world_.rank(), fmt::join(next_group_, ", "));
     b.out[0] = buffer(b.out_device);
     b.out[1] = buffer(b.out_device);
+  } else if (!stage_->last()) {
+    b.out_device = true;  // the compute backend's own memory: nothing reads it
+    b.out[0] = DeviceBuffer(backend_, bytes);
   }
   TierBytes allocated = stage_->memory();
   for (const DeviceBuffer* buf : {&b.in, &b.out[0], &b.out[1]}) {
     const bool device = buf == &b.in ? b.in_device : b.out_device;
     (device ? allocated.gpu : allocated.cpu) += static_cast<int64_t>(buf->size());
   }
-  check_allocation(*stage, allocated);
-  log::get("worker")->info("rank {}: activations from rank {} over {}, to rank {} over {}", me,
-                           prev_, prev_ < 0 ? "-" : links_->to(prev_).name(), next_,
-                           next_ < 0 ? "-" : links_->to(next_).name());
+  if (tp_index_ == 0) {
+    check_allocation(stage, allocated);
+  } else {
+    log::get("worker")->info("rank {}: shard {} of stage {} allocated {}", world_.rank(), tp_index_,
+                             stage.str(), allocated.str());
+  }
 }
 
 // Commands in order; between them, the hand-overs in progress move on (a WAA stage keeps
@@ -239,12 +298,15 @@ bool StageWorker::handle(const ControlMessage& m) {
   } else if (auto* plan = std::get_if<ClusterPlan>(&m)) {
     // Re-deployment (a schedule chose other layers or KV slots): the old stage goes first,
     // its memory with it, then the new one loads as the first did.
-    for (Transfer& t : sends_) wait_serving(t, Deadline::after_seconds(options_.step_timeout_s));
+    wait_sends(Deadline::after_seconds(options_.step_timeout_s));
     buffers_.reset();
     handovers_.clear();
     stage_.reset();
+    block_reduce_.reset();
+    group_.reset();
     plan_ = *plan;
     prev_ = next_ = -1;
+    next_group_.clear();
     start(*plan_);
   } else if (auto* handover = std::get_if<KvHandover>(&m)) {
     on_handover(*handover);
@@ -288,15 +350,17 @@ void StageWorker::on_step(const StepCommand& c) {
     Transfer t = links_->to(prev_).start_recv(prev_, in);
     wait_serving(t, deadline);
   }
-  const int k = next_out_;
-  if (!stage_->last()) wait_serving(sends_[k], deadline);  // the buffer's previous send
+  const int k = next_group_.empty() ? 0 : next_out_;
+  for (Transfer& t : sends_[k]) wait_serving(t, deadline);  // the buffer's previous sends
   const double busy_from = now_s();
   std::span<float> out(b.out[k].f32(), stage_->last() ? 0 : act);
   std::vector<SeqToken> tokens = compute_step(c, in, out);
   if (stage_->last()) {
     control_.send(0, StepResult{c.step_id, c.micro_batch, std::move(tokens)}, deadline);
-  } else {
-    sends_[k] = links_->to(next_).start_send(next_, std::span<const float>(out));
+  } else if (!next_group_.empty()) {
+    sends_[k].clear();
+    for (int r : next_group_)
+      sends_[k].push_back(links_->to(r).start_send(r, std::span<const float>(out)));
     next_out_ ^= 1;
   }
   window_end_ = now_s();
@@ -435,6 +499,11 @@ void StageWorker::run_on_compute(std::function<void()> job, const std::string& w
 // ExeGPT's XProfiler on this rank: its stage's timings on the compute thread, then its
 // links (receiving from the previous stage, sending to the next), reported to rank 0.
 void StageWorker::on_profile(const ProfileRequest& r) {
+  if (plan_->tensor_parallel())
+    fail(ErrorKind::kFailed,
+         "plan {} has tensor-parallel stages: profiling measures stages of one rank each (the "
+         "schedule search prices a group from them)",
+         plan_->plan_id);
   auto report = std::make_shared<ProfileReport>();
   PipelineStage* stage = stage_.get();
   run_on_compute([=] { *report = stage->profile(r); }, "profiling", options_.plan_timeout_s,
@@ -494,8 +563,7 @@ std::vector<SeqToken> StageWorker::compute_step(const StepCommand& c, std::span<
 }
 
 void StageWorker::on_shutdown() {
-  const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
-  for (Transfer& t : sends_) wait_serving(t, deadline);
+  wait_sends(Deadline::after_seconds(options_.step_timeout_s));
   handovers_.clear();  // the run is over: what was not handed over is not needed (cancels)
   send_stats();
 }
@@ -522,7 +590,7 @@ int StageWorker::linger_after(const std::exception& e) {
   try {
     control_.send(0, ErrorReport::from(as_error, world_.rank(), step_id_),
                   Deadline::after_seconds(5));
-    for (Transfer& t : sends_) t = Transfer();  // cancels
+    for (auto& sends : sends_) sends.clear();  // cancels
     handovers_.clear();
     while (
         !std::holds_alternative<Shutdown>(next_message(std::nullopt, "shutdown after an error"))) {
@@ -581,6 +649,11 @@ void StageWorker::check_coordinator() const {
     fail(ErrorKind::kDisconnected,
          "rank 0 (the coordinator) silent for {:.1f} s (heartbeat timeout {} s): it is gone",
          silent, options_.coordinator_timeout_s);
+}
+
+void StageWorker::wait_sends(const Deadline& deadline) {
+  for (auto& sends : sends_)
+    for (Transfer& t : sends) wait_serving(t, deadline);
 }
 
 void StageWorker::wait_serving(Transfer& t, const Deadline& deadline) {

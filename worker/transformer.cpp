@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "worker/tensor_parallel.h"
 
 namespace strata {
 
@@ -185,6 +186,7 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
     backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
   }
   attention_block(L, i, s, rows, cache);  // h_ -> h_ (output projection)
+  if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
   backend_.add(x, h_.f32(), n);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x, rows, x);
 
@@ -194,6 +196,7 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
     backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
   }
   mlp_block(L, rows);  // h_ -> h_
+  if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
   backend_.add(x, h_.f32(), n);
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
 }

@@ -51,6 +51,8 @@ struct BatchState {
   }
 };
 
+class BlockReduce;  // worker/tensor_parallel.h
+
 class Transformer {
  public:
   // `fixed` (the embeddings and the head, where the model has them) outlives the
@@ -63,6 +65,11 @@ class Transformer {
   int32_t max_rows() const { return max_rows_; }
   KvAttention& attention() { return attention_; }
   const KvAttention& attention() const { return attention_; }
+
+  // A tensor-parallel shard (its config is config.h's tensor_parallel_shard): the partial
+  // output of every attention and MLP block is summed over the group by `reduce` before it
+  // joins the residual stream. nullptr: the whole layer is here.
+  void set_block_reduce(BlockReduce* reduce) { reduce_ = reduce; }
 
   // A GPU batch's state of this transformer's size.
   BatchState make_batch_state() const;
@@ -107,6 +114,7 @@ class Transformer {
   RopeTables rope_;
   // Learned positions from the table row of position 0 on (OPT stores them at an offset).
   Tensor positions_;
+  BlockReduce* reduce_ = nullptr;
 };
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -131,13 +132,15 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
     LayerWeights& L = w.layers[static_cast<size_t>(i)];
     const size_t mark = owned.size();
     build_layer(c, n, parts.layer_begin + i, fetch, L);
-    if (!sink) continue;
-    sink(i, L);
+    if (parts.tp_degree > 1) shard_layer(c, parts, L, owned);
+    if (!sink && parts.tp_degree == 1) continue;
+    if (sink) sink(i, L);
     if (L.q.data == nullptr) {
       owned.resize(mark);  // the sink took the layer elsewhere
       continue;
     }
-    // Storage the sink replaced (a matrix compressed to 4-bit): the layer no longer reads it.
+    // Storage the sink or the shard replaced (a matrix compressed to 4-bit, the whole of a
+    // split matrix): the layer no longer reads it.
     const auto used = [&](const std::unique_ptr<OwnedTensor>& t) {
       for (const Tensor* m : {&L.attn_norm, &L.attn_norm_bias, &L.q, &L.k, &L.v, &L.o, &L.q_bias,
                               &L.k_bias, &L.v_bias, &L.o_bias, &L.mlp_norm, &L.mlp_norm_bias,
@@ -152,12 +155,56 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
   return w;
 }
 
+// Rows [index, index + 1) * R / degree of a [R] or [R, C] tensor, as a new tensor.
+Tensor shard_rows(const Tensor& t, int32_t index, int32_t degree,
+                  std::vector<std::unique_ptr<OwnedTensor>>& owned) {
+  if (t.data == nullptr) return t;
+  STRATA_CHECK(t.dtype != DType::kQ4 && t.shape[0] % degree == 0, "rows of {} by {}", t.shape.str(),
+               degree);
+  Shape shape = t.shape;
+  shape.dims[0] /= degree;
+  owned.push_back(std::make_unique<OwnedTensor>(t.dtype, shape));
+  const size_t bytes = owned.back()->view.bytes();
+  std::memcpy(owned.back()->view.data, static_cast<const char*>(t.data) + bytes * index, bytes);
+  return owned.back()->view;
+}
+
+// Columns [index, index + 1) * C / degree of a [R, C] matrix, as a new tensor.
+Tensor shard_columns(const Tensor& t, int32_t index, int32_t degree,
+                     std::vector<std::unique_ptr<OwnedTensor>>& owned) {
+  STRATA_CHECK(t.dtype != DType::kQ4 && t.shape.rank == 2 && t.shape[1] % degree == 0,
+               "columns of {} by {}", t.shape.str(), degree);
+  const int64_t rows = t.shape[0], cols = t.shape[1] / degree;
+  owned.push_back(std::make_unique<OwnedTensor>(t.dtype, Shape{rows, cols}));
+  const size_t elem = dtype_size(t.dtype);
+  const size_t piece = static_cast<size_t>(cols) * elem;
+  auto* out = static_cast<char*>(owned.back()->view.data);
+  const auto* in = static_cast<const char*>(t.data) + piece * static_cast<size_t>(index);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out + piece * static_cast<size_t>(r), in + piece * degree * static_cast<size_t>(r),
+                piece);
+  return owned.back()->view;
+}
+
 Tensor own(ModelWeights& w, DType dtype, Shape shape) {
   w.owned.push_back(std::make_unique<OwnedTensor>(dtype, shape));
   return w.owned.back()->view;
 }
 
 }  // namespace
+
+void shard_layer(const ModelConfig& full, const WeightParts& parts, LayerWeights& L,
+                 std::vector<std::unique_ptr<OwnedTensor>>& owned) {
+  const int32_t i = parts.tp_index, d = parts.tp_degree;
+  STRATA_CHECK(d >= 1 && i >= 0 && i < d, "tensor-parallel shard {} of {}", i, d);
+  (void)tensor_parallel_shard(full, d);  // refuses a degree that does not divide the heads
+  // Heads are contiguous row blocks of q / k / v (head-major), so a block of whole heads is a
+  // block of rows; shard i's query heads read exactly its KV heads (GQA groups stay whole).
+  for (Tensor* t : {&L.q, &L.k, &L.v, &L.q_bias, &L.k_bias, &L.v_bias, &L.gate, &L.up, &L.up_bias})
+    *t = shard_rows(*t, i, d, owned);
+  for (Tensor* t : {&L.o, &L.down}) *t = shard_columns(*t, i, d, owned);
+  if (i != 0) L.o_bias = L.down_bias = Tensor{};
+}
 
 int64_t ModelWeights::matrix_bytes() const {
   int64_t total = static_cast<int64_t>(embed.bytes() + positions.bytes() + project_in.bytes() +

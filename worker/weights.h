@@ -58,7 +58,18 @@ struct WeightParts {
   int32_t n_layers = -1;
   bool embedding = true;  // token (and OPT position) embeddings, project_in
   bool head = true;       // final norm, project_out, lm_head (the embedding too when tied)
+  // A tensor-parallel shard (config.h's tensor_parallel_shard): shard `tp_index` of
+  // `tp_degree` keeps its heads' rows of q / k / v, its intermediate rows of gate / up, the
+  // matching columns of o / down, and the biases of what it keeps; the biases added after
+  // the all-reduce (o, down) only on shard 0, so the sum counts them once.
+  int32_t tp_index = 0;
+  int32_t tp_degree = 1;
 };
+
+// Cuts layer `L` (built for the whole model `full`) down to its shard as WeightParts says;
+// the shards are new tensors appended to `owned`.
+void shard_layer(const ModelConfig& full, const WeightParts& parts, LayerWeights& L,
+                 std::vector<std::unique_ptr<OwnedTensor>>& owned);
 
 struct CheckpointOptions {
   InputLimits limits;

@@ -49,6 +49,48 @@ TEST(Planner, RefusesMoreStagesThanLayers) {
   EXPECT_THROW(make_uniform_plan(c, options(0)), InputError);
 }
 
+// Partial tensor parallelism: a stage of degree d takes d consecutive ranks, led by the
+// first; the rest follow on.
+TEST(Planner, TensorParallelStagesTakeConsecutiveRanks) {
+  const ModelConfig c = dummy_model_config("opt-125m");  // 12 layers, 12 heads, 3072 columns
+  PlanOptions o = options(5);
+  o.tp_degrees = {1, 3, 1};
+  const ClusterPlan p = make_uniform_plan(c, o);
+  ASSERT_EQ(p.stages.size(), 3u);
+  EXPECT_EQ(p.stages[0].rank, 1);
+  EXPECT_TRUE(p.stages[0].tp_ranks.empty());
+  EXPECT_EQ(p.stages[1].rank, 2);
+  EXPECT_EQ(p.stages[1].tp_ranks, (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(p.stages[2].rank, 5);
+  EXPECT_EQ(p.stages[1].layer_begin, 4);
+  EXPECT_EQ(p.stages[1].layer_end, 8);
+  // The split stage holds a third of each layer's matrices: its placement is well under the
+  // whole layers' (the norms and the o / down biases stay whole).
+  const ClusterPlan whole = make_uniform_plan(c, options(3));
+  EXPECT_LT(p.stages[1].placed_cpu_bytes, whole.stages[1].placed_cpu_bytes * 6 / 10);
+  o.tp_degrees = {1, 5};  // 5 does not divide 12 heads
+  EXPECT_THROW(make_uniform_plan(c, o), InputError);
+}
+
+TEST(Planner, TensorParallelDegreesParse) {
+  EXPECT_EQ(parse_tp_degrees("1,2,1", 4), (std::vector<int32_t>{1, 2, 1}));
+  EXPECT_EQ(parse_tp_degrees("2", 6), (std::vector<int32_t>{2, 2, 2}));
+  auto refusal = [](const std::string& text, int32_t workers) {
+    try {
+      (void)parse_tp_degrees(text, workers);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal("1,2,1", 5).find("the stages take 4 worker ranks but the job has 5"),
+            std::string::npos);
+  EXPECT_NE(refusal("2", 5).find("5 worker ranks do not split into groups of 2"),
+            std::string::npos);
+  EXPECT_NE(refusal("1,x", 2).find("'x' is not a degree"), std::string::npos);
+  EXPECT_NE(refusal("0,2", 2).find("'0' is not a degree"), std::string::npos);
+}
+
 // stories260K as one stage on the host: 2 KV slots of 16 positions, 8 rows a step. Every
 // number below is worked out by hand from config.json (hidden 64, intermediate 172, 5
 // layers, 8 heads and 4 KV heads of 8, vocab 512, 512 positions, tied head, f32).

@@ -142,15 +142,16 @@ case $case_name in
         and ([.stages[] | .bubble_fraction >= 0 and .bubble_fraction <= 1 and .busy_seconds > 0] | all)' \
       "$tmp/stats.json" >/dev/null || fail "stats: $(cat "$tmp/stats.json")"
     ;;
-  dead)
+  dead)  # NP RANK [serve options...]
     np=$1
     rank=$2
+    shift 2
     write_requests "$stories" "$tmp/req.jsonl"
     start=$(date +%s)
     set +e
     cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
       --debug-kill-rank "$rank" --debug-kill-after-steps 2 --heartbeat-interval 0.2 --heartbeat-timeout 2 \
-      >"$tmp/out" 2>&1
+      "$@" >"$tmp/out" 2>&1
     rc=$?
     set -e
     took=$(($(date +%s) - start))

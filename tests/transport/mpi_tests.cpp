@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "transport/all_reduce.h"
 #include "transport/control_channel.h"
 #include "transport/mpi_session.h"
 #include "transport/peer_monitor.h"
@@ -246,6 +248,46 @@ TEST_F(Mpi, TensorReceiveTimeoutNamesTheRankAndTheBuffer) {
   const auto start = Clock::now();
   expect_error([&] { channel.recv(0, std::span<float>(buf), Deadline::after(300ms)); },
                ErrorKind::kDisconnected, {"rank 0", "receive of 16 f32 from rank 0"});
+  EXPECT_LT(seconds_since(start), 2.0);
+}
+
+// A tensor-parallel group over every rank, summing from a thread other than main (as a
+// stage's compute thread does): every rank gets the partials added in shard order, the same
+// bits on each, computed here from the self-checking values.
+// Partials of different sizes per rank, so that adding them in another order rounds
+// differently.
+float partial_value(size_t n, int rank, size_t i) {
+  return f32_value(static_cast<int>(n), rank, i) * std::pow(10.0f, static_cast<float>(rank)) / 3.0f;
+}
+
+TEST_F(Mpi, AllReduceSumsInShardOrderOnEveryRank) {
+  std::vector<int> members;
+  for (int r = 0; r < size_; ++r) members.push_back(r);
+  std::unique_ptr<AllReduceGroup> group = make_mpi_all_reduce(comm_, members);
+  EXPECT_EQ(group->index(), rank_);
+  for (size_t n : {size_t{1}, size_t{4096}, size_t{100003}}) {
+    std::vector<float> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = partial_value(n, rank_, i);
+    std::thread t([&] { group->all_reduce(data.data(), n, Deadline::after(20s)); });
+    t.join();
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+      float sum = partial_value(n, 0, i);
+      for (int r = 1; r < size_; ++r) sum += partial_value(n, r, i);
+      bad += std::memcmp(&sum, &data[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(bad, 0u) << n << " elements";
+  }
+}
+
+// A member that never sums is named when the deadline passes, and nothing waits longer.
+TEST_F(Mpi, AllReduceTimeoutNamesTheSilentMember) {
+  if (rank_ != 0) return;
+  std::unique_ptr<AllReduceGroup> group = make_mpi_all_reduce(comm_, {0, 1});
+  std::vector<float> data(64, 1.0f);
+  const auto start = Clock::now();
+  expect_error([&] { group->all_reduce(data.data(), data.size(), Deadline::after(300ms)); },
+               ErrorKind::kDisconnected, {"rank 1"});
   EXPECT_LT(seconds_since(start), 2.0);
 }
 

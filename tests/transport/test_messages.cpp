@@ -47,6 +47,16 @@ ClusterPlan waa_plan() {
   return p;
 }
 
+// Partial tensor parallelism (protocol 5): [0, 4) on rank 1, [4, 8) split over ranks 2 and
+// 3, [8, 12) over ranks 4 to 7.
+ClusterPlan tp_plan() {
+  ClusterPlan p = sample_plan();
+  p.stages = {{1, 0, 4, true, false}, {2, 4, 8, false, false}, {4, 8, 12, false, true}};
+  p.stages[1].tp_ranks = {2, 3};
+  p.stages[2].tp_ranks = {4, 5, 6, 7};
+  return p;
+}
+
 std::vector<ControlMessage> every_message() {
   StepCommand step{7, Phase::kPrefill, 1, {{11, 0, 0, 3, {1, 2, 3}, false}, {12, 1, 5, 1, {}}}};
   SamplingParams sampling;
@@ -74,6 +84,7 @@ std::vector<ControlMessage> every_message() {
                     {2.5e-4, 9e-4},
                     {1.5e-5, 2.25e-4}},
       waa_plan(),
+      tp_plan(),
       KvHandover{
           5, {{11, 2, 0, 17}, {12, 0, 3, 1}}, {{11, 0, sampling}, {12, 3, SamplingParams{}}}},
       KvHandoverDone{5, 2, 123456789012ull},
@@ -138,7 +149,7 @@ TEST(Messages, OtherProtocolVersionIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[16] =
       std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
-  expect_malformed(bytes, "protocol version 7, this binary speaks 4");
+  expect_malformed(bytes, "protocol version 7, this binary speaks 5");
 }
 
 TEST(Messages, UnknownMessageTypeIsRefused) {
@@ -302,6 +313,44 @@ TEST(Plan, WaaFaultsAreNamed) {
   p = waa_plan();
   p.stages[2].rank = 1;
   expect_refused(p, "rank 1 holds two stages");
+}
+
+TEST(Plan, TensorParallelGroupsAreStagesOfSeveralRanks) {
+  const ClusterPlan p = tp_plan();
+  EXPECT_NO_THROW(p.validate());
+  EXPECT_TRUE(p.tensor_parallel());
+  EXPECT_FALSE(sample_plan().tensor_parallel());
+  EXPECT_EQ(p.stage_of_rank(3), &p.stages[1]);
+  EXPECT_EQ(p.stage_of_rank(6), &p.stages[2]);
+  EXPECT_EQ(p.stage_of_rank(8), nullptr);
+  EXPECT_EQ(p.stages[2].tp_index(6), 2);
+  EXPECT_EQ(p.stages[2].tp_index(3), -1);
+  EXPECT_EQ(p.stages[0].tp_index(1), 0);
+  EXPECT_EQ(p.stages[2].tp_degree(), 4);
+  EXPECT_EQ(p.stages[0].ranks(), std::vector<int32_t>{1});
+  EXPECT_NE(p.stages[1].str().find("ranks 2+3 (TP 2): layers [4, 8)"), std::string::npos)
+      << p.stages[1].str();
+}
+
+TEST(Plan, TensorParallelFaultsAreNamed) {
+  ClusterPlan p = tp_plan();
+  p.stages[1].tp_ranks = {3, 2};
+  expect_refused(p,
+                 "stage 1's tensor-parallel group [3, 2] must hold two or more ranks led by "
+                 "the stage's rank 2");
+  p = tp_plan();
+  p.stages[1].tp_ranks = {2};
+  expect_refused(p, "group [2] must hold two or more ranks");
+  p = tp_plan();
+  p.stages[2].tp_ranks = {4, 3};
+  p.stages[2].rank = 4;
+  expect_refused(p, "rank 3 holds two stages");
+  p = tp_plan();
+  p.stages[1].tp_ranks = {2, 0};
+  expect_refused(p, "stage 1 on rank 0 (rank 0 coordinates)");
+  p = waa_plan();
+  p.stages[2].tp_ranks = {3, 4};
+  expect_refused(p, "stage 2 is tensor-parallel in a WAA plan");
 }
 
 TEST(Plan, PlacementPrints) {

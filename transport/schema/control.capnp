@@ -53,6 +53,9 @@ struct Stage {
   placedGpuBytes @15 :UInt64;
   placedCpuBytes @16 :UInt64;
   placedDiskBytes @17 :UInt64;
+  # Partial tensor parallelism (protocol 5): the ranks that split this stage's layers, in
+  # shard order, the first being `rank`; empty: the stage is one rank.
+  tpRanks @18 :List(Int32);
 }
 
 struct Plan {
