@@ -221,8 +221,9 @@ void Coordinator::steady_window() {
       stats_.steady_tokens += static_cast<int64_t>(n);
 }
 
-// ExeGPT at start: the profile of the stages just started (uniform), the best RRA schedule
-// under the bound, and the stages re-deployed when it wants other layers or KV slots.
+// ExeGPT at start: the profile of the stages just started (uniform), the best schedule under
+// the bound (RRA, RRA with partial tensor parallelism, WAA-C or WAA-M), and the stages
+// re-deployed when it wants other layers, groups or KV slots.
 void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
   SchedulePlanOptions sp;
   sp.model_spec = options_.model_spec;
@@ -237,6 +238,7 @@ void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
   const Prediction& chosen = schedule_->plan(stages_, plan_);
   po.micro_batches = chosen.vars.micro_batches;
   po.kv_slots = chosen.kv_slots;
+  po.tp_degrees = chosen.allocation.tp_degrees;
   if (chosen.vars.policy != SchedulePolicy::kRra) use_waa(chosen, po);
   ClusterPlan next = make_plan(config_, po, chosen.allocation.layers);
   next.plan_id = plan_.plan_id + 1;

@@ -3,7 +3,8 @@
 // latency both grow with each (§5.1's monotonic problem; ε_T and ε_L absorb small
 // violations). Strata runs it for RRA over (B_E, encoding frequency 1 / N_D) with the
 // micro-batch count fixed per run (as the paper fixes the TP degree), and for WAA-C / WAA-M
-// over (B_E, 1 / B_m); the best of all wins. The FasterTransformer-style baseline is
+// over (B_E, 1 / B_m); RRA again for each partial tensor parallelism (degree, groups); the
+// best of all wins. The FasterTransformer-style baseline is
 // searched exhaustively over its static batch and micro-batches in the same simulator.
 #pragma once
 
@@ -53,6 +54,10 @@ struct ScheduleSearchOptions {
   std::vector<int32_t> micro_batches;   // RRA's pipeline micro-batches (one search each)
   // WAA's B_m values, ascending; the simulator raises each to one per decoder stage.
   std::vector<int32_t> decoder_micro_batches;
+  // Partial tensor parallelism for RRA (§5.1: the degree fixed per run of the algorithm,
+  // the number of workers it is applied to varied): each degree here is searched with 1, 2,
+  // ... groups of that many workers, besides the search without.
+  std::vector<int32_t> tp_degrees;
   std::vector<SchedulePolicy> policies = {SchedulePolicy::kRra, SchedulePolicy::kWaaC,
                                           SchedulePolicy::kWaaM};
   double eps_throughput = 0.0;

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <queue>
+#include <span>
 
 #include "coordinator/allocator.h"
 #include "kernels/error.h"
@@ -67,16 +69,27 @@ const char* policy_name(SchedulePolicy p) {
   return "?";
 }
 
+std::vector<int32_t> ScheduleVars::stage_degrees(int32_t workers) const {
+  const int32_t d = std::max(tp_degree, 1), g = tp_groups;
+  STRATA_CHECK(g >= 0 && g * d <= workers, "{} tensor-parallel groups of {} over {} workers", g, d,
+               workers);
+  std::vector<int32_t> out(static_cast<size_t>(g), d);
+  out.resize(static_cast<size_t>(workers - g * (d - 1)), 1);
+  return out;
+}
+
 std::string ScheduleVars::str() const {
+  const std::string tp =
+      tp_groups > 0 ? fmt::format(" TP={}x{}", tp_groups, tp_degree) : std::string();
   switch (policy) {
     case SchedulePolicy::kRra:
-      return fmt::format("RRA B_E={} N_D={} micro-batches={}", encode_batch, decode_iters,
-                         micro_batches);
+      return fmt::format("RRA B_E={} N_D={} micro-batches={}{}", encode_batch, decode_iters,
+                         micro_batches, tp);
     case SchedulePolicy::kWaaC:
     case SchedulePolicy::kWaaM:
       return fmt::format("{} B_E={} B_m={}", policy_name(policy), encode_batch, micro_batches);
     case SchedulePolicy::kBaseline:
-      return fmt::format("FT batch={} micro-batches={}", encode_batch, micro_batches);
+      return fmt::format("FT batch={} micro-batches={}{}", encode_batch, micro_batches, tp);
   }
   return "?";
 }
@@ -85,7 +98,8 @@ json ScheduleVars::to_json() const {
   json j{{"policy", policy_name(policy)},
          {"encode_batch", encode_batch},
          {"micro_batches", micro_batches},
-         {"tp_degree", tp_degree}};
+         {"tp_degree", tp_degree},
+         {"tp_groups", tp_groups}};
   if (policy == SchedulePolicy::kRra) j["decode_iters"] = decode_iters;
   return j;
 }
@@ -162,7 +176,8 @@ std::string Allocation::str() const {
     } else if (encoder_stages > 0 && s == 0) {
       out += "encode ";
     }
-    out += fmt::format("[{}, {}) ", begin, begin + layers[s]);
+    out += fmt::format("[{}, {}){} ", begin, begin + layers[s],
+                       degree(s) > 1 ? fmt::format("x{}", degree(s)) : std::string());
     begin += layers[s];
   }
   if (!out.empty()) out.pop_back();
@@ -347,40 +362,89 @@ Prediction Simulator::predict(const ScheduleVars& v, const Allocation& allocatio
 namespace {
 
 // One stage's time for a step of a phase: its layers, and the embedding or head it holds.
+// A stage split over a tensor-parallel group of `degree` workers computes 1 / degree of each
+// layer's heads and columns on each member (priced from each member's one-worker profile,
+// the slowest setting the pace: every sum waits for it), then adds the partial sums twice a
+// layer: each member sends its rows x hidden to the other degree - 1 and receives theirs,
+// over the measured link. The embedding and head are not split (every member embeds; the
+// leader, members[0], alone runs the head).
 struct StepTimer {
-  const RankProfile& rank;
+  std::span<const RankProfile> members;
   int32_t layers;
   bool embedding, head;
   bool* outside;
+  const LinkProfile* link = nullptr;
+  double row_bytes = 0;
 
   double operator()(bool prefill, double rows, double length, double samples) const {
-    double t = layers * (prefill ? rank.prefill.at(rows, length, outside)
-                                 : rank.decode.at(rows, length, outside));
-    if (embedding) t += rank.embed.at(rows, outside);
-    if (head) t += rank.head.at(samples, outside);
+    const auto degree = static_cast<double>(members.size());
+    double layer = 0, embed = 0;
+    for (const RankProfile& r : members) {
+      layer = std::max(layer, prefill ? r.prefill.at(rows, length, outside)
+                                      : r.decode.at(rows, length, outside));
+      if (embedding) embed = std::max(embed, r.embed.at(rows, outside));
+    }
+    if (members.size() > 1)
+      layer = layer / degree + 2 * link->time((degree - 1) * rows * row_bytes);
+    double t = layers * layer + embed;
+    if (head) t += members[0].head.at(samples, outside);
     return t;
   }
 };
 
+// The first worker of each stage (the leader of a tensor-parallel group), by index.
+std::vector<int32_t> stage_leaders(const std::vector<int32_t>& degrees) {
+  std::vector<int32_t> out;
+  int32_t w = 0;
+  for (int32_t d : degrees) {
+    out.push_back(w);
+    w += d;
+  }
+  return out;
+}
+
+// The profiles of stage `s`'s workers, its leader first.
+std::span<const RankProfile> group_profiles(const ClusterProfile& profile,
+                                            const std::vector<int32_t>& leaders,
+                                            const std::vector<int32_t>& degrees, int32_t s) {
+  const auto si = static_cast<size_t>(s);
+  return std::span<const RankProfile>(profile.ranks)
+      .subspan(static_cast<size_t>(leaders[si]), static_cast<size_t>(degrees[si]));
+}
+
+std::vector<int32_t> degrees_of(const Allocation& a) {
+  return a.tp_degrees.empty() ? std::vector<int32_t>(a.layers.size(), 1) : a.tp_degrees;
+}
+
 }  // namespace
 
-std::vector<int32_t> Simulator::max_layers(int32_t kv_slots, int32_t stages) const {
+StageRequest Simulator::stage_request(int32_t layers, bool embedding, bool head,
+                                      int32_t kv_slots) const {
+  StageRequest r;
+  r.layer_begin = 0;
+  r.layer_end = layers;
+  r.embedding = embedding;
+  r.head = head;
+  r.device_compute = in_.device_compute;
+  r.max_rows = std::max(in_.max_step_tokens, kv_slots);
+  r.kv_slots = kv_slots;
+  r.kv_capacity = capacity_;
+  r.policy = in_.policy;
+  r.budgets = in_.budgets;
+  return r;
+}
+
+// The most layers each stage's memory holds (a tensor-parallel stage: its shard's).
+std::vector<int32_t> Simulator::max_layers(int32_t kv_slots,
+                                           const std::vector<int32_t>& degrees) const {
   std::vector<int32_t> out;
   const auto L = static_cast<int32_t>(in_.shape.n_layers);
+  const auto stages = static_cast<int32_t>(degrees.size());
   for (int32_t s = 0; s < stages; ++s) {
+    const ModelShape shape = in_.shape.tp_shard(degrees[static_cast<size_t>(s)]);
     auto fits = [&](int32_t n) {
-      StageRequest r;
-      r.layer_begin = 0;
-      r.layer_end = n;
-      r.embedding = s == 0;
-      r.head = s == stages - 1;
-      r.device_compute = in_.device_compute;
-      r.max_rows = std::max(in_.max_step_tokens, kv_slots);
-      r.kv_slots = kv_slots;
-      r.kv_capacity = capacity_;
-      r.policy = in_.policy;
-      r.budgets = in_.budgets;
-      return shortfalls(place_stage(in_.shape, r), in_.budgets).empty();
+      const StageRequest r = stage_request(n, s == 0, s == stages - 1, kv_slots);
+      return shortfalls(place_stage(shape, r), in_.budgets).empty();
     };
     int32_t lo = 0, hi = L;  // lo fits (0 layers: nothing to hold), find the largest
     while (lo < hi) {
@@ -396,32 +460,40 @@ std::vector<int32_t> Simulator::max_layers(int32_t kv_slots, int32_t stages) con
   return out;
 }
 
-Allocation Simulator::balance(const Phases& ph, int32_t kv_slots) const {
-  const int32_t S = workers();
-  std::vector<int32_t> room = max_layers(kv_slots, S);
+Allocation Simulator::balance(const Phases& ph, int32_t kv_slots,
+                              const std::vector<int32_t>& degrees) const {
+  const auto S = static_cast<int32_t>(degrees.size());
+  const std::vector<int32_t> room = max_layers(kv_slots, degrees);
+  const std::vector<int32_t> leaders = stage_leaders(degrees);
+  const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
   std::vector<StageCost> costs;
   bool outside = false;
   for (int32_t s = 0; s < S; ++s) {
-    const RankProfile& r = in_.profile.ranks[static_cast<size_t>(s)];
+    const std::span<const RankProfile> members = group_profiles(in_.profile, leaders, degrees, s);
+    const StepTimer layer{members, 1, false, false, &outside, &in_.profile.link, row_bytes};
+    const StepTimer fixed{members, 0, s == 0, s == S - 1, &outside, &in_.profile.link, row_bytes};
     StageCost c;
     c.max_layers = std::max(room[static_cast<size_t>(s)], 1);
     for (const Phases::Step& st : ph.steps) {
-      c.per_layer += StepTimer{r, 1, false, false, &outside}(st.prefill, st.rows, st.length, 0);
-      if (s == 0) c.fixed += r.embed.at(st.rows, &outside);
-      if (s == S - 1) c.fixed += r.head.at(st.samples, &outside);
+      c.per_layer += layer(st.prefill, st.rows, st.length, 0);
+      c.fixed += fixed(st.prefill, st.rows, st.length, st.samples);
     }
     costs.push_back(c);
   }
+  Allocation a;
+  if (std::any_of(degrees.begin(), degrees.end(), [](int32_t d) { return d > 1; }))
+    a.tp_degrees = degrees;
   int64_t total_room = 0;
   for (const StageCost& c : costs) total_room += c.max_layers;
-  if (total_room < in_.shape.n_layers) {  // cannot fit: split evenly, the memory check says why
-    Allocation even;
+  if (total_room < in_.shape.n_layers || in_.shape.n_layers < S) {
+    // Cannot fit: split evenly, the memory check says why.
     for (int32_t s = 0; s < S; ++s)
-      even.layers.push_back(
-          static_cast<int32_t>(in_.shape.n_layers / S + (s < in_.shape.n_layers % S ? 1 : 0)));
-    return even;
+      a.layers.push_back(static_cast<int32_t>(
+          std::max<int64_t>(in_.shape.n_layers / S + (s < in_.shape.n_layers % S ? 1 : 0), 1)));
+    return a;
   }
-  return Allocation{balance_layers(static_cast<int32_t>(in_.shape.n_layers), costs), 0};
+  a.layers = balance_layers(static_cast<int32_t>(in_.shape.n_layers), costs);
+  return a;
 }
 
 void Simulator::check_memory(Prediction& p, int32_t kv_slots) const {
@@ -433,20 +505,13 @@ void Simulator::check_memory(Prediction& p, int32_t kv_slots) const {
     const int32_t n = p.allocation.layers[static_cast<size_t>(s)];
     const bool first = s == 0 || (enc > 0 && s == enc);
     const bool last = s == S - 1 || (enc > 0 && s == enc - 1);
-    StageRequest r;
-    r.layer_begin = begin;
-    r.layer_end = begin + n;
-    r.embedding = first;
-    r.head = last;
-    r.device_compute = in_.device_compute;
     // WAA's encoders hold one encode batch; everyone else the decode batch.
     const int32_t slots = enc > 0 && s < enc ? std::max(p.vars.encode_batch, 1) : kv_slots;
-    r.max_rows = std::max(in_.max_step_tokens, slots);
-    r.kv_slots = slots;
-    r.kv_capacity = capacity_;
-    r.policy = in_.policy;
-    r.budgets = in_.budgets;
-    const StagePlacement placed = place_stage(in_.shape, r);
+    StageRequest r = stage_request(n, first, last, slots);
+    r.layer_begin = begin;
+    r.layer_end = begin + n;
+    const StagePlacement placed =
+        place_stage(in_.shape.tp_shard(p.allocation.degree(static_cast<size_t>(s))), r);
     StageEstimate& est = p.stages[static_cast<size_t>(s)];
     est.memory = placed.total();
     est.memory.gpu += placed.kernel_scratch_bytes;
@@ -473,10 +538,22 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
   p.decode_batch = ph.decode_batch;
   p.kv_slots = ph.kv_slots;
   p.p99_output = ph.p99_output;
-  p.allocation = fixed != nullptr ? *fixed : balance(ph, ph.kv_slots);
-  const int32_t S = workers();
-  if (static_cast<int32_t>(p.allocation.layers.size()) != S)
-    fail_input("an allocation of {} stages for {} workers", p.allocation.layers.size(), S);
+  const std::vector<int32_t> degrees =
+      fixed != nullptr ? degrees_of(*fixed) : v.stage_degrees(workers());
+  p.allocation = fixed != nullptr ? *fixed : balance(ph, ph.kv_slots, degrees);
+  if (fixed != nullptr && !fixed->tp_degrees.empty()) {  // the groups are the allocation's
+    p.vars.tp_degree = *std::max_element(degrees.begin(), degrees.end());
+    p.vars.tp_groups = static_cast<int32_t>(
+        std::count_if(degrees.begin(), degrees.end(), [](int32_t d) { return d > 1; }));
+  }
+  const auto S = static_cast<int32_t>(degrees.size());
+  if (static_cast<int32_t>(p.allocation.layers.size()) != S ||
+      std::accumulate(degrees.begin(), degrees.end(), 0) != workers())
+    fail_input("an allocation of {} stages over {} workers for {} workers",
+               p.allocation.layers.size(), std::accumulate(degrees.begin(), degrees.end(), 0),
+               workers());
+  const std::vector<int32_t> leaders = stage_leaders(degrees);
+  const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
   // Each stage's time for each step of the cycle, and each step's link time and the
   // coordinator's turn around it: expected (a step that may not run counts its chance), and
   // for the phases the p99 sequence is in (it runs every iteration up to its last).
@@ -487,8 +564,14 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
   int32_t begin = 0;
   for (int32_t s = 0; s < S; ++s) {
     const int32_t n = p.allocation.layers[static_cast<size_t>(s)];
-    const StepTimer timer{in_.profile.ranks[static_cast<size_t>(s)], n, s == 0, s == S - 1,
-                          &p.outside_profile};
+    const auto si = static_cast<size_t>(s);
+    const StepTimer timer{group_profiles(in_.profile, leaders, degrees, s),
+                          n,
+                          s == 0,
+                          s == S - 1,
+                          &p.outside_profile,
+                          &in_.profile.link,
+                          row_bytes};
     for (size_t k = 0; k < n_steps; ++k) {
       const Phases::Step& st = ph.steps[k];
       const double mean = timer(st.prefill, st.rows, st.length, st.samples);
@@ -499,7 +582,7 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
           st.prefill ? mean * st.rows_with_one / std::max(st.rows, 1e-9)
                      : timer(false, st.rows_with_one, st.length, st.rows_with_one);
     }
-    p.stages.push_back({s + 1, begin, begin + n, true, true, 0, {}, {}});
+    p.stages.push_back({leaders[si] + 1, begin, begin + n, true, true, 0, {}, {}});
     begin += n;
   }
   check_memory(p, ph.kv_slots);
@@ -512,7 +595,6 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
     p.p99_latency_s = std::numeric_limits<double>::infinity();
     return p;
   }
-  const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
   for (size_t k = 0; k < n_steps; ++k) {
     const Phases::Step& st = ph.steps[k];
     link[k] = st.chance * in_.profile.link.time(st.rows * row_bytes);

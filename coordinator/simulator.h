@@ -44,7 +44,12 @@ struct ScheduleVars {
   int32_t encode_batch = 1;  // B_E
   int32_t decode_iters = 1;  // N_D (RRA); the encoding frequency is 1 / N_D
   int32_t micro_batches = 1;
-  int32_t tp_degree = 1;  // partial tensor parallelism: fixed at 1 until it executes
+  // Partial tensor parallelism (§4.2): the first `tp_groups` pipeline stages each split over
+  // `tp_degree` consecutive workers, the rest one worker each (RRA and the baseline).
+  int32_t tp_degree = 1;
+  int32_t tp_groups = 0;
+  // The degree of each pipeline stage over `workers` workers.
+  std::vector<int32_t> stage_degrees(int32_t workers) const;
   std::string str() const;
   nlohmann::json to_json() const;
 };
@@ -82,7 +87,12 @@ WaaSplit waa_split(int32_t workers, double encode, double decode);
 struct Allocation {
   std::vector<int32_t> layers;
   int32_t encoder_stages = 0;
-  std::string str() const;  // "[0, 5) [5, 12)" or "encode [0, 12) | decode [0, 6) [6, 12)"
+  // Each stage's tensor-parallel degree (its workers, consecutive); empty: one worker each.
+  std::vector<int32_t> tp_degrees;
+  // "[0, 5) [5, 12)", "[0, 5)x2 [5, 12)" (split over 2 workers) or
+  // "encode [0, 12) | decode [0, 6) [6, 12)"
+  std::string str() const;
+  int32_t degree(size_t stage) const { return tp_degrees.empty() ? 1 : tp_degrees.at(stage); }
   bool operator==(const Allocation&) const = default;
 };
 
@@ -150,8 +160,9 @@ class Simulator {
   Phases baseline_phases(const ScheduleVars& v) const;
   Prediction pipeline(const ScheduleVars& v, const Phases& ph, const Allocation* fixed) const;
   Prediction waa(const ScheduleVars& v) const;
-  Allocation balance(const Phases& ph, int32_t kv_slots) const;
-  std::vector<int32_t> max_layers(int32_t kv_slots, int32_t stages) const;
+  Allocation balance(const Phases& ph, int32_t kv_slots, const std::vector<int32_t>& degrees) const;
+  std::vector<int32_t> max_layers(int32_t kv_slots, const std::vector<int32_t>& degrees) const;
+  StageRequest stage_request(int32_t layers, bool embedding, bool head, int32_t kv_slots) const;
   void check_memory(Prediction& p, int32_t kv_slots) const;
 
   SimulatorInputs in_;

@@ -2,7 +2,20 @@
 
 #include <fmt/format.h>
 
+#include "kernels/error.h"
+
 namespace strata {
+
+ModelShape ModelShape::tp_shard(int64_t degree) const {
+  STRATA_CHECK(degree >= 1 && n_heads % degree == 0 && n_kv_heads % degree == 0 &&
+                   intermediate % degree == 0,
+               "tensor-parallel degree {} of {}", degree, str());
+  ModelShape shard = *this;
+  shard.n_heads /= degree;
+  shard.n_kv_heads /= degree;
+  shard.intermediate /= degree;
+  return shard;
+}
 
 int64_t ModelShape::attention_params_per_layer() const {
   const int64_t q_out = n_heads * head_dim;

@@ -56,6 +56,10 @@ struct ModelShape {
   double head_flops() const;
 
   std::string str() const;
+  // One shard of a tensor-parallel group of `degree` (worker/config.h's
+  // tensor_parallel_shard, the same split): heads, KV heads and intermediate columns divided.
+  // The caller has checked that the degree divides them.
+  ModelShape tp_shard(int64_t degree) const;
 };
 
 }  // namespace strata

@@ -113,7 +113,7 @@ class FaultyStages final : public Stages {
       rep.decode_seconds.assign(r.decode_seqs.size() * r.decode_contexts.size(), t);
       if (rank == 1) rep.embed_seconds.assign(r.embed_rows.size(), 0.0);
       if (rank == count()) rep.head_seconds.assign(r.head_rows.size(), 0.0);
-      if (rank < count()) rep.transfer_seconds.assign(r.transfer_rows.size(), 0.0);
+      if (rank < count()) rep.transfer_seconds.assign(r.transfer_rows.size(), link_seconds);
       out.reports.push_back(rep);
     }
     return out;
@@ -123,6 +123,7 @@ class FaultyStages final : public Stages {
   int profiled = 0;
   double layer_seconds = 1e-3;
   double rank2_factor = 1.0;  // rank 2's layers cost this many times rank 1's
+  double link_seconds = 0;    // every transfer between ranks, whatever its size
 
  private:
   std::vector<StepResult> results_;
@@ -288,6 +289,9 @@ TEST(CoordinatorSchedule, TheChosenLayersAreDeployedAndEveryRequestRuns) {
   LoopRun run(requests(20, 5));
   FaultyStages stages;
   stages.rank2_factor = 2.0;  // rank 2 is twice as slow: it should get a third of the layers
+  // A link of 0.5 ms: the pipeline pays it once a step, a tensor-parallel group of the two
+  // ranks twice a layer (24 sums a step), so the pipeline wins.
+  stages.link_seconds = 0.5e-3;
   CoordinatorOptions o = options();
   o.schedule = target(5, std::numeric_limits<double>::infinity());
   const ClusterStats stats = run.go(stages, o);

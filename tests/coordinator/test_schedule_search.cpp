@@ -132,6 +132,39 @@ TEST(ScheduleSearch, BranchAndBoundFindsExhaustiveSearchsScheduleOnTheSimulator)
   EXPECT_LT(bnb_points, grid_points);
 }
 
+// §4.2 / §5.1: with the degree fixed, applying tensor parallelism to more workers shortens
+// the pipeline and the latency, and costs throughput (the sums) -- the pipeline kept full,
+// one micro-batch per stage; a bound below what any pipeline without it reaches is met by
+// a schedule with it, which the search then picks.
+TEST(ScheduleSearch, PartialTensorParallelismTradesThroughputForLatency) {
+  const Simulator sim = opt13b_on_a40(4, "S");
+  double last_latency = std::numeric_limits<double>::infinity(), last_tput = last_latency;
+  for (int32_t groups = 0; groups <= 2; ++groups) {
+    ScheduleVars v{SchedulePolicy::kRra, 4 * (4 - groups), 8, 4 - groups, 2};
+    v.tp_groups = groups;
+    const Prediction p = sim.predict(v);
+    ASSERT_TRUE(p.feasible) << p.infeasible_reason;
+    EXPECT_EQ(p.allocation.layers.size(), static_cast<size_t>(4 - groups));
+    EXPECT_LT(p.p99_latency_s, last_latency) << groups << " groups";
+    EXPECT_LT(p.throughput_tok_s, last_tput) << groups << " groups";
+    last_latency = p.p99_latency_s;
+    last_tput = p.throughput_tok_s;
+  }
+  ScheduleSearchOptions o = ScheduleSearchOptions::defaults(sim, 64);
+  o.policies = {SchedulePolicy::kRra};
+  EXPECT_EQ(o.tp_degrees, (std::vector<int32_t>{2, 4}));  // 40 heads, 20480 columns
+  ScheduleSearchOptions without = o;
+  without.tp_degrees.clear();
+  without.latency_bound = 1e-6;
+  const double fastest = search_schedule(sim, without).fastest_latency_s;
+  o.latency_bound = 0.9 * fastest;
+  const ScheduleChoice c = search_schedule(sim, o);
+  ASSERT_TRUE(c.feasible) << c.str();
+  EXPECT_GT(c.best.vars.tp_groups, 0) << c.best.str();
+  EXPECT_FALSE(c.best.allocation.tp_degrees.empty());
+  EXPECT_LE(c.best.p99_latency_s, o.latency_bound);
+}
+
 TEST(ScheduleSearch, AnUnmeetableBoundNamesTheFastestLatency) {
   const Simulator sim = opt13b_on_a40(4, "S");
   ScheduleSearchOptions o = ScheduleSearchOptions::defaults(sim, 64);

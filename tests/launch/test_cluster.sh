@@ -199,8 +199,10 @@ case $case_name in
       "${plan[@]}" --latency-bound inf --stats-out "$tmp/s1.json"
     check_equal "$stories" "$tmp/req.jsonl" "$tmp/r1.jsonl"
     [ -s "$tmp/profile.json" ] || fail "no layer profile saved"
+    # One stage per worker, or fewer where the search split stages over tensor-parallel groups.
     jq -e --arg p "$tmp/profile.json" --argjson n "$((np - 1))" '.schedule.profile == $p
-        and (.schedule.allocation | length) == $n and (.schedule.allocation | add) == 5
+        and (.schedule.control_variables | .tp_groups * (.tp_degree - 1))
+            + (.schedule.allocation | length) == $n and (.schedule.allocation | add) == 5
         and .schedule.predicted_throughput_tok_s > 0 and .schedule.measured_requests > 0
         and .micro_batches == .schedule.control_variables.micro_batches' "$tmp/s1.json" >/dev/null ||
       fail "stats: $(cat "$tmp/s1.json")"
