@@ -253,7 +253,8 @@ void StageWorker::allocate_buffers(const StagePlan& stage) {
     b.out[0] = buffer(b.out_device);
     b.out[1] = buffer(b.out_device);
   } else if (!stage_->last()) {
-    b.out_device = true;  // the compute backend's own memory: nothing reads it
+    // The compute backend's own memory, which nothing reads.
+    b.out_device = backend_.device() != Device::kHost;
     b.out[0] = DeviceBuffer(backend_, bytes);
   }
   TierBytes allocated = stage_->memory();
