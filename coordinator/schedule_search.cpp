@@ -155,11 +155,8 @@ ScheduleSearchOptions ScheduleSearchOptions::defaults(const Simulator& sim,
   // One decoder micro-batch per decoder stage dominates in the simulator's cost model
   // (simulator.cpp waa()): 1 asks for exactly that.
   o.decoder_micro_batches = {1};
-  const ModelShape& m = sim.inputs().shape;
   for (int32_t d : {2, 4})
-    if (d <= sim.workers() && m.n_heads % d == 0 && m.n_kv_heads % d == 0 &&
-        m.intermediate % d == 0)
-      o.tp_degrees.push_back(d);
+    if (d <= sim.workers() && sim.inputs().shape.tp_divides(d)) o.tp_degrees.push_back(d);
   return o;
 }
 
@@ -203,6 +200,34 @@ struct Search {
   }
 };
 
+// Algorithm 1 (or every point) over one search's grid; its best within the bound joins
+// the choice.
+void run_search(const Search& s, ScheduleChoice& choice) {
+  const ScheduleSearchOptions& o = s.o;
+  const auto n1 = static_cast<int32_t>(o.encode_batches.size());
+  std::map<std::pair<int32_t, int32_t>, Prediction> seen;
+  const PerfFn f = [&](int32_t i1, int32_t i2) {
+    const Prediction p = o.fixed_allocation ? s.sim.predict(s.vars(i1, i2), *o.fixed_allocation)
+                                            : s.sim.predict(s.vars(i1, i2));
+    seen[{i1, i2}] = p;
+    return perf_of(p);
+  };
+  const BnbResult r =
+      o.exhaustive ? exhaustive(n1, s.n2(), f, o.latency_bound)
+                   : branch_and_bound(n1, s.n2(), f,
+                                      BnbOptions{o.latency_bound, o.eps_throughput, o.eps_latency});
+  choice.points_evaluated += r.points_evaluated;
+  choice.grid_points += static_cast<int64_t>(n1) * s.n2();
+  choice.fastest_latency_s = std::min(choice.fastest_latency_s, r.fastest_latency);
+  if (!r.found) return;
+  const Prediction& p = seen.at({r.i1, r.i2});
+  choice.per_search.push_back(p);
+  if (!choice.feasible || p.throughput_tok_s > choice.best.throughput_tok_s) {
+    choice.best = p;
+    choice.feasible = true;
+  }
+}
+
 }  // namespace
 
 ScheduleChoice search_schedule(const Simulator& sim, const ScheduleSearchOptions& o) {
@@ -221,32 +246,8 @@ ScheduleChoice search_schedule(const Simulator& sim, const ScheduleSearchOptions
       for (int32_t d : o.tp_degrees)
         for (int32_t g = 1; g * d <= sim.workers(); ++g) splits.emplace_back(d, g);
     for (const auto& [tp_degree, tp_groups] : splits)
-      for (int32_t k : rra ? o.micro_batches : std::vector<int32_t>{0}) {
-        const Search s{sim, o, policy, k, tp_degree, tp_groups};
-        const auto n1 = static_cast<int32_t>(o.encode_batches.size());
-        std::map<std::pair<int32_t, int32_t>, Prediction> seen;
-        const PerfFn f = [&](int32_t i1, int32_t i2) {
-          const Prediction p = o.fixed_allocation ? sim.predict(s.vars(i1, i2), *o.fixed_allocation)
-                                                  : sim.predict(s.vars(i1, i2));
-          seen[{i1, i2}] = p;
-          return perf_of(p);
-        };
-        const BnbResult r =
-            o.exhaustive
-                ? exhaustive(n1, s.n2(), f, o.latency_bound)
-                : branch_and_bound(n1, s.n2(), f,
-                                   BnbOptions{o.latency_bound, o.eps_throughput, o.eps_latency});
-        choice.points_evaluated += r.points_evaluated;
-        choice.grid_points += static_cast<int64_t>(n1) * s.n2();
-        choice.fastest_latency_s = std::min(choice.fastest_latency_s, r.fastest_latency);
-        if (!r.found) continue;
-        const Prediction& p = seen.at({r.i1, r.i2});
-        choice.per_search.push_back(p);
-        if (!choice.feasible || p.throughput_tok_s > choice.best.throughput_tok_s) {
-          choice.best = p;
-          choice.feasible = true;
-        }
-      }
+      for (int32_t k : rra ? o.micro_batches : std::vector<int32_t>{0})
+        run_search(Search{sim, o, policy, k, tp_degree, tp_groups}, choice);
   }
   if (!o.fixed_allocation)
     choice.baseline = search_baseline(sim, o.latency_bound, o.encode_batches, o.micro_batches,

@@ -485,11 +485,10 @@ Allocation Simulator::balance(const Phases& ph, int32_t kv_slots,
     a.tp_degrees = degrees;
   int64_t total_room = 0;
   for (const StageCost& c : costs) total_room += c.max_layers;
-  if (total_room < in_.shape.n_layers || in_.shape.n_layers < S) {
-    // Cannot fit: split evenly, the memory check says why.
+  if (total_room < in_.shape.n_layers) {  // cannot fit: split evenly, the memory check says why
     for (int32_t s = 0; s < S; ++s)
-      a.layers.push_back(static_cast<int32_t>(
-          std::max<int64_t>(in_.shape.n_layers / S + (s < in_.shape.n_layers % S ? 1 : 0), 1)));
+      a.layers.push_back(
+          static_cast<int32_t>(in_.shape.n_layers / S + (s < in_.shape.n_layers % S ? 1 : 0)));
     return a;
   }
   a.layers = balance_layers(static_cast<int32_t>(in_.shape.n_layers), costs);
@@ -547,11 +546,10 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
         std::count_if(degrees.begin(), degrees.end(), [](int32_t d) { return d > 1; }));
   }
   const auto S = static_cast<int32_t>(degrees.size());
-  if (static_cast<int32_t>(p.allocation.layers.size()) != S ||
-      std::accumulate(degrees.begin(), degrees.end(), 0) != workers())
+  const int32_t used = std::accumulate(degrees.begin(), degrees.end(), 0);
+  if (static_cast<int32_t>(p.allocation.layers.size()) != S || used != workers())
     fail_input("an allocation of {} stages over {} workers for {} workers",
-               p.allocation.layers.size(), std::accumulate(degrees.begin(), degrees.end(), 0),
-               workers());
+               p.allocation.layers.size(), used, workers());
   const std::vector<int32_t> leaders = stage_leaders(degrees);
   const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
   // Each stage's time for each step of the cycle, and each step's link time and the

@@ -6,10 +6,13 @@
 
 namespace strata {
 
+bool ModelShape::tp_divides(int64_t degree) const {
+  return degree >= 1 && n_heads % degree == 0 && n_kv_heads % degree == 0 &&
+         intermediate % degree == 0;
+}
+
 ModelShape ModelShape::tp_shard(int64_t degree) const {
-  STRATA_CHECK(degree >= 1 && n_heads % degree == 0 && n_kv_heads % degree == 0 &&
-                   intermediate % degree == 0,
-               "tensor-parallel degree {} of {}", degree, str());
+  STRATA_CHECK(tp_divides(degree), "tensor-parallel degree {} of {}", degree, str());
   ModelShape shard = *this;
   shard.n_heads /= degree;
   shard.n_kv_heads /= degree;

@@ -58,7 +58,8 @@ struct ModelShape {
   std::string str() const;
   // One shard of a tensor-parallel group of `degree` (worker/config.h's
   // tensor_parallel_shard, the same split): heads, KV heads and intermediate columns divided.
-  // The caller has checked that the degree divides them.
+  // The caller has checked tp_divides(degree).
+  bool tp_divides(int64_t degree) const;
   ModelShape tp_shard(int64_t degree) const;
 };
 

@@ -68,11 +68,11 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   const ModelConfig full = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype)
                                  : load_model_config(spec, options.limits);
   const WeightParts parts = weight_parts(full, options);
-  m.config = tensor_parallel_shard(full, options.tp_degree);
+  const ModelConfig shard = tensor_parallel_shard(full, options.tp_degree);
+  m.config = shard;
   m.config.n_layers = parts.n_layers;
   m.layer_begin = parts.layer_begin;
-  m.placement = place_weights(tensor_parallel_shard(full, options.tp_degree).shape(),
-                              weight_request(options));
+  m.placement = place_weights(shard.shape(), weight_request(options));
   if (!options.weight_tiers.empty()) {  // decided by the plan: execute it
     if (options.weight_tiers.size() != static_cast<size_t>(parts.n_layers))
       fail_input("{}: the plan places {} weight layers but the stage has {}", full.source,

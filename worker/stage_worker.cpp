@@ -119,10 +119,11 @@ class StageWorker {
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<StepBuffers> buffers_;
   size_t buffer_floats_ = 0;
-  // The previous stage's rank (its leader sends to every member of this stage), the next
-  // stage's rank, and every rank of the next stage (this stage's leader sends to each).
-  int prev_ = -1, next_ = -1;
+  // The previous stage's rank (its leader sends to every member of this stage), and every
+  // rank of the next stage, its own rank first (this stage's leader sends to each).
+  int prev_ = -1;
   std::vector<int> next_group_;
+  int next() const { return next_group_.empty() ? -1 : next_group_[0]; }
   std::vector<Transfer> sends_[2];  // of buffers_->out, so destroyed (cancelled) first
   ComputeThread compute_;           // uses stage_ and buffers_, so joined before they go
   bool bound_ = false;              // the compute thread has bound itself to the backend
@@ -194,10 +195,7 @@ void StageWorker::start(const ClusterPlan& plan) {
   for (size_t i = 0; i < pipeline.size(); ++i) {
     if (pipeline[i].rank != stage->rank) continue;
     if (i > 0) prev_ = pipeline[i - 1].rank;
-    if (i + 1 < pipeline.size() && tp_index_ == 0) {
-      next_ = pipeline[i + 1].rank;
-      next_group_ = pipeline[i + 1].ranks();
-    }
+    if (i + 1 < pipeline.size() && tp_index_ == 0) next_group_ = pipeline[i + 1].ranks();
   }
   if (plan.waa()) kv_channel_ = std::make_unique<MpiTensorChannel>(world_, kKvTag);
   if (stage->tp_degree() > 1) join_group(*stage);
@@ -206,10 +204,10 @@ void StageWorker::start(const ClusterPlan& plan) {
   so.tp_reduce = block_reduce_.get();
   stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, so);
   allocate_buffers(*stage);
-  log::get("worker")->info("rank {}: activations from rank {} over {}, to ranks [{}] over {}{}", me,
-                           prev_, prev_ < 0 ? "-" : links_->to(prev_).name(),
-                           fmt::join(next_group_, ", "), next_ < 0 ? "-" : links_->to(next_).name(),
-                           group_ ? "; " + group_->str() : "");
+  log::get("worker")->info(
+      "rank {}: activations from rank {} over {}, to ranks [{}] over {}{}", me, prev_,
+      prev_ < 0 ? "-" : links_->to(prev_).name(), fmt::join(next_group_, ", "),
+      next() < 0 ? "-" : links_->to(next()).name(), group_ ? "; " + group_->str() : "");
 }
 
 // The stage's tensor-parallel group: NCCL when every member computes on its own GPU (as
@@ -306,7 +304,7 @@ bool StageWorker::handle(const ControlMessage& m) {
     block_reduce_.reset();
     group_.reset();
     plan_ = *plan;
-    prev_ = next_ = -1;
+    prev_ = -1;
     next_group_.clear();
     start(*plan_);
   } else if (auto* handover = std::get_if<KvHandover>(&m)) {
@@ -538,8 +536,8 @@ void StageWorker::measure_transfers(const ProfileRequest& r, ProfileReport& repo
     double best = std::numeric_limits<double>::infinity();
     for (int32_t i = 0; i < reps; ++i) {
       const double t0 = now_s();
-      Transfer t =
-          links_->to(next_).start_send(next_, std::span<const float>(b.out[0].f32(), floats(rows)));
+      Transfer t = links_->to(next()).start_send(
+          next(), std::span<const float>(b.out[0].f32(), floats(rows)));
       wait_serving(t, deadline);
       best = std::min(best, now_s() - t0);
     }

@@ -132,7 +132,7 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
     LayerWeights& L = w.layers[static_cast<size_t>(i)];
     const size_t mark = owned.size();
     build_layer(c, n, parts.layer_begin + i, fetch, L);
-    if (parts.tp_degree > 1) shard_layer(c, parts, L, owned);
+    if (parts.tp_degree > 1) shard_layer(parts, L, owned);
     if (!sink && parts.tp_degree == 1) continue;
     if (sink) sink(i, L);
     if (L.q.data == nullptr) {
@@ -193,11 +193,10 @@ Tensor own(ModelWeights& w, DType dtype, Shape shape) {
 
 }  // namespace
 
-void shard_layer(const ModelConfig& full, const WeightParts& parts, LayerWeights& L,
+void shard_layer(const WeightParts& parts, LayerWeights& L,
                  std::vector<std::unique_ptr<OwnedTensor>>& owned) {
   const int32_t i = parts.tp_index, d = parts.tp_degree;
   STRATA_CHECK(d >= 1 && i >= 0 && i < d, "tensor-parallel shard {} of {}", i, d);
-  (void)tensor_parallel_shard(full, d);  // refuses a degree that does not divide the heads
   // Heads are contiguous row blocks of q / k / v (head-major), so a block of whole heads is a
   // block of rows; shard i's query heads read exactly its KV heads (GQA groups stay whole).
   for (Tensor* t : {&L.q, &L.k, &L.v, &L.q_bias, &L.k_bias, &L.v_bias, &L.gate, &L.up, &L.up_bias})

@@ -66,9 +66,10 @@ struct WeightParts {
   int32_t tp_degree = 1;
 };
 
-// Cuts layer `L` (built for the whole model `full`) down to its shard as WeightParts says;
-// the shards are new tensors appended to `owned`.
-void shard_layer(const ModelConfig& full, const WeightParts& parts, LayerWeights& L,
+// Cuts layer `L` (built for the whole model) down to its shard as WeightParts says
+// (the degree checked by tensor_parallel_shard); the shards are new tensors appended to
+// `owned`.
+void shard_layer(const WeightParts& parts, LayerWeights& L,
                  std::vector<std::unique_ptr<OwnedTensor>>& owned);
 
 struct CheckpointOptions {
