@@ -335,6 +335,9 @@ bool RedisQueue::recover(RedisConnection& c) {
   }
   {
     std::unique_lock lock(mutex_);
+    // A suspect that failed this run while XPENDING was on the wire is no longer held and
+    // looks like one to take; claiming it would count a delivery that never runs.
+    if (stopped_ || fatal_) return true;
     if (!held_.empty() || !buffer_.empty()) {
       wake_.wait_for(lock, std::chrono::milliseconds(20));
       return true;
@@ -445,6 +448,7 @@ void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
     lookup.push_back(requests.back().request.id);
   }
   const RedisReply done = c.command(lookup, command_deadline());
+  std::vector<const Entry*> not_taken;
   for (size_t i = 0; i < entries.size(); ++i) {
     const std::string& id = requests[i].request.id;
     if (!done.at(i, "HMGET").is_nil()) {
@@ -459,6 +463,10 @@ void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
       continue;
     }
     std::lock_guard lock(mutex_);
+    if (stopped_) {  // read while the run stopped or failed: it will not run here
+      not_taken.push_back(&entries[i]);
+      continue;
+    }
     held_entries_.insert(entries[i].id);
     auto [held, fresh] = held_.try_emplace(id, Held{{entries[i].id}, entries[i].deliveries});
     if (!fresh) {  // the same id again while it runs: answered together
@@ -469,6 +477,18 @@ void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
     ++stats_.delivered;
     buffer_.push_back(std::move(requests[i]));
   }
+  for (const Entry* e : not_taken) hand_back(c, {e->id}, e->deliveries);
+}
+
+// Entries this run took and will not finish go back with the delivery count they had
+// before it took them and their lease expired, so the next consumer takes them at once.
+void RedisQueue::hand_back(RedisConnection& c, const std::vector<std::string>& entries,
+                           int64_t deliveries) {
+  RedisArgs claim{"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0"};
+  claim.insert(claim.end(), entries.begin(), entries.end());
+  claim.insert(claim.end(), {"IDLE", ms_text(options_.claim_idle_s), "RETRYCOUNT",
+                             std::to_string(std::max<int64_t>(0, deliveries - 1)), "JUSTID"});
+  c.command(claim, command_deadline());
 }
 
 void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& r) {
@@ -636,12 +656,7 @@ void RedisQueue::store(RedisConnection& c, const Outgoing& out) {
     const std::vector<std::string> entries(
         held.entries.begin() + static_cast<ptrdiff_t>(done_entries), held.entries.end());
     if (out.fields.empty()) {
-      RedisArgs claim{"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0"};
-      claim.insert(claim.end(), entries.begin(), entries.end());
-      claim.insert(claim.end(),
-                   {"IDLE", ms_text(options_.claim_idle_s), "RETRYCOUNT",
-                    std::to_string(std::max<int64_t>(0, held.deliveries - 1)), "JUSTID"});
-      c.command(claim, command_deadline());
+      hand_back(c, entries, held.deliveries);
     } else {
       RedisArgs args{options_.group, out.request_id, std::to_string(entries.size())};
       args.insert(args.end(), entries.begin(), entries.end());

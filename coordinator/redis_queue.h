@@ -118,6 +118,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   void read_new(RedisConnection& c);
   void check_drained(RedisConnection& c);
   void deliver(RedisConnection& c, std::vector<Entry> entries);
+  void hand_back(RedisConnection& c, const std::vector<std::string>& entries, int64_t deliveries);
   void dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& request);
 
   void write_loop();

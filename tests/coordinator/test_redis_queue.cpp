@@ -26,7 +26,8 @@ class RedisQueueTest : public ::testing::Test {
     const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     server_ = std::make_unique<RedisServer>(
         std::string(STRATA_TEST_TMP) + "/queue_" + name,
-        std::vector<std::string>{"--appendonly", "yes", "--appendfsync", "always"});
+        std::vector<std::string>{"--appendonly", "yes", "--appendfsync", "always",
+                                 "--enable-debug-command", "local"});
     redis_ = std::make_unique<RedisConnection>(server_->connect());
     tokenizer_ = Tokenizer::ids_only(dummy_model_config("opt-125m"));
   }
@@ -171,6 +172,35 @@ TEST_F(RedisQueueTest, ARestartedConsumerTakesItsPendingEntriesBackOneAtATime) {
   ASSERT_EQ(third.size(), 1u);
   EXPECT_EQ(third[0].request.id, "new");
   EXPECT_EQ(third[0].deliveries, 1);
+}
+
+// The run fails on a suspect while the reader's XPENDING is held up in the server (DEBUG
+// SLEEP stands for a loaded machine): the reply shows the suspect pending and no longer
+// held, and the reader must not claim it again, which would count a delivery no run made
+// (the poison would reach the dead letters a run early). Nothing read after the failure
+// keeps a count it did not earn.
+TEST_F(RedisQueueTest, ASuspectThatFailsTheRunIsNotClaimedAgainByTheSameRun) {
+  const std::string e1 = add({{"id", "a"}, {"prompt", "1"}});
+  const std::string e2 = add({{"id", "b"}, {"prompt", "2"}});
+  {
+    RedisQueue crashed(options(), *tokenizer_);
+    ASSERT_EQ(take(crashed, 2).size(), 2u);
+  }
+  RedisQueue q(options(), *tokenizer_);
+  std::vector<IncomingRequest> got = take(q, 2, 1.0);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].deliveries, 2);
+  std::thread sleeper([this] {
+    RedisConnection slow = server_->connect();
+    slow.command({"DEBUG", "SLEEP", "0.5"}, Deadline::after_seconds(5));
+  });
+  std::this_thread::sleep_for(150ms);  // the reader's next XPENDING now waits on the server
+  q.unfinished(finished(got[0]), /*suspect=*/true);
+  sleeper.join();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(pending_entry(e1).second, 2) << "a ran (and failed) in one run: one delivery";
+  EXPECT_EQ(pending_entry(e2).second, 1) << "b never ran";
+  EXPECT_TRUE(q.poll(2).empty());
 }
 
 // Stopped before finishing (not failed): the entry goes back with its count restored and
