@@ -162,7 +162,7 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
     {
       const int64_t nt = omp_get_num_threads();
       const int64_t t = omp_get_thread_num();
-      const int64_t chunk = (n + nt - 1) / nt;
+      const int64_t chunk = (n + nt * kGemvRowAlign - 1) / (nt * kGemvRowAlign) * kGemvRowAlign;
       const int64_t begin = std::min(n, t * chunk);
       gemv_rows(x, m, w, bias, y, begin, std::min(n, begin + chunk));
     }

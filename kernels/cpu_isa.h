@@ -1,0 +1,24 @@
+// Which vector instruction set the CPU kernels use, chosen at run time: the widest the CPU
+// has among those the build compiled (every x86-64 build compiles AVX2 and AVX-512 kernels,
+// whatever its own machine), capped by STRATA_CPU_ISA=portable|avx2|avx512 for comparisons.
+#pragma once
+
+#include <string>
+
+namespace strata {
+
+enum class CpuIsa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* cpu_isa_name(CpuIsa isa);
+
+// What this CPU can run (cpuid), ignoring the environment.
+CpuIsa detected_cpu_isa();
+
+// What the kernels use: detected_cpu_isa(), capped by STRATA_CPU_ISA. Decided once per
+// process; an unknown value of the variable is an error naming it.
+CpuIsa active_cpu_isa();
+
+// Parses "portable", "avx2" or "avx512"; throws InputError naming the value otherwise.
+CpuIsa parse_cpu_isa(const std::string& name);
+
+}  // namespace strata
