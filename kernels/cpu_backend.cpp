@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/error.h"
 #include "kernels/gemv.h"
 #include "kernels/quant.h"
@@ -105,6 +106,8 @@ int resolve_cpu_threads(int requested) {
 
 CpuBackend::CpuBackend(int threads) {
   threads_ = resolve_cpu_threads(std::max(threads, 0));
+  // Decided (and a bad STRATA_CPU_ISA refused) here, not inside a kernel's parallel region.
+  isa_ = active_cpu_isa();
   bind_thread();
 }
 
@@ -115,7 +118,7 @@ void CpuBackend::bind_thread() {
 }
 
 std::string CpuBackend::name() const {
-  return fmt::format("cpu ({} threads)", threads_);
+  return fmt::format("cpu ({} threads, {})", threads_, cpu_isa_name(isa_));
 }
 
 void CpuBackend::reserve(const KernelBounds& b) {

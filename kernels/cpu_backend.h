@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/quant.h"
 
 namespace strata {
@@ -53,6 +54,7 @@ class CpuBackend final : public Backend {
   void linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
 
   int threads_;
+  CpuIsa isa_ = CpuIsa::kPortable;  // the kernels' instruction set, shown in name()
   // Scratch reserved by reserve() and reused across calls.
   std::vector<float> attn_scratch_;
   std::vector<float> dequant_scratch_;

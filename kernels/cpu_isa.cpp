@@ -26,14 +26,17 @@ CpuIsa parse_cpu_isa(const std::string& name) {
 }
 
 CpuIsa detected_cpu_isa() {
+  static const CpuIsa detected = [] {
 #if STRATA_X86_KERNELS
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return CpuIsa::kAvx2;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+      return CpuIsa::kAvx2;
 #endif
-  return CpuIsa::kPortable;
+    return CpuIsa::kPortable;
+  }();
+  return detected;
 }
 
 CpuIsa active_cpu_isa() {

@@ -11,11 +11,12 @@ enum class CpuIsa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
 const char* cpu_isa_name(CpuIsa isa);
 
-// What this CPU can run (cpuid), ignoring the environment.
+// What this CPU can run (cpuid, asked once), ignoring the environment.
 CpuIsa detected_cpu_isa();
 
 // What the kernels use: detected_cpu_isa(), capped by STRATA_CPU_ISA. Decided once per
-// process; an unknown value of the variable is an error naming it.
+// process; an unknown value of the variable is an error naming it, thrown by the first
+// call (CpuBackend's constructor makes it, outside any parallel region).
 CpuIsa active_cpu_isa();
 
 // Parses "portable", "avx2" or "avx512"; throws InputError naming the value otherwise.

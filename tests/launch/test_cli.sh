@@ -39,6 +39,8 @@ expect_error bad-format "format" generate --model "$MODEL" --prompt hi --format 
 expect_error no-subcommand "subcommand" 
 expect_error ids-for-tokenizerless "token ids" generate --model dummy:llama-110m --prompt "hello world" --max-new-tokens 1
 expect_error bench-negative-batch "batch: must be > 0, got -1" bench --model "$MODEL" --batch -1
+STRATA_CPU_ISA=sse9 expect_error bad-cpu-isa "STRATA_CPU_ISA='sse9': expected portable, avx2 or avx512" \
+  generate --model "$MODEL" --prompt hi
 
 # Good input: one JSON object per prompt with the documented fields, in order.
 printf 'Once upon a time\nThe little dog\n' >"$TMP/prompts.txt"
