@@ -112,9 +112,12 @@ int64_t fill_row_table(std::span<const SeqSlice> seqs, int32_t n_slots, int32_t 
 struct KernelBounds {
   int64_t max_rows = 0;         // rows of x in any linear
   int64_t max_in_features = 0;  // k of any linear
-  int64_t max_q4_elems = 0;     // elements of the largest 4-bit matrix (0: none)
-  bool half_weights = false;    // some matrix is stored f16, bf16 or 4-bit
-  int64_t max_positions = 0;    // positions one sequence attends over (the KV capacity)
+  // Elements of the largest 4-bit layer matrix, and at least one row of any other 4-bit
+  // matrix (0: none). An accelerator dequantises a larger one (a compressed head: 50k rows)
+  // in blocks of rows that fit, so the head costs no scratch of its own.
+  int64_t max_q4_elems = 0;
+  bool half_weights = false;  // some matrix is stored f16, bf16 or 4-bit
+  int64_t max_positions = 0;  // positions one sequence attends over (the KV capacity)
 };
 
 // The scratch an accelerator backend (kernels/cuda) reserves for `b`: x rounded to f16 for

@@ -157,7 +157,7 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
   check_linear_args(m, w);
   if (m == 0) return;
   if (w.dtype == DType::kQ4 && m <= kGemvMaxRows) {
-    linear_4bit(x, m, q4_view(w), bias, y, q4_scratch_);  // dequantised as the codes stream
+    linear_4bit(x, m, q4_view(w), bias, y, q4_scratch_, isa_);  // codes read once, as bytes
   } else if (m <= kGemvMaxRows) {
     // Decode: stream each weight row once for all m rows, at memory bandwidth.
     const int64_t n = w.shape[0];
@@ -222,10 +222,14 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
   STRATA_CHECK(table.shape.rank == 2, "embedding table {}", table.describe());
   const int64_t vocab = table.shape[0];
   const int64_t h = table.shape[1];
-  const size_t elem = dtype_size(table.dtype);
+  const size_t elem = table.dtype == DType::kQ4 ? 0 : dtype_size(table.dtype);
   for (int64_t i = 0; i < n; ++i) {
     STRATA_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} outside vocabulary of {}", ids[i],
                  vocab);
+    if (table.dtype == DType::kQ4) {  // a compressed table (compress_weight): one row decoded
+      dequantize_rows(q4_view(table), ids[i], 1, y + i * h);
+      continue;
+    }
     const auto* row = static_cast<const char*>(table.data) + static_cast<size_t>(ids[i] * h) * elem;
     row_to_f32(table.dtype, row, y + i * h, h);
   }

@@ -39,6 +39,19 @@ CpuIsa detected_cpu_isa() {
   return detected;
 }
 
+bool cpu_has_avx512_vnni() {
+  static const bool has = [] {
+#if STRATA_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
+
 CpuIsa active_cpu_isa() {
   static const CpuIsa active = [] {
     const char* cap = std::getenv("STRATA_CPU_ISA");

@@ -13,18 +13,18 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/error.h"
+#include "kernels/gemv_q4_kernel.h"
 
 namespace strata {
 namespace {
 
 // Below this many elements an OpenMP fork costs more than the loop.
 constexpr int64_t kParallelElems = 1 << 15;
-// Weight rows of linear_4bit kept in cache while every 4-row tile of x passes over them
-// (16 rows of k = 4096 are 32 KiB of codes).
+// Weight rows of linear_4bit a thread takes at a time, kept in cache while every tile of
+// activation rows passes over them (16 rows of k = 4096 are 32 KiB of codes).
 constexpr int64_t kRowBlock = 16;
-// Activation rows per tile: 4 rows x 2 accumulators stay in registers with the codes.
-constexpr int64_t kTileRows = 4;
 
 struct GroupStats {
   float min = 0.0f;
@@ -144,13 +144,6 @@ inline void unpack16(const uint8_t* p, __m256& lo, __m256& hi) {
   lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
   hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
 }
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 // n (even) values sharing one (min, scale) from n / 2 bytes.
@@ -189,44 +182,37 @@ void dequantize_row(const QuantView& t, int64_t row, float* out) {
 // ---------------------------------------------------------------------------------------
 // linear_4bit. Per group j of a row: sum_c x[c] * (q[c] * scale + min)
 //   = scale * sum_c x[c] * q[c] + min * sum_c x[c],
-// so the inner loop is one FMA per code, and the min term is a dot of the row's mins with
-// per-group sums of x computed once per call (xsum).
-//
-// The AVX2 path avoids byte shuffles, which bound a nibble-unpacking loop on this machine
-// (4 per 16 codes, about 2.7 codes a cycle): it loads 64 codes (32 bytes) as eight 32-bit
-// lanes, lane l holding codes 8l .. 8l+7, and masks out nibble s of every lane in place:
-// codes {s, 8+s, ..., 56+s} times 16^s, exact as floats. x is rearranged and divided by 16^s
-// once per call to match (xperm), so each 8 codes cost an and, a convert and one FMA per
-// activation row.
+// so the min term is a dot of the row's mins with per-group sums of x computed once per
+// call (xsum). The code term runs in the vector kernels of gemv_q4_kernel.h where the
+// instruction set and the shape allow (groups of 64, k a multiple of the kernel's block),
+// else in the scalar loop below on f32 x.
 // ---------------------------------------------------------------------------------------
 
-constexpr int64_t kBlock = 64;  // codes per 32-byte load of the AVX2 path
+enum class Q4Kernel { kScalar, kAvx2, kAvx512 };
 
-struct LinearArgs {
-  const float* x;  // [m, k]; on the AVX2 path rearranged per 64-value block (xperm)
-  int64_t m;
-  int64_t k;
-  int64_t n;
-  int64_t g;
-  int64_t gpr;  // groups per row
-  const uint8_t* packed;
-  const float* mins;
-  const float* scales;
-  const float* xsum;  // [m, gpr]
-  const float* bias;
-  float* y;
-};
+Q4Kernel q4_kernel(CpuIsa isa, int64_t k, int64_t group_size) {
+#if STRATA_X86_KERNELS
+  if (group_size == gemv_detail::kQ4Group) {
+    if (isa >= CpuIsa::kAvx512 && cpu_has_avx512_vnni() && k % 128 == 0) return Q4Kernel::kAvx512;
+    if (isa >= CpuIsa::kAvx2 && k % 64 == 0) return Q4Kernel::kAvx2;
+  }
+#else
+  (void)isa, (void)k, (void)group_size;
+#endif
+  return Q4Kernel::kScalar;
+}
 
-bool use_avx2(int64_t group_size) {
-  return STRATA_QUANT_AVX2 && group_size % kBlock == 0;
+int64_t q4_block(Q4Kernel kernel) {
+  return kernel == Q4Kernel::kAvx512 ? 128 : 64;
 }
 
 // Sized for a call of m rows of k columns in groups of g (grows, never shrinks).
 void fit(Linear4bitScratch& s, int64_t m, int64_t k, int64_t g) {
-  const auto need_sum = static_cast<size_t>(m * (k / g));
-  const auto need_perm = use_avx2(g) ? static_cast<size_t>(m * k) : 0;
-  if (s.xsum.size() < need_sum) s.xsum.resize(need_sum);
-  if (s.xperm.size() < need_perm) s.xperm.resize(need_perm);
+  const auto groups = static_cast<size_t>(m * (k / g));
+  if (s.xsum.size() < groups) s.xsum.resize(groups);
+  if (g != gemv_detail::kQ4Group) return;  // the vector kernels' operands are not needed
+  if (s.xscale.size() < groups) s.xscale.resize(groups);
+  if (s.xq.size() < static_cast<size_t>(2 * m * k)) s.xq.resize(static_cast<size_t>(2 * m * k));
 }
 
 // Sums of x over each group, [m, k / g]: groups tile each row of x exactly.
@@ -239,128 +225,56 @@ void group_sums(const float* x, int64_t m, int64_t k, int64_t g, float* sums) {
   }
 }
 
-// Within each 64-value block: out[8 * s + l] = x[8 * l + s] / 16^s (s < 7), an 8 x 8
-// transpose that also undoes the place value of nibble s (see nibble()): a power of two, so
-// exact unless |x| < 2^-102, where the product turns subnormal.
-void rearrange_blocks(const float* x, int64_t n, float* out) {
-  for (int64_t b = 0; b < n; b += kBlock)
-    for (int64_t s = 0; s < 8; ++s) {
-      const float place = s == 7 ? 1.0f : std::ldexp(1.0f, -4 * static_cast<int>(s));
-      for (int64_t l = 0; l < 8; ++l) out[b + 8 * s + l] = x[b + 8 * l + s] * place;
+// One group of 64 values as the vector kernels read it (gemv_detail::Q4Args): with
+// d = max|x| / 127, hi = round(x / d) and lo = round((x - d * hi) * 256 / d), so
+// x = d * (hi + lo / 256) within d / 512. Writes hi and lo at the group's place in its block
+// (even indices, then odd, of hi, then of lo; each part block / 2 bytes) and returns d / 256.
+// A non-finite group returns its non-finite d: the products then carry it into y.
+float split_group(const float* x, int64_t block, int64_t offset, int8_t* out) {
+  float amax = 0.0f;
+  for (int64_t c = 0; c < gemv_detail::kQ4Group; ++c) amax = std::max(amax, std::fabs(x[c]));
+  bool finite = std::isfinite(amax);
+  for (int64_t c = 0; c < gemv_detail::kQ4Group; ++c) finite = finite && std::isfinite(x[c]);
+  const float d = finite ? amax / 127.0f : 0.0f;  // zero parts then, never a NaN cast
+  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+  const int64_t half = block / 2;
+  for (int64_t c = 0; c < gemv_detail::kQ4Group; ++c) {
+    const float hi = std::clamp(std::nearbyint(x[c] * inv), -127.0f, 127.0f);
+    const float lo = std::clamp(std::nearbyint((x[c] - d * hi) * 256.0f * inv), -128.0f, 127.0f);
+    const int64_t at = (offset + c) / 2 + ((c & 1) != 0 ? half : 0);
+    out[at] = static_cast<int8_t>(hi);
+    out[at + block] = static_cast<int8_t>(lo);
+  }
+  return finite ? d / 256.0f : std::numeric_limits<float>::quiet_NaN();
+}
+
+// x[m, k] split group by group into `xq` ([m, 2k] bytes) and `xscale` ([m, k / 64]).
+void prepare_q4_x(const float* x, int64_t m, int64_t k, int64_t block, int8_t* xq, float* xscale) {
+  const int64_t gpr = k / gemv_detail::kQ4Group;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < gpr; ++j) {
+      const int64_t c = j * gemv_detail::kQ4Group;
+      xscale[i * gpr + j] =
+          split_group(x + i * k + c, block, c % block, xq + i * 2 * k + c / block * 2 * block);
     }
 }
 
-// y[i, row] from the scaled code dot product of that row: adds the min term and the bias.
-void finish_row(const LinearArgs& a, int64_t i, int64_t row, float scaled_dot) {
-  const float* mins = a.mins + row * a.gpr;
-  const float* xs = a.xsum + i * a.gpr;
-  float s = scaled_dot;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < a.gpr; ++j) s += mins[j] * xs[j];
-  a.y[i * a.n + row] = s + (a.bias != nullptr ? a.bias[row] : 0.0f);
-}
-
-// Any even group size, any machine: one weight row against activation row i (x in order).
-void row_scalar(const LinearArgs& a, int64_t i, int64_t row) {
-  const float* x = a.x + i * a.k;
-  const uint8_t* p = a.packed + row * a.k / 2;
+// Any even group size, any machine: one weight row against activation row i.
+void row_scalar(const float* x, const QuantView& w, const float* xsum, int64_t i, int64_t row,
+                const float* bias, float* y) {
+  const QuantLayout& l = w.layout;
+  const int64_t g = l.group_size, gpr = l.cols / g;
+  const float* xi = x + i * l.cols;
+  const uint8_t* p = w.packed + row * l.cols / 2;
   float total = 0.0f;
-  for (int64_t j = 0; j < a.gpr; ++j) {
+  for (int64_t j = 0; j < gpr; ++j) {
     float dot = 0.0f;
-    for (int64_t c = j * a.g; c < (j + 1) * a.g; c += 2)
-      dot +=
-          static_cast<float>(p[c / 2] & 0x0f) * x[c] + static_cast<float>(p[c / 2] >> 4) * x[c + 1];
-    total += dot * a.scales[row * a.gpr + j];
+    for (int64_t c = j * g; c < (j + 1) * g; c += 2)
+      dot += static_cast<float>(p[c / 2] & 0x0f) * xi[c] +
+             static_cast<float>(p[c / 2] >> 4) * xi[c + 1];
+    total += dot * w.scales[row * gpr + j] + w.mins[row * gpr + j] * xsum[i * gpr + j];
   }
-  finish_row(a, i, row, total);
-}
-
-#if STRATA_QUANT_AVX2
-// Nibble s of each 32-bit lane, left in place: q * 16^s, exact in f32 (xperm holds x / 16^s).
-// The top nibble is shifted down instead, as in place it would read as a negative int32.
-inline __m256i nibble(__m256i v, int s) {
-  if (s == 7) return _mm256_srli_epi32(v, 28);
-  return _mm256_and_si256(v, _mm256_set1_epi32(0x0f << (4 * s)));
-}
-
-// R weight rows against M activation rows from i0; group_size % 64 == 0. Each code vector
-// serves all M rows; two accumulators per pair hide the FMA latency, and a group's dot is
-// scaled into `total` when the group ends.
-template <int M, int R>
-void tile_avx2(const LinearArgs& a, int64_t i0, int64_t row) {
-  __m256 total[M][R];
-  for (int i = 0; i < M; ++i)
-    for (int r = 0; r < R; ++r) total[i][r] = _mm256_setzero_ps();
-  const uint8_t* codes[R];  // row r's codes: element c is in byte c / 2
-  for (int r = 0; r < R; ++r) codes[r] = a.packed + (row + r) * a.k / 2;
-  for (int64_t j = 0; j < a.gpr; ++j) {
-    __m256 acc[M][R][2];
-    for (int i = 0; i < M; ++i)
-      for (int r = 0; r < R; ++r) acc[i][r][0] = acc[i][r][1] = _mm256_setzero_ps();
-    for (int64_t c = j * a.g; c < (j + 1) * a.g; c += kBlock) {
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes[r] + (c >> 1)));
-#pragma GCC unroll 8  // constant nibble masks, accumulators in registers
-        for (int s = 0; s < 8; ++s) {
-          const __m256 q = _mm256_cvtepi32_ps(nibble(v, s));
-#pragma GCC unroll 4
-          for (int i = 0; i < M; ++i) {
-            const __m256 xv = _mm256_loadu_ps(a.x + (i0 + i) * a.k + c + 8 * s);
-            acc[i][r][s & 1] = _mm256_fmadd_ps(q, xv, acc[i][r][s & 1]);
-          }
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256 scale = _mm256_set1_ps(a.scales[(row + r) * a.gpr + j]);
-      for (int i = 0; i < M; ++i)
-        total[i][r] =
-            _mm256_fmadd_ps(_mm256_add_ps(acc[i][r][0], acc[i][r][1]), scale, total[i][r]);
-    }
-  }
-  for (int i = 0; i < M; ++i)
-    for (int r = 0; r < R; ++r) finish_row(a, i0 + i, row + r, hsum(total[i][r]));
-}
-
-// Rows [n0, n1) against the mt (1..4) activation rows from i0.
-void rows_avx2(const LinearArgs& a, int64_t i0, int64_t mt, int64_t n0, int64_t n1) {
-  int64_t row = n0;
-  if (mt == 1) {  // one activation row leaves registers for four weight rows
-    for (; row + 4 <= n1; row += 4) tile_avx2<1, 4>(a, i0, row);
-  }
-  for (; row < n1; ++row) {
-    switch (mt) {
-      case 1:
-        tile_avx2<1, 1>(a, i0, row);
-        break;
-      case 2:
-        tile_avx2<2, 1>(a, i0, row);
-        break;
-      case 3:
-        tile_avx2<3, 1>(a, i0, row);
-        break;
-      default:
-        tile_avx2<4, 1>(a, i0, row);
-        break;
-    }
-  }
-}
-#endif
-
-// Output rows [n0, n1) for every activation row, 4 activation rows at a time.
-void linear_block(const LinearArgs& a, int64_t n0, int64_t n1) {
-  for (int64_t i0 = 0; i0 < a.m; i0 += kTileRows) {
-    const int64_t mt = std::min(kTileRows, a.m - i0);
-#if STRATA_QUANT_AVX2
-    if (use_avx2(a.g)) {
-      rows_avx2(a, i0, mt, n0, n1);
-      continue;
-    }
-#endif
-    for (int64_t row = n0; row < n1; ++row)
-      for (int64_t i = i0; i < i0 + mt; ++i) row_scalar(a, i, row);
-  }
+  y[i * l.rows + row] = total + (bias != nullptr ? bias[row] : 0.0f);
 }
 
 }  // namespace
@@ -492,6 +406,11 @@ void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bia
 
 void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y,
                  Linear4bitScratch& scratch) {
+  linear_4bit(x, m, w, bias, y, scratch, active_cpu_isa());
+}
+
+void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y,
+                 Linear4bitScratch& scratch, CpuIsa isa) {
   const QuantLayout& l = w.layout;
   STRATA_CHECK(l.axis == QuantAxis::kAlongRow,
                "linear_4bit needs a weight grouped along rows, got {}", l.str());
@@ -499,23 +418,41 @@ void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bia
   if (m == 0 || l.rows == 0) return;
   fit(scratch, m, l.cols, l.group_size);
   group_sums(x, m, l.cols, l.group_size, scratch.xsum.data());
-  if (use_avx2(l.group_size)) rearrange_blocks(x, m * l.cols, scratch.xperm.data());
-  const LinearArgs a{.x = use_avx2(l.group_size) ? scratch.xperm.data() : x,
-                     .m = m,
-                     .k = l.cols,
-                     .n = l.rows,
-                     .g = l.group_size,
-                     .gpr = l.cols / l.group_size,
-                     .packed = w.packed,
-                     .mins = w.mins,
-                     .scales = w.scales,
-                     .xsum = scratch.xsum.data(),
-                     .bias = bias,
-                     .y = y};
-  const int64_t n_blocks = (a.n + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static) if (a.n * a.k > kParallelElems)
-  for (int64_t b = 0; b < n_blocks; ++b)
-    linear_block(a, b * kRowBlock, std::min(a.n, (b + 1) * kRowBlock));
+  const Q4Kernel kernel = q4_kernel(isa, l.cols, l.group_size);
+  if (kernel != Q4Kernel::kScalar)
+    prepare_q4_x(x, m, l.cols, q4_block(kernel), scratch.xq.data(), scratch.xscale.data());
+  const gemv_detail::Q4Args a{.xq = scratch.xq.data(),
+                              .xscale = scratch.xscale.data(),
+                              .xsum = scratch.xsum.data(),
+                              .m = m,
+                              .k = l.cols,
+                              .gpr = l.cols / l.group_size,
+                              .packed = w.packed,
+                              .mins = w.mins,
+                              .scales = w.scales,
+                              .bias = bias,
+                              .y = y,
+                              .n = l.rows};
+  const int64_t n_blocks = (l.rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (l.rows * l.cols > kParallelElems)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t n0 = b * kRowBlock, n1 = std::min(l.rows, n0 + kRowBlock);
+    switch (kernel) {
+#if STRATA_X86_KERNELS
+      case Q4Kernel::kAvx512:
+        gemv_detail::gemv_q4_avx512(a, n0, n1);
+        break;
+      case Q4Kernel::kAvx2:
+        gemv_detail::gemv_q4_avx2(a, n0, n1);
+        break;
+#endif
+      default:
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t row = n0; row < n1; ++row)
+            row_scalar(x, w, scratch.xsum.data(), i, row, bias, y);
+        break;
+    }
+  }
 }
 
 }  // namespace strata

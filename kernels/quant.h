@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/tensor.h"
 
 namespace strata {
@@ -115,24 +116,32 @@ void dequantize_4bit(const QuantizedTensor& t, float* out);
 void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows, float* out);
 void dequantize_rows(const QuantView& t, int64_t row_begin, int64_t n_rows, float* out);
 
-// y[m, n] = x[m, k] * dequant(w)^T (+ bias[n]) for w [n, k] grouped along rows. The weight is
-// dequantised in registers as it streams (AVX2 when group_size % 64 == 0, scalar otherwise)
-// and read from memory once: blocks of rows stay in cache while 4-row tiles of x pass over
-// them. OpenMP splits the output rows. Meant for decode (small m); for a long prefill,
-// dequantize_rows a block into f32 and use the GEMM.
+// y[m, n] = x[m, k] * dequant(w)^T (+ bias[n]) for w [n, k] grouped along rows, reading
+// each code once from memory and never converting it to a float: for groups of 64 the
+// AVX-512 VNNI or AVX2 kernel of gemv_q4_kernel.h multiplies the codes as bytes with x
+// split into two int8 parts (x exact to max|x_group| / 65024), other group sizes run a
+// scalar loop. OpenMP splits the output rows. Meant for decode (small m); for a long
+// prefill, dequantize_rows a block into f32 and use the GEMM.
 void linear_4bit(const float* x, int64_t m, const QuantizedTensor& w, const float* bias, float* y);
 void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y);
 
-// linear_4bit's per-call scratch (x's group sums, x rearranged for the AVX2 kernel). A
+// linear_4bit's per-call scratch (x's group sums, x split for the vector kernels). A
 // caller that owns one reserves it for its largest call and passes it, so no call allocates;
 // the overloads above use one per thread that grows on demand.
 struct Linear4bitScratch {
-  std::vector<float> xsum;
-  std::vector<float> xperm;
+  std::vector<float> xsum;    // [m, k / g]
+  std::vector<float> xscale;  // [m, k / 64]
+  std::vector<int8_t> xq;     // [m, 2k]: x's two int8 parts
   void reserve(int64_t m, int64_t k, int64_t group_size);
-  size_t bytes() const { return (xsum.capacity() + xperm.capacity()) * sizeof(float); }
+  size_t bytes() const {
+    return (xsum.capacity() + xscale.capacity()) * sizeof(float) + xq.capacity();
+  }
 };
 void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y,
                  Linear4bitScratch& scratch);
+// The same with a given instruction set (the CPU backend's choice; tests run each). One
+// the CPU lacks must not be asked for (cpu_isa.h says what it has).
+void linear_4bit(const float* x, int64_t m, const QuantView& w, const float* bias, float* y,
+                 Linear4bitScratch& scratch, CpuIsa isa);
 
 }  // namespace strata

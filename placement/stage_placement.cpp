@@ -32,14 +32,14 @@ int64_t matrix_bytes(const ModelShape& s, int64_t rows, int64_t cols, bool compr
 KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, const Policy& policy) {
   struct Matrix {
     int64_t rows, cols;
-    bool layer;
+    bool layer = true;  // else dequantised a block of rows at a time (KernelBounds)
   };
   const int64_t e = s.embed_width();
-  std::vector<Matrix> m = {{s.q_width(), s.hidden, true},
-                           {s.kv_width(), s.hidden, true},
-                           {s.hidden, s.q_width(), true},
-                           {s.intermediate, s.hidden, true},
-                           {s.hidden, s.intermediate, true}};
+  std::vector<Matrix> m = {{s.q_width(), s.hidden},
+                           {s.kv_width(), s.hidden},
+                           {s.hidden, s.q_width()},
+                           {s.intermediate, s.hidden},
+                           {s.hidden, s.intermediate}};
   if (r.embedding && e != s.hidden) m.push_back({s.hidden, e, false});
   if (r.head && e != s.hidden) m.push_back({e, s.hidden, false});
   if (r.head) m.push_back({s.vocab, e, false});
@@ -47,10 +47,10 @@ KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, con
   b.max_rows = r.max_rows;
   b.max_positions = r.kv_capacity;
   for (const Matrix& x : m) {
-    const bool q4 = policy.compress_weight && x.layer && x.cols % kQuantGroupSize == 0;
+    const bool q4 = policy.compress_weight && x.cols % kQuantGroupSize == 0;
     b.max_in_features = std::max(b.max_in_features, x.cols);
     b.half_weights = b.half_weights || q4 || s.dtype != DType::kF32;
-    if (q4) b.max_q4_elems = std::max(b.max_q4_elems, x.rows * x.cols);
+    if (q4) b.max_q4_elems = std::max(b.max_q4_elems, x.layer ? x.rows * x.cols : x.cols);
   }
   return b;
 }
@@ -87,14 +87,15 @@ std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
 }
 
 // The embedding, positions, projections, final norm and head that the stage holds.
-int64_t fixed_bytes(const ModelShape& s, bool embedding, bool head) {
+int64_t fixed_bytes(const ModelShape& s, bool embedding, bool head, bool compress) {
   const int64_t h = s.hidden, e = s.embed_width();
-  auto mat = [&](int64_t rows, int64_t cols) { return matrix_bytes(s, rows, cols, false); };
+  auto mat = [&](int64_t rows, int64_t cols) { return matrix_bytes(s, rows, cols, compress); };
+  auto table = [&](int64_t rows, int64_t cols) { return matrix_bytes(s, rows, cols, false); };
   int64_t b = 0;
   if (embedding || (head && s.tied_head)) b += mat(s.vocab, e);
   if (s.learned_positions && embedding) {
-    b += mat(s.max_positions + s.position_offset, h);
-    if (e != h) b += mat(h, e);  // project_in
+    b += table(s.max_positions + s.position_offset, h);  // never compressed
+    if (e != h) b += mat(h, e);                          // project_in
   }
   if (!head) return b;
   if (s.learned_positions && e != h) b += mat(e, h);  // project_out
@@ -314,7 +315,7 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   }
   w.layer_bytes = align_bytes(packed);
   w.host_layer_bytes = r.device_compute ? w.layer_bytes : plain;
-  w.fixed_bytes = fixed_bytes(s, r.embedding, r.head);
+  w.fixed_bytes = fixed_bytes(s, r.embedding, r.head, compress);
   const int64_t host_staging = 2 * (w.layer_bytes + kPageBytes);
   Counts c;
   if (r.policy && r.weight_shares) {

@@ -21,22 +21,55 @@ WeightParts weight_parts(const ModelConfig& full, const LoadOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// One matrix to kQ4 storage appended to `store`; false (left as it is) when absent, already
+// packed, or its rows are not whole groups.
+bool compress_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store,
+                     std::vector<float>& f32) {
+  if (t.data == nullptr || t.dtype == DType::kQ4 || t.shape[1] % kQuantGroupSize != 0) return false;
+  const int64_t n = t.shape.numel();
+  f32.resize(static_cast<size_t>(n));
+  convert_to_f32(t.dtype, t.data, f32.data(), static_cast<size_t>(n));
+  const QuantizedTensor q =
+      quantize_4bit(f32.data(), {t.shape[0], t.shape[1], kQuantGroupSize, QuantAxis::kAlongRow});
+  store.push_back(std::make_unique<OwnedTensor>(DType::kQ4, t.shape));
+  write_q4_blob(q, store.back()->storage.data());
+  t = store.back()->view;
+  return true;
+}
+
+}  // namespace
+
 int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store) {
   int compressed = 0;
   std::vector<float> f32;
-  for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down}) {
-    if (t->data == nullptr || t->dtype == DType::kQ4 || t->shape[1] % kQuantGroupSize != 0)
+  for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
+    compressed += compress_matrix(*t, store, f32);
+  return compressed;
+}
+
+int compress_fixed(ModelWeights& w) {
+  const bool tied = w.lm_head.data != nullptr && w.lm_head.data == w.embed.data;
+  std::vector<std::unique_ptr<OwnedTensor>> packed;
+  std::vector<const void*> replaced;
+  std::vector<float> f32;
+  int compressed = 0;
+  for (Tensor* t : {&w.embed, &w.project_in, &w.project_out, &w.lm_head}) {
+    if (tied && t == &w.lm_head) {
+      w.lm_head = w.embed;
       continue;
-    const int64_t n = t->shape.numel();
-    f32.resize(static_cast<size_t>(n));
-    convert_to_f32(t->dtype, t->data, f32.data(), static_cast<size_t>(n));
-    const QuantizedTensor q = quantize_4bit(
-        f32.data(), {t->shape[0], t->shape[1], kQuantGroupSize, QuantAxis::kAlongRow});
-    store.push_back(std::make_unique<OwnedTensor>(DType::kQ4, t->shape));
-    write_q4_blob(q, store.back()->storage.data());
-    *t = store.back()->view;
+    }
+    const void* before = t->data;
+    if (!compress_matrix(*t, packed, f32)) continue;
+    replaced.push_back(before);
     ++compressed;
   }
+  // Generated or converted originals are spent (a checkpoint's stay mapped, untouched).
+  std::erase_if(w.owned, [&](const std::unique_ptr<OwnedTensor>& o) {
+    return std::find(replaced.begin(), replaced.end(), o->view.data) != replaced.end();
+  });
+  for (auto& t : packed) w.owned.push_back(std::move(t));
   return compressed;
 }
 
@@ -119,6 +152,7 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
     m.tokenizer = Tokenizer::load(spec, m.config, options.limits);
   }
   for (auto& t : compressed) m.weights.owned.push_back(std::move(t));
+  if (options.compress_weight) compress_fixed(m.weights);
   auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
   if (m.feeder != nullptr) {
     m.feeder->finish(std::move(streamer));

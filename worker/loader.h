@@ -62,6 +62,10 @@ struct LoadOptions {
 // Quantises a layer's matrices to kQ4 (those with columns a multiple of 64); the new
 // storage is appended to `store`. Returns how many matrices were compressed.
 int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store);
+// The same for the matrices outside the layers (embedding, projections, head; a tied head
+// stays the embedding), as FlexGen compresses every weight: at batch 1 a 32000-word f32
+// head would otherwise be most of a 4-bit step's bytes. Their storage goes to w.owned.
+int compress_fixed(ModelWeights& w);
 
 // The weight placement these options ask placement/ for (place_weights): the budgets
 // bound the weights alone; shares when the options name them.

@@ -199,7 +199,8 @@ class CudaBackend final : public Backend {
   size_t half_x_bytes_ = 0;
   DevicePtr dequant_;  // a q4 weight dequantised to f16 for linear
   size_t dequant_bytes_ = 0;
-  const void* dequantize_q4(const Tensor& w);
+  // Rows [row_begin, row_begin + rows) of a kQ4 weight as f16 in the dequant scratch.
+  const void* dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows);
 
   // transfer(): its own stream, so copies run beside kernels. A ticket's event sits in a
   // ring; a ticket older than the ring waits on a newer event of the same in-order stream,
@@ -432,30 +433,43 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
   } else {
     STRATA_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16 || w.dtype == DType::kQ4,
                  "linear weight {} is not f32/f16/bf16/q4", w.describe());
-    // q4 (FlexGen's compressed weights) dequantises to f16 scratch just before the GEMM.
-    const void* wdata = w.data;
     const DType wtype = w.dtype == DType::kQ4 ? DType::kF16 : w.dtype;
-    if (w.dtype == DType::kQ4) wdata = dequantize_q4(w);
     const cudaDataType_t type = wtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
     const int64_t elems = m * static_cast<int64_t>(k);
     void* xh = device_scratch(half_x_, half_x_bytes_, static_cast<size_t>(elems) * 2);
     STRATA_CUDA_CHECK(cuda_kernels::f32_to_half(x, xh, elem_type(wtype), elems, stream()));
-    STRATA_CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mi, k, &one, wdata, type, k, xh,
-                                   type, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT));
+    // q4 (FlexGen's compressed weights) dequantises to f16 scratch just before the GEMM; a
+    // matrix larger than the reserved scratch (a compressed head, KernelBounds) in blocks of
+    // rows that each write their columns of y^T. Unreserved scratch grows to the matrix.
+    const int64_t fits = static_cast<int64_t>(dequant_bytes_ / 2) / k;
+    const int block = w.dtype == DType::kQ4 && dequant_bytes_ > 0
+                          ? static_cast<int>(std::clamp<int64_t>(fits, 1, n))
+                          : n;
+    for (int r0 = 0; r0 < n; r0 += block) {
+      const int rows = std::min(block, n - r0);
+      const void* wdata = w.dtype == DType::kQ4 ? dequantize_q4(w, r0, rows) : w.data;
+      STRATA_CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, mi, k, &one, wdata, type, k,
+                                     xh, type, k, &zero, y + r0, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+    }
   }
   if (bias != nullptr) STRATA_CUDA_CHECK(cuda_kernels::add_bias(y, bias, m, n, stream()));
 }
 
-const void* CudaBackend::dequantize_q4(const Tensor& w) {
-  const int64_t n = w.shape.numel();
-  STRATA_CHECK(w.shape[1] % 64 == 0, "q4 weight {}: columns must be whole groups of 64",
-               w.describe());
+const void* CudaBackend::dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows) {
+  const int64_t total = w.shape.numel();
+  const int64_t k = w.shape[1];
+  STRATA_CHECK(k % 64 == 0, "q4 weight {}: columns must be whole groups of 64", w.describe());
+  const int64_t n = rows * k;
   void* out = device_scratch(dequant_, dequant_bytes_, static_cast<size_t>(n) * 2);
+  // The blob is [codes of every row][mins][scales] (quant.h q4_view); rows are whole groups.
   const auto* packed = static_cast<const unsigned char*>(w.data);
-  const auto* mins = reinterpret_cast<const float*>(packed + n / 2);
-  STRATA_CUDA_CHECK(cuda_kernels::dequantize_q4_to_f16(
-      packed, mins, mins + n / 64, static_cast<unsigned short*>(out), n, stream()));
+  const auto* mins = reinterpret_cast<const float*>(packed + total / 2);
+  const auto* scales = mins + total / 64;
+  const int64_t first = row_begin * k;
+  STRATA_CUDA_CHECK(
+      cuda_kernels::dequantize_q4_to_f16(packed + first / 2, mins + first / 64, scales + first / 64,
+                                         static_cast<unsigned short*>(out), n, stream()));
   return out;
 }
 
@@ -464,6 +478,14 @@ void CudaBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, 
   if (n == 0) return;
   activate();
   checked_int(n, "embedding rows");
+  if (table.dtype == DType::kQ4) {  // a compressed table (compress_weight): rows decoded
+    const auto* packed = static_cast<const unsigned char*>(table.data);
+    const auto* mins = reinterpret_cast<const float*>(packed + table.shape.numel() / 2);
+    STRATA_CUDA_CHECK(cuda_kernels::embedding_q4(ids, n, packed, mins,
+                                                 mins + table.shape.numel() / 64, table.shape[0],
+                                                 table.shape[1], y, stream()));
+    return;
+  }
   STRATA_CUDA_CHECK(cuda_kernels::embedding(ids, n, table.data, elem_type(table.dtype),
                                             table.shape[0], table.shape[1], y, stream()));
 }

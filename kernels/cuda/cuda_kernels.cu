@@ -130,6 +130,28 @@ __global__ void embedding_kernel(const int32_t* ids, const void* table, ElemType
   for (int64_t i = threadIdx.x; i < h; i += blockDim.x) yr[i] = load_as_f32(table, type, base + i);
 }
 
+// One block per output row of a kQ4 table; an id outside the vocabulary gives zeros, as
+// embedding_kernel does (the host checked the ids).
+__global__ void embedding_q4_kernel(const int32_t* ids, const unsigned char* packed,
+                                    const float* mins, const float* scales, int64_t vocab,
+                                    int64_t h, float* y) {
+  const int64_t r = blockIdx.x;
+  const int32_t id = ids[r];
+  float* yr = y + r * h;
+  const bool known = id >= 0 && id < vocab;
+  const int64_t base = known ? static_cast<int64_t>(id) * h : 0;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
+    if (!known) {
+      yr[i] = 0.0f;
+      continue;
+    }
+    const int64_t e = base + i;
+    const unsigned char byte = packed[e / 2];
+    const int code = (e & 1) ? (byte >> 4) : (byte & 0xF);
+    yr[i] = fmaf(static_cast<float>(code), scales[e / 64], mins[e / 64]);
+  }
+}
+
 __global__ void rms_norm_kernel(const float* x, int64_t h, const float* weight, float eps,
                                 float* y) {
   const float* xr = x + blockIdx.x * h;
@@ -423,6 +445,15 @@ KernelStatus embedding(const int32_t* ids, int64_t n, const void* table, ElemTyp
   if (n <= 0 || h <= 0) return {};
   embedding_kernel<<<static_cast<unsigned>(n), row_threads(h), 0, as_stream(stream)>>>(
       ids, table, type, vocab, h, y);
+  return last_status();
+}
+
+KernelStatus embedding_q4(const int32_t* ids, int64_t n, const unsigned char* packed,
+                          const float* mins, const float* scales, int64_t vocab, int64_t h,
+                          float* y, StreamHandle stream) {
+  if (n <= 0 || h <= 0) return {};
+  embedding_q4_kernel<<<static_cast<unsigned>(n), row_threads(h), 0, as_stream(stream)>>>(
+      ids, packed, mins, scales, vocab, h, y);
   return last_status();
 }
 

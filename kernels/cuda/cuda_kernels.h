@@ -43,6 +43,10 @@ KernelStatus dequantize_q4_to_f16(const unsigned char* packed, const float* mins
 // y[i, :] = table[ids[i], :]; rows with an id outside [0, vocab) are written as zeros.
 KernelStatus embedding(const int32_t* ids, int64_t n, const void* table, ElemType type,
                        int64_t vocab, int64_t h, float* y, StreamHandle stream);
+// The same from a kQ4 table [vocab, h] (h a multiple of 64; codes, mins, scales as quant.h).
+KernelStatus embedding_q4(const int32_t* ids, int64_t n, const unsigned char* packed,
+                          const float* mins, const float* scales, int64_t vocab, int64_t h,
+                          float* y, StreamHandle stream);
 KernelStatus rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
                       float* y, StreamHandle stream);
 KernelStatus layer_norm(const float* x, int64_t m, int64_t h, const float* weight,

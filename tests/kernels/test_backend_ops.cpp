@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -229,6 +230,77 @@ Outcome embedding_case(Backend& b, DType dtype) {
   Ref ref;
   for (int32_t id : ids)
     for (int64_t i = 0; i < h; ++i) ref.push_back(table[static_cast<size_t>(id * h + i)]);
+  return outcome(dy, ref);
+}
+
+// A kQ4 blob (quant.h q4_view: codes, then mins, then scales, groups of 64 along rows) from
+// given codes and group parameters, and what it decodes to: code * scale + min.
+struct Q4Blob {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> codes;  // one per element
+  std::vector<float> mins, scales;
+  double value(size_t i) const {
+    const size_t g = i / kQuantGroupSize;
+    return static_cast<double>(codes[i]) * scales[g] + mins[g];
+  }
+};
+
+Q4Blob random_q4(int64_t rows, int64_t cols, uint32_t seed) {
+  Q4Blob q;
+  const auto n = static_cast<size_t>(rows * cols);
+  std::mt19937 rng(seed);
+  q.codes.resize(n);
+  for (uint8_t& c : q.codes) c = static_cast<uint8_t>(rng() & 0x0f);
+  q.mins = random_floats(n / kQuantGroupSize, seed + 1, -1.0f, 0.0f);
+  q.scales = random_floats(n / kQuantGroupSize, seed + 2, 0.0f, 2.0f / 15.0f);
+  q.bytes.resize(n / 2 + 8 * q.mins.size());
+  for (size_t i = 0; i < n; i += 2)
+    q.bytes[i / 2] = static_cast<uint8_t>(q.codes[i] | (q.codes[i + 1] << 4));
+  std::memcpy(q.bytes.data() + n / 2, q.mins.data(), 4 * q.mins.size());
+  std::memcpy(q.bytes.data() + n / 2 + 4 * q.mins.size(), q.scales.data(), 4 * q.scales.size());
+  return q;
+}
+
+// A compressed embedding table (compress_weight): each looked-up row decoded.
+Outcome op_embedding_q4(Backend& b) {
+  constexpr int64_t vocab = 17, h = 128;
+  const Q4Blob q = random_q4(vocab, h, 30);
+  const std::vector<int32_t> ids = {3, 0, 16, 3, 9};
+  DevTensor dt(b, DType::kQ4, {vocab, h}, q.bytes.data(), q.bytes.size());
+  DevVec<int32_t> did(b, ids);
+  DevVec<float> dy(b, std::vector<float>(ids.size() * h));
+  b.embedding(did.data(), static_cast<int64_t>(ids.size()), dt.t, dy.data());
+  Ref ref;
+  for (int32_t id : ids)
+    for (int64_t i = 0; i < h; ++i) ref.push_back(q.value(static_cast<size_t>(id * h + i)));
+  return outcome(dy, ref);
+}
+
+// A 4-bit matrix larger than the reserved dequantisation scratch, as a compressed head is
+// (KernelBounds::max_q4_elems): an accelerator dequantises it in blocks of 10 rows here,
+// the last one short.
+Outcome op_linear_q4_row_blocks(Backend& b) {
+  constexpr int64_t m = 2, k = 192, n = 103;
+  KernelBounds bounds;
+  bounds.max_rows = m;
+  bounds.max_in_features = k;
+  bounds.half_weights = true;
+  bounds.max_q4_elems = 10 * k;
+  b.reserve(bounds);
+  const Q4Blob q = random_q4(n, k, 31);
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 32);
+  DevTensor dw(b, DType::kQ4, {n, k}, q.bytes.data(), q.bytes.size());
+  DevVec<float> dx(b, x), dy(b, std::vector<float>(static_cast<size_t>(m * n)));
+  b.linear(dx.data(), m, dw.t, nullptr, dy.data());
+  Ref ref(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t o = 0; o < n; ++o) {
+      double s = 0;
+      for (int64_t c = 0; c < k; ++c)
+        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
+             q.value(static_cast<size_t>(o * k + c));
+      ref[static_cast<size_t>(i * n + o)] = s;
+    }
   return outcome(dy, ref);
 }
 
@@ -484,6 +556,8 @@ const std::vector<OpCase>& op_table() {
       {"embedding_f32", [](Backend& b) { return embedding_case(b, DType::kF32); }, 0, 0},
       {"embedding_f16", [](Backend& b) { return embedding_case(b, DType::kF16); }, 0, 0},
       {"embedding_bf16", [](Backend& b) { return embedding_case(b, DType::kBF16); }, 0, 0},
+      {"embedding_q4", op_embedding_q4, 1e-6, 1e-6},
+      {"linear_q4_row_blocks", op_linear_q4_row_blocks, 1e-4, 1e-2},
       {"rms_norm", op_rms_norm, 1e-5, 1e-5},
       {"layer_norm", op_layer_norm, 1e-5, 1e-5},
       {"rope", op_rope, 1e-5, 1e-5},
@@ -513,6 +587,7 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   for (const OpCase& c : op_table()) {
     std::string n = c.name;
     if (n.ends_with("_table")) n = n.substr(0, n.size() - std::strlen("_table"));
+    if (n.ends_with("_row_blocks")) n = n.substr(0, n.size() - std::strlen("_row_blocks"));
     for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4"})
       if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && n != "kv_store_q4")
         n = n.substr(0, n.size() - std::strlen(suffix));

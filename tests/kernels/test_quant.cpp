@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/error.h"
 #include "kernels/quant.h"
 #include "kernels/tensor.h"
@@ -78,17 +79,6 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, floa
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
-}
-
-double norm_err(const float* got, const std::vector<double>& ref) {
-  double max_ref = 0.0;
-  double max_diff = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
-    max_ref = std::max(max_ref, std::fabs(ref[i]));
-    max_diff = std::max(max_diff, std::fabs(got[i] - ref[i]));
-  }
-  return max_diff / std::max(1.0, max_ref);
 }
 
 // The format, decoded independently of the library.
@@ -419,58 +409,99 @@ INSTANTIATE_TEST_SUITE_P(Cpu, QuantRows,
 // linear_4bit
 // ---------------------------------------------------------------------------------------
 
-using LinearParam =
-    std::tuple<int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, int64_t /*group*/, bool /*bias*/>;
+using LinearParam = std::tuple<CpuIsa, int64_t /*m*/, int64_t /*n*/, int64_t /*k*/,
+                               int64_t /*group*/, bool /*bias*/>;
 class Linear4bit : public ::testing::TestWithParam<LinearParam> {};
 
+// The vector kernels (groups of 64 on AVX2 / AVX-512) multiply x split into two int8 parts,
+// x ~ d * (hi + lo / 256) with d = max|x_group| / 127 (quant.h): each element within
+// d / 512 = max|x_group| / 65024 of itself. An output may then differ from the exact
+// product by at most sum_c |w_c| * max|x_group(c)| / 65024; the scalar path by f32
+// rounding alone. Either way add f32 accumulation: 1e-5 of max(1, max |ref|).
 TEST_P(Linear4bit, MatchesDoubleReferenceOverDecodedWeights) {
-  const auto [m, n, k, group, with_bias] = GetParam();
+  const auto [isa, m, n, k, group, with_bias] = GetParam();
+  if (detected_cpu_isa() < isa) GTEST_SKIP() << "the CPU has no " << cpu_isa_name(isa);
   const QuantLayout l{n, k, group};
   // Offset weights, so the min term of every group matters.
   const QuantizedTensor w =
       quantize_4bit(random_floats(static_cast<size_t>(n * k), 11, -0.5f, 1.5f).data(), l);
   GuardedFloats x(static_cast<size_t>(m * k));
-  x.assign(random_floats(static_cast<size_t>(m * k), 12));
+  std::vector<float> xv = random_floats(static_cast<size_t>(m * k), 12);
+  for (size_t c = 5; c < xv.size(); c += 97) xv[c] *= 40.0f;  // outliers widen some groups
+  x.assign(xv);
   GuardedFloats bias(static_cast<size_t>(n));
   bias.assign(random_floats(static_cast<size_t>(n), 13, -2.0f, 2.0f));
   GuardedFloats y(static_cast<size_t>(m * n));
   const std::vector<float> x_before = x.vec();
 
-  linear_4bit(x.data(), m, w, with_bias ? bias.data() : nullptr, y.data());
+  Linear4bitScratch scratch;
+  linear_4bit(x.data(), m, w.view(), with_bias ? bias.data() : nullptr, y.data(), scratch, isa);
 
+  const bool split = isa != CpuIsa::kPortable && group == 64;
   std::vector<double> wd(static_cast<size_t>(n * k));
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < k; ++c) wd[static_cast<size_t>(r * k + c)] = ref_value(w, r, c);
-  std::vector<double> ref(static_cast<size_t>(m * n));
+  std::vector<double> ref(static_cast<size_t>(m * n)), bound(ref.size());
+  double max_ref = 1.0;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t r = 0; r < n; ++r) {
       double s = with_bias ? static_cast<double>(bias[static_cast<size_t>(r)]) : 0.0;
-      for (int64_t c = 0; c < k; ++c)
-        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
-             wd[static_cast<size_t>(r * k + c)];
+      double b = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double wc = wd[static_cast<size_t>(r * k + c)];
+        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) * wc;
+        double amax = 0.0;
+        for (int64_t g = c / 64 * 64; split && g < c / 64 * 64 + 64; ++g)
+          amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(i * k + g)])));
+        b += std::fabs(wc) * amax / 65024.0;
+      }
       ref[static_cast<size_t>(i * n + r)] = s;
+      bound[static_cast<size_t>(i * n + r)] = b;
+      max_ref = std::max(max_ref, std::fabs(s));
     }
-  EXPECT_LT(norm_err(y.data(), ref), kTolF32);
+  for (size_t o = 0; o < ref.size(); ++o)
+    ASSERT_LE(std::fabs(y[o] - ref[o]), bound[o] + kTolF32 * max_ref)
+        << "output " << o << " (" << cpu_isa_name(isa) << ")";
   EXPECT_TRUE(y.guards_intact());
   EXPECT_TRUE(x.guards_intact());
   EXPECT_EQ(x.vec(), x_before) << "linear_4bit modified its input";
 }
 
-// Groups of 64 and 128 (two 64-code blocks a group) take the AVX2 path where built; 32 and 6
-// the scalar one.
+// Every instruction set the CPU has: groups of 64 take the vector kernel (AVX-512 where k
+// is a multiple of 128: 384; else AVX2: 192), other groups the scalar one.
 INSTANTIATE_TEST_SUITE_P(
     Cpu, Linear4bit,
-    ::testing::Combine(::testing::Values(int64_t{1}, int64_t{3}, int64_t{16}, int64_t{33}),
-                       ::testing::Values(int64_t{1}, int64_t{37}, int64_t{301}),
-                       ::testing::Values(int64_t{384}),
-                       ::testing::Values(int64_t{128}, int64_t{64}, int64_t{32}, int64_t{6}),
-                       ::testing::Bool()),
+    ::testing::Combine(::testing::Values(CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512),
+                       ::testing::Values(int64_t{1}, int64_t{3}, int64_t{33}),
+                       ::testing::Values(int64_t{5}, int64_t{301}),
+                       ::testing::Values(int64_t{384}, int64_t{192}),
+                       ::testing::Values(int64_t{64}, int64_t{6}), ::testing::Bool()),
     [](const auto& tp) {
-      return "m" + std::to_string(std::get<0>(tp.param)) + "_n" +
-             std::to_string(std::get<1>(tp.param)) + "_k" + std::to_string(std::get<2>(tp.param)) +
-             "_g" + std::to_string(std::get<3>(tp.param)) +
-             (std::get<4>(tp.param) ? "_bias" : "_nobias");
+      return std::string(cpu_isa_name(std::get<0>(tp.param))) + "_m" +
+             std::to_string(std::get<1>(tp.param)) + "_n" + std::to_string(std::get<2>(tp.param)) +
+             "_k" + std::to_string(std::get<3>(tp.param)) + "_g" +
+             std::to_string(std::get<4>(tp.param)) + (std::get<5>(tp.param) ? "_bias" : "_nobias");
     });
+
+// A non-finite activation is not hidden by the int8 split: its row's outputs are NaN, as an
+// f32 product would make them (the engine's checks then see it).
+TEST(Linear4bitEdges, ANonFiniteActivationPoisonsItsRowOnEveryIsa) {
+  const std::vector<float> wv = random_floats(8 * 128, 4);
+  const QuantizedTensor w = quantize_4bit(wv.data(), QuantLayout{8, 128});
+  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512})
+    for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+      if (detected_cpu_isa() < isa) continue;
+      std::vector<float> x = random_floats(2 * 128, 5);
+      x[128 + 70] = bad;
+      std::vector<float> y(16);
+      Linear4bitScratch scratch;
+      linear_4bit(x.data(), 2, w.view(), nullptr, y.data(), scratch, isa);
+      for (int r = 0; r < 8; ++r) {
+        EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(r)])) << cpu_isa_name(isa);
+        EXPECT_FALSE(std::isfinite(y[static_cast<size_t>(8 + r)])) << cpu_isa_name(isa);
+      }
+    }
+}
 
 TEST(Linear4bitEdges, ZeroRowsWriteNothingAndColumnGroupsAreRejected) {
   const std::vector<float> wv = random_floats(64 * 64, 4);

@@ -68,8 +68,9 @@ struct Documented {
 constexpr double kF32Perplexity = 1.697;
 constexpr Documented kRoundTripWeights{1.855, 0.894};
 constexpr Documented kRoundTripWeightsAndCache{6.021, 0.534};  // cache groups of 32
-constexpr Documented kEngineWeights{1.825, 0.922};
-constexpr Documented kEngineWeightsAndCache{2.530, 0.769};  // cache groups of 8
+// The engine compresses the tied embedding / head too (loader.h compress_fixed).
+constexpr Documented kEngineWeights{1.838, 0.884};
+constexpr Documented kEngineWeightsAndCache{2.757, 0.725};  // cache groups of 8
 constexpr double kTop1Points = 0.03;
 constexpr double kPerplexityShare = 0.03;
 
@@ -151,8 +152,9 @@ namespace {
 
 // The engine's own compression (LoadOptions::compress_weight: kQ4 storage, dequantised just
 // before use) computes what the model with round-tripped weights computes: the matrices
-// whose rows are whole groups of 64 become their 4-bit round trip, the others stay as they
-// are (stories260K's down projection has 172 columns).
+// whose rows are whole groups of 64 become their 4-bit round trip, the tied embedding and
+// head among them, the others stay as they are (stories260K's down projection has 172
+// columns).
 TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
   CpuBackend backend(2);
   LoadOptions lo;
@@ -167,28 +169,36 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
             place_weights(packed.config.shape(), StageRequest{}).layer_bytes);
   Model engine(packed.config, std::move(packed.weights), backend, 128);
 
+  EXPECT_EQ(packed.weights.embed.dtype, DType::kQ4) << "the embedding, as FlexGen compresses it";
+  EXPECT_EQ(packed.weights.lm_head.data, packed.weights.embed.data) << "still tied";
   LoadedModel plain = load_model(testing::stories_dir());
-  for (LayerWeights& L : plain.weights.layers) {
-    for (Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
-      if (t->shape[1] % kQuantGroupSize != 0) continue;
-      const QuantizedTensor q = quantize_4bit(t->as<const float>(), {t->shape[0], t->shape[1]});
-      plain.weights.owned.push_back(std::make_unique<OwnedTensor>(DType::kF32, t->shape));
-      dequantize_4bit(q, plain.weights.owned.back()->view.as<float>());
-      *t = plain.weights.owned.back()->view;
-    }
-  }
+  ModelWeights& pw = plain.weights;
+  auto round_trip_matrix = [&](Tensor* t) {
+    if (t->shape[1] % kQuantGroupSize != 0) return;
+    const QuantizedTensor q = quantize_4bit(t->as<const float>(), {t->shape[0], t->shape[1]});
+    pw.owned.push_back(std::make_unique<OwnedTensor>(DType::kF32, t->shape));
+    dequantize_4bit(q, pw.owned.back()->view.as<float>());
+    *t = pw.owned.back()->view;
+  };
+  for (LayerWeights& L : pw.layers)
+    for (Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) round_trip_matrix(t);
+  ASSERT_EQ(pw.lm_head.data, pw.embed.data);  // stories260K ties its head to the embedding
+  round_trip_matrix(&pw.embed);
+  pw.lm_head = pw.embed;
   Model round_trip(plain.config, std::move(plain.weights), backend, 128);
 
   const auto refs = testing::load_stories_references();
   for (const auto& r : refs) {
-    // 64-row prefill chunks take the dequantise-then-GEMM path, decode the fused GEMV.
+    // 64-row prefill chunks take the dequantise-then-GEMM path, decode the fused GEMV,
+    // whose int8 split of x (quant.h) moves a product by up to max|x_group| / 65024 of the
+    // weights' magnitude: here at most about 4e-3 of logits that span tens.
     for (int32_t chunk : {64, 1}) {
       const auto a = teacher_forced_logits(engine, r.sequence(), chunk);
       const auto b = teacher_forced_logits(round_trip, r.sequence(), chunk);
       ASSERT_EQ(a.size(), b.size());
       double diff = 0;
       for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-      EXPECT_LT(diff, 1e-3) << r.name << " chunk " << chunk;
+      EXPECT_LT(diff, 1e-2) << r.name << " chunk " << chunk;
     }
   }
   const Accuracy acc = measure(engine);
