@@ -1,6 +1,7 @@
 // The decode GEMV for AVX2 + FMA + F16C (this file is compiled for exactly that).
 #include <immintrin.h>
 
+#include "kernels/avx2_sum.h"
 #include "kernels/gemv_kernel.h"
 
 namespace strata::gemv_detail {
@@ -26,12 +27,7 @@ struct Avx2 {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
   }
-  static float sum(Vec v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static float sum(Vec v) { return sum8(v); }
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // one group; bytes multiplied by vpmaddubsw, pairs summed by vpmaddwd.
 #include <immintrin.h>
 
+#include "kernels/avx2_sum.h"
 #include "kernels/gemv_q4_kernel.h"
 
 namespace strata::gemv_detail {
@@ -36,12 +37,7 @@ struct Q4Avx2 {
     return _mm256_set1_ps(ws[0] * xs[0]);
   }
   static FVec fma(FVec a, FVec b, FVec c) { return _mm256_fmadd_ps(a, b, c); }
-  static float sum(FVec v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static float sum(FVec v) { return sum8(v); }
 };
 
 }  // namespace
