@@ -1,5 +1,6 @@
 #include "kernels/backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -30,6 +31,12 @@ int64_t fill_row_table(std::span<const SeqSlice> seqs, int32_t n_slots, int32_t 
       out[n++] = RowEntry{s.row_begin + t, s.slot, s.n_past + t};
   }
   return n;
+}
+
+void KernelBounds::add_weight(int64_t rows, int64_t cols, DType dtype, bool in_layer) {
+  max_in_features = std::max(max_in_features, cols);
+  half_weights = half_weights || dtype != DType::kF32;
+  if (dtype == DType::kQ4) max_q4_elems = std::max(max_q4_elems, in_layer ? rows * cols : cols);
 }
 
 int64_t accelerator_scratch_bytes(const KernelBounds& b) {

@@ -118,6 +118,10 @@ struct KernelBounds {
   int64_t max_q4_elems = 0;
   bool half_weights = false;  // some matrix is stored f16, bf16 or 4-bit
   int64_t max_positions = 0;  // positions one sequence attends over (the KV capacity)
+
+  // Counts a linear's weight [rows, cols] stored as `dtype`; `in_layer`: one of a layer's
+  // matrices (else the head or a projection, which count one row when 4-bit).
+  void add_weight(int64_t rows, int64_t cols, DType dtype, bool in_layer);
 };
 
 // The scratch an accelerator backend (kernels/cuda) reserves for `b`: x rounded to f16 for

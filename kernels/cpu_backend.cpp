@@ -222,12 +222,14 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
   STRATA_CHECK(table.shape.rank == 2, "embedding table {}", table.describe());
   const int64_t vocab = table.shape[0];
   const int64_t h = table.shape[1];
-  const size_t elem = table.dtype == DType::kQ4 ? 0 : dtype_size(table.dtype);
+  const bool packed = table.dtype == DType::kQ4;  // compress_weight: rows decoded as read
+  const QuantView q4 = packed ? q4_view(table) : QuantView{};
+  const size_t elem = packed ? 0 : dtype_size(table.dtype);
   for (int64_t i = 0; i < n; ++i) {
     STRATA_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} outside vocabulary of {}", ids[i],
                  vocab);
-    if (table.dtype == DType::kQ4) {  // a compressed table (compress_weight): one row decoded
-      dequantize_rows(q4_view(table), ids[i], 1, y + i * h);
+    if (packed) {
+      dequantize_rows(q4, ids[i], 1, y + i * h);
       continue;
     }
     const auto* row = static_cast<const char*>(table.data) + static_cast<size_t>(ids[i] * h) * elem;

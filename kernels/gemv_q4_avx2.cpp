@@ -11,7 +11,7 @@ namespace {
 struct Q4Avx2 {
   using IVec = __m256i;
   using FVec = __m256;
-  static constexpr int64_t kBlock = 64;
+  static constexpr int64_t kBlock = kQ4BlockAvx2;
   static void load_codes(const uint8_t* p, IVec& lo, IVec& hi) {
     const IVec v = _mm256_loadu_si256(reinterpret_cast<const IVec*>(p));
     const IVec mask = _mm256_set1_epi8(0x0f);

@@ -10,7 +10,7 @@ namespace {
 struct Q4Avx512 {
   using IVec = __m512i;
   using FVec = __m512;
-  static constexpr int64_t kBlock = 128;
+  static constexpr int64_t kBlock = kQ4BlockAvx512;
   static void load_codes(const uint8_t* p, IVec& lo, IVec& hi) {
     const IVec v = _mm512_loadu_si512(p);
     const IVec mask = _mm512_set1_epi8(0x0f);

@@ -44,9 +44,12 @@ struct Q4Args {
 };
 
 constexpr int64_t kQ4Group = 64;
+// Codes one load covers (V::kBlock): k must be a multiple of the kernel's.
+constexpr int64_t kQ4BlockAvx2 = 64;
+constexpr int64_t kQ4BlockAvx512 = 128;
 
-// The entry points, rows [n0, n1) of y for every activation row. The AVX2 one needs
-// k % 64 == 0, the AVX-512 one k % 128 == 0 and a CPU with AVX-512 BW and VNNI.
+// The entry points, rows [n0, n1) of y for every activation row. The AVX-512 one needs a
+// CPU with AVX-512 BW and VNNI.
 void gemv_q4_avx2(const Q4Args& a, int64_t n0, int64_t n1);
 void gemv_q4_avx512(const Q4Args& a, int64_t n0, int64_t n1);
 

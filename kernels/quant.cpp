@@ -193,8 +193,9 @@ enum class Q4Kernel { kScalar, kAvx2, kAvx512 };
 Q4Kernel q4_kernel(CpuIsa isa, int64_t k, int64_t group_size) {
 #if STRATA_X86_KERNELS
   if (group_size == gemv_detail::kQ4Group) {
-    if (isa >= CpuIsa::kAvx512 && cpu_has_avx512_vnni() && k % 128 == 0) return Q4Kernel::kAvx512;
-    if (isa >= CpuIsa::kAvx2 && k % 64 == 0) return Q4Kernel::kAvx2;
+    if (isa >= CpuIsa::kAvx512 && cpu_has_avx512_vnni() && k % gemv_detail::kQ4BlockAvx512 == 0)
+      return Q4Kernel::kAvx512;
+    if (isa >= CpuIsa::kAvx2 && k % gemv_detail::kQ4BlockAvx2 == 0) return Q4Kernel::kAvx2;
   }
 #else
   (void)isa, (void)k, (void)group_size;
@@ -203,7 +204,7 @@ Q4Kernel q4_kernel(CpuIsa isa, int64_t k, int64_t group_size) {
 }
 
 int64_t q4_block(Q4Kernel kernel) {
-  return kernel == Q4Kernel::kAvx512 ? 128 : 64;
+  return kernel == Q4Kernel::kAvx512 ? gemv_detail::kQ4BlockAvx512 : gemv_detail::kQ4BlockAvx2;
 }
 
 // Sized for a call of m rows of k columns in groups of g (grows, never shrinks).
@@ -229,7 +230,7 @@ void group_sums(const float* x, int64_t m, int64_t k, int64_t g, float* sums) {
 // d = max|x| / 127, hi = round(x / d) and lo = round((x - d * hi) * 256 / d), so
 // x = d * (hi + lo / 256) within d / 512. Writes hi and lo at the group's place in its block
 // (even indices, then odd, of hi, then of lo; each part block / 2 bytes) and returns d / 256.
-// A non-finite group returns its non-finite d: the products then carry it into y.
+// A non-finite group writes zero parts and returns NaN, which the products carry into y.
 float split_group(const float* x, int64_t block, int64_t offset, int8_t* out) {
   float amax = 0.0f;
   for (int64_t c = 0; c < gemv_detail::kQ4Group; ++c) amax = std::max(amax, std::fabs(x[c]));

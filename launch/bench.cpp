@@ -13,6 +13,7 @@
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
+#include "kernels/quant.h"
 #include "launch/engine.h"
 #include "placement/policy_search.h"
 #include "worker/dummy.h"
@@ -260,7 +261,8 @@ int run_bench(BenchOptions o) {
   const bool compressed = o.engine.policy && o.engine.policy->compress_weight;
   const double decode_bytes =
       static_cast<double>(shape.decode_weight_bytes()) *
-      (compressed ? (0.5 + 8.0 / 64.0) / static_cast<double>(shape.weight_bytes_per_elem) : 1.0);
+      (compressed ? (0.5 + 8.0 / kQuantGroupSize) / static_cast<double>(shape.weight_bytes_per_elem)
+                  : 1.0);
   j["decode_weight_bytes_per_step"] = decode_bytes;
   j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
   if (on_device) {
@@ -281,9 +283,8 @@ int run_bench(BenchOptions o) {
     j["limits"] = nlohmann::json::parse(lim.json());
     // A decode step must read every weight once: bytes / bandwidth is its floor. Triad is
     // the conventional figure; the read-only stream is the pattern a GEMV actually has.
-    const double bytes = decode_bytes;
-    const double triad_bound_s = bytes / (lim.memory_bandwidth_gbs * 1e9);
-    const double read_bound_s = bytes / (lim.memory_read_gbs * 1e9);
+    const double triad_bound_s = decode_bytes / (lim.memory_bandwidth_gbs * 1e9);
+    const double read_bound_s = decode_bytes / (lim.memory_read_gbs * 1e9);
     j["decode_bandwidth_bound_step_seconds"] = triad_bound_s;
     j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? triad_bound_s / step_s : 0;
     j["decode_read_bound_step_seconds"] = read_bound_s;

@@ -32,7 +32,7 @@ int64_t matrix_bytes(const ModelShape& s, int64_t rows, int64_t cols, bool compr
 KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, const Policy& policy) {
   struct Matrix {
     int64_t rows, cols;
-    bool layer = true;  // else dequantised a block of rows at a time (KernelBounds)
+    bool layer = true;  // one of a layer's matrices (KernelBounds::add_weight)
   };
   const int64_t e = s.embed_width();
   std::vector<Matrix> m = {{s.q_width(), s.hidden},
@@ -46,11 +46,9 @@ KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, con
   KernelBounds b;
   b.max_rows = r.max_rows;
   b.max_positions = r.kv_capacity;
-  for (const Matrix& x : m) {
+  for (const Matrix& x : m) {  // stored as the loader leaves it (worker/loader.h)
     const bool q4 = policy.compress_weight && x.cols % kQuantGroupSize == 0;
-    b.max_in_features = std::max(b.max_in_features, x.cols);
-    b.half_weights = b.half_weights || q4 || s.dtype != DType::kF32;
-    if (q4) b.max_q4_elems = std::max(b.max_q4_elems, x.layer ? x.rows * x.cols : x.cols);
+    b.add_weight(x.rows, x.cols, q4 ? DType::kQ4 : s.dtype, x.layer);
   }
   return b;
 }

@@ -56,15 +56,13 @@ int compress_fixed(ModelWeights& w) {
   std::vector<float> f32;
   int compressed = 0;
   for (Tensor* t : {&w.embed, &w.project_in, &w.project_out, &w.lm_head}) {
-    if (tied && t == &w.lm_head) {
-      w.lm_head = w.embed;
-      continue;
-    }
+    if (tied && t == &w.lm_head) break;  // the last: it follows the embedding below
     const void* before = t->data;
     if (!compress_matrix(*t, packed, f32)) continue;
     replaced.push_back(before);
     ++compressed;
   }
+  if (tied) w.lm_head = w.embed;
   // Generated or converted originals are spent (a checkpoint's stay mapped, untouched).
   std::erase_if(w.owned, [&](const std::unique_ptr<OwnedTensor>& o) {
     return std::find(replaced.begin(), replaced.end(), o->view.data) != replaced.end();

@@ -274,17 +274,11 @@ KernelBounds Transformer::kernel_bounds(const LayerWeights& L, int32_t capacity)
   b.max_rows = max_rows_;
   b.max_positions = capacity;
   const ModelWeights& w = fixed_;
-  const std::initializer_list<const Tensor*> layer = {&L.q,    &L.k,  &L.v,   &L.o,
-                                                      &L.gate, &L.up, &L.down};
-  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &w.project_in,
-                          &w.project_out, &w.lm_head}) {
-    if (t->shape.rank != 2) continue;  // absent in this family or on this stage
-    b.max_in_features = std::max(b.max_in_features, t->shape[1]);
-    b.half_weights = b.half_weights || t->dtype != DType::kF32;
-    const bool in_layer = std::find(layer.begin(), layer.end(), t) != layer.end();
-    if (t->dtype == DType::kQ4)  // outside the layers: dequantised a block of rows at a time
-      b.max_q4_elems = std::max(b.max_q4_elems, in_layer ? t->shape.numel() : t->shape[1]);
-  }
+  auto add = [&](const Tensor& t, bool in_layer) {
+    if (t.shape.rank == 2) b.add_weight(t.shape[0], t.shape[1], t.dtype, in_layer);
+  };  // rank 0: absent in this family or on this stage
+  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*t, true);
+  for (const Tensor* t : {&w.project_in, &w.project_out, &w.lm_head}) add(*t, false);
   return b;
 }
 

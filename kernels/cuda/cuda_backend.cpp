@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/quant.h"
 
 namespace strata {
 namespace {
@@ -457,18 +458,14 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
 }
 
 const void* CudaBackend::dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows) {
-  const int64_t total = w.shape.numel();
-  const int64_t k = w.shape[1];
-  STRATA_CHECK(k % 64 == 0, "q4 weight {}: columns must be whole groups of 64", w.describe());
+  const QuantView q = q4_view(w);  // device pointers: only their arithmetic happens here
+  const int64_t k = q.layout.cols;
   const int64_t n = rows * k;
   void* out = device_scratch(dequant_, dequant_bytes_, static_cast<size_t>(n) * 2);
-  // The blob is [codes of every row][mins][scales] (quant.h q4_view); rows are whole groups.
-  const auto* packed = static_cast<const unsigned char*>(w.data);
-  const auto* mins = reinterpret_cast<const float*>(packed + total / 2);
-  const auto* scales = mins + total / 64;
-  const int64_t first = row_begin * k;
+  const int64_t first = row_begin * k;  // rows are whole groups
+  const int64_t group = first / q.layout.group_size;
   STRATA_CUDA_CHECK(
-      cuda_kernels::dequantize_q4_to_f16(packed + first / 2, mins + first / 64, scales + first / 64,
+      cuda_kernels::dequantize_q4_to_f16(q.packed + first / 2, q.mins + group, q.scales + group,
                                          static_cast<unsigned short*>(out), n, stream()));
   return out;
 }
@@ -479,10 +476,8 @@ void CudaBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, 
   activate();
   checked_int(n, "embedding rows");
   if (table.dtype == DType::kQ4) {  // a compressed table (compress_weight): rows decoded
-    const auto* packed = static_cast<const unsigned char*>(table.data);
-    const auto* mins = reinterpret_cast<const float*>(packed + table.shape.numel() / 2);
-    STRATA_CUDA_CHECK(cuda_kernels::embedding_q4(ids, n, packed, mins,
-                                                 mins + table.shape.numel() / 64, table.shape[0],
+    const QuantView q = q4_view(table);
+    STRATA_CUDA_CHECK(cuda_kernels::embedding_q4(ids, n, q.packed, q.mins, q.scales, table.shape[0],
                                                  table.shape[1], y, stream()));
     return;
   }
