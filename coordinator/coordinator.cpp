@@ -4,14 +4,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "coordinator/planner.h"
 #include "coordinator/request_rules.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/simulator.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "worker/dummy.h"
@@ -69,6 +74,10 @@ class Coordinator {
   void choose_schedule(PlanOptions& plan_options, SchedulerOptions& scheduler_options);
   void use_waa(const Prediction& chosen, PlanOptions& plan_options);
   void observe(const FinishedRequest& f);
+  void ended(const GenerationResult& r, bool unfinished);
+  void token_times(const StepResult& result);
+  void publish_load();
+  void publish_schedule();
   std::unique_ptr<StepScheduler> make_scheduler(const SchedulerOptions& so) const;
   bool hand_over();
 
@@ -95,6 +104,15 @@ class Coordinator {
   std::vector<std::pair<double, size_t>> token_log_;  // (run seconds, tokens) per result
   double first_finish_s_ = -1, admissions_end_s_ = -1;
   ClusterStats stats_;
+  // Live metrics: requests in the scheduler (waiting or running), each running sequence's
+  // last token, when the stages' statistics were last published; the latencies kept for
+  // the report.
+  ServeMetrics* metrics_ = options_.metrics;
+  int64_t in_scheduler_ = 0;
+  int64_t sampled_tokens_ = 0;
+  std::unordered_map<uint64_t, Clock::time_point> last_token_;
+  Clock::time_point stages_published_{};
+  std::vector<double> ttft_, e2e_, queue_wait_;
 };
 
 ClusterStats Coordinator::run() {
@@ -115,6 +133,8 @@ void Coordinator::end_unfinished(const std::string& why, bool failed) {
     if (scheduler_ == nullptr) return;
     for (FinishedRequest& f : scheduler_->drain(why)) {
       ++stats_.unfinished;
+      ended(f.result, true);
+      last_token_.erase(f.seq_id);
       sink_.unfinished(f.result, failed && f.started);
     }
   } catch (const std::exception& again) {
@@ -163,6 +183,7 @@ ClusterStats Coordinator::run_plan() {
   }
   stats_.micro_batches = so.micro_batches;
   stats_.decode_iters = so.decode_iters;
+  publish_schedule();
   serve();
   if (waa_ != nullptr) stats_.waa->counters = waa_->counters();
   if (first_step_)
@@ -175,11 +196,22 @@ ClusterStats Coordinator::run_plan() {
     stats_.schedule->steady_to_s = stats_.steady_to_s;
   }
   stats_.stages = stages_.finish(grace_ ? "stopped" : "all requests done");
+  stats_.ttft = LatencySummary::of(std::move(ttft_));
+  stats_.e2e = LatencySummary::of(std::move(e2e_));
+  stats_.queue_wait = LatencySummary::of(std::move(queue_wait_));
   if (!sink_.flush(Deadline::after_seconds(options_.flush_timeout_s)))
     fail(ErrorKind::kDisconnected,
          "results not all stored within {} s (--flush-timeout); their requests were not "
          "acknowledged and will run again",
          options_.flush_timeout_s);
+  if (metrics_ != nullptr) {
+    std::vector<StageLive> final_stages;
+    for (const StageReport& s : stats_.stages)
+      final_stages.push_back({s.rank(), s.stage.layer_begin, s.stage.layer_end, s.stats});
+    metrics_->set_stages(std::move(final_stages));
+    metrics_->set_load(0, 0);
+    metrics_->set_finished();
+  }
   return stats_;
 }
 
@@ -279,9 +311,23 @@ void Coordinator::observe(const FinishedRequest& f) {
   if (std::optional<Prediction> next =
           schedule_->observe(static_cast<int32_t>(f.result.prompt_ids.size()),
                              static_cast<int32_t>(f.result.output_ids.size()), latency,
-                             run_seconds() - std::max(latency, 0.0)))
+                             run_seconds() - std::max(latency, 0.0))) {
     scheduler_->reschedule(next->vars.decode_iters, next->vars.encode_batch,
                            std::min(next->kv_slots, plan_.kv_slots));
+    stats_.decode_iters = next->vars.decode_iters;
+    publish_schedule();
+  }
+}
+
+// A request's end, for the live metrics and the report's latencies.
+void Coordinator::ended(const GenerationResult& r, bool unfinished) {
+  if (r.stop_reason != StopReason::kError) {
+    ++stats_.finished;
+    if (r.times.first_token_s >= 0) ttft_.push_back(r.times.first_token_s);
+    if (r.times.total_s >= 0) e2e_.push_back(r.times.total_s);
+    if (r.times.queue_wait_s >= 0) queue_wait_.push_back(r.times.queue_wait_s);
+  }
+  if (metrics_ != nullptr) metrics_->request_ended(r, unfinished);
 }
 
 void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
@@ -293,6 +339,7 @@ void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
   res.error_kind = ErrorKind::kInvalidInput;
   log::get("coordinator")->warn("request {} refused: {}", r.id, error);
   ++stats_.errors;
+  ended(res, false);
   sink_.write(res);
 }
 
@@ -321,8 +368,9 @@ void Coordinator::begin_stop() {
       continue;
     }
     ++stats_.unfinished;
-    sink_.unfinished(
-        GenerationResult{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why}, false);
+    const GenerationResult never{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why};
+    ended(never, true);
+    sink_.unfinished(never, false);
   }
   grace_ = Deadline::after_seconds(options_.grace_period_s);
   log::get("coordinator")
@@ -360,10 +408,14 @@ void Coordinator::take(IncomingRequest r) {
     GenerationResult done{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}};
     const double waited = std::max(0.0, wall_seconds() - r.arrival);
     done.times = RequestTimes{waited, -1, waited};
+    ended(done, false);
     sink_.write(done);
     return;
   }
   stats_.prompt_tokens += static_cast<int64_t>(r.request.prompt_ids.size());
+  if (metrics_ != nullptr)
+    metrics_->request_queued(static_cast<int64_t>(r.request.prompt_ids.size()));
+  ++in_scheduler_;
   scheduler_->submit(r.request, next_seq_++, r.arrival);
 }
 
@@ -379,6 +431,7 @@ void Coordinator::serve() {
       return;
     }
     admit();
+    publish_load();
     if (admissions_end_s_ < 0 && first_step_ && source_.exhausted() && scheduler_->waiting() == 0)
       admissions_end_s_ = run_seconds();
     for (int32_t m = 0; m < scheduler_->micro_batches(); ++m) {
@@ -427,18 +480,25 @@ void Coordinator::dispatch(const ScheduledStep& step) {
   } else {
     ++stats_.decode_steps;
   }
+  if (metrics_ != nullptr) metrics_->step_sent(step.command.phase == Phase::kPrefill);
 }
 
 void Coordinator::on_result(const StepResult& result) {
   last_result_ = Clock::now();
   token_log_.emplace_back(run_seconds(), result.tokens.size());
+  sampled_tokens_ += static_cast<int64_t>(result.tokens.size());
+  if (options_.on_tokens) options_.on_tokens(sampled_tokens_);
   std::vector<FinishedRequest> done = scheduler_->apply(result);
+  if (metrics_ != nullptr) token_times(result);
   if (done.empty()) return;
   if (first_finish_s_ < 0) first_finish_s_ = run_seconds();
   std::vector<uint64_t> left;
   for (FinishedRequest& f : done) {
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
     left.push_back(f.seq_id);
+    --in_scheduler_;
+    last_token_.erase(f.seq_id);
+    ended(f.result, false);
     observe(f);
     const Clock::time_point t0 = Clock::now();
     sink_.write(f.result);
@@ -447,7 +507,79 @@ void Coordinator::on_result(const StepResult& result) {
   stages_.leave(left);
 }
 
+// Inter-token latency: each sequence's token against its previous one (the first token
+// only starts the clock; time to first token is the request's own measure).
+void Coordinator::token_times(const StepResult& result) {
+  const Clock::time_point now = last_result_;
+  for (const SeqToken& t : result.tokens) {
+    auto [it, first] = last_token_.try_emplace(t.seq_id, now);
+    if (first) continue;
+    metrics_->token_gap(std::chrono::duration<double>(now - it->second).count());
+    it->second = now;
+  }
+}
+
+// Running and waiting requests, and the stages' statistics every half second.
+void Coordinator::publish_load() {
+  if (metrics_ == nullptr) return;
+  const auto waiting = static_cast<int64_t>(scheduler_->waiting());
+  metrics_->set_load(std::max<int64_t>(0, in_scheduler_ - waiting), waiting);
+  if (Clock::now() - stages_published_ < std::chrono::milliseconds(500)) return;
+  stages_published_ = Clock::now();
+  std::vector<StageLive> live;
+  for (const StageReport& s : stages_.live())
+    live.push_back({s.rank(), s.stage.layer_begin, s.stage.layer_end, s.stats});
+  metrics_->set_stages(std::move(live));
+}
+
+// The schedule in force (the report's and the metrics' labels).
+void Coordinator::publish_schedule() {
+  std::string tp;
+  for (const StagePlan& s : plan_.stages)
+    tp += fmt::format("{}{}", tp.empty() ? "" : ",", s.tp_degree());
+  const std::string policy = schedule_     ? policy_name(schedule_->current().vars.policy)
+                             : plan_.waa() ? "WAA"
+                                           : "RRA";
+  stats_.schedule_in_force = {{"policy", policy},
+                              {"stages", fmt::format("{}", plan_.stages.size())},
+                              {"encoder_stages", fmt::format("{}", plan_.encoder_stages)},
+                              {"micro_batches", fmt::format("{}", stats_.micro_batches)},
+                              {"decode_iters", fmt::format("{}", stats_.decode_iters)},
+                              {"kv_slots", fmt::format("{}", plan_.kv_slots)},
+                              {"tp_degrees", tp},
+                              {"planned_by", schedule_ ? "latency_bound" : "options"}};
+  if (metrics_ == nullptr) return;
+  metrics_->set_schedule(stats_.schedule_in_force);
+  metrics_->set_kv_slots(plan_.kv_slots);
+}
+
 }  // namespace
+
+// Nearest-rank percentiles: the p-th is the smallest value with at least p of the values
+// at or below it.
+LatencySummary LatencySummary::of(std::vector<double> values) {
+  LatencySummary s;
+  if (values.empty()) return s;
+  std::sort(values.begin(), values.end());
+  const auto n = static_cast<double>(values.size());
+  auto rank = [&](double p) {
+    const auto at = static_cast<size_t>(std::max(1.0, std::ceil(p * n)));
+    return values[std::min(values.size(), at) - 1];
+  };
+  s.count = static_cast<int64_t>(values.size());
+  s.mean = std::accumulate(values.begin(), values.end(), 0.0) / n;
+  s.p50 = rank(0.50);
+  s.p90 = rank(0.90);
+  s.p99 = rank(0.99);
+  s.max = values.back();
+  return s;
+}
+
+std::string LatencySummary::json() const {
+  return fmt::format(
+      R"({{"count": {}, "mean": {:.6f}, "p50": {:.6f}, "p90": {:.6f}, "p99": {:.6f}, "max": {:.6f}}})",
+      count, mean, p50, p90, p99, max);
+}
 
 double StageReport::bubble_fraction() const {
   return stats.window_seconds > 0 ? stats.idle_seconds / stats.window_seconds : 0.0;
@@ -467,22 +599,26 @@ std::string ClusterStats::json() const {
   for (const StageReport& s : stages) {
     stages_json += fmt::format(
         R"({}{{"rank": {}, "layers": [{}, {}], "steps": {}, "rows": {}, "busy_seconds": {:.6f}, )"
-        R"("idle_seconds": {:.6f}, "window_seconds": {:.6f}, "bubble_fraction": {:.4f}}})",
+        R"("idle_seconds": {:.6f}, "window_seconds": {:.6f}, "bubble_fraction": {:.4f}, )"
+        R"("bytes_from_cpu": {}, "bytes_from_disk": {}}})",
         stages_json.empty() ? "" : ", ", s.rank(), s.stage.layer_begin, s.stage.layer_end,
         s.stats.steps, s.stats.rows, s.stats.busy_seconds, s.stats.idle_seconds,
-        s.stats.window_seconds, s.bubble_fraction());
+        s.stats.window_seconds, s.bubble_fraction(), s.stats.bytes_from_cpu,
+        s.stats.bytes_from_disk);
   }
   return fmt::format(
-      R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "errors": {}, )"
+      R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "finished": {}, "errors": {}, )"
       R"("unfinished": {}, "duplicate_ids": {}, "stop_signal": {}, "intake_seconds": {:.6f}, )"
       R"("result_seconds": {:.6f}, "cpu_seconds": {:.3f}, )"
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "steady_from_s": {:.6f}, "steady_to_s": {:.6f}, )"
-      R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "stages": [{}]{}{}}})",
-      model, ranks, micro_batches, decode_iters, requests, errors, unfinished, duplicate_ids,
-      stop_signal, intake_seconds, result_seconds, cpu_seconds, prompt_tokens, generated_tokens,
-      prefill_steps, decode_steps, seconds, tokens_per_second(), steady_from_s, steady_to_s,
-      steady_tokens, steady_tokens_per_second(), stages_json,
+      R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "latency_s": {{"ttft": {}, "e2e": {}, )"
+      R"("queue_wait": {}}}, "schedule_in_force": {}, "stages": [{}]{}{}}})",
+      model, ranks, micro_batches, decode_iters, requests, finished, errors, unfinished,
+      duplicate_ids, stop_signal, intake_seconds, result_seconds, cpu_seconds, prompt_tokens,
+      generated_tokens, prefill_steps, decode_steps, seconds, tokens_per_second(), steady_from_s,
+      steady_to_s, steady_tokens, steady_tokens_per_second(), ttft.json(), e2e.json(),
+      queue_wait.json(), nlohmann::json(schedule_in_force).dump(), stages_json,
       schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string(),
       waa ? ", \"waa\": " + waa->json() : std::string());
 }
@@ -498,16 +634,31 @@ std::string HandoverStats::json() const {
 }
 
 std::string ClusterStats::table() const {
-  std::string out = fmt::format(
-      "{} ranks, {} micro-batches, N_D {}: {} requests ({} refused, {} unfinished), {} tokens "
-      "generated in {:.3f} s = {:.1f} tok/s ({} prefill + {} decode steps)\n",
-      ranks, micro_batches, decode_iters, requests, errors, unfinished, generated_tokens, seconds,
-      tokens_per_second(), prefill_steps, decode_steps);
-  out += "  rank  layers      steps   busy s   idle s  bubble\n";
+  std::string out = fmt::format("run report: {} over {} ranks\n", model, ranks);
+  out += fmt::format("  requests    {} taken: {} ok, {} refused, {} unfinished\n", requests,
+                     finished, errors, unfinished);
+  out += fmt::format("  tokens      {} prompt, {} generated\n", prompt_tokens, generated_tokens);
+  out += fmt::format(
+      "  throughput  {:.1f} tok/s over {:.3f} s (steady part {:.1f} tok/s); {} prefill + {} "
+      "decode steps\n",
+      tokens_per_second(), seconds, steady_tokens_per_second(), prefill_steps, decode_steps);
+  std::string labels;
+  for (const auto& [k, v] : schedule_in_force)
+    labels += fmt::format("{}{} {}", labels.empty() ? "" : ", ", k, v);
+  out += fmt::format("  schedule    {}\n", labels);
+  out += "  latency s       count      mean       p50       p90       p99       max\n";
+  for (const auto& [name, l] : {std::pair{"first token", &ttft}, std::pair{"end to end", &e2e},
+                                std::pair{"queue wait", &queue_wait}})
+    out += fmt::format("    {:<11}  {:>7}  {:>8.3f}  {:>8.3f}  {:>8.3f}  {:>8.3f}  {:>8.3f}\n",
+                       name, l->count, l->mean, l->p50, l->p90, l->p99, l->max);
+  out += "  rank  layers      steps   busy s   idle s  bubble   MB from cpu  MB from disk\n";
   for (const StageReport& s : stages)
-    out += fmt::format("  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%\n", s.rank(),
-                       s.stage.layer_begin, s.stage.layer_end, s.stats.steps, s.stats.busy_seconds,
-                       s.stats.idle_seconds, 100 * s.bubble_fraction());
+    out += fmt::format(
+        "  {:>4}  [{:>3}, {:>3})  {:>6}  {:>7.3f}  {:>7.3f}  {:>5.1f}%  {:>12.1f}  {:>12.1f}\n",
+        s.rank(), s.stage.layer_begin, s.stage.layer_end, s.stats.steps, s.stats.busy_seconds,
+        s.stats.idle_seconds, 100 * s.bubble_fraction(),
+        static_cast<double>(s.stats.bytes_from_cpu) / 1e6,
+        static_cast<double>(s.stats.bytes_from_disk) / 1e6);
   if (schedule) out += "  " + schedule->line(steady_tokens_per_second()) + "\n";
   if (waa)
     out += fmt::format(

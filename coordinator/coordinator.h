@@ -10,10 +10,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "coordinator/intake.h"
+#include "coordinator/metrics.h"
 #include "coordinator/planner.h"
 #include "coordinator/run_schedule.h"
 #include "coordinator/stages.h"
@@ -75,6 +78,18 @@ struct CoordinatorOptions {
   // Partial tensor parallelism (--tensor-parallel, planner.h's parse_tp_degrees): the
   // degree of each pipeline stage; empty: one rank a stage.
   std::string tensor_parallel;
+  // Live numbers for `serve --metrics-port` (null: none kept); outlives the run.
+  ServeMetrics* metrics = nullptr;
+  // Progress (may be empty): called with the tokens sampled so far after each step result.
+  std::function<void(int64_t tokens)> on_tokens;
+};
+
+// Percentiles of one latency over the requests that finished (seconds; 0 when none did).
+struct LatencySummary {
+  int64_t count = 0;
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+  static LatencySummary of(std::vector<double> values);
+  std::string json() const;
 };
 
 struct ClusterStats {
@@ -83,6 +98,7 @@ struct ClusterStats {
   int32_t micro_batches = 0;
   int32_t decode_iters = 0;
   int64_t requests = 0;
+  int64_t finished = 0;       // ended with a result of their own (eos, length, stop, context)
   int64_t errors = 0;         // refused requests (malformed, invalid)
   int64_t unfinished = 0;     // taken and not finished (stopped, or the cluster failed)
   int64_t duplicate_ids = 0;  // requests whose id an earlier request of the run had
@@ -105,6 +121,10 @@ struct ClusterStats {
   // rank 0 of a cluster (its polling included), everything in a one-process run.
   double cpu_seconds = 0;
   std::vector<StageReport> stages;
+  // Over the finished requests, from their arrival: time to first token, end to end, and
+  // the wait for a prefill.
+  LatencySummary ttft, e2e, queue_wait;
+  std::map<std::string, std::string> schedule_in_force;  // policy, micro-batches, N_D, ...
   std::optional<ScheduleReport> schedule;  // what a run with a schedule target planned
   std::optional<HandoverStats> waa;        // a WAA run's hand-overs
 

@@ -127,11 +127,17 @@ std::optional<StepResult> LocalStages::poll() {
 }
 
 // One process computes every step as it comes: the stage is never idle inside the run.
-std::vector<StageReport> LocalStages::finish(const std::string&) {
+std::vector<StageReport> LocalStages::live() const {
+  if (!stage_) return {};
   const double busy = stats_.total_seconds();
   const auto steps = static_cast<uint64_t>(stats_.prefill_steps + stats_.decode_steps);
-  return {StageReport{stage_->stage(),
-                      StageStats{stage_->stage().rank, steps, rows_, busy, 0.0, busy}}};
+  const WeightTraffic traffic = stage_->weight_traffic();
+  return {StageReport{stage_->stage(), StageStats{stage_->stage().rank, steps, rows_, busy, 0.0,
+                                                  busy, traffic.from_cpu, traffic.from_disk}}};
+}
+
+std::vector<StageReport> LocalStages::finish(const std::string&) {
+  return live();
 }
 
 // One stage in this process: no link, and the coordinator's turn is a function call.
@@ -163,6 +169,7 @@ CoordinatorOptions LocalCluster::coordinator_options(
   c.kv_slots = static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(options_.max_batch),
                                                      std::max<size_t>(requests.size(), 1)));
   c.max_step_tokens = options_.max_step_tokens;
+  c.on_tokens = options_.on_tokens;
   int64_t need = 1;
   for (const GenerationRequest& r : requests)
     need = std::max<int64_t>(

@@ -49,6 +49,7 @@ class LocalStages final : public Stages {
   void leave(const std::vector<uint64_t>& seq_ids) override;
   std::optional<StepResult> poll() override;
   std::vector<StageReport> finish(const std::string& reason) override;
+  std::vector<StageReport> live() const override;
   ProfileResult profile(const ProfileRequest& request) override;
   void abort(const std::string&) noexcept override {}
 
@@ -68,6 +69,7 @@ struct LocalOptions {
   int32_t max_batch = 32;         // KV slots: sequences decoding together
   int32_t max_step_tokens = 512;  // rows of one prefill step (longer prompts are chunked)
   int32_t max_context = 0;        // KV positions per slot; 0: longest request, capped by the model
+  std::function<void(int64_t tokens)> on_tokens;  // CoordinatorOptions::on_tokens
 };
 
 // `requests` run to completion on `model` through the coordinator's loop over LocalStages,

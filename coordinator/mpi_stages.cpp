@@ -25,6 +25,7 @@ MpiStages::MpiStages(const Communicator& world, const MpiStagesOptions& options)
 
 void MpiStages::start(const ClusterPlan& plan) {
   plan_ = plan;
+  live_.clear();
   const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
   for (int r : workers_) control_.send(r, plan_, deadline);
   links_ = std::make_unique<TensorLinks>(TensorLinks::create(world_, -1, deadline));
@@ -113,7 +114,9 @@ void MpiStages::on_message(const Received& r) {
     on_handover_done(*done);
   } else if (auto* report = std::get_if<ErrorReport>(&r.message)) {
     on_error_report(*report);
-  } else if (!std::holds_alternative<Heartbeat>(r.message)) {
+  } else if (auto* beat = std::get_if<Heartbeat>(&r.message)) {
+    if (beat->reply && beat->stats) live_[r.source] = *beat->stats;
+  } else {
     fail(ErrorKind::kFailed, "unexpected {} from rank {} while serving", message_name(r.message),
          r.source);
   }
@@ -163,6 +166,24 @@ void MpiStages::on_error_report(const ErrorReport& report) {
   report.raise();
 }
 
+namespace {
+
+std::vector<StageReport> by_rank(std::vector<StageReport> reports) {
+  std::sort(reports.begin(), reports.end(),
+            [](const StageReport& a, const StageReport& b) { return a.rank() < b.rank(); });
+  return reports;
+}
+
+}  // namespace
+
+std::vector<StageReport> MpiStages::live() const {
+  std::vector<StageReport> reports;
+  for (const auto& [rank, stats] : live_)
+    if (const StagePlan* stage = plan_.stage_of_rank(rank))
+      reports.push_back(StageReport{*stage, stats});
+  return by_rank(std::move(reports));
+}
+
 std::vector<StageReport> MpiStages::finish(const std::string& reason) {
   shutdown_workers(world_, reason, options_.step_timeout_s);
   std::set<int> waiting(workers_.begin(), workers_.end());
@@ -176,9 +197,7 @@ std::vector<StageReport> MpiStages::finish(const std::string& reason) {
       reports.push_back(StageReport{*stage, *s});
     waiting.erase(r.source);
   }
-  std::sort(reports.begin(), reports.end(),
-            [](const StageReport& a, const StageReport& b) { return a.rank() < b.rank(); });
-  return reports;
+  return by_rank(std::move(reports));
 }
 
 // Every worker times its stage and its link, answering pings meanwhile; the coordinator

@@ -34,6 +34,7 @@ class MpiStages final : public Stages {
   void leave(const std::vector<uint64_t>& seq_ids) override;
   std::optional<StepResult> poll() override;
   std::vector<StageReport> finish(const std::string& reason) override;
+  std::vector<StageReport> live() const override;
   ProfileResult profile(const ProfileRequest& request) override;
   bool runs_waa() const override { return true; }
   void hand_over(const KvHandover& handover) override;
@@ -64,6 +65,7 @@ class MpiStages final : public Stages {
   std::map<uint64_t, Handover> handovers_;  // in progress
   std::vector<HandoverDone> handovers_done_;
   uint64_t ping_seq_ = 0;
+  std::map<int, StageStats> live_;  // by rank: the latest heartbeat's statistics
   std::chrono::steady_clock::time_point last_ping_;
 };
 

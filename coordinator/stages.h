@@ -55,6 +55,9 @@ class Stages {
   virtual std::optional<StepResult> poll() = 0;
   // Ends the stages after a run (`reason` for their logs); returns their statistics.
   virtual std::vector<StageReport> finish(const std::string& reason) = 0;
+  // The stages' statistics so far, as their latest heartbeats carried them (live metrics;
+  // a stage not heard from yet is missing).
+  virtual std::vector<StageReport> live() const = 0;
   // ExeGPT's XProfiler: every stage times its part as `request` asks, under its real
   // placement, and its link to the next (worker/stage.h PipelineStage::profile). Between
   // start() and the first dispatch().

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "kernels/limits.h"
 #include "kernels/quant.h"
 #include "launch/engine.h"
+#include "launch/progress.h"
 #include "placement/policy_search.h"
 #include "worker/dummy.h"
 
@@ -216,7 +218,16 @@ int run_bench(BenchOptions o) {
   MachineLimits before;
   if (o.measure_limits && !on_device) before = measure_limits_in_child(e.cpu->threads());
   GenerationStats stats;
-  const std::vector<GenerationResult> results = gen.run(synthetic_requests(e.config, o), &stats);
+  LocalOptions measured_options = e.local;
+  const auto total = static_cast<size_t>(o.batch) * static_cast<size_t>(o.gen_len);
+  auto progress = std::make_shared<Progress>("generating tokens", total);
+  measured_options.on_tokens = [progress](int64_t tokens) {
+    progress->update(static_cast<size_t>(tokens));
+  };
+  LocalCluster measured(*e.model, measured_options);
+  const std::vector<GenerationResult> results =
+      measured.run(synthetic_requests(e.config, o), &stats);
+  progress->finish(total);
   double flops = 0;
   for (const GenerationResult& r : results)
     flops += executed_flops(shape, o.prompt_len, static_cast<int64_t>(r.output_ids.size()));

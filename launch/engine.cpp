@@ -1,11 +1,14 @@
 #include "launch/engine.h"
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 
 #include "kernels/accelerator.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "launch/progress.h"
 #include "placement/policy.h"
 
 namespace strata::cli {
@@ -78,6 +81,16 @@ PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compu
   return out;
 }
 
+// Loading from disk takes a while for a large model: done / total layers, rate and ETA.
+std::function<void(int32_t, int32_t)> layer_progress() {
+  auto progress = std::make_shared<std::optional<Progress>>();
+  return [progress](int32_t loaded, int32_t total) {
+    if (!*progress) progress->emplace("loading layers", static_cast<size_t>(total));
+    if (loaded < total) return (*progress)->update(static_cast<size_t>(loaded));
+    (*progress)->finish(static_cast<size_t>(loaded));
+  };
+}
+
 }  // namespace
 
 ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
@@ -107,6 +120,7 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   lo.limits.check(&InputLimits::step_tokens, o.max_step_tokens, "command line",
                   "--max-step-tokens");
   lo.device = c.device >= 0 ? c.backend : nullptr;
+  lo.on_layer = layer_progress();
   if (o.policy_auto)
     fail_input("--policy auto: only `strata bench` searches for a policy; give key=value pairs");
   PolicyChoice pc = apply_policy(o.policy, c.device >= 0);

@@ -14,6 +14,7 @@
 #include "coordinator/schedule_planner.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
+#include "launch/progress.h"
 #include "worker/dummy.h"
 
 namespace strata::cli {
@@ -142,7 +143,9 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   std::string text = fmt::format("{}\n{}\nworkload {}\n", config.shape().str(),
                                  profile.modelled ? node.str() : profile.str(), po.workload.str());
   std::optional<ScheduleChoice> refused;
+  Progress progress("schedule searches", bounds.size());
   for (double bound : bounds) {
+    progress.update(static_cast<size_t>(runs.size()));
     po.latency_bound = bound;
     const ScheduleChoice c = search_schedule(sim, search_options(sim, po));
     if (!c.feasible && !refused) refused = c;
@@ -154,6 +157,7 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
     runs.push_back(j);
     text += "\n" + schedule_table(c, po) + "\n";
   }
+  progress.finish(bounds.size());
   if (in.format == "json") {
     std::printf("%s\n", (o.paper_bounds ? runs : runs.front()).dump(2).c_str());
   } else {

@@ -20,8 +20,10 @@ void Progress::update(size_t done) {
   if (Clock::now() - last_draw_ >= every) draw(done, false);
 }
 
+// Off a terminal a job shorter than one line's interval says nothing: the lines are for
+// long jobs, whose logs would otherwise go quiet for minutes.
 void Progress::finish(size_t done) {
-  draw(done, true);
+  if (terminal_ || last_draw_ != start_) draw(done, true);
 }
 
 void Progress::draw(size_t done, bool last) {

@@ -1,6 +1,6 @@
 // Progress of a long command on stderr: a bar redrawn in place (done / total, rate, ETA)
-// on a terminal, a plain line every few seconds otherwise (logs, CI), never more than a
-// few updates a second.
+// on a terminal, a plain line every few seconds otherwise (logs, CI; a job done before the
+// first line prints none), never more than a few updates a second.
 #pragma once
 
 #include <chrono>

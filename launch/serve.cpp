@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "coordinator/coordinator.h"
 #include "coordinator/intake.h"
@@ -21,7 +22,9 @@
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "launch/engine.h"
+#include "launch/metrics_server.h"
 #include "launch/plan_schedule.h"
+#include "launch/slurm_env.h"
 #include "transport/mpi_session.h"
 #include "worker/dummy.h"
 #include "worker/stage_worker.h"
@@ -38,6 +41,10 @@ struct ServeOptions {
   double grace_period = 30.0;
   double flush_timeout = 30.0;
   std::string stats_out;
+  // Prometheus (docs/METRICS.md): -1 off, 0 any free port.
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+  double metrics_linger = 0;
   int micro_batches = 1;
   int decode_iters = 8;
   int max_context = 0;
@@ -175,6 +182,16 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   return c;
 }
 
+// --metrics-linger: the final numbers stay up for a last scrape (a stop signal ends it).
+void linger(const ServeOptions& o, const MetricsServer* server) {
+  if (server == nullptr || o.metrics_linger <= 0) return;
+  log::get("launch")->info("run over; metrics stay on port {} for {} s", server->port(),
+                           o.metrics_linger);
+  const Deadline deadline = Deadline::after_seconds(o.metrics_linger);
+  while (!deadline.expired() && g_stop_signal.load() == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 // The coordinator's loop over `stages`: the worker ranks of a cluster, or this process.
 int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& config,
                    const Tokenizer& tokenizer, std::vector<std::string> hosts) {
@@ -198,11 +215,27 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
     sink = file_sink.get();
   }
   RequestSource& from = queue ? static_cast<RequestSource&>(*queue) : *source;
+  ServeMetrics metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (o.metrics_port >= 0) {
+    metrics_server = std::make_unique<MetricsServer>(o.metrics_host, o.metrics_port,
+                                                     [&metrics] { return metrics.render(); });
+    c.metrics = &metrics;
+  }
   const ClusterStats stats = run_coordinator(stages, c, config, &tokenizer, from, *sink);
-  std::fprintf(stderr, "%s", stats.table().c_str());
+  std::string table = stats.table();
+  if (queue) {
+    const QueueStats q = queue->stats();
+    table += fmt::format(
+        "  queue       {} delivered, {} results stored, {} dead-lettered, {} handed back, {} "
+        "duplicates, {} reconnects\n",
+        q.delivered, q.results, q.dead_lettered, q.handed_back, q.duplicates, q.reconnects);
+  }
+  std::fprintf(stderr, "%s", table.c_str());
   const std::string queue_json = queue ? ", \"queue\": " + queue->stats().json() : "";
   std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + queue_json + "}").c_str());
   write_stats(o.stats_out, stats.json());
+  linger(o, metrics_server.get());
   return exit_code(stats);
 }
 
@@ -265,6 +298,7 @@ struct ClusterRoles {
 
 int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
   MpiSession session(nullptr, nullptr);
+  check_slurm_world_size(session.size());  // srun without --mpi=pmix: worlds of one
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) return roles.single(o);
   log::get("launch")->info("{}", session.str());
@@ -497,6 +531,15 @@ Command add_serve(CLI::App& app) {
                   "Seconds at the end for every result to be stored")
       ->check(positive());
   cmd->add_option("--stats-out", o->stats_out, "Write the run's statistics (JSON) to this file");
+  cmd->add_option("--metrics-port", o->metrics_port,
+                  "Serve Prometheus metrics on this port at /metrics while the run lasts (0: any "
+                  "free port, logged; rank 0 of a cluster serves them)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--metrics-host", o->metrics_host, "The address /metrics listens on")
+      ->capture_default_str();
+  cmd->add_option("--metrics-linger", o->metrics_linger,
+                  "Seconds /metrics stays up after the run, for a last scrape")
+      ->check(non_negative());
   cmd->add_option("--micro-batches", o->micro_batches,
                   "Micro-batches in flight through the pipeline")
       ->check(positive());

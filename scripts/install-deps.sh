@@ -15,7 +15,9 @@ PACKAGES=(
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
   liburing-dev libnuma-dev
-  python3 python3-redis jq iproute2 util-linux clang-format
+  libcpp-httplib-dev  # strata serve --metrics-port (Prometheus /metrics)
+  python3 python3-redis python3-matplotlib jq iproute2 util-linux clang-format
+  slurm-wlm munge  # the Slurm test (tests/launch/test_slurm.py)
   clang libclang-rt-14-dev  # the libFuzzer harnesses (scripts/fuzz.sh)
 )
 

@@ -178,8 +178,10 @@ std::string Heartbeat::str() const {
 
 std::string StageStats::str() const {
   return fmt::format(
-      "stats of rank {}: {} steps, {} rows, busy {:.3f} s, idle {:.3f} s of {:.3f} s", rank, steps,
-      rows, busy_seconds, idle_seconds, window_seconds);
+      "stats of rank {}: {} steps, {} rows, busy {:.3f} s, idle {:.3f} s of {:.3f} s, {} bytes "
+      "from cpu, {} from disk",
+      rank, steps, rows, busy_seconds, idle_seconds, window_seconds, bytes_from_cpu,
+      bytes_from_disk);
 }
 
 std::string ProfileRequest::str() const {
@@ -444,12 +446,6 @@ void write(wire::ErrorReport::Builder b, const ErrorReport& e) {
   b.setStepId(e.step_id);
 }
 
-void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
-  b.setRank(h.rank);
-  b.setSequence(h.sequence);
-  b.setReply(h.reply);
-}
-
 void write(wire::StageStats::Builder b, const StageStats& s) {
   b.setRank(s.rank);
   b.setSteps(s.steps);
@@ -457,6 +453,21 @@ void write(wire::StageStats::Builder b, const StageStats& s) {
   b.setBusySeconds(s.busy_seconds);
   b.setIdleSeconds(s.idle_seconds);
   b.setWindowSeconds(s.window_seconds);
+  b.setBytesFromCpu(s.bytes_from_cpu);
+  b.setBytesFromDisk(s.bytes_from_disk);
+}
+
+void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
+  b.setRank(h.rank);
+  b.setSequence(h.sequence);
+  b.setReply(h.reply);
+  if (h.stats) write(b.initStats(), *h.stats);
+}
+
+StageStats read(wire::StageStats::Reader s) {
+  return StageStats{s.getRank(),         s.getSteps(),        s.getRows(),
+                    s.getBusySeconds(),  s.getIdleSeconds(),  s.getWindowSeconds(),
+                    s.getBytesFromCpu(), s.getBytesFromDisk()};
 }
 
 template <typename T, typename Builder>
@@ -691,13 +702,12 @@ ControlMessage read_body(wire::ControlMessage::Body::Reader body) {
       return read(body.getError());
     case W::HEARTBEAT: {
       auto h = body.getHeartbeat();
-      return Heartbeat{h.getRank(), h.getSequence(), h.getReply()};
+      Heartbeat beat{h.getRank(), h.getSequence(), h.getReply(), std::nullopt};
+      if (h.hasStats()) beat.stats = read(h.getStats());
+      return beat;
     }
-    case W::STATS: {
-      auto s = body.getStats();
-      return StageStats{s.getRank(),        s.getSteps(),       s.getRows(),
-                        s.getBusySeconds(), s.getIdleSeconds(), s.getWindowSeconds()};
-    }
+    case W::STATS:
+      return read(body.getStats());
     case W::PROFILE:
       return read(body.getProfile());
     case W::PROFILE_REPORT:

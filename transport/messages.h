@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -195,16 +196,6 @@ struct ErrorReport {
   bool operator==(const ErrorReport&) const = default;
 };
 
-// Liveness: the coordinator pings (reply = false), a worker answers (reply = true).
-struct Heartbeat {
-  int32_t rank = 0;
-  uint64_t sequence = 0;
-  bool reply = false;
-
-  std::string str() const;
-  bool operator==(const Heartbeat&) const = default;
-};
-
 // A stage's time from its first step to its last: busy (computing and sending), idle
 // (waiting for a command or for activations). Sent once, in answer to Shutdown.
 struct StageStats {
@@ -214,9 +205,25 @@ struct StageStats {
   double busy_seconds = 0;
   double idle_seconds = 0;
   double window_seconds = 0;  // first step start to last step end
+  // Weight bytes brought to the compute device from the host (FlexGen's CPU tier) and read
+  // from disk (its disk tier), over the steps so far.
+  uint64_t bytes_from_cpu = 0;
+  uint64_t bytes_from_disk = 0;
 
   std::string str() const;
   bool operator==(const StageStats&) const = default;
+};
+
+// Liveness: the coordinator pings (reply = false), a worker answers (reply = true) with
+// its statistics so far (the live metrics of `serve --metrics-port`).
+struct Heartbeat {
+  int32_t rank = 0;
+  uint64_t sequence = 0;
+  bool reply = false;
+  std::optional<StageStats> stats;
+
+  std::string str() const;
+  bool operator==(const Heartbeat&) const = default;
 };
 
 // The coordinator asks every stage to time its part (ExeGPT's XProfiler,

@@ -69,8 +69,9 @@ void ping_all(ControlChannel& channel, const std::vector<int>& ranks, uint64_t s
 }
 
 void answer_ping(ControlChannel& channel, int source, const Heartbeat& ping,
-                 const Deadline& deadline) {
-  channel.send(source, Heartbeat{channel.comm().rank(), ping.sequence, true}, deadline);
+                 const Deadline& deadline, std::optional<StageStats> stats) {
+  channel.send(source, Heartbeat{channel.comm().rank(), ping.sequence, true, std::move(stats)},
+               deadline);
 }
 
 }  // namespace strata

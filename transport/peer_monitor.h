@@ -41,8 +41,9 @@ class PeerMonitor {
 void ping_all(ControlChannel& channel, const std::vector<int>& ranks, uint64_t sequence,
               PeerMonitor& monitor, const Deadline& deadline, std::vector<Received>& other);
 
-// A worker's side: answer a ping from `source` at once.
+// A worker's side: answer a ping from `source` at once, with its statistics so far when it
+// has them.
 void answer_ping(ControlChannel& channel, int source, const Heartbeat& ping,
-                 const Deadline& deadline);
+                 const Deadline& deadline, std::optional<StageStats> stats = std::nullopt);
 
 }  // namespace strata

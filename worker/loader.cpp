@@ -141,6 +141,12 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
       if (w.q.data == nullptr) compressed.resize(mark);  // packed elsewhere: the copy is spent
     };
   }
+  if (options.on_layer) {
+    sink = [&, place = sink, loaded = int32_t{0}](int32_t i, LayerWeights& w) mutable {
+      if (place) place(i, w);
+      options.on_layer(++loaded, parts.n_layers);
+    };
+  }
   if (dummy) {
     m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts);
     m.tokenizer = Tokenizer::ids_only(m.config);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,8 @@ struct LoadOptions {
   // weight for NaN / infinity at load (--check-weights).
   InputLimits limits;
   bool check_weights = false;
+  // Called after each layer is loaded and placed (a progress display; may be empty).
+  std::function<void(int32_t loaded, int32_t total)> on_layer;
 };
 
 // Quantises a layer's matrices to kQ4 (those with columns a multiple of 64); the new

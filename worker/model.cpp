@@ -75,6 +75,15 @@ TierBytes Model::weight_memory() const {
   return m;
 }
 
+WeightTraffic Model::weight_traffic() const {
+  if (const LayerFeeder* f = feeder()) {
+    const FeedStats s = f->stats();
+    return {static_cast<uint64_t>(s.bytes_from_cpu), static_cast<uint64_t>(s.bytes_from_disk)};
+  }
+  if (const LayerStreamer* s = streamer()) return {0, static_cast<uint64_t>(s->stats().bytes_read)};
+  return {};
+}
+
 TierBytes Model::memory() const {
   TierBytes m = weight_memory();
   m += transformer_.memory();

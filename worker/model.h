@@ -20,6 +20,14 @@
 
 namespace strata {
 
+// Weight bytes a model moved over its steps so far: brought to its compute device from the
+// host (FlexGen's CPU tier), and read from disk (its disk tier, to the device or to host
+// compute).
+struct WeightTraffic {
+  uint64_t from_cpu = 0;
+  uint64_t from_disk = 0;
+};
+
 class Model {
  public:
   // max_rows bounds the rows of one step; activation memory is allocated once for it.
@@ -49,6 +57,8 @@ class Model {
   // streamer's buffers and files), activations and workspaces. The KV cache is the cache's;
   // the backends' kernel scratch is theirs (Backend::reserved_bytes).
   TierBytes memory() const;
+  // Between steps only (the feeder counts on the compute thread).
+  WeightTraffic weight_traffic() const;
 
   // FlexGen's GPU batch size in sequences: a step with more sequences runs as a block of
   // several GPU batches (zig-zag schedule). 0: the whole step is one GPU batch.

@@ -63,6 +63,7 @@ class PipelineStage {
   // What the stage allocated per tier: the model's weights and buffers, its KV cache, and
   // the logits and token ids it keeps (not the worker's link buffers).
   TierBytes memory() const;
+  WeightTraffic weight_traffic() const { return model_->weight_traffic(); }
 
   // Sampling state of a sequence (the last stage samples): its params and its RNG, seeded
   // as the single-process generator seeds it, so seeded sampling gives the same tokens.

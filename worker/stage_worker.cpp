@@ -87,6 +87,7 @@ class StageWorker {
                                      std::span<float> out);
   void on_shutdown();
   void send_stats();
+  StageStats stats_so_far() const;
   int linger_after(const std::exception& e);
   int settle_compute(int code);
 
@@ -131,6 +132,7 @@ class StageWorker {
   uint64_t step_id_ = 0;
   StageStats stats_;
   double window_start_ = -1, window_end_ = 0;
+  double busy_since_ = -1;       // the step computing now began (-1: none)
   double last_heard_ = now_s();  // the last message from rank 0
 };
 
@@ -352,6 +354,7 @@ void StageWorker::on_step(const StepCommand& c) {
   const int k = next_group_.empty() ? 0 : next_out_;
   for (Transfer& t : sends_[k]) wait_serving(t, deadline);  // the buffer's previous sends
   const double busy_from = now_s();
+  busy_since_ = busy_from;
   std::span<float> out(b.out[k].f32(), stage_->last() ? 0 : act);
   std::vector<SeqToken> tokens = compute_step(c, in, out);
   if (stage_->last()) {
@@ -363,9 +366,13 @@ void StageWorker::on_step(const StepCommand& c) {
     next_out_ ^= 1;
   }
   window_end_ = now_s();
+  busy_since_ = -1;
   stats_.busy_seconds += window_end_ - busy_from;
   stats_.steps += 1;
   stats_.rows += static_cast<uint64_t>(c.rows());
+  const WeightTraffic traffic = stage_->weight_traffic();  // the compute thread is done
+  stats_.bytes_from_cpu = traffic.from_cpu;
+  stats_.bytes_from_disk = traffic.from_disk;
   if (options_.debug_exit_after_steps >= 0 &&
       stats_.steps >= static_cast<uint64_t>(options_.debug_exit_after_steps)) {
     log::get("worker")->warn("test hook: rank {} dies now (SIGKILL) after {} steps", world_.rank(),
@@ -567,6 +574,16 @@ void StageWorker::on_shutdown() {
   send_stats();
 }
 
+// The statistics up to now: the window runs to this moment, a step computing counts as busy.
+StageStats StageWorker::stats_so_far() const {
+  StageStats s = stats_;
+  const double now = now_s();
+  if (busy_since_ >= 0) s.busy_seconds += now - busy_since_;
+  if (window_start_ >= 0) s.window_seconds = now - window_start_;
+  s.idle_seconds = std::max(0.0, s.window_seconds - s.busy_seconds);
+  return s;
+}
+
 void StageWorker::send_stats() {
   if (window_start_ >= 0) stats_.window_seconds = window_end_ - window_start_;
   stats_.idle_seconds = std::max(0.0, stats_.window_seconds - stats_.busy_seconds);
@@ -616,7 +633,8 @@ ControlMessage StageWorker::next_message(std::optional<Deadline> fixed, const ch
     Received r = control_.recv(0, deadline, awaited);
     last_heard_ = now_s();
     if (auto* ping = std::get_if<Heartbeat>(&r.message); ping && !ping->reply) {
-      answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
+      answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s),
+                  stats_so_far());
       continue;
     }
     return std::move(r.message);
@@ -631,7 +649,8 @@ bool StageWorker::serve_control_once(bool stop_on_shutdown) {
   if (!r) return false;
   last_heard_ = now_s();
   if (auto* ping = std::get_if<Heartbeat>(&r->message); ping && !ping->reply) {
-    answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s));
+    answer_ping(control_, 0, *ping, Deadline::after_seconds(options_.step_timeout_s),
+                stats_so_far());
   } else if (stop_on_shutdown && std::holds_alternative<Shutdown>(r->message)) {
     throw ShutdownRequested{};
   } else {

@@ -99,6 +99,7 @@ class FaultyStages final : public Stages {
     return r;
   }
   std::vector<StageReport> finish(const std::string&) override { return {}; }
+  std::vector<StageReport> live() const override { return {}; }
   // Every stage's layers cost `layer_seconds` at every point; nothing else costs anything.
   ProfileResult profile(const ProfileRequest& r) override {
     ++profiled;

@@ -143,6 +143,8 @@ struct Heartbeat {
   rank @0 :Int32;
   sequence @1 :UInt64;
   reply @2 :Bool;
+  # A worker's reply: its account of its time and traffic so far (live metrics).
+  stats @3 :StageStats;
 }
 
 # A stage's own account of its time, sent once when it shuts down (observability).
@@ -153,6 +155,8 @@ struct StageStats {
   busySeconds @3 :Float64;
   idleSeconds @4 :Float64;
   windowSeconds @5 :Float64;
+  bytesFromCpu @6 :UInt64;
+  bytesFromDisk @7 :UInt64;
 }
 
 # The coordinator asks every stage to time its part (protocol 3): its layers on synthetic

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""scripts/plot.py on hand-made JSON of every kind it reads: the figures are valid PNGs of a
+sensible size, the Pareto frontier is the hand-computed one (and the brute-force one on random
+points), each kind's numbers are the fields the docs name, and bad input exits 2 with the file
+and the field named, never a traceback.
+
+    test_plot.py PATH/TO/scripts/plot.py
+"""
+import importlib.util
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = None  # set from argv in main
+plot = None  # the module, imported from SCRIPT
+
+
+def bench(name, batch, prefill, decode, tok_s, **extra):
+    d = {"model": "dummy:tiny", "prompt_len": 8, "gen_len": 4, "batch": batch,
+         "result": {"prefill_seconds": prefill, "decode_seconds": decode,
+                    "generation_tokens_per_s": tok_s}}
+    d.update(extra)
+    return name, d
+
+
+def feed(cpu_to_gpu, disk_to_gpu=0):
+    return {"bytes_cpu_to_gpu": cpu_to_gpu, "bytes_disk_to_gpu": disk_to_gpu,
+            "bytes_on_gpu": 2e9, "bytes_on_cpu": 1e9, "bytes_on_disk": 0}
+
+
+def stats(name, micro, tok_s, stages, schedule=None):
+    d = {"model": "/m/tiny", "ranks": len(stages) + 1, "micro_batches": micro, "requests": 10,
+         "prompt_tokens": 100, "generated_tokens": 40, "seconds": 2.0, "tokens_per_s": tok_s,
+         "stages": [{"rank": r + 1, "layers": [2 * r, 2 * r + 2], "busy_seconds": b,
+                     "idle_seconds": i, "window_seconds": b + i,
+                     "bubble_fraction": i / (b + i)} for r, (b, i) in enumerate(stages)]}
+    if schedule:
+        policy, p99, thr = schedule
+        d["schedule"] = {"policy": policy, "measured_p99_latency_s": p99,
+                         "achieved_throughput_tok_s": thr,
+                         "control_variables": {"encode_batch": 4, "micro_batches": micro},
+                         "stages": [{"rank": 1, "role": "encode"}, {"rank": 2, "role": "decode"}]}
+        d["waa"] = {"handover_seconds": 0.25}
+    return name, d
+
+
+def plan_run(bound, policy, lat, thr, base_lat, base_thr):
+    return {"latency_bound_s": bound, "feasible": True, "policy": policy,
+            "predicted_p99_latency_s": lat, "predicted_throughput_tok_s": thr,
+            "control_variables": {"policy": policy, "encode_batch": 8, "micro_batches": 2},
+            "per_search": [{"policy": policy, "feasible": True, "predicted_p99_latency_s": lat,
+                            "predicted_throughput_tok_s": thr,
+                            "control_variables": {"encode_batch": 8, "micro_batches": 2}},
+                           {"policy": "RRA", "feasible": False}],
+            "baseline": {"feasible": True, "predicted_p99_latency_s": base_lat,
+                         "predicted_throughput_tok_s": base_thr,
+                         "control_variables": {"policy": "FT", "encode_batch": 2,
+                                               "micro_batches": 1}}}
+
+
+FIXTURES = dict([
+    bench("gpu-resident-b1", 1, 0.1, 0.3, 10.0, feed=feed(0)),
+    bench("gpu-resident-b8", 8, 0.2, 0.6, 40.0, feed=feed(0), policy="w=100/0/0"),
+    bench("gpu-stream-b8", 8, 0.5, 1.5, 16.0, feed=feed(5e10), policy="w=0/100/0"),
+    bench("cpu-disk-b2", 2, 1.0, 3.0, 2.0,
+          disk_stream={"bytes_read": 7e9, "layers_read": 10, "overlap": True}),
+    bench("cpu-plain-b1", 1, 0.1, 0.4, 8.0),
+    stats("cluster-mb1", 1, 90.0, [(1.0, 1.5), (1.6, 0.9)]),
+    stats("cluster-mb2", 2, 120.0, [(1.1, 0.8), (1.8, 0.1)]),
+    stats("schedule-waa-0.5", 1, 300.0, [(1.5, 0.2), (0.9, 0.8)], ("WAA-C", 0.05, 310.0)),
+    stats("schedule-rra-inf", 2, 400.0, [(1.2, 0.5), (1.5, 0.2)], ("RRA", 0.12, 420.0)),
+    ("sim", [{"model": "dummy:big", "workers": 4, "task": "S",
+              "runs": [plan_run(5.0, "WAA-C", 4.0, 500.0, 4.5, 20.0),
+                       plan_run("inf", "RRA", 12.0, 900.0, 9.0, 450.0),
+                       {"latency_bound_s": 1.0, "feasible": False,
+                        "baseline": {"feasible": False}}]}]),
+    ("offload-plan", {"policy": "gbs=8,ngb=2,w=20/80/0", "model": "dummy:tiny", "prompt_len": 8,
+                      "gen_len": 4, "total_time_s": 3.0, "throughput_token_s": 21.3}),
+    ("offload-search", {"policy": "gbs=4,ngb=1,w=0/100/0", "schedules_tried": 9,
+                        "cost": {"prompt_len": 8, "gen_len": 4, "total_time_s": 1.5,
+                                 "throughput_token_s": 10.7}}),
+    ("vs", {"machine": "vm", "prompt": 8, "gen": 4,
+            "rows": [{"row": "f32-b1",
+                      "llamacpp": {"generation_tokens_per_s": 60.0, "raw": {"t": 1.1}},
+                      "strata": {"generation_tokens_per_s": 65.0,
+                                 "raw": {"model": "/x/tiny",
+                                         "result": {"prefill_seconds": 0.2,
+                                                    "decode_seconds": 0.8}}}}]}),
+])
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR, after checking the signature."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise AssertionError(f"{path} is not a PNG: {head[:16]!r}")
+    return struct.unpack(">II", head[16:24])
+
+
+def dominated(p, q):
+    """q dominates p: latency no higher, throughput no lower, one strictly better."""
+    return q[0] <= p[0] and q[1] >= p[1] and (q[0] < p[0] or q[1] > p[1])
+
+
+class Plot(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        for name, data in FIXTURES.items():
+            with open(cls.path(name), "w") as f:
+                json.dump(data, f)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    @classmethod
+    def path(cls, name):
+        return os.path.join(cls.dir, name + ".json")
+
+    def run_plot(self, *args):
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                              timeout=100)
+
+    def write(self, name, data):
+        with open(self.path(name), "w") as f:
+            f.write(data if isinstance(data, str) else json.dumps(data))
+        return self.path(name)
+
+    def assert_png(self, out, min_w=300, min_h=150):
+        self.assertTrue(os.path.isfile(out), out)
+        w, h = png_size(out)
+        self.assertGreaterEqual(w, min_w)
+        self.assertGreaterEqual(h, min_h)
+        self.assertLessEqual(max(w, h), 3000)
+        self.assertGreater(os.path.getsize(out), 5_000)  # more than an empty canvas
+        self.assertLess(os.path.getsize(out), 400_000)
+
+    # ---- the frontier ----
+
+    def test_frontier_hand_example(self):
+        pairs = [(1.0, 10.0),  # 0: frontier
+                 (2.0, 30.0),  # 1: frontier
+                 (2.0, 25.0),  # 2: same latency as 1, less throughput
+                 (3.0, 20.0),  # 3: slower and less than 1
+                 (4.0, 50.0),  # 4: frontier
+                 (0.5, 5.0),   # 5: frontier (fastest)
+                 (4.0, 50.0),  # 6: a copy of 4: only the first is kept
+                 (5.0, 50.0),  # 7: as much as 4, slower
+                 (6.0, 49.0)]  # 8: slower and less than 4
+        self.assertEqual(plot.pareto_frontier(pairs), [5, 0, 1, 4])
+        self.assertEqual(plot.pareto_frontier([]), [])
+        self.assertEqual(plot.pareto_frontier([(3.0, 1.0)]), [0])
+        self.assertEqual(plot.pareto_frontier([(1.0, 5.0), (1.0, 9.0), (1.0, 7.0)]), [1])
+        self.assertEqual(plot.pareto_frontier([(3.0, 9.0), (2.0, 9.0), (1.0, 9.0)]), [2])
+
+    def test_frontier_against_brute_force(self):
+        rng = random.Random(15)
+        for _ in range(200):
+            pairs = [(rng.randint(1, 8) / 2, rng.randint(1, 8) * 10.0)
+                     for _ in range(rng.randint(1, 12))]
+            want = sorted({p for p in pairs if not any(dominated(p, q) for q in pairs)})
+            got = plot.pareto_frontier(pairs)
+            self.assertEqual([pairs[i] for i in got], want, pairs)
+            self.assertEqual(len(set(pairs[i] for i in got)), len(got), "a duplicate kept")
+
+    # ---- what each kind contributes ----
+
+    def test_points_are_the_documented_fields(self):
+        b = plot.bench_points(FIXTURES["gpu-stream-b8"], "gpu-stream-b8.json")[0]
+        self.assertEqual((b.latency, b.throughput), (2.0, 16.0))  # prefill + decode seconds
+        self.assertIn("w=0/100/0", b.label)
+        s = plot.serve_points(FIXTURES["schedule-waa-0.5"], "s.json")[0]
+        self.assertEqual((s.latency, s.throughput, s.series), (0.05, 310.0, "WAA-C"))
+        sim = plot.sim_points(FIXTURES["sim"], "sim.json")
+        self.assertEqual(sorted((p.series, p.latency, p.throughput) for p in sim),
+                         [("FT baseline", 4.5, 20.0), ("FT baseline", 9.0, 450.0),
+                          ("RRA", 12.0, 900.0), ("WAA-C", 4.0, 500.0)])  # infeasible left out
+        o = plot.offload_plan_points(FIXTURES["offload-search"], "o.json")[0]
+        self.assertEqual((o.latency, o.throughput, o.label), (1.5, 10.7, "gbs=4,ngb=1,w=0/100/0"))
+        v = plot.vs_llamacpp_points(FIXTURES["vs"], "vs.json")
+        self.assertEqual(sorted((p.series, p.latency, p.throughput) for p in v),
+                         [("Strata", 1.0, 65.0), ("llama.cpp", 1.1, 60.0)])
+        t = plot.tier_run(FIXTURES["gpu-stream-b8"], "t.json")
+        self.assertEqual(t.moved, {"CPU \u2192 GPU": 5e10, "disk \u2192 CPU \u2192 GPU": 0.0})
+        t = plot.tier_run(FIXTURES["cpu-disk-b2"], "t.json")
+        self.assertEqual((t.moved, t.held), ({"disk \u2192 CPU": 7e9}, {}))
+        run = plot.stage_run(FIXTURES["schedule-waa-0.5"], "r.json")
+        self.assertEqual([(s.name.split("\n")[0], s.busy, s.idle) for s in run.stages],
+                         [("rank 1 encode", 1.5, 0.2), ("rank 2 decode", 0.9, 0.8)])
+        self.assertEqual(plot.shorten(["cluster-np3-mb1", "cluster-np3-mb2"]), ["mb1", "mb2"])
+        self.assertEqual(plot.shorten(["a-b", "a-b"]), ["b", "b"])
+
+    # ---- the figures ----
+
+    def test_figures_are_pngs(self):
+        every_pareto = [self.path(n) for n in FIXTURES
+                        if n not in ("cluster-mb1", "cluster-mb2")]
+        cases = {
+            "pareto": every_pareto,
+            "stages": [self.path(n) for n in ("cluster-mb1", "cluster-mb2", "schedule-waa-0.5")],
+            "tiers": [self.path(n) for n in ("gpu-resident-b1", "gpu-stream-b8", "cpu-disk-b2")],
+        }
+        for command, inputs in cases.items():
+            with self.subTest(command=command):
+                out = os.path.join(self.dir, "figs", f"{command}.png")  # the folder is made
+                r = self.run_plot(command, out, *inputs, "--title", f"test {command}")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assert_png(out)
+        r = self.run_plot("kinds", *[self.path(n) for n in FIXTURES])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("schedule-sim", r.stdout)
+        self.assertIn("not pareto (missing field 'schedule'", r.stdout)
+
+    def test_help(self):
+        r = self.run_plot("--help")
+        self.assertEqual(r.returncode, 0)
+        for word in ("pareto", "stages", "tiers", "serve-stats", "bench"):
+            self.assertIn(word, r.stdout)
+
+    # ---- bad input ----
+
+    def assert_refused(self, args, *words):
+        r = self.run_plot(*args)
+        self.assertEqual(r.returncode, 2, (r.stdout, r.stderr))
+        self.assertNotIn("Traceback", r.stderr)
+        for w in words:
+            self.assertIn(w, r.stderr)
+        out = args[1] if len(args) > 1 else ""
+        self.assertFalse(out.endswith(".png") and os.path.exists(out), "a figure of bad input")
+
+    def test_bad_input_exits_2_naming_file_and_field(self):
+        out = os.path.join(self.dir, "bad.png")
+        _, st = stats("x", 1, 1.0, [(1.0, 1.0), (1.0, 1.0)])
+        del st["stages"][1]["busy_seconds"]
+        f = self.write("no-busy", st)
+        self.assert_refused(["stages", out, self.path("cluster-mb1"), f], f,
+                            "'stages[1].busy_seconds'")
+        # A run without --latency-bound has no latency for the frontier.
+        f = self.path("cluster-mb1")
+        self.assert_refused(["pareto", out, f], f, "'schedule'")
+        # A bench run with all its weights in one tier moved nothing to count.
+        f = self.path("cpu-plain-b1")
+        self.assert_refused(["tiers", out, f], f, "'feed' or 'disk_stream'")
+        _, b = bench("x", 1, 0.1, "0.5", 3.0)
+        f = self.write("string-seconds", b)
+        self.assert_refused(["pareto", out, f], f, "'result.decode_seconds'", "not a finite")
+        _, b = bench("x", 1, 0.1, 0.5, 3.0)
+        del b["result"]["generation_tokens_per_s"]
+        f = self.write("no-throughput", b)
+        self.assert_refused(["pareto", out, f], f, "'result.generation_tokens_per_s'")
+        sim = json.loads(json.dumps(FIXTURES["sim"]))
+        del sim[0]["runs"][1]["per_search"][0]["predicted_p99_latency_s"]
+        f = self.write("sim-bad", sim)
+        self.assert_refused(["pareto", out, f], f,
+                            "'[0].runs[1].per_search[0].predicted_p99_latency_s'")
+        f = self.write("not-json", "{\"model\": ")
+        self.assert_refused(["pareto", out, f], f, "not JSON")
+        f = self.write("other", {"hello": 1})
+        self.assert_refused(["pareto", out, f], f, "not a kind")
+        self.assert_refused(["stages", out, self.path("sim")], self.path("sim"), "schedule-sim",
+                            "nothing for 'stages'")
+        missing = os.path.join(self.dir, "absent.json")
+        self.assert_refused(["tiers", out, missing], missing, "cannot read")
+        r = self.run_plot("pareto", out)  # no input at all: argparse's usage error
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("usage", r.stderr)
+
+
+def main():
+    global SCRIPT, plot
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    SCRIPT = os.path.abspath(sys.argv[1])
+    sys.dont_write_bytecode = True  # no __pycache__ in scripts/
+    spec = importlib.util.spec_from_file_location("plot", SCRIPT)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
