@@ -473,7 +473,10 @@ bool Coordinator::hand_over() {
 }
 
 void Coordinator::dispatch(const ScheduledStep& step) {
-  if (!first_step_) first_step_ = Clock::now();
+  if (!first_step_) {
+    first_step_ = Clock::now();
+    stats_.origin_wall_s = wall_seconds();
+  }
   stages_.dispatch(step);
   if (step.command.phase == Phase::kPrefill) {
     ++stats_.prefill_steps;
@@ -594,17 +597,30 @@ double ClusterStats::steady_tokens_per_second() const {
   return w > 0 ? static_cast<double>(steady_tokens) / w : tokens_per_second();
 }
 
-std::string ClusterStats::json() const {
+namespace {
+
+// A stage's steps as [start, end] pairs of seconds from `origin`.
+std::string spans_json(const StageStats& s, double origin) {
+  std::string out = R"(, "step_spans_s": [)";
+  for (size_t i = 0; i + 1 < s.step_spans.size(); i += 2)
+    out += fmt::format("{}[{:.6f}, {:.6f}]", i == 0 ? "" : ", ", s.step_spans[i] - origin,
+                       s.step_spans[i + 1] - origin);
+  return out + fmt::format(R"(], "step_spans_dropped": {})", s.step_spans_dropped);
+}
+
+}  // namespace
+
+std::string ClusterStats::json(bool timeline) const {
   std::string stages_json;
   for (const StageReport& s : stages) {
     stages_json += fmt::format(
         R"({}{{"rank": {}, "layers": [{}, {}], "steps": {}, "rows": {}, "busy_seconds": {:.6f}, )"
         R"("idle_seconds": {:.6f}, "window_seconds": {:.6f}, "bubble_fraction": {:.4f}, )"
-        R"("bytes_from_cpu": {}, "bytes_from_disk": {}}})",
+        R"("bytes_from_cpu": {}, "bytes_from_disk": {}{}}})",
         stages_json.empty() ? "" : ", ", s.rank(), s.stage.layer_begin, s.stage.layer_end,
         s.stats.steps, s.stats.rows, s.stats.busy_seconds, s.stats.idle_seconds,
         s.stats.window_seconds, s.bubble_fraction(), s.stats.bytes_from_cpu,
-        s.stats.bytes_from_disk);
+        s.stats.bytes_from_disk, timeline ? spans_json(s.stats, origin_wall_s) : std::string());
   }
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "finished": {}, "errors": {}, )"

@@ -130,7 +130,10 @@ struct ClusterStats {
 
   double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)
   double steady_tokens_per_second() const;
-  std::string json() const;
+  // The system-clock time of the first step: the timeline's zero.
+  double origin_wall_s = 0;
+  // `timeline`: with each stage's step spans (seconds from origin_wall_s; --stats-out).
+  std::string json(bool timeline = false) const;
   std::string table() const;  // the human summary printed at the end
 };
 

@@ -95,14 +95,23 @@ void LocalStages::start(const ClusterPlan& plan) {
   stats_ = GenerationStats{};
   stats_.kv_cache_bytes = stage_->kv_cache_bytes();
   rows_ = 0;
+  spans_.clear();
+  spans_dropped_ = 0;
 }
 
 void LocalStages::dispatch(const ScheduledStep& step) {
   for (const SeqJoin& j : step.joins) stage_->join(j);
   const StepCommand& c = step.command;
   const double t0 = now_s();
+  const double wall0 = wall_seconds();
   StepResult result{c.step_id, c.micro_batch, stage_->run(c, {}, {})};
   const double seconds = now_s() - t0;
+  if (spans_.size() < 2 * StageStats::kMaxStepSpans) {
+    spans_.push_back(wall0);
+    spans_.push_back(wall0 + seconds);
+  } else {
+    ++spans_dropped_;
+  }
   if (c.phase == Phase::kPrefill) {
     stats_.prefill_seconds += seconds;
     ++stats_.prefill_steps;
@@ -137,7 +146,12 @@ std::vector<StageReport> LocalStages::live() const {
 }
 
 std::vector<StageReport> LocalStages::finish(const std::string&) {
-  return live();
+  std::vector<StageReport> reports = live();
+  if (!reports.empty()) {
+    reports[0].stats.step_spans = spans_;
+    reports[0].stats.step_spans_dropped = spans_dropped_;
+  }
+  return reports;
 }
 
 // One stage in this process: no link, and the coordinator's turn is a function call.

@@ -61,7 +61,9 @@ class LocalStages final : public Stages {
   std::unique_ptr<PipelineStage> stage_;
   std::deque<StepResult> results_;
   GenerationStats stats_;
-  uint64_t rows_ = 0;  // activation rows over all steps (the stage report's)
+  uint64_t rows_ = 0;          // activation rows over all steps (the stage report's)
+  std::vector<double> spans_;  // StageStats::step_spans
+  uint64_t spans_dropped_ = 0;
 };
 
 // What a local run needs beyond the model (CoordinatorOptions' counterparts).

@@ -52,6 +52,7 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   hw.validate(o.hardware.empty() ? "the T4 preset with the given budgets" : o.hardware);
   SearchOptions so;
   so.overlap = o.engine.overlap;
+  so.on_progress = progress_callback("policy search: GPU batch sizes");
   const SearchResult r = search_policy(c.shape(), Workload{o.prompt_len, o.gen_len}, hw, so);
   Policy p = r.policy;
   p.act_gpu_percent = device_compute ? 100 : 0;

@@ -81,16 +81,6 @@ PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compu
   return out;
 }
 
-// Loading from disk takes a while for a large model: done / total layers, rate and ETA.
-std::function<void(int32_t, int32_t)> layer_progress() {
-  auto progress = std::make_shared<std::optional<Progress>>();
-  return [progress](int32_t loaded, int32_t total) {
-    if (!*progress) progress->emplace("loading layers", static_cast<size_t>(total));
-    if (loaded < total) return (*progress)->update(static_cast<size_t>(loaded));
-    (*progress)->finish(static_cast<size_t>(loaded));
-  };
-}
-
 }  // namespace
 
 ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
@@ -120,7 +110,9 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   lo.limits.check(&InputLimits::step_tokens, o.max_step_tokens, "command line",
                   "--max-step-tokens");
   lo.device = c.device >= 0 ? c.backend : nullptr;
-  lo.on_layer = layer_progress();
+  lo.on_layer = [progress = progress_callback("loading layers")](int32_t loaded, int32_t total) {
+    progress(static_cast<size_t>(loaded), static_cast<size_t>(total));
+  };
   if (o.policy_auto)
     fail_input("--policy auto: only `strata bench` searches for a policy; give key=value pairs");
   PolicyChoice pc = apply_policy(o.policy, c.device >= 0);

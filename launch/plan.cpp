@@ -9,6 +9,7 @@
 #include "kernels/error.h"
 #include "launch/commands.h"
 #include "launch/plan_schedule.h"
+#include "launch/progress.h"
 #include "placement/policy_search.h"
 #include "worker/config.h"
 #include "worker/dummy.h"
@@ -134,6 +135,7 @@ int run_plan(const PlanOptions& o) {
     so.compress_weight = o.compress_weight;
     so.compress_cache = o.compress_cache;
     so.cpu_attention = o.cpu_attention;
+    so.on_progress = progress_callback("policy search: GPU batch sizes");
     const SearchResult r = search_policy(shape, w, hw, so);
     out = r.to_json();
     text = r.str();

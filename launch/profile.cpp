@@ -16,6 +16,7 @@
 #include "kernels/error.h"
 #include "kernels/limits.h"
 #include "launch/commands.h"
+#include "launch/progress.h"
 #include "worker/direct_file.h"
 
 namespace strata::cli {
@@ -88,12 +89,16 @@ int run_profile(const ProfileOptions& o) {
   nlohmann::ordered_json j;
   j["accelerators"] = probe_accelerators().str();
   j["threads"] = threads;
+  Progress progress("profiling: memory, GEMM, attention, disk", 3);
   const MachineLimits lim = measure_machine_limits(threads);
   j["host"] = {{"memory_bandwidth_gbs", lim.memory_bandwidth_gbs},
                {"memory_read_gbs", lim.memory_read_gbs},
                {"gemm_gflops_2048", lim.gemm_gflops}};
+  progress.update(1);
   j["cpu_attention_gflops"] = measure_cpu_attention(cpu, 32, 512, 32, 128) / 1e9;
+  progress.update(2);
   j["disk"] = measure_disk(o.disk_dir, o.disk_mib);
+  progress.finish(3);
   const std::string text = j.dump(2);
   std::printf("%s\n", text.c_str());
   if (!o.out.empty()) {

@@ -5,8 +5,22 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "kernels/log.h"
 
 namespace strata::cli {
+
+std::function<void(size_t, size_t)> progress_callback(std::string what) {
+  auto progress = std::make_shared<std::optional<Progress>>();
+  return [progress, what = std::move(what)](size_t done, size_t total) {
+    if (!*progress) progress->emplace(what, total);
+    if (done < total) return (*progress)->update(done);
+    (*progress)->finish(done);
+    progress->reset();  // a second run of the loop starts a bar of its own
+  };
+}
 
 Progress::Progress(std::string what, size_t total)
     : what_(std::move(what)),
@@ -37,8 +51,8 @@ void Progress::draw(size_t done, bool last) {
                                      : std::string("ETA ?");
   const std::string numbers = fmt::format("{} {}/{} ({:.0f}%), {:.1f}/s, {}", what_, done, total_,
                                           100 * fraction, rate, eta);
-  if (!terminal_) {
-    std::fprintf(stderr, "%s\n", numbers.c_str());
+  if (!terminal_) {  // a log line: timestamped, named by host and rank, STRATA_LOG_LEVEL applies
+    log::get("progress")->info("{}", numbers);
     return;
   }
   constexpr int kWidth = 30;

@@ -1,13 +1,18 @@
 // Progress of a long command on stderr: a bar redrawn in place (done / total, rate, ETA)
-// on a terminal, a plain line every few seconds otherwise (logs, CI; a job done before the
+// on a terminal, a log line every few seconds otherwise (logs, CI; a job done before the
 // first line prints none), never more than a few updates a second.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace strata::cli {
+
+// A Progress behind a (done, total) callback, made on the first call: for the loops of
+// libraries below launch/ that report as they go (policy search, model loading).
+std::function<void(size_t done, size_t total)> progress_callback(std::string what);
 
 class Progress {
  public:

@@ -234,7 +234,7 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
   std::fprintf(stderr, "%s", table.c_str());
   const std::string queue_json = queue ? ", \"queue\": " + queue->stats().json() : "";
   std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + queue_json + "}").c_str());
-  write_stats(o.stats_out, stats.json());
+  write_stats(o.stats_out, stats.json(/*timeline=*/true));
   linger(o, metrics_server.get());
   return exit_code(stats);
 }

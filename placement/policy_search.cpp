@@ -296,6 +296,7 @@ SearchResult search_policy(const ModelShape& shape, const Workload& w, const Har
   std::sort(sizes.begin(), sizes.end());
   std::vector<CostEstimate> found;  // the best rounding of each feasible schedule
   int64_t tried = 0;
+  size_t sizes_done = 0;
   for (int64_t gbs : sizes) {
     for (int64_t ngb = 1; ngb <= options.max_num_gpu_batches; ++ngb) {
       const Policy schedule = schedule_of(gbs, ngb, options);
@@ -305,6 +306,7 @@ SearchResult search_policy(const ModelShape& shape, const Workload& w, const Har
       if (auto c = best_rounding(shape, w, hw, schedule, lp->placement, options))
         found.push_back(*c);
     }
+    if (options.on_progress) options.on_progress(++sizes_done, sizes.size());
   }
   if (found.empty()) {
     const std::string why = diagnose(shape, w, hw, schedule_of(sizes.front(), 1, options));

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct SearchOptions {
   // the smallest block (then the faster, then the larger GPU batch). 5%: about the model's
   // error against FlexGen's measured runs (Table 21).
   double tie_tolerance = 0.05;
+  // Progress (may be empty): GPU batch sizes searched so far, of how many.
+  std::function<void(size_t done, size_t total)> on_progress;
 };
 
 // The LP optimum for one schedule: the relaxed placement and the objective T / bls.

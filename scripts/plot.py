@@ -4,6 +4,8 @@
   scripts/plot.py pareto OUT.png IN.json...   throughput against latency, Pareto frontier
   scripts/plot.py stages OUT.png IN.json...   busy / idle seconds of every pipeline stage
   scripts/plot.py tiers  OUT.png IN.json...   bytes moved between memory tiers
+  scripts/plot.py timeline OUT.png IN.json... [--from S] [--to S]
+                                              every step of every stage, one lane per rank
   scripts/plot.py kinds  IN.json...           the kind of each file and the plots it feeds
 
 The kind of each input is read from its keys:
@@ -18,9 +20,12 @@ The kind of each input is read from its keys:
                  `stages` (per rank busy / idle seconds, bubble fraction); under
                  --latency-bound also `schedule` (the chosen schedule, measured throughput and
                  p99 latency) and, for WAA, `waa` (the KV hand-over).
-                 stages: always (totals per stage: no file records per-step events, so
-                 the bars are busy / idle sums, not a timeline).  pareto: only with
-                 `schedule` (the bound itself is not in the file, only in its name).
+                 stages: always (busy / idle sums per stage).  timeline: only with
+                 `stages[i].step_spans_s` (each step's [start, end], seconds since the run's
+                 first step, written by a strata that records step spans;
+                 `step_spans_dropped` counts those past its cap), titled with
+                 `schedule_in_force`.  pareto: only with `schedule` (the bound itself is not
+                 in the file, only in its name).
   schedule-sim   scripts/schedule-tables.py (docs/bench/schedule-sim.json): a list of
                  {model, workers, task, runs}, each run `strata plan --workload` output.
                  pareto: every search's best schedule and the FT-style baseline, predicted.
@@ -283,13 +288,20 @@ Run = collections.namedtuple("Run", "stem title stages handover")
 Stage = collections.namedtuple("Stage", "name busy idle bubble")
 
 
-def stage_run(d, src):
-    """One serve --stats-out run: its stages' busy / idle seconds and a title."""
+def stage_roles(d):
+    """rank -> "encode" / "decode" from a WAA run's `schedule.stages` (none for RRA)."""
     roles = {}
     sched = d.get("schedule") if isinstance(d.get("schedule"), dict) else {}
     for s in sched.get("stages", []):
         if isinstance(s, dict) and s.get("role") not in (None, "both"):
             roles[s.get("rank")] = s["role"]
+    return roles
+
+
+def stage_run(d, src):
+    """One serve --stats-out run: its stages' busy / idle seconds and a title."""
+    roles = stage_roles(d)
+    sched = d.get("schedule") if isinstance(d.get("schedule"), dict) else {}
     stages = []
     for i, s in enumerate(need_list(d, "stages", src)):
         where = f"stages[{i}]"
@@ -334,6 +346,115 @@ def tier_run(d, src):
     if d.get("policy"):
         detail += f", {d['policy']}"
     return Tiers(stem(src), detail, moved, held)
+
+
+# ---- timeline: every step of every stage ---------------------------------------------------
+
+TIMELINE_SPANS = 2000  # more steps than this in a lane: the default window is the first...
+TIMELINE_FIRST_S = 2.0  # ...seconds, so that single steps stay visible
+
+Lane = collections.namedtuple("Lane", "name spans dropped")
+Timeline = collections.namedtuple("Timeline", "src stem title lanes")
+
+
+def span_list(s, src, where):
+    """A stage's `step_spans_s` as (start, end) pairs, or InputError naming the field."""
+    field = f"{where}.step_spans_s"
+    if not isinstance(s, dict) or "step_spans_s" not in s:
+        raise InputError(f"{src}: missing field '{field}': the timeline needs a stats file "
+                         "written by a strata that records step spans (serve --stats-out)")
+    spans = s["step_spans_s"]
+    if not isinstance(spans, list):
+        raise InputError(f"{src}: field '{field}' is {json.dumps(spans)[:40]}, "
+                         "not a list of [start, end] pairs")
+    out = []
+    for j, p in enumerate(spans):
+        if not (isinstance(p, list) and len(p) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                        and math.isfinite(v) for v in p) and p[0] <= p[1]):
+            raise InputError(f"{src}: field '{field}[{j}]' is {json.dumps(p)[:40]}, not a "
+                             "[start, end] pair of seconds with start <= end")
+        out.append((float(p[0]), float(p[1])))
+    return out
+
+
+def busy_fraction(spans, lo, hi):
+    """The share of the window [lo, hi] that the (start, end) spans cover; a second that
+    two spans share counts once. 0 for an empty window."""
+    if hi <= lo:
+        return 0.0
+    busy, reached = 0.0, lo
+    for start, end in sorted(spans):
+        start, end = max(start, reached), min(end, hi)
+        if end > start:
+            busy += end - start
+            reached = end
+    return busy / (hi - lo)
+
+
+def run_labels(d):
+    """"WAA-C, 2 micro-batches, N_D 4" from `schedule_in_force` (the run's own fields where
+    it is absent), with the run's tokens/s."""
+    sif = d.get("schedule_in_force") if isinstance(d.get("schedule_in_force"), dict) else {}
+    policy = sif.get("policy") or ("WAA" if isinstance(d.get("waa"), dict) else None)
+    micro, n_d = sif.get("micro_batches", d.get("micro_batches")), sif.get("decode_iters",
+                                                                            d.get("decode_iters"))
+    parts = [str(policy)] if policy else []
+    if micro is not None:
+        parts.append(f"{micro} micro-batch" + ("" if str(micro) == "1" else "es"))
+    if n_d is not None:
+        parts.append(f"N_D {n_d}")
+    if isinstance(d.get("tokens_per_s"), (int, float)):
+        parts.append(f"{d['tokens_per_s']:.0f} tok/s")
+    return ", ".join(parts)
+
+
+def timeline_run(d, src):
+    """One serve --stats-out run: every recorded step of each stage, a lane per rank."""
+    roles = stage_roles(d)
+    lanes = []
+    for i, s in enumerate(need_list(d, "stages", src)):
+        where = f"stages[{i}]"
+        rank = int(num(s, "rank", src, where))
+        spans = span_list(s, src, where)
+        name = f"rank {rank}"
+        layers = s.get("layers")
+        if isinstance(layers, list) and len(layers) == 2:
+            name += f" [{layers[0]}, {layers[1]})"
+        if rank in roles:
+            name += f"\n{roles[rank]}"
+        dropped = (int(num(s, "step_spans_dropped", src, where))
+                   if "step_spans_dropped" in s else 0)
+        lanes.append((rank, Lane(name, sorted(spans), dropped)))
+    if not any(lane.spans for _, lane in lanes):
+        raise InputError(f"{src}: field 'stages[i].step_spans_s' is empty in every stage: "
+                         "no step recorded")
+    lanes = [lane for _, lane in sorted(lanes, key=lambda x: x[0])]
+    return Timeline(src, stem(src), run_labels(d), lanes)
+
+
+def window(lanes, start=None, stop=None, src="timeline"):
+    """(from, to, note): the x range drawn. --from / --to where given; otherwise the whole
+    run, or TIMELINE_FIRST_S seconds from its start when a lane has more than TIMELINE_SPANS
+    steps (the note says so)."""
+    first = min([0.0] + [lane.spans[0][0] for lane in lanes if lane.spans])
+    last = max(end for lane in lanes for _, end in lane.spans)
+    lo = first if start is None else start
+    crowded = max(len(lane.spans) for lane in lanes) > TIMELINE_SPANS
+    if stop is not None:
+        hi, note = stop, f"{lo:g}\u2013{stop:g} s of {last:.3g} s"
+    elif crowded and last > lo + TIMELINE_FIRST_S:
+        hi = lo + TIMELINE_FIRST_S
+        note = (f"{lo:g}\u2013{hi:g} s of {last:.3g} s: the default window, as a rank has more "
+                f"than {TIMELINE_SPANS} steps (--from / --to for others)")
+    else:
+        hi = last
+        note = (f"the whole run, {last:.3g} s" if start is None
+                else f"{lo:g} s to the end, {last:.3g} s")
+    if hi <= lo:
+        raise InputError(f"{src}: the window {lo:g} to {hi:g} s is empty (the last recorded "
+                         f"step ends at {last:.3f} s)")
+    return lo, hi, note
 
 
 # ---- drawing ---------------------------------------------------------------------------------------
@@ -530,6 +651,37 @@ def draw_tiers(runs, out, title):
     save(fig, out, title)
 
 
+def draw_timeline(runs, windows, out, title):
+    plt = pyplot()
+    from matplotlib.patches import Patch
+    heights = [1.1 + 0.42 * len(r.lanes) for r in runs]
+    fig, axes = plt.subplots(len(runs), 1, squeeze=False, figsize=(10, sum(heights) + 0.4),
+                             gridspec_kw={"height_ratios": heights})
+    for ax, run, (lo, hi, note) in zip(axes[:, 0], runs, windows):
+        for y, lane in enumerate(run.lanes):
+            ax.broken_barh([(lo, hi - lo)], (y - 0.35, 0.7), color="0.9", lw=0)
+            shown = [(max(a, lo), min(b, hi) - max(a, lo)) for a, b in lane.spans
+                     if b > lo and a < hi]
+            ax.broken_barh(shown, (y - 0.35, 0.7), color="C0", lw=0)
+            text = f" busy {busy_fraction(lane.spans, lo, hi):.0%}"
+            if lane.dropped:
+                text += f"\n {lane.dropped} steps not recorded"
+            ax.text(1.0, y, text, transform=ax.get_yaxis_transform(), va="center", fontsize=7)
+        ax.set_yticks(range(len(run.lanes)), [lane.name for lane in run.lanes], fontsize=7)
+        ax.set_ylim(len(run.lanes) - 0.5, -0.5)  # rank 1 at the top
+        ax.set_xlim(lo, hi)
+        ax.set_title(f"{run.stem}: {run.title}\n{note}" if run.title else f"{run.stem}\n{note}",
+                     fontsize=8)
+        ax.set_xlabel("seconds since the first step", fontsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+    handles = [Patch(color="C0", label="a step computed"), Patch(color="0.9", label="idle")]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
+    write(fig, out)
+
+
 # ---- the command line ---------------------------------------------------------------------------------
 
 
@@ -567,8 +719,20 @@ def cmd_tiers(a):
     draw_tiers(gather(a.inputs, {"bench": tier_run}, "tiers"), a.out, a.title)
 
 
+def cmd_timeline(a):
+    for flag, v in (("--from", a.start), ("--to", a.stop)):
+        if v is not None and not math.isfinite(v):
+            raise InputError(f"timeline: {flag} {v} is not a finite number of seconds")
+    if a.start is not None and a.stop is not None and a.start >= a.stop:
+        raise InputError(f"timeline: --from {a.start:g} is not below --to {a.stop:g}")
+    runs = gather(a.inputs, {"serve-stats": timeline_run}, "timeline")
+    windows = [window(r.lanes, a.start, a.stop, r.src) for r in runs]
+    draw_timeline(runs, windows, a.out, a.title)
+
+
 def cmd_kinds(a):
-    readers = {"pareto": PARETO, "stages": {"serve-stats": stage_run}, "tiers": {"bench": tier_run}}
+    readers = {"pareto": PARETO, "stages": {"serve-stats": stage_run}, "tiers": {"bench": tier_run},
+               "timeline": {"serve-stats": timeline_run}}
     bad = []
     for path in a.inputs:
         try:
@@ -601,13 +765,24 @@ def main(argv=None):
     helps = {"pareto": "throughput against latency, one point per policy or schedule, the "
                        "Pareto frontier drawn (one subplot per model and workload)",
              "stages": "busy and idle (bubble) seconds of each stage, one subplot per run",
-             "tiers": "bytes moved between memory tiers (and held per tier), one row per run"}
-    for name, fn in (("pareto", cmd_pareto), ("stages", cmd_stages), ("tiers", cmd_tiers)):
+             "tiers": "bytes moved between memory tiers (and held per tier), one row per run",
+             "timeline": "every recorded step of each stage, a lane per rank with its busy "
+                         "share in the window, one subplot per run"}
+    for name, fn in (("pareto", cmd_pareto), ("stages", cmd_stages), ("tiers", cmd_tiers),
+                     ("timeline", cmd_timeline)):
         sp = sub.add_parser(name, help=helps[name], description=helps[name])
         sp.add_argument("out", metavar="OUT.png")
         sp.add_argument("inputs", metavar="IN.json", nargs="+")
         sp.add_argument("--title", help="a title over the whole figure")
         sp.set_defaults(fn=fn)
+        if name == "timeline":
+            sp.add_argument("--from", dest="start", type=float, metavar="S",
+                            help="where the window starts, seconds since the first step "
+                                 "(default: the first step)")
+            sp.add_argument("--to", dest="stop", type=float, metavar="S",
+                            help=f"where it ends (default: the last step, or "
+                                 f"{TIMELINE_FIRST_S:g} s after its start when a rank has "
+                                 f"more than {TIMELINE_SPANS} steps)")
     sp = sub.add_parser("kinds", help="print each file's kind and the plots it can feed")
     sp.add_argument("inputs", metavar="IN.json", nargs="+")
     sp.set_defaults(fn=cmd_kinds)

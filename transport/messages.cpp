@@ -455,6 +455,10 @@ void write(wire::StageStats::Builder b, const StageStats& s) {
   b.setWindowSeconds(s.window_seconds);
   b.setBytesFromCpu(s.bytes_from_cpu);
   b.setBytesFromDisk(s.bytes_from_disk);
+  auto spans = b.initStepSpans(static_cast<unsigned>(s.step_spans.size()));
+  for (size_t i = 0; i < s.step_spans.size(); ++i)
+    spans.set(static_cast<unsigned>(i), s.step_spans[i]);
+  b.setStepSpansDropped(s.step_spans_dropped);
 }
 
 void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
@@ -465,9 +469,21 @@ void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
 }
 
 StageStats read(wire::StageStats::Reader s) {
-  return StageStats{s.getRank(),         s.getSteps(),        s.getRows(),
-                    s.getBusySeconds(),  s.getIdleSeconds(),  s.getWindowSeconds(),
-                    s.getBytesFromCpu(), s.getBytesFromDisk()};
+  StageStats out{s.getRank(),
+                 s.getSteps(),
+                 s.getRows(),
+                 s.getBusySeconds(),
+                 s.getIdleSeconds(),
+                 s.getWindowSeconds(),
+                 s.getBytesFromCpu(),
+                 s.getBytesFromDisk(),
+                 {},
+                 s.getStepSpansDropped()};
+  if (s.getStepSpans().size() % 2 != 0)
+    fail(ErrorKind::kFailed, "stats of rank {}: {} step span values, not [start, end] pairs",
+         s.getRank(), s.getStepSpans().size());
+  for (double v : s.getStepSpans()) out.step_spans.push_back(v);
+  return out;
 }
 
 template <typename T, typename Builder>

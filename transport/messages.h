@@ -209,6 +209,12 @@ struct StageStats {
   // from disk (its disk tier), over the steps so far.
   uint64_t bytes_from_cpu = 0;
   uint64_t bytes_from_disk = 0;
+  // Each step's [start, end], pairs of system-clock seconds (ranks on one host, or on hosts
+  // kept in step by NTP, line up: a per-stage timeline), up to kMaxStepSpans steps; the
+  // steps after those are counted. Sent with the final statistics, not in heartbeats.
+  std::vector<double> step_spans;
+  uint64_t step_spans_dropped = 0;
+  static constexpr size_t kMaxStepSpans = 20000;
 
   std::string str() const;
   bool operator==(const StageStats&) const = default;

@@ -88,6 +88,7 @@ class StageWorker {
   void on_shutdown();
   void send_stats();
   StageStats stats_so_far() const;
+  void record_span(double from, double to);
   int linger_after(const std::exception& e);
   int settle_compute(int code);
 
@@ -132,7 +133,11 @@ class StageWorker {
   uint64_t step_id_ = 0;
   StageStats stats_;
   double window_start_ = -1, window_end_ = 0;
-  double busy_since_ = -1;       // the step computing now began (-1: none)
+  double busy_since_ = -1;  // the step computing now began (-1: none)
+  // System-clock seconds minus steady-clock seconds: the timeline's spans in wall time.
+  const double wall_offset_ =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      now_s();
   double last_heard_ = now_s();  // the last message from rank 0
 };
 
@@ -367,6 +372,7 @@ void StageWorker::on_step(const StepCommand& c) {
   }
   window_end_ = now_s();
   busy_since_ = -1;
+  record_span(busy_from, window_end_);
   stats_.busy_seconds += window_end_ - busy_from;
   stats_.steps += 1;
   stats_.rows += static_cast<uint64_t>(c.rows());
@@ -574,9 +580,21 @@ void StageWorker::on_shutdown() {
   send_stats();
 }
 
+// A step's busy span for the timeline, on the system clock (comparable across ranks).
+void StageWorker::record_span(double from, double to) {
+  if (stats_.step_spans.size() >= 2 * StageStats::kMaxStepSpans) {
+    ++stats_.step_spans_dropped;
+    return;
+  }
+  stats_.step_spans.push_back(from + wall_offset_);
+  stats_.step_spans.push_back(to + wall_offset_);
+}
+
 // The statistics up to now: the window runs to this moment, a step computing counts as busy.
+// Without the step spans: a heartbeat stays small.
 StageStats StageWorker::stats_so_far() const {
   StageStats s = stats_;
+  s.step_spans.clear();
   const double now = now_s();
   if (busy_since_ >= 0) s.busy_seconds += now - busy_since_;
   if (window_start_ >= 0) s.window_seconds = now - window_start_;

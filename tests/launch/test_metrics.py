@@ -115,7 +115,8 @@ def main():
            "--debug-step-delay", "0.01", "--heartbeat-interval", "0.2",
            # Half of each stage's weights on disk: the bytes moved per tier are not all zero.
            "--policy", "w=50/0/50,c=100/0/0", "--disk-dir", tmp,
-           "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--metrics-linger", "60"]
+           "--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--metrics-linger", "60",
+           "--stats-out", os.path.join(tmp, "stats.json")]
     log = open(os.path.join(tmp, "cluster.log"), "w")
     job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                            env=dict(os.environ, STRATA=STRATA), start_new_session=True)
@@ -162,7 +163,25 @@ def main():
     if rc != 0:
         print(open(os.path.join(tmp, "cluster.log")).read()[-3000:])
         fail(f"job exit {rc}")
+    check_timeline(json.load(open(os.path.join(tmp, "stats.json"))))
     print("PASS")
+
+
+def check_timeline(stats):
+    """--stats-out's per-stage step spans: one per step, in order, not overlapping, summing
+    to the stage's busy time, inside the run (plus the clocks' slack)."""
+    for st in stats["stages"]:
+        spans = st["step_spans_s"]
+        if len(spans) != st["steps"] or st["step_spans_dropped"] != 0:
+            fail(f"rank {st['rank']}: {len(spans)} spans for {st['steps']} steps")
+        for (a, b), (c, _) in zip(spans, spans[1:] + [[math.inf, 0]]):
+            if not (-0.05 <= a <= b <= c):
+                fail(f"rank {st['rank']}: spans out of order or overlapping at [{a}, {b}], next {c}")
+        if spans[-1][1] > stats["seconds"] + 0.5:
+            fail(f"rank {st['rank']}: a span ends at {spans[-1][1]} s, after the run's {stats['seconds']} s")
+        busy = sum(b - a for a, b in spans)
+        if not math.isclose(busy, st["busy_seconds"], rel_tol=0.01, abs_tol=1e-3):
+            fail(f"rank {st['rank']}: spans sum to {busy} s, busy {st['busy_seconds']} s")
 
 
 def check_final(s, results_path):

@@ -49,6 +49,21 @@ def stats(name, micro, tok_s, stages, schedule=None):
     return name, d
 
 
+def timeline_stats(name, spans, micro=1, dropped=None):
+    """Stats whose stage r computed the steps spans[r] ([start, end] seconds), in rank order
+    reversed (the figure puts rank 1 on top whatever the order)."""
+    totals = [(sum(e - s for s, e in sp), 1.0) for sp in spans]
+    name, d = stats(name, micro, 50.0, totals)
+    for st, sp in zip(d["stages"], spans):
+        st["step_spans_s"] = sp
+        if dropped:
+            st["step_spans_dropped"] = dropped
+    d["stages"].reverse()
+    d["schedule_in_force"] = {"policy": "RRA", "micro_batches": str(micro), "decode_iters": "1",
+                              "stages": str(len(spans))}
+    return name, d
+
+
 def plan_run(bound, policy, lat, thr, base_lat, base_thr):
     return {"latency_bound_s": bound, "feasible": True, "policy": policy,
             "predicted_p99_latency_s": lat, "predicted_throughput_tok_s": thr,
@@ -74,6 +89,10 @@ FIXTURES = dict([
     stats("cluster-mb2", 2, 120.0, [(1.1, 0.8), (1.8, 0.1)]),
     stats("schedule-waa-0.5", 1, 300.0, [(1.5, 0.2), (0.9, 0.8)], ("WAA-C", 0.05, 310.0)),
     stats("schedule-rra-inf", 2, 400.0, [(1.2, 0.5), (1.5, 0.2)], ("RRA", 0.12, 420.0)),
+    # rank 1 busy [0, 1], [2, 3]; rank 2 [1, 2], [3, 4]: they take turns
+    timeline_stats("timeline-mb1", [[[0, 1], [2, 3]], [[1, 2], [3, 4]]]),
+    timeline_stats("timeline-mb2", [[[0, 0.5], [0.6, 1.1], [1.2, 1.7]],
+                                    [[0.5, 1.0], [1.1, 1.6], [1.7, 2.2]]], micro=2, dropped=40),
     ("sim", [{"model": "dummy:big", "workers": 4, "task": "S",
               "runs": [plan_run(5.0, "WAA-C", 4.0, 500.0, 4.5, 20.0),
                        plan_run("inf", "RRA", 12.0, 900.0, 9.0, 450.0),
@@ -202,11 +221,13 @@ class Plot(unittest.TestCase):
 
     def test_figures_are_pngs(self):
         every_pareto = [self.path(n) for n in FIXTURES
-                        if n not in ("cluster-mb1", "cluster-mb2")]
+                        if n not in ("cluster-mb1", "cluster-mb2", "timeline-mb1",
+                                     "timeline-mb2")]
         cases = {
             "pareto": every_pareto,
             "stages": [self.path(n) for n in ("cluster-mb1", "cluster-mb2", "schedule-waa-0.5")],
             "tiers": [self.path(n) for n in ("gpu-resident-b1", "gpu-stream-b8", "cpu-disk-b2")],
+            "timeline": [self.path(n) for n in ("timeline-mb1", "timeline-mb2")],
         }
         for command, inputs in cases.items():
             with self.subTest(command=command):
@@ -218,11 +239,82 @@ class Plot(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("schedule-sim", r.stdout)
         self.assertIn("not pareto (missing field 'schedule'", r.stdout)
+        lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+        self.assertTrue(lines[self.path("timeline-mb1")].endswith("stages; timeline"),
+                        lines[self.path("timeline-mb1")])
+        self.assertIn("not timeline (missing field 'stages[0].step_spans_s'",
+                      lines[self.path("cluster-mb1")])
+        self.assertNotIn("timeline", lines[self.path("gpu-resident-b1")])
+
+    # ---- the timeline ----
+
+    def test_busy_fraction_hand_computed(self):
+        lanes = plot.timeline_run(FIXTURES["timeline-mb1"], "t.json").lanes
+        rank1, rank2 = lanes[0].spans, lanes[1].spans
+        self.assertEqual((rank1, rank2), ([(0, 1), (2, 3)], [(1, 2), (3, 4)]))  # rank 1 first
+        cases = [((0.5, 3.5), (0.5 + 1.0) / 3.0, (1.0 + 0.5) / 3.0),
+                 ((0.0, 4.0), 0.5, 0.5),
+                 ((0.0, 1.0), 1.0, 0.0),
+                 ((0.25, 2.5), (0.75 + 0.5) / 2.25, 1.0 / 2.25),
+                 ((1.5, 2.25), 0.25 / 0.75, 0.5 / 0.75),
+                 ((4.0, 6.0), 0.0, 0.0),     # after the last step
+                 ((-1.0, 1.0), 0.5, 0.0)]    # before the first
+        for (lo, hi), want1, want2 in cases:
+            with self.subTest(window=(lo, hi)):
+                self.assertAlmostEqual(plot.busy_fraction(rank1, lo, hi), want1)
+                self.assertAlmostEqual(plot.busy_fraction(rank2, lo, hi), want2)
+        self.assertEqual(plot.busy_fraction(rank1, 2.0, 2.0), 0.0)  # an empty window
+        self.assertEqual(plot.busy_fraction([], 0.0, 1.0), 0.0)
+        # Overlapping spans (which strata does not write) count each second once.
+        self.assertAlmostEqual(plot.busy_fraction([(1, 3), (0, 2), (2.5, 2.7)], 0, 4), 0.75)
+
+    def test_timeline_run_and_window(self):
+        run = plot.timeline_run(FIXTURES["timeline-mb2"], "x/timeline-mb2.json")
+        self.assertEqual(run.stem, "timeline-mb2")
+        self.assertIn("RRA, 2 micro-batches, N_D 1", run.title)
+        self.assertEqual([lane.name for lane in run.lanes], ["rank 1 [0, 2)", "rank 2 [2, 4)"])
+        self.assertEqual([lane.dropped for lane in run.lanes], [40, 40])
+        lo, hi, note = plot.window(run.lanes)
+        self.assertEqual((lo, hi), (0.0, 2.2))  # the whole run
+        self.assertIn("whole run", note)
+        self.assertEqual(plot.window(run.lanes, 0.4, 1.0)[:2], (0.4, 1.0))
+        self.assertEqual(plot.window(run.lanes, 0.4)[:2], (0.4, 2.2))
+        with self.assertRaises(plot.InputError):
+            plot.window(run.lanes, 3.0)  # past the last step
+        # More steps than TIMELINE_SPANS in a lane: the first TIMELINE_FIRST_S seconds.
+        n = plot.TIMELINE_SPANS + 1
+        crowded = [plot.Lane("rank 1", [(k * 0.01, k * 0.01 + 0.005) for k in range(n)], 0)]
+        lo, hi, note = plot.window(crowded)
+        self.assertEqual((lo, hi), (0.0, plot.TIMELINE_FIRST_S))
+        self.assertIn("default window", note)
+        self.assertEqual(plot.window(crowded, 5.0)[:2], (5.0, 5.0 + plot.TIMELINE_FIRST_S))
+        self.assertEqual(plot.window(crowded, None, 20.0)[:2], (0.0, 20.0))
+
+    def test_timeline_figures(self):
+        mb1, mb2 = self.path("timeline-mb1"), self.path("timeline-mb2")
+        for args in ([mb1], [mb1, mb2, "--from", "0.5", "--to", "3.5"], [mb2, "--from", "1"]):
+            with self.subTest(args=args):
+                out = os.path.join(self.dir, "timeline.png")
+                if os.path.exists(out):
+                    os.remove(out)
+                r = self.run_plot("timeline", out, *args, "--title", "test timeline")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assert_png(out)
+                self.assertLess(os.path.getsize(out), 150_000)
+        # A run with more steps than TIMELINE_SPANS per lane still makes a small figure.
+        lanes = [[[k * 0.001, k * 0.001 + 0.0006] for k in range(3000)],
+                 [[k * 0.001 + 0.0005, k * 0.001 + 0.0009] for k in range(3000)]]
+        f = self.write("timeline-crowded", timeline_stats("x", lanes)[1])
+        out = os.path.join(self.dir, "crowded.png")
+        r = self.run_plot("timeline", out, f)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_png(out)
+        self.assertLess(os.path.getsize(out), 150_000)
 
     def test_help(self):
         r = self.run_plot("--help")
         self.assertEqual(r.returncode, 0)
-        for word in ("pareto", "stages", "tiers", "serve-stats", "bench"):
+        for word in ("pareto", "stages", "tiers", "timeline", "serve-stats", "bench"):
             self.assertIn(word, r.stdout)
 
     # ---- bad input ----
@@ -267,11 +359,48 @@ class Plot(unittest.TestCase):
         self.assert_refused(["pareto", out, f], f, "not a kind")
         self.assert_refused(["stages", out, self.path("sim")], self.path("sim"), "schedule-sim",
                             "nothing for 'stages'")
+        f = self.path("cluster-mb1")  # written by a strata that records no step spans
+        self.assert_refused(["timeline", out, f], f, "'stages[0].step_spans_s'",
+                            "records step spans")
+        _, st = timeline_stats("x", [[[0, 1]], [[1, 2]]])
+        del st["stages"][1]["step_spans_s"]
+        f = self.write("timeline-no-spans", st)
+        self.assert_refused(["timeline", out, self.path("timeline-mb1"), f], f,
+                            "missing field 'stages[1].step_spans_s'", "records step spans")
+        for bad in ([1.0], [2.0, 1.0], ["0.5", 1.0], [True, 1.0], [0.5, None], [0, 1, 2],
+                    "0.5", {"start": 0, "end": 1}):
+            with self.subTest(span=bad):
+                _, st = timeline_stats("x", [[[0, 1], [3, 4]], [[1, 2]]])
+                st["stages"][1]["step_spans_s"][1] = bad  # stages[1] is rank 1
+                f = self.write("timeline-bad-span", st)
+                self.assert_refused(["timeline", out, f], f, "'stages[1].step_spans_s[1]'",
+                                    "[start, end]")
+        self.write("timeline-nan", '{"tokens_per_s": 1, "stages": [{"rank": 1, '
+                   '"step_spans_s": [[0, NaN]]}]}')
+        self.assert_refused(["timeline", out, self.path("timeline-nan")],
+                            self.path("timeline-nan"), "'stages[0].step_spans_s[0]'")
+        _, st = timeline_stats("x", [[[0, 1]], [[1, 2]]])
+        st["stages"][0]["step_spans_s"] = {"0": [0, 1]}
+        f = self.write("timeline-not-list", st)
+        self.assert_refused(["timeline", out, f], f, "'stages[0].step_spans_s'", "not a list")
+        _, st = timeline_stats("x", [[], []])
+        f = self.write("timeline-empty", st)
+        self.assert_refused(["timeline", out, f], f, "step_spans_s", "no step recorded")
+        f = self.path("timeline-mb1")
+        self.assert_refused(["timeline", out, f, "--from", "2", "--to", "1"], "--from 2",
+                            "not below --to 1")
+        self.assert_refused(["timeline", out, f, "--from", "9"], f, "is empty")
+        self.assert_refused(["timeline", out, f, "--to", "nan"], "--to nan", "not a finite")
+        self.assert_refused(["timeline", out, self.path("gpu-resident-b1")],
+                            self.path("gpu-resident-b1"), "nothing for 'timeline'")
         missing = os.path.join(self.dir, "absent.json")
         self.assert_refused(["tiers", out, missing], missing, "cannot read")
         r = self.run_plot("pareto", out)  # no input at all: argparse's usage error
         self.assertEqual(r.returncode, 2)
         self.assertIn("usage", r.stderr)
+        r = self.run_plot("timeline", "--help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("--from S", r.stdout)
 
 
 def main():

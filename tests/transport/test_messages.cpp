@@ -75,7 +75,7 @@ std::vector<ControlMessage> every_message() {
       Heartbeat{3, 99, true, std::nullopt},
       // A worker's reply with its statistics so far (the live metrics).
       Heartbeat{3, 100, true, StageStats{3, 12, 96, 0.5, 0.25, 0.75, 1ull << 33, 4096}},
-      StageStats{2, 40, 320, 1.25, 0.5, 1.75, 123456789012ull, 7},
+      StageStats{2, 40, 320, 1.25, 0.5, 1.75, 123456789012ull, 7, {1.5, 2.25, 3.0, 3.125}, 9},
       ProfileRequest{{16, 64}, {16, 64, 256}, {1, 4}, {16, 512}, {1, 16}, {1, 4}, 3, {1, 512}},
       ProfileReport{2,
                     "node-7",

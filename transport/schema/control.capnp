@@ -157,6 +157,8 @@ struct StageStats {
   windowSeconds @5 :Float64;
   bytesFromCpu @6 :UInt64;
   bytesFromDisk @7 :UInt64;
+  stepSpans @8 :List(Float64);
+  stepSpansDropped @9 :UInt64;
 }
 
 # The coordinator asks every stage to time its part (protocol 3): its layers on synthetic
