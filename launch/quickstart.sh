@@ -66,6 +66,6 @@ submit_pid=""
 kill -TERM "$cluster_pid"
 wait "$cluster_pid" || true
 cluster_pid=""
-grep -A3 "ranks, " "$work/cluster.log" | grep -v '^{' >&2 || true
+sed -n '/^run report:/,/^{/p' "$work/cluster.log" | grep -v '^{' >&2 || true
 jq -r '"quickstart: \(.generated_tokens) tokens for \(.requests) requests in \(.seconds | . * 1000 | round / 1000) s of serving = \(.tokens_per_s | round) tok/s"' \
   "$work/stats.json"
