@@ -205,10 +205,7 @@ ClusterStats Coordinator::run_plan() {
          "acknowledged and will run again",
          options_.flush_timeout_s);
   if (metrics_ != nullptr) {
-    std::vector<StageLive> final_stages;
-    for (const StageReport& s : stats_.stages)
-      final_stages.push_back({s.rank(), s.stage.layer_begin, s.stage.layer_end, s.stats});
-    metrics_->set_stages(std::move(final_stages));
+    metrics_->set_stages(stats_.stages);
     metrics_->set_load(0, 0);
     metrics_->set_finished();
   }
@@ -529,10 +526,7 @@ void Coordinator::publish_load() {
   metrics_->set_load(std::max<int64_t>(0, in_scheduler_ - waiting), waiting);
   if (Clock::now() - stages_published_ < std::chrono::milliseconds(500)) return;
   stages_published_ = Clock::now();
-  std::vector<StageLive> live;
-  for (const StageReport& s : stages_.live())
-    live.push_back({s.rank(), s.stage.layer_begin, s.stage.layer_end, s.stats});
-  metrics_->set_stages(std::move(live));
+  metrics_->set_stages(stages_.live());
 }
 
 // The schedule in force (the report's and the metrics' labels).

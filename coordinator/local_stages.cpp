@@ -95,8 +95,7 @@ void LocalStages::start(const ClusterPlan& plan) {
   stats_ = GenerationStats{};
   stats_.kv_cache_bytes = stage_->kv_cache_bytes();
   rows_ = 0;
-  spans_.clear();
-  spans_dropped_ = 0;
+  timeline_ = StageStats{};
 }
 
 void LocalStages::dispatch(const ScheduledStep& step) {
@@ -106,12 +105,7 @@ void LocalStages::dispatch(const ScheduledStep& step) {
   const double wall0 = wall_seconds();
   StepResult result{c.step_id, c.micro_batch, stage_->run(c, {}, {})};
   const double seconds = now_s() - t0;
-  if (spans_.size() < 2 * StageStats::kMaxStepSpans) {
-    spans_.push_back(wall0);
-    spans_.push_back(wall0 + seconds);
-  } else {
-    ++spans_dropped_;
-  }
+  timeline_.add_span(wall0, wall0 + seconds);
   if (c.phase == Phase::kPrefill) {
     stats_.prefill_seconds += seconds;
     ++stats_.prefill_steps;
@@ -148,8 +142,8 @@ std::vector<StageReport> LocalStages::live() const {
 std::vector<StageReport> LocalStages::finish(const std::string&) {
   std::vector<StageReport> reports = live();
   if (!reports.empty()) {
-    reports[0].stats.step_spans = spans_;
-    reports[0].stats.step_spans_dropped = spans_dropped_;
+    reports[0].stats.step_spans = timeline_.step_spans;
+    reports[0].stats.step_spans_dropped = timeline_.step_spans_dropped;
   }
   return reports;
 }

@@ -61,9 +61,8 @@ class LocalStages final : public Stages {
   std::unique_ptr<PipelineStage> stage_;
   std::deque<StepResult> results_;
   GenerationStats stats_;
-  uint64_t rows_ = 0;          // activation rows over all steps (the stage report's)
-  std::vector<double> spans_;  // StageStats::step_spans
-  uint64_t spans_dropped_ = 0;
+  uint64_t rows_ = 0;    // activation rows over all steps (the stage report's)
+  StageStats timeline_;  // its step spans (StageStats::add_span)
 };
 
 // What a local run needs beyond the model (CoordinatorOptions' counterparts).

@@ -47,22 +47,23 @@ void labelled_counter(std::string& out, const std::string& name, const std::stri
            static_cast<double>(v));
 }
 
-std::string stage_labels(const StageLive& s) {
-  return fmt::format("rank=\"{}\",layers=\"{}-{}\"", s.rank, s.layer_begin, s.layer_end);
+std::string stage_labels(const StageReport& s) {
+  return fmt::format("rank=\"{}\",layers=\"{}-{}\"", s.rank(), s.stage.layer_begin,
+                     s.stage.layer_end);
 }
 
 // A gauge per stage: `seconds` of it over its window (first step to now), at most 1.
-void stage_fraction(std::string& out, const std::vector<StageLive>& stages, const std::string& name,
-                    const std::string& help, double (*seconds)(const StageStats&)) {
+void stage_fraction(std::string& out, const std::vector<StageReport>& stages,
+                    const std::string& name, const std::string& help,
+                    double (*seconds)(const StageStats&)) {
   family(out, name, "gauge", help);
-  for (const StageLive& s : stages) {
+  for (const StageReport& s : stages) {
     const double window = s.stats.window_seconds;
     sample(out, name, stage_labels(s), window > 0 ? std::min(1.0, seconds(s.stats) / window) : 0);
   }
 }
 
-void render_stages(std::string& out, const std::vector<StageLive>& stages) {
-  const auto labels = stage_labels;
+void render_stages(std::string& out, const std::vector<StageReport>& stages) {
   stage_fraction(out, stages, "strata_stage_busy_fraction",
                  "Fraction of the stage's time since its first step spent computing and sending",
                  [](const StageStats& s) { return s.busy_seconds; });
@@ -71,14 +72,14 @@ void render_stages(std::string& out, const std::vector<StageLive>& stages) {
       "Fraction of the stage's time since its first step spent idle (the pipeline bubble)",
       [](const StageStats& s) { return s.idle_seconds; });
   family(out, "strata_stage_steps_total", "counter", "Steps the stage computed");
-  for (const StageLive& s : stages)
-    sample(out, "strata_stage_steps_total", labels(s), static_cast<double>(s.stats.steps));
+  for (const StageReport& s : stages)
+    sample(out, "strata_stage_steps_total", stage_labels(s), static_cast<double>(s.stats.steps));
   family(out, "strata_stage_bytes_moved_total", "counter",
          "Weight bytes the stage moved to its compute device, by the tier they came from");
-  for (const StageLive& s : stages) {
-    sample(out, "strata_stage_bytes_moved_total", labels(s) + ",tier=\"cpu\"",
+  for (const StageReport& s : stages) {
+    sample(out, "strata_stage_bytes_moved_total", stage_labels(s) + ",tier=\"cpu\"",
            static_cast<double>(s.stats.bytes_from_cpu));
-    sample(out, "strata_stage_bytes_moved_total", labels(s) + ",tier=\"disk\"",
+    sample(out, "strata_stage_bytes_moved_total", stage_labels(s) + ",tier=\"disk\"",
            static_cast<double>(s.stats.bytes_from_disk));
   }
 }
@@ -197,7 +198,7 @@ void ServeMetrics::set_load(int64_t running, int64_t waiting) {
   waiting_ = waiting;
 }
 
-void ServeMetrics::set_stages(std::vector<StageLive> stages) {
+void ServeMetrics::set_stages(std::vector<StageReport> stages) {
   std::lock_guard lock(mu_);
   stages_ = std::move(stages);
 }

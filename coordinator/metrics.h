@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "coordinator/request.h"
-#include "transport/messages.h"
+#include "coordinator/stages.h"
 
 namespace strata {
 
@@ -39,13 +39,6 @@ const std::vector<double>& ttft_buckets();
 const std::vector<double>& inter_token_buckets();
 const std::vector<double>& request_latency_buckets();  // end-to-end and queue time
 
-// A stage as the metrics show it: its layers and its account of its time so far.
-struct StageLive {
-  int32_t rank = 0;
-  int32_t layer_begin = 0, layer_end = 0;
-  StageStats stats;
-};
-
 class ServeMetrics {
  public:
   ServeMetrics();
@@ -62,8 +55,8 @@ class ServeMetrics {
   // tokens. `unfinished`: the run stopped or failed before it finished.
   void request_ended(const GenerationResult& result, bool unfinished);
   void set_load(int64_t running, int64_t waiting);
-  void set_stages(std::vector<StageLive> stages);
-  void set_finished();  // the run is over: the numbers are final
+  void set_stages(std::vector<StageReport> stages);  // their statistics so far
+  void set_finished();                               // the run is over: the numbers are final
 
   // The whole exposition, ready for GET /metrics.
   std::string render() const;
@@ -78,7 +71,7 @@ class ServeMetrics {
   std::map<std::string, int64_t> success_;  // by finished reason
   std::map<std::string, int64_t> failure_;  // refused / unfinished
   Histogram ttft_, inter_token_, e2e_, queue_;
-  std::vector<StageLive> stages_;
+  std::vector<StageReport> stages_;
   bool finished_ = false;
 };
 

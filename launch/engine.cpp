@@ -1,8 +1,6 @@
 #include "launch/engine.h"
 
 #include <algorithm>
-#include <memory>
-#include <optional>
 
 #include "kernels/accelerator.h"
 #include "kernels/cuda/cuda_backend.h"

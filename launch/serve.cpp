@@ -224,15 +224,16 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
   }
   const ClusterStats stats = run_coordinator(stages, c, config, &tokenizer, from, *sink);
   std::string table = stats.table();
+  std::string queue_json;
   if (queue) {
     const QueueStats q = queue->stats();
+    queue_json = ", \"queue\": " + q.json();
     table += fmt::format(
         "  queue       {} delivered, {} results stored, {} dead-lettered, {} handed back, {} "
         "duplicates, {} reconnects\n",
         q.delivered, q.results, q.dead_lettered, q.handed_back, q.duplicates, q.reconnects);
   }
   std::fprintf(stderr, "%s", table.c_str());
-  const std::string queue_json = queue ? ", \"queue\": " + queue->stats().json() : "";
   std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + queue_json + "}").c_str());
   write_stats(o.stats_out, stats.json(/*timeline=*/true));
   linger(o, metrics_server.get());

@@ -176,6 +176,15 @@ std::string Heartbeat::str() const {
   return fmt::format("heartbeat {} {} rank {}", reply ? "reply" : "ping", sequence, rank);
 }
 
+void StageStats::add_span(double start, double end) {
+  if (step_spans.size() >= 2 * kMaxStepSpans) {
+    ++step_spans_dropped;
+    return;
+  }
+  step_spans.push_back(start);
+  step_spans.push_back(end);
+}
+
 std::string StageStats::str() const {
   return fmt::format(
       "stats of rank {}: {} steps, {} rows, busy {:.3f} s, idle {:.3f} s of {:.3f} s, {} bytes "

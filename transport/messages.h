@@ -215,6 +215,7 @@ struct StageStats {
   std::vector<double> step_spans;
   uint64_t step_spans_dropped = 0;
   static constexpr size_t kMaxStepSpans = 20000;
+  void add_span(double start, double end);  // or count it, past kMaxStepSpans
 
   std::string str() const;
   bool operator==(const StageStats&) const = default;

@@ -88,7 +88,6 @@ class StageWorker {
   void on_shutdown();
   void send_stats();
   StageStats stats_so_far() const;
-  void record_span(double from, double to);
   int linger_after(const std::exception& e);
   int settle_compute(int code);
 
@@ -372,7 +371,7 @@ void StageWorker::on_step(const StepCommand& c) {
   }
   window_end_ = now_s();
   busy_since_ = -1;
-  record_span(busy_from, window_end_);
+  stats_.add_span(busy_from + wall_offset_, window_end_ + wall_offset_);  // the timeline
   stats_.busy_seconds += window_end_ - busy_from;
   stats_.steps += 1;
   stats_.rows += static_cast<uint64_t>(c.rows());
@@ -578,16 +577,6 @@ void StageWorker::on_shutdown() {
   wait_sends(Deadline::after_seconds(options_.step_timeout_s));
   handovers_.clear();  // the run is over: what was not handed over is not needed (cancels)
   send_stats();
-}
-
-// A step's busy span for the timeline, on the system clock (comparable across ranks).
-void StageWorker::record_span(double from, double to) {
-  if (stats_.step_spans.size() >= 2 * StageStats::kMaxStepSpans) {
-    ++stats_.step_spans_dropped;
-    return;
-  }
-  stats_.step_spans.push_back(from + wall_offset_);
-  stats_.step_spans.push_back(to + wall_offset_);
 }
 
 // The statistics up to now: the window runs to this moment, a step computing counts as busy.

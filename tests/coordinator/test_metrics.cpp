@@ -94,7 +94,11 @@ TEST(ServeMetrics, StagesBusyAndBubble) {
   s.idle_seconds = 1;
   s.window_seconds = 4;
   s.bytes_from_disk = 4096;
-  m.set_stages({StageLive{2, 3, 5, s}});
+  StagePlan stage;
+  stage.rank = 2;
+  stage.layer_begin = 3;
+  stage.layer_end = 5;
+  m.set_stages({StageReport{stage, s}});
   const std::string text = m.render();
   EXPECT_TRUE(has_line(text, "strata_stage_busy_fraction{rank=\"2\",layers=\"3-5\"} 0.75")) << text;
   EXPECT_TRUE(has_line(text, "strata_stage_bubble_fraction{rank=\"2\",layers=\"3-5\"} 0.25"));
