@@ -96,6 +96,8 @@ class Coordinator {
   WaaScheduler* waa_ = nullptr;                      // scheduler_ when the run is WAA
   std::map<uint64_t, Clock::time_point> handovers_;  // started, not done
   std::unique_ptr<RunSchedule> schedule_;
+  std::unique_ptr<KvReserver> reserver_;  // S3, when the run has a KV budget
+  void use_packing(SchedulerOptions& so);
   uint64_t next_seq_ = 0;
   std::optional<Clock::time_point> first_step_;  // the run's time: first step sent ...
   Clock::time_point last_result_;                // ... to the last result in (idle excluded)
@@ -176,6 +178,7 @@ ClusterStats Coordinator::run_plan() {
   log::get("coordinator")->info("plan: {}", plan_.str());
   stages_.start(plan_);
   if (options_.schedule) choose_schedule(po, so);
+  if (options_.packing.budget > 0) use_packing(so);
   scheduler_ = make_scheduler(so);
   if (options_.waa) {
     waa_ = static_cast<WaaScheduler*>(scheduler_.get());
@@ -186,6 +189,17 @@ ClusterStats Coordinator::run_plan() {
   publish_schedule();
   serve();
   if (waa_ != nullptr) stats_.waa->counters = waa_->counters();
+  if (reserver_) {
+    PackingStats& p = stats_.packing.emplace();
+    p.options = options_.packing.str();
+    p.budget = options_.packing.budget;
+    p.reserve = kv_reserve_name(options_.packing.reserve);
+    p.counters = *scheduler_->packing();
+    if (options_.packing.reserve == KvReserve::kPredicted) p.prediction = reserver_->stats();
+    if (metrics_ != nullptr)
+      metrics_->set_packing(p.budget, p.counters, p.prediction ? &*p.prediction : nullptr);
+    reserver_->save();
+  }
   if (first_step_)
     stats_.seconds = std::chrono::duration<double>(last_result_ - *first_step_).count();
   steady_window();
@@ -212,6 +226,22 @@ ClusterStats Coordinator::run_plan() {
   return stats_;
 }
 
+// S3: sequences reserve their predicted length (or the worst case, or what they declare)
+// and the scheduler packs them into the KV budget.
+void Coordinator::use_packing(SchedulerOptions& so) {
+  if (options_.waa)
+    fail_input("--kv-budget with WAA (--waa-encoders): S3's packing runs on the RRA schedule only");
+  if (options_.schedule)
+    fail_input(
+        "--kv-budget with --latency-bound: the schedule search does not take S3's packing into "
+        "account yet; give one of them");
+  reserver_ = std::make_unique<KvReserver>(options_.packing, capacity_);
+  so.kv_budget = options_.packing.budget;
+  so.max_new_caps = options_.packing.length_hint;
+  so.reserve = [this](const GenerationRequest& r) { return reserver_->reserve(r); };
+  log::get("coordinator")->info("{}", options_.packing.str());
+}
+
 std::unique_ptr<StepScheduler> Coordinator::make_scheduler(const SchedulerOptions& so) const {
   if (!options_.waa) return std::make_unique<RraScheduler>(so);
   const WaaRun& w = *options_.waa;
@@ -233,6 +263,17 @@ void Coordinator::size_run() {
     log::get("coordinator")
         ->warn("--max-context {} exceeds the model's {} positions; using {}", options_.max_context,
                model_max, model_max);
+  // A sequence never holds more than its micro-batch's share of a KV budget.
+  const int64_t share = options_.packing.budget / std::max(1, options_.micro_batches);
+  if (options_.packing.budget > 0 && share < capacity_) {
+    if (share < 2)
+      fail_input("--kv-budget {} gives each of {} micro-batches fewer than 2 KV positions",
+                 options_.packing.budget, options_.micro_batches);
+    capacity_ = static_cast<int32_t>(share);
+    log::get("coordinator")
+        ->info("context {} positions: a micro-batch's share of --kv-budget {}", capacity_,
+               options_.packing.budget);
+  }
   max_rows_ = std::max(options_.max_step_tokens, options_.kv_slots);
   stats_.model = options_.model_spec;
   stats_.ranks = stages_.ranks();
@@ -490,11 +531,16 @@ void Coordinator::on_result(const StepResult& result) {
   if (options_.on_tokens) options_.on_tokens(sampled_tokens_);
   std::vector<FinishedRequest> done = scheduler_->apply(result);
   if (metrics_ != nullptr) token_times(result);
+  if (metrics_ != nullptr && reserver_)
+    metrics_->set_packing(
+        options_.packing.budget, *scheduler_->packing(),
+        options_.packing.reserve == KvReserve::kPredicted ? &reserver_->stats() : nullptr);
   if (done.empty()) return;
   if (first_finish_s_ < 0) first_finish_s_ = run_seconds();
   std::vector<uint64_t> left;
   for (FinishedRequest& f : done) {
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
+    if (reserver_) reserver_->finished(f.result);
     left.push_back(f.seq_id);
     --in_scheduler_;
     last_token_.erase(f.seq_id);
@@ -623,14 +669,37 @@ std::string ClusterStats::json(bool timeline) const {
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "steady_from_s": {:.6f}, "steady_to_s": {:.6f}, )"
       R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "latency_s": {{"ttft": {}, "e2e": {}, )"
-      R"("queue_wait": {}}}, "schedule_in_force": {}, "stages": [{}]{}{}}})",
+      R"("queue_wait": {}}}, "schedule_in_force": {}, "stages": [{}]{}{}{}}})",
       model, ranks, micro_batches, decode_iters, requests, finished, errors, unfinished,
       duplicate_ids, stop_signal, intake_seconds, result_seconds, cpu_seconds, prompt_tokens,
       generated_tokens, prefill_steps, decode_steps, seconds, tokens_per_second(), steady_from_s,
       steady_to_s, steady_tokens, steady_tokens_per_second(), ttft.json(), e2e.json(),
       queue_wait.json(), nlohmann::json(schedule_in_force).dump(), stages_json,
       schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string(),
-      waa ? ", \"waa\": " + waa->json() : std::string());
+      waa ? ", \"waa\": " + waa->json() : std::string(),
+      packing ? ", \"packing\": " + packing->json() : std::string());
+}
+
+std::string PackingStats::json() const {
+  return fmt::format(R"({{"budget": {}, "reserve": "{}", "counters": {}{}}})", budget, reserve,
+                     counters.json(),
+                     prediction ? ", \"prediction\": " + prediction->json() : std::string());
+}
+
+std::string PackingStats::table() const {
+  const PackingCounters& c = counters;
+  std::string out = fmt::format(
+      "  S3 packing: budget {} positions, reserve {}; mean decode batch {:.1f}, {} admissions, "
+      "{} preemptions ({} sequences, {} positions recomputed), {} grown in place\n",
+      budget, reserve, c.mean_decode_batch(), c.admitted, c.preemptions, c.preempted_seqs,
+      c.recomputed_tokens, c.extensions);
+  if (prediction)
+    out += fmt::format(
+        "  length predictor: {:.1f}% of {} in the right bucket, wrong ones {:.2f} buckets off, "
+        "{} longer than reserved, {} learned online\n",
+        100 * prediction->accuracy(), prediction->predicted, prediction->mean_distance_wrong(),
+        prediction->under_reserved, prediction->learned);
+  return out;
 }
 
 std::string HandoverStats::json() const {
@@ -679,6 +748,7 @@ std::string ClusterStats::table() const {
         waa->handovers > 0 ? 1e3 * waa->seconds / waa->handovers : 0.0,
         waa->counters.encoder_batches, waa->counters.encoder_adjustments,
         waa->counters.decoder_adjustments);
+  if (packing) out += packing->table();
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "coordinator/intake.h"
+#include "coordinator/kv_packing.h"
 #include "coordinator/metrics.h"
 #include "coordinator/planner.h"
 #include "coordinator/run_schedule.h"
@@ -82,6 +83,19 @@ struct CoordinatorOptions {
   ServeMetrics* metrics = nullptr;
   // Progress (may be empty): called with the tokens sampled so far after each step result.
   std::function<void(int64_t tokens)> on_tokens;
+  // S3 (kv_packing.h): a KV budget in positions that sequences reserve predicted lengths of.
+  KvPackingOptions packing;
+};
+
+// What S3's packing did over a run.
+struct PackingStats {
+  std::string options;  // KvPackingOptions::str()
+  int64_t budget = 0;
+  std::string reserve;
+  PackingCounters counters;
+  std::optional<PredictionStats> prediction;  // when reservations were predicted
+  std::string json() const;
+  std::string table() const;  // the report's lines
 };
 
 // Percentiles of one latency over the requests that finished (seconds; 0 when none did).
@@ -127,6 +141,7 @@ struct ClusterStats {
   std::map<std::string, std::string> schedule_in_force;  // policy, micro-batches, N_D, ...
   std::optional<ScheduleReport> schedule;  // what a run with a schedule target planned
   std::optional<HandoverStats> waa;        // a WAA run's hand-overs
+  std::optional<PackingStats> packing;     // a run with a KV budget
 
   double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)
   double steady_tokens_per_second() const;

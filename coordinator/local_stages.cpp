@@ -83,9 +83,10 @@ std::string GenerationStats::json() const {
   return fmt::format(
       R"({{"prefill_seconds": {:.6f}, "decode_seconds": {:.6f}, "prompt_tokens": {}, )"
       R"("generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "decode_tokens": {}, )"
-      R"("generation_tokens_per_s": {:.3f}, "decode_tokens_per_s": {:.3f}, "kv_cache_bytes": {}}})",
+      R"("generation_tokens_per_s": {:.3f}, "decode_tokens_per_s": {:.3f}, "kv_cache_bytes": {}{}}})",
       prefill_seconds, decode_seconds, prompt_tokens, generated_tokens, prefill_steps, decode_steps,
-      decode_tokens, generation_throughput(), decode_throughput(), kv_cache_bytes);
+      decode_tokens, generation_throughput(), decode_throughput(), kv_cache_bytes,
+      packing ? ", \"packing\": " + packing->json() : std::string());
 }
 
 void LocalStages::start(const ClusterPlan& plan) {
@@ -178,6 +179,7 @@ CoordinatorOptions LocalCluster::coordinator_options(
                                                      std::max<size_t>(requests.size(), 1)));
   c.max_step_tokens = options_.max_step_tokens;
   c.on_tokens = options_.on_tokens;
+  c.packing = options_.packing;
   int64_t need = 1;
   for (const GenerationRequest& r : requests)
     need = std::max<int64_t>(
@@ -205,6 +207,7 @@ std::vector<GenerationResult> LocalCluster::run(const std::vector<GenerationRequ
     *stats = stages.stats();
     stats->prompt_tokens = cs.prompt_tokens;
     stats->generated_tokens = cs.generated_tokens;
+    stats->packing = cs.packing;
   }
   return sink.take();
 }

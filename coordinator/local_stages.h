@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "coordinator/coordinator.h"
@@ -28,6 +29,7 @@ struct GenerationStats {
   int64_t decode_tokens = 0;  // tokens produced by decode steps (the first comes from prefill)
   int64_t prefill_steps = 0;
   size_t kv_cache_bytes = 0;
+  std::optional<PackingStats> packing;  // with a KV budget (S3)
 
   double total_seconds() const { return prefill_seconds + decode_seconds; }
   // FlexGen's throughput: generated tokens / (prefill + decode time).
@@ -71,6 +73,7 @@ struct LocalOptions {
   int32_t max_step_tokens = 512;  // rows of one prefill step (longer prompts are chunked)
   int32_t max_context = 0;        // KV positions per slot; 0: longest request, capped by the model
   std::function<void(int64_t tokens)> on_tokens;  // CoordinatorOptions::on_tokens
+  KvPackingOptions packing;                       // CoordinatorOptions::packing
 };
 
 // `requests` run to completion on `model` through the coordinator's loop over LocalStages,

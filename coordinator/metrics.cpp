@@ -159,6 +159,42 @@ void ServeMetrics::set_schedule(std::map<std::string, std::string> labels) {
   schedule_ = std::move(labels);
 }
 
+void ServeMetrics::set_packing(int64_t budget, const PackingCounters& counters,
+                               const PredictionStats* prediction) {
+  std::lock_guard lock(mu_);
+  packing_.emplace(budget, counters,
+                   prediction ? std::optional<PredictionStats>(*prediction) : std::nullopt);
+}
+
+// Called with mu_ held.
+void ServeMetrics::render_packing(std::string& out) const {
+  const auto& [budget, c, prediction] = *packing_;
+  gauge(out, "strata_kv_budget_positions", "S3: KV positions the running sequences may reserve",
+        static_cast<double>(budget));
+  counter(out, "strata_kv_preemptions_total",
+          "S3: sequences preempted at their reservation (cache dropped, recomputed later)",
+          static_cast<double>(c.preemptions));
+  counter(out, "strata_kv_recomputed_tokens_total",
+          "S3: positions prefilled again after preemptions (their cost)",
+          static_cast<double>(c.recomputed_tokens));
+  counter(out, "strata_kv_reservation_extensions_total",
+          "S3: reservations doubled in place while the budget had room",
+          static_cast<double>(c.extensions));
+  gauge(out, "strata_decode_batch_mean", "Sequences per decode step, averaged over the run",
+        c.mean_decode_batch());
+  if (!prediction) return;
+  counter(out, "strata_length_predictions_total",
+          "S3: finished requests scored against the "
+          "predictor's bucket",
+          static_cast<double>(prediction->predicted));
+  gauge(out, "strata_length_prediction_accuracy",
+        "S3: share of finished requests whose output fell in the predicted bucket",
+        prediction->accuracy());
+  gauge(out, "strata_length_prediction_distance_wrong",
+        "S3: mean buckets between a wrong prediction and the true bucket",
+        prediction->mean_distance_wrong());
+}
+
 void ServeMetrics::set_kv_slots(int32_t slots) {
   std::lock_guard lock(mu_);
   kv_slots_ = slots;
@@ -240,6 +276,7 @@ std::string ServeMetrics::render() const {
   sample(out, "strata_steps_total", "phase=\"prefill\"", static_cast<double>(prefill_steps_));
   sample(out, "strata_steps_total", "phase=\"decode\"", static_cast<double>(decode_steps_));
   render_stages(out, stages_);
+  if (packing_) render_packing(out);
   family(out, "strata_schedule_info", "gauge", "The schedule in force, as labels");
   std::string labels;
   for (const auto& [k, v] : schedule_)

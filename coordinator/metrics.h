@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "coordinator/kv_packing.h"
 #include "coordinator/request.h"
 #include "coordinator/stages.h"
 
@@ -57,11 +60,17 @@ class ServeMetrics {
   void set_load(int64_t running, int64_t waiting);
   void set_stages(std::vector<StageReport> stages);  // their statistics so far
   void set_finished();                               // the run is over: the numbers are final
+  // S3's packing so far (a run with --kv-budget): preemptions and what they cost, the
+  // predictor's accuracy (null when reservations are not predicted).
+  void set_packing(int64_t budget, const PackingCounters& counters,
+                   const PredictionStats* prediction);
 
   // The whole exposition, ready for GET /metrics.
   std::string render() const;
 
  private:
+  void render_packing(std::string& out) const;
+
   mutable std::mutex mu_;
   std::map<std::string, std::string> schedule_;
   int32_t kv_slots_ = 0;
@@ -72,6 +81,7 @@ class ServeMetrics {
   std::map<std::string, int64_t> failure_;  // refused / unfinished
   Histogram ttft_, inter_token_, e2e_, queue_;
   std::vector<StageReport> stages_;
+  std::optional<std::tuple<int64_t, PackingCounters, std::optional<PredictionStats>>> packing_;
   bool finished_ = false;
 };
 

@@ -27,6 +27,10 @@ void SchedulerOptions::validate() const {
     fail_input("--max-step-tokens must be positive, got {}", max_step_tokens);
   if (encode_batch < 0)
     fail_input("the encode batch B_E must not be negative, got {}", encode_batch);
+  if (kv_budget < 0) fail_input("--kv-budget must not be negative, got {}", kv_budget);
+  if (kv_budget > 0 && kv_budget / micro_batches < 2)
+    fail_input("--kv-budget {} gives each of {} micro-batches fewer than 2 KV positions", kv_budget,
+               micro_batches);
 }
 
 SeqRecord::SeqRecord(const GenerationRequest& r, double arrival_s, int32_t kv_capacity)
@@ -40,9 +44,10 @@ SeqRecord::SeqRecord(const GenerationRequest& r, double arrival_s, int32_t kv_ca
 }
 
 SeqStep SeqRecord::prefill_chunk(uint64_t id, int32_t slot, int32_t budget) {
-  const int32_t remaining = static_cast<int32_t>(request.prompt_ids.size()) - n_past;
+  const std::vector<int32_t>& ids = prefill_ids();
+  const int32_t remaining = static_cast<int32_t>(ids.size()) - n_past;
   const int32_t take = std::min(remaining, budget);
-  const auto from = request.prompt_ids.begin() + n_past;
+  const auto from = ids.begin() + n_past;
   SeqStep s{id, slot, n_past, take, {from, from + take}, take == remaining};
   n_past += take;
   return s;
@@ -83,8 +88,28 @@ RraScheduler::RraScheduler(const SchedulerOptions& options) : options_(options) 
 
 void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id, double arrival) {
   STRATA_CHECK(!seqs_.contains(seq_id), "sequence {} submitted twice", seq_id);
-  seqs_.emplace(seq_id, Seq(request, arrival, options_.kv_capacity));
+  Seq seq(request, arrival, options_.kv_capacity);
+  const int32_t want = options_.reserve ? options_.reserve(request) : options_.kv_capacity;
+  const auto least = static_cast<int32_t>(request.prompt_ids.size()) + 1;
+  seq.reserved = std::min(std::max(want, least), reservation_cap(seq, micro_batches() - 1));
+  seqs_.emplace(seq_id, std::move(seq));
   waiting_.push_back(seq_id);
+}
+
+int64_t RraScheduler::budget_of(int32_t m) const {
+  const int64_t k = micro_batches();
+  return options_.kv_budget / k + (m < options_.kv_budget % k ? 1 : 0);
+}
+
+// The most a sequence may reserve in micro-batch m: the context, the micro-batch's share of
+// the budget and, where max_new_tokens is a length hint, all the tokens it may make.
+int32_t RraScheduler::reservation_cap(const Seq& seq, int32_t m) const {
+  int64_t cap = options_.kv_capacity;
+  if (options_.kv_budget > 0) cap = std::min(cap, budget_of(m));
+  if (options_.max_new_caps)
+    cap = std::min<int64_t>(
+        cap, static_cast<int64_t>(seq.request.prompt_ids.size()) + seq.request.max_new_tokens);
+  return static_cast<int32_t>(cap);
 }
 
 bool RraScheduler::idle() const {
@@ -94,31 +119,63 @@ bool RraScheduler::idle() const {
   });
 }
 
-// Waiting requests, in arrival order, into the micro-batch's free slots while it holds no
-// more than its share of all the work, so the micro-batches stay balanced and every stage
-// has one to run while the others compute.
+// Waiting requests into the micro-batch's free slots while it holds no more than its share
+// of all the work, so the micro-batches stay balanced and every stage has one to run while
+// the others compute: in arrival order, or packed into the micro-batch's share of the KV
+// budget by first-fit decreasing (S3).
 void RraScheduler::admit(int32_t m) {
   MicroBatch& b = batches_[static_cast<size_t>(m)];
-  size_t work = waiting_.size(), running_now = 0;
+  size_t running_now = 0;
   for (const MicroBatch& other : batches_)
     running_now += other.running.size() + other.prefilling.size();
-  work += running_now;
   const size_t k = batches_.size();
-  const size_t share = (work + k - 1) / k;
+  const size_t share = (waiting_.size() + running_now + k - 1) / k;
+  const size_t mine = b.running.size() + b.prefilling.size();
   const int32_t limit = encode_share(options_.encode_batch, micro_batches(), m);
-  for (int32_t admitted = 0;
-       !waiting_.empty() && !b.free_slots.empty() &&
-       b.running.size() + b.prefilling.size() < share &&
-       running_now < static_cast<size_t>(active_slots_) && (limit == 0 || admitted < limit);
-       ++admitted) {
-    ++running_now;
-    Seq& seq = seqs_.at(waiting_.front());
+  size_t room = std::min(b.free_slots.size(), share > mine ? share - mine : 0);
+  const auto active = static_cast<size_t>(active_slots_);
+  room = std::min(room, active > running_now ? active - running_now : 0);
+  if (limit > 0) room = std::min(room, static_cast<size_t>(limit));
+  std::vector<uint64_t> ids;
+  if (options_.kv_budget > 0) {
+    ids = packed_admissions(m, room);
+  } else {
+    ids.assign(waiting_.begin(),
+               waiting_.begin() + static_cast<ptrdiff_t>(std::min(room, waiting_.size())));
+  }
+  for (uint64_t id : ids) {
+    Seq& seq = seqs_.at(id);
     seq.slot = b.free_slots.back();
     b.free_slots.pop_back();
     seq.micro_batch = m;
-    b.prefilling.push_back(waiting_.front());
-    waiting_.pop_front();
+    b.reserved += seq.reserved;
+    b.prefilling.push_back(id);
+    std::erase(waiting_, id);
+    ++packing_.admitted;
   }
+}
+
+// First-fit decreasing of the waiting sequences' reservations into what is left of the
+// micro-batch's budget. A sequence passed over kMaxPassedOver times while others were taken
+// goes first, and nothing overtakes it until it fits.
+std::vector<uint64_t> RraScheduler::packed_admissions(int32_t m, size_t max_items) {
+  constexpr int32_t kMaxPassedOver = 64;
+  std::vector<int64_t> sizes;
+  sizes.reserve(waiting_.size());
+  std::optional<size_t> first;
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    const Seq& seq = seqs_.at(waiting_[i]);
+    sizes.push_back(seq.reserved);
+    if (!first && seq.passed_over >= kMaxPassedOver) first = i;
+  }
+  const int64_t free = budget_of(m) - batches_[static_cast<size_t>(m)].reserved;
+  std::vector<size_t> chosen = first_fit_decreasing(sizes, free, max_items, first);
+  std::vector<uint64_t> ids;
+  for (size_t i : chosen) ids.push_back(waiting_[i]);
+  if (!ids.empty())
+    for (uint64_t id : waiting_)
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ++seqs_.at(id).passed_over;
+  return ids;
 }
 
 std::optional<ScheduledStep> RraScheduler::next_step(int32_t m) {
@@ -147,13 +204,16 @@ ScheduledStep RraScheduler::prefill_step(int32_t m) {
   for (size_t i = 0; i < b.prefilling.size() && budget > 0; ++i) {
     const uint64_t id = b.prefilling[i];
     Seq& seq = seqs_.at(id);
-    if (seq.n_past == 0) {  // its first chunk: the last stage learns how to sample it
+    // Its first chunk: the last stage learns how to sample it (a preempted sequence kept its
+    // sampling state there, so its random draws go on where they stopped).
+    if (seq.n_past == 0 && seq.preemptions == 0) {
       seq.admitted = now;
       s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
     }
     s.command.seqs.push_back(seq.prefill_chunk(id, seq.slot, budget));
     budget -= s.command.seqs.back().n_new;
     if (seq.prefilled()) {
+      seq.resume_ids.clear();
       b.running.push_back(id);
       ++done;
     }
@@ -172,7 +232,11 @@ ScheduledStep RraScheduler::decode_step(int32_t m) {
     Seq& seq = seqs_.at(id);
     s.command.seqs.push_back(SeqStep{id, seq.slot, seq.n_past, 1, {seq.result.output_ids.back()}});
     seq.n_past += 1;
+    packing_.used_sum += seq.n_past;
   }
+  ++packing_.decode_steps;
+  packing_.decode_rows += static_cast<int64_t>(b.running.size());
+  packing_.reserved_sum += b.reserved;
   b.step = s.command.step_id;
   b.step_seqs = s.command.seqs.size();
   return s;
@@ -197,13 +261,50 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
            result.step_id, t.seq_id, m);
     if (!it->second.accept(t.token, options_)) continue;
     b.free_slots.push_back(it->second.slot);
+    b.reserved -= it->second.reserved;
     std::erase(b.running, t.seq_id);
     it->second.stamp_times(options_.clock());
     finished.push_back(FinishedRequest{t.seq_id, std::move(it->second.result), true});
     seqs_.erase(it);
   }
+  if (options_.kv_budget > 0) supervise(m);
   std::sort(b.free_slots.rbegin(), b.free_slots.rend());  // lowest on top, as the KV cache does
   return finished;
+}
+
+// S3's supervisor: a running sequence whose next token would not fit its reservation gets
+// it doubled (capped: reservation_cap) -- in place while the micro-batch's budget has room,
+// else it is preempted: its slot and reservation go back, and it waits to be recomputed
+// (kv_packing.h says why recompute) ahead of the sequences that never ran.
+void RraScheduler::supervise(int32_t m) {
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  const std::vector<uint64_t> running = b.running;
+  for (uint64_t id : running) {
+    Seq& seq = seqs_.at(id);
+    if (seq.n_past + 1 <= seq.reserved) continue;
+    const int32_t want =
+        std::min(reservation_cap(seq, m), std::max(2 * seq.reserved, seq.n_past + 1));
+    if (b.reserved - seq.reserved + want <= budget_of(m)) {
+      b.reserved += want - seq.reserved;
+      seq.reserved = want;
+      ++packing_.extensions;
+      continue;
+    }
+    std::erase(b.running, id);
+    b.free_slots.push_back(seq.slot);
+    b.reserved -= seq.reserved;
+    seq.reserved = want;
+    seq.resume_ids = seq.request.prompt_ids;
+    seq.resume_ids.insert(seq.resume_ids.end(), seq.result.output_ids.begin(),
+                          seq.result.output_ids.end());
+    packing_.recomputed_tokens += static_cast<int64_t>(seq.resume_ids.size());
+    seq.n_past = 0;
+    seq.slot = -1;
+    seq.micro_batch = -1;
+    if (seq.preemptions++ == 0) ++packing_.preempted_seqs;
+    ++packing_.preemptions;
+    waiting_.push_front(id);
+  }
 }
 
 void RraScheduler::reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots) {
@@ -217,13 +318,16 @@ void RraScheduler::reschedule(int32_t decode_iters, int32_t encode_batch, int32_
 }
 
 std::vector<FinishedRequest> RraScheduler::drain(const std::string& error) {
-  std::vector<FinishedRequest> out =
-      end_all(seqs_, error, options_.clock(), [](const Seq& s) { return s.slot >= 0; });
+  std::vector<FinishedRequest> out = end_all(seqs_, error, options_.clock(), [](const Seq& s) {
+    return s.slot >= 0 || s.preemptions > 0;
+  });
   seqs_.clear();
   waiting_.clear();
   const uint64_t next_step = next_step_id_;
+  const PackingCounters packing = packing_;
   *this = RraScheduler(SchedulerOptions(options_));  // every slot free, no step in flight
   next_step_id_ = next_step;
+  packing_ = packing;  // what the run did stays reported
   return out;
 }
 

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "coordinator/kv_packing.h"
 #include "coordinator/request.h"
 #include "transport/messages.h"
 #include "worker/tokenizer.h"
@@ -41,6 +42,13 @@ struct SchedulerOptions {
   // B_E: the most sequences the prefill phases of all micro-batches admit together (micro-batch
   // m takes its share, B_E / K and one of the remainder); 0 fills every free slot.
   int32_t encode_batch = 0;
+  // S3 (kv_packing.h): KV positions the sequences of all micro-batches may reserve together
+  // (each micro-batch an equal share; 0: no budget, a sequence holds a whole slot), and the
+  // positions a request reserves at admission, its prompt included (clamped to
+  // [prompt + 1, the context and the share]; default: the context).
+  int64_t kv_budget = 0;
+  std::function<int32_t(const GenerationRequest&)> reserve;
+  bool max_new_caps = true;  // prompt + max_new_tokens caps a reservation that grows
 
   void validate() const;  // InputError naming the option
 };
@@ -62,13 +70,20 @@ struct SeqRecord {
   GenerationResult result;
   int32_t n_past = 0;  // positions in the KV cache (of the prompt, while it is prefilled)
   double arrival = 0, admitted = -1, first_token = -1;
+  int32_t reserved = 0;  // KV positions reserved (S3 packing)
+  // After a preemption: the prompt and the tokens so far, prefilled again (recomputed).
+  std::vector<int32_t> resume_ids;
+  int32_t preemptions = 0;
 
   // A valid request (prompt within `kv_capacity`, max_new_tokens > 0) queued at `arrival`.
   SeqRecord(const GenerationRequest& request, double arrival, int32_t kv_capacity);
   // The next at most `budget` rows of its prompt into KV slot `slot`, as sequence `id`; the
   // step samples when they are the last. Advances n_past.
   SeqStep prefill_chunk(uint64_t id, int32_t slot, int32_t budget);
-  bool prefilled() const { return n_past >= static_cast<int32_t>(request.prompt_ids.size()); }
+  const std::vector<int32_t>& prefill_ids() const {
+    return resume_ids.empty() ? request.prompt_ids : resume_ids;
+  }
+  bool prefilled() const { return n_past >= static_cast<int32_t>(prefill_ids().size()); }
   // A sampled token; true when that ends the request (request_rules.h).
   bool accept(int32_t token, const SchedulerOptions& options);
   // The result's times (from arrival; clamped at 0: a queue clock may run ahead).
@@ -122,6 +137,8 @@ class StepScheduler {
   virtual bool idle() const = 0;  // nothing waiting, running, handed over or in flight
   virtual size_t waiting() const = 0;
   virtual int32_t micro_batches() const = 0;  // lanes
+  // S3 packing's counters (kv_packing.h), where the scheduler packs; null otherwise.
+  virtual const PackingCounters* packing() const { return nullptr; }
 };
 
 class RraScheduler final : public StepScheduler {
@@ -141,12 +158,16 @@ class RraScheduler final : public StepScheduler {
   size_t waiting() const override { return waiting_.size(); }
   int32_t micro_batches() const override { return static_cast<int32_t>(batches_.size()); }
   const SchedulerOptions& options() const { return options_; }
+  const PackingCounters* packing() const override { return &packing_; }
+  // Micro-batch m's share of the KV budget (positions; 0: no budget).
+  int64_t budget_of(int32_t m) const;
 
  private:
   struct Seq : SeqRecord {
     using SeqRecord::SeqRecord;
     int32_t slot = -1;
     int32_t micro_batch = -1;
+    int32_t passed_over = 0;  // admission phases that took shorter sequences before it
   };
   struct MicroBatch {
     std::vector<int32_t> free_slots;   // ascending order of use
@@ -155,8 +176,12 @@ class RraScheduler final : public StepScheduler {
     int32_t decode_left = 0;
     std::optional<uint64_t> step;  // the step in flight
     size_t step_seqs = 0;          // its sampling sequences: the tokens its result carries
+    int64_t reserved = 0;          // KV positions its sequences reserve
   };
   void admit(int32_t m);
+  std::vector<uint64_t> packed_admissions(int32_t m, size_t max_items);
+  void supervise(int32_t m);
+  int32_t reservation_cap(const Seq& seq, int32_t m) const;
   ScheduledStep prefill_step(int32_t m);
   ScheduledStep decode_step(int32_t m);
 
@@ -166,6 +191,7 @@ class RraScheduler final : public StepScheduler {
   std::unordered_map<uint64_t, Seq> seqs_;
   uint64_t next_step_id_ = 1;
   int32_t active_slots_ = 0;  // sequences in flight at most (the KV slots unless re-planned)
+  PackingCounters packing_;
 };
 
 }  // namespace strata

@@ -145,6 +145,11 @@ class Backend {
   // Memory on the backend's device (host memory for the CPU backend).
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* p) = 0;
+  // [p + offset, p + offset + bytes) of allocate()'s memory holds nothing needed any more:
+  // a backend whose large allocations are committed page by page as they are written (the
+  // CPU backend) gives the pages wholly inside it back, and they read as zeros again.
+  // Elsewhere (device memory) nothing happens.
+  virtual void discard(void* p, size_t offset, size_t bytes) { (void)p, (void)offset, (void)bytes; }
   virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
   virtual void synchronize() = 0;
   // Called on a thread before its first call into this backend (a pipeline stage's compute

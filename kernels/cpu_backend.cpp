@@ -3,8 +3,11 @@
 #include <cblas.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -138,6 +141,16 @@ size_t CpuBackend::reserved_bytes() const {
 
 void* CpuBackend::allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  if (rounded >= kLazyBytes) {  // zero pages until written
+    void* m = mmap(nullptr, rounded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+      fail(ErrorKind::kOverloaded, "cpu backend: cannot map {} bytes: {}", bytes,
+           std::strerror(errno));
+    std::lock_guard lock(mapped_mutex_);
+    mapped_[m] = rounded;
+    return m;
+  }
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr)
     fail(ErrorKind::kOverloaded, "cpu backend: out of memory allocating {} bytes", bytes);
@@ -146,7 +159,24 @@ void* CpuBackend::allocate(size_t bytes) {
 }
 
 void CpuBackend::deallocate(void* p) {
+  {
+    std::lock_guard lock(mapped_mutex_);
+    if (auto it = mapped_.find(p); it != mapped_.end()) {
+      munmap(p, it->second);
+      mapped_.erase(it);
+      return;
+    }
+  }
   std::free(p);
+}
+
+void CpuBackend::discard(void* p, size_t offset, size_t bytes) {
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t from = reinterpret_cast<uintptr_t>(p) + offset;
+  const uintptr_t begin = (from + page - 1) / page * page;
+  const uintptr_t end = (from + bytes) / page * page;
+  // Private anonymous pages (mapped or from the heap): they read back as zeros.
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 void CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind) {

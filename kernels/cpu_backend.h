@@ -1,6 +1,8 @@
 // The reference backend: host memory, OpenBLAS for GEMM/GEMV, OpenMP loops elsewhere.
 #pragma once
 
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -19,8 +21,13 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kHost; }
   int threads() const { return threads_; }
 
+  // Allocations of kLazyBytes and more are mapped, not written: the kernel commits their
+  // pages as they are first written, so a KV cache of many slots of the whole context costs
+  // the positions filled (S3's packing; discard() gives a finished slot's pages back).
   void* allocate(size_t bytes) override;
   void deallocate(void* p) override;
+  void discard(void* p, size_t offset, size_t bytes) override;
+  static constexpr size_t kLazyBytes = size_t{1} << 20;
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override {}
   void bind_thread() override;
@@ -54,7 +61,9 @@ class CpuBackend final : public Backend {
   void linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
 
   int threads_;
-  CpuIsa isa_ = CpuIsa::kPortable;  // the kernels' instruction set, shown in name()
+  std::mutex mapped_mutex_;                   // allocate() may run on any stage's thread
+  std::unordered_map<void*, size_t> mapped_;  // lazy allocations and their mapped bytes
+  CpuIsa isa_ = CpuIsa::kPortable;            // the kernels' instruction set, shown in name()
   // Scratch reserved by reserve() and reused across calls.
   std::vector<float> attn_scratch_;
   std::vector<float> dequant_scratch_;

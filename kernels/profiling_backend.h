@@ -18,6 +18,7 @@ class ProfilingBackend final : public Backend {
   Device device() const override { return inner_.device(); }
   void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
   void deallocate(void* p) override { inner_.deallocate(p); }
+  void discard(void* p, size_t offset, size_t bytes) override { inner_.discard(p, offset, bytes); }
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void synchronize() override { inner_.synchronize(); }
   void bind_thread() override { inner_.bind_thread(); }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/kv_packing.h"
 #include "placement/policy.h"
 #include "worker/input_limits.h"
 
@@ -29,6 +30,7 @@ Command add_serve(CLI::App& app);
 Command add_profile_layers(CLI::App& app);
 Command add_submit(CLI::App& app);
 Command add_collect(CLI::App& app);
+Command add_predict(CLI::App& app);
 
 // Prints an error as one line on stderr and returns the exit code: 2 for bad input, 1 for
 // anything else (with the error's kind when it is a strata::Error).
@@ -61,7 +63,13 @@ struct EngineOptions {
   bool policy_auto = false;
   std::vector<std::string> limits;  // --limit NAME=N overrides of the input limits
   bool check_weights = false;       // scan every weight for NaN / infinity at load
+  // S3's packing (coordinator/kv_packing.h): --kv-budget and what sequences reserve in it.
+  KvPackingOptions packing;
+  std::string kv_reserve;  // --kv-reserve; empty: predicted with a --predictor, else context
 };
+
+// The packing options once parsed (--kv-reserve read, the combination validated).
+KvPackingOptions packing_options(const EngineOptions& o);
 
 // The input limits an engine command runs under: the defaults, then STRATA_LIMIT_<NAME>
 // variables, then --limit NAME=N options.

@@ -146,6 +146,7 @@ Engine make_engine(const EngineOptions& o) {
   e.tokenizer = std::move(m.tokenizer);
   e.local.max_batch = c.max_batch > 0 ? c.max_batch : o.max_batch;
   e.local.max_step_tokens = o.max_step_tokens;
+  e.local.packing = packing_options(o);
   const int32_t rows = std::max(e.local.max_batch, o.max_step_tokens);
   e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows,
                                     std::move(m.streamer), std::move(m.feeder));

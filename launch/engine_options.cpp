@@ -79,6 +79,60 @@ InputLimits input_limits(const std::vector<std::string>& overrides) {
   return l;
 }
 
+KvPackingOptions packing_options(const EngineOptions& o) {
+  KvPackingOptions p = o.packing;
+  if (!o.kv_reserve.empty()) {
+    p.reserve = parse_kv_reserve(o.kv_reserve);
+  } else if (p.budget > 0) {
+    p.reserve = p.predictor_path.empty() ? KvReserve::kContext : KvReserve::kPredicted;
+  }
+  p.validate();
+  return p;
+}
+
+namespace {
+
+void add_packing_options(CLI::App& cmd, EngineOptions& o) {
+  const char* group = "S3 packing";
+  cmd.add_option("--kv-budget", o.packing.budget,
+                 "KV positions all running sequences may reserve together (S3; 0: each holds "
+                 "a whole --max-batch slot of the context)")
+      ->check(non_negative())
+      ->group(group);
+  cmd.add_option("--kv-reserve", o.kv_reserve,
+                 "What a sequence reserves: context (worst case), max-new (prompt + "
+                 "max_new_tokens), predicted (S3's length predictor; the default with "
+                 "--predictor)")
+      ->check(CLI::IsMember({"context", "max-new", "predicted"}))
+      ->group(group);
+  cmd.add_option("--predictor", o.packing.predictor_path,
+                 "The length predictor's file (strata predict train); learned online and "
+                 "written back at the end unless --no-predictor-learn")
+      ->group(group);
+  cmd.add_option("--predict-confidence", o.packing.confidence,
+                 "A predicted reservation covers the output this often (its bucket "
+                 "distribution's quantile)")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--predict-buckets", o.packing.buckets,
+                 "An untrained predictor's length buckets (a --predictor file has its own)")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--predict-bucket-width", o.packing.bucket_width,
+                 "Output tokens per bucket of an untrained predictor")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_flag("!--no-predictor-learn", o.packing.learn,
+               "Do not train the predictor on finished requests")
+      ->group(group);
+  cmd.add_flag("!--no-length-hint", o.packing.length_hint,
+               "max_new_tokens is a stop rule only: it neither caps reservations nor feeds the "
+               "predictor (benchmarks that enforce true lengths through it)")
+      ->group(group);
+}
+
+}  // namespace
+
 void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--model", o.model, "Model directory (config.json + safetensors) or dummy:NAME")
       ->required();
@@ -90,6 +144,7 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--max-step-tokens", o.max_step_tokens,
                  "Rows of one prefill step (longer prompts are chunked)")
       ->check(positive());
+  add_packing_options(cmd, o);
   cmd.add_flag("--profile", o.profile, "Time every backend operation and report the totals");
   cmd.add_option("--cpu-mem", o.cpu_mem,
                  "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir");

@@ -175,6 +175,7 @@ CoordinatorOptions coordinator_options(const ServeOptions& o) {
   c.grace_period_s = o.grace_period;
   c.flush_timeout_s = o.flush_timeout;
   c.tensor_parallel = o.tensor_parallel;
+  c.packing = packing_options(o.engine);
   if (o.waa_encoders > 0) {
     c.waa = o.waa;
     c.waa->encoder_stages = o.waa_encoders;

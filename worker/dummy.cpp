@@ -16,7 +16,9 @@ struct DummyShape {
 };
 
 // OPT shapes as FlexGen's opt_config.py lists them; Llama shapes from the published configs
-// (llama-110m is llama2.c's stories110M: 768 / 2048 / 12 layers / 12 heads / 32000).
+// (llama-110m is llama2.c's stories110M: 768 / 2048 / 12 layers / 12 heads / 32000;
+// llama-12m keeps Llama 2's 32000-piece vocabulary on a body small enough to serve real
+// request sets on a 2-core machine: S3's packing benchmark, docs/S3.md).
 constexpr DummyShape kShapes[] = {
     {"opt-125m", ModelFamily::kOpt, 768, 3072, 12, 12, 12, 50272, 2048, true},
     {"opt-350m", ModelFamily::kOpt, 1024, 4096, 24, 16, 16, 50272, 2048, true},
@@ -31,6 +33,7 @@ constexpr DummyShape kShapes[] = {
     // OPT-family models: the same weights and FLOPs per token.
     {"gpt3-39b", ModelFamily::kOpt, 8192, 32768, 48, 64, 64, 50272, 2048, true},
     {"gpt3-101b", ModelFamily::kOpt, 10240, 40960, 80, 80, 80, 50272, 2048, true},
+    {"llama-12m", ModelFamily::kLlama, 256, 768, 4, 4, 4, 32000, 1024, true},
     {"llama-110m", ModelFamily::kLlama, 768, 2048, 12, 12, 12, 32000, 1024, true},
     {"llama-7b", ModelFamily::kLlama, 4096, 11008, 32, 32, 32, 32000, 4096, false},
     {"llama-13b", ModelFamily::kLlama, 5120, 13824, 40, 40, 40, 32000, 4096, false},

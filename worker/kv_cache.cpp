@@ -162,6 +162,18 @@ void KvCache::for_each_slot_range(int32_t slot, int32_t positions, F&& f) const 
   }
 }
 
+void KvCache::discard_slot(Backend& backend, int32_t slot) {
+  // Only memory the host backend allocated: pinned host memory of a device backend must stay.
+  if (on_device_ || slot < 0 || slot >= n_slots_) return;
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    if (tiers_[i] == Tier::kDisk) continue;
+    for (DeviceBuffer* t : {&layers_[i].k, &layers_[i].v})
+      for_each_slot_range(slot, capacity_, [&](size_t offset, size_t bytes) {
+        backend.discard(t->data(), offset, bytes);
+      });
+  }
+}
+
 size_t KvCache::slot_bytes(int32_t positions) const {
   size_t total = 0;
   for_each_slot_range(0, positions, [&](size_t, size_t bytes) { total += bytes; });

@@ -70,6 +70,11 @@ class KvCache {
   void write_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions,
                   const std::byte* in);
 
+  // A new sequence takes `slot`: what the last one left there is given back to the host
+  // (Backend::discard) where the cache is the host backend's memory, so a cache of many
+  // slots holds the positions in use, not slots x capacity (S3's packing).
+  void discard_slot(Backend& backend, int32_t slot);
+
   // A free slot, or -1 when all are taken.
   int32_t acquire();
   void release(int32_t slot);

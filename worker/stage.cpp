@@ -185,6 +185,7 @@ void PipelineStage::build_batch(const StepCommand& c) {
         s.n_past + s.n_new > cache_->capacity())
       fail(ErrorKind::kFailed, "step {}: {} does not fit {} KV slots of {} positions", c.step_id,
            s.str(), kv_slots_, cache_->capacity());
+    if (s.n_past == 0) cache_->discard_slot(model_->backend(), s.slot);  // a new occupant
     std::span<const int32_t> ids(zeros_.data(), static_cast<size_t>(s.n_new));
     if (first()) {
       if (s.token_ids.size() != static_cast<size_t>(s.n_new))

@@ -109,6 +109,32 @@ TEST(ServeMetrics, StagesBusyAndBubble) {
       has_line(text, "strata_stage_bytes_moved_total{rank=\"2\",layers=\"3-5\",tier=\"cpu\"} 0"));
 }
 
+// S3's numbers: 3 of 4 predictions right, the wrong one 2 buckets off; 30 sequences over
+// 10 decode steps.
+TEST(ServeMetrics, PackingPreemptionsAndPredictorAccuracy) {
+  ServeMetrics m;
+  EXPECT_FALSE(has_line(m.render(), "strata_kv_preemptions_total 0"));  // no budget: absent
+  PackingCounters c;
+  c.preemptions = 5;
+  c.recomputed_tokens = 240;
+  c.extensions = 7;
+  c.decode_steps = 10;
+  c.decode_rows = 30;
+  PredictionStats p;
+  p.predicted = 4;
+  p.correct = 3;
+  p.distance_wrong = 2;
+  m.set_packing(4096, c, &p);
+  const std::string text = m.render();
+  EXPECT_TRUE(has_line(text, "strata_kv_budget_positions 4096")) << text;
+  EXPECT_TRUE(has_line(text, "strata_kv_preemptions_total 5"));
+  EXPECT_TRUE(has_line(text, "strata_kv_recomputed_tokens_total 240"));
+  EXPECT_TRUE(has_line(text, "strata_kv_reservation_extensions_total 7"));
+  EXPECT_TRUE(has_line(text, "strata_decode_batch_mean 3"));
+  EXPECT_TRUE(has_line(text, "strata_length_prediction_accuracy 0.75"));
+  EXPECT_TRUE(has_line(text, "strata_length_prediction_distance_wrong 2"));
+}
+
 TEST(LatencySummary, NearestRankPercentiles) {
   // 1..10 shuffled: mean 5.5; nearest rank: p50 = the 5th value, p90 the 9th, p99 the 10th.
   const LatencySummary s = LatencySummary::of({7, 3, 10, 1, 9, 2, 8, 4, 6, 5});

@@ -7,6 +7,8 @@
 #                                      prompt and output lengths, a malformed line gets an
 #                                      error result; run with --micro-batches 1 and with the
 #                                      given options, both must match
+#                                      (with --kv-budget: S3's supervisor preempted or
+#                                      grew sequences on the way)
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
 #                                      non-zero within a bounded time
 #   refuse                             too many stages / over budget: clear refusal, no hang
@@ -141,6 +143,13 @@ case $case_name in
     jq -e --argjson np "$np" '.ranks == $np and (.stages | length) == $np - 1 and .generated_tokens > 0
         and ([.stages[] | .bubble_fraction >= 0 and .bubble_fraction <= 1 and .busy_seconds > 0] | all)' \
       "$tmp/stats.json" >/dev/null || fail "stats: $(cat "$tmp/stats.json")"
+    # With a KV budget (S3) the supervisor must have preempted or grown sequences: the
+    # results above equal generate's through those recomputes (the stories260K case
+    # preempts; test_stories260k checks the counts).
+    if [ "$(jq 'has("packing")' "$tmp/stats.json")" = true ]; then
+      jq -e '.packing.counters.preemptions + .packing.counters.extensions > 0' \
+        "$tmp/stats.json" >/dev/null || fail "no preemption: $(jq -c .packing "$tmp/stats.json")"
+    fi
     ;;
   dead)  # NP RANK [serve options...]
     np=$1

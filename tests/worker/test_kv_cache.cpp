@@ -227,6 +227,27 @@ TEST(KvCacheTiers, CompressedCacheGivesTheNaiveRoundTripsOutputInEveryTier) {
   }
 }
 
+// S3's packing keeps many slots of the whole context: a slot a new sequence takes gives the
+// last one's pages back (they read as zeros again) and leaves every other slot alone.
+TEST(KvCacheTiers, DiscardedSlotReadsZeroAndOthersKeepTheirRows) {
+  CpuBackend backend(1);
+  ModelConfig c = load_model_config(testing::stories_dir());
+  KvCache cache(backend, c, 64, 512, CachePlacement{});  // 4 MiB a tensor: mapped lazily
+  const KvLayerView v = cache.layer(0);
+  const size_t per_slot = v.slot_stride();
+  ASSERT_GE(per_slot * sizeof(float), size_t{16} << 10);  // whole pages inside each slot
+  std::fill(v.k, v.k + per_slot * 64, 1.0f);
+  std::fill(v.v, v.v + per_slot * 64, 2.0f);
+  cache.discard_slot(backend, 5);
+  for (int32_t slot : {4, 5, 6}) {
+    const float* k = v.k + per_slot * static_cast<size_t>(slot);
+    const float* vv = v.v + per_slot * static_cast<size_t>(slot);
+    const float want_k = slot == 5 ? 0.0f : 1.0f, want_v = slot == 5 ? 0.0f : 2.0f;
+    EXPECT_EQ(std::count(k, k + per_slot, want_k), static_cast<ptrdiff_t>(per_slot)) << slot;
+    EXPECT_EQ(std::count(vv, vv + per_slot, want_v), static_cast<ptrdiff_t>(per_slot)) << slot;
+  }
+}
+
 TEST(KvCacheTiers, MissingDiskDirIsAnInputError) {
   CpuBackend backend(1);
   CachePlacement p{0, 0, "/nonexistent/strata-kv"};

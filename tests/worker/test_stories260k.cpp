@@ -131,6 +131,43 @@ TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(got[i].output_ids, (*refs_)[i].output_ids);
 }
 
+// S3 (coordinator/kv_packing.h): a KV budget where reservations of prompt + 4 tokens are far
+// too short, so sequences grow in place or are preempted and recomputed many times; greedy
+// ids stay llama2.c's, and sampled ids what the run without packing sampled.
+TEST_F(Stories260K, PreemptedSequencesEndWithTheOutputsTheyWouldHaveHad) {
+  std::vector<GenerationRequest> greedy, sampled;
+  int32_t need = 0;
+  for (const auto& r : *refs_) {
+    greedy.push_back(greedy_request(r));
+    need = std::max(need, static_cast<int32_t>(r.sequence().size()));
+    GenerationRequest q = greedy_request(r, 48);
+    q.sampling = SamplingParams{0.9f, 40, 0.95f, 77 + sampled.size()};
+    sampled.push_back(q);
+  }
+  LocalOptions packed{8, 512, 0};
+  packed.packing.budget = need + need / 2;  // one sequence at full length, not two
+  packed.packing.reserve = KvReserve::kPredicted;
+  packed.packing.bucket_width = 4;
+  packed.packing.confidence = 0.01;  // the first bucket: 4 tokens
+  packed.packing.length_hint = false;
+  LocalCluster s3(*model_, packed);
+  GenerationStats stats;
+  const auto got = s3.run(greedy, &stats);
+  for (size_t i = 0; i < greedy.size(); ++i)
+    EXPECT_EQ(got[i].output_ids, (*refs_)[i].output_ids) << greedy[i].id;
+  ASSERT_TRUE(stats.packing);
+  EXPECT_GT(stats.packing->counters.preemptions, 0);
+  EXPECT_GT(stats.packing->counters.extensions, 0);
+  EXPECT_GT(stats.packing->counters.mean_decode_batch(), 1.0);
+
+  LocalCluster plain(*model_, LocalOptions{8, 512, 0});
+  const auto want = plain.run(sampled);
+  const auto have = s3.run(sampled, &stats);
+  for (size_t i = 0; i < sampled.size(); ++i)
+    EXPECT_EQ(have[i].output_ids, want[i].output_ids) << sampled[i].id;
+  EXPECT_GT(stats.packing->counters.preemptions, 0);
+}
+
 TEST_F(Stories260K, ChunkedPrefillEqualsWholePrefill) {
   std::vector<GenerationRequest> reqs;
   for (const auto& r : *refs_) reqs.push_back(greedy_request(r, 16));

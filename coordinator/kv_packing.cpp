@@ -1,0 +1,181 @@
+#include "coordinator/kv_packing.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "coordinator/length_predictor.h"
+#include "kernels/error.h"
+#include "kernels/log.h"
+
+namespace strata {
+
+const char* kv_reserve_name(KvReserve r) {
+  switch (r) {
+    case KvReserve::kContext:
+      return "context";
+    case KvReserve::kMaxNew:
+      return "max-new";
+    case KvReserve::kPredicted:
+      return "predicted";
+  }
+  return "?";
+}
+
+KvReserve parse_kv_reserve(const std::string& name) {
+  for (KvReserve r : {KvReserve::kContext, KvReserve::kMaxNew, KvReserve::kPredicted})
+    if (name == kv_reserve_name(r)) return r;
+  fail_input("--kv-reserve '{}' is none of context, max-new, predicted", name);
+}
+
+void KvPackingOptions::validate() const {
+  if (budget < 0) fail_input("--kv-budget must not be negative, got {}", budget);
+  if (!(confidence > 0.0 && confidence <= 1.0))
+    fail_input("--predict-confidence must be in (0, 1], got {}", confidence);
+  if (budget == 0 && reserve != KvReserve::kContext)
+    fail_input("--kv-reserve {} needs a --kv-budget to pack into", kv_reserve_name(reserve));
+}
+
+std::string KvPackingOptions::str() const {
+  if (budget == 0) return "KvPacking(off: one whole slot per sequence)";
+  return fmt::format("KvPacking(budget {} positions, reserve {}{}{})", budget,
+                     kv_reserve_name(reserve),
+                     reserve == KvReserve::kPredicted
+                         ? fmt::format(" at confidence {}, predictor {}{}", confidence,
+                                       predictor_path.empty() ? "(untrained)" : predictor_path,
+                                       learn ? ", learning online" : "")
+                         : "",
+                     length_hint ? "" : ", max_new_tokens not a length hint");
+}
+
+std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t capacity,
+                                         size_t max_items, std::optional<size_t> first) {
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<size_t> chosen;
+  if (first) {
+    STRATA_CHECK(*first < sizes.size(), "first item {} of {}", *first, sizes.size());
+    if (sizes[*first] > capacity || max_items == 0) return chosen;
+    chosen.push_back(*first);
+    capacity -= sizes[*first];
+  }
+  for (size_t i : order) {
+    if (chosen.size() >= max_items || capacity <= 0) break;
+    if ((first && i == *first) || sizes[i] > capacity) continue;
+    chosen.push_back(i);
+    capacity -= sizes[i];
+  }
+  return chosen;
+}
+
+double PackingCounters::mean_decode_batch() const {
+  return decode_steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(decode_steps)
+                          : 0.0;
+}
+
+std::string PackingCounters::json() const {
+  nlohmann::json j{{"admitted", admitted},
+                   {"preemptions", preemptions},
+                   {"preempted_sequences", preempted_seqs},
+                   {"extensions", extensions},
+                   {"recomputed_tokens", recomputed_tokens},
+                   {"decode_steps", decode_steps},
+                   {"mean_decode_batch", mean_decode_batch()},
+                   {"mean_reserved_positions",
+                    decode_steps > 0 ? static_cast<double>(reserved_sum) / decode_steps : 0.0},
+                   {"mean_used_positions",
+                    decode_steps > 0 ? static_cast<double>(used_sum) / decode_steps : 0.0}};
+  return j.dump();
+}
+
+double PredictionStats::accuracy() const {
+  return predicted > 0 ? static_cast<double>(correct) / static_cast<double>(predicted) : 0.0;
+}
+
+double PredictionStats::mean_distance_wrong() const {
+  const int64_t wrong = predicted - correct;
+  return wrong > 0 ? static_cast<double>(distance_wrong) / static_cast<double>(wrong) : 0.0;
+}
+
+std::string PredictionStats::json() const {
+  return nlohmann::json{{"predicted", predicted},
+                        {"accuracy", accuracy()},
+                        {"mean_distance_wrong", mean_distance_wrong()},
+                        {"under_reserved", under_reserved},
+                        {"learned", learned}}
+      .dump();
+}
+
+KvReserver::KvReserver(const KvPackingOptions& options, int32_t context)
+    : options_(options), context_(context) {
+  options_.validate();
+  if (options_.reserve != KvReserve::kPredicted) return;
+  const std::string& path = options_.predictor_path;
+  if (!path.empty() && std::filesystem::exists(path)) {
+    predictor_ = std::make_unique<LengthPredictor>(LengthPredictor::load(path));
+    log::get("coordinator")
+        ->info("length predictor {}: {} ({} examples learned)", path, predictor_->options().str(),
+               predictor_->examples_learned());
+  } else {
+    LengthPredictorOptions po;
+    po.buckets = LengthBuckets{options_.buckets, options_.bucket_width};
+    po.validate();
+    predictor_ = std::make_unique<LengthPredictor>(po);
+    log::get("coordinator")
+        ->warn("length predictor: {}; starting untrained ({}), learning online",
+               path.empty() ? "no --predictor file" : "no file " + path,
+               predictor_->options().str());
+  }
+}
+
+KvReserver::~KvReserver() = default;
+
+int32_t KvReserver::reserve(const GenerationRequest& r) {
+  const auto prompt = static_cast<int32_t>(r.prompt_ids.size());
+  switch (options_.reserve) {
+    case KvReserve::kContext:
+      return context_;
+    case KvReserve::kMaxNew:
+      return prompt + r.max_new_tokens;
+    case KvReserve::kPredicted:
+      break;
+  }
+  const int32_t hint = options_.length_hint ? r.max_new_tokens : 0;
+  const LengthQuery q{r.prompt_ids, hint};
+  const int32_t tokens = predictor_->reservation(q, options_.confidence);
+  pending_[r.id] = Pending{predictor_->predict_bucket(q), hint, tokens};
+  return prompt + tokens;
+}
+
+void KvReserver::finished(const GenerationResult& result) {
+  auto it = pending_.find(result.id);
+  if (it == pending_.end()) return;
+  const Pending p = it->second;
+  pending_.erase(it);
+  if (result.stop_reason == StopReason::kError) return;
+  const auto produced = static_cast<int32_t>(result.output_ids.size());
+  const int32_t truth = predictor_->options().buckets.bucket_of(produced);
+  ++stats_.predicted;
+  if (truth == p.bucket) {
+    ++stats_.correct;
+  } else {
+    stats_.distance_wrong += std::abs(truth - p.bucket);
+  }
+  if (produced > p.reserved_tokens) ++stats_.under_reserved;
+  if (!options_.learn) return;
+  predictor_->learn(LengthQuery{result.prompt_ids, p.max_new_tokens}, produced);
+  ++stats_.learned;
+}
+
+void KvReserver::save() const {
+  if (predictor_ == nullptr || !options_.learn || options_.predictor_path.empty()) return;
+  predictor_->save(options_.predictor_path);
+  log::get("coordinator")
+      ->info("length predictor saved to {} ({} examples learned)", options_.predictor_path,
+             predictor_->examples_learned());
+}
+
+}  // namespace strata

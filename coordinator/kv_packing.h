@@ -1,0 +1,129 @@
+// S3's length-aware KV packing (../shared/papers/s3.md section 3): each sequence reserves
+// the KV positions it is expected to need -- its prompt plus a predicted output length --
+// instead of the whole context, and the scheduler packs waiting sequences into the KV
+// budget by first-fit decreasing. A sequence that reaches its reservation unfinished grows
+// in place when the budget has room, and is otherwise preempted by the supervisor: its
+// cache is dropped, its reservation doubled, and it rejoins the queue to be recomputed
+// (prompt and tokens so far prefilled again) -- see RraScheduler::supervise.
+//
+// Why recompute rather than swap the cache out: the scheduler sits on rank 0 while the
+// cache is spread over every stage; recomputing is one prefill of positions the stages
+// compute at GEMM speed, with no second copy of the cache anywhere and no new transfer
+// path; a swap would move 2 x layers x positions x KV width bytes out and back per stage
+// and, on a CPU worker, free nothing (its cache already lives in host memory). Greedy
+// outputs stay identical: the prefill computes the same keys and values.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator/request.h"
+
+namespace strata {
+
+class LengthPredictor;
+
+// What a sequence reserves (KV positions) when it is admitted.
+enum class KvReserve {
+  kContext,    // the whole context: worst case (ORCA / FasterTransformer; S3's baseline)
+  kMaxNew,     // prompt + max_new_tokens: exact when clients send true lengths (the oracle)
+  kPredicted,  // prompt + the predictor's reservation (S3)
+};
+const char* kv_reserve_name(KvReserve r);
+KvReserve parse_kv_reserve(const std::string& name);  // InputError naming the choices
+
+struct KvPackingOptions {
+  // KV positions over all micro-batches (each gets an equal share); 0: no budget, the KV
+  // slots alone bound the batch (every sequence holds a whole slot).
+  int64_t budget = 0;
+  KvReserve reserve = KvReserve::kContext;
+  double confidence = 0.9;  // the predictor's reservation covers the true length this often
+  // max_new_tokens caps the reservation (and is a predictor feature). Off: the run treats
+  // it as a stop rule only -- benchmarks that enforce true lengths through it use this to
+  // keep the predictor from reading the answer.
+  bool length_hint = true;
+  std::string predictor_path;  // the model file (kPredicted); empty: start untrained
+  bool learn = true;           // train online from every finished request, save at the end
+  // An untrained predictor's length buckets (a file brings its own): S3's 10 of max / 10.
+  int32_t buckets = 10;
+  int32_t bucket_width = 50;
+
+  void validate() const;  // InputError naming the option
+  std::string str() const;
+};
+
+// First-fit decreasing into one bin (S3: "orders sequences in the request pool by length in
+// decreasing order and iterates through the pool", taking each that still fits): indices
+// of `sizes` chosen, largest first (ties: lower index first), at most `max_items`. With
+// `first`, that item is considered before all others and nothing is chosen unless it fits
+// (a request passed over too often stops smaller ones from overtaking it).
+std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t capacity,
+                                         size_t max_items, std::optional<size_t> first = {});
+
+// What packing did over a run.
+struct PackingCounters {
+  int64_t admitted = 0;           // admissions (a preempted sequence counts again)
+  int64_t preemptions = 0;        // sequences preempted at their reservation
+  int64_t preempted_seqs = 0;     // distinct sequences preempted at least once
+  int64_t extensions = 0;         // reservations doubled in place (the budget had room)
+  int64_t recomputed_tokens = 0;  // positions prefilled again after preemptions
+  int64_t decode_steps = 0;
+  int64_t decode_rows = 0;   // sequences over all decode steps (mean batch size)
+  int64_t reserved_sum = 0;  // positions reserved over all decode steps
+  int64_t used_sum = 0;      // positions filled over all decode steps
+  double mean_decode_batch() const;
+  std::string json() const;
+};
+
+// How the predictor did over a run: its bucket for each finished request against the bucket
+// the request's output fell in (S3's accuracy and mean distance of the wrong predictions).
+struct PredictionStats {
+  int64_t predicted = 0;
+  int64_t correct = 0;
+  int64_t distance_wrong = 0;  // summed |predicted - true| bucket over the wrong ones
+  int64_t under_reserved = 0;  // outputs longer than their first reservation allowed
+  int64_t learned = 0;         // online updates
+  double accuracy() const;
+  double mean_distance_wrong() const;
+  std::string json() const;
+};
+
+// What each request reserves (KvReserve), and the supervisor's retraining of the predictor
+// from every finished request (S3 section 3). One per run, on the coordinator's thread.
+class KvReserver {
+ public:
+  // `context`: the run's positions per sequence. Loads options.predictor_path when the
+  // reservations are predicted and the file exists (else starts untrained: S3's predictor
+  // learns online from the first requests).
+  KvReserver(const KvPackingOptions& options, int32_t context);
+  ~KvReserver();
+  KvReserver(const KvReserver&) = delete;
+  KvReserver& operator=(const KvReserver&) = delete;
+
+  int32_t reserve(const GenerationRequest& request);  // KV positions, its prompt included
+  // A finished request (not an error): scored against its prediction and learned from.
+  void finished(const GenerationResult& result);
+  // Writes the predictor back to options.predictor_path when it learned online.
+  void save() const;
+  const PredictionStats& stats() const { return stats_; }
+  const KvPackingOptions& options() const { return options_; }
+
+ private:
+  struct Pending {
+    int32_t bucket = 0;
+    int32_t max_new_tokens = 0;  // 0 when it is not a length hint
+    int32_t reserved_tokens = 0;
+  };
+  KvPackingOptions options_;
+  int32_t context_;
+  std::unique_ptr<LengthPredictor> predictor_;
+  std::unordered_map<std::string, Pending> pending_;  // by request id
+  PredictionStats stats_;
+};
+
+}  // namespace strata

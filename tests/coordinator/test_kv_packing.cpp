@@ -1,0 +1,242 @@
+// S3's length-aware packing (../shared/papers/s3.md section 3): first-fit decreasing into
+// one bin, worked by hand; the RRA scheduler packing a micro-batch's KV budget by it; the
+// supervisor growing a reservation in place or preempting the sequence, which is recomputed
+// and ends with exactly the tokens it would have had; no request lost or duplicated.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "coordinator/kv_packing.h"
+#include "coordinator/scheduler.h"
+
+namespace strata {
+namespace {
+
+std::vector<size_t> ffd(std::vector<int64_t> sizes, int64_t capacity, size_t max_items = 100,
+                        std::optional<size_t> first = {}) {
+  return first_fit_decreasing(sizes, capacity, max_items, first);
+}
+
+// Largest first; each that still fits is taken; the bin's leftover is what the smaller ones
+// may use. {4, 8, 1, 4, 2, 1} into 10: 8 (2 left), the 4s do not fit, 2 (0 left), done.
+TEST(FirstFitDecreasing, HandWorkedSingleBin) {
+  EXPECT_EQ(ffd({4, 8, 1, 4, 2, 1}, 10), (std::vector<size_t>{1, 4}));
+  // Into 12: 8, then the first 4 (index 0 before index 3), 0 left.
+  EXPECT_EQ(ffd({4, 8, 1, 4, 2, 1}, 12), (std::vector<size_t>{1, 0}));
+  // Into 15: 8, 4, (4 does not fit: 3 left), 2, 1 (0 left).
+  EXPECT_EQ(ffd({4, 8, 1, 4, 2, 1}, 15), (std::vector<size_t>{1, 0, 4, 2}));
+  // Johnson's list {5,7,5,2,4,2,5,1,6} into 10: 7 (3 left), 2 (1 left), 1 (0 left).
+  EXPECT_EQ(ffd({5, 7, 5, 2, 4, 2, 5, 1, 6}, 10), (std::vector<size_t>{1, 3, 7}));
+  EXPECT_TRUE(ffd({11, 12}, 10).empty());
+  EXPECT_TRUE(ffd({}, 10).empty());
+}
+
+TEST(FirstFitDecreasing, StopsAtMaxItems) {
+  EXPECT_EQ(ffd({1, 5, 3}, 100, 2), (std::vector<size_t>{1, 2}));
+  EXPECT_TRUE(ffd({1, 5, 3}, 100, 0).empty());
+}
+
+// An item forced first goes in before the larger ones, or nothing does.
+TEST(FirstFitDecreasing, ForcedFirstItemBlocksWhenItDoesNotFit) {
+  EXPECT_EQ(ffd({3, 9, 2}, 10, 100, 0), (std::vector<size_t>{0, 2}));  // 3, then 9 won't fit
+  EXPECT_TRUE(ffd({11, 1}, 10, 100, 0).empty());
+}
+
+TEST(KvPackingOptions, RefusesWhatCannotRun) {
+  KvPackingOptions o;
+  o.budget = -1;
+  EXPECT_THROW(o.validate(), InputError);
+  o.budget = 0;
+  o.reserve = KvReserve::kPredicted;
+  EXPECT_THROW(o.validate(), InputError);  // nothing to pack into
+  o.budget = 100;
+  o.confidence = 0;
+  EXPECT_THROW(o.validate(), InputError);
+  o.confidence = 0.9;
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_EQ(parse_kv_reserve("max-new"), KvReserve::kMaxNew);
+  EXPECT_THROW(parse_kv_reserve("oracle"), InputError);
+}
+
+GenerationRequest req(const std::string& id, int32_t prompt_len, int32_t max_new) {
+  GenerationRequest r;
+  r.id = id;
+  r.prompt_ids.assign(static_cast<size_t>(prompt_len), 5);
+  for (int32_t i = 0; i < prompt_len; ++i) r.prompt_ids[static_cast<size_t>(i)] = 10 + i;
+  r.max_new_tokens = max_new;
+  r.ignore_eos = true;
+  return r;
+}
+
+// Reservations by request id, as a predictor would give them.
+SchedulerOptions packing(int64_t budget, std::map<std::string, int32_t> reserve) {
+  SchedulerOptions o;
+  o.micro_batches = 1;
+  o.decode_iters = 1;
+  o.kv_slots = 8;
+  o.kv_capacity = 128;
+  o.max_step_tokens = 256;
+  o.eos_token_ids = {2};
+  o.kv_budget = budget;
+  o.reserve = [reserve](const GenerationRequest& r) { return reserve.at(r.id); };
+  return o;
+}
+
+// A model whose token depends only on the sequence and the position it is sampled at, as
+// a greedy model's does on its context: what a preempted sequence samples after its
+// recompute must be what it would have sampled.
+int32_t token_at(uint64_t seq, int32_t position) {
+  return 3 + static_cast<int32_t>((seq * 31 + static_cast<uint64_t>(position) * 7) % 50);
+}
+
+StepResult answer(const ScheduledStep& s) {
+  StepResult r{s.command.step_id, s.command.micro_batch, {}};
+  for (const SeqStep& q : s.command.seqs)
+    if (q.sample)
+      r.tokens.push_back(SeqToken{q.seq_id, token_at(q.seq_id, q.n_past + q.n_new - 1)});
+  return r;
+}
+
+std::vector<uint64_t> ids_of(const ScheduledStep& s) {
+  std::vector<uint64_t> ids;
+  for (const SeqStep& q : s.command.seqs) ids.push_back(q.seq_id);
+  return ids;
+}
+
+// Reservations 20, 70, 30, 10 (prompt 4 each) into 100: FFD takes 70 and 30 (0 left); in
+// arrival order 20 and 70 would have gone in and 30 would have waited.
+TEST(RraPacking, AdmitsByFirstFitDecreasingIntoTheBudget) {
+  RraScheduler s(packing(100, {{"a", 20}, {"b", 70}, {"c", 30}, {"d", 10}}));
+  s.submit(req("a", 4, 100), 0, 0.0);
+  s.submit(req("b", 4, 100), 1, 0.0);
+  s.submit(req("c", 4, 100), 2, 0.0);
+  s.submit(req("d", 4, 100), 3, 0.0);
+  auto p = s.next_step(0);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(ids_of(*p), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(s.waiting(), 2u);
+}
+
+// A reservation is at least the prompt and one token, at most the context and the budget.
+TEST(RraPacking, ClampsReservations) {
+  RraScheduler s(packing(50, {{"tiny", 1}, {"huge", 1000}}));
+  s.submit(req("tiny", 6, 40), 0, 0.0);
+  s.submit(req("huge", 6, 40), 1, 0.0);
+  auto p = s.next_step(0);  // 46 (prompt + max_new) does not leave room for 7
+  ASSERT_TRUE(p);
+  EXPECT_EQ(ids_of(*p), (std::vector<uint64_t>{1}));
+}
+
+// Runs to the end, answering every step; the finished results by id.
+std::map<std::string, GenerationResult> run_all(RraScheduler& s) {
+  std::map<std::string, GenerationResult> done;
+  for (int guard = 0; guard < 10000 && !s.idle(); ++guard) {
+    for (int32_t m = 0; m < s.micro_batches(); ++m) {
+      if (s.in_flight(m)) continue;
+      auto step = s.next_step(m);
+      if (!step) continue;
+      for (FinishedRequest& f : s.apply(answer(*step))) {
+        EXPECT_FALSE(done.contains(f.result.id)) << f.result.id << " finished twice";
+        done[f.result.id] = std::move(f.result);
+      }
+    }
+  }
+  EXPECT_TRUE(s.idle());
+  return done;
+}
+
+std::vector<int32_t> expected_tokens(uint64_t seq, int32_t prompt, int32_t n) {
+  std::vector<int32_t> out;
+  for (int32_t k = 0; k < n; ++k) out.push_back(token_at(seq, prompt + k - 1));
+  return out;
+}
+
+// A (prompt 4, 10 new) reserves 8 and B all it can use (4 + 20), 32 of 34. After A's 5th
+// token its next decode would write position 8: doubling to 16, capped at what A can use
+// (4 + 10), needs 32 - 8 + 14 = 38 > 34, so A is preempted; B runs on to its end (A's 14
+// do not fit beside its 24); A comes back with its prompt and 5 tokens prefilled again, no second
+// join, and ends with the tokens it would have had.
+TEST(RraPacking, SupervisorPreemptsAndTheRecomputedSequenceEndsAsItWouldHave) {
+  RraScheduler s(packing(34, {{"A", 8}, {"B", 24}}));
+  s.submit(req("A", 4, 10), 0, 0.0);
+  s.submit(req("B", 4, 20), 1, 0.0);
+  auto p = s.next_step(0);
+  ASSERT_EQ(ids_of(*p), (std::vector<uint64_t>{1, 0}));  // the larger reservation first
+  s.apply(answer(*p));                                   // first tokens; n_past 4 each
+  int decodes_with_a = 0;
+  std::map<std::string, GenerationResult> done;
+  std::optional<ScheduledStep> resumed;
+  while (!resumed) {
+    auto d = s.next_step(0);
+    ASSERT_TRUE(d);
+    if (d->command.phase == Phase::kPrefill) {
+      resumed = d;
+      break;
+    }
+    const auto ids = ids_of(*d);
+    if (std::find(ids.begin(), ids.end(), 0u) != ids.end()) ++decodes_with_a;
+    for (FinishedRequest& f : s.apply(answer(*d))) done[f.result.id] = f.result;
+  }
+  // Decodes at positions 4..7 fit A's 8 positions; the one at 8 would not.
+  EXPECT_EQ(decodes_with_a, 4);
+  EXPECT_EQ(s.packing()->preemptions, 1);
+  EXPECT_EQ(s.packing()->extensions, 0);
+  // The recompute: prompt (10..13) and A's 5 tokens so far, from position 0, sampling.
+  ASSERT_EQ(resumed->command.seqs.size(), 1u);
+  const SeqStep& q = resumed->command.seqs[0];
+  EXPECT_EQ(q.seq_id, 0u);
+  EXPECT_EQ(q.n_past, 0);
+  EXPECT_EQ(q.n_new, 9);
+  EXPECT_TRUE(q.sample);
+  EXPECT_EQ(q.token_ids[3], 13);
+  EXPECT_EQ(q.token_ids[4], token_at(0, 3));  // its first token, sampled at position 3
+  EXPECT_TRUE(resumed->joins.empty());        // its sampler state stayed on the last stage
+  for (FinishedRequest& f : s.apply(answer(*resumed))) done[f.result.id] = f.result;
+  for (auto& [id, r] : run_all(s)) done[id] = r;
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done["A"].output_ids, expected_tokens(0, 4, 10));
+  EXPECT_EQ(done["B"].output_ids, expected_tokens(1, 4, 20));
+  EXPECT_EQ(s.packing()->recomputed_tokens, 9);
+}
+
+// With room in the budget (8 + 24 -> 14 + 24 = 38 <= 40) the reservation grows in place.
+TEST(RraPacking, SupervisorGrowsInPlaceWhenTheBudgetHasRoom) {
+  RraScheduler s(packing(40, {{"A", 8}, {"B", 24}}));
+  s.submit(req("A", 4, 10), 0, 0.0);
+  s.submit(req("B", 4, 20), 1, 0.0);
+  auto done = run_all(s);
+  EXPECT_EQ(s.packing()->preemptions, 0);
+  EXPECT_EQ(s.packing()->extensions, 1);
+  EXPECT_EQ(done["A"].output_ids, expected_tokens(0, 4, 10));
+}
+
+// Forty requests all predicted one token long into a budget of 120 over two micro-batches:
+// many preemptions, and still every request ends once, with its own tokens.
+TEST(RraPacking, NoRequestLostOrDuplicatedAcrossPreemptions) {
+  SchedulerOptions o = packing(120, {});
+  o.micro_batches = 2;
+  o.decode_iters = 3;
+  o.kv_slots = 16;
+  o.reserve = [](const GenerationRequest& r) { return static_cast<int32_t>(r.prompt_ids.size()); };
+  RraScheduler s(o);
+  std::map<std::string, std::pair<uint64_t, GenerationRequest>> reqs;
+  for (int i = 0; i < 40; ++i) {
+    GenerationRequest r = req(fmt::format("r{}", i), 2 + i % 7, 5 + (i * 13) % 30);
+    reqs[r.id] = {static_cast<uint64_t>(i), r};
+    s.submit(r, static_cast<uint64_t>(i), 0.0);
+  }
+  auto done = run_all(s);
+  ASSERT_EQ(done.size(), 40u);
+  for (const auto& [id, sr] : reqs) {
+    const auto& [seq, r] = sr;
+    EXPECT_EQ(done[id].output_ids,
+              expected_tokens(seq, static_cast<int32_t>(r.prompt_ids.size()), r.max_new_tokens))
+        << id;
+    EXPECT_EQ(done[id].stop_reason, StopReason::kLength) << id;
+  }
+  EXPECT_GT(s.packing()->preemptions, 0);
+  EXPECT_GT(s.packing()->extensions, 0);
+}
+
+}  // namespace
+}  // namespace strata
