@@ -31,6 +31,8 @@ KvReserve parse_kv_reserve(const std::string& name) {
 
 void KvPackingOptions::validate() const {
   if (budget < 0) fail_input("--kv-budget must not be negative, got {}", budget);
+  if (budget == 1)
+    fail_input("--kv-budget 1 holds fewer than 2 KV positions (a prompt and a token)");
   if (!(confidence > 0.0 && confidence <= 1.0))
     fail_input("--predict-confidence must be in (0, 1], got {}", confidence);
   if (budget == 0 && reserve != KvReserve::kContext)

@@ -129,6 +129,7 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
 Engine make_engine(const EngineOptions& o) {
   auto log = log::get("launch");
   Engine e;
+  e.local.packing = packing_options(o);  // refused before anything loads
   ComputeSetup c = make_compute(o);
   e.cpu = std::move(c.cpu);
   e.gpu = std::move(c.gpu);
@@ -146,7 +147,6 @@ Engine make_engine(const EngineOptions& o) {
   e.tokenizer = std::move(m.tokenizer);
   e.local.max_batch = c.max_batch > 0 ? c.max_batch : o.max_batch;
   e.local.max_step_tokens = o.max_step_tokens;
-  e.local.packing = packing_options(o);
   const int32_t rows = std::max(e.local.max_batch, o.max_step_tokens);
   e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows,
                                     std::move(m.streamer), std::move(m.feeder));

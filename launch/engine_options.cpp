@@ -81,6 +81,11 @@ InputLimits input_limits(const std::vector<std::string>& overrides) {
 
 KvPackingOptions packing_options(const EngineOptions& o) {
   KvPackingOptions p = o.packing;
+  if (p.budget == 0 && !p.predictor_path.empty())
+    fail_input(
+        "--predictor {} needs a --kv-budget: the predictor's reservations are what the "
+        "budget packs",
+        p.predictor_path);
   if (!o.kv_reserve.empty()) {
     p.reserve = parse_kv_reserve(o.kv_reserve);
   } else if (p.budget > 0) {

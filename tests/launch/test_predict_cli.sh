@@ -118,6 +118,14 @@ expect_error bad-buckets "bucket count must be in" \
   predict train --data "$DATA" --tokenizer "$MODEL" --limit 10 --buckets 1 --out "$TMP/x.bin"
 expect_error bad-confidence "confidence" \
   predict eval --model "$TMP/m.bin" --data "$DATA" --tokenizer "$MODEL" --confidence 0
+# The packing options refuse what cannot run, naming the option.
+printf '{"id": "a", "prompt": "Once", "max_new_tokens": 2}\n' >"$TMP/one.jsonl"
+expect_error predictor-without-budget "--predictor .* needs a --kv-budget" \
+  serve --model "$MODEL" --requests "$TMP/one.jsonl" --results "$TMP/o.jsonl" --predictor "$TMP/m.bin"
+expect_error tiny-budget "--kv-budget 1 .*fewer than 2 KV positions" \
+  generate --model "$MODEL" --prompt Once --kv-budget 1
+expect_error bad-predict-confidence "--predict-confidence must be in (0, 1\], got 2" \
+  generate --model "$MODEL" --prompt Once --kv-budget 64 --predict-confidence 2
 expect_error model-and-buckets "excludes" \
   predict online --model "$TMP/m.bin" --buckets 5 --data "$DATA" --tokenizer "$MODEL"
 
