@@ -190,14 +190,8 @@ ClusterStats Coordinator::run_plan() {
   serve();
   if (waa_ != nullptr) stats_.waa->counters = waa_->counters();
   if (reserver_) {
-    PackingStats& p = stats_.packing.emplace();
-    p.options = options_.packing.str();
-    p.budget = options_.packing.budget;
-    p.reserve = kv_reserve_name(options_.packing.reserve);
-    p.counters = *scheduler_->packing();
-    if (options_.packing.reserve == KvReserve::kPredicted) p.prediction = reserver_->stats();
-    if (metrics_ != nullptr)
-      metrics_->set_packing(p.budget, p.counters, p.prediction ? &*p.prediction : nullptr);
+    stats_.packing = reserver_->report(*scheduler_->packing());
+    if (metrics_ != nullptr) metrics_->set_packing(*stats_.packing);
     reserver_->save();
   }
   if (first_step_)
@@ -532,9 +526,7 @@ void Coordinator::on_result(const StepResult& result) {
   std::vector<FinishedRequest> done = scheduler_->apply(result);
   if (metrics_ != nullptr) token_times(result);
   if (metrics_ != nullptr && reserver_)
-    metrics_->set_packing(
-        options_.packing.budget, *scheduler_->packing(),
-        options_.packing.reserve == KvReserve::kPredicted ? &reserver_->stats() : nullptr);
+    metrics_->set_packing(reserver_->report(*scheduler_->packing()));
   if (done.empty()) return;
   if (first_finish_s_ < 0) first_finish_s_ = run_seconds();
   std::vector<uint64_t> left;
@@ -678,28 +670,6 @@ std::string ClusterStats::json(bool timeline) const {
       schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string(),
       waa ? ", \"waa\": " + waa->json() : std::string(),
       packing ? ", \"packing\": " + packing->json() : std::string());
-}
-
-std::string PackingStats::json() const {
-  return fmt::format(R"({{"budget": {}, "reserve": "{}", "counters": {}{}}})", budget, reserve,
-                     counters.json(),
-                     prediction ? ", \"prediction\": " + prediction->json() : std::string());
-}
-
-std::string PackingStats::table() const {
-  const PackingCounters& c = counters;
-  std::string out = fmt::format(
-      "  S3 packing: budget {} positions, reserve {}; mean decode batch {:.1f}, {} admissions, "
-      "{} preemptions ({} sequences, {} positions recomputed), {} grown in place\n",
-      budget, reserve, c.mean_decode_batch(), c.admitted, c.preemptions, c.preempted_seqs,
-      c.recomputed_tokens, c.extensions);
-  if (prediction)
-    out += fmt::format(
-        "  length predictor: {:.1f}% of {} in the right bucket, wrong ones {:.2f} buckets off, "
-        "{} longer than reserved, {} learned online\n",
-        100 * prediction->accuracy(), prediction->predicted, prediction->mean_distance_wrong(),
-        prediction->under_reserved, prediction->learned);
-  return out;
 }
 
 std::string HandoverStats::json() const {

@@ -87,17 +87,6 @@ struct CoordinatorOptions {
   KvPackingOptions packing;
 };
 
-// What S3's packing did over a run.
-struct PackingStats {
-  std::string options;  // KvPackingOptions::str()
-  int64_t budget = 0;
-  std::string reserve;
-  PackingCounters counters;
-  std::optional<PredictionStats> prediction;  // when reservations were predicted
-  std::string json() const;
-  std::string table() const;  // the report's lines
-};
-
 // Percentiles of one latency over the requests that finished (seconds; 0 when none did).
 struct LatencySummary {
   int64_t count = 0;

@@ -180,4 +180,32 @@ void KvReserver::save() const {
              predictor_->examples_learned());
 }
 
+PackingStats KvReserver::report(const PackingCounters& counters) const {
+  PackingStats p{options_.budget, kv_reserve_name(options_.reserve), counters, {}};
+  if (predictor_) p.prediction = stats_;
+  return p;
+}
+
+std::string PackingStats::json() const {
+  return fmt::format(R"({{"budget": {}, "reserve": "{}", "counters": {}{}}})", budget, reserve,
+                     counters.json(),
+                     prediction ? ", \"prediction\": " + prediction->json() : std::string());
+}
+
+std::string PackingStats::table() const {
+  const PackingCounters& c = counters;
+  std::string out = fmt::format(
+      "  S3 packing: budget {} positions, reserve {}; mean decode batch {:.1f}, {} admissions, "
+      "{} preemptions ({} sequences, {} positions recomputed), {} grown in place\n",
+      budget, reserve, c.mean_decode_batch(), c.admitted, c.preemptions, c.preempted_seqs,
+      c.recomputed_tokens, c.extensions);
+  if (prediction)
+    out += fmt::format(
+        "  length predictor: {:.1f}% of {} in the right bucket, wrong ones {:.2f} buckets off, "
+        "{} longer than reserved, {} learned online\n",
+        100 * prediction->accuracy(), prediction->predicted, prediction->mean_distance_wrong(),
+        prediction->under_reserved, prediction->learned);
+  return out;
+}
+
 }  // namespace strata

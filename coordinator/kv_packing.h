@@ -93,6 +93,16 @@ struct PredictionStats {
   std::string json() const;
 };
 
+// What S3's packing did over a run (or so far).
+struct PackingStats {
+  int64_t budget = 0;
+  std::string reserve;
+  PackingCounters counters;
+  std::optional<PredictionStats> prediction;  // when reservations were predicted
+  std::string json() const;
+  std::string table() const;  // the run report's lines
+};
+
 // What each request reserves (KvReserve), and the supervisor's retraining of the predictor
 // from every finished request (S3 section 3). One per run, on the coordinator's thread.
 class KvReserver {
@@ -111,6 +121,8 @@ class KvReserver {
   // Writes the predictor back to options.predictor_path when it learned online.
   void save() const;
   const PredictionStats& stats() const { return stats_; }
+  // The run's packing so far: the scheduler's counters with this reserver's numbers.
+  PackingStats report(const PackingCounters& counters) const;
   const KvPackingOptions& options() const { return options_; }
 
  private:

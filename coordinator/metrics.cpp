@@ -159,18 +159,17 @@ void ServeMetrics::set_schedule(std::map<std::string, std::string> labels) {
   schedule_ = std::move(labels);
 }
 
-void ServeMetrics::set_packing(int64_t budget, const PackingCounters& counters,
-                               const PredictionStats* prediction) {
+void ServeMetrics::set_packing(const PackingStats& packing) {
   std::lock_guard lock(mu_);
-  packing_.emplace(budget, counters,
-                   prediction ? std::optional<PredictionStats>(*prediction) : std::nullopt);
+  packing_ = packing;
 }
 
 // Called with mu_ held.
 void ServeMetrics::render_packing(std::string& out) const {
-  const auto& [budget, c, prediction] = *packing_;
+  const PackingCounters& c = packing_->counters;
+  const std::optional<PredictionStats>& prediction = packing_->prediction;
   gauge(out, "strata_kv_budget_positions", "S3: KV positions the running sequences may reserve",
-        static_cast<double>(budget));
+        static_cast<double>(packing_->budget));
   counter(out, "strata_kv_preemptions_total",
           "S3: sequences preempted at their reservation (cache dropped, recomputed later)",
           static_cast<double>(c.preemptions));

@@ -61,9 +61,8 @@ class ServeMetrics {
   void set_stages(std::vector<StageReport> stages);  // their statistics so far
   void set_finished();                               // the run is over: the numbers are final
   // S3's packing so far (a run with --kv-budget): preemptions and what they cost, the
-  // predictor's accuracy (null when reservations are not predicted).
-  void set_packing(int64_t budget, const PackingCounters& counters,
-                   const PredictionStats* prediction);
+  // predictor's accuracy.
+  void set_packing(const PackingStats& packing);
 
   // The whole exposition, ready for GET /metrics.
   std::string render() const;
@@ -81,7 +80,7 @@ class ServeMetrics {
   std::map<std::string, int64_t> failure_;  // refused / unfinished
   Histogram ttft_, inter_token_, e2e_, queue_;
   std::vector<StageReport> stages_;
-  std::optional<std::tuple<int64_t, PackingCounters, std::optional<PredictionStats>>> packing_;
+  std::optional<PackingStats> packing_;
   bool finished_ = false;
 };
 

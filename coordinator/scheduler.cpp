@@ -150,14 +150,17 @@ void RraScheduler::admit(int32_t m) {
     seq.micro_batch = m;
     b.reserved += seq.reserved;
     b.prefilling.push_back(id);
-    std::erase(waiting_, id);
     ++packing_.admitted;
   }
+  if (ids.empty()) return;
+  std::erase_if(waiting_, [&](uint64_t id) { return seqs_.at(id).slot >= 0; });  // admitted
+  if (options_.kv_budget > 0)  // those left were passed over
+    for (uint64_t id : waiting_) ++seqs_.at(id).passed_over;
 }
 
 // First-fit decreasing of the waiting sequences' reservations into what is left of the
 // micro-batch's budget. A sequence passed over kMaxPassedOver times while others were taken
-// goes first, and nothing overtakes it until it fits.
+// (admit counts them) goes first, and nothing overtakes it until it fits.
 std::vector<uint64_t> RraScheduler::packed_admissions(int32_t m, size_t max_items) {
   constexpr int32_t kMaxPassedOver = 64;
   std::vector<int64_t> sizes;
@@ -172,9 +175,6 @@ std::vector<uint64_t> RraScheduler::packed_admissions(int32_t m, size_t max_item
   std::vector<size_t> chosen = first_fit_decreasing(sizes, free, max_items, first);
   std::vector<uint64_t> ids;
   for (size_t i : chosen) ids.push_back(waiting_[i]);
-  if (!ids.empty())
-    for (uint64_t id : waiting_)
-      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ++seqs_.at(id).passed_over;
   return ids;
 }
 
