@@ -227,8 +227,8 @@ void Coordinator::use_packing(SchedulerOptions& so) {
     fail_input("--kv-budget with WAA (--waa-encoders): S3's packing runs on the RRA schedule only");
   if (options_.schedule)
     fail_input(
-        "--kv-budget with --latency-bound: the schedule search does not take S3's packing into "
-        "account yet; give one of them");
+        "--kv-budget with --latency-bound: the run's own schedule search plans whole KV slots; "
+        "plan with packing by strata plan --kv-reserve, which prints the options to serve it");
   reserver_ = std::make_unique<KvReserver>(options_.packing, capacity_);
   so.kv_budget = options_.packing.budget;
   so.max_new_caps = options_.packing.length_hint;

@@ -1,11 +1,14 @@
 #include "coordinator/kv_packing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "coordinator/length_predictor.h"
+#include "coordinator/workload.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 
@@ -27,6 +30,112 @@ KvReserve parse_kv_reserve(const std::string& name) {
   for (KvReserve r : {KvReserve::kContext, KvReserve::kMaxNew, KvReserve::kPredicted})
     if (name == kv_reserve_name(r)) return r;
   fail_input("--kv-reserve '{}' is none of context, max-new, predicted", name);
+}
+
+ReservationModel ReservationModel::from_eval_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail_input("--predict-eval {}: cannot open the file", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail_input("--predict-eval {}: not JSON ({})", path, e.what());
+  }
+  const char* field = j.contains("reservation_matrix") ? "reservation_matrix" : "confusion";
+  if (!j.is_object() || !j.contains(field) || !j[field].is_array())
+    fail_input(
+        "--predict-eval {}: no \"reservation_matrix\" (write it with strata predict eval "
+        "--json)",
+        path);
+  const nlohmann::json& rows = j[field];
+  ReservationModel m;
+  m.reserve = KvReserve::kPredicted;
+  m.source = path;
+  m.buckets = static_cast<int32_t>(rows.size());
+  if (m.buckets < 2 || m.buckets > 256)
+    fail_input("--predict-eval {}: \"{}\" has {} rows, need 2 to 256 buckets", path, field,
+               m.buckets);
+  const auto B = static_cast<size_t>(m.buckets);
+  m.reserved_given_true.assign(B * B, 0.0);
+  for (size_t t = 0; t < B; ++t) {
+    if (!rows[t].is_array() || rows[t].size() != B)
+      fail_input("--predict-eval {}: \"{}\" row {} is not {} counts", path, field, t, B);
+    double sum = 0;
+    for (size_t b = 0; b < B; ++b) {
+      if (!rows[t][b].is_number() || rows[t][b].get<double>() < 0)
+        fail_input("--predict-eval {}: \"{}\"[{}][{}] is not a count", path, field, t, b);
+      sum += rows[t][b].get<double>();
+    }
+    for (size_t b = 0; b < B; ++b)
+      m.reserved_given_true[t * B + b] = sum > 0 ? rows[t][b].get<double>() / sum : b == t;
+  }
+  return m;
+}
+
+std::string ReservationModel::str() const {
+  if (reserve != KvReserve::kPredicted) return kv_reserve_name(reserve);
+  return fmt::format("predicted ({} buckets, measured in {})", buckets, source);
+}
+
+namespace {
+
+// One first reservation's held mean for every D (a running mean over the iterations) and
+// whether D outgrows it.
+void add_held(double first, double input, int32_t max_d, double capacity, std::vector<double>& held,
+              std::vector<double>& exceeded) {
+  double reserved = std::min(first, capacity), sum = 0;
+  held[0] = reserved;
+  for (int32_t d = 1; d <= max_d; ++d) {
+    while (input + d > reserved && reserved < capacity) reserved = std::min(capacity, 2 * reserved);
+    sum += reserved;
+    held[static_cast<size_t>(d)] = sum / d;
+    exceeded[static_cast<size_t>(d)] = input + d > std::min(first, capacity) ? 1.0 : 0.0;
+  }
+}
+
+}  // namespace
+
+std::vector<double> held_positions(const ReservationModel& model, double input,
+                                   const LengthDistribution& output, int32_t capacity,
+                                   std::vector<double>* exceeded) {
+  const int32_t max_d = std::max(output.max() - 1, 0);
+  const auto n = static_cast<size_t>(max_d) + 1;
+  const auto cap = static_cast<double>(capacity);
+  std::vector<double> held(n, 0.0);
+  if (exceeded != nullptr) exceeded->assign(n, 0.0);
+  switch (model.reserve) {
+    case KvReserve::kContext:
+      held.assign(n, cap);
+      return held;
+    case KvReserve::kMaxNew:  // the prompt and exactly the S = D + 1 tokens asked for
+      for (size_t d = 0; d < n; ++d) held[d] = std::min(cap, input + static_cast<double>(d) + 1);
+      return held;
+    case KvReserve::kPredicted:
+      break;
+  }
+  if (model.buckets < 2 ||
+      model.reserved_given_true.size() !=
+          static_cast<size_t>(model.buckets) * static_cast<size_t>(model.buckets))
+    fail_input("the packing model has no reservation matrix ({} buckets)", model.buckets);
+  const LengthBuckets bk{model.buckets,
+                         std::max(1, (output.max() + model.buckets - 1) / model.buckets)};
+  // Each first reservation the matrix gives a true bucket, run once over every D; a D takes
+  // the row of its own bucket (S = D + 1).
+  const auto B = static_cast<size_t>(model.buckets);
+  std::vector<std::vector<double>> by_first(B, std::vector<double>(n, 0.0));
+  std::vector<std::vector<double>> exceeded_by(B, std::vector<double>(n, 0.0));
+  for (size_t b = 0; b < B; ++b)
+    add_held(input + bk.upper(static_cast<int32_t>(b)), input, max_d, cap, by_first[b],
+             exceeded_by[b]);
+  for (size_t d = 0; d < n; ++d) {
+    const auto t = static_cast<size_t>(bk.bucket_of(static_cast<int32_t>(d) + 1));
+    for (size_t b = 0; b < B; ++b) {
+      const double p = model.reserved_given_true[t * B + b];
+      held[d] += p * by_first[b][d];
+      if (exceeded != nullptr) (*exceeded)[d] += p * exceeded_by[b][d];
+    }
+  }
+  return held;
 }
 
 void KvPackingOptions::validate() const {

@@ -26,6 +26,7 @@
 
 namespace strata {
 
+class LengthDistribution;
 class LengthPredictor;
 
 // What a sequence reserves (KV positions) when it is admitted.
@@ -64,6 +65,36 @@ struct KvPackingOptions {
 // (a request passed over too often stops smaller ones from overtaking it).
 std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t capacity,
                                          size_t max_items, std::optional<size_t> first = {});
+
+// S3's packing as ExeGPT's simulator sees it (docs/S3.md, "Planning with packing"): what a
+// sequence reserves under a rule, as a distribution over the workload's lengths rather than
+// per request. kPredicted carries the predictor's measured behaviour -- P(reserved bucket |
+// true bucket) at its confidence, from `strata predict eval --json` -- and applies it to a
+// workload on that workload's own buckets (S3's width: max length / bucket count), so a
+// predictor measured on one task says how tightly it would pack another of its kind.
+struct ReservationModel {
+  KvReserve reserve = KvReserve::kContext;
+  int32_t buckets = 0;
+  std::vector<double> reserved_given_true;  // buckets x buckets, row = true bucket, sums to 1
+  std::string source;                       // the file it came from
+
+  // The "reservation_matrix" (or, from an older file, the argmax "confusion") of an
+  // evaluation JSON; a true bucket never seen reserves its own bucket. InputError naming
+  // the file and field.
+  static ReservationModel from_eval_json(const std::string& path);
+  std::string str() const;
+};
+
+// What a sequence holds reserved while it decodes, per decode-iteration count D = 0..max
+// (index D; a sequence of S output tokens decodes S - 1 times, iteration j needing input + j
+// positions): the mean over its iterations of its reservation -- the first one (the prompt,
+// `input`, plus what the rule reserves for S tokens), doubled by the supervisor each time the
+// sequence reaches it (RraScheduler::supervise), never above `capacity`. D = 0 holds the
+// first reservation. `exceeded` (optional) gets, per D, the chance the first reservation is
+// outgrown (an extension in place or a preemption).
+std::vector<double> held_positions(const ReservationModel& model, double input,
+                                   const LengthDistribution& output, int32_t capacity,
+                                   std::vector<double>* exceeded = nullptr);
 
 // What packing did over a run.
 struct PackingCounters {

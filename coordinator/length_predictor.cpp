@@ -258,6 +258,7 @@ LengthEval LengthPredictor::evaluate(std::span<const LengthExample> examples,
   ev.buckets = bk.count;
   ev.confidence = confidence;
   ev.confusion.assign(static_cast<size_t>(bk.count) * static_cast<size_t>(bk.count), 0);
+  ev.reservations = ev.confusion;
   if (examples.empty()) return ev;
 
   // The prompt-blind baselines: the learned bucket frequencies (uniform before any).
@@ -281,6 +282,8 @@ LengthEval LengthPredictor::evaluate(std::span<const LengthExample> examples,
     ++ev.confusion[static_cast<size_t>(truth) * static_cast<size_t>(bk.count) +
                    static_cast<size_t>(predicted)];
     const int32_t r = reservation_from(p, bk, confidence);
+    ++ev.reservations[static_cast<size_t>(truth) * static_cast<size_t>(bk.count) +
+                      static_cast<size_t>(bk.bucket_of(r))];
     covered += r >= e.output_len;
     reserved += r;
     length += e.output_len;
@@ -315,11 +318,14 @@ std::string LengthEval::json() const {
   j["majority_accuracy"] = majority_accuracy;
   j["prior_reservation_cover"] = prior_reservation_cover;
   j["prior_mean_reservation"] = prior_mean_reservation;
-  auto rows = nlohmann::ordered_json::array();
-  for (int32_t t = 0; t < buckets; ++t)
-    rows.push_back(std::vector<int64_t>(confusion.begin() + t * buckets,
-                                        confusion.begin() + (t + 1) * buckets));
-  j["confusion"] = rows;  // rows: true bucket, columns: predicted
+  auto matrix = [&](const std::vector<int64_t>& m) {
+    auto rows = nlohmann::ordered_json::array();
+    for (int32_t t = 0; t < buckets; ++t)
+      rows.push_back(std::vector<int64_t>(m.begin() + t * buckets, m.begin() + (t + 1) * buckets));
+    return rows;
+  };
+  j["confusion"] = matrix(confusion);              // rows: true bucket, columns: predicted
+  j["reservation_matrix"] = matrix(reservations);  // columns: the bucket reserved
   return j.dump();
 }
 

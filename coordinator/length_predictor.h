@@ -93,9 +93,12 @@ struct LengthEval {
                                    // the correct bucket", in buckets (0 when none is wrong)
   double mean_distance = 0;        // the same over every example
   std::vector<int64_t> confusion;  // buckets x buckets, row = true bucket, column = predicted
-  double reservation_cover = 0;    // share whose reservation at `confidence` >= the true length
-  double mean_reservation = 0;     // output tokens reserved, mean
-  double mean_length = 0;          // true output tokens, mean
+  // buckets x buckets, row = true bucket, column = the bucket whose upper edge was reserved
+  // at `confidence`: what the simulator's packing model reads (kv_packing.h ReservationModel)
+  std::vector<int64_t> reservations;
+  double reservation_cover = 0;  // share whose reservation at `confidence` >= the true length
+  double mean_reservation = 0;   // output tokens reserved, mean
+  double mean_length = 0;        // true output tokens, mean
   // Baselines from what the predictor has learned so far, without the prompt: always the
   // most frequent learned bucket, and the reservation of the learned bucket frequencies.
   double majority_accuracy = 0;

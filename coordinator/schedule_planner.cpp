@@ -19,6 +19,7 @@ SimulatorInputs simulator_inputs(const ModelConfig& config, const ClusterProfile
   in.policy = o.placement.policy;
   in.device_compute = o.placement.device_compute;
   in.model_spec = o.model_spec;
+  in.packing = o.packing;
   // As the cluster planner sets them: unset tiers take stage_mem on the compute tier.
   in.budgets = o.placement.budgets;
   in.budgets.whole_stage = true;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,9 @@ struct SchedulePlanOptions {
   int64_t stage_mem = -1;           // bytes per stage on its compute tier (< 0: no limit)
   // The allocation policies searched (RRA, WAA-C, WAA-M); empty: all three.
   std::vector<SchedulePolicy> policies;
-  bool exhaustive = false;             // enumerate every point instead of branch-and-bound
-  std::vector<int32_t> micro_batches;  // RRA's micro-batch counts; empty: 1, 2, 4 (<= workers)
+  bool exhaustive = false;                  // enumerate every point instead of branch-and-bound
+  std::vector<int32_t> micro_batches;       // RRA's micro-batch counts; empty: 1, 2, 4 (<= workers)
+  std::optional<ReservationModel> packing;  // S3's packing of RRA's KV memory (simulator.h)
 };
 
 SimulatorInputs simulator_inputs(const ModelConfig& config, const ClusterProfile& profile,

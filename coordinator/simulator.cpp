@@ -204,6 +204,8 @@ json Prediction::to_json() const {
          {"p99_output_tokens", p99_output},
          {"decode_batch", decode_batch},
          {"kv_slots", kv_slots},
+         {"kv_positions", kv_positions},
+         {"reservations_exceeded", reservations_exceeded},
          {"allocation", allocation.layers},
          {"allocation_text", allocation.str()},
          {"stages", stages_j},
@@ -214,10 +216,14 @@ json Prediction::to_json() const {
 
 std::string Prediction::str() const {
   if (!feasible) return fmt::format("{}: does not fit: {}", vars.str(), infeasible_reason);
+  const std::string packed = kv_positions > 0
+                                 ? fmt::format(" packed in {} positions ({:.1f}% outgrow)",
+                                               kv_positions, 100 * reservations_exceeded)
+                                 : std::string();
   return fmt::format(
-      "{}: {:.1f} tok/s, p99 latency {:.3f} s ({} tokens), decode batch {:.1f}, {} KV slots, "
+      "{}: {:.1f} tok/s, p99 latency {:.3f} s ({} tokens), decode batch {:.1f}, {} KV slots{}, "
       "layers {}{}",
-      vars.str(), throughput_tok_s, p99_latency_s, p99_output, decode_batch, kv_slots,
+      vars.str(), throughput_tok_s, p99_latency_s, p99_output, decode_batch, kv_slots, packed,
       allocation.str(), outside_profile ? " (extrapolated beyond the profile)" : "");
 }
 
@@ -247,6 +253,7 @@ struct Simulator::Phases {
   double tokens_per_cycle = 0;  // generated per micro-batch per cycle
   double decode_batch = 0;      // over all micro-batches
   int32_t kv_slots = 0;
+  int64_t kv_positions = 0;          // packed (0: whole slots)
   int32_t latency_decode_steps = 0;  // the p99 sequence's decode iterations after its prefill
   int32_t p99_output = 0;
 };
@@ -261,6 +268,18 @@ Simulator::Simulator(SimulatorInputs inputs) : in_(std::move(inputs)) {
       in_.kv_capacity > 0 ? in_.kv_capacity : in_.workload.input.max() + in_.workload.output.max();
   if (in_.shape.n_layers < workers())
     fail_input("{} layers cannot be split over {} workers", in_.shape.n_layers, workers());
+  if (in_.packing && in_.packing->reserve != KvReserve::kContext) {
+    if (in_.device_compute)
+      fail_input(
+          "KV packing ({}) plans host-compute stages only: a device allocates its cache "
+          "slot by slot",
+          in_.packing->str());
+    std::vector<double> exceeded;
+    held_ = held_positions(*in_.packing, in_.workload.input.mean(), in_.workload.output, capacity_,
+                           &exceeded);
+    for (size_t d = 0; d < exceeded.size(); ++d)
+      exceeded_ += in_.workload.output.p(static_cast<int32_t>(d) + 1) * exceeded[d];
+  }
 }
 
 Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
@@ -306,6 +325,16 @@ Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
   ph.decode_batch = n0 * v.micro_batches;
   ph.kv_slots = static_cast<int32_t>(std::ceil(v.micro_batches * (n0 + a * z) - 1e-9));
   ph.kv_slots = std::max(ph.kv_slots, v.micro_batches);
+  if (!held_.empty()) {  // S3: members hold their reservations, the prefill-only ones the first
+    double member = 0;
+    if (z < 1) {
+      const LengthDistribution held = in_batch(d, v.decode_iters);
+      for (int32_t D = 1; D <= held.max(); ++D) member += held.p(D) * held_[static_cast<size_t>(D)];
+    }
+    ph.kv_positions =
+        static_cast<int64_t>(std::ceil(v.micro_batches * (n0 * member + a * z * held_[0]) - 1e-9));
+    ph.kv_positions = std::max<int64_t>(ph.kv_positions, 1);
+  }
   ph.p99_output = w.output.percentile(in_.percentile);
   ph.latency_decode_steps = ph.p99_output - 1;
   return ph;
@@ -418,8 +447,8 @@ std::vector<int32_t> degrees_of(const Allocation& a) {
 
 }  // namespace
 
-StageRequest Simulator::stage_request(int32_t layers, bool embedding, bool head,
-                                      int32_t kv_slots) const {
+StageRequest Simulator::stage_request(int32_t layers, bool embedding, bool head, int32_t kv_slots,
+                                      int64_t kv_positions) const {
   StageRequest r;
   r.layer_begin = 0;
   r.layer_end = layers;
@@ -429,13 +458,14 @@ StageRequest Simulator::stage_request(int32_t layers, bool embedding, bool head,
   r.max_rows = std::max(in_.max_step_tokens, kv_slots);
   r.kv_slots = kv_slots;
   r.kv_capacity = capacity_;
+  r.kv_positions = kv_positions;
   r.policy = in_.policy;
   r.budgets = in_.budgets;
   return r;
 }
 
 // The most layers each stage's memory holds (a tensor-parallel stage: its shard's).
-std::vector<int32_t> Simulator::max_layers(int32_t kv_slots,
+std::vector<int32_t> Simulator::max_layers(int32_t kv_slots, int64_t kv_positions,
                                            const std::vector<int32_t>& degrees) const {
   std::vector<int32_t> out;
   const auto L = static_cast<int32_t>(in_.shape.n_layers);
@@ -443,7 +473,7 @@ std::vector<int32_t> Simulator::max_layers(int32_t kv_slots,
   for (int32_t s = 0; s < stages; ++s) {
     const ModelShape shape = in_.shape.tp_shard(degrees[static_cast<size_t>(s)]);
     auto fits = [&](int32_t n) {
-      const StageRequest r = stage_request(n, s == 0, s == stages - 1, kv_slots);
+      const StageRequest r = stage_request(n, s == 0, s == stages - 1, kv_slots, kv_positions);
       return shortfalls(place_stage(shape, r), in_.budgets).empty();
     };
     int32_t lo = 0, hi = L;  // lo fits (0 layers: nothing to hold), find the largest
@@ -460,10 +490,9 @@ std::vector<int32_t> Simulator::max_layers(int32_t kv_slots,
   return out;
 }
 
-Allocation Simulator::balance(const Phases& ph, int32_t kv_slots,
-                              const std::vector<int32_t>& degrees) const {
+Allocation Simulator::balance(const Phases& ph, const std::vector<int32_t>& degrees) const {
   const auto S = static_cast<int32_t>(degrees.size());
-  const std::vector<int32_t> room = max_layers(kv_slots, degrees);
+  const std::vector<int32_t> room = max_layers(ph.kv_slots, ph.kv_positions, degrees);
   const std::vector<int32_t> leaders = stage_leaders(degrees);
   const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
   std::vector<StageCost> costs;
@@ -495,7 +524,7 @@ Allocation Simulator::balance(const Phases& ph, int32_t kv_slots,
   return a;
 }
 
-void Simulator::check_memory(Prediction& p, int32_t kv_slots) const {
+void Simulator::check_memory(Prediction& p, int32_t kv_slots, int64_t kv_positions) const {
   const auto S = static_cast<int32_t>(p.allocation.layers.size());
   const int32_t enc = p.allocation.encoder_stages;
   int32_t begin = 0;
@@ -506,7 +535,7 @@ void Simulator::check_memory(Prediction& p, int32_t kv_slots) const {
     const bool last = s == S - 1 || (enc > 0 && s == enc - 1);
     // WAA's encoders hold one encode batch; everyone else the decode batch.
     const int32_t slots = enc > 0 && s < enc ? std::max(p.vars.encode_batch, 1) : kv_slots;
-    StageRequest r = stage_request(n, first, last, slots);
+    StageRequest r = stage_request(n, first, last, slots, enc > 0 ? 0 : kv_positions);
     r.layer_begin = begin;
     r.layer_end = begin + n;
     const StagePlacement placed =
@@ -539,7 +568,9 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
   p.p99_output = ph.p99_output;
   const std::vector<int32_t> degrees =
       fixed != nullptr ? degrees_of(*fixed) : v.stage_degrees(workers());
-  p.allocation = fixed != nullptr ? *fixed : balance(ph, ph.kv_slots, degrees);
+  p.kv_positions = ph.kv_positions;
+  if (ph.kv_positions > 0) p.reservations_exceeded = exceeded_;
+  p.allocation = fixed != nullptr ? *fixed : balance(ph, degrees);
   if (fixed != nullptr && !fixed->tp_degrees.empty()) {  // the groups are the allocation's
     p.vars.tp_degree = *std::max_element(degrees.begin(), degrees.end());
     p.vars.tp_groups = static_cast<int32_t>(
@@ -583,7 +614,7 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
     p.stages.push_back({leaders[si] + 1, begin, begin + n, true, true, 0, {}, {}});
     begin += n;
   }
-  check_memory(p, ph.kv_slots);
+  check_memory(p, ph.kv_slots, ph.kv_positions);
   if (p.feasible && in_.max_kv_slots > 0 && ph.kv_slots > in_.max_kv_slots) {
     p.feasible = false;
     p.infeasible_reason = fmt::format("{} KV slots, more than the run's {} (--max-batch)",

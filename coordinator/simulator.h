@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/kv_packing.h"
 #include "coordinator/layer_profile.h"
 #include "coordinator/workload.h"
 #include "placement/stage_placement.h"
@@ -113,7 +114,12 @@ struct Prediction {
   double p99_latency_s = 0;       // the p99-length sequence, from its prefill to its last token
   double decode_batch = 0;        // B_D (WAA, RRA), the static batch (baseline)
   int32_t kv_slots = 0;           // KV slots each stage allocates
-  int32_t p99_output = 0;         // the output length the latency is for
+  // S3's packing (SimulatorInputs::packing): the KV positions the batch reserves -- the
+  // --kv-budget that runs this schedule -- and the share of sequences that outgrow their
+  // first reservation (each an extension in place or a preemption). 0: every slot whole.
+  int64_t kv_positions = 0;
+  double reservations_exceeded = 0;
+  int32_t p99_output = 0;  // the output length the latency is for
   Allocation allocation;
   std::vector<StageEstimate> stages;
   bool outside_profile = false;  // some step's time was extrapolated beyond measured points
@@ -137,6 +143,12 @@ struct SimulatorInputs {
   bool device_compute = false;
   TierBudgets budgets{-1, -1, -1, true};
   std::string model_spec;
+  // S3's packing for RRA (issue 16): each decode-batch member holds what `packing` reserves
+  // for its length (kv_packing.h held_positions) instead of a whole KV slot, so memory
+  // bounds B_D by the packed positions. Host compute only: a device's cache is allocated
+  // slot by slot (the constructor refuses it). WAA and the baseline reserve whole slots, as
+  // their runs do.
+  std::optional<ReservationModel> packing;
 };
 
 class Simulator {
@@ -160,13 +172,19 @@ class Simulator {
   Phases baseline_phases(const ScheduleVars& v) const;
   Prediction pipeline(const ScheduleVars& v, const Phases& ph, const Allocation* fixed) const;
   Prediction waa(const ScheduleVars& v) const;
-  Allocation balance(const Phases& ph, int32_t kv_slots, const std::vector<int32_t>& degrees) const;
-  std::vector<int32_t> max_layers(int32_t kv_slots, const std::vector<int32_t>& degrees) const;
-  StageRequest stage_request(int32_t layers, bool embedding, bool head, int32_t kv_slots) const;
-  void check_memory(Prediction& p, int32_t kv_slots) const;
+  Allocation balance(const Phases& ph, const std::vector<int32_t>& degrees) const;
+  std::vector<int32_t> max_layers(int32_t kv_slots, int64_t kv_positions,
+                                  const std::vector<int32_t>& degrees) const;
+  StageRequest stage_request(int32_t layers, bool embedding, bool head, int32_t kv_slots,
+                             int64_t kv_positions = 0) const;
+  void check_memory(Prediction& p, int32_t kv_slots, int64_t kv_positions = 0) const;
 
   SimulatorInputs in_;
   int32_t capacity_ = 0;
+  // With packing: held_positions per decode-iteration count, and the outgrown share of the
+  // workload's sequences.
+  std::vector<double> held_;
+  double exceeded_ = 0;
   mutable int64_t evaluations_ = 0;
 };
 

@@ -69,6 +69,46 @@ std::string schedule_table(const ScheduleChoice& c, const SchedulePlanOptions& o
   return out;
 }
 
+// The packing model --kv-reserve and --predict-eval ask for; nullopt: plan without.
+std::optional<ReservationModel> packing_model(const ScheduleCliOptions& o) {
+  const KvReserve rule = parse_kv_reserve(o.kv_reserve);
+  if (rule != KvReserve::kPredicted && !o.predict_eval.empty())
+    fail_input("--predict-eval needs --kv-reserve predicted (got {})", o.kv_reserve);
+  if (rule == KvReserve::kContext) return std::nullopt;
+  if (rule == KvReserve::kMaxNew) return ReservationModel{rule, 0, {}, ""};
+  if (o.predict_eval.empty())
+    fail_input("--kv-reserve predicted needs --predict-eval (strata predict eval --json's file)");
+  return ReservationModel::from_eval_json(o.predict_eval);
+}
+
+// What packing changed: the chosen schedules' decode batches, memory and throughput.
+std::string packing_line(const ScheduleChoice& whole, const ScheduleChoice& packed,
+                         const ReservationModel& m, int32_t capacity) {
+  if (!packed.feasible) return fmt::format("with {} packing: no schedule meets the bound", m.str());
+  const Prediction& b = packed.best;
+  std::string out = fmt::format("with {} packing: {} ", m.str(), b.str());
+  if (b.kv_positions > 0 && b.vars.policy == SchedulePolicy::kRra) {
+    std::string tp;
+    if (!b.allocation.tp_degrees.empty())
+      for (int32_t d : b.allocation.tp_degrees) tp += fmt::format("{}{}", tp.empty() ? "" : ",", d);
+    out += fmt::format(
+        "\n  run it: strata serve --micro-batches {} --decode-iters {} --max-batch {}{} "
+        "--kv-budget {} --kv-reserve {}{}",
+        b.vars.micro_batches, b.vars.decode_iters, b.kv_slots,
+        tp.empty() ? "" : " --tensor-parallel " + tp, b.kv_positions, kv_reserve_name(m.reserve),
+        m.reserve == KvReserve::kPredicted ? " --predictor MODEL_FILE" : "");
+  }
+  if (!whole.feasible) return out + "\n  (without packing no schedule meets the bound)";
+  const Prediction& a = whole.best;
+  return out + fmt::format(
+                   "\n  decode batch B_D {:.1f} -> {:.1f}; KV positions {} -> {}; {:.1f} -> "
+                   "{:.1f} tok/s ({:.2f}x); {:.1f}% of sequences outgrow their first reservation",
+                   a.decode_batch, b.decode_batch, int64_t{a.kv_slots} * capacity,
+                   b.kv_positions > 0 ? b.kv_positions : int64_t{b.kv_slots} * capacity,
+                   a.throughput_tok_s, b.throughput_tok_s, b.throughput_tok_s / a.throughput_tok_s,
+                   100 * b.reservations_exceeded);
+}
+
 }  // namespace
 
 double parse_latency_bound(const std::string& text) {
@@ -102,12 +142,19 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--exhaustive", o.exhaustive, "Evaluate every grid point (to compare)");
   cmd->add_flag("--rra-only", o.rra_only, "Only RRA schedules (one pipeline running both phases)");
+  cmd->add_option("--kv-reserve", o.kv_reserve,
+                  "Also plan with S3's KV packing: max-new (the true lengths, the oracle) or "
+                  "predicted (--predict-eval); context: no packing");
+  cmd->add_option("--predict-eval", o.predict_eval,
+                  "The predictor's evaluation (strata predict eval --json) for --kv-reserve "
+                  "predicted");
   cmd->add_flag(
       "--paper-bounds", o.paper_bounds,
       "Plan at the paper's four bounds: the baseline's bottom 10/30/70% latencies and inf");
 }
 
 int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) {
+  const std::optional<ReservationModel> packing = packing_model(o);  // refused before any work
   ModelConfig config = is_dummy_model(in.model) ? dummy_model_config(in.model.substr(6), in.dtype)
                                                 : load_model_config(in.model);
   config.dtype = in.dtype;
@@ -137,6 +184,17 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   }
   if (o.stage_mem_gib >= 0) po.stage_mem = static_cast<int64_t>(o.stage_mem_gib * (1 << 30));
   const Simulator sim(simulator_inputs(config, profile, po));
+  std::optional<Simulator> packed_sim;
+  if (packing) {
+    if (po.placement.device_compute)
+      fail_input(
+          "--kv-reserve {}: packing plans host-compute workers (--host-compute); a device "
+          "allocates its KV cache slot by slot",
+          o.kv_reserve);
+    SchedulePlanOptions packed = po;
+    packed.packing = packing;
+    packed_sim.emplace(simulator_inputs(config, profile, packed));
+  }
   std::vector<double> bounds{po.latency_bound};
   if (o.paper_bounds) bounds = paper_bounds(sim, search_options(sim, po));
   nlohmann::json runs = nlohmann::json::array();
@@ -148,14 +206,25 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
     progress.update(static_cast<size_t>(runs.size()));
     po.latency_bound = bound;
     const ScheduleChoice c = search_schedule(sim, search_options(sim, po));
-    if (!c.feasible && !refused) refused = c;
+    std::optional<ScheduleChoice> cp;
+    if (packed_sim) cp = search_schedule(*packed_sim, search_options(*packed_sim, po));
+    const ScheduleChoice& last = cp ? *cp : c;
+    if (!last.feasible && !refused) refused = last;
     nlohmann::json j = c.to_json();
+    if (cp) {
+      const ReservationModel& m = *packed_sim->inputs().packing;
+      j["packing"] = {{"reserve", kv_reserve_name(m.reserve)},
+                      {"model", m.str()},
+                      {"kv_capacity", sim.kv_capacity()},
+                      {"choice", cp->to_json()}};
+    }
     j["model"] = in.model;
     j["workers"] = profile.workers();
     j["workload"] = po.workload.to_json();
     j["profile"] = profile.source;
     runs.push_back(j);
     text += "\n" + schedule_table(c, po) + "\n";
+    if (cp) text += packing_line(c, *cp, *packed_sim->inputs().packing, sim.kv_capacity()) + "\n";
   }
   progress.finish(bounds.size());
   if (in.format == "json") {

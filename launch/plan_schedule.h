@@ -19,6 +19,10 @@ struct ScheduleCliOptions {
   bool exhaustive = false;
   bool rra_only = false;
   bool paper_bounds = false;
+  // S3 (issue 16): plan again with RRA's KV memory packed by this rule, beside the plan
+  // without; `predict_eval` is `strata predict eval --json`'s output for "predicted".
+  std::string kv_reserve = "context";
+  std::string predict_eval;
 };
 
 // What plan's other options say.

@@ -11,6 +11,12 @@
 namespace strata {
 namespace {
 
+// KV positions the cache holds: every slot's capacity, or S3's packed budget when smaller.
+int64_t committed_positions(const StageRequest& r) {
+  const int64_t whole = int64_t{r.kv_slots} * r.kv_capacity;
+  return r.kv_positions > 0 ? std::min(r.kv_positions, whole) : whole;
+}
+
 constexpr int64_t kF32 = 4;
 constexpr int64_t kI32 = 4;
 // worker/transformer.h: logits are computed this many rows at a time.
@@ -254,11 +260,16 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     kv.compress = policy.compress_cache;
     if (kv.compress && s.head_dim % 2 != 0)
       fail_input("head_dim {} is odd; the 4-bit KV cache packs two values per byte", s.head_dim);
-    const int64_t rows = int64_t{r.kv_slots} * r.kv_capacity * s.n_kv_heads;
+    if (r.kv_positions < 0 || (r.kv_positions > 0 && r.device_compute))
+      fail_input("{} packed KV positions with {} compute: packing commits host memory only",
+                 r.kv_positions, r.device_compute ? "device" : "host");
+    const int64_t positions = committed_positions(r);
+    const bool packed = positions < int64_t{r.kv_slots} * r.kv_capacity;
+    const int64_t rows = positions * s.n_kv_heads;
     if (kv.compress) {
-      KvQ4LayerView v;
-      v.n_slots = r.kv_slots;
-      v.capacity = r.kv_capacity;
+      KvQ4LayerView v;  // its bytes are per position: one slot of them all says the same
+      v.n_slots = packed ? 1 : r.kv_slots;
+      v.capacity = packed ? static_cast<int32_t>(positions) : r.kv_capacity;
       v.n_kv_heads = static_cast<int32_t>(s.n_kv_heads);
       v.head_dim = static_cast<int32_t>(s.head_dim);
       v.group = KvQ4LayerView::group_for(v.head_dim);
@@ -287,8 +298,8 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     if (r.kv_slots > 0) {
       const bool off_device =
           r.device_compute && kv.count(Tier::kGpu) < static_cast<int32_t>(kv.tiers.size());
-      if (kv.compress)  // a layer dequantised to f32 for attention
-        p.compute_workspace_bytes += 2 * int64_t{r.kv_slots} * r.kv_capacity * s.kv_width() * kF32;
+      if (kv.compress)  // a layer dequantised to f32 for attention (as committed)
+        p.compute_workspace_bytes += 2 * committed_positions(r) * s.kv_width() * kF32;
       if (off_device && !p.cpu_attention)  // a layer staged on the device around attention
         p.compute_workspace_bytes += 2 * kv.layer_bytes;
       if (off_device && p.cpu_attention)  // q, k, v and the output on the host

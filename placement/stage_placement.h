@@ -48,6 +48,11 @@ struct StageRequest {
   int32_t max_rows = 0;
   int32_t kv_slots = 0;
   int32_t kv_capacity = 0;
+  // The positions the cache commits over all slots, when fewer than kv_slots x kv_capacity
+  // (0: all of them): S3's packing on a host-compute stage, whose cache is committed page by
+  // page as positions are written (kernels/cpu_backend.h) -- a budget of positions, not
+  // slots, is what it holds. Refused with device compute (its cache is allocated whole).
+  int64_t kv_positions = 0;
   int32_t host_logit_rows = 0;
   int32_t host_token_rows = 0;
   // The policy. Unset: weights fill the compute tier, then the host, then the disk as the

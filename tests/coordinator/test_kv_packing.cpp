@@ -4,10 +4,14 @@
 // and ends with exactly the tokens it would have had; no request lost or duplicated.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 
 #include "coordinator/kv_packing.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/workload.h"
+#include "kernels/error.h"
+#include "support/test_device.h"
 
 namespace strata {
 namespace {
@@ -236,6 +240,82 @@ TEST(RraPacking, NoRequestLostOrDuplicatedAcrossPreemptions) {
   }
   EXPECT_GT(s.packing()->preemptions, 0);
   EXPECT_GT(s.packing()->extensions, 0);
+}
+
+// ---- the simulator's packing model (held_positions), worked by hand ------------------------
+
+// Outputs up to 20 tokens in 2 buckets of S3's width 20 / 2 = 10: S in [1, 10] -> 0, else 1.
+// True bucket 0 always reserves bucket 0 (10 tokens); true bucket 1 half the time bucket 0,
+// half bucket 1 (20 tokens). Prompt 4, so the first reservations are 14 and 24 positions.
+ReservationModel two_bucket_model() {
+  ReservationModel m;
+  m.reserve = KvReserve::kPredicted;
+  m.buckets = 2;
+  m.reserved_given_true = {1.0, 0.0, 0.5, 0.5};
+  return m;
+}
+
+LengthDistribution up_to_20() {
+  std::vector<int32_t> s;
+  for (int32_t i = 1; i <= 20; ++i) s.push_back(i);
+  return LengthDistribution::from_samples(s, "1..20");
+}
+
+TEST(HeldPositions, ContextAndMaxNewByHand) {
+  ReservationModel m;
+  std::vector<double> held = held_positions(m, 4, up_to_20(), 64);
+  ASSERT_EQ(held.size(), 20u);  // D = 0..19
+  EXPECT_EQ(held[0], 64);
+  EXPECT_EQ(held[19], 64);
+  m.reserve = KvReserve::kMaxNew;  // the prompt and S = D + 1 tokens, whatever D
+  held = held_positions(m, 4, up_to_20(), 64);
+  EXPECT_EQ(held[0], 5);
+  EXPECT_EQ(held[3], 8);
+  EXPECT_EQ(held[19], 24);
+  EXPECT_EQ(held_positions(m, 4, up_to_20(), 20)[19], 20);  // never above the context
+}
+
+TEST(HeldPositions, PredictedReservationsDoubleWhenOutgrown) {
+  std::vector<double> exceeded;
+  const std::vector<double> held = held_positions(two_bucket_model(), 4, up_to_20(), 64, &exceeded);
+  // D = 3 (S = 4, bucket 0): reserves 14, iterations need 5, 6, 7.
+  EXPECT_DOUBLE_EQ(held[3], 14);
+  EXPECT_DOUBLE_EQ(exceeded[3], 0);
+  // D = 15 (S = 16, bucket 1). Reserving 14: iterations 1..10 need 5..14 and hold 14, 11
+  // needs 15 and doubles it to 28 for 11..15: (10 * 14 + 5 * 28) / 15. Reserving 24: 24.
+  EXPECT_NEAR(held[15], 0.5 * (280.0 / 15) + 0.5 * 24, 1e-12);
+  EXPECT_DOUBLE_EQ(exceeded[15], 0.5);
+  // D = 19: (10 * 14 + 9 * 28) / 19 and 24 (iteration 19 needs 23).
+  EXPECT_NEAR(held[19], 0.5 * (392.0 / 19) + 0.5 * 24, 1e-12);
+  EXPECT_DOUBLE_EQ(held[0], 14);  // S = 1 holds its first reservation
+  // A context of 20 caps both: 14 then 20 -> (140 + 5 * 20) / 15; 24 -> 20.
+  const std::vector<double> capped = held_positions(two_bucket_model(), 4, up_to_20(), 20);
+  EXPECT_NEAR(capped[15], 0.5 * 16 + 0.5 * 20, 1e-12);
+}
+
+TEST(ReservationModel, ReadsTheEvaluationsMatrixAndNamesWhatIsWrong) {
+  const std::string dir = testing::test_tmp_dir("kv_packing");
+  const std::string good = dir + "/eval.json", bad = dir + "/bad.json";
+  std::ofstream(good) << R"({"buckets": 2, "confusion": [[9, 9], [9, 9]],
+                             "reservation_matrix": [[3, 1], [0, 0]]})";
+  const ReservationModel m = ReservationModel::from_eval_json(good);
+  EXPECT_EQ(m.buckets, 2);
+  // Row 0 normalised; row 1 never seen: a true bucket reserves itself.
+  EXPECT_EQ(m.reserved_given_true, (std::vector<double>{0.75, 0.25, 0.0, 1.0}));
+  EXPECT_NE(m.str().find("eval.json"), std::string::npos);
+  auto error_of = [](const std::string& path) {
+    try {
+      ReservationModel::from_eval_json(path);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::ofstream(bad) << R"({"reservation_matrix": [[1, 2], [3]]})";
+  EXPECT_NE(error_of(bad).find("row 1"), std::string::npos) << error_of(bad);
+  std::ofstream(bad) << R"({"accuracy": 0.5})";
+  EXPECT_NE(error_of(bad).find("reservation_matrix"), std::string::npos) << error_of(bad);
+  EXPECT_NE(error_of(dir + "/none.json").find("cannot open"), std::string::npos);
 }
 
 }  // namespace

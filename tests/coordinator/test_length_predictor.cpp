@@ -190,6 +190,13 @@ TEST(LengthPredictor, EvaluateByHand) {
   EXPECT_EQ(ev.confusion[2 * 10 + 0], 1);  // true 2, said 0
   EXPECT_EQ(ev.confusion[5 * 10 + 5], 1);
   EXPECT_EQ(ev.confusion[4 * 10 + 5], 1);
+  // Reserved 50 -> bucket 0 (twice, true 0 and 2); reserved 300 -> bucket 5 (true 5 and 4).
+  ASSERT_EQ(ev.reservations.size(), 100u);
+  EXPECT_EQ(ev.reservations[0 * 10 + 0], 1);
+  EXPECT_EQ(ev.reservations[2 * 10 + 0], 1);
+  EXPECT_EQ(ev.reservations[5 * 10 + 5], 1);
+  EXPECT_EQ(ev.reservations[4 * 10 + 5], 1);
+  EXPECT_MENTIONS(ev.json(), "\"reservation_matrix\"");
   // Baselines: 60% of the training rows were bucket 0, so the majority is right once; the
   // prior reaches 0.9 only at bucket 5 (0.6 + 0.4), reserving 300, which covers all four.
   EXPECT_DOUBLE_EQ(ev.majority_accuracy, 0.25);

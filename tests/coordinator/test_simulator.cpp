@@ -341,5 +341,59 @@ TEST(Simulator, AStageThatDoesNotFitIsInfeasibleAndSaysWhere) {
   EXPECT_TRUE(std::isinf(p.p99_latency_s));
 }
 
+// S3's packing (issue 16): the same schedule reserves prompt + output per decode-batch member
+// instead of a whole slot. One worker, input 10, output 5, B_E = 2, N_D = 4: B_D = 2 (as in
+// OneWorkerRraByHand); with a 64-position context that is 128 positions whole, 2 x 15 = 30
+// packed at max-new, and the stage's cache shrinks by 98 positions x (K and V) x 4 KV heads x
+// 8 dims x 4 bytes = 25088 bytes, a layer.
+TEST(Simulator, PackingBoundsMemoryByTheReservedPositions) {
+  SimulatorInputs in;
+  in.profile = constant_profile(1);
+  in.shape = tiny_shape(1);
+  in.workload = TaskWorkload{"hand", lengths({10}), lengths({5})};
+  in.kv_capacity = 64;
+  const ScheduleVars v{SchedulePolicy::kRra, 2, 4, 1, 1};
+  const Prediction whole = Simulator(in).predict(v);
+  in.packing = ReservationModel{KvReserve::kMaxNew, 0, {}, ""};
+  const Prediction packed = Simulator(in).predict(v);
+  ASSERT_TRUE(whole.feasible && packed.feasible);
+  EXPECT_EQ(whole.kv_positions, 0);
+  EXPECT_EQ(packed.kv_slots, 2);
+  EXPECT_EQ(packed.kv_positions, 30);
+  EXPECT_EQ(packed.reservations_exceeded, 0);
+  const auto total = [](const Prediction& p) {
+    return p.stages[0].memory.gpu + p.stages[0].memory.cpu + p.stages[0].memory.disk;
+  };
+  EXPECT_EQ(total(whole) - total(packed), 98 * 2 * 4 * 8 * 4);
+  EXPECT_DOUBLE_EQ(packed.throughput_tok_s, whole.throughput_tok_s);  // same compute
+  // A budget between the two: only the packed schedule fits.
+  in.budgets = TierBudgets{-1, total(packed), -1, true};
+  EXPECT_TRUE(Simulator(in).predict(v).feasible);
+  in.packing.reset();
+  EXPECT_FALSE(Simulator(in).predict(v).feasible);
+}
+
+// Outputs 5, 5, 5, 45 in 2 buckets of 23 tokens; a predictor that always reserves bucket 0
+// (23 tokens) leaves the 45s -- a quarter of the sequences -- to outgrow it.
+TEST(Simulator, PackingReportsTheShareThatOutgrowsItsReservation) {
+  SimulatorInputs in;
+  in.profile = constant_profile(1);
+  in.shape = tiny_shape(1);
+  in.workload = TaskWorkload{"hand", lengths({10}), lengths({5, 5, 5, 45})};
+  in.packing = ReservationModel{KvReserve::kPredicted, 2, {1, 0, 1, 0}, "test"};
+  const Prediction p = Simulator(in).predict(ScheduleVars{SchedulePolicy::kRra, 2, 4, 1, 1});
+  ASSERT_TRUE(p.feasible) << p.infeasible_reason;
+  EXPECT_DOUBLE_EQ(p.reservations_exceeded, 0.25);
+  EXPECT_GT(p.kv_positions, 0);
+  EXPECT_LT(p.kv_positions, int64_t{p.kv_slots} * 55);  // less than whole slots of 10 + 45
+  in.device_compute = true;                             // a device allocates its cache slot by slot
+  try {
+    Simulator{in};
+    ADD_FAILURE() << "device compute with packing accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("host-compute"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -47,6 +47,8 @@ rows = j["confusion"]
 assert len(rows) == 10 and all(len(r) == 10 for r in rows), rows
 assert sum(map(sum, rows)) == 100
 assert abs(sum(rows[i][i] for i in range(10)) / 100 - j["accuracy"]) < 1e-12
+res = j["reservation_matrix"]  # the same rows (true buckets), reserved buckets as columns
+assert [sum(r) for r in res] == [sum(r) for r in rows], (res, rows)
 PY
 then
   ok eval-json
@@ -118,6 +120,41 @@ expect_error bad-buckets "bucket count must be in" \
   predict train --data "$DATA" --tokenizer "$MODEL" --limit 10 --buckets 1 --out "$TMP/x.bin"
 expect_error bad-confidence "confidence" \
   predict eval --model "$TMP/m.bin" --data "$DATA" --tokenizer "$MODEL" --confidence 0
+# strata plan with S3's packing (issue 16 item 4): GSM8K's lengths on two CPU workers whose
+# 2 MiB each hold a few whole KV slots of 399 positions; reserving prompt + output (max-new,
+# the oracle) or what the predictor above reserves lets the planned decode batch grow, with
+# fewer positions than its slots would take whole.
+for reserve in max-new predicted; do
+  extra=()
+  [ "$reserve" = predicted ] && extra=(--predict-eval "$TMP/eval.json")
+  if "$STRATA" plan --model "$MODEL" --workload "$DATA" --host-compute --nodes 2 --stage-mem 0.002 \
+      --rra-only --kv-reserve "$reserve" "${extra[@]}" --format json >"$TMP/plan.json" 2>"$TMP/err" &&
+    python3 - "$TMP/plan.json" "$reserve" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+p = j["packing"]
+assert p["reserve"] == sys.argv[2] and p["kv_capacity"] == 399, p
+whole, packed = j["schedule"], p["choice"]["schedule"]
+assert whole["kv_positions"] == 0, whole
+# More sequences decode together, in fewer positions than their slots whole.
+assert packed["decode_batch"] > 2 * whole["decode_batch"], (packed["decode_batch"], whole["decode_batch"])
+assert 0 < packed["kv_positions"] < packed["kv_slots"] * 399, packed
+if sys.argv[2] == "max-new":
+    assert packed["reservations_exceeded"] == 0, packed
+PY
+  then
+    ok "plan-packing-$reserve"
+  else
+    bad "plan-packing-$reserve"
+  fi
+done
+expect_error plan-predicted-without-eval "--kv-reserve predicted needs --predict-eval" \
+  plan --model "$MODEL" --workload S --length-scale 0.1 --host-compute --kv-reserve predicted
+echo '{"accuracy": 1}' >"$TMP/noeval.json"
+expect_error plan-eval-without-matrix "noeval.json: no \"reservation_matrix\"" \
+  plan --model "$MODEL" --workload S --length-scale 0.1 --host-compute --kv-reserve predicted \
+  --predict-eval "$TMP/noeval.json"
+
 # The packing options refuse what cannot run, naming the option.
 printf '{"id": "a", "prompt": "Once", "max_new_tokens": 2}\n' >"$TMP/one.jsonl"
 expect_error predictor-without-budget "--predictor .* needs a --kv-budget" \
