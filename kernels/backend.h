@@ -168,6 +168,11 @@ class Backend {
   virtual TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind);
   virtual void compute_waits(TransferTicket ticket);
   virtual void host_waits(TransferTicket ticket);
+  // Whether the transfer has completed (its src may be reused; compute enqueued from now
+  // on sees dst), without blocking. The default knows only id 0, "nothing to wait for",
+  // which its transfer() returns: a backend whose transfers run asynchronously says when
+  // they are done, and otherwise callers learn it by waiting (host_waits).
+  virtual bool transfer_done(TransferTicket ticket) { return ticket.id == 0; }
   // Host memory that transfer() can copy from without a bounce (page-locked on CUDA).
   virtual void* allocate_host(size_t bytes);
   virtual void deallocate_host(void* p);

@@ -30,6 +30,7 @@ class ProfilingBackend final : public Backend {
   }
   void compute_waits(TransferTicket t) override { inner_.compute_waits(t); }
   void host_waits(TransferTicket t) override { inner_.host_waits(t); }
+  bool transfer_done(TransferTicket t) override { return inner_.transfer_done(t); }
   void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
   void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                    const KvQ4LayerView& cache) override;

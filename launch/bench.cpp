@@ -184,6 +184,9 @@ nlohmann::json feed_report(const LayerFeeder& f, const WeightPlacement& p, doubl
           {"bytes_on_gpu", p.gpu_bytes()},
           {"bytes_on_cpu", p.cpu_bytes()},
           {"bytes_on_disk", p.count(Tier::kDisk) * p.layer_bytes},
+          // HeteGen: CPU-tier layers split (computed in place) rather than streamed.
+          {"hetegen_alpha", p.hetegen_alpha},
+          {"layers_split", p.split_layers()},
           {"bytes_cpu_to_gpu", s.bytes_from_cpu},
           {"bytes_disk_to_gpu", s.bytes_from_disk},
           {"host_wait_for_disk_seconds", s.wait_seconds},

@@ -57,6 +57,10 @@ struct EngineOptions {
   std::string device = "auto";  // auto | cpu | cuda[:N]
   std::string gpu_mem;          // accelerator memory for weights (empty: no limit)
   std::string disk_mem;         // disk space for weights under disk_dir (empty: no limit)
+  // HeteGen (docs/OFFLOADING.md): CPU-tier layers split at this alpha, the rest of each linear
+  // computed on the CPU by hetegen_cpu_threads threads (0: --threads). 0: off.
+  double hetegen_alpha = 0;
+  int hetegen_cpu_threads = 0;
   // --policy, parsed once on the command line (placement/policy.h); `bench --policy auto`
   // sets policy_auto and the search fills `policy` in.
   std::optional<Policy> policy;

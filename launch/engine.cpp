@@ -100,6 +100,20 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   lo.disk_mem = o.disk_mem.empty() ? -1 : parse_size(o.disk_mem, "--disk-mem");
   if (c.device < 0 && lo.gpu_mem >= 0)
     log->warn("--gpu-mem ignored: the engine computes on the CPU");
+  // HeteGen splits work between a device and the CPU; where the CPU computes everything
+  // already there is nothing to split, and like --gpu-mem the option is ignored, not refused
+  // (the same command line then runs on machines with and without a GPU).
+  if (o.hetegen_alpha != 0 && c.device < 0) {
+    log->warn("--hetegen-alpha ignored: the engine computes on the CPU");
+  } else if (o.hetegen_alpha != 0) {
+    c.hetegen_cpu =
+        std::make_unique<CpuBackend>(o.hetegen_cpu_threads > 0 ? o.hetegen_cpu_threads : o.threads);
+    lo.hetegen_alpha = o.hetegen_alpha;
+    lo.hetegen_cpu = c.hetegen_cpu.get();
+    c.cpu->bind_thread();  // the new backend set this thread's OpenMP count to its own
+    log->info("HeteGen: CPU-tier layers split at alpha {}, the CPU shares on {}", o.hetegen_alpha,
+              c.hetegen_cpu->name());
+  }
   lo.disk_dir = o.disk_dir;
   lo.limits = input_limits(o.limits);
   lo.check_weights = o.check_weights;
@@ -133,6 +147,7 @@ Engine make_engine(const EngineOptions& o) {
   ComputeSetup c = make_compute(o);
   e.cpu = std::move(c.cpu);
   e.gpu = std::move(c.gpu);
+  e.hetegen_cpu = std::move(c.hetegen_cpu);
   e.backend = c.backend;
   if (o.profile) {
     e.profiler = std::make_unique<ProfilingBackend>(*e.backend);
@@ -142,6 +157,8 @@ Engine make_engine(const EngineOptions& o) {
   LoadedModel m = load_model(o.model, c.load);
   log->info("model: {}", m.config.str());
   log->info("weights: {}", m.placement.str());
+  if (c.load.hetegen_alpha != 0 && m.placement.split_layers() == 0)
+    log->warn("--hetegen-alpha: no CPU-tier layer to split (HeteGen splits only those)");
   e.config = m.config;
   e.placement = m.placement;
   e.tokenizer = std::move(m.tokenizer);

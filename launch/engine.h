@@ -23,6 +23,9 @@ struct ComputeSetup {
   CacheOptions cache;            // the policy's cache placement; host = cpu
   int max_batch = 0;             // the policy's block size when it names one, else 0
   int gpu_batch_size = 0;        // sequences per GPU batch (0: the step is one GPU batch)
+  // HeteGen's CPU shares (--hetegen-alpha on a GPU); load.hetegen_cpu points at it, so it
+  // must outlive the model.
+  std::unique_ptr<CpuBackend> hetegen_cpu;
 };
 
 // Probes for a GPU (and says what it found) and reads the policy. `auto_index`: the
@@ -34,6 +37,7 @@ struct Engine {
   std::unique_ptr<CpuBackend> cpu;
   std::unique_ptr<Backend> gpu;                // the CUDA backend when the engine computes on a GPU
   std::unique_ptr<ProfilingBackend> profiler;  // wraps the compute backend with --profile
+  std::unique_ptr<CpuBackend> hetegen_cpu;     // HeteGen's CPU shares; outlives the model
   Backend* backend = nullptr;                  // what the model computes on
   ModelConfig config;
   WeightPlacement placement;

@@ -161,6 +161,16 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
       "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");
   cmd.add_option("--disk-mem", o.disk_mem,
                  "Disk space under --disk-dir the weights may take (e.g. 100GiB)");
+  auto* alpha =
+      cmd.add_option("--hetegen-alpha", o.hetegen_alpha,
+                     "HeteGen: split each CPU-tier layer instead of streaming it -- this share "
+                     "of every linear's rows on the GPU, the rest computed by the CPU (0 < A "
+                     "<= 1; device compute, single process)")
+          ->check(number_check("in (0, 1]", [](double x) { return x > 0 && x <= 1; }));
+  cmd.add_option("--hetegen-cpu-threads", o.hetegen_cpu_threads,
+                 "HeteGen: CPU threads computing the CPU shares (0: --threads)")
+      ->check(thread_count())
+      ->needs(alpha);
   cmd.add_option_function<std::string>(
       "--policy",
       [&o](const std::string& text) {

@@ -10,6 +10,7 @@
 #include "launch/commands.h"
 #include "launch/plan_schedule.h"
 #include "launch/progress.h"
+#include "placement/offload_estimates.h"
 #include "placement/policy_search.h"
 #include "worker/config.h"
 #include "worker/dummy.h"
@@ -88,6 +89,27 @@ nlohmann::json stage_placements(const PlanOptions& o, const HardwareSpec& hw, co
   return out;
 }
 
+// What Pie and HeteGen would make of the chosen policy (issue 17): estimates beside it.
+void add_pie_hetegen(const ModelShape& shape, const Workload& w, const Policy& policy,
+                     const HardwareSpec& hw, nlohmann::json& out, std::string& text) {
+  try {
+    const PieEstimate pie = estimate_pie(shape, w, policy, hw);
+    out["pie"] = pie.to_json();
+    text += "\n" + pie.str();
+  } catch (const InputError& e) {
+    text += fmt::format("\nPie: not estimated: {}", e.what());
+  }
+  nlohmann::json hg = nlohmann::json::array();
+  std::vector<int64_t> sizes{policy.block_size()};
+  if (policy.block_size() > 1) sizes.push_back(1);  // HeteGen's own case: latency at batch 1
+  for (int64_t rows : sizes) {
+    const HeteGenEstimate e = estimate_hetegen(shape, policy, rows, hw);
+    hg.push_back(e.to_json());
+    text += "\n" + e.str();
+  }
+  out["hetegen"] = hg;
+}
+
 ModelShape plan_shape(const PlanOptions& o) {
   return plan_config(o).shape();
 }
@@ -141,6 +163,7 @@ int run_plan(const PlanOptions& o) {
     text = r.str();
     chosen = r.policy;
   }
+  if (!o.host_compute) add_pie_hetegen(shape, w, chosen, hw, out, text);
   out["stages"] = stage_placements(o, hw, chosen, text);
   out["model"] = o.model;
   out["hardware"] = hw.to_json();

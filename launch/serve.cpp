@@ -310,6 +310,13 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
       host_names(session.world(), Deadline::after_seconds(o.load_timeout));
   hosts.erase(hosts.begin());  // the workers'
   try {
+    // The planner's memory model (placement/stage_placement.h, checked byte for byte against
+    // each worker's allocation) and the plan's messages carry no HeteGen split; refused at
+    // every rank alike rather than run unplanned.
+    if (o.engine.hetegen_alpha != 0)
+      fail_input(
+          "--hetegen-alpha is for single-process engine commands (generate, bench, score, serve "
+          "without ranks): a cluster's plan does not place HeteGen's split");
     if (session.rank() != 0) return serve_worker(o, session, local_index);
     const int rc = roles.coordinator(o, session.world(), std::move(hosts));
     // Under `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun exits 0 whatever

@@ -7,6 +7,7 @@
 #include "kernels/backend.h"
 #include "kernels/error.h"
 #include "kernels/quant.h"
+#include "placement/hetegen.h"
 
 namespace strata {
 namespace {
@@ -90,6 +91,38 @@ std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
   return t;
 }
 
+// HeteGen's split of one layer as the worker holds it (worker/split_linear.h,
+// worker/layer_feeder.cpp): each linear cut after ceil(alpha x rows) rows, its bias likewise;
+// the norms packed alone on the device (LayerLayout of the vectors that are not biases).
+struct SplitLayer {
+  int64_t gpu = 0, cpu = 0;
+  int64_t max_in = 0, max_out = 0;  // over the linears: the staging's widths
+};
+
+SplitLayer split_layer(const ModelShape& s, bool compress, double alpha) {
+  const int64_t h = s.hidden, qw = s.q_width(), kvw = s.kv_width(), f = s.intermediate;
+  SplitLayer out;
+  auto linear = [&](bool present, int64_t rows, int64_t cols, bool bias) {
+    if (!present) return;
+    const int64_t g = hetegen::split_gpu_rows(alpha, rows);
+    out.gpu += matrix_bytes(s, g, cols, compress) + (bias ? g * kF32 : 0);
+    out.cpu += matrix_bytes(s, rows - g, cols, compress) + (bias ? (rows - g) * kF32 : 0);
+    out.max_in = std::max(out.max_in, cols);
+    out.max_out = std::max(out.max_out, rows);
+  };
+  linear(true, qw, h, s.attention_bias);
+  linear(true, kvw, h, s.attention_bias);
+  linear(true, kvw, h, s.attention_bias);
+  linear(true, h, qw, s.attention_bias);
+  linear(s.gated_mlp, f, h, false);
+  linear(true, f, h, s.mlp_bias);
+  linear(true, h, f, s.mlp_bias);
+  int64_t norms = 0;  // attn_norm (+ bias), mlp_norm (+ bias)
+  for (int i = 0; i < (s.norm_bias ? 4 : 2); ++i) norms = align_bytes(norms + h * kF32, 64);
+  out.gpu += align_bytes(norms);
+  return out;
+}
+
 // The embedding, positions, projections, final norm and head that the stage holds.
 int64_t fixed_bytes(const ModelShape& s, bool embedding, bool head, bool compress) {
   const int64_t h = s.hidden, e = s.embed_width();
@@ -130,8 +163,16 @@ Counts counts_from_budgets(const WeightPlacement& p, int32_t n, const TierBudget
   Counts c;
   if (p.device_compute) {
     const int64_t avail = b.gpu - other.gpu;
+    const int64_t S = p.split_gpu_bytes;
     if (b.gpu < 0 || p.fixed_bytes + n * L <= avail) {
       c.gpu = n;
+    } else if (p.hetegen()) {
+      // The layers not on the GPU are split and keep S each there (no device slots unless a
+      // layer lands on disk, which the budget check then counts). A split layer that takes
+      // as much as a whole one (alpha near 1) frees nothing: all split.
+      c.gpu = L > S ? static_cast<int32_t>(
+                          std::clamp<int64_t>((avail - p.fixed_bytes - n * S) / (L - S), 0, n))
+                    : 0;
     } else {
       c.gpu = static_cast<int32_t>(std::clamp<int64_t>((avail - p.fixed_bytes - 2 * L) / L, 0, n));
     }
@@ -162,7 +203,8 @@ void check_weight_budget(const char* option, int64_t budget, int64_t need, const
 
 int64_t WeightPlacement::gpu_bytes() const {
   if (!device_compute) return 0;
-  return fixed_bytes + count(Tier::kGpu) * layer_bytes + device_staging_bytes;
+  return fixed_bytes + count(Tier::kGpu) * layer_bytes + split_layers() * split_gpu_bytes +
+         device_staging_bytes;
 }
 
 int64_t WeightPlacement::cpu_bytes() const {
@@ -176,9 +218,14 @@ int64_t WeightPlacement::disk_bytes() const {
 std::string WeightPlacement::str() const {
   return fmt::format(
       "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} "
-      "MiB, device slots {:.1f} MiB, host staging {:.1f} MiB)",
+      "MiB, device slots {:.1f} MiB, host staging {:.1f} MiB{})",
       device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
-      mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes));
+      mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes),
+      hetegen()
+          ? fmt::format(", HeteGen alpha {:.3f}: {} CPU-tier layers split, {:.1f} MiB on "
+                        "the device + {:.1f} MiB in host memory each",
+                        hetegen_alpha, split_layers(), mib(split_gpu_bytes), mib(host_layer_bytes))
+          : "");
 }
 
 int64_t KvPlacement::file_bytes() const {
@@ -245,6 +292,12 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   const int32_t n = end - r.layer_begin;
   const Policy policy = r.policy.value_or(Policy{});
   policy.validate();
+  if (r.hetegen_alpha != 0) {
+    if (!(r.hetegen_alpha > 0 && r.hetegen_alpha <= 1))
+      fail_input("HeteGen: alpha must be in (0, 1], got {}", r.hetegen_alpha);
+    if (!r.device_compute)
+      fail_input("HeteGen splits layers between a device and the CPU: it needs device compute");
+  }
   StagePlacement p;
   p.layer_begin = r.layer_begin;
   p.layer_end = end;
@@ -325,6 +378,14 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   w.layer_bytes = align_bytes(packed);
   w.host_layer_bytes = r.device_compute ? w.layer_bytes : plain;
   w.fixed_bytes = fixed_bytes(s, r.embedding, r.head, compress);
+  if (r.hetegen_alpha > 0) {
+    const SplitLayer split = split_layer(s, compress, r.hetegen_alpha);
+    w.hetegen_alpha = r.hetegen_alpha;
+    w.split_gpu_bytes = split.gpu;
+    w.host_layer_bytes = split.cpu;
+    w.split_host_row_bytes = (split.max_in + split.max_out) * kF32;
+    w.split_device_row_bytes = split.max_out * kF32;
+  }
   const int64_t host_staging = 2 * (w.layer_bytes + kPageBytes);
   Counts c;
   if (r.policy && r.weight_shares) {
@@ -338,17 +399,24 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     c = counts_from_budgets(w, n, r.budgets, other, host_staging);
   }
   const int32_t n_disk = n - c.gpu - c.cpu;
-  if (r.device_compute && c.gpu < n) w.device_staging_bytes = 2 * w.layer_bytes;
   if (n_disk > 0) w.staging_bytes = host_staging;
   w.tiers = spread_tiers(n, c.gpu, c.cpu);
   for (int32_t i = 0; i < n; ++i)
     if (w.tiers[static_cast<size_t>(i)] == Tier::kDisk) w.disk_layers.push_back(i);
+  if (w.streamed_layers() > 0) w.device_staging_bytes = 2 * w.layer_bytes;
+  // The split linears' staging, sized for a step's rows like the activations.
+  if (w.split_layers() > 0) {
+    p.compute_workspace_bytes += int64_t{r.max_rows} * w.split_device_row_bytes;
+    p.host_workspace_bytes += int64_t{r.max_rows} * w.split_host_row_bytes;
+  }
 
   if (!r.budgets.whole_stage) {
     const TierBudgets& b = r.budgets;
     if (r.device_compute)
       check_weight_budget("--gpu-mem", b.gpu, w.gpu_bytes(), w,
-                          "embeddings, head, GPU-tier layers and two device slots");
+                          w.hetegen() ? "embeddings, head, GPU-tier layers, HeteGen's alpha "
+                                        "shares and two device slots"
+                                      : "embeddings, head, GPU-tier layers and two device slots");
     check_weight_budget("--disk-mem", b.disk, w.disk_bytes(), w, "disk-tier layers");
     check_weight_budget("--cpu-mem", b.cpu, w.cpu_bytes(), w,
                         r.device_compute ? "CPU-tier layers and disk staging"

@@ -60,6 +60,11 @@ struct StageRequest {
   std::optional<Policy> policy;
   bool weight_shares = true;  // with a policy: its w= shares place the weights (else budgets)
   TierBudgets budgets;
+  // HeteGen (placement/hetegen.h; worker/split_linear.h), device compute only; 0: off. A
+  // CPU-tier layer is then split instead of streamed: the first ceil(alpha x rows) rows of
+  // each linear and their biases on the device, the other rows in host memory for the CPU,
+  // the layer's norms on the device. Disk-tier layers still stream whole.
+  double hetegen_alpha = 0;
 };
 
 struct WeightPlacement {
@@ -71,6 +76,23 @@ struct WeightPlacement {
   int64_t staging_bytes = 0;         // two host buffers, when some layer is on disk
   std::vector<Tier> tiers;           // per layer (host compute: no GPU tier)
   std::vector<int32_t> disk_layers;  // the layers whose tier is disk, ascending
+  // HeteGen (StageRequest::hetegen_alpha > 0): every CPU-tier layer is split. Its device part
+  // (alpha shares, their biases, its norms packed) is split_gpu_bytes; host_layer_bytes is
+  // then its host part (the other rows and their biases).
+  double hetegen_alpha = 0;
+  int64_t split_gpu_bytes = 0;
+  // The split linears' staging for one call (worker/split_linear.h SplitLinearScratch), per
+  // row of a step: x and the CPU share's output in host memory, both shares on the device.
+  int64_t split_host_row_bytes = 0;
+  int64_t split_device_row_bytes = 0;
+
+  bool hetegen() const { return hetegen_alpha > 0; }
+  // The layers HeteGen splits (its CPU-tier layers) and those that stream to the device.
+  int32_t split_layers() const { return hetegen() ? count(Tier::kCpu) : 0; }
+  int32_t streamed_layers() const {
+    return device_compute ? static_cast<int32_t>(tiers.size()) - count(Tier::kGpu) - split_layers()
+                          : 0;
+  }
 
   int32_t count(Tier t) const { return count_tier(tiers, t); }
   int64_t gpu_bytes() const;  // on the accelerator

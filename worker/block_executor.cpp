@@ -107,10 +107,12 @@ void BlockExecutor::run(const StepBatch& batch, KvCache& cache, const StepIo& io
     input(*block_[b], first_rows_[b], states_[b], io);
   }
   for (int32_t i = 0; i < c.n_layers; ++i) {
+    cache.before_layer(i);  // Pie: swaps start, and layer i's KV cache is on the device
     const LayerWeights& w = layers_.acquire(i);
     for (size_t b = 0; b < block_.size(); ++b)
       transformer_.layer(w, i, states_[b], block_[b]->rows(), cache);
   }
+  cache.after_step();
   float* logits = io.out;
   for (size_t b = 0; b < block_.size(); ++b)
     output(*block_[b], first_rows_[b], states_[b], io, logits);

@@ -11,7 +11,9 @@
 namespace strata {
 
 std::string CachePlacement::str() const {
-  return fmt::format("c={}/{}/{}", gpu_percent, cpu_percent, 100 - gpu_percent - cpu_percent);
+  const std::string shares =
+      fmt::format("c={}/{}/{}", gpu_percent, cpu_percent, 100 - gpu_percent - cpu_percent);
+  return pie.enabled() ? fmt::format("{} {}", shares, pie.str()) : shares;
 }
 
 KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_t capacity,
@@ -36,7 +38,21 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
                c.n_layers);
   const size_t bytes = layer_bytes();
   layers_.resize(tiers_.size());
-  for (size_t i = 0; i < tiers_.size(); ++i) {
+  if (placement.pie.enabled()) {
+    if (!on_device_)
+      fail_input(
+          "Pie swaps the KV cache between an accelerator and the host: {} computes on "
+          "the host",
+          c.source);
+    if (count_tier(tiers_, Tier::kGpu) != static_cast<int32_t>(tiers_.size()))
+      fail_input(
+          "Pie swaps GPU-tier KV-cache layers; the cache placement {} puts {} of {} "
+          "layers elsewhere",
+          placement.str(), static_cast<int32_t>(tiers_.size()) - count_tier(tiers_, Tier::kGpu),
+          tiers_.size());
+    swap_ = std::make_unique<KvSwap>(backend, c.n_layers, bytes, placement.pie);
+  }
+  for (size_t i = 0; i < tiers_.size() && !swap_; ++i) {
     if (tiers_[i] == Tier::kGpu) {
       layers_[i] = {DeviceBuffer(backend, bytes), DeviceBuffer(backend, bytes)};
     } else if (tiers_[i] == Tier::kCpu) {
@@ -64,7 +80,7 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
 }
 
 TierBytes KvCache::memory() const {
-  TierBytes m;
+  TierBytes m = swap_ ? swap_->memory() : TierBytes{};
   for (size_t i = 0; i < layers_.size(); ++i) {
     const auto b = static_cast<int64_t>(layers_[i].k.size() + layers_[i].v.size());
     (tiers_[i] == Tier::kGpu && on_device_ ? m.gpu : m.cpu) += b;
@@ -110,8 +126,8 @@ KvQ4LayerView KvCache::q4_layer(int32_t i) const {
   const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];
   STRATA_CHECK(tier(i) != Tier::kDisk || staged_ == i, "disk layer {} used without load()", i);
   KvQ4LayerView v = q4_layer_shape();
-  v.k = L.k.data();
-  v.v = L.v.data();
+  v.k = swap_ ? swap_->k(i) : L.k.data();
+  v.v = swap_ ? swap_->v(i) : L.v.data();
   return v;
 }
 
@@ -119,7 +135,9 @@ KvLayerView KvCache::layer(int32_t i) const {
   STRATA_CHECK(!compress_, "f32 view of a compressed cache");
   const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];
   STRATA_CHECK(tier(i) != Tier::kDisk || staged_ == i, "disk layer {} used without load()", i);
-  return {L.k.f32(), L.v.f32(), n_slots_, capacity_, n_kv_heads_, head_dim_};
+  float* k = swap_ ? static_cast<float*>(swap_->k(i)) : L.k.f32();
+  float* v = swap_ ? static_cast<float*>(swap_->v(i)) : L.v.f32();
+  return {k, v, n_slots_, capacity_, n_kv_heads_, head_dim_};
 }
 
 void KvCache::load(int32_t i) {
@@ -192,9 +210,15 @@ void KvCache::copy_slot(Backend& backend, int32_t layer, int32_t slot, int32_t p
          layer, slot, positions, tiers_.size(), n_slots_, capacity_);
   load(layer);
   const Layer& L = tier(layer) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(layer)];
-  const bool device = tier(layer) == Tier::kGpu && on_device_;
-  for (const DeviceBuffer* t : {&L.k, &L.v}) {
-    auto* base = static_cast<std::byte*>(t->data());
+  bool device = tier(layer) == Tier::kGpu && on_device_;
+  std::byte* bases[2] = {static_cast<std::byte*>(L.k.data()), static_cast<std::byte*>(L.v.data())};
+  if (swap_) {  // wherever the mapping table has the layer now
+    const KvSwap::Location where = swap_->settle(layer);
+    bases[0] = where.k;
+    bases[1] = where.v;
+    device = where.device;
+  }
+  for (std::byte* base : bases) {
     for_each_slot_range(slot, positions, [&](size_t offset, size_t bytes) {
       std::byte* dst = to_cache ? base + offset : out;
       const std::byte* src = to_cache ? in : base + offset;

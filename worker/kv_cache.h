@@ -5,10 +5,12 @@
 // Each layer's cache has a home tier (FlexGen's cg/cc/cd at layer granularity): the compute
 // device, host memory (page-locked where the device is a GPU) or disk. A disk layer is
 // read into one host staging pair before its attention and written back after it
-// (O_DIRECT, so the host budget is real).
+// (O_DIRECT, so the host budget is real). With Pie (kv_swap.h) the GPU-tier layers share
+// fewer device buffers than layers and swap through host memory as the mapping table says.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "placement/tier.h"
 #include "worker/config.h"
 #include "worker/direct_file.h"
+#include "worker/kv_swap.h"
 
 namespace strata {
 
@@ -32,6 +35,8 @@ struct CachePlacement {
   // The GPU tier is an accelerator's memory (device compute) even where the backend driving
   // it is the host's (tests run the device path on the CPU backend).
   bool device_tier = false;
+  // Pie's swapping of the (all GPU-tier) layers through host memory; device compute only.
+  PieOptions pie;
   std::string str() const;
 };
 
@@ -50,6 +55,15 @@ class KvCache {
   KvLayerView f32_shape() const;
   void load(int32_t i);   // disk tier: file -> staging
   void store(int32_t i);  // disk tier: staging -> file
+  // The block executor's hooks around a step's layers: before layer i is computed (Pie
+  // starts its swaps and waits for layer i's swap-in), and after the last one.
+  void before_layer(int32_t i) {
+    if (swap_) swap_->begin_layer(i);
+  }
+  void after_step() {
+    if (swap_) swap_->end_step();
+  }
+  const KvSwap* swap() const { return swap_.get(); }  // null without Pie
 
   int32_t n_slots() const { return n_slots_; }
   int32_t capacity() const { return capacity_; }
@@ -102,12 +116,13 @@ class KvCache {
   bool compress_ = false;
   bool on_device_ = false;  // the backend's memory is an accelerator's
   std::vector<Tier> tiers_;
-  std::vector<Layer> layers_;  // empty buffers for disk-tier layers
+  std::vector<Layer> layers_;  // empty buffers for disk-tier layers, and for all with Pie
   Layer staging_;              // host pair the disk-tier layer in use is read into
   int32_t staged_ = -1;        // which disk layer the staging holds
   DirectFile file_;
   int64_t disk_bytes_moved_ = 0;
-  std::vector<int32_t> free_;  // stack of free slots, lowest on top
+  std::unique_ptr<KvSwap> swap_;  // Pie: the mapping table and its buffers
+  std::vector<int32_t> free_;     // stack of free slots, lowest on top
 };
 
 }  // namespace strata

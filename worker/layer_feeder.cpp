@@ -28,17 +28,40 @@ Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned
 
 namespace {
 
-std::vector<int32_t> streamed_layers(const std::vector<Tier>& tiers) {
+// The layers that stream into the device slots: all but the GPU tier's, and with a split
+// all but the CPU tier's too.
+std::vector<int32_t> streamed_layers(const std::vector<Tier>& tiers, const LayerSplit& split) {
   std::vector<int32_t> out;
   for (size_t i = 0; i < tiers.size(); ++i)
-    if (tiers[i] != Tier::kGpu) out.push_back(static_cast<int32_t>(i));
+    if (tiers[i] != Tier::kGpu && !(split.enabled() && tiers[i] == Tier::kCpu))
+      out.push_back(static_cast<int32_t>(i));
   return out;
+}
+
+// What a split layer keeps beside its split linears: the norms. The biases go with their
+// linears' shares (SplitLinearWeights), so nothing is held twice.
+LayerWeights norms_of(const LayerWeights& w) {
+  LayerWeights n;
+  n.attn_norm = w.attn_norm;
+  n.attn_norm_bias = w.attn_norm_bias;
+  n.mlp_norm = w.mlp_norm;
+  n.mlp_norm_bias = w.mlp_norm_bias;
+  return n;
 }
 
 }  // namespace
 
-LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap)
-    : device_(device), tiers_(std::move(tiers)), prefetch_(streamed_layers(tiers_), overlap) {
+LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap, LayerSplit split)
+    : device_(device),
+      tiers_(std::move(tiers)),
+      split_(split),
+      prefetch_(streamed_layers(tiers_, split_), overlap) {
+  if (split_.enabled()) {
+    if (!(split_.alpha > 0 && split_.alpha <= 1))
+      fail_input("HeteGen: alpha must be in (0, 1], got {}", split_.alpha);
+    splits_ = std::make_unique<SplitLinearTable>(device_, *split_.cpu,
+                                                 static_cast<int32_t>(tiers_.size()));
+  }
   resident_.resize(tiers_.size());
   gpu_views_.resize(tiers_.size());
 }
@@ -46,9 +69,7 @@ LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap)
 void LayerFeeder::set_layout(const LayerLayout& layout) {
   if (layout_.bytes() > 0) return;
   layout_ = layout;
-  bool streams = false;
-  for (Tier t : tiers_) streams = streams || t != Tier::kGpu;
-  if (!streams) return;
+  if (prefetch_.streamed().empty()) return;
   for (Slot& s : slots_) {
     s.blob = DeviceBuffer(device_, layout_.bytes());
     s.view = layout_.bind(s.blob.data());
@@ -62,6 +83,19 @@ void LayerFeeder::take(int32_t layer, LayerWeights& w) {
   if (t == Tier::kDisk) return;
   set_layout(LayerLayout::of(w));
   const auto i = static_cast<size_t>(layer);
+  if (split(layer)) {
+    const double alpha = split_.alpha;
+    splits_->add(layer, w, [alpha](int32_t, LinearSlot) { return alpha; });
+    const LayerWeights norms = norms_of(w);
+    if (norms_layout_.bytes() == 0) norms_layout_ = LayerLayout::of(norms);
+    std::vector<std::byte> host(norms_layout_.bytes());
+    norms_layout_.pack(norms, host.data());
+    resident_[i] = DeviceBuffer(device_, host.size());
+    device_.copy(resident_[i].data(), host.data(), host.size(), CopyKind::kHostToDevice);
+    gpu_views_[i] = norms_layout_.bind(resident_[i].data());
+    release_layer(w);
+    return;
+  }
   // Pack on the host (page-locked, so the copy to the device needs no bounce buffer).
   DeviceBuffer host = DeviceBuffer::host(device_, layout_.bytes());
   layout_.pack(w, host.data());
@@ -116,15 +150,18 @@ void LayerFeeder::finish(int slot, int32_t) {
 const LayerWeights& LayerFeeder::acquire(int32_t layer) {
   STRATA_CHECK(layer >= 0 && static_cast<size_t>(layer) < tiers_.size(), "layer {} of {}", layer,
                tiers_.size());
-  if (tier(layer) == Tier::kGpu) return gpu_views_[static_cast<size_t>(layer)];
+  if (tier(layer) == Tier::kGpu || split(layer)) return gpu_views_[static_cast<size_t>(layer)];
   return slots_[prefetch_.acquire(layer, *this)].view;
 }
 
 TierBytes LayerFeeder::memory() const {
   TierBytes m;
-  for (size_t i = 0; i < tiers_.size(); ++i)
-    (tiers_[i] == Tier::kGpu ? m.gpu : m.cpu) += static_cast<int64_t>(resident_[i].size());
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    const bool on_device = tiers_[i] == Tier::kGpu || split(static_cast<int32_t>(i));
+    (on_device ? m.gpu : m.cpu) += static_cast<int64_t>(resident_[i].size());
+  }
   for (const Slot& s : slots_) m.gpu += static_cast<int64_t>(s.blob.size());
+  if (splits_ != nullptr) m += splits_->memory();
   if (disk_ != nullptr) m += disk_->memory();
   return m;
 }

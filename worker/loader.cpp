@@ -79,6 +79,7 @@ StageRequest weight_request(const LoadOptions& o) {
   r.head = o.head;
   r.device_compute = o.device != nullptr;
   r.budgets = TierBudgets{o.gpu_mem, o.cpu_mem, o.disk_mem, false};
+  r.hetegen_alpha = o.hetegen_alpha;
   const bool shares = o.w_gpu_percent >= 0 || o.w_cpu_percent >= 0;
   if (shares || o.compress_weight) {
     Policy p;
@@ -113,13 +114,19 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
     p.disk_layers.clear();
     for (int32_t i = 0; i < parts.n_layers; ++i)
       if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
-    p.device_staging_bytes =
-        p.device_compute && p.count(Tier::kGpu) < parts.n_layers ? 2 * p.layer_bytes : 0;
+    p.device_staging_bytes = p.streamed_layers() > 0 ? 2 * p.layer_bytes : 0;
     p.staging_bytes = p.disk_layers.empty() ? 0 : 2 * (p.layer_bytes + kPageBytes);
   }
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
-  if (options.device != nullptr)
-    m.feeder = std::make_unique<LayerFeeder>(*options.device, m.placement.tiers, options.overlap);
+  if (options.hetegen_alpha != 0 && (options.device == nullptr || options.hetegen_cpu == nullptr))
+    fail_input("HeteGen (alpha {}) needs a device to compute on and a CPU backend for its share",
+               options.hetegen_alpha);
+  if (options.device != nullptr) {
+    const LayerSplit split{options.hetegen_alpha,
+                           options.hetegen_alpha != 0 ? options.hetegen_cpu : nullptr};
+    m.feeder =
+        std::make_unique<LayerFeeder>(*options.device, m.placement.tiers, options.overlap, split);
+  }
   LayerSink sink;
   if (m.feeder != nullptr) {
     sink = [&](int32_t i, LayerWeights& w) {

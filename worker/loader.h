@@ -36,6 +36,12 @@ struct LoadOptions {
   // the host, then the disk, as the budgets allow.
   int w_gpu_percent = -1;
   int w_cpu_percent = -1;
+  // HeteGen (layer_feeder.h LayerSplit), with `device` only; 0: off. Each CPU-tier layer is
+  // split at this alpha (0 < alpha <= 1) instead of streamed: the alpha share of every linear
+  // on the device, the rest in host memory computed by `hetegen_cpu` (which outlives the
+  // model). Disk-tier layers still stream. placement/ counts the split (StageRequest).
+  double hetegen_alpha = 0;
+  Backend* hetegen_cpu = nullptr;
   // FlexGen's weight compression: every layer matrix whose rows are whole groups of 64 is
   // stored 4-bit group-wise (kQ4) in every tier and dequantised just before use.
   bool compress_weight = false;

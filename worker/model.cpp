@@ -11,10 +11,21 @@ Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, 
     : config_(config),
       weights_(std::move(weights)),
       backend_(backend),
+      feeder_splits_(feeder != nullptr ? feeder->splits() : nullptr),
       layers_(weights_.layers, std::move(streamer), std::move(feeder)),
       transformer_(config_, weights_, backend, max_rows, layers_.device_compute()),
       executor_(transformer_, layers_, backend) {
   executor_.reserve(1);  // a step of one GPU batch runs without more
+  if (feeder_splits_ != nullptr) {
+    feeder_splits_->reserve(max_rows);  // the split linears' staging, once
+    transformer_.set_split_linears(feeder_splits_);
+  }
+}
+
+void Model::set_split_linears(SplitLinearTable* splits) {
+  STRATA_CHECK(feeder_splits_ == nullptr || splits == feeder_splits_,
+               "the feeder's HeteGen splits hold layers that cannot run without them");
+  transformer_.set_split_linears(splits);
 }
 
 void Model::set_cache_options(const CacheOptions& options) {

@@ -65,6 +65,10 @@ class Model {
   void set_gpu_batch_size(int32_t sequences) { executor_.set_gpu_batch_size(sequences); }
   // A tensor-parallel shard's group sum (Transformer::set_block_reduce); outlives the model.
   void set_block_reduce(BlockReduce* reduce) { transformer_.set_block_reduce(reduce); }
+  // HeteGen's split linears (Transformer::set_split_linears; nullptr: none); outlives the
+  // model's steps. A feeder that splits its CPU-tier layers (layer_feeder.h LayerSplit) gives
+  // the model its own at construction, and those layers cannot run without it.
+  void set_split_linears(SplitLinearTable* splits);
   int32_t gpu_batch_size() const { return executor_.gpu_batch_size(); }
 
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
@@ -79,6 +83,7 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   Backend& backend_;
+  SplitLinearTable* feeder_splits_;  // the feeder's (LayerFeeder::splits), taken before it moves
   LayerSource layers_;
   Transformer transformer_;
   BlockExecutor executor_;

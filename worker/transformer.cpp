@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "worker/split_linear.h"
 #include "worker/tensor_parallel.h"
 
 namespace strata {
@@ -195,7 +196,7 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
   } else {
     backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
   }
-  mlp_block(L, rows);  // h_ -> h_
+  mlp_block(L, i, rows);  // h_ -> h_
   if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
   backend_.add(x, h_.f32(), n);
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
@@ -204,30 +205,46 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
 void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
                                   KvCache& cache) {
   const float* in = h_.f32();
-  backend_.linear(in, rows, L.q, L.q_bias.data ? L.q_bias.f32() : nullptr, q_.f32());
-  backend_.linear(in, rows, L.k, L.k_bias.data ? L.k_bias.f32() : nullptr, k_.f32());
-  backend_.linear(in, rows, L.v, L.v_bias.data ? L.v_bias.f32() : nullptr, v_.f32());
+  linear(i, LinearSlot::kQ, in, rows, L.q, L.q_bias, q_.f32());
+  linear(i, LinearSlot::kK, in, rows, L.k, L.k_bias, k_.f32());
+  linear(i, LinearSlot::kV, in, rows, L.v, L.v_bias, v_.f32());
   if (arch_.rotary()) {
     backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, s.positions(), rope_);
     backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.positions(), rope_);
   }
   attention_.run(i, q_.f32(), k_.f32(), v_.f32(), s.step_rows, rows, cache, attn_.f32());
-  backend_.linear(attn_.f32(), rows, L.o, L.o_bias.data ? L.o_bias.f32() : nullptr, h_.f32());
+  linear(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, h_.f32());
 }
 
-void Transformer::mlp_block(const LayerWeights& L, int32_t rows) {
+void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows) {
   const int64_t n = static_cast<int64_t>(rows) * config_.intermediate;
-  const float* up_bias = L.up_bias.data ? L.up_bias.f32() : nullptr;
   if (arch_.gated_mlp()) {
-    backend_.linear(h_.f32(), rows, L.gate, nullptr, f1_.f32());
-    backend_.linear(h_.f32(), rows, L.up, up_bias, f2_.f32());
+    linear(i, LinearSlot::kGate, h_.f32(), rows, L.gate, Tensor{}, f1_.f32());
+    linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f2_.f32());
     backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
   } else {
-    backend_.linear(h_.f32(), rows, L.up, up_bias, f1_.f32());
+    linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f1_.f32());
     backend_.relu(f1_.f32(), n);
   }
-  backend_.linear(f1_.f32(), rows, L.down, L.down_bias.data ? L.down_bias.f32() : nullptr,
-                  h_.f32());
+  linear(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, h_.f32());
+}
+
+void Transformer::set_split_linears(SplitLinearTable* splits) {
+  STRATA_CHECK(splits == nullptr || &splits->gpu() == &backend_,
+               "HeteGen splits built for backend {} given to a transformer on {}",
+               splits ? splits->gpu().name() : "", backend_.name());
+  splits_ = splits;
+}
+
+void Transformer::linear(int32_t i, LinearSlot slot, const float* x, int32_t rows, const Tensor& w,
+                         const Tensor& bias, float* y) {
+  if (splits_ != nullptr) {
+    if (const SplitLinearWeights* split = splits_->find(i, slot)) {
+      splits_->linear(*split, x, rows, y);
+      return;
+    }
+  }
+  backend_.linear(x, rows, w, bias.data ? bias.f32() : nullptr, y);
 }
 
 // Final norm and LM head on the requested rows only, kLogitChunk rows at a time so the

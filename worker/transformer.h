@@ -51,7 +51,9 @@ struct BatchState {
   }
 };
 
-class BlockReduce;  // worker/tensor_parallel.h
+class BlockReduce;       // worker/tensor_parallel.h
+class SplitLinearTable;  // worker/split_linear.h
+enum class LinearSlot : uint8_t;
 
 class Transformer {
  public:
@@ -70,6 +72,10 @@ class Transformer {
   // output of every attention and MLP block is summed over the group by `reduce` before it
   // joins the residual stream. nullptr: the whole layer is here.
   void set_block_reduce(BlockReduce* reduce) { reduce_ = reduce; }
+  // HeteGen: the layer linears `splits` holds run split between this transformer's backend
+  // (its gpu()) and a CPU backend (split_linear.h); the others, and all of them when
+  // nullptr, run on the backend. It outlives the transformer's steps.
+  void set_split_linears(SplitLinearTable* splits);
 
   // A GPU batch's state of this transformer's size.
   BatchState make_batch_state() const;
@@ -94,7 +100,10 @@ class Transformer {
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
   void attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
                        KvCache& cache);
-  void mlp_block(const LayerWeights& L, int32_t rows);
+  void mlp_block(const LayerWeights& L, int32_t i, int32_t rows);
+  // Layer i's linear in `slot`: split where splits_ has it, else the backend's.
+  void linear(int32_t i, LinearSlot slot, const float* x, int32_t rows, const Tensor& w,
+              const Tensor& bias, float* y);
   void head_chunk(std::span<const int32_t> rows, int32_t batch_rows, const BatchState& s,
                   float* logits);
   void build_rope_tables();
@@ -115,6 +124,7 @@ class Transformer {
   // Learned positions from the table row of position 0 on (OPT stores them at an offset).
   Tensor positions_;
   BlockReduce* reduce_ = nullptr;
+  SplitLinearTable* splits_ = nullptr;
 };
 
 }  // namespace strata

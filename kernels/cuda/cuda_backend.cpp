@@ -145,6 +145,7 @@ class CudaBackend final : public Backend {
   TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override;
   void compute_waits(TransferTicket ticket) override;
   void host_waits(TransferTicket ticket) override;
+  bool transfer_done(TransferTicket ticket) override;
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* p) override;
 
@@ -378,6 +379,21 @@ void CudaBackend::host_waits(TransferTicket ticket) {
   if (ticket.id == 0) return;
   activate();
   STRATA_CUDA_CHECK(cudaEventSynchronize(ticket_event(ticket)));
+}
+
+// A ticket older than the ring asks a newer event of the same in-order stream: done there
+// means done here, and not done only makes the caller wait a little longer.
+bool CudaBackend::transfer_done(TransferTicket ticket) {
+  if (ticket.id == 0) return true;
+  activate();
+  const cudaError_t s = cudaEventQuery(ticket_event(ticket));
+  if (s == cudaErrorNotReady) {
+    // Not an error; kept out of the next launch's cudaGetLastError() status all the same.
+    cudaGetLastError();
+    return false;
+  }
+  STRATA_CUDA_CHECK(s);
+  return true;
 }
 
 // Page-aligned (O_DIRECT reads land in it: the KV cache's disk tier) and page-locked

@@ -11,6 +11,7 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/workload.h"
 #include "kernels/error.h"
+#include "support/input_error.h"
 #include "support/test_device.h"
 
 namespace strata {
@@ -304,12 +305,7 @@ TEST(ReservationModel, ReadsTheEvaluationsMatrixAndNamesWhatIsWrong) {
   EXPECT_EQ(m.reserved_given_true, (std::vector<double>{0.75, 0.25, 0.0, 1.0}));
   EXPECT_NE(m.str().find("eval.json"), std::string::npos);
   auto error_of = [](const std::string& path) {
-    try {
-      ReservationModel::from_eval_json(path);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return testing::input_error([&] { ReservationModel::from_eval_json(path); });
   };
   std::ofstream(bad) << R"({"reservation_matrix": [[1, 2], [3]]})";
   EXPECT_NE(error_of(bad).find("row 1"), std::string::npos) << error_of(bad);

@@ -10,6 +10,7 @@ failures=0
 passes=0
 
 # expect_error NAME PATTERN ARGS... : non-zero exit, exactly one stderr line matching PATTERN.
+# With EXPECT_RC=N in its environment, the exit status must be N.
 expect_error() {
   local name=$1 pattern=$2
   shift 2
@@ -17,7 +18,8 @@ expect_error() {
   local rc=$?
   local lines
   lines=$(grep -vc '^\[' "$TMP/err")  # log lines start with "[time]"; the error line does not
-  if [ "$rc" -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$TMP/err"; then
+  if [ "$rc" -eq 0 ] || [ "$rc" -ne "${EXPECT_RC:-$rc}" ] || [ "$lines" -ne 1 ] ||
+    ! grep -q -- "$pattern" "$TMP/err"; then
     echo "FAIL $name: rc=$rc, $lines non-log stderr lines, wanted /$pattern/:"
     cat "$TMP/err"
     failures=$((failures + 1))
@@ -89,8 +91,19 @@ if "$STRATA" plan --model dummy:opt-30b --gpu-mem 16 --cpu-mem 208 --disk-mem 15
     --prompt-len 512 --gen-len 32 --format json >"$TMP/plan.json" 2>"$TMP/err" &&
   python3 - "$TMP/plan.json" <<'PY'
 import json, sys
-p = json.load(open(sys.argv[1]))["policy"]
+j = json.load(open(sys.argv[1]))
+p = j["policy"]
 assert "ngb=3," in p and "w=20/80/0" in p and "c=0/100/0" in p and "h=0/100/0" in p, p
+# Pie and HeteGen beside it (issue 17). The T4's cache crosses GPU -> CPU at 0.97 GiB/s, so a
+# layer's swap outlasts a whole token's decode compute: Pie keeps every layer on the GPU.
+pie, hw = j["pie"], j["hardware"]
+assert pie["swap_s"] == pie["layer_cache_bytes"] / hw["gtoc_bdw_cache"], pie
+assert pie["swap_s"] > 48 * pie["compute_s"] and pie["host_layers"] == 0, pie
+# HeteGen at batch 1, eq. 5 from the T4's constants: fp16 over ctog, 2 FLOPs a parameter.
+one = [e for e in j["hetegen"] if e["rows"] == 1][0]
+v_cpu, v_gpu, v_com = hw["cpu_flops"] / 2, hw["mm_flops_decode"] / 2, hw["ctog_bdw"] / 2
+alpha = 1 / (v_cpu / v_com + v_cpu / v_gpu + 1)
+assert abs(one["alpha"] - alpha) < 1e-12 and one["split_s"] < one["stream_s"], (one, alpha)
 PY
 then
   echo "ok   plan-opt30b-t4"; passes=$((passes + 1))
@@ -175,6 +188,27 @@ if [ -s "$TMP/plain.json" ] && cmp -s "$TMP/plain.json" "$TMP/disk.json"; then
   echo "ok   policy-disk-placement-same-output"; passes=$((passes + 1))
 else
   echo "FAIL policy-disk-placement-same-output"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+# HeteGen (docs/OFFLOADING.md): a bad alpha or thread count is bad input (exit 2, one line
+# naming the option) on any machine; a good one on an engine computing on the CPU is ignored
+# with a warning, as --gpu-mem is, and changes nothing.
+for alpha in 0 -0.3 1.5 nan inf abc; do
+  EXPECT_RC=2 expect_error "hetegen-alpha-$alpha" "--hetegen-alpha: .*$alpha" \
+    generate --model "$MODEL" --prompt hi --hetegen-alpha "$alpha"
+done
+EXPECT_RC=2 expect_error hetegen-alpha-bench "--hetegen-alpha: must be in (0, 1], got 2" \
+  bench --model "$MODEL" --hetegen-alpha 2
+EXPECT_RC=2 expect_error hetegen-threads-alone "--hetegen-cpu-threads requires --hetegen-alpha" \
+  generate --model "$MODEL" --prompt hi --hetegen-cpu-threads 2
+EXPECT_RC=2 expect_error hetegen-threads-negative "--hetegen-cpu-threads: must be a whole number >= 0, got -1" \
+  generate --model "$MODEL" --prompt hi --hetegen-alpha 0.5 --hetegen-cpu-threads -1
+"$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device cpu \
+  --hetegen-alpha 0.3 --hetegen-cpu-threads 1 >"$TMP/hetegen.json" 2>"$TMP/err"
+if cmp -s "$TMP/plain.json" "$TMP/hetegen.json" &&
+  grep -q -- "--hetegen-alpha ignored: the engine computes on the CPU" "$TMP/err"; then
+  echo "ok   hetegen-on-cpu-ignored"; passes=$((passes + 1))
+else
+  echo "FAIL hetegen-on-cpu-ignored"; cat "$TMP/err"; failures=$((failures + 1))
 fi
 if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
   --prompt-len 8 --gen-len 2 --no-limits --threads 2 >"$TMP/auto.json" 2>"$TMP/err" &&

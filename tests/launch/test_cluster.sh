@@ -11,7 +11,8 @@
 #                                      grew sequences on the way)
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
 #                                      non-zero within a bounded time
-#   refuse                             too many stages / over budget: clear refusal, no hang
+#   refuse                             too many stages / over budget / HeteGen: clear refusal,
+#                                      no hang
 #   hostile                            a line of 100,000 nested arrays, invalid UTF-8, a line
 #                                      past the size limit, a repeated id: each bad line gets
 #                                      an error result, the rest run, the job ends cleanly
@@ -286,6 +287,15 @@ JSON
     [ "$rc" -ne 0 ] || fail "--device cuda:99 accepted"
     grep -q "device cuda:99: no" "$tmp/out" || { cat "$tmp/out"; fail "no clear device refusal"; }
     [ $(($(date +%s) - start)) -le 20 ] || fail "device refusal took too long"
+    # HeteGen's split is not in the planner's memory model: refused before anything loads.
+    set +e
+    cluster 3 --model "$stories" --hetegen-alpha 0.5 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -ne 0 ] || fail "--hetegen-alpha in a cluster accepted"
+    grep -q -- "--hetegen-alpha is for single-process engine commands" "$tmp/out" ||
+      { cat "$tmp/out"; fail "no clear HeteGen refusal"; }
     echo "refusals clear"
     ;;
   hostile)

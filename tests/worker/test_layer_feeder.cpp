@@ -2,7 +2,9 @@
 // GPU / CPU / disk and with prefetch on or off, generation equals the all-resident run token
 // for token. Built twice: with the CPU backend standing in for the device (every CI run;
 // transfers are plain copies, so the schedule's bookkeeping is what is tested) and, as the
-// `gpu` label, with the CUDA backend where a GPU is present.
+// `gpu` label, with the CUDA backend where a GPU is present. With HeteGen the CPU-tier layers
+// are split instead of streamed: the same ids, fewer bytes moved, and what the model holds is
+// what placement/ counts.
 #include <gtest/gtest.h>
 
 #include "coordinator/local_stages.h"
@@ -10,6 +12,7 @@
 #include "kernels/error.h"
 #include "support/stories_reference.h"
 #include "support/test_device.h"
+#include "worker/dummy.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
 
@@ -43,9 +46,8 @@ std::vector<GenerationRequest> requests_for(const std::string& model, int32_t vo
   return reqs;
 }
 
-// Generates with the model's weights placed by the shares (wg, wc) and the cache as `cache`.
-FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap,
-                 CacheOptions cache = {}, int32_t gpu_batch_size = 0, bool compress = false) {
+// The device path's load options: weights placed by the shares (wg, wc).
+LoadOptions feed_options(Backend& device, int wg, int wc, bool overlap, bool compress) {
   LoadOptions lo;
   lo.device = &device;
   lo.dummy_dtype = DType::kF16;
@@ -54,16 +56,24 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
   lo.w_gpu_percent = wg;
   lo.w_cpu_percent = wc;
   lo.compress_weight = compress;
+  return lo;
+}
+
+constexpr int32_t kMaxRows = 64;
+
+// Generates with the model loaded as `lo` says and the cache as `cache`.
+FeedRun run_with(Backend& device, const std::string& model, const LoadOptions& lo,
+                 CacheOptions cache = {}, int32_t gpu_batch_size = 0) {
   LoadedModel m = load_model(model, lo);
   FeedRun run;
   run.placement = m.placement;
-  Model engine(m.config, std::move(m.weights), device, 64, nullptr, std::move(m.feeder));
+  Model engine(m.config, std::move(m.weights), device, kMaxRows, nullptr, std::move(m.feeder));
   CpuBackend host(2);
   cache.host = &host;
   cache.placement.disk_dir = disk_dir();
   engine.set_cache_options(cache);
   engine.set_gpu_batch_size(gpu_batch_size);
-  LocalCluster gen(engine, LocalOptions{gpu_batch_size > 0 ? 4 : 3, 64, 0});
+  LocalCluster gen(engine, LocalOptions{gpu_batch_size > 0 ? 4 : 3, kMaxRows, 0});
   for (const auto& res : gen.run(requests_for(model, m.config.vocab))) {
     EXPECT_TRUE(res.error.empty()) << res.error;
     run.outputs.push_back(res.output_ids);
@@ -71,6 +81,13 @@ FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool
   run.feed = engine.feeder()->stats();
   run.layer_bytes = static_cast<int64_t>(engine.feeder()->layer_bytes());
   return run;
+}
+
+// Generates with the model's weights placed by the shares (wg, wc) and the cache as `cache`.
+FeedRun generate(Backend& device, const std::string& model, int wg, int wc, bool overlap,
+                 CacheOptions cache = {}, int32_t gpu_batch_size = 0, bool compress = false) {
+  return run_with(device, model, feed_options(device, wg, wc, overlap, compress), cache,
+                  gpu_batch_size);
 }
 
 class LayerFeederTest : public ::testing::TestWithParam<std::string> {
@@ -223,6 +240,92 @@ TEST_P(LayerFeederTest, WithoutOverlapEachStreamedLayerLoadsOncePerStep) {
     b.clear();
     const std::vector<int32_t> next{4};
     b.add(0, 2 + step, next, true);
+  }
+}
+
+// HeteGen's device path: the model loaded with GPU-, CPU- and disk-tier layers, the dummy
+// f32 and only its first 4 layers (its CPU runs are slow), and with HeteGen the CPU-tier
+// layers split at `alpha` (0: streamed as FlexGen streams them).
+LoadOptions hetegen_options(Backend& device, const std::string& model, bool compress, double alpha,
+                            Backend& cpu) {
+  LoadOptions lo = feed_options(device, 25, 50, true, compress);
+  lo.dummy_dtype = DType::kF32;
+  if (model != testing::stories_dir()) lo.layer_end = 4;
+  lo.hetegen_alpha = alpha;
+  lo.hetegen_cpu = alpha > 0 ? &cpu : nullptr;
+  return lo;
+}
+
+const double kHeteGenAlphas[] = {0.3, 0.77};
+
+TEST_P(LayerFeederTest, HeteGenSplitLayersGiveTheStreamedOutput) {
+  // A split layer's linears are computed by rows, the alpha share on the device and the rest
+  // on the CPU, each output element a whole dot product. With the CPU backend standing in for
+  // the device both sides run the same kernels, so the ids are the streamed run's exactly. On
+  // CUDA the device's 4-bit linears round x to f16 and the CPU's do not, so there the 4-bit
+  // ids may part at a near tie and only f32 is held to them.
+  const std::string model = GetParam();
+  const bool cuda = device_->device() == Device::kCuda;
+  CpuBackend cpu(2);
+  for (bool compress : {false, true}) {
+    SCOPED_TRACE(compress ? "4-bit" : "f32");
+    const FeedRun streamed =
+        run_with(*device_, model, hetegen_options(*device_, model, compress, 0, cpu));
+    ASSERT_GT(streamed.placement.count(Tier::kCpu), 0) << streamed.placement.str();
+    ASSERT_GT(streamed.placement.count(Tier::kDisk), 0) << streamed.placement.str();
+    ASSERT_GT(streamed.feed.bytes_from_cpu, 0);
+    for (double alpha : kHeteGenAlphas) {
+      const FeedRun split =
+          run_with(*device_, model, hetegen_options(*device_, model, compress, alpha, cpu));
+      const std::string what = fmt::format("alpha {}: {}", alpha, split.placement.str());
+      if (!cuda || !compress) {
+        EXPECT_EQ(split.outputs, streamed.outputs) << what;
+      }
+      // The split layers move nothing. The disk-tier layer still streams, but as the only
+      // streamed layer it stays in its device slot (prefetch.h), so it is read once.
+      EXPECT_EQ(split.feed.layers_from_cpu, 0) << what;
+      EXPECT_EQ(split.feed.bytes_from_cpu, 0) << what;
+      EXPECT_EQ(split.placement.count(Tier::kDisk), 1) << what;
+      EXPECT_EQ(split.feed.bytes_from_disk, split.layer_bytes) << what;
+      EXPECT_LT(split.feed.bytes_from_cpu + split.feed.bytes_from_disk,
+                streamed.feed.bytes_from_cpu + streamed.feed.bytes_from_disk)
+          << what;
+    }
+  }
+}
+
+// What a model with split layers holds, per tier, is what placement/ counts for it
+// (place_stage: weights, the split layers' two sides and their staging, activations, cache).
+TEST_P(LayerFeederTest, HeteGenMemoryIsWhatPlacementCounts) {
+  const std::string model = GetParam();
+  const ModelShape shape = model == testing::stories_dir()
+                               ? load_model_config(model).shape()
+                               : dummy_model_config(model.substr(6), DType::kF32).shape();
+  // 0: the streamed model, the anchor; 1: no CPU rows left. The dummy's loads are slow: two.
+  const std::vector<double> alphas = model == testing::stories_dir()
+                                         ? std::vector<double>{0.0, 0.3, 0.77, 1.0}
+                                         : std::vector<double>{0.0, 0.77};
+  CpuBackend cpu(2);
+  for (bool compress : {false, true}) {
+    for (double alpha : alphas) {
+      const LoadOptions lo = hetegen_options(*device_, model, compress, alpha, cpu);
+      LoadedModel m = load_model(model, lo);
+      Model engine(m.config, std::move(m.weights), *device_, kMaxRows, nullptr,
+                   std::move(m.feeder));
+      const std::unique_ptr<KvCache> cache = engine.make_cache(3, 32);
+      TierBytes allocated = engine.memory();
+      allocated += cache->memory();
+      StageRequest r = weight_request(lo);
+      r.max_rows = kMaxRows;
+      r.kv_slots = 3;
+      r.kv_capacity = 32;
+      const StagePlacement planned = place_stage(shape, r);
+      EXPECT_EQ(planned.total(), allocated)
+          << (compress ? "4-bit" : "f32") << " alpha " << alpha << ": planned "
+          << planned.total().str() << ", allocated " << allocated.str() << "\n"
+          << planned.str();
+      EXPECT_EQ(planned.weights.split_layers(), alpha > 0 ? m.placement.count(Tier::kCpu) : 0);
+    }
   }
 }
 

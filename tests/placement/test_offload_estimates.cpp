@@ -1,0 +1,78 @@
+// What the planner predicts for Pie and HeteGen (placement/offload_estimates.h): HeteGen's
+// alpha and times by hand from eq. 4-5 on given speeds; Pie's stall-free host layers against
+// §3.1's bound, the paper's worked example (Figure 4 runs two host layers of nine with swaps
+// twice the compute, without a stall) and a swap no compute can hide.
+#include <gtest/gtest.h>
+
+#include "kernels/error.h"
+#include "placement/offload_estimates.h"
+#include "placement/pie.h"
+#include "support/opt_shapes.h"
+
+namespace strata {
+namespace {
+using testing::opt_30b;
+
+TEST(PieEstimate, FigureFourRunsTwoHostLayersWithoutAStall) {
+  // §3.3: "a nine-layer model where swapping time for each layer is twice the computation
+  // time ... allocates two layers in the CPU", and that is the most: its FIFO is m + 2 = 4
+  // layers long, each place held two compute times, 8 = n - 1 before the layer is needed
+  // again. (§3.1's looser bound, t_compute * n / t_swap, would allow 4.5.)
+  const int32_t m = max_stall_free_host_layers(9, 1.0, 2.0);
+  EXPECT_EQ(m, 2);
+  // One more stalls: the search stops at the first m that does.
+  PieSimulator sim(PieSimConfig{9, m + 1, 1.0, 2.0});
+  double stall = 0;
+  for (int t = 0; t < 7; ++t) stall += sim.run_token().stall;
+  EXPECT_GT(stall, 0);
+}
+
+TEST(PieEstimate, ASwapLongerThanATokenKeepsEveryLayerOnTheGpu) {
+  // One layer's swap takes 20 layers of compute, more than a whole token of 9.
+  EXPECT_EQ(max_stall_free_host_layers(9, 1.0, 20.0), 0);
+}
+
+TEST(PieEstimate, LayerCacheAndSwapTimeByHand) {
+  const ModelShape s = opt_30b();  // h1 7168, 48 layers, fp16
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  const Workload w{512, 32};
+  const Policy p = Policy::parse("gbs=8,ngb=4,w=0/100/0,c=100/0/0,h=100/0/0");
+  const PieEstimate e = estimate_pie(s, w, p, hw);
+  // 32 sequences x 544 positions x K and V x 7168 x 2 bytes.
+  EXPECT_EQ(e.layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 2);
+  // GPU -> CPU for the cache (0.97 GiB/s) is the slower way on the T4.
+  EXPECT_DOUBLE_EQ(e.swap_s, static_cast<double>(e.layer_cache_bytes) / hw.gtoc_bdw_cache);
+  EXPECT_GT(e.compute_s, 0);
+  EXPECT_EQ(e.host_layers, max_stall_free_host_layers(48, e.compute_s, e.swap_s));
+  EXPECT_DOUBLE_EQ(e.expansion, 48.0 / (48 - e.host_layers));
+  // A link 1000x faster hides more layers' swaps.
+  hw.ctog_bdw *= 1000;
+  hw.gtoc_bdw_cache *= 1000;
+  EXPECT_GT(estimate_pie(s, w, p, hw).host_layers, e.host_layers);
+}
+
+TEST(HeteGenEstimate, AlphaAndTimesByHand) {
+  ModelShape s = opt_30b();
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.mm_flops_decode = 2e12;
+  hw.cpu_flops = 2e11;
+  hw.ctog_bdw = 1.6e10;
+  // A block of 10: V_gpu = 2e12 / 20 = 1e11, V_cpu = 1e10 parameters/s; fp16 over 16 GB/s:
+  // V_com = 8e9. Eq. 5: alpha = 1 / (1e10/8e9 + 1e10/1e11 + 1) = 1 / 2.35.
+  const Policy p = Policy::parse("gbs=10,ngb=1,w=0/100/0,c=100/0/0,h=100/0/0");
+  EXPECT_THROW(estimate_hetegen(s, p, 0, hw), InputError);
+  const HeteGenEstimate e = estimate_hetegen(s, p, 10, hw);
+  EXPECT_DOUBLE_EQ(e.v_gpu, 1e11);
+  EXPECT_DOUBLE_EQ(e.v_cpu, 1e10);
+  EXPECT_DOUBLE_EQ(e.v_com, 8e9);
+  EXPECT_NEAR(e.alpha, 1 / 2.35, 1e-12);
+  const auto W = static_cast<double>(s.params_per_layer());
+  EXPECT_NEAR(e.split_s, (1 - 1 / 2.35) * W / 1e10, 1e-9);
+  EXPECT_NEAR(e.stream_s, W / 8e9 + W / 1e11, 1e-9);
+  // Eq. 4 balances: the CPU's share takes as long as the GPU's share's transfer and compute.
+  EXPECT_NEAR(e.split_s, e.alpha * W * (1 / 8e9 + 1 / 1e11), 1e-9);
+  EXPECT_LT(e.split_s, e.stream_s);
+}
+
+}  // namespace
+}  // namespace strata
