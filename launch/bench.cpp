@@ -205,7 +205,8 @@ int run_bench(BenchOptions o) {
     fail_input("--batch, --prompt-len and --gen-len must be positive");
   nlohmann::json searched;
   if (o.engine.policy_auto)
-    searched = choose_policy(o, o.engine.device != "cpu" && probe_accelerators().available());
+    searched = choose_policy(o, o.engine.device == "host" ||
+                                    (o.engine.device != "cpu" && probe_accelerators().available()));
   o.engine.max_batch = o.batch;
   Engine e = make_engine(o.engine);
   check_workload(o, e.config);

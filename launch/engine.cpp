@@ -16,7 +16,7 @@ namespace {
 // -1: compute on the host; otherwise the CUDA device index to compute on.
 int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_index) {
   auto log = log::get("launch");
-  if (choice == "cpu") return -1;
+  if (choice == "cpu" || choice == "host") return -1;
   if (choice == "auto") {
     if (!acc.available()) {
       log->info("{}; using the CPU", acc.str());
@@ -33,7 +33,7 @@ int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_
       index = -1;
     }
   } else if (choice != "cuda") {
-    fail_input("--device '{}': expected auto, cpu, cuda or cuda:N", choice);
+    fail_input("--device '{}': expected auto, cpu, host, cuda or cuda:N", choice);
   }
   if (!acc.available()) fail_input("--device {}: {}", choice, acc.str());
   if (index < 0 || static_cast<size_t>(index) >= acc.devices.size())
@@ -90,6 +90,15 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   if (c.device >= 0) {
     c.gpu = make_cuda_backend(c.device);
     c.backend = c.gpu.get();
+  } else if (o.device == "host") {
+    // A second CPU backend in the device's role: weight tiers, --gpu-mem, the cache's GPU
+    // tier, Pie's swaps and HeteGen's splits all run, their copies within host memory. It
+    // shows the offloading mechanics (bytes, overlap, stalls) on a machine with no GPU;
+    // it is not faster than --device cpu.
+    c.gpu = std::make_unique<CpuBackend>(o.threads);
+    c.backend = c.gpu.get();
+    c.cpu->bind_thread();
+    log->info("the CPU stands in for a device (--device host)");
   }
   log->info("backend: {}", c.backend->name());
   LoadOptions& lo = c.load;
@@ -98,12 +107,12 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   lo.cpu_mem = o.cpu_mem.empty() ? -1 : parse_size(o.cpu_mem, "--cpu-mem");
   lo.gpu_mem = o.gpu_mem.empty() ? -1 : parse_size(o.gpu_mem, "--gpu-mem");
   lo.disk_mem = o.disk_mem.empty() ? -1 : parse_size(o.disk_mem, "--disk-mem");
-  if (c.device < 0 && lo.gpu_mem >= 0)
+  if (!c.device_compute() && lo.gpu_mem >= 0)
     log->warn("--gpu-mem ignored: the engine computes on the CPU");
   // HeteGen splits work between a device and the CPU; where the CPU computes everything
   // already there is nothing to split, and like --gpu-mem the option is ignored, not refused
   // (the same command line then runs on machines with and without a GPU).
-  if (o.hetegen_alpha != 0 && c.device < 0) {
+  if (o.hetegen_alpha != 0 && !c.device_compute()) {
     log->warn("--hetegen-alpha ignored: the engine computes on the CPU");
   } else if (o.hetegen_alpha != 0) {
     c.hetegen_cpu =
@@ -121,13 +130,13 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   lo.limits.check(&InputLimits::batch, o.max_batch, "command line", "--max-batch");
   lo.limits.check(&InputLimits::step_tokens, o.max_step_tokens, "command line",
                   "--max-step-tokens");
-  lo.device = c.device >= 0 ? c.backend : nullptr;
+  lo.device = c.device_compute() ? c.backend : nullptr;
   lo.on_layer = [progress = progress_callback("loading layers")](int32_t loaded, int32_t total) {
     progress(static_cast<size_t>(loaded), static_cast<size_t>(total));
   };
   if (o.policy_auto)
     fail_input("--policy auto: only `strata bench` searches for a policy; give key=value pairs");
-  PolicyChoice pc = apply_policy(o.policy, c.device >= 0);
+  PolicyChoice pc = apply_policy(o.policy, c.device_compute());
   lo.w_gpu_percent = pc.w_gpu;
   lo.w_cpu_percent = pc.w_cpu;
   lo.compress_weight = pc.compress_weight;

@@ -16,13 +16,15 @@ namespace strata::cli {
 // which backend computes, how the weights load, where the KV cache lives, the block.
 struct ComputeSetup {
   std::unique_ptr<CpuBackend> cpu;
-  std::unique_ptr<Backend> gpu;  // the CUDA backend when computing on a GPU
-  Backend* backend = nullptr;    // what the model computes on
-  int device = -1;               // the CUDA device index; -1: the host computes
-  LoadOptions load;              // budgets and weight tiers (the caller adds layer ranges)
-  CacheOptions cache;            // the policy's cache placement; host = cpu
-  int max_batch = 0;             // the policy's block size when it names one, else 0
-  int gpu_batch_size = 0;        // sequences per GPU batch (0: the step is one GPU batch)
+  // The CUDA backend when computing on a GPU; under --device host a CPU backend standing in.
+  std::unique_ptr<Backend> gpu;
+  Backend* backend = nullptr;  // what the model computes on
+  int device = -1;             // the CUDA device index; -1: no CUDA device
+  bool device_compute() const { return gpu != nullptr; }
+  LoadOptions load;        // budgets and weight tiers (the caller adds layer ranges)
+  CacheOptions cache;      // the policy's cache placement; host = cpu
+  int max_batch = 0;       // the policy's block size when it names one, else 0
+  int gpu_batch_size = 0;  // sequences per GPU batch (0: the step is one GPU batch)
   // HeteGen's CPU shares (--hetegen-alpha on a GPU); load.hetegen_cpu points at it, so it
   // must outlive the model.
   std::unique_ptr<CpuBackend> hetegen_cpu;

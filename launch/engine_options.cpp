@@ -155,7 +155,10 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
                  "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir");
   cmd.add_option("--disk-dir", o.disk_dir, "Where layers that do not fit --cpu-mem are kept");
   cmd.add_flag("!--no-overlap", o.overlap, "Load streamed layers only when needed (no prefetch)");
-  cmd.add_option("--device", o.device, "Compute on: auto (a GPU if present), cpu, cuda or cuda:N");
+  cmd.add_option(
+      "--device", o.device,
+      "Compute on: auto (a GPU if present), cpu, cuda or cuda:N; host: the CPU standing in "
+      "for a device (offloading mechanics without a GPU)");
   cmd.add_option(
       "--gpu-mem", o.gpu_mem,
       "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");

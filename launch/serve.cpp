@@ -313,6 +313,10 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
     // The planner's memory model (placement/stage_placement.h, checked byte for byte against
     // each worker's allocation) and the plan's messages carry no HeteGen split; refused at
     // every rank alike rather than run unplanned.
+    if (o.engine.device == "host")
+      fail_input(
+          "--device host is for single-process engine commands (generate, bench, score, serve "
+          "without ranks): a cluster's workers compute on a GPU or on the CPU");
     if (o.engine.hetegen_alpha != 0)
       fail_input(
           "--hetegen-alpha is for single-process engine commands (generate, bench, score, serve "

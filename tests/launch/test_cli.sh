@@ -172,7 +172,7 @@ fi
 expect_error profile-bad-dir "not a directory" profile --disk-dir /no/such/dir --disk-mib 1
 
 # The offloading options: refusals that name the option, and placements that change nothing.
-expect_error device-unknown "expected auto, cpu, cuda" generate --model "$MODEL" --prompt hi --device tpu
+expect_error device-unknown "expected auto, cpu, host, cuda" generate --model "$MODEL" --prompt hi --device tpu
 expect_error policy-bad-shares "sum to 100" generate --model "$MODEL" --prompt hi --policy w=50/60/0
 expect_error policy-activations "activations live on the compute tier" generate --model "$MODEL" --prompt hi --policy h=0/0/100
 expect_error cpu-mem-too-small "short by" generate --model "$MODEL" --prompt hi --device cpu --cpu-mem 10KiB
@@ -209,6 +209,16 @@ if cmp -s "$TMP/plain.json" "$TMP/hetegen.json" &&
   echo "ok   hetegen-on-cpu-ignored"; passes=$((passes + 1))
 else
   echo "FAIL hetegen-on-cpu-ignored"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+# --device host: a CPU backend standing in for the device runs the device path (weights
+# streamed past --gpu-mem, HeteGen's split of the CPU-tier layers) with the same output.
+"$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device host \
+  --gpu-mem 0.6MiB --hetegen-alpha 0.3 >"$TMP/host.json" 2>"$TMP/err"
+if cmp -s "$TMP/plain.json" "$TMP/host.json" && grep -q "the CPU stands in for a device" "$TMP/err" &&
+  grep -q "gpu/cpu/disk 1/4/0.*4 CPU-tier layers split" "$TMP/err"; then
+  echo "ok   device-host-hetegen-same-output"; passes=$((passes + 1))
+else
+  echo "FAIL device-host-hetegen-same-output"; cat "$TMP/err"; failures=$((failures + 1))
 fi
 if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
   --prompt-len 8 --gen-len 2 --no-limits --threads 2 >"$TMP/auto.json" 2>"$TMP/err" &&

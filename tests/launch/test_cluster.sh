@@ -296,6 +296,14 @@ JSON
     [ "$rc" -ne 0 ] || fail "--hetegen-alpha in a cluster accepted"
     grep -q -- "--hetegen-alpha is for single-process engine commands" "$tmp/out" ||
       { cat "$tmp/out"; fail "no clear HeteGen refusal"; }
+    set +e
+    cluster 3 --model "$stories" --device host --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -ne 0 ] || fail "--device host in a cluster accepted"
+    grep -q -- "--device host is for single-process engine commands" "$tmp/out" ||
+      { cat "$tmp/out"; fail "no clear --device host refusal"; }
     echo "refusals clear"
     ;;
   hostile)
