@@ -203,6 +203,7 @@ ClusterStats Coordinator::run_plan() {
     stats_.schedule->steady_from_s = stats_.steady_from_s;
     stats_.schedule->steady_to_s = stats_.steady_to_s;
   }
+  stats_.pie = stages_.pie_stats();
   stats_.stages = stages_.finish(grace_ ? "stopped" : "all requests done");
   stats_.ttft = LatencySummary::of(std::move(ttft_));
   stats_.e2e = LatencySummary::of(std::move(e2e_));
@@ -214,6 +215,7 @@ ClusterStats Coordinator::run_plan() {
          options_.flush_timeout_s);
   if (metrics_ != nullptr) {
     metrics_->set_stages(stats_.stages);
+    if (stats_.pie) metrics_->set_pie(*stats_.pie);
     metrics_->set_load(0, 0);
     metrics_->set_finished();
   }
@@ -565,6 +567,7 @@ void Coordinator::publish_load() {
   if (Clock::now() - stages_published_ < std::chrono::milliseconds(500)) return;
   stages_published_ = Clock::now();
   metrics_->set_stages(stages_.live());
+  if (const std::optional<KvSwapStats> pie = stages_.pie_stats()) metrics_->set_pie(*pie);
 }
 
 // The schedule in force (the report's and the metrics' labels).
@@ -661,7 +664,7 @@ std::string ClusterStats::json(bool timeline) const {
       R"("prompt_tokens": {}, "generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "seconds": {:.6f}, )"
       R"("tokens_per_s": {:.3f}, "steady_from_s": {:.6f}, "steady_to_s": {:.6f}, )"
       R"("steady_tokens": {}, "steady_tokens_per_s": {:.3f}, "latency_s": {{"ttft": {}, "e2e": {}, )"
-      R"("queue_wait": {}}}, "schedule_in_force": {}, "stages": [{}]{}{}{}}})",
+      R"("queue_wait": {}}}, "schedule_in_force": {}, "stages": [{}]{}{}{}{}}})",
       model, ranks, micro_batches, decode_iters, requests, finished, errors, unfinished,
       duplicate_ids, stop_signal, intake_seconds, result_seconds, cpu_seconds, prompt_tokens,
       generated_tokens, prefill_steps, decode_steps, seconds, tokens_per_second(), steady_from_s,
@@ -669,7 +672,8 @@ std::string ClusterStats::json(bool timeline) const {
       queue_wait.json(), nlohmann::json(schedule_in_force).dump(), stages_json,
       schedule ? ", \"schedule\": " + schedule->json(steady_tokens_per_second()) : std::string(),
       waa ? ", \"waa\": " + waa->json() : std::string(),
-      packing ? ", \"packing\": " + packing->json() : std::string());
+      packing ? ", \"packing\": " + packing->json() : std::string(),
+      pie ? ", \"pie\": " + pie->json() : std::string());
 }
 
 std::string HandoverStats::json() const {
@@ -719,6 +723,7 @@ std::string ClusterStats::table() const {
         waa->counters.encoder_batches, waa->counters.encoder_adjustments,
         waa->counters.decoder_adjustments);
   if (packing) out += packing->table();
+  if (pie) out += "  " + pie->str() + "\n";
   return out;
 }
 

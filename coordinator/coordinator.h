@@ -131,6 +131,7 @@ struct ClusterStats {
   std::optional<ScheduleReport> schedule;  // what a run with a schedule target planned
   std::optional<HandoverStats> waa;        // a WAA run's hand-overs
   std::optional<PackingStats> packing;     // a run with a KV budget
+  std::optional<KvSwapStats> pie;          // a run with Pie on the KV cache
 
   double tokens_per_second() const;  // generated tokens / seconds (FlexGen's throughput)
   double steady_tokens_per_second() const;

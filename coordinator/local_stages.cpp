@@ -83,10 +83,11 @@ std::string GenerationStats::json() const {
   return fmt::format(
       R"({{"prefill_seconds": {:.6f}, "decode_seconds": {:.6f}, "prompt_tokens": {}, )"
       R"("generated_tokens": {}, "prefill_steps": {}, "decode_steps": {}, "decode_tokens": {}, )"
-      R"("generation_tokens_per_s": {:.3f}, "decode_tokens_per_s": {:.3f}, "kv_cache_bytes": {}{}}})",
+      R"("generation_tokens_per_s": {:.3f}, "decode_tokens_per_s": {:.3f}, "kv_cache_bytes": {}{}{}}})",
       prefill_seconds, decode_seconds, prompt_tokens, generated_tokens, prefill_steps, decode_steps,
       decode_tokens, generation_throughput(), decode_throughput(), kv_cache_bytes,
-      packing ? ", \"packing\": " + packing->json() : std::string());
+      packing ? ", \"packing\": " + packing->json() : std::string(),
+      pie ? ", \"pie\": " + pie->json() : std::string());
 }
 
 void LocalStages::start(const ClusterPlan& plan) {
@@ -116,6 +117,7 @@ void LocalStages::dispatch(const ScheduledStep& step) {
     stats_.decode_tokens += static_cast<int64_t>(result.tokens.size());
   }
   rows_ += static_cast<uint64_t>(c.rows());
+  if (const KvSwap* swap = stage_->kv_cache().swap()) stats_.pie = swap->stats();
   results_.push_back(std::move(result));
 }
 

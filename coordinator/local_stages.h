@@ -30,6 +30,7 @@ struct GenerationStats {
   int64_t prefill_steps = 0;
   size_t kv_cache_bytes = 0;
   std::optional<PackingStats> packing;  // with a KV budget (S3)
+  std::optional<KvSwapStats> pie;       // with Pie on the KV cache
 
   double total_seconds() const { return prefill_seconds + decode_seconds; }
   // FlexGen's throughput: generated tokens / (prefill + decode time).
@@ -54,6 +55,7 @@ class LocalStages final : public Stages {
   std::vector<StageReport> live() const override;
   ProfileResult profile(const ProfileRequest& request) override;
   void abort(const std::string&) noexcept override {}
+  std::optional<KvSwapStats> pie_stats() const override { return stats_.pie; }
 
   // Time and steps by phase, and the KV cache's size (tokens are counted by the caller).
   const GenerationStats& stats() const { return stats_; }

@@ -194,6 +194,37 @@ void ServeMetrics::render_packing(std::string& out) const {
         prediction->mean_distance_wrong());
 }
 
+void ServeMetrics::set_pie(const KvSwapStats& pie) {
+  std::lock_guard lock(mu_);
+  pie_ = pie;
+}
+
+// Called with mu_ held.
+void ServeMetrics::render_pie(std::string& out) const {
+  const KvSwapStats& p = *pie_;
+  gauge(out, "strata_pie_host_layers", "Pie: KV-cache layers kept in host memory now (m)",
+        p.host_layers);
+  gauge(out, "strata_pie_expansion", "Pie: the device's KV memory expansion now, n / (n - m)",
+        p.expansion);
+  counter(out, "strata_pie_swap_ins_total", "Pie: KV-cache layers swapped in to the device",
+          static_cast<double>(p.swap_ins));
+  counter(out, "strata_pie_swap_outs_total", "Pie: KV-cache layers swapped out to the host",
+          static_cast<double>(p.swap_outs));
+  counter(out, "strata_pie_early_swap_ins_total",
+          "Pie: swap-ins of the next step's layers (section 3.4.2's rule violations)",
+          static_cast<double>(p.early_swap_ins));
+  family(out, "strata_pie_bytes_total", "counter",
+         "Pie: KV-cache bytes swapped, by direction (in: host to device)");
+  sample(out, "strata_pie_bytes_total", "direction=\"in\"", static_cast<double>(p.bytes_in));
+  sample(out, "strata_pie_bytes_total", "direction=\"out\"", static_cast<double>(p.bytes_out));
+  counter(out, "strata_pie_stall_seconds_total",
+          "Pie: seconds compute waited for a layer's swap-in", p.stall_seconds);
+  counter(out, "strata_pie_adjustments_total", "Pie: changes of m by the adaptive controller",
+          static_cast<double>(p.adjustments));
+  counter(out, "strata_pie_steps_total", "Pie: steps run over the swapped cache",
+          static_cast<double>(p.steps));
+}
+
 void ServeMetrics::set_kv_slots(int32_t slots) {
   std::lock_guard lock(mu_);
   kv_slots_ = slots;
@@ -276,6 +307,7 @@ std::string ServeMetrics::render() const {
   sample(out, "strata_steps_total", "phase=\"decode\"", static_cast<double>(decode_steps_));
   render_stages(out, stages_);
   if (packing_) render_packing(out);
+  if (pie_) render_pie(out);
   family(out, "strata_schedule_info", "gauge", "The schedule in force, as labels");
   std::string labels;
   for (const auto& [k, v] : schedule_)

@@ -17,6 +17,7 @@
 #include "coordinator/kv_packing.h"
 #include "coordinator/request.h"
 #include "coordinator/stages.h"
+#include "worker/kv_swap.h"
 
 namespace strata {
 
@@ -63,12 +64,15 @@ class ServeMetrics {
   // S3's packing so far (a run with --kv-budget): preemptions and what they cost, the
   // predictor's accuracy.
   void set_packing(const PackingStats& packing);
+  // Pie's swapping so far (a run with Pie on the KV cache): strata_pie_*.
+  void set_pie(const KvSwapStats& pie);
 
   // The whole exposition, ready for GET /metrics.
   std::string render() const;
 
  private:
   void render_packing(std::string& out) const;
+  void render_pie(std::string& out) const;
 
   mutable std::mutex mu_;
   std::map<std::string, std::string> schedule_;
@@ -81,6 +85,7 @@ class ServeMetrics {
   Histogram ttft_, inter_token_, e2e_, queue_;
   std::vector<StageReport> stages_;
   std::optional<PackingStats> packing_;
+  std::optional<KvSwapStats> pie_;
   bool finished_ = false;
 };
 

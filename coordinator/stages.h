@@ -12,6 +12,7 @@
 #include "coordinator/scheduler.h"
 #include "kernels/error.h"
 #include "transport/messages.h"
+#include "worker/kv_swap.h"
 
 namespace strata {
 
@@ -71,6 +72,9 @@ class Stages {
   }
   // The hand-overs every stage has finished since the last call, in no particular order.
   virtual std::vector<HandoverDone> handovers_done() { return {}; }
+  // Pie's swapping so far, where the stages' KV cache runs it (a local stage only; a
+  // cluster's plan places no Pie).
+  virtual std::optional<KvSwapStats> pie_stats() const { return std::nullopt; }
   // Best effort after a failure: tells the stages to stop, bounded in time, never throws.
   virtual void abort(const std::string& reason) noexcept = 0;
 };

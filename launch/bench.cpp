@@ -14,6 +14,7 @@
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
+#include "kernels/log.h"
 #include "kernels/quant.h"
 #include "launch/engine.h"
 #include "launch/progress.h"
@@ -52,6 +53,8 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   hw.validate(o.hardware.empty() ? "the T4 preset with the given budgets" : o.hardware);
   SearchOptions so;
   so.overlap = o.engine.overlap;
+  // Pie and HeteGen need a device to swap to and split with.
+  so.pie = so.hetegen = device_compute;
   so.on_progress = progress_callback("policy search: GPU batch sizes");
   const SearchResult r = search_policy(c.shape(), Workload{o.prompt_len, o.gen_len}, hw, so);
   Policy p = r.policy;
@@ -187,11 +190,41 @@ nlohmann::json feed_report(const LayerFeeder& f, const WeightPlacement& p, doubl
           // HeteGen: CPU-tier layers split (computed in place) rather than streamed.
           {"hetegen_alpha", p.hetegen_alpha},
           {"layers_split", p.split_layers()},
+          // Their alpha shares streamed host -> device (alpha_share_bytes_per_pass a pass),
+          // and the CPU's (1 - alpha) shares: linears computed and host seconds in them.
+          {"alpha_shares_streamed", s.shares_streamed},
+          {"bytes_alpha_shares_to_gpu", s.bytes_of_shares},
+          {"alpha_share_bytes_per_pass", p.split_stream_total()},
+          {"cpu_share_linears", f.splits() != nullptr ? f.splits()->scratch().cpu_calls() : 0},
+          {"cpu_share_seconds", f.splits() != nullptr ? f.splits()->scratch().cpu_seconds() : 0.0},
           {"bytes_cpu_to_gpu", s.bytes_from_cpu},
           {"bytes_disk_to_gpu", s.bytes_from_disk},
           {"host_wait_for_disk_seconds", s.wait_seconds},
           {"host_to_device_bound_seconds", io_bound_s},
           {"fraction_of_host_to_device_bound", total_s > 0 ? io_bound_s / total_s : 0}};
+}
+
+// Pie's swapping over the measured run, with its buffers (placement/pie.h PieBuffers) and
+// what it cost: bytes a step moved, and the share of the steps' time compute waited.
+nlohmann::json pie_report(const KvSwapStats& s, const PieOptions& options,
+                          const GenerationStats& stats, int32_t n_layers) {
+  nlohmann::json j = nlohmann::json::parse(s.json());
+  j["options"] = options.str();
+  const auto layer_bytes = static_cast<int64_t>(stats.kv_cache_bytes) / (2 * n_layers);
+  const PieBuffers b = PieBuffers::of(n_layers, options.lowest_host_layers(),
+                                      options.highest_host_layers(n_layers), layer_bytes);
+  j["layer_bytes"] = layer_bytes;
+  j["swap_bytes"] = b.swap_bytes;
+  j["device_buffers"] = b.device;
+  j["host_buffers"] = b.host;
+  j["device_bytes"] = b.device_bytes();
+  j["host_bytes"] = b.host_bytes();
+  j["swapped_bytes_per_step"] =
+      s.steps > 0 ? static_cast<double>(s.bytes_in + s.bytes_out) / static_cast<double>(s.steps)
+                  : 0.0;
+  const double step_s = stats.total_seconds();
+  j["stall_fraction"] = step_s > 0 ? s.stall_seconds / step_s : 0.0;
+  return j;
 }
 
 long peak_rss_bytes() {
@@ -252,6 +285,11 @@ int run_bench(BenchOptions o) {
   if (!searched.is_null()) j["policy_search"] = searched;
   if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
   j["result"] = nlohmann::json::parse(stats.json());
+  if (stats.pie) {
+    j["pie"] =
+        pie_report(*stats.pie, e.model->cache_options().placement.pie, stats, e.config.n_layers);
+    log::get("launch")->info("{}", stats.pie->str());
+  }
   j["peak_rss_bytes"] = peak_rss_bytes();
   const double step_s =
       stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;

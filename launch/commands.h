@@ -60,7 +60,17 @@ struct EngineOptions {
   // HeteGen (docs/OFFLOADING.md): CPU-tier layers split at this alpha, the rest of each linear
   // computed on the CPU by hetegen_cpu_threads threads (0: --threads). 0: off.
   double hetegen_alpha = 0;
+  // --hetegen-alpha auto: alpha per module shape from the alpha benchmark on this node (eq.
+  // 9-12), cached in the node profile (launch/hetegen_setup.h); hetegen_alpha is then unset.
+  bool hetegen_alpha_auto = false;
   int hetegen_cpu_threads = 0;
+  // Pie (docs/PIE_HETEGEN.md): m KV-cache layers in host memory, swapped through the
+  // device's buffers (--pie-host-layers; -1: not given), or chosen step by step between the
+  // adaptive bounds (--pie-adaptive; max -1: n - 1).
+  int pie_host_layers = -1;
+  bool pie_adaptive = false;
+  int pie_min_host_layers = 0;
+  int pie_max_host_layers = -1;
   // --policy, parsed once on the command line (placement/policy.h); `bench --policy auto`
   // sets policy_auto and the search fills `policy` in.
   std::optional<Policy> policy;

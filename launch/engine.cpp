@@ -1,13 +1,16 @@
 #include "launch/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/accelerator.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "launch/hetegen_setup.h"
 #include "launch/progress.h"
 #include "placement/policy.h"
+#include "placement/stage_placement.h"
 
 namespace strata::cli {
 
@@ -79,6 +82,121 @@ PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compu
   return out;
 }
 
+// The Pie options as the command line names them, for messages.
+std::string pie_option(const EngineOptions& o) {
+  if (o.pie_adaptive) return "--pie-adaptive";
+  if (o.pie_host_layers >= 0) return fmt::format("--pie-host-layers {}", o.pie_host_layers);
+  return fmt::format("--policy pie={}", o.policy ? o.policy->pie_host_layers : 0);
+}
+
+// Pie from --pie-* (or a policy's pie=), on a cache placed as `cache` says (off: default).
+PieOptions pie_options(const EngineOptions& o, const CacheOptions& cache) {
+  const int policy_m = o.policy ? o.policy->pie_host_layers : 0;
+  if (o.pie_host_layers >= 0 && policy_m > 0 && o.pie_host_layers != policy_m)
+    fail_input("--pie-host-layers {} and --policy pie={}: give the host layers once",
+               o.pie_host_layers, policy_m);
+  PieOptions pie;
+  pie.adaptive = o.pie_adaptive;
+  pie.min_host_layers = o.pie_min_host_layers;
+  pie.max_host_layers = o.pie_max_host_layers;
+  pie.host_layers = o.pie_host_layers >= 0 ? o.pie_host_layers
+                    : policy_m > 0         ? policy_m
+                                           : (o.pie_adaptive ? o.pie_min_host_layers : 0);
+  if (!pie.enabled()) return {};
+  // KvCache refuses it too, but only once the model is loaded and a run sizes its cache.
+  const CachePlacement& p = cache.placement;
+  if (p.gpu_percent != 100)
+    fail_input(
+        "{}: the policy '{}' puts {}% of the KV cache off the GPU tier; Pie swaps a cache that "
+        "lives wholly there (c=100/0/0)",
+        pie_option(o), o.policy ? o.policy->compact() : p.str(), 100 - p.gpu_percent);
+  return pie;
+}
+
+// Pie's host layers against the model's n, naming the option and its value.
+void check_pie(const EngineOptions& o, const PieOptions& pie, const ModelConfig& config) {
+  const int32_t n = config.n_layers;
+  const std::string m_option = o.pie_host_layers >= 0
+                                   ? fmt::format("--pie-host-layers {}", pie.host_layers)
+                                   : fmt::format("--policy pie={}", pie.host_layers);
+  if (!pie.adaptive && pie.host_layers >= n)
+    fail_input(
+        "{}: {} has {} KV-cache layers; at most {} can be in host memory (one stays on the "
+        "device)",
+        m_option, config.source, n, n - 1);
+  if (pie.adaptive) {
+    const int32_t hi = pie.highest_host_layers(n);
+    if (hi >= n)
+      fail_input(
+          "--pie-max-host-layers {}: {} has {} KV-cache layers; at most {} can be in host "
+          "memory",
+          pie.max_host_layers, config.source, n, n - 1);
+    if (pie.min_host_layers > hi)
+      fail_input("--pie-min-host-layers {}: above the most host layers, {}", pie.min_host_layers,
+                 hi);
+    if (pie.host_layers < pie.min_host_layers || pie.host_layers > hi)
+      fail_input("{}: adaptive expansion starts outside its bounds [{}, {}]", m_option,
+                 pie.min_host_layers, hi);
+  }
+  try {
+    pie.validate(n);
+  } catch (const InputError& e) {
+    fail_input("{}: {}", pie_option(o), e.what());
+  }
+}
+
+// With a policy (FlexGen's shares of the device's memory), --gpu-mem bounds the device's
+// weights, KV cache (Pie's buffers where on) and step buffers together, counted as
+// placement/ counts them; checked when a run sizes its cache. Without one, --gpu-mem bounds
+// the weights alone: they fill it first.
+void check_device_memory(const EngineOptions& o, const ComputeSetup& c, Model& model) {
+  // c.load.device, not c.device_compute(): the engine has taken the backends by now.
+  if (c.load.device == nullptr || c.load.gpu_mem < 0 || !o.policy) return;
+  StageRequest base = weight_request(c.load);
+  base.policy = *o.policy;
+  base.max_rows = model.max_rows();
+  if (c.cache.placement.pie.enabled()) {
+    const PieOptions& pie = c.cache.placement.pie;
+    base.pie =
+        PieHostLayers{pie.lowest_host_layers(), pie.highest_host_layers(model.config().n_layers)};
+  }
+  const ModelShape shape = model.config().shape();
+  const std::string policy = o.policy->compact();
+  model.set_cache_check([base, shape, policy](int32_t slots, int32_t capacity) {
+    StageRequest r = base;
+    r.kv_slots = slots;
+    r.kv_capacity = capacity;
+    const StagePlacement p = place_stage(shape, r);
+    const int64_t need = p.total().gpu + p.kernel_scratch_bytes;
+    const int64_t budget = r.budgets.gpu;
+    if (need <= budget) return;
+    const double mib = 1 << 20;
+    const int64_t kv = p.cache_bytes().gpu, weights = p.weights.gpu_bytes();
+    fail_input(
+        "--gpu-mem {:.1f} MiB is too small for the KV cache of {} sequences x {} positions "
+        "under --policy '{}': the device needs {:.1f} MiB (weights {:.1f}, KV cache {:.1f}{}, "
+        "buffers {:.1f}), short by {:.1f} MiB; lower --max-batch or keep KV layers in host "
+        "memory (--pie-host-layers, or the policy's c=)",
+        static_cast<double>(budget) / mib, slots, capacity, policy, static_cast<double>(need) / mib,
+        static_cast<double>(weights) / mib, static_cast<double>(kv) / mib,
+        p.cache.pie_host_layers ? fmt::format(" in Pie's {} of {} layer buffers",
+                                              p.cache.pie.device, p.cache.tiers.size())
+                                : std::string(),
+        static_cast<double>(need - weights - kv) / mib, static_cast<double>(need - budget) / mib);
+  });
+}
+
+// HeteGen's alpha from --hetegen-alpha or a policy's hetegen= (what `strata plan` chose).
+double hetegen_alpha(const EngineOptions& o) {
+  const int percent = o.policy ? o.policy->hetegen_alpha_percent : 0;
+  if (percent == 0) return o.hetegen_alpha;
+  if (o.hetegen_alpha_auto || (o.hetegen_alpha != 0 && o.hetegen_alpha != percent / 100.0))
+    fail_input("--hetegen-alpha {} and --policy hetegen={}: give alpha once",
+               o.hetegen_alpha_auto ? std::string("auto") : fmt::format("{}", o.hetegen_alpha),
+               percent);
+  return percent / 100.0;
+}
+
 }  // namespace
 
 ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
@@ -112,15 +230,20 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   // HeteGen splits work between a device and the CPU; where the CPU computes everything
   // already there is nothing to split, and like --gpu-mem the option is ignored, not refused
   // (the same command line then runs on machines with and without a GPU).
-  if (o.hetegen_alpha != 0 && !c.device_compute()) {
+  const double alpha = hetegen_alpha(o);
+  const bool hetegen = alpha != 0 || o.hetegen_alpha_auto;
+  if (o.hetegen_cpu_threads > 0 && !hetegen)
+    fail_input("--hetegen-cpu-threads requires --hetegen-alpha (or a policy's hetegen=)");
+  if (hetegen && !c.device_compute()) {
     log->warn("--hetegen-alpha ignored: the engine computes on the CPU");
-  } else if (o.hetegen_alpha != 0) {
+  } else if (hetegen) {
     c.hetegen_cpu =
         std::make_unique<CpuBackend>(o.hetegen_cpu_threads > 0 ? o.hetegen_cpu_threads : o.threads);
-    lo.hetegen_alpha = o.hetegen_alpha;
+    lo.hetegen_alpha = alpha;  // auto: set by plan_hetegen before the model loads
     lo.hetegen_cpu = c.hetegen_cpu.get();
     c.cpu->bind_thread();  // the new backend set this thread's OpenMP count to its own
-    log->info("HeteGen: CPU-tier layers split at alpha {}, the CPU shares on {}", o.hetegen_alpha,
+    log->info("HeteGen: CPU-tier layers split at alpha {}, the CPU shares on {}",
+              o.hetegen_alpha_auto ? std::string("auto") : fmt::format("{}", alpha),
               c.hetegen_cpu->name());
   }
   lo.disk_dir = o.disk_dir;
@@ -144,6 +267,15 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   c.cache = pc.cache;
   c.cache.placement.disk_dir = o.disk_dir;
   c.cache.host = c.cpu.get();
+  // Pie swaps between a device and the host; where the CPU computes, there is no device
+  // memory to expand, and like --gpu-mem the options are ignored, not refused.
+  const bool pie_asked =
+      o.pie_adaptive || o.pie_host_layers > 0 || (o.policy && o.policy->pie_host_layers > 0);
+  if (pie_asked && !c.device_compute()) {
+    log->warn("{} ignored: the engine computes on the CPU", pie_option(o));
+  } else if (pie_asked) {
+    c.cache.placement.pie = pie_options(o, c.cache);
+  }
   c.max_batch = pc.max_batch;
   c.gpu_batch_size = pc.gpu_batch_size;
   return c;
@@ -163,6 +295,12 @@ Engine make_engine(const EngineOptions& o) {
     e.backend = e.profiler.get();
     if (c.load.device != nullptr) c.load.device = e.backend;
   }
+  if (c.cache.placement.pie.enabled())  // refused before the weights load
+    check_pie(o, c.cache.placement.pie, load_plan_config(o.model, c.load.dummy_dtype));
+  if (c.load.hetegen_cpu != nullptr) {  // alpha benchmark, module scheduler (HeteGen's Fig. 4)
+    plan_hetegen(o, c.load, load_plan_config(o.model, c.load.dummy_dtype));
+    e.cpu->bind_thread();  // the benchmark's CPU backend set this thread's OpenMP count
+  }
   LoadedModel m = load_model(o.model, c.load);
   log->info("model: {}", m.config.str());
   log->info("weights: {}", m.placement.str());
@@ -178,11 +316,21 @@ Engine make_engine(const EngineOptions& o) {
                                     std::move(m.streamer), std::move(m.feeder));
   e.model->set_cache_options(c.cache);
   e.model->set_gpu_batch_size(c.gpu_batch_size);
+  check_device_memory(o, c, *e.model);
+  if (c.cache.placement.pie.enabled())
+    log->info("Pie: {} over {} KV-cache layers", c.cache.placement.pie.str(), e.config.n_layers);
   if (o.policy)
     log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}",
               c.max_batch / std::max(1, c.gpu_batch_size), c.gpu_batch_size,
               c.cache.placement.str(), c.cache.cpu_attention ? ", attention on the CPU" : "");
   return e;
+}
+
+std::string profile_dir() {
+  if (const char* d = std::getenv("STRATA_PROFILE_DIR"); d != nullptr && *d != 0) return d;
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != 0)
+    return std::string(home) + "/.cache/strata/profiles";
+  return "/tmp/strata-profiles";
 }
 
 }  // namespace strata::cli

@@ -51,4 +51,8 @@ struct Engine {
 // Probes for a GPU (and says what it found), picks the backend, loads the model.
 Engine make_engine(const EngineOptions& o);
 
+// Where this node's measured profiles live (serve's layer profiles, HeteGen's alphas):
+// $STRATA_PROFILE_DIR, else ~/.cache/strata/profiles, else /tmp/strata-profiles.
+std::string profile_dir();
+
 }  // namespace strata::cli

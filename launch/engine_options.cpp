@@ -25,6 +25,24 @@ CLI::Validator number_check(const char* rule, bool (*ok)(double)) {
       },
       rule);
 }
+// Reads a whole number >= 0 into n; the message for anything else, empty when it is one.
+std::string read_whole_number(const std::string& v, int& n) {
+  n = -1;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < 0)
+    return "must be a whole number >= 0, got " + v;
+  return std::string();
+}
+
+// A count: a whole number >= 0 ("must be a whole number >= 0, got -1").
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        int n = -1;
+        return read_whole_number(v, n);
+      },
+      "N >= 0");
+}
 }  // namespace
 
 CLI::Validator non_negative() {
@@ -38,9 +56,7 @@ CLI::Validator thread_count() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
         int n = -1;
-        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-        if (ec != std::errc() || end != v.data() + v.size() || n < 0)
-          return "must be a whole number >= 0, got " + v;
+        if (std::string bad = read_whole_number(v, n); !bad.empty()) return bad;
         try {
           resolve_cpu_threads(n);
         } catch (const InputError& e) {
@@ -164,16 +180,43 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
       "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");
   cmd.add_option("--disk-mem", o.disk_mem,
                  "Disk space under --disk-dir the weights may take (e.g. 100GiB)");
-  auto* alpha =
-      cmd.add_option("--hetegen-alpha", o.hetegen_alpha,
-                     "HeteGen: split each CPU-tier layer instead of streaming it -- this share "
-                     "of every linear's rows on the GPU, the rest computed by the CPU (0 < A "
-                     "<= 1; device compute, single process)")
-          ->check(number_check("in (0, 1]", [](double x) { return x > 0 && x <= 1; }));
+  cmd.add_option_function<std::string>(
+         "--hetegen-alpha",
+         [&o](const std::string& text) {
+           o.hetegen_alpha_auto = text == "auto";
+           if (!o.hetegen_alpha_auto) o.hetegen_alpha = std::stod(text);
+         },
+         "HeteGen: split each CPU-tier layer instead of streaming it whole -- this share "
+         "of every linear's rows streamed to the GPU, the rest computed by the CPU (0 < A "
+         "<= 1, or auto: per module shape from the alpha benchmark, cached in the node "
+         "profile; device compute, single process)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return {};
+            std::string copy = v;
+            return number_check("in (0, 1]", [](double x) { return x > 0 && x <= 1; })(copy);
+          },
+          "in (0, 1] or auto"));
   cmd.add_option("--hetegen-cpu-threads", o.hetegen_cpu_threads,
                  "HeteGen: CPU threads computing the CPU shares (0: --threads)")
-      ->check(thread_count())
-      ->needs(alpha);
+      ->check(thread_count());
+  cmd.add_option("--pie-host-layers", o.pie_host_layers,
+                 "Pie: keep M of the n KV-cache layers in host memory, swapped in layer by "
+                 "layer behind compute, so the device holds n - M (device compute, the cache "
+                 "on the GPU tier, single process); with --pie-adaptive, where m starts")
+      ->check(whole_number());
+  auto* pie_adaptive =
+      cmd.add_flag("--pie-adaptive", o.pie_adaptive,
+                   "Pie: choose m step by step from the stalls and early swap-ins (section "
+                   "3.4), from --pie-host-layers (default --pie-min-host-layers)");
+  cmd.add_option("--pie-min-host-layers", o.pie_min_host_layers,
+                 "Pie adaptive: the fewest host layers (the device keeps n - this buffers)")
+      ->check(whole_number())
+      ->needs(pie_adaptive);
+  cmd.add_option("--pie-max-host-layers", o.pie_max_host_layers,
+                 "Pie adaptive: the most host layers (default n - 1)")
+      ->check(whole_number())
+      ->needs(pie_adaptive);
   cmd.add_option_function<std::string>(
       "--policy",
       [&o](const std::string& text) {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "kernels/error.h"
+#include "kernels/log.h"
 #include "launch/engine.h"
 #include "worker/text.h"
 
@@ -193,6 +194,7 @@ int run_generate(const GenerateOptions& o) {
   GenerationStats stats;
   gen.run(requests, &stats,
           [&](size_t r, const GenerationResult& result) { printer.take(index[r], result); });
+  if (stats.pie) log::get("launch")->info("{}", stats.pie->str());
   std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + "}").c_str());
   return printer.failures() == 0 ? 0 : 1;
 }

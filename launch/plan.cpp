@@ -2,6 +2,7 @@
 // search) for a model, a machine and a workload -- or the cost of a policy given with
 // --policy. Prints the policy, predicted throughput, the bottleneck and peak memory per
 // tier; an infeasible budget names the constraint and the shortfall.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,8 @@ struct PlanOptions {
   int32_t max_step_tokens = 512;
   bool host_compute = false;    // the stages compute on the CPU (default: on the GPU)
   ScheduleCliOptions schedule;  // ExeGPT's scheduler (--workload)
+  // What the search may place beside FlexGen's tiers: "pie", "hetegen" (issue 17).
+  std::vector<std::string> methods = {"pie", "hetegen"};
 };
 
 ModelConfig plan_config(const PlanOptions& o) {
@@ -157,6 +160,8 @@ int run_plan(const PlanOptions& o) {
     so.compress_weight = o.compress_weight;
     so.compress_cache = o.compress_cache;
     so.cpu_attention = o.cpu_attention;
+    so.pie = std::ranges::count(o.methods, "pie") > 0;
+    so.hetegen = std::ranges::count(o.methods, "hetegen") > 0;
     so.on_progress = progress_callback("policy search: GPU batch sizes");
     const SearchResult r = search_policy(shape, w, hw, so);
     out = r.to_json();
@@ -195,6 +200,12 @@ Command add_plan(CLI::App& app) {
   cmd->add_option(
       "--policy", o->policy,
       "Evaluate this policy instead of searching, e.g. gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0");
+  cmd->add_option("--search", o->methods,
+                  "What the search may use beside FlexGen's placement: pie (KV-cache swapping), "
+                  "hetegen (CPU/GPU split of CPU-tier linears), none")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"pie", "hetegen", "none"}))
+      ->default_str("pie,hetegen");
   cmd->add_flag("--compress-weight", o->compress_weight, "Search with 4-bit weights");
   cmd->add_flag("--compress-cache", o->compress_cache, "Search with a 4-bit KV cache");
   cmd->add_flag("!--no-cpu-attention", o->cpu_attention, "Search without CPU attention");

@@ -118,14 +118,7 @@ void write_stats(const std::string& path, const std::string& json) {
 // placement, hosts) under $STRATA_PROFILE_DIR or ~/.cache/strata/profiles.
 std::string profile_path(const ServeOptions& o, const ProfileKey& key) {
   if (!o.profile.empty()) return o.profile;
-  std::string dir;
-  if (const char* d = std::getenv("STRATA_PROFILE_DIR"); d != nullptr && *d != 0) {
-    dir = d;
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != 0) {
-    dir = std::string(home) + "/.cache/strata/profiles";
-  } else {
-    dir = "/tmp/strata-profiles";
-  }
+  const std::string dir = profile_dir();
   std::string name = key.model;
   for (char& c : name)
     if (c == '/' || c == ':' || c == ' ') c = '_';
@@ -234,6 +227,7 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
         "duplicates, {} reconnects\n",
         q.delivered, q.results, q.dead_lettered, q.handed_back, q.duplicates, q.reconnects);
   }
+  if (stats.pie) log::get("launch")->info("{}", stats.pie->str());
   std::fprintf(stderr, "%s", table.c_str());
   std::fprintf(stderr, "%s\n", (R"({"summary": )" + stats.json() + queue_json + "}").c_str());
   write_stats(o.stats_out, stats.json(/*timeline=*/true));
@@ -317,10 +311,18 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
       fail_input(
           "--device host is for single-process engine commands (generate, bench, score, serve "
           "without ranks): a cluster's workers compute on a GPU or on the CPU");
-    if (o.engine.hetegen_alpha != 0)
+    if (o.engine.hetegen_alpha != 0 || o.engine.hetegen_alpha_auto ||
+        (o.engine.policy && o.engine.policy->hetegen_alpha_percent > 0))
       fail_input(
-          "--hetegen-alpha is for single-process engine commands (generate, bench, score, serve "
+          "--hetegen-alpha (or policy hetegen=) is for single-process engine commands (generate, "
+          "bench, score, serve "
           "without ranks): a cluster's plan does not place HeteGen's split");
+    if (o.engine.pie_adaptive || o.engine.pie_host_layers > 0 ||
+        (o.engine.policy && o.engine.policy->pie_host_layers > 0))
+      fail_input(
+          "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine "
+          "commands (generate, bench, score, serve without ranks): a cluster's plan does not "
+          "place Pie's buffers");
     if (session.rank() != 0) return serve_worker(o, session, local_index);
     const int rc = roles.coordinator(o, session.world(), std::move(hosts));
     // Under `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun exits 0 whatever

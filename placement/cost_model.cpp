@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
@@ -192,6 +193,64 @@ PeakTerms disk_peak(const Sizes& z) {
   return p;
 }
 
+// ---- Pie and HeteGen ---------------------------------------------------------------
+
+// HeteGen (eq. 4): of the CPU-tier weights only alpha crosses the link and computes on the
+// GPU; the CPU computes the other 1 - alpha where they lie. `tokens` per sequence.
+void apply_hetegen(PhaseTerms& t, const Sizes& z, double alpha, double tokens, double gpu_flops,
+                   const HardwareSpec& hw) {
+  const double rest_share = 1 - alpha;
+  const double flops = z.bls * tokens * z.mm_flops_tok;  // the block's linears, one layer
+  t.ctog = t.ctog + var(kWc, -rest_share * z.w / hw.ctog_bdw);
+  t.gpu_comp = t.gpu_comp + var(kWc, -rest_share * flops / gpu_flops);
+  t.cpu_split = var(kWc, rest_share * flops / hw.cpu_flops);
+}
+
+// The GPU's buffers for streamed weights hold only the alpha share of a CPU-tier layer.
+void hetegen_buffers(PeakTerms& gpu, const Sizes& z, double alpha) {
+  gpu.base = gpu.base + var(kWc, -(1 - alpha) * 2 * z.w);
+}
+
+// One layer's K and V for the block as the cache allocates them (s + n positions).
+double pie_layer_bytes(const Sizes& z) {
+  return z.kv * (z.s + z.n) * z.bls;
+}
+
+// Pie with m host layers: each token m layers swap in and m out, on average m / l of a
+// layer per layer computed on each link.
+void pie_traffic(PhaseTerms& t, const Sizes& z, int m, const HardwareSpec& hw) {
+  const double moved = double(m) / z.l * pie_layer_bytes(z);
+  t.ctog = t.ctog + constant(moved / hw.ctog_bdw);
+  t.gtoc = t.gtoc + constant(moved / hw.gtoc_bdw_cache);
+}
+
+// §3.3's protocol starts a swap only when a layer begins and runs one each way at a time,
+// so m host layers are hidden iff floor((l - 1) / (m + 2)) layers' compute covers one swap
+// (the closed form of Pie's simulator, placement/offload_estimates.h).
+TimeBound pie_bound(const Sizes& z, int m, const HardwareSpec& hw) {
+  const double layer = pie_layer_bytes(z);
+  const double swap = std::max(layer / hw.ctog_bdw, layer / hw.gtoc_bdw_cache);
+  const double layers_per_swap = std::floor((z.l - 1) / double(m + 2));
+  return {"pie", constant(swap / layers_per_swap)};
+}
+
+void pie_memory(CostModelTerms& t, const Sizes& z, int m) {
+  const double layer = pie_layer_bytes(z);
+  const double host_layers = std::min(z.l, double(m + 2));
+  for (PeakTerms* gpu : {&t.gpu_prefill, &t.gpu_decode})
+    gpu->base = gpu->base + var(kCg, -m * layer);
+  for (PeakTerms* cpu : {&t.cpu_prefill, &t.cpu_decode})
+    cpu->base = cpu->base + var(kCg, host_layers * layer);
+}
+
+void check_pie(const ModelShape& m, const Policy& p) {
+  if (p.pie_host_layers > 0 && p.pie_host_layers > m.n_layers - 3)
+    fail_input(
+        "policy pie={}: the cost model covers at most l - 3 = {} host layers for this "
+        "{}-layer model (two of the GPU's l - m layer buffers are Pie's swap buffers)",
+        p.pie_host_layers, m.n_layers - 3, m.n_layers);
+}
+
 // ---- evaluation --------------------------------------------------------------------
 
 std::vector<TimeBound> paper_bounds(const PhaseTerms& t) {
@@ -200,6 +259,15 @@ std::vector<TimeBound> paper_bounds(const PhaseTerms& t) {
           {"dtoc", t.dtoc},
           {"ctod", t.ctod},
           {"comp", t.gpu_comp + t.cpu_comp}};
+}
+
+// HeteGen's CPU share beside the GPU, on the CPU with CPU attention.
+void add_cpu_bound(PhaseTerms& t) {
+  if (t.bounds.size() == 1 && t.bounds[0].name == "serial") {
+    t.bounds[0].time = t.bounds[0].time + t.cpu_split;
+    return;
+  }
+  t.bounds.push_back({"cpu", t.cpu_comp + t.cpu_split});
 }
 
 std::vector<TimeBound> fitted_bounds(const PhaseTerms& t, bool prefill) {
@@ -229,9 +297,11 @@ PhaseCost evaluate(const PhaseTerms& t, const Placement& x) {
   c.ctod = t.ctod.eval(x);
   c.gpu_comp = t.gpu_comp.eval(x);
   c.cpu_comp = t.cpu_comp.eval(x);
-  const std::pair<double, std::string_view> terms[] = {
+  c.cpu_split = t.cpu_split.eval(x);
+  std::vector<std::pair<double, std::string_view>> terms = {
       {c.ctog, "ctog"}, {c.gtoc, "gtoc"}, {c.dtoc, "dtoc"}, {c.ctod, "ctod"}, {c.comp(), "comp"}};
-  c.bottleneck = std::max_element(std::begin(terms), std::end(terms), [](auto& a, auto& b) {
+  if (c.cpu_split > 0) terms.push_back({c.cpu_comp + c.cpu_split, "cpu"});
+  c.bottleneck = std::max_element(terms.begin(), terms.end(), [](auto& a, auto& b) {
                    return a.first < b.first;
                  })->second;
   for (const TimeBound& b : t.bounds) {
@@ -242,17 +312,19 @@ PhaseCost evaluate(const PhaseTerms& t, const Placement& x) {
 }
 
 nlohmann::json phase_json(const PhaseCost& c) {
-  return {{"ctog_s", c.ctog},    {"gtoc_s", c.gtoc},         {"dtoc_s", c.dtoc},
-          {"ctod_s", c.ctod},    {"gpu_comp_s", c.gpu_comp}, {"cpu_comp_s", c.cpu_comp},
-          {"comp_s", c.comp()},  {"time_s", c.time},         {"bottleneck", c.bottleneck},
-          {"binding", c.binding}};
+  return {{"ctog_s", c.ctog},     {"gtoc_s", c.gtoc},          {"dtoc_s", c.dtoc},
+          {"ctod_s", c.ctod},     {"gpu_comp_s", c.gpu_comp},  {"cpu_comp_s", c.cpu_comp},
+          {"comp_s", c.comp()},   {"time_s", c.time},          {"bottleneck", c.bottleneck},
+          {"binding", c.binding}, {"cpu_split_s", c.cpu_split}};
 }
 
 std::string phase_str(const PhaseCost& c) {
   return fmt::format(
-      "ctog={:.4g} gtoc={:.4g} dtoc={:.4g} ctod={:.4g} comp={:.4g} (cpu {:.4g}) s "
+      "ctog={:.4g} gtoc={:.4g} dtoc={:.4g} ctod={:.4g} comp={:.4g} (cpu {:.4g}){} s "
       "-> {:.4g} s ({}; largest {})",
-      c.ctog, c.gtoc, c.dtoc, c.ctod, c.comp(), c.cpu_comp, c.time, c.binding, c.bottleneck);
+      c.ctog, c.gtoc, c.dtoc, c.ctod, c.comp(), c.cpu_comp,
+      c.cpu_split > 0 ? fmt::format(" cpu_split={:.4g}", c.cpu_split) : "", c.time, c.binding,
+      c.bottleneck);
 }
 
 void shortfall(std::vector<std::string>& out, const char* tier, const char* field, double need,
@@ -301,15 +373,29 @@ CostModelTerms cost_model_terms(const ModelShape& shape, const Workload& w, cons
   t.n_layers = shape.n_layers;
   t.gen_len = w.gen_len;
   t.block_size = schedule.block_size();
+  check_pie(shape, schedule);
+  const int pie = schedule.pie_host_layers;
+  const double alpha = schedule.hetegen_alpha_percent / 100.0;
   t.prefill = prefill_terms(z, hw);
   t.decode = decode_terms(z, hw, cpu_attn);
+  if (alpha > 0) {
+    apply_hetegen(t.prefill, z, alpha, z.s, hw.mm_flops_prefill, hw);
+    apply_hetegen(t.decode, z, alpha, 1, hw.mm_flops_decode, hw);
+  }
+  if (pie > 0) pie_traffic(t.prefill, z, pie, hw), pie_traffic(t.decode, z, pie, hw);
   set_bounds(t.prefill, hw.overlap_model, schedule.overlap, true);
   set_bounds(t.decode, hw.overlap_model, schedule.overlap, false);
+  for (PhaseTerms* p : {&t.prefill, &t.decode}) {
+    if (alpha > 0) add_cpu_bound(*p);
+    if (pie > 0) p->bounds.push_back(pie_bound(z, pie, hw));
+  }
   t.gpu_prefill = gpu_prefill_peak(z);
   t.gpu_decode = gpu_decode_peak(z, cpu_attn);
   t.cpu_prefill = cpu_prefill_peak(z);
   t.cpu_decode = cpu_decode_peak(z, cpu_attn);
   t.disk = disk_peak(z);
+  if (alpha > 0) hetegen_buffers(t.gpu_prefill, z, alpha), hetegen_buffers(t.gpu_decode, z, alpha);
+  if (pie > 0) pie_memory(t, z, pie);
   return t;
 }
 

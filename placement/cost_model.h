@@ -27,6 +27,15 @@
 //    not modelled, as in FlexGen's own cost model;
 //  - CPU attention runs at HardwareSpec::cpu_flops_for(gbs, h1), FlexGen's fitted
 //    piece-wise rate (A.3: "piece-wise functions"), equal to cpu_flops for gbs >= 64.
+//
+// Two placements FlexGen does not have, each fixed per policy so the terms stay linear:
+//  - Pie (policy pie=m, papers/pie.md §3): the GPU holds (l - m) / l of the cache, the host
+//    min(l, m + 2) layers of it; each token m layers swap in and out, on average m / l of a
+//    layer per layer on each link; §3.3's protocol hides them iff one layer's compute is at
+//    least t_swap / floor((l - 1) / (m + 2)) (docs/PIE_HETEGEN.md), the bound "pie".
+//  - HeteGen (policy hetegen=A, papers/hetegen.md eq. 4): of the CPU-tier weights (wc) only
+//    alpha crosses the link and is computed on the GPU; the CPU computes the rest at its
+//    FLOP rate beside them (the bound "cpu", with CPU attention).
 #pragma once
 
 #include <array>
@@ -80,6 +89,9 @@ struct TimeBound {
 // fitted chains (kFitted), or their sum alone when the policy turns overlap off.
 struct PhaseTerms {
   LinearTerm ctog, gtoc, dtoc, ctod, gpu_comp, cpu_comp;
+  // HeteGen's CPU share of the CPU-tier linears: runs beside the GPU and the link, so it is
+  // its own bound (with CPU attention, which shares the CPU), not part of comp.
+  LinearTerm cpu_split;
   std::vector<TimeBound> bounds;
 };
 
@@ -108,12 +120,13 @@ CostModelTerms cost_model_terms(const ModelShape& shape, const Workload& w, cons
 struct PhaseCost {
   double ctog = 0, gtoc = 0, dtoc = 0, ctod = 0;
   double gpu_comp = 0, cpu_comp = 0;
+  double cpu_split = 0;              // HeteGen's CPU share (policy hetegen=)
   double time = 0;                   // T_pre or T_gen, seconds per layer per block
   std::string_view bottleneck = "";  // the largest activity: ctog, gtoc, dtoc, ctod, comp
   std::string_view binding = "";     // the bound that sets `time`, e.g. "comp", "ctog+comp"
   double comp() const { return gpu_comp + cpu_comp; }
   // The time with nothing overlapped: a measure of all the data moved and work done.
-  double serial() const { return ctog + gtoc + dtoc + ctod + comp(); }
+  double serial() const { return ctog + gtoc + dtoc + ctod + comp() + cpu_split; }
 };
 
 struct PeakMemory {

@@ -207,6 +207,14 @@ AlphaBenchmarkResult run_alpha_benchmark(const AlphaBenchmarkOptions& options,
   return fit_alpha(samples, options.degree);
 }
 
+AlphaBenchmarkResult benchmark_module(const AlphaMeasure& measure, AlphaBenchmarkOptions window) {
+  STRATA_CHECK(static_cast<bool>(measure), "alpha benchmark without a measurement");
+  const AlphaTiming all_cpu = measure(0.0);
+  const AlphaTiming all_gpu = measure(1.0);
+  window.alpha0 = alpha_from_times(all_cpu.t_cpu, all_gpu.t_pin, all_gpu.t_trans);
+  return run_alpha_benchmark(window, measure);
+}
+
 std::string AlphaBenchmarkResult::str() const {
   std::string s = fmt::format(
       "alpha benchmark: alpha-bar {:.4f} ({}), T-bar_cpu {:.6g}, T-bar_com {:.6g}, {} samples",
@@ -235,7 +243,7 @@ int64_t split_gpu_bytes(const Module& m) {
   return static_cast<int64_t>(std::ceil(m.alpha * static_cast<double>(m.bytes)));
 }
 
-HeteGenPlan schedule_modules(std::span<const Module> modules, int64_t gpu_budget) {
+HeteGenPlan schedule_modules(std::span<const Module> modules, int64_t gpu_budget, bool streamed) {
   HeteGenPlan plan;
   plan.gpu_budget = gpu_budget;
   if (gpu_budget < 0) fail_input("HeteGen scheduler: GPU budget {} is negative", gpu_budget);
@@ -249,7 +257,7 @@ HeteGenPlan schedule_modules(std::span<const Module> modules, int64_t gpu_budget
     p.name = m.name;
     p.alpha = m.alpha;
     p.gain = m.gain();
-    p.gpu_bytes = split_gpu_bytes(m);
+    p.gpu_bytes = streamed ? 0 : split_gpu_bytes(m);
     p.time = m.t_cpu;
     plan.gpu_bytes += p.gpu_bytes;
     plan.modules.push_back(p);
@@ -291,6 +299,41 @@ std::string HeteGenPlan::str() const {
     s += fmt::format("\n  {}: {} alpha {:.4f} gain {:.6g} s/B gpu {} B time {:.6g} s", p.name,
                      module_placement_name(p.placement), p.alpha, p.gain, p.gpu_bytes, p.time);
   return s;
+}
+
+const char* module_slot_name(int slot) {
+  static const char* const kNames[kModuleSlots] = {"q", "k", "v", "o", "gate", "up", "down"};
+  return slot >= 0 && slot < kModuleSlots ? kNames[slot] : "?";
+}
+
+double module_alpha(double alpha, std::span<const double> slot_alpha, int slot) {
+  STRATA_CHECK(slot >= 0 && slot < kModuleSlots, "module slot {}", slot);
+  return slot_alpha.empty() ? alpha : slot_alpha[static_cast<size_t>(slot)];
+}
+
+bool module_whole(std::span<const uint8_t> whole, int32_t layer, int slot) {
+  if (whole.empty()) return false;
+  const auto i = static_cast<size_t>(layer) * kModuleSlots + static_cast<size_t>(slot);
+  STRATA_CHECK(layer >= 0 && slot >= 0 && slot < kModuleSlots && i < whole.size(),
+               "module {} of layer {} in a plan of {} flags", slot, layer, whole.size());
+  return whole[i] != 0;
+}
+
+void check_split(double alpha, std::span<const double> slot_alpha, std::span<const uint8_t> whole,
+                 int32_t n_layers) {
+  if (!(alpha > 0 && alpha <= 1)) fail_input("HeteGen: alpha must be in (0, 1], got {}", alpha);
+  if (!slot_alpha.empty()) {
+    if (slot_alpha.size() != kModuleSlots)
+      fail_input("HeteGen: {} module alphas, expected one per module slot ({})", slot_alpha.size(),
+                 kModuleSlots);
+    for (int i = 0; i < kModuleSlots; ++i)
+      if (!(slot_alpha[static_cast<size_t>(i)] >= 0 && slot_alpha[static_cast<size_t>(i)] <= 1))
+        fail_input("HeteGen: the {} modules' alpha must be in [0, 1], got {}", module_slot_name(i),
+                   slot_alpha[static_cast<size_t>(i)]);
+  }
+  if (!whole.empty() && whole.size() != static_cast<size_t>(n_layers) * kModuleSlots)
+    fail_input("HeteGen: {} whole-module flags for {} layers of {} modules", whole.size(), n_layers,
+               kModuleSlots);
 }
 
 void HeteGenOptions::validate() const {

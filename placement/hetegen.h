@@ -115,6 +115,22 @@ AlphaBenchmarkResult fit_alpha(std::span<const AlphaSample> samples, int degree 
 AlphaBenchmarkResult run_alpha_benchmark(const AlphaBenchmarkOptions& options,
                                          const AlphaMeasure& measure);
 
+// The engine's alpha benchmark for one module (--hetegen-alpha auto): eq. 9's first guess
+// from the whole-module times -- T'_cpu, the CPU computing every row (measure(0)), and
+// max(T'_pin, T'_trans), the whole module pinned and moved (measure(1)) -- then the window
+// `window.alpha0` +- gamma around it measured and fitted (eq. 10-12; window.alpha0 is
+// replaced by the guess). The engine fits lines (degree 1): its times are a share of rows'
+// work plus a fixed cost, and a narrow window of noisy samples gives a quadratic crossings of
+// its own.
+AlphaBenchmarkResult benchmark_module(const AlphaMeasure& measure, AlphaBenchmarkOptions window);
+inline AlphaBenchmarkOptions engine_alpha_window() {
+  AlphaBenchmarkOptions o;
+  o.gamma = 0.1;
+  o.lambda = 0.05;
+  o.degree = 1;
+  return o;
+}
+
 // --- the heterogeneous module scheduler (§4.5) ---------------------------------------------
 
 // One linear module as the scheduler sees it.
@@ -158,8 +174,9 @@ int64_t split_gpu_rows(double alpha, int64_t out);
 
 // A split module keeps ceil(alpha x bytes) on the GPU: the paper streams its alpha share
 // through the GPU each pass, so "the GPU's memory is occupied by parameters equivalent to only
-// alpha times the parameter size" (§4.3); worker/split_linear.h keeps those rows resident,
-// which costs the same. A module on the GPU whole keeps all its bytes there.
+// alpha times the parameter size" (§4.3). (The engine streams the shares of all split modules
+// through two device slots, so what it holds is two layers' alpha shares; the scheduler's
+// budget is per module, as the paper's.) A module on the GPU whole keeps all its bytes there.
 int64_t split_gpu_bytes(const Module& m);
 
 // Every module starts split (the least GPU memory that still runs, §4.5); then, in order of
@@ -168,9 +185,32 @@ int64_t split_gpu_bytes(const Module& m);
 // as the paper migrates "until the memory limit is reached". InputError for a module with
 // no bytes, a negative or non-finite time, an alpha outside [0, 1], or a budget below what
 // the split modules alone keep on the GPU (named with both numbers).
-HeteGenPlan schedule_modules(std::span<const Module> modules, int64_t gpu_budget);
+// `streamed`: the engine's accounting -- a split module keeps nothing of its own on the GPU
+// (its alpha share streams through device slots counted with the fixed parts), so moving it
+// whole costs all its bytes.
+HeteGenPlan schedule_modules(std::span<const Module> modules, int64_t gpu_budget,
+                             bool streamed = false);
 
 // --- what the engine carries ---------------------------------------------------------------
+
+// A layer's linear modules, in worker/split_linear.h LinearSlot's order: q, k, v, o, gate, up,
+// down (OPT's fc1 and fc2 are up and down). Per-module decisions are indexed by this slot.
+inline constexpr int kModuleSlots = 7;
+const char* module_slot_name(int slot);  // "q", ..., "down"
+
+// The split the engine runs on its CPU-tier layers, as the loader (worker/loader.h) and
+// placement (placement/stage_placement.h) both read it:
+//  - alpha > 0 turns HeteGen on and is every module's alpha unless `slot_alpha` names one
+//    per module slot (the alpha benchmark's, per module shape; each in [0, 1]);
+//  - `whole`, kModuleSlots flags per stage-local layer, marks the modules the module
+//    scheduler (§4.5) keeps whole on the device; the others are split, their alpha shares
+//    streamed to the device each pass.
+double module_alpha(double alpha, std::span<const double> slot_alpha, int slot);
+bool module_whole(std::span<const uint8_t> whole, int32_t layer, int slot);
+// InputError: alpha outside (0, 1], slot_alpha not empty and not kModuleSlots values in
+// [0, 1], whole not empty and not kModuleSlots x n_layers flags.
+void check_split(double alpha, std::span<const double> slot_alpha, std::span<const uint8_t> whole,
+                 int32_t n_layers);
 
 // The engine's HeteGen switch: every layer linear split at `alpha` (rows [0, ceil(alpha x
 // out)) on the device, the rest on the host CPU), the CPU share on a CPU backend of

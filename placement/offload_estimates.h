@@ -12,7 +12,8 @@
 //    the CPU where they lie; alpha balances the two sides. Its decode time per layer against
 //    FlexGen streaming the whole layer over the link.
 //
-// Estimates only: the LP does not choose them yet (docs/PIE_HETEGEN.md).
+// The policy search uses the largest stall-free m and eq. 5's alpha to pick the variants it
+// solves (placement/policy_search.h); the cost model prices them (placement/cost_model.h).
 #pragma once
 
 #include <cstdint>

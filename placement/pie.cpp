@@ -309,6 +309,22 @@ PieSimResult PieSimulator::result() const {
   return r;
 }
 
+PieBuffers PieBuffers::of(int32_t n_layers, int32_t lowest_m, int32_t highest_m,
+                          int64_t layer_bytes) {
+  if (n_layers < 1 || lowest_m < 0 || lowest_m > highest_m || highest_m >= n_layers ||
+      layer_bytes <= 0)
+    fail_input("Pie buffers: host layers [{}, {}] of {} layers (of {} bytes) outside [0, {}]",
+               lowest_m, highest_m, n_layers, layer_bytes, n_layers - 1);
+  constexpr int64_t kAlign = 256;
+  const int64_t stride = (layer_bytes + kAlign - 1) / kAlign * kAlign;
+  PieBuffers b;
+  b.device = n_layers - lowest_m;
+  b.host = std::min(n_layers, highest_m + 2);
+  b.bytes = 2 * stride;
+  b.swap_bytes = stride + layer_bytes;
+  return b;
+}
+
 PieSimResult simulate_pie(int32_t n_layers, int32_t host_layers, double compute_time,
                           double swap_time, int32_t tokens) {
   if (tokens < 1) fail_input("Pie simulation: {} tokens; at least one", tokens);

@@ -182,6 +182,24 @@ class PieSimulator {
   PieSimResult result_;
 };
 
+// The memory Pie's KV cache holds (worker/kv_swap.h): one rule for the worker that allocates
+// it and placement/ that counts it (stage_placement.h). Each buffer holds one layer's K and
+// then its V, V starting 256-byte aligned (a 4-bit layer's float groups stay aligned). The
+// device keeps n - lowest_m buffers (the fewest host layers m may come down to), the host
+// min(n, highest_m + 2): m on the host, one arriving and one leaving.
+struct PieBuffers {
+  int32_t device = 0;
+  int32_t host = 0;
+  int64_t bytes = 0;       // each buffer: K, the gap to V's alignment, V
+  int64_t swap_bytes = 0;  // one swap either way: K, the gap, V (the buffer less V's tail)
+
+  // `layer_bytes`: one layer's K (or V) as the cache stores it. InputError for m outside
+  // [0, n) or out of order.
+  static PieBuffers of(int32_t n_layers, int32_t lowest_m, int32_t highest_m, int64_t layer_bytes);
+  int64_t device_bytes() const { return device * bytes; }
+  int64_t host_bytes() const { return host * bytes; }
+};
+
 // `tokens` tokens of the protocol from the initial table (the last m layers on the host).
 PieSimResult simulate_pie(int32_t n_layers, int32_t host_layers, double compute_time,
                           double swap_time, int32_t tokens);

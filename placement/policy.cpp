@@ -12,7 +12,8 @@ namespace strata {
 
 namespace {
 
-constexpr std::string_view kAllowedKeys = "gbs, ngb, w, c, h, cw, cc, cpu_attn, overlap";
+constexpr std::string_view kAllowedKeys =
+    "gbs, ngb, w, c, h, cw, cc, cpu_attn, overlap, pie, hetegen";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -91,6 +92,16 @@ void apply(Policy& p, std::string_view key, std::string_view value) {
     p.cpu_cache_compute = parse_flag(key, value);
   } else if (key == "overlap") {
     p.overlap = parse_flag(key, value);
+  } else if (key == "pie") {
+    const int64_t m = parse_int(value, key, value);
+    if (m < 0 || m > Policy::kMaxBatch)
+      fail_input("policy: pie={}: host layers must be a whole number >= 0", value);
+    p.pie_host_layers = static_cast<int>(m);
+  } else if (key == "hetegen") {
+    const int64_t a = parse_int(value, key, value);
+    if (a < 0 || a > 100)
+      fail_input("policy: hetegen={}: alpha is a percentage in [0, 100] (0: off)", value);
+    p.hetegen_alpha_percent = static_cast<int>(a);
   } else {
     fail_input("policy: unknown key '{}' (in '{}={}'); allowed keys: {}", key, key, value,
                kAllowedKeys);
@@ -121,15 +132,35 @@ void Policy::validate() const {
     fail_input(
         "policy: compress_cache=1 with cpu_attention=1: a compressed KV cache is attended on "
         "the GPU (FlexGen §5); set cc=0 or cpu_attn=0");
+  if (pie_host_layers < 0)
+    fail_input("policy: pie={}: host layers must be a whole number >= 0", pie_host_layers);
+  if (pie_host_layers > 0 && cache_gpu_percent != 100)
+    fail_input(
+        "policy: pie={} with c={}/{}/{}: Pie swaps a cache that lives on the GPU tier; set "
+        "c=100/0/0",
+        pie_host_layers, cache_gpu_percent, cache_cpu_percent, cache_disk_percent());
+  if (hetegen_alpha_percent < 0 || hetegen_alpha_percent > 100)
+    fail_input("policy: hetegen={}: alpha is a percentage in [0, 100] (0: off)",
+               hetegen_alpha_percent);
 }
 
 std::string Policy::str() const {
   return fmt::format(
       "Policy(gpu_batch_size={}, num_gpu_batches={}, w=({},{},{}), c=({},{},{}), h=({},{},{}), "
-      "compress_weight={:d}, compress_cache={:d}, cpu_attention={:d}, overlap={:d})",
+      "compress_weight={:d}, compress_cache={:d}, cpu_attention={:d}, overlap={:d}{})",
       gbs(), ngb(), w_gpu_percent, w_cpu_percent, w_disk_percent(), cache_gpu_percent,
       cache_cpu_percent, cache_disk_percent(), act_gpu_percent, act_cpu_percent, act_disk_percent(),
-      compress_weight, compress_cache, cpu_cache_compute, overlap);
+      compress_weight, compress_cache, cpu_cache_compute, overlap, extras(", ", "_"));
+}
+
+std::string Policy::extras(std::string_view sep, std::string_view style) const {
+  std::string out;
+  if (pie_host_layers > 0)
+    out += fmt::format("{}pie{}={}", sep, style == "_" ? "_host_layers" : "", pie_host_layers);
+  if (hetegen_alpha_percent > 0)
+    out += fmt::format("{}hetegen{}={}", sep, style == "_" ? "_alpha_percent" : "",
+                       hetegen_alpha_percent);
+  return out;
 }
 
 std::string Policy::compact() const {
@@ -138,10 +169,10 @@ std::string Policy::compact() const {
   if (num_gpu_batches) block += fmt::format("ngb={},", *num_gpu_batches);
   return fmt::format(
       "{}w={}/{}/{},c={}/{}/{},h={}/{}/{},cw={:d},cc={:d},"
-      "cpu_attn={:d},overlap={:d}",
+      "cpu_attn={:d},overlap={:d}{}",
       block, w_gpu_percent, w_cpu_percent, w_disk_percent(), cache_gpu_percent, cache_cpu_percent,
       cache_disk_percent(), act_gpu_percent, act_cpu_percent, act_disk_percent(), compress_weight,
-      compress_cache, cpu_cache_compute, overlap);
+      compress_cache, cpu_cache_compute, overlap, extras(",", ""));
 }
 
 Policy Policy::parse(std::string_view text) {

@@ -29,6 +29,14 @@ struct Policy {
   bool compress_cache = false;
   bool cpu_cache_compute = false;  // attention on the CPU for the cache kept off the GPU
   bool overlap = true;
+  // Pie (papers/pie.md §3): m of the model's layers keep their (GPU-tier) KV cache in host
+  // memory and swap through the GPU's buffers, so the GPU holds (n - m) / n of the cache.
+  // 0: off. Needs the cache wholly on the GPU tier (c=100/0/0).
+  int pie_host_layers = 0;
+  // HeteGen (papers/hetegen.md §4): the CPU-tier weights are split, alpha = this / 100 of
+  // each linear crossing the link for the GPU, the rest computed by the CPU where it lies.
+  // 0: off (FlexGen streams the CPU-tier weights whole).
+  int hetegen_alpha_percent = 0;
 
   // Guards the block-size product and the cost model's arithmetic against absurd input.
   static constexpr int64_t kMaxBatch = int64_t{1} << 20;
@@ -49,16 +57,21 @@ struct Policy {
   // FlexGen's tuple style: "Policy(gpu_batch_size=48, num_gpu_batches=3, w=(20,80,0), ...)".
   std::string str() const;
   // The command-line form that parse() reads back: "gbs=48,ngb=3,w=20/80/0,..." (gbs and
-  // ngb only when set, so parse(compact()) == *this).
+  // ngb only when set, pie and hetegen only when on, so parse(compact()) == *this).
   std::string compact() const;
 
   // Comma-separated key=value: gbs, ngb (positive integers), w, c, h ("GPU/CPU/DISK"
-  // integer percentages summing to 100), cw, cc, cpu_attn, overlap (0 or 1). Keys left out
+  // integer percentages summing to 100), cw, cc, cpu_attn, overlap (0 or 1), pie (host
+  // layers, >= 0), hetegen (alpha in percent, 0-100). Keys left out
   // keep the defaults above; a key given twice, an unknown key or a bad value is an
   // InputError that names the key, the value and what is allowed.
   static Policy parse(std::string_view text);
 
   bool operator==(const Policy&) const = default;
+
+ private:
+  // Pie's and HeteGen's fields where on, each led by `sep`; style "_": str()'s long names.
+  std::string extras(std::string_view sep, std::string_view style) const;
 };
 
 }  // namespace strata

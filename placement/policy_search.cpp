@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "kernels/error.h"
+#include "placement/offload_estimates.h"
 
 namespace strata {
 
@@ -80,7 +81,7 @@ void add_regularizer(Lp& lp, const CostModelTerms& t, double per_block) {
     for (const PhaseTerms* p : {&t.prefill, &t.decode}) {
       const double times = p == &t.prefill ? 1 : n1;
       for (const LinearTerm* a :
-           {&p->ctog, &p->gtoc, &p->dtoc, &p->ctod, &p->gpu_comp, &p->cpu_comp})
+           {&p->ctog, &p->gtoc, &p->dtoc, &p->ctod, &p->gpu_comp, &p->cpu_comp, &p->cpu_split})
         k += times * a->coef[v];
     }
     lp.cost(v, kRegularization * per_block * k);
@@ -264,6 +265,32 @@ std::optional<CostEstimate> best_rounding(const ModelShape& shape, const Workloa
   return best;
 }
 
+// The schedule as FlexGen runs it, then with Pie and HeteGen as `o` asks: Pie at the most
+// host layers its protocol hides for this block (and half as many: fewer swaps leave the
+// link to streamed weights), HeteGen at eq. 5's alpha for the block's rows.
+std::vector<Policy> variants_of(const ModelShape& shape, const Workload& w, const HardwareSpec& hw,
+                                const Policy& schedule, const SearchOptions& o) {
+  std::vector<Policy> out = {schedule};
+  int alpha = 0;
+  if (o.hetegen) {
+    const double a = estimate_hetegen(shape, schedule, schedule.block_size(), hw).alpha;
+    alpha = std::clamp(int(std::lround(a * 100)), 1, 100);
+    if (alpha < 100) out.push_back(schedule), out.back().hetegen_alpha_percent = alpha;
+  }
+  if (!o.pie || shape.n_layers < 4) return out;
+  const int most =
+      std::min<int>(estimate_pie(shape, w, schedule, hw).host_layers, int(shape.n_layers) - 3);
+  std::vector<int> host_layers = {most};
+  if ((most + 1) / 2 != most) host_layers.push_back((most + 1) / 2);
+  for (int m : host_layers) {
+    if (m <= 0) continue;
+    out.push_back(schedule), out.back().pie_host_layers = m;
+    if (alpha > 0 && alpha < 100)
+      out.push_back(out.back()), out.back().hetegen_alpha_percent = alpha;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<PlacementLp> solve_placement_lp(const ModelShape& shape, const Workload& w,
@@ -279,6 +306,11 @@ std::optional<PlacementLp> solve_placement_lp(const ModelShape& shape, const Wor
   add_phase(lp, t.decode, kTgen);
   add_memory(lp, t, hw, {});
   add_regularizer(lp, t, per_block);
+  if (schedule.pie_host_layers > 0) {  // Pie swaps a cache that lives on the GPU tier
+    lp.column(kCg, 1, 1, 0);
+    lp.column(kCc, 0, 0, 0);
+    lp.column(kCd, 0, 0, 0);
+  }
   if (!lp.solve()) return std::nullopt;
   PlacementLp out;
   for (int v = 0; v < kNumPlacementVars; ++v) out.placement[v] = std::clamp(lp.value(v), 0.0, 1.0);
@@ -299,12 +331,15 @@ SearchResult search_policy(const ModelShape& shape, const Workload& w, const Har
   size_t sizes_done = 0;
   for (int64_t gbs : sizes) {
     for (int64_t ngb = 1; ngb <= options.max_num_gpu_batches; ++ngb) {
-      const Policy schedule = schedule_of(gbs, ngb, options);
-      ++tried;
-      const auto lp = solve_placement_lp(shape, w, schedule, hw);
-      if (!lp) break;  // memory only grows with the block
-      if (auto c = best_rounding(shape, w, hw, schedule, lp->placement, options))
-        found.push_back(*c);
+      bool any_lp = false;
+      for (const Policy& v : variants_of(shape, w, hw, schedule_of(gbs, ngb, options), options)) {
+        ++tried;
+        const auto lp = solve_placement_lp(shape, w, v, hw);
+        if (!lp) continue;
+        any_lp = true;
+        if (auto c = best_rounding(shape, w, hw, v, lp->placement, options)) found.push_back(*c);
+      }
+      if (!any_lp) break;  // memory only grows with the block
     }
     if (options.on_progress) options.on_progress(++sizes_done, sizes.size());
   }

@@ -36,6 +36,12 @@ struct SearchOptions {
   // the smallest block (then the faster, then the larger GPU batch). 5%: about the model's
   // error against FlexGen's measured runs (Table 21).
   double tie_tolerance = 0.05;
+  // Also consider, for every schedule, Pie's cache swapping with the most host layers that
+  // stay stall-free (and half as many), and HeteGen's split of the CPU-tier weights at eq.
+  // 5's alpha for the block (placement/offload_estimates.h); and both together. Each is one
+  // more LP per schedule; the best over all wins as above.
+  bool pie = false;
+  bool hetegen = false;
   // Progress (may be empty): GPU batch sizes searched so far, of how many.
   std::function<void(size_t done, size_t total)> on_progress;
 };
@@ -54,7 +60,7 @@ std::optional<PlacementLp> solve_placement_lp(const ModelShape& shape, const Wor
 struct SearchResult {
   Policy policy;
   CostEstimate cost;
-  int64_t schedules_tried = 0;     // (gbs, ngb) pairs whose LP was solved
+  int64_t schedules_tried = 0;     // LPs solved: (gbs, ngb) pairs, times the variants tried
   int64_t schedules_feasible = 0;  // ... with a rounded placement that fits
   std::string str() const;
   nlohmann::json to_json() const;

@@ -92,21 +92,36 @@ std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
 }
 
 // HeteGen's split of one layer as the worker holds it (worker/split_linear.h,
-// worker/layer_feeder.cpp): each linear cut after ceil(alpha x rows) rows, its bias likewise;
-// the norms packed alone on the device (LayerLayout of the vectors that are not biases).
+// worker/layer_feeder.cpp): each split linear cut after ceil(alpha x rows) rows, its bias
+// likewise; the alpha shares packed (LayerLayout: tensors 64-byte aligned, the blob
+// page-aligned) in pinned host memory and streamed to a device slot each pass; the CPU shares
+// in host memory as they are; the norms and the modules kept whole packed on the device.
 struct SplitLayer {
-  int64_t gpu = 0, cpu = 0;
-  int64_t max_in = 0, max_out = 0;  // over the linears: the staging's widths
+  int64_t gpu = 0, host = 0, stream = 0;
+  int64_t max_in = 0, max_out = 0;  // over the split linears: the staging's widths (0: none)
 };
 
-SplitLayer split_layer(const ModelShape& s, bool compress, double alpha) {
+SplitLayer split_layer(const ModelShape& s, bool compress, const StageRequest& r, int32_t layer) {
   const int64_t h = s.hidden, qw = s.q_width(), kvw = s.kv_width(), f = s.intermediate;
   SplitLayer out;
+  int64_t resident = 0, stream = 0;  // packed, 64-byte aligned tensors
+  auto pack = [](int64_t& blob, int64_t bytes) {
+    if (bytes > 0) blob = align_bytes(blob + bytes, 64);
+  };
+  int slot = 0;
   auto linear = [&](bool present, int64_t rows, int64_t cols, bool bias) {
+    const int i = slot++;
     if (!present) return;
+    if (layer >= 0 && hetegen::module_whole(r.hetegen_whole, layer, i)) {
+      pack(resident, matrix_bytes(s, rows, cols, compress));
+      if (bias) pack(resident, rows * kF32);
+      return;
+    }
+    const double alpha = hetegen::module_alpha(r.hetegen_alpha, r.hetegen_slot_alpha, i);
     const int64_t g = hetegen::split_gpu_rows(alpha, rows);
-    out.gpu += matrix_bytes(s, g, cols, compress) + (bias ? g * kF32 : 0);
-    out.cpu += matrix_bytes(s, rows - g, cols, compress) + (bias ? (rows - g) * kF32 : 0);
+    pack(stream, matrix_bytes(s, g, cols, compress));
+    if (bias) pack(stream, g * kF32);
+    out.host += matrix_bytes(s, rows - g, cols, compress) + (bias ? (rows - g) * kF32 : 0);
     out.max_in = std::max(out.max_in, cols);
     out.max_out = std::max(out.max_out, rows);
   };
@@ -117,9 +132,10 @@ SplitLayer split_layer(const ModelShape& s, bool compress, double alpha) {
   linear(s.gated_mlp, f, h, false);
   linear(true, f, h, s.mlp_bias);
   linear(true, h, f, s.mlp_bias);
-  int64_t norms = 0;  // attn_norm (+ bias), mlp_norm (+ bias)
-  for (int i = 0; i < (s.norm_bias ? 4 : 2); ++i) norms = align_bytes(norms + h * kF32, 64);
-  out.gpu += align_bytes(norms);
+  for (int i = 0; i < (s.norm_bias ? 4 : 2); ++i) pack(resident, h * kF32);  // the norms
+  out.gpu = align_bytes(resident);
+  out.stream = stream > 0 ? align_bytes(stream) : 0;
+  out.host += out.stream;  // the shares' pinned blob
   return out;
 }
 
@@ -167,11 +183,12 @@ Counts counts_from_budgets(const WeightPlacement& p, int32_t n, const TierBudget
     if (b.gpu < 0 || p.fixed_bytes + n * L <= avail) {
       c.gpu = n;
     } else if (p.hetegen()) {
-      // The layers not on the GPU are split and keep S each there (no device slots unless a
-      // layer lands on disk, which the budget check then counts). A split layer that takes
-      // as much as a whole one (alpha near 1) frees nothing: all split.
-      c.gpu = L > S ? static_cast<int32_t>(
-                          std::clamp<int64_t>((avail - p.fixed_bytes - n * S) / (L - S), 0, n))
+      // The layers not on the GPU are split: each keeps S (its norms) there, and their alpha
+      // shares stream through two slots (of a whole layer instead if some layer lands on disk,
+      // which the budget check then counts).
+      const int64_t slots = 2 * p.split_stream_bytes;
+      c.gpu = L > S ? static_cast<int32_t>(std::clamp<int64_t>(
+                          (avail - p.fixed_bytes - n * S - slots) / (L - S), 0, n))
                     : 0;
     } else {
       c.gpu = static_cast<int32_t>(std::clamp<int64_t>((avail - p.fixed_bytes - 2 * L) / L, 0, n));
@@ -203,12 +220,24 @@ void check_weight_budget(const char* option, int64_t budget, int64_t need, const
 
 int64_t WeightPlacement::gpu_bytes() const {
   if (!device_compute) return 0;
-  return fixed_bytes + count(Tier::kGpu) * layer_bytes + split_layers() * split_gpu_bytes +
-         device_staging_bytes;
+  int64_t split_gpu = 0;
+  for (const SplitBytes& b : split) split_gpu += b.gpu;
+  return fixed_bytes + count(Tier::kGpu) * layer_bytes + split_gpu + device_staging_bytes;
 }
 
 int64_t WeightPlacement::cpu_bytes() const {
+  if (hetegen()) {
+    int64_t host = 0;
+    for (const SplitBytes& b : split) host += b.host;
+    return host + staging_bytes;
+  }
   return (device_compute ? 0 : fixed_bytes) + count(Tier::kCpu) * host_layer_bytes + staging_bytes;
+}
+
+int64_t WeightPlacement::split_stream_total() const {
+  int64_t total = 0;
+  for (const SplitBytes& b : split) total += b.stream;
+  return total;
 }
 
 int64_t WeightPlacement::disk_bytes() const {
@@ -222,9 +251,11 @@ std::string WeightPlacement::str() const {
       device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
       mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes),
       hetegen()
-          ? fmt::format(", HeteGen alpha {:.3f}: {} CPU-tier layers split, {:.1f} MiB on "
-                        "the device + {:.1f} MiB in host memory each",
-                        hetegen_alpha, split_layers(), mib(split_gpu_bytes), mib(host_layer_bytes))
+          ? fmt::format(", HeteGen alpha {:.3f}: {} CPU-tier layers split, {:.3f} MiB on "
+                        "the device + {:.1f} MiB in host memory each, {:.3f} MiB of alpha shares "
+                        "streamed each pass",
+                        hetegen_alpha, split_layers(), mib(split_gpu_bytes), mib(host_layer_bytes),
+                        mib(split_stream_total()))
           : "");
 }
 
@@ -233,9 +264,15 @@ int64_t KvPlacement::file_bytes() const {
 }
 
 std::string KvPlacement::str() const {
-  return fmt::format("KvPlacement({}, layers gpu/cpu/disk {}/{}/{}, layer K or V {:.3f} MiB)",
-                     compress ? "4-bit" : "f32", count(Tier::kGpu), count(Tier::kCpu),
-                     count(Tier::kDisk), mib(layer_bytes));
+  return fmt::format(
+      "KvPlacement({}, layers gpu/cpu/disk {}/{}/{}, layer K or V {:.3f} MiB{})",
+      compress ? "4-bit" : "f32", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
+      mib(layer_bytes),
+      pie_host_layers
+          ? fmt::format("; Pie, m in [{}, {}]: {} device + {} host buffers of {:.3f} MiB",
+                        pie_host_layers->lowest, pie_host_layers->highest, pie.device, pie.host,
+                        mib(pie.bytes))
+          : "");
 }
 
 TierBytes StagePlacement::weight_bytes() const {
@@ -244,6 +281,11 @@ TierBytes StagePlacement::weight_bytes() const {
 
 TierBytes StagePlacement::cache_bytes() const {
   TierBytes b;
+  if (cache.pie_host_layers) {  // every layer on the GPU tier, in Pie's buffers
+    b.gpu += cache.pie.device_bytes();
+    b.cpu += cache.pie.host_bytes();
+    return b;
+  }
   const int64_t resident_gpu = cache.count(Tier::kGpu) * 2 * cache.layer_bytes;
   (device_compute ? b.gpu : b.cpu) += resident_gpu;
   b.cpu += cache.count(Tier::kCpu) * 2 * cache.layer_bytes + cache.staging_bytes;
@@ -293,8 +335,7 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   const Policy policy = r.policy.value_or(Policy{});
   policy.validate();
   if (r.hetegen_alpha != 0) {
-    if (!(r.hetegen_alpha > 0 && r.hetegen_alpha <= 1))
-      fail_input("HeteGen: alpha must be in (0, 1], got {}", r.hetegen_alpha);
+    hetegen::check_split(r.hetegen_alpha, r.hetegen_slot_alpha, r.hetegen_whole, n);
     if (!r.device_compute)
       fail_input("HeteGen splits layers between a device and the CPU: it needs device compute");
   }
@@ -332,6 +373,16 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     }
     kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
     if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
+    if (r.pie) {  // as worker/kv_cache.cpp refuses and allocates it
+      if (!r.device_compute)
+        fail_input("Pie swaps the KV cache between a device and the host: it needs device compute");
+      if (kv.count(Tier::kGpu) != n)
+        fail_input(
+            "Pie swaps GPU-tier KV-cache layers; the policy '{}' puts {} of {} layers elsewhere",
+            policy.compact(), n - kv.count(Tier::kGpu), n);
+      kv.pie_host_layers = r.pie;
+      kv.pie = PieBuffers::of(n, r.pie->lowest, r.pie->highest, kv.layer_bytes);
+    }
   }
 
   // The step's buffers (worker/transformer.h: one layer's temporaries; block_executor.h: a
@@ -379,12 +430,11 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   w.host_layer_bytes = r.device_compute ? w.layer_bytes : plain;
   w.fixed_bytes = fixed_bytes(s, r.embedding, r.head, compress);
   if (r.hetegen_alpha > 0) {
-    const SplitLayer split = split_layer(s, compress, r.hetegen_alpha);
+    const SplitLayer split = split_layer(s, compress, r, -1);  // no module whole
     w.hetegen_alpha = r.hetegen_alpha;
     w.split_gpu_bytes = split.gpu;
-    w.host_layer_bytes = split.cpu;
-    w.split_host_row_bytes = (split.max_in + split.max_out) * kF32;
-    w.split_device_row_bytes = split.max_out * kF32;
+    w.split_stream_bytes = split.stream;
+    w.host_layer_bytes = split.host;
   }
   const int64_t host_staging = 2 * (w.layer_bytes + kPageBytes);
   Counts c;
@@ -404,6 +454,25 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   for (int32_t i = 0; i < n; ++i)
     if (w.tiers[static_cast<size_t>(i)] == Tier::kDisk) w.disk_layers.push_back(i);
   if (w.streamed_layers() > 0) w.device_staging_bytes = 2 * w.layer_bytes;
+  if (w.split_layers() > 0) {
+    // Each split layer as held (its whole modules); the slots take the largest alpha shares
+    // when no whole layer streams; the staging is as wide as the widest split linear.
+    int64_t max_in = 0, max_out = 0, max_stream = 0;
+    w.split.assign(static_cast<size_t>(n), {});
+    for (int32_t i = 0; i < n; ++i) {
+      if (w.tiers[static_cast<size_t>(i)] != Tier::kCpu) continue;
+      const SplitLayer l = split_layer(s, compress, r, i);
+      w.split[static_cast<size_t>(i)] = {l.gpu, l.host, l.stream};
+      max_in = std::max(max_in, l.max_in);
+      max_out = std::max(max_out, l.max_out);
+      max_stream = std::max(max_stream, l.stream);
+    }
+    w.device_staging_bytes = std::max(w.device_staging_bytes, 2 * max_stream);
+    if (max_out > 0) {
+      w.split_host_row_bytes = (max_in + max_out) * kF32;
+      w.split_device_row_bytes = max_out * kF32;
+    }
+  }
   // The split linears' staging, sized for a step's rows like the activations.
   if (w.split_layers() > 0) {
     p.compute_workspace_bytes += int64_t{r.max_rows} * w.split_device_row_bytes;
@@ -414,8 +483,8 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     const TierBudgets& b = r.budgets;
     if (r.device_compute)
       check_weight_budget("--gpu-mem", b.gpu, w.gpu_bytes(), w,
-                          w.hetegen() ? "embeddings, head, GPU-tier layers, HeteGen's alpha "
-                                        "shares and two device slots"
+                          w.hetegen() ? "embeddings, head, GPU-tier layers, HeteGen's split "
+                                        "layers' norms and whole modules, and two device slots"
                                       : "embeddings, head, GPU-tier layers and two device slots");
     check_weight_budget("--disk-mem", b.disk, w.disk_bytes(), w, "disk-tier layers");
     check_weight_budget("--cpu-mem", b.cpu, w.cpu_bytes(), w,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "placement/model_shape.h"
+#include "placement/pie.h"
 #include "placement/policy.h"
 #include "placement/tier.h"
 
@@ -31,6 +32,13 @@ struct TierBudgets {
   bool whole_stage = false;
 
   int64_t operator[](Tier t) const { return t == Tier::kGpu ? gpu : t == Tier::kCpu ? cpu : disk; }
+};
+
+// Pie's range of host layers m (worker/kv_swap.h PieOptions): fixed m, both are m; adaptive,
+// the controller's bounds (lowest sizes the device's buffers, highest the host's).
+struct PieHostLayers {
+  int32_t lowest = 0;
+  int32_t highest = 0;
 };
 
 // A stage and how the engine runs it: the memory model's inputs besides the model's shape.
@@ -61,10 +69,17 @@ struct StageRequest {
   bool weight_shares = true;  // with a policy: its w= shares place the weights (else budgets)
   TierBudgets budgets;
   // HeteGen (placement/hetegen.h; worker/split_linear.h), device compute only; 0: off. A
-  // CPU-tier layer is then split instead of streamed: the first ceil(alpha x rows) rows of
-  // each linear and their biases on the device, the other rows in host memory for the CPU,
-  // the layer's norms on the device. Disk-tier layers still stream whole.
+  // CPU-tier layer is then split instead of streamed whole: the first ceil(alpha x rows) rows
+  // of each linear and their biases packed in pinned host memory and streamed through the
+  // device slots each pass, the other rows in host memory for the CPU, the layer's norms on
+  // the device. Disk-tier layers still stream whole. Per module slot alphas and the module
+  // scheduler's whole modules: hetegen::check_split.
   double hetegen_alpha = 0;
+  std::vector<double> hetegen_slot_alpha;
+  std::vector<uint8_t> hetegen_whole;
+  // Pie on the KV cache (device compute, the cache wholly on the GPU tier): its layers share
+  // PieBuffers instead of one pair each. Unset: off.
+  std::optional<PieHostLayers> pie;
 };
 
 struct WeightPlacement {
@@ -76,11 +91,18 @@ struct WeightPlacement {
   int64_t staging_bytes = 0;         // two host buffers, when some layer is on disk
   std::vector<Tier> tiers;           // per layer (host compute: no GPU tier)
   std::vector<int32_t> disk_layers;  // the layers whose tier is disk, ascending
-  // HeteGen (StageRequest::hetegen_alpha > 0): every CPU-tier layer is split. Its device part
-  // (alpha shares, their biases, its norms packed) is split_gpu_bytes; host_layer_bytes is
-  // then its host part (the other rows and their biases).
+  // HeteGen (StageRequest::hetegen_alpha > 0): every CPU-tier layer is split. Without whole
+  // modules, its device part (its norms packed) is split_gpu_bytes, its alpha shares packed
+  // (pinned in host memory, streamed through the device slots) split_stream_bytes, and
+  // host_layer_bytes its host part (the other rows and their biases, and the pinned shares).
+  // `split` has each layer's own (whole modules on the device; zeros where not split).
+  struct SplitBytes {
+    int64_t gpu = 0, host = 0, stream = 0;
+  };
   double hetegen_alpha = 0;
   int64_t split_gpu_bytes = 0;
+  int64_t split_stream_bytes = 0;
+  std::vector<SplitBytes> split;
   // The split linears' staging for one call (worker/split_linear.h SplitLinearScratch), per
   // row of a step: x and the CPU share's output in host memory, both shares on the device.
   int64_t split_host_row_bytes = 0;
@@ -93,6 +115,8 @@ struct WeightPlacement {
     return device_compute ? static_cast<int32_t>(tiers.size()) - count(Tier::kGpu) - split_layers()
                           : 0;
   }
+  // The split layers' alpha shares as streamed, summed: what one pass copies for them.
+  int64_t split_stream_total() const;
 
   int32_t count(Tier t) const { return count_tier(tiers, t); }
   int64_t gpu_bytes() const;  // on the accelerator
@@ -106,6 +130,9 @@ struct KvPlacement {
   int64_t layer_bytes = 0;    // K or V of one layer as stored (f32 or 4-bit)
   int64_t staging_bytes = 0;  // two host buffers (page-aligned), when some layer is on disk
   std::vector<Tier> tiers;    // per layer; host compute: GPU tier means the host's memory
+  // Pie (StageRequest::pie): the GPU-tier layers live in these device and host buffers.
+  std::optional<PieHostLayers> pie_host_layers;
+  PieBuffers pie;
 
   int32_t count(Tier t) const { return count_tier(tiers, t); }
   int64_t file_bytes() const;  // the disk tier's file (K and V page-aligned)

@@ -8,33 +8,24 @@ namespace strata {
 
 namespace {
 
-// Each buffer holds K then V; V starts aligned so a 4-bit layer's float groups stay aligned.
-constexpr size_t kAlign = 256;
-
-size_t aligned(size_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
-}
-
 double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-int32_t lowest_m(const PieOptions& o) {
-  return o.adaptive ? o.min_host_layers : o.host_layers;
-}
-
-int32_t highest_m(const PieOptions& o, int32_t n) {
-  if (!o.adaptive) return o.host_layers;
-  return o.max_host_layers < 0 ? n - 1 : o.max_host_layers;
-}
-
-// Validates before the mapping table is built, so the error names the option.
-int32_t checked_host_layers(const PieOptions& o, int32_t n) {
+// Validates before the buffers and the mapping table are sized, so the error names the
+// option.
+PieBuffers checked_buffers(const PieOptions& o, int32_t n, size_t layer_bytes) {
   o.validate(n);
-  return o.host_layers;
+  return PieBuffers::of(n, o.lowest_host_layers(), o.highest_host_layers(n),
+                        static_cast<int64_t>(layer_bytes));
 }
 
 }  // namespace
+
+int32_t PieOptions::highest_host_layers(int32_t n_layers) const {
+  if (!adaptive) return host_layers;
+  return max_host_layers < 0 ? n_layers - 1 : max_host_layers;
+}
 
 void PieOptions::validate(int32_t n_layers) const {
   if (host_layers < 0 || host_layers >= n_layers)
@@ -67,15 +58,25 @@ std::string KvSwapStats::str() const {
       swap_outs, static_cast<double>(bytes_out) / (1 << 20), stall_seconds, adjustments, steps);
 }
 
+std::string KvSwapStats::json() const {
+  return fmt::format(
+      R"({{"host_layers": {}, "expansion": {:.4f}, "swap_ins": {}, "swap_outs": {}, )"
+      R"("early_swap_ins": {}, "bytes_in": {}, "bytes_out": {}, "stall_seconds": {:.6f}, )"
+      R"("adjustments": {}, "steps": {}}})",
+      host_layers, expansion, swap_ins, swap_outs, early_swap_ins, bytes_in, bytes_out,
+      stall_seconds, adjustments, steps);
+}
+
 KvSwap::KvSwap(Backend& backend, int32_t n_layers, size_t layer_bytes, const PieOptions& options)
     : backend_(backend),
       options_(options),
       layer_bytes_(layer_bytes),
-      stride_(aligned(layer_bytes)),
-      table_(n_layers, checked_host_layers(options, n_layers)) {
+      buffers_(checked_buffers(options, n_layers, layer_bytes)),
+      stride_(static_cast<size_t>(buffers_.bytes / 2)),
+      table_(n_layers, options.host_layers) {
   STRATA_CHECK(layer_bytes > 0, "Pie over layers of {} bytes", layer_bytes);
-  const int32_t lo = lowest_m(options_);
-  const int32_t hi = highest_m(options_, n_layers);
+  const int32_t lo = options_.lowest_host_layers();
+  const int32_t hi = options_.highest_host_layers(n_layers);
   if (options_.adaptive) {
     PieControllerOptions c = options_.controller;
     c.n_layers = n_layers;
@@ -83,13 +84,14 @@ KvSwap::KvSwap(Backend& backend, int32_t n_layers, size_t layer_bytes, const Pie
     c.max_host_layers = hi;
     controller_ = std::make_unique<PieExpansionController>(c, options_.host_layers);
   }
+  const auto bytes = static_cast<size_t>(buffers_.bytes);
   with_oom_context(fmt::format("allocating Pie's {} device and {} host KV layer buffers",
-                               n_layers - lo, std::min(n_layers, hi + 2)),
+                               buffers_.device, buffers_.host),
                    [&] {
-                     for (int32_t i = 0; i < n_layers - lo; ++i)
-                       device_.emplace_back(backend, 2 * stride_);
-                     for (int32_t i = 0; i < std::min(n_layers, hi + 2); ++i)
-                       host_.push_back(DeviceBuffer::host(backend, 2 * stride_));
+                     for (int32_t i = 0; i < buffers_.device; ++i)
+                       device_.emplace_back(backend, bytes);
+                     for (int32_t i = 0; i < buffers_.host; ++i)
+                       host_.push_back(DeviceBuffer::host(backend, bytes));
                    });
   for (auto i = static_cast<int32_t>(device_.size()) - 1; i >= 0; --i) free_device_.push_back(i);
   for (auto i = static_cast<int32_t>(host_.size()) - 1; i >= 0; --i) free_host_.push_back(i);
@@ -161,7 +163,7 @@ void KvSwap::poll() {
 }
 
 void KvSwap::start(const PieSwapDecision& d) {
-  const size_t bytes = stride_ + layer_bytes_;  // K, the gap to V's alignment, V
+  const auto bytes = static_cast<size_t>(buffers_.swap_bytes);  // K, the gap to V's alignment, V
   if (d.swap_in >= 0) {
     STRATA_CHECK(!free_device_.empty(), "swap-in of layer {} with no free device buffer: {}",
                  d.swap_in, table_.str());

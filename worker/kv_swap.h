@@ -36,6 +36,10 @@ struct PieOptions {
   PieControllerOptions controller;
 
   bool enabled() const { return adaptive || host_layers > 0; }
+  // The range m stays in: fixed, m itself; adaptive, [min_host_layers, max_host_layers]
+  // (max -1: n - 1). The buffers follow from it (PieBuffers).
+  int32_t lowest_host_layers() const { return adaptive ? min_host_layers : host_layers; }
+  int32_t highest_host_layers(int32_t n_layers) const;
   // InputError naming the field and value: m outside [0, n) or outside the adaptive range.
   void validate(int32_t n_layers) const;
   std::string str() const;  // "pie(m=2)" or "pie(adaptive, m=0 in [0, 4])"
@@ -53,6 +57,7 @@ struct KvSwapStats {
   int64_t adjustments = 0;     // changes of m by the controller
   int64_t steps = 0;
   std::string str() const;
+  std::string json() const;  // the fields above as one JSON object
 };
 
 class KvSwap {
@@ -105,6 +110,7 @@ class KvSwap {
   Backend& backend_;
   PieOptions options_;
   size_t layer_bytes_;
+  PieBuffers buffers_;
   size_t stride_;  // K at 0, V at stride_ in each buffer
   PieMappingTable table_;
   std::unique_ptr<PieExpansionController> controller_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/error.h"
 
@@ -28,52 +29,95 @@ Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned
 
 namespace {
 
-// The layers that stream into the device slots: all but the GPU tier's, and with a split
-// all but the CPU tier's too.
-std::vector<int32_t> streamed_layers(const std::vector<Tier>& tiers, const LayerSplit& split) {
+constexpr LinearSlot kSlots[kLinearSlots] = {LinearSlot::kQ,   LinearSlot::kK,    LinearSlot::kV,
+                                             LinearSlot::kO,   LinearSlot::kGate, LinearSlot::kUp,
+                                             LinearSlot::kDown};
+
+// The layers that stream into the device slots: all but the GPU tier's (a split layer streams
+// its alpha shares).
+std::vector<int32_t> streamed_layers(const std::vector<Tier>& tiers) {
   std::vector<int32_t> out;
   for (size_t i = 0; i < tiers.size(); ++i)
-    if (tiers[i] != Tier::kGpu && !(split.enabled() && tiers[i] == Tier::kCpu))
-      out.push_back(static_cast<int32_t>(i));
+    if (tiers[i] != Tier::kGpu) out.push_back(static_cast<int32_t>(i));
   return out;
-}
-
-// What a split layer keeps beside its split linears: the norms. The biases go with their
-// linears' shares (SplitLinearWeights), so nothing is held twice.
-LayerWeights norms_of(const LayerWeights& w) {
-  LayerWeights n;
-  n.attn_norm = w.attn_norm;
-  n.attn_norm_bias = w.attn_norm_bias;
-  n.mlp_norm = w.mlp_norm;
-  n.mlp_norm_bias = w.mlp_norm_bias;
-  return n;
 }
 
 }  // namespace
 
+double LayerSplit::alpha_of(int32_t layer, LinearSlot slot) const {
+  const int i = static_cast<int>(slot);
+  if (hetegen::module_whole(whole, layer, i)) return -1;
+  return hetegen::module_alpha(alpha, slot_alpha, i);
+}
+
 LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap, LayerSplit split)
     : device_(device),
       tiers_(std::move(tiers)),
-      split_(split),
-      prefetch_(streamed_layers(tiers_, split_), overlap) {
+      split_(std::move(split)),
+      prefetch_(streamed_layers(tiers_), overlap) {
   if (split_.enabled()) {
-    if (!(split_.alpha > 0 && split_.alpha <= 1))
-      fail_input("HeteGen: alpha must be in (0, 1], got {}", split_.alpha);
+    hetegen::check_split(split_.alpha, split_.slot_alpha, split_.whole,
+                         static_cast<int32_t>(tiers_.size()));
     splits_ = std::make_unique<SplitLinearTable>(device_, *split_.cpu,
                                                  static_cast<int32_t>(tiers_.size()));
   }
   resident_.resize(tiers_.size());
   gpu_views_.resize(tiers_.size());
+  shares_.resize(tiers_.size());
+  share_layouts_.resize(tiers_.size());
 }
 
-void LayerFeeder::set_layout(const LayerLayout& layout) {
+LayerWeights LayerFeeder::shares_of(int32_t layer, const LayerWeights& w,
+                                    std::vector<std::vector<std::byte>>* storage) const {
+  LayerWeights out;
+  for (LinearSlot slot : kSlots) {
+    const Tensor& t = slot_weight(w, slot);
+    if (t.shape.rank != 2) continue;  // not in this family
+    const double alpha = split_.alpha_of(layer, slot);
+    if (alpha < 0) continue;  // kept whole
+    const int64_t g = split_gpu_rows(alpha, t.shape[0]);
+    if (g == 0) continue;
+    // Without storage only the layout is wanted (LayerLayout::of reads shapes, not data).
+    Tensor share{t.data, t.dtype, Shape{g, t.shape[1]}, Device::kHost};
+    if (storage != nullptr) share = leading_rows(t, g, storage->emplace_back());
+    out.*slot_weight_member(slot) = share;
+    const Tensor& b = slot_bias(w, slot);
+    if (b.data != nullptr)
+      out.*slot_bias_member(slot) = Tensor{b.data, b.dtype, Shape{g}, b.device};
+  }
+  return out;
+}
+
+LayerWeights LayerFeeder::kept_of(int32_t layer, const LayerWeights& w) const {
+  LayerWeights n;
+  n.attn_norm = w.attn_norm;
+  n.attn_norm_bias = w.attn_norm_bias;
+  n.mlp_norm = w.mlp_norm;
+  n.mlp_norm_bias = w.mlp_norm_bias;
+  for (LinearSlot slot : kSlots) {
+    if (slot_weight(w, slot).shape.rank != 2 || split_.alpha_of(layer, slot) >= 0) continue;
+    n.*slot_weight_member(slot) = slot_weight(w, slot);
+    if (const LayerMember b = slot_bias_member(slot); b != nullptr) n.*b = w.*b;
+  }
+  return n;
+}
+
+void LayerFeeder::set_layout(const LayerLayout& layout, const LayerWeights* example) {
   if (layout_.bytes() > 0) return;
   layout_ = layout;
   if (prefetch_.streamed().empty()) return;
-  for (Slot& s : slots_) {
-    s.blob = DeviceBuffer(device_, layout_.bytes());
-    s.view = layout_.bind(s.blob.data());
+  // The slots hold the largest thing streamed: a whole layer, or a split layer's shares.
+  for (int32_t i : prefetch_.streamed()) {
+    if (!split(i)) {
+      slot_bytes_ = std::max(slot_bytes_, layout_.bytes());
+      continue;
+    }
+    STRATA_CHECK(example != nullptr, "split layer {} before any layer was taken", i);
+    share_layouts_[static_cast<size_t>(i)] = LayerLayout::of(shares_of(i, *example, nullptr));
+    slot_bytes_ = std::max(slot_bytes_, share_layouts_[static_cast<size_t>(i)].bytes());
   }
+  for (Slot& s : slots_)
+    if (slot_bytes_ > 0) s.blob = DeviceBuffer(device_, slot_bytes_);
 }
 
 void LayerFeeder::take(int32_t layer, LayerWeights& w) {
@@ -81,18 +125,28 @@ void LayerFeeder::take(int32_t layer, LayerWeights& w) {
                tiers_.size());
   const Tier t = tier(layer);
   if (t == Tier::kDisk) return;
-  set_layout(LayerLayout::of(w));
+  set_layout(LayerLayout::of(w), &w);
   const auto i = static_cast<size_t>(layer);
   if (split(layer)) {
-    const double alpha = split_.alpha;
-    splits_->add(layer, w, [alpha](int32_t, LinearSlot) { return alpha; });
-    const LayerWeights norms = norms_of(w);
-    if (norms_layout_.bytes() == 0) norms_layout_ = LayerLayout::of(norms);
-    std::vector<std::byte> host(norms_layout_.bytes());
-    norms_layout_.pack(norms, host.data());
+    splits_->add(
+        layer, w, [this](int32_t l, LinearSlot s) { return split_.alpha_of(l, s); },
+        SplitShare::kStreamed);
+    // The norms and whole modules on the device for good.
+    const LayerWeights kept = kept_of(layer, w);
+    const LayerLayout kept_layout = LayerLayout::of(kept);
+    std::vector<std::byte> host(kept_layout.bytes());
+    kept_layout.pack(kept, host.data());
     resident_[i] = DeviceBuffer(device_, host.size());
     device_.copy(resident_[i].data(), host.data(), host.size(), CopyKind::kHostToDevice);
-    gpu_views_[i] = norms_layout_.bind(resident_[i].data());
+    gpu_views_[i] = kept_layout.bind(resident_[i].data());
+    // The alpha shares packed in page-locked host memory, streamed each pass.
+    const LayerLayout& shares = share_layouts_[i];
+    if (shares.bytes() > 0) {
+      std::vector<std::vector<std::byte>> storage;
+      shares_[i] = DeviceBuffer::host(device_, shares.bytes());
+      std::memset(shares_[i].data(), 0, shares.bytes());
+      shares.pack(shares_of(layer, w, &storage), shares_[i].data());
+    }
     release_layer(w);
     return;
   }
@@ -111,7 +165,7 @@ void LayerFeeder::take(int32_t layer, LayerWeights& w) {
 
 void LayerFeeder::finish(std::unique_ptr<LayerStreamer> disk) {
   disk_ = std::move(disk);
-  if (disk_ != nullptr) set_layout(disk_->layout());
+  if (disk_ != nullptr) set_layout(disk_->layout(), nullptr);
   for (size_t i = 0; i < tiers_.size(); ++i) {
     const bool held = tiers_[i] == Tier::kDisk
                           ? disk_ != nullptr && disk_->on_disk(static_cast<int32_t>(i))
@@ -123,11 +177,30 @@ void LayerFeeder::finish(std::unique_ptr<LayerStreamer> disk) {
 void LayerFeeder::start(int slot_index, int32_t layer) {
   Slot& slot = slots_[slot_index];
   const void* src = nullptr;
-  if (tier(layer) == Tier::kCpu) {
+  size_t bytes = layout_.bytes();
+  if (split(layer)) {
+    // The alpha shares into the slot; the view is the layer's device part with the slot's
+    // shares in place of its split linears.
+    const auto i = static_cast<size_t>(layer);
+    src = shares_[i].data();
+    bytes = share_layouts_[i].bytes();
+    stats_.shares_streamed += 1;
+    stats_.bytes_of_shares += static_cast<int64_t>(bytes);
+    slot.view = gpu_views_[i];
+    const LayerWeights streamed = share_layouts_[i].bind(slot.blob.data());
+    for (LinearSlot s : kSlots) {
+      if (const Tensor& t = streamed.*slot_weight_member(s); t.data != nullptr)
+        slot.view.*slot_weight_member(s) = t;
+      if (const LayerMember b = slot_bias_member(s); b != nullptr && (streamed.*b).data != nullptr)
+        slot.view.*b = streamed.*b;
+    }
+  } else if (tier(layer) == Tier::kCpu) {
+    slot.view = layout_.bind(slot.blob.data());
     src = resident_[static_cast<size_t>(layer)].data();
     stats_.layers_from_cpu += 1;
     stats_.bytes_from_cpu += static_cast<int64_t>(layout_.bytes());
   } else {
+    slot.view = layout_.bind(slot.blob.data());
     // The streamer refills the staging buffer the last disk copy came from once we ask it
     // for this layer, so that copy must be over first.
     device_.host_waits(disk_ticket_);
@@ -139,7 +212,8 @@ void LayerFeeder::start(int slot_index, int32_t layer) {
   }
   // The transfer queue runs after the compute already issued, which is the last to read
   // this slot's previous layer, so overwriting it is safe.
-  slot.ticket = device_.transfer(slot.blob.data(), src, layout_.bytes(), CopyKind::kHostToDevice);
+  slot.ticket = bytes > 0 ? device_.transfer(slot.blob.data(), src, bytes, CopyKind::kHostToDevice)
+                          : TransferTicket{};
   if (tier(layer) == Tier::kDisk) disk_ticket_ = slot.ticket;
 }
 
@@ -150,7 +224,7 @@ void LayerFeeder::finish(int slot, int32_t) {
 const LayerWeights& LayerFeeder::acquire(int32_t layer) {
   STRATA_CHECK(layer >= 0 && static_cast<size_t>(layer) < tiers_.size(), "layer {} of {}", layer,
                tiers_.size());
-  if (tier(layer) == Tier::kGpu || split(layer)) return gpu_views_[static_cast<size_t>(layer)];
+  if (tier(layer) == Tier::kGpu) return gpu_views_[static_cast<size_t>(layer)];
   return slots_[prefetch_.acquire(layer, *this)].view;
 }
 
@@ -160,10 +234,15 @@ TierBytes LayerFeeder::memory() const {
     const bool on_device = tiers_[i] == Tier::kGpu || split(static_cast<int32_t>(i));
     (on_device ? m.gpu : m.cpu) += static_cast<int64_t>(resident_[i].size());
   }
+  for (const DeviceBuffer& b : shares_) m.cpu += static_cast<int64_t>(b.size());
   for (const Slot& s : slots_) m.gpu += static_cast<int64_t>(s.blob.size());
   if (splits_ != nullptr) m += splits_->memory();
   if (disk_ != nullptr) m += disk_->memory();
   return m;
+}
+
+size_t LayerFeeder::share_bytes(int32_t layer) const {
+  return split(layer) ? share_layouts_[static_cast<size_t>(layer)].bytes() : 0;
 }
 
 FeedStats LayerFeeder::stats() const {

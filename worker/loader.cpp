@@ -80,6 +80,8 @@ StageRequest weight_request(const LoadOptions& o) {
   r.device_compute = o.device != nullptr;
   r.budgets = TierBudgets{o.gpu_mem, o.cpu_mem, o.disk_mem, false};
   r.hetegen_alpha = o.hetegen_alpha;
+  r.hetegen_slot_alpha = o.hetegen_slot_alpha;
+  r.hetegen_whole = o.hetegen_whole;
   const bool shares = o.w_gpu_percent >= 0 || o.w_cpu_percent >= 0;
   if (shares || o.compress_weight) {
     Policy p;
@@ -123,7 +125,8 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
                options.hetegen_alpha);
   if (options.device != nullptr) {
     const LayerSplit split{options.hetegen_alpha,
-                           options.hetegen_alpha != 0 ? options.hetegen_cpu : nullptr};
+                           options.hetegen_alpha != 0 ? options.hetegen_cpu : nullptr,
+                           options.hetegen_slot_alpha, options.hetegen_whole};
     m.feeder =
         std::make_unique<LayerFeeder>(*options.device, m.placement.tiers, options.overlap, split);
   }

@@ -37,10 +37,14 @@ struct LoadOptions {
   int w_gpu_percent = -1;
   int w_cpu_percent = -1;
   // HeteGen (layer_feeder.h LayerSplit), with `device` only; 0: off. Each CPU-tier layer is
-  // split at this alpha (0 < alpha <= 1) instead of streamed: the alpha share of every linear
-  // on the device, the rest in host memory computed by `hetegen_cpu` (which outlives the
-  // model). Disk-tier layers still stream. placement/ counts the split (StageRequest).
+  // split at this alpha (0 < alpha <= 1) instead of streamed whole: the alpha share of every
+  // linear streamed to the device each pass, the rest in host memory computed by
+  // `hetegen_cpu` (which outlives the model). Per module slot alphas (the alpha benchmark's)
+  // and the module scheduler's whole modules: placement/hetegen.h check_split. Disk-tier
+  // layers still stream whole. placement/ counts the split (StageRequest).
   double hetegen_alpha = 0;
+  std::vector<double> hetegen_slot_alpha;
+  std::vector<uint8_t> hetegen_whole;
   Backend* hetegen_cpu = nullptr;
   // FlexGen's weight compression: every layer matrix whose rows are whole groups of 64 is
   // stored 4-bit group-wise (kQ4) in every tier and dequantised just before use.

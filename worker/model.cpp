@@ -33,6 +33,7 @@ void Model::set_cache_options(const CacheOptions& options) {
 }
 
 std::unique_ptr<KvCache> Model::make_cache(int32_t n_slots, int32_t capacity) {
+  if (cache_check_) cache_check_(n_slots, capacity);
   const double bytes = 2.0 * n_slots * capacity * config_.kv_width() * sizeof(float) *
                        static_cast<double>(config_.n_layers);
   return with_oom_context(

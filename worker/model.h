@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -52,6 +53,11 @@ class Model {
   // cache of that size needs (the GPU batches' states, attention's workspaces, the
   // backends' kernel scratch), so a step allocates nothing.
   std::unique_ptr<KvCache> make_cache(int32_t n_slots, int32_t capacity);
+  // Called by make_cache with the cache's slots and capacity before anything is allocated:
+  // an engine's check of its memory budget, which refuses the cache by throwing. Empty: none.
+  void set_cache_check(std::function<void(int32_t n_slots, int32_t capacity)> check) {
+    cache_check_ = std::move(check);
+  }
 
   // What the model holds per tier: weights (fixed tensors, resident layers, the feeder's or
   // streamer's buffers and files), activations and workspaces. The KV cache is the cache's;
@@ -87,6 +93,7 @@ class Model {
   LayerSource layers_;
   Transformer transformer_;
   BlockExecutor executor_;
+  std::function<void(int32_t, int32_t)> cache_check_;
 };
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -84,50 +85,81 @@ std::string hetegen_module_name(int32_t layer, LinearSlot slot) {
   return fmt::format("layer.{}.{}", layer, linear_slot_name(slot));
 }
 
-const Tensor& slot_weight(const LayerWeights& L, LinearSlot slot) {
+LayerMember slot_weight_member(LinearSlot slot) {
   switch (slot) {
     case LinearSlot::kQ:
-      return L.q;
+      return &LayerWeights::q;
     case LinearSlot::kK:
-      return L.k;
+      return &LayerWeights::k;
     case LinearSlot::kV:
-      return L.v;
+      return &LayerWeights::v;
     case LinearSlot::kO:
-      return L.o;
+      return &LayerWeights::o;
     case LinearSlot::kGate:
-      return L.gate;
+      return &LayerWeights::gate;
     case LinearSlot::kUp:
-      return L.up;
+      return &LayerWeights::up;
     case LinearSlot::kDown:
-      return L.down;
+      return &LayerWeights::down;
   }
   STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
+}
+
+LayerMember slot_bias_member(LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::kQ:
+      return &LayerWeights::q_bias;
+    case LinearSlot::kK:
+      return &LayerWeights::k_bias;
+    case LinearSlot::kV:
+      return &LayerWeights::v_bias;
+    case LinearSlot::kO:
+      return &LayerWeights::o_bias;
+    case LinearSlot::kGate:
+      return nullptr;  // gate has no bias in any family
+    case LinearSlot::kUp:
+      return &LayerWeights::up_bias;
+    case LinearSlot::kDown:
+      return &LayerWeights::down_bias;
+  }
+  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
+}
+
+const Tensor& slot_weight(const LayerWeights& L, LinearSlot slot) {
+  return L.*slot_weight_member(slot);
 }
 
 const Tensor& slot_bias(const LayerWeights& L, LinearSlot slot) {
-  static const Tensor kNone;  // gate has no bias in any family
-  switch (slot) {
-    case LinearSlot::kQ:
-      return L.q_bias;
-    case LinearSlot::kK:
-      return L.k_bias;
-    case LinearSlot::kV:
-      return L.v_bias;
-    case LinearSlot::kO:
-      return L.o_bias;
-    case LinearSlot::kGate:
-      return kNone;
-    case LinearSlot::kUp:
-      return L.up_bias;
-    case LinearSlot::kDown:
-      return L.down_bias;
-  }
-  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
+  static const Tensor kNone;
+  const LayerMember m = slot_bias_member(slot);
+  return m != nullptr ? L.*m : kNone;
+}
+
+Tensor leading_rows(const Tensor& w, int64_t rows, std::vector<std::byte>& storage) {
+  STRATA_CHECK(w.shape.rank == 2 && w.data != nullptr && w.device == Device::kHost && rows >= 0 &&
+                   rows <= w.shape[0],
+               "the first {} rows of {}", rows, w.describe());
+  Tensor t{w.data, w.dtype, Shape{rows, w.shape[1]}, Device::kHost};
+  if (w.dtype != DType::kQ4) return t;  // row-major: the rows are a prefix
+  storage.resize(t.bytes());
+  t.data = storage.data();
+  const auto* src = static_cast<const char*>(w.data);
+  auto* out = static_cast<char*>(t.data);
+  const int64_t in = w.shape[1];
+  const auto code_row = static_cast<size_t>(in / 2);
+  const auto stat_row = static_cast<size_t>(in / kQuantGroupSize) * sizeof(float);
+  const size_t codes = static_cast<size_t>(w.shape[0]) * code_row;
+  const size_t stats = static_cast<size_t>(w.shape[0]) * stat_row;
+  const auto n = static_cast<size_t>(rows);
+  std::memcpy(out, src, n * code_row);
+  std::memcpy(out + n * code_row, src + codes, n * stat_row);
+  std::memcpy(out + n * code_row + n * stat_row, src + codes + stats, n * stat_row);
+  return t;
 }
 
 SplitLinearWeights::SplitLinearWeights(const Tensor& w, const Tensor& bias, double alpha,
-                                       Backend& gpu, Backend& cpu)
-    : alpha_(alpha) {
+                                       Backend& gpu, Backend& cpu, SplitShare share)
+    : alpha_(alpha), share_(share) {
   if (!(alpha >= 0 && alpha <= 1)) fail_input("HeteGen: alpha must be in [0, 1], got {}", alpha);
   if (w.shape.rank != 2 || w.data == nullptr)
     fail_input("HeteGen: a split linear needs a resident 2-D weight, got {}{}", w.describe(),
@@ -136,6 +168,7 @@ SplitLinearWeights::SplitLinearWeights(const Tensor& w, const Tensor& bias, doub
   out_ = w.shape[0];
   in_ = w.shape[1];
   const bool has_bias = bias.data != nullptr;
+  has_bias_ = has_bias;
   if (has_bias)
     STRATA_CHECK(bias.dtype == DType::kF32 && bias.shape.numel() == out_, "bias {} for weight {}",
                  bias.describe(), w.describe());
@@ -143,20 +176,22 @@ SplitLinearWeights::SplitLinearWeights(const Tensor& w, const Tensor& bias, doub
   const int64_t c = out_ - g;
   const bool gpu_is_device = gpu.device() != Device::kHost;
 
+  const bool resident = share == SplitShare::kResident;
   gpu_ = Tensor{nullptr, w.dtype, Shape{g, in_}, gpu.device()};
   cpu_ = Tensor{nullptr, w.dtype, Shape{c, in_}, Device::kHost};
-  gpu_storage_ = DeviceBuffer(gpu, gpu_.bytes());
+  if (resident) gpu_storage_ = DeviceBuffer(gpu, gpu_.bytes());
   cpu_storage_ = DeviceBuffer(cpu, cpu_.bytes());
   gpu_.data = gpu_storage_.data();
   cpu_.data = cpu_storage_.data();
-  if (g > 0) copy_rows(gpu, w, 0, g, gpu_.data, gpu_is_device);
+  if (g > 0 && resident) copy_rows(gpu, w, 0, g, gpu_.data, gpu_is_device);
   if (c > 0) copy_rows(gpu, w, g, c, cpu_.data, false);
   if (has_bias) {
     const bool bias_on_gpu = bias.device != Device::kHost;
-    gpu_bias_ = DeviceBuffer(gpu, static_cast<size_t>(g) * sizeof(float));
+    if (resident) gpu_bias_ = DeviceBuffer(gpu, static_cast<size_t>(g) * sizeof(float));
     cpu_bias_ = DeviceBuffer(cpu, static_cast<size_t>(c) * sizeof(float));
-    copy_bytes(gpu, gpu_bias_.data(), gpu_is_device, bias.data, bias_on_gpu,
-               static_cast<size_t>(g) * sizeof(float));
+    if (resident)
+      copy_bytes(gpu, gpu_bias_.data(), gpu_is_device, bias.data, bias_on_gpu,
+                 static_cast<size_t>(g) * sizeof(float));
     copy_bytes(gpu, cpu_bias_.data(), false, bias.f32() + g, bias_on_gpu,
                static_cast<size_t>(c) * sizeof(float));
   }
@@ -188,14 +223,27 @@ TierBytes SplitLinearScratch::memory() const {
 }
 
 void split_linear(const SplitLinearWeights& w, const float* x, int64_t m, float* y, Backend& gpu,
-                  Backend& cpu, SplitLinearScratch& s) {
+                  Backend& cpu, SplitLinearScratch& s, const Tensor* gpu_w, const float* gpu_b) {
   const int64_t g = w.gpu_rows(), c = w.cpu_rows(), out = w.out_features(), in = w.in_features();
   STRATA_CHECK(m >= 0 && m <= s.max_rows_ && in <= s.max_in_ && out <= s.max_out_,
                "split linear of {} rows, {} -> {}, over scratch for {} rows, {} -> {}", m, in, out,
                s.max_rows_, s.max_in_, s.max_out_);
   if (m == 0) return;
+  // The alpha share this call computes from: the split's own, or the one streamed in.
+  const Tensor* share = &w.gpu_weight();
+  const float* share_bias = w.gpu_bias();
+  if (w.share() == SplitShare::kStreamed && g > 0) {
+    STRATA_CHECK(gpu_w != nullptr && gpu_w->data != nullptr &&
+                     gpu_w->shape == w.gpu_weight().shape && gpu_w->dtype == w.gpu_weight().dtype &&
+                     (gpu_b != nullptr) == w.has_bias(),
+                 "streamed alpha share {} (bias {}) for a split of {} with bias {}",
+                 gpu_w != nullptr ? gpu_w->describe() : "none", gpu_b != nullptr,
+                 w.gpu_weight().describe(), w.has_bias());
+    share = gpu_w;
+    share_bias = gpu_b;
+  }
   if (c == 0) {  // alpha 1: all on the compute backend, as unsplit
-    gpu.linear(x, m, w.gpu_weight(), w.gpu_bias(), y);
+    gpu.linear(x, m, *share, share_bias, y);
     return;
   }
   const size_t f = sizeof(float);
@@ -211,13 +259,16 @@ void split_linear(const SplitLinearWeights& w, const float* x, int64_t m, float*
   float* y_gpu = direct ? y : s.stage_.f32();
   float* y_cpu = direct ? y + g : s.stage_.f32() + m * g;
   // The GPU share is enqueued first, so it runs while x comes down and the CPU computes.
-  if (g > 0) gpu.linear(x, m, w.gpu_weight(), w.gpu_bias(), y_gpu);
+  if (g > 0) gpu.linear(x, m, *share, share_bias, y_gpu);
   gpu.host_waits(down);
   gpu.host_waits(s.upload_);  // y_host's previous upload has left it
   // OpenMP's thread count is the calling thread's (kernels/cpu_backend.h): set the CPU
   // share's on whichever thread computes.
   cpu.bind_thread();
+  const auto t0 = std::chrono::steady_clock::now();
   cpu.linear(x_host, m, w.cpu_weight(), w.cpu_bias(), y_host);
+  s.cpu_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.cpu_calls_ += 1;
   s.upload_ = gpu.transfer(y_cpu, y_host, static_cast<size_t>(m * c) * f, CopyKind::kHostToDevice);
   gpu.compute_waits(s.upload_);
   if (direct) return;
@@ -240,7 +291,8 @@ SplitLinearTable::SplitLinearTable(std::span<const LayerWeights> layers, const A
   reserve(max_rows);
 }
 
-void SplitLinearTable::add(int32_t layer, const LayerWeights& w, const AlphaFor& alpha) {
+void SplitLinearTable::add(int32_t layer, const LayerWeights& w, const AlphaFor& alpha,
+                           SplitShare share) {
   STRATA_CHECK(static_cast<bool>(alpha), "split table without alphas");
   STRATA_CHECK(layer >= 0 && layer < n_layers(), "split of layer {} in a table of {}", layer,
                n_layers());
@@ -250,7 +302,7 @@ void SplitLinearTable::add(int32_t layer, const LayerWeights& w, const AlphaFor&
     if (t.shape.rank != 2) continue;  // not in this family
     const double a = alpha(layer, slot);
     if (a < 0) continue;
-    auto split = std::make_unique<SplitLinearWeights>(t, slot_bias(w, slot), a, gpu_, cpu_);
+    auto split = std::make_unique<SplitLinearWeights>(t, slot_bias(w, slot), a, gpu_, cpu_, share);
     max_in_ = std::max(max_in_, split->in_features());
     max_out_ = std::max(max_out_, split->out_features());
     if (split->cpu_rows() > 0)

@@ -240,7 +240,7 @@ void Transformer::linear(int32_t i, LinearSlot slot, const float* x, int32_t row
                          const Tensor& bias, float* y) {
   if (splits_ != nullptr) {
     if (const SplitLinearWeights* split = splits_->find(i, slot)) {
-      splits_->linear(*split, x, rows, y);
+      splits_->linear(*split, x, rows, y, w, bias);  // w, bias: a streamed split's device share
       return;
     }
   }

@@ -135,6 +135,37 @@ TEST(ServeMetrics, PackingPreemptionsAndPredictorAccuracy) {
   EXPECT_TRUE(has_line(text, "strata_length_prediction_distance_wrong 2"));
 }
 
+// Pie's counters (a run with Pie on the KV cache): absent without it; as the swap stats say.
+TEST(ServeMetrics, PieSwapsAndStalls) {
+  ServeMetrics m;
+  EXPECT_EQ(m.render().find("strata_pie_"), std::string::npos);
+  KvSwapStats s;
+  s.host_layers = 2;
+  s.expansion = 1.6666667;
+  s.swap_ins = 118;
+  s.swap_outs = 119;
+  s.early_swap_ins = 24;
+  s.bytes_in = 845824;
+  s.bytes_out = 852992;
+  s.stall_seconds = 0.25;
+  s.adjustments = 3;
+  s.steps = 24;
+  m.set_pie(s);
+  const std::string text = m.render();
+  EXPECT_TRUE(has_line(text, "strata_pie_host_layers 2")) << text;
+  EXPECT_TRUE(has_line(text, "# TYPE strata_pie_expansion gauge"));
+  EXPECT_NE(text.find("\nstrata_pie_expansion 1.666"), std::string::npos);
+  EXPECT_TRUE(has_line(text, "# TYPE strata_pie_swap_ins_total counter"));
+  EXPECT_TRUE(has_line(text, "strata_pie_swap_ins_total 118"));
+  EXPECT_TRUE(has_line(text, "strata_pie_swap_outs_total 119"));
+  EXPECT_TRUE(has_line(text, "strata_pie_early_swap_ins_total 24"));
+  EXPECT_TRUE(has_line(text, "strata_pie_bytes_total{direction=\"in\"} 845824"));
+  EXPECT_TRUE(has_line(text, "strata_pie_bytes_total{direction=\"out\"} 852992"));
+  EXPECT_TRUE(has_line(text, "strata_pie_stall_seconds_total 0.25"));
+  EXPECT_TRUE(has_line(text, "strata_pie_adjustments_total 3"));
+  EXPECT_TRUE(has_line(text, "strata_pie_steps_total 24"));
+}
+
 TEST(LatencySummary, NearestRankPercentiles) {
   // 1..10 shuffled: mean 5.5; nearest rank: p50 = the 5th value, p90 the 9th, p99 the 10th.
   const LatencySummary s = LatencySummary::of({7, 3, 10, 1, 9, 2, 8, 4, 6, 5});

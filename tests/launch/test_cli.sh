@@ -111,6 +111,38 @@ else
   echo "FAIL plan-opt30b-t4"; cat "$TMP/plan.json" "$TMP/err"; failures=$((failures + 1))
 fi
 expect_error plan-infeasible "short by" plan --model dummy:opt-175b --gpu-mem 1 --cpu-mem 2 --disk-mem 10
+# The search chooses HeteGen when the CPU can take a share (a 1.5 TFLOP/s CPU beside the T4's
+# link, decode-heavy work) and not with --search none; the alpha is eq. 5's for its block.
+python3 - "$TMP/plan.json" "$TMP/fastcpu.json" <<'PY'
+import json, sys
+hw = json.load(open(sys.argv[1]))["hardware"]
+hw["cpu_flops"] = 1.5e12
+json.dump(hw, open(sys.argv[2], "w"))
+PY
+if "$STRATA" plan --model dummy:opt-30b --hardware "$TMP/fastcpu.json" --prompt-len 32 --gen-len 512 \
+    --format json >"$TMP/hg.json" 2>"$TMP/err" &&
+  "$STRATA" plan --model dummy:opt-30b --hardware "$TMP/fastcpu.json" --prompt-len 32 --gen-len 512 \
+    --search none --format json >"$TMP/fg.json" 2>>"$TMP/err" &&
+  python3 - "$TMP/hg.json" "$TMP/fg.json" <<'PY'
+import json, sys
+hg, fg = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert "hetegen=" not in fg["policy"] and "pie=" not in fg["policy"], fg["policy"]
+fields = dict(kv.split("=") for kv in hg["policy"].split(","))
+bls = int(fields["gbs"]) * int(fields["ngb"])
+hw = hg["hardware"]
+v_cpu, v_gpu, v_com = hw["cpu_flops"] / (2 * bls), hw["mm_flops_decode"] / (2 * bls), hw["ctog_bdw"] / 2
+alpha = 1 / (v_cpu / v_com + v_cpu / v_gpu + 1)
+assert int(fields["hetegen"]) == round(alpha * 100), (fields, alpha)
+assert hg["cost"]["throughput_token_s"] > 1.2 * fg["cost"]["throughput_token_s"], (hg["cost"], fg["cost"])
+assert hg["cost"]["decode_per_layer"]["cpu_split_s"] > 0, hg["cost"]
+PY
+then
+  echo "ok   plan-chooses-hetegen"; passes=$((passes + 1))
+else
+  echo "FAIL plan-chooses-hetegen"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error plan-search-unknown "--search" plan --model dummy:opt-30b --search vllm
+expect_error plan-pie-on-cpu-cache "Pie swaps a cache that lives on the GPU tier" plan --model dummy:opt-30b --policy c=0/100/0,pie=2
 
 # plan --workload: ExeGPT's schedule for the paper's OPT-13B on four modelled A40s, as one
 # JSON object with the documented keys, and better than the FT-style baseline it prints.
@@ -198,7 +230,7 @@ for alpha in 0 -0.3 1.5 nan inf abc; do
 done
 EXPECT_RC=2 expect_error hetegen-alpha-bench "--hetegen-alpha: must be in (0, 1], got 2" \
   bench --model "$MODEL" --hetegen-alpha 2
-EXPECT_RC=2 expect_error hetegen-threads-alone "--hetegen-cpu-threads requires --hetegen-alpha" \
+EXPECT_RC=2 expect_error hetegen-threads-alone "--hetegen-cpu-threads requires --hetegen-alpha (or a policy's hetegen=)" \
   generate --model "$MODEL" --prompt hi --hetegen-cpu-threads 2
 EXPECT_RC=2 expect_error hetegen-threads-negative "--hetegen-cpu-threads: must be a whole number >= 0, got -1" \
   generate --model "$MODEL" --prompt hi --hetegen-alpha 0.5 --hetegen-cpu-threads -1
@@ -215,11 +247,147 @@ fi
 "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device host \
   --gpu-mem 0.6MiB --hetegen-alpha 0.3 >"$TMP/host.json" 2>"$TMP/err"
 if cmp -s "$TMP/plain.json" "$TMP/host.json" && grep -q "the CPU stands in for a device" "$TMP/err" &&
-  grep -q "gpu/cpu/disk 1/4/0.*4 CPU-tier layers split" "$TMP/err"; then
+  grep -q "gpu/cpu/disk 0/5/0.*5 CPU-tier layers split" "$TMP/err" &&
+  grep -q "module scheduler: [0-9]* of 35 modules whole on the device" "$TMP/err"; then
   echo "ok   device-host-hetegen-same-output"; passes=$((passes + 1))
 else
   echo "FAIL device-host-hetegen-same-output"; cat "$TMP/err"; failures=$((failures + 1))
 fi
+# --hetegen-alpha auto: the alpha benchmark runs once per module shape and is saved in the
+# node profile; a second run reuses it (nothing measured), and both give the plain output.
+for run in first second; do
+  STRATA_PROFILE_DIR="$TMP/profile" "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" \
+    --max-new-tokens 24 --format json --device host --gpu-mem 0.6MiB --hetegen-alpha auto \
+    >"$TMP/auto-$run.json" 2>"$TMP/err-$run"
+done
+if cmp -s "$TMP/plain.json" "$TMP/auto-first.json" && cmp -s "$TMP/plain.json" "$TMP/auto-second.json" &&
+  [ "$(grep -c 'alpha benchmark: .* measured, saved to' "$TMP/err-first")" -ge 4 ] &&
+  [ "$(grep -c 'alpha benchmark: .* reused from' "$TMP/err-second")" -eq 7 ] &&
+  ! grep -q "measured, saved to" "$TMP/err-second" &&
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['modules']) == 4" \
+    "$TMP/profile/hetegen-alpha.json"; then
+  echo "ok   hetegen-alpha-auto-cached"; passes=$((passes + 1))
+else
+  echo "FAIL hetegen-alpha-auto-cached"; cat "$TMP/err-first" "$TMP/err-second"; failures=$((failures + 1))
+fi
+# Pie (docs/PIE_HETEGEN.md): the KV cache swapping layer by layer through host memory on the
+# device path gives the plain run's output, fixed m and adaptive; the summary's counters say
+# swaps happened, each moving one layer's K, the gap to V's 256-byte alignment, and V --
+# bytes computed here from the model's shape, not taken from the program.
+for mode in "fixed:--pie-host-layers 2" "adaptive:--pie-adaptive"; do
+  name=${mode%%:*}
+  # shellcheck disable=SC2086 # the options are two words
+  "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json \
+    --device host --gpu-mem 4MiB ${mode#*:} >"$TMP/pie-$name.json" 2>"$TMP/err"
+  if cmp -s "$TMP/plain.json" "$TMP/pie-$name.json" && grep '"summary"' "$TMP/err" >"$TMP/summary" &&
+    python3 - "$TMP/plain.json" "$TMP/summary" "$name" <<'PY'; then
+import json, sys
+out = json.load(open(sys.argv[1]))
+s = json.load(open(sys.argv[2]))["summary"]
+p = s["pie"]
+# stories260K: 5 layers, 4 KV heads x 8 dims; one sequence of its prompt and 23 fed-back tokens.
+positions = len(out["prompt_ids"]) + 24 - 1
+layer = 1 * positions * 4 * 8 * 4  # K (or V) of one layer, f32
+swap = (layer + 255) // 256 * 256 + layer
+assert s["kv_cache_bytes"] == 2 * 5 * layer, s
+assert p["swap_ins"] > 0 and p["swap_outs"] > 0 and p["steps"] == 24, p
+assert p["bytes_in"] == p["swap_ins"] * swap and p["bytes_out"] == p["swap_outs"] * swap, (p, swap)
+if sys.argv[3] == "fixed":
+    assert p["host_layers"] == 2 and p["adjustments"] == 0, p
+else:
+    assert p["adjustments"] > 0 and 0 <= p["host_layers"] <= 4, p
+PY
+    echo "ok   pie-$name-same-output-and-swaps"; passes=$((passes + 1))
+  else
+    echo "FAIL pie-$name-same-output-and-swaps"; cat "$TMP/err"; failures=$((failures + 1))
+  fi
+done
+# Plain output has no Pie object.
+if ! grep -q '"pie"' "$TMP/host.json"; then
+  echo "ok   pie-absent-when-off"; passes=$((passes + 1))
+else
+  echo "FAIL pie-absent-when-off"; failures=$((failures + 1))
+fi
+# Memory: under a policy, --gpu-mem bounds the device's weights, KV cache and buffers. At
+# 2.2 MiB the cache of 8 sequences x 106 positions does not fit beside the weights; with 3
+# of the 5 layers on the host (the device keeps 2 layer buffers) it does, and the output is
+# the plain CPU run's.
+printf 'Once upon a time\nThe little dog\nLily wanted to\nTom had a ball\nOne day\nThe sun was\nA cat sat\nThey went to\n' \
+  >"$TMP/pie-prompts.txt"
+pie_mem=(generate --model "$MODEL" --prompt-file "$TMP/pie-prompts.txt" --max-new-tokens 100 --max-batch 8
+  --max-step-tokens 64 --format json)
+EXPECT_RC=2 expect_error pie-memory-without-pie \
+  "--gpu-mem 2.2 MiB is too small for the KV cache of 8 sequences x 106 positions" \
+  "${pie_mem[@]}" --device host --policy w=100/0/0,c=100/0/0 --gpu-mem 2.2MiB
+"$STRATA" "${pie_mem[@]}" --device cpu >"$TMP/pie-mem-plain.json" 2>/dev/null
+"$STRATA" "${pie_mem[@]}" --device host --policy w=100/0/0,c=100/0/0 --gpu-mem 2.2MiB \
+  --pie-host-layers 3 >"$TMP/pie-mem.json" 2>"$TMP/err"
+if [ -s "$TMP/pie-mem-plain.json" ] && cmp -s "$TMP/pie-mem-plain.json" "$TMP/pie-mem.json"; then
+  echo "ok   pie-memory-fits-with-pie"; passes=$((passes + 1))
+else
+  echo "FAIL pie-memory-fits-with-pie"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+# Bad Pie options are bad input naming the option and the value; on an engine computing on
+# the CPU they are ignored with a warning, as --gpu-mem is.
+for m in -1 abc 1.5; do
+  EXPECT_RC=2 expect_error "pie-host-layers-$m" "--pie-host-layers: must be a whole number >= 0, got $m" \
+    generate --model "$MODEL" --prompt hi --device host --pie-host-layers "$m"
+done
+EXPECT_RC=2 expect_error pie-host-layers-all "--pie-host-layers 5: .* has 5 KV-cache layers; at most 4" \
+  generate --model "$MODEL" --prompt hi --device host --pie-host-layers 5
+EXPECT_RC=2 expect_error pie-max-needs-adaptive "--pie-max-host-layers requires --pie-adaptive" \
+  generate --model "$MODEL" --prompt hi --device host --pie-max-host-layers 2
+EXPECT_RC=2 expect_error pie-max-host-layers-5 "--pie-max-host-layers 5: .* has 5 KV-cache layers" \
+  bench --model "$MODEL" --device host --pie-adaptive --pie-max-host-layers 5
+EXPECT_RC=2 expect_error pie-min-above-max "--pie-min-host-layers 3: above the most host layers, 2" \
+  generate --model "$MODEL" --prompt hi --device host --pie-adaptive --pie-min-host-layers 3 --pie-max-host-layers 2
+EXPECT_RC=2 expect_error pie-cache-split "--pie-host-layers 2: the policy 'w=100/0/0,c=50/50/0.*' puts 50% of the KV cache off the GPU tier" \
+  generate --model "$MODEL" --prompt hi --device host --pie-host-layers 2 --policy w=100/0/0,c=50/50/0
+"$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device cpu \
+  --pie-host-layers 2 >"$TMP/pie-cpu.json" 2>"$TMP/err"
+if cmp -s "$TMP/plain.json" "$TMP/pie-cpu.json" &&
+  grep -q -- "--pie-host-layers 2 ignored: the engine computes on the CPU" "$TMP/err" &&
+  ! grep -q '"pie"' "$TMP/err"; then
+  echo "ok   pie-on-cpu-ignored"; passes=$((passes + 1))
+else
+  echo "FAIL pie-on-cpu-ignored"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+# bench's "pie" object and serve's report (--stats-out) carry the same counters.
+if "$STRATA" bench --model "$MODEL" --device host --pie-host-layers 3 --batch 2 --prompt-len 8 --gen-len 4 \
+  --no-limits --warmup 0 >"$TMP/pie-bench.json" 2>"$TMP/err" &&
+  printf '{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 6}\n' >"$TMP/pie-req.jsonl" &&
+  "$STRATA" serve --model "$MODEL" --device host --pie-host-layers 3 --max-batch 2 --max-context 16 \
+    --requests "$TMP/pie-req.jsonl" --results "$TMP/pie-res.jsonl" --stats-out "$TMP/pie-stats.json" \
+    2>>"$TMP/err" && python3 - "$TMP/pie-bench.json" "$TMP/pie-stats.json" <<'PY'; then
+import json, sys
+b = json.load(open(sys.argv[1]))
+p = b["pie"]
+layer = 2 * (8 + 4 - 1) * 4 * 8 * 4  # 2 sequences x 11 positions x 4 heads x 8 dims, f32
+stride = (layer + 255) // 256 * 256
+assert p["host_layers"] == 3 and p["swap_ins"] > 0 and p["steps"] == 4, p
+assert p["layer_bytes"] == layer and p["swap_bytes"] == stride + layer, p
+assert p["device_buffers"] == 2 and p["host_buffers"] == 5 and p["device_bytes"] == 2 * 2 * stride, p
+assert p["bytes_in"] == p["swap_ins"] * (stride + layer), p
+assert b["result"]["pie"]["swap_ins"] == p["swap_ins"], b["result"]
+s = json.load(open(sys.argv[2]))["pie"]
+layer = 2 * 16 * 4 * 8 * 4  # --max-batch 2 slots x --max-context 16
+assert s["host_layers"] == 3 and s["steps"] == 6 and s["bytes_in"] == s["swap_ins"] * 2 * layer, s
+PY
+  echo "ok   pie-bench-and-serve-report"; passes=$((passes + 1))
+else
+  echo "FAIL pie-bench-and-serve-report"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+# A policy's hetegen= (what `strata plan` chooses) runs HeteGen at that alpha, same output.
+"$STRATA" generate --model "$MODEL" --prompt "Once upon a time" --max-new-tokens 24 --format json --device host \
+  --policy w=0/100/0,hetegen=30 --threads 1 --hetegen-cpu-threads 1 >"$TMP/hgpolicy.json" 2>"$TMP/err"
+if cmp -s "$TMP/plain.json" "$TMP/hgpolicy.json" && grep -q "split at alpha 0.3," "$TMP/err" &&
+  grep -q "gpu/cpu/disk 0/5/0.*HeteGen alpha 0.300: 5 CPU-tier layers split" "$TMP/err"; then
+  echo "ok   policy-hetegen-same-output"; passes=$((passes + 1))
+else
+  echo "FAIL policy-hetegen-same-output"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+EXPECT_RC=2 expect_error policy-hetegen-twice "give alpha once" \
+  generate --model "$MODEL" --prompt hi --device host --policy w=0/100/0,hetegen=30 --hetegen-alpha 0.5
 if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
   --prompt-len 8 --gen-len 2 --no-limits --threads 2 >"$TMP/auto.json" 2>"$TMP/err" &&
   python3 - "$TMP/auto.json" <<'PY'

@@ -287,23 +287,28 @@ JSON
     [ "$rc" -ne 0 ] || fail "--device cuda:99 accepted"
     grep -q "device cuda:99: no" "$tmp/out" || { cat "$tmp/out"; fail "no clear device refusal"; }
     [ $(($(date +%s) - start)) -le 20 ] || fail "device refusal took too long"
-    # HeteGen's split is not in the planner's memory model: refused before anything loads.
-    set +e
-    cluster 3 --model "$stories" --hetegen-alpha 0.5 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
-      >"$tmp/out" 2>&1
-    rc=$?
-    set -e
-    [ "$rc" -ne 0 ] || fail "--hetegen-alpha in a cluster accepted"
-    grep -q -- "--hetegen-alpha is for single-process engine commands" "$tmp/out" ||
-      { cat "$tmp/out"; fail "no clear HeteGen refusal"; }
-    set +e
-    cluster 3 --model "$stories" --device host --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
-      >"$tmp/out" 2>&1
-    rc=$?
-    set -e
-    [ "$rc" -ne 0 ] || fail "--device host in a cluster accepted"
-    grep -q -- "--device host is for single-process engine commands" "$tmp/out" ||
-      { cat "$tmp/out"; fail "no clear --device host refusal"; }
+    # refused WHAT PATTERN ARGS...: a cluster given ARGS fails with a message matching PATTERN.
+    refused() {
+      local what=$1 pattern=$2
+      shift 2
+      set +e
+      cluster 3 --model "$stories" "$@" --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+        >"$tmp/out" 2>&1
+      local rc=$?
+      set -e
+      [ "$rc" -ne 0 ] || fail "$what in a cluster accepted"
+      grep -q -- "$pattern" "$tmp/out" || { cat "$tmp/out"; fail "no clear $what refusal"; }
+    }
+    # HeteGen's split, the host standing in for a device and Pie's buffers are not in the
+    # planner's memory model: refused at every rank alike, before anything loads.
+    refused --hetegen-alpha "--hetegen-alpha (or policy hetegen=) is for single-process engine commands" \
+      --hetegen-alpha 0.5
+    refused "policy hetegen=" "--hetegen-alpha (or policy hetegen=) is for single-process" \
+      --policy w=0/100/0,hetegen=40
+    refused "--device host" "--device host is for single-process engine commands" --device host
+    refused --pie-host-layers \
+      "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine commands" \
+      --pie-host-layers 2
     echo "refusals clear"
     ;;
   hostile)

@@ -173,6 +173,95 @@ TEST(CostModel, PeakMemoryMatchesAppendixA3) {
              "nvme_peak");
 }
 
+// Pie with m of l = 8 layers on the host (cost_model.h): the GPU gives up m layers of the
+// block's cache, the host holds m + 2, each link carries m / l of a layer per layer, and
+// the bound swap / floor((l - 1) / (m + 2)) is what §3.3's FIFO can hide.
+TEST(CostModel, PieMovesMLayersOfCacheToTheHostAndBoundsTheStepBySwaps) {
+  ModelShape shape = tiny_shape();
+  shape.n_layers = 8;
+  const HardwareSpec hw = round_hardware(OverlapModel::kPaper);
+  // Weights on the GPU, so the swaps are what bounds a decode step.
+  const Policy flexgen = Policy::parse("gbs=2,ngb=3,w=100/0/0,c=100/0/0,h=40/40/20");
+  const Tiny t;
+  const double layer = 4 * t.h1 * (t.s + t.n) * t.bls;  // K and V, s + n positions, block
+  for (int m : {1, 2, 5}) {
+    Policy pie = flexgen;
+    pie.pie_host_layers = m;
+    const CostEstimate a = estimate_cost(shape, {16, 8}, flexgen, hw);
+    const CostEstimate b = estimate_cost(shape, {16, 8}, pie, hw);
+    SCOPED_TRACE(fmt::format("m = {}", m));
+    expect_rel(b.peak.gpu_decode - a.peak.gpu_decode, -m * layer, "GPU decode peak");
+    expect_rel(b.peak.gpu_prefill - a.peak.gpu_prefill, -m * layer, "GPU prefill peak");
+    expect_rel(b.peak.cpu_decode - a.peak.cpu_decode, std::min(8, m + 2) * layer, "CPU peak");
+    for (auto [pa, pb] : {std::pair{a.prefill, b.prefill}, std::pair{a.decode, b.decode}}) {
+      expect_rel(pb.ctog - pa.ctog, m / 8.0 * layer / 1e9, "ctog");
+      expect_rel(pb.gtoc - pa.gtoc, m / 8.0 * layer / 2e9, "gtoc");
+      expect_rel(pb.comp(), pa.comp(), "comp");
+    }
+    // floor(7 / 3) = 2 layers per swap at m = 1; floor(7 / 4) = floor(7 / 7) = 1 at m = 2, 5.
+    const double bound = layer / 1e9 / (m == 1 ? 2 : 1);
+    const PhaseCost& g = b.decode;
+    expect_rel(g.time, std::max({g.ctog, g.gtoc, g.dtoc, g.ctod, g.comp(), bound}), "T_gen");
+    EXPECT_EQ(g.binding, "pie");
+  }
+  Policy too_many = flexgen;
+  too_many.pie_host_layers = 6;
+  try {
+    estimate_cost(shape, {16, 8}, too_many, hw);
+    ADD_FAILURE() << "pie=6 of 8 layers accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most l - 3 = 5 host layers"), std::string::npos)
+        << e.what();
+  }
+}
+
+// HeteGen at alpha = 0.4 (cost_model.h): 0.6 of the CPU-tier weights (wc) neither cross the
+// link nor compute on the GPU; the CPU computes them at cpu_flops beside the rest.
+TEST(CostModel, HeteGenKeepsTheCpuShareOfCpuTierWeightsOffTheLinkAndTheGpu) {
+  const Tiny t;
+  const HardwareSpec hw = round_hardware(OverlapModel::kPaper);
+  Policy split = tiny_policy();
+  split.hetegen_alpha_percent = 40;
+  const CostEstimate a = estimate_cost(tiny_shape(), {16, 8}, tiny_policy(), hw);
+  const CostEstimate b = estimate_cost(tiny_shape(), {16, 8}, split, hw);
+  const double kept = 0.6 * t.wc;
+  const double linear_tok = 8 * t.h1 * t.h1 + 4 * t.h1 * t.h2;
+  expect_rel(b.decode.ctog - a.decode.ctog, -kept * t.W / 1e9, "ctog^g");
+  expect_rel(b.prefill.ctog - a.prefill.ctog, -kept * t.W / 1e9, "ctog^p");
+  expect_rel(b.decode.gpu_comp - a.decode.gpu_comp, -kept * t.bls * linear_tok / 5e11, "comp^g");
+  expect_rel(b.prefill.gpu_comp - a.prefill.gpu_comp, -kept * t.bls * t.s * linear_tok / 1e12,
+             "comp^p");
+  expect_rel(b.decode.cpu_split, kept * t.bls * linear_tok / 1e9, "cpu split^g");
+  expect_rel(b.prefill.cpu_split, kept * t.bls * t.s * linear_tok / 1e9, "cpu split^p");
+  expect_rel(b.peak.gpu_decode - a.peak.gpu_decode, -kept * 2 * t.W, "GPU buffers");
+  expect_rel(b.peak.cpu_decode, a.peak.cpu_decode, "CPU memory");
+  const PhaseCost& g = b.decode;
+  expect_rel(g.time, std::max({g.ctog, g.gtoc, g.dtoc, g.ctod, g.comp(), g.cpu_comp + g.cpu_split}),
+             "T_gen: the CPU's share is its own bound, with CPU attention");
+  EXPECT_EQ(a.decode.cpu_split, 0);
+}
+
+// HeteGen eq. 4-5 on the cost model: weights all on the CPU, batch 1, FlexGen's fitted chain
+// (transfer then GPU compute). At eq. 5's alpha, here 1 / (Vcpu/Vcom + Vcpu/Vgpu + 1) with
+// Vcpu = 1e9/2, Vcom = 1e9/2 bytes, Vgpu = 5e11/2 parameters/s, i.e. 0.4995 -> 50%, the CPU's
+// (1 - alpha) W / Vcpu equals the GPU side's alpha W (1/Vcom + 1/Vgpu).
+TEST(CostModel, HeteGenAtEquationFiveAlphaBalancesTheCpuAgainstTheLinkAndGpu) {
+  const Tiny t;
+  const HardwareSpec hw = round_hardware(OverlapModel::kFitted);
+  const double alpha = 1 / ((1e9 / 2) / (1e9 / 2) + (1e9 / 2) / (5e11 / 2) + 1);
+  EXPECT_NEAR(alpha, 0.4995, 1e-4);
+  Policy streamed = Policy::parse("gbs=1,ngb=1,w=0/100/0,c=100/0/0,h=100/0/0,cpu_attn=0");
+  Policy split = streamed;
+  split.hetegen_alpha_percent = 50;
+  const CostEstimate a = estimate_cost(tiny_shape(), {16, 8}, streamed, hw);
+  const CostEstimate b = estimate_cost(tiny_shape(), {16, 8}, split, hw);
+  const double attention = 4 * (t.s + t.n / 2) * t.h1 / 1e10;  // on the GPU, not split
+  const double gpu_side = b.decode.ctog + b.decode.gpu_comp - attention;
+  EXPECT_NEAR(b.decode.cpu_split / gpu_side, 1, 0.01);
+  EXPECT_EQ(b.decode.binding, "ctog+comp");
+  EXPECT_LT(b.decode.time, 0.6 * a.decode.time);  // about half: eq. 4 against streaming
+}
+
 TEST(CostModel, CompressionIsFourBitsPlusAMinAndScalePerGroupOf64) {
   // fp16: 64 elements -> 32 bytes of 4-bit values + 2 fp16 = 36 bytes, of 128.
   EXPECT_DOUBLE_EQ(compressed_fraction(2), 36.0 / 128.0);

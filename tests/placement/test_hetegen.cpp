@@ -168,6 +168,41 @@ TEST(HeteGenAlphaBenchmark, NoCrossingClampsToTheEndWithTheSmallerMax) {
   EXPECT_NE(r2.str().find("no crossing"), std::string::npos);
 }
 
+// The engine's benchmark (--hetegen-alpha auto) on given timings, solved by hand:
+//   T_cpu(a) = 11 - 10 a, T_pin(a) = 3 a, T_trans(a) = 0.5 + 4 a (T_com = T_trans: pin faster).
+// Eq. 9's first guess from the whole-module times: T'_cpu = T_cpu(0) = 11, max(T'_pin,
+// T'_trans) = max(3, 4.5) = 4.5, alpha0 = 11 / 15.5. The window alpha0 +- 0.1 in steps of
+// 0.05 is 5 alphas; lines through them are the timings exactly, and F_cpu = F_com gives
+// 11 - 10 a = 0.5 + 4 a: alpha-bar = 10.5 / 14 = 0.75, T-bar = 3.5 (eq. 10-12).
+TEST(HeteGenAlphaBenchmark, EngineBenchmarkSolvesEq10To12ByHand) {
+  std::vector<double> asked;
+  const AlphaMeasure measure = [&](double a) {
+    asked.push_back(a);
+    return AlphaTiming{11 - 10 * a, 3 * a, 0.5 + 4 * a};
+  };
+  const AlphaBenchmarkResult r = benchmark_module(measure, engine_alpha_window());
+  ASSERT_GE(asked.size(), 2u);
+  EXPECT_EQ(asked[0], 0.0);  // T'_cpu: every row on the CPU
+  EXPECT_EQ(asked[1], 1.0);  // T'_pin, T'_trans: the whole module moved
+  ASSERT_EQ(r.samples.size(), 5u);
+  EXPECT_NEAR(r.samples.front().alpha, 11.0 / 15.5 - 0.1, 1e-12);
+  EXPECT_NEAR(r.samples.back().alpha, 11.0 / 15.5 + 0.1, 1e-12);
+  EXPECT_TRUE(r.crossed);
+  EXPECT_NEAR(r.alpha, 0.75, 1e-9);
+  EXPECT_NEAR(r.t_cpu, 3.5, 1e-9);
+  EXPECT_NEAR(r.t_com, 3.5, 1e-9);
+  // Pinning slower than the transfer: T_pin(a) = 6 a sets T_com. alpha0 = 11 / 17; every
+  // window alpha is above 0.25, where 6 a > 0.5 + 4 a, so 11 - 10 a = 6 a: alpha-bar = 11 / 16.
+  const AlphaBenchmarkResult p = benchmark_module(
+      [](double a) {
+        return AlphaTiming{11 - 10 * a, 6 * a, 0.5 + 4 * a};
+      },
+      engine_alpha_window());
+  EXPECT_NEAR(p.samples.front().alpha, 11.0 / 17 - 0.1, 1e-12);
+  EXPECT_NEAR(p.alpha, 11.0 / 16, 1e-9);
+  EXPECT_NEAR(p.t_com, 66.0 / 16, 1e-9);
+}
+
 TEST(HeteGenAlphaBenchmark, GridStaysInsideZeroToOne) {
   AlphaBenchmarkOptions o;
   o.alpha0 = 0.95;
@@ -237,6 +272,31 @@ TEST(HeteGenScheduler, MovesModulesByGainUntilTheBudgetStops) {
   const HeteGenPlan all = schedule_modules(mods, 390);
   for (const ModulePlan& m : all.modules) EXPECT_EQ(m.placement, ModulePlacement::kGpu) << m.name;
   EXPECT_EQ(all.gpu_bytes, 390);
+}
+
+// The engine's accounting (streamed shares): a split module holds nothing of its own on the
+// device, so a move costs the module's bytes. By hand: gains C 30/50 = 0.6, A 50/100 = 0.5,
+// D 50/100 = 0.5 (after A: ties keep the given order), B 40/200 = 0.2. Budget 260: C (50),
+// A (150), D (250); B would make 450 and stops the moves. With the paper's accounting (each
+// split module keeps alpha 0.5 of its bytes: 225 to begin with) only C's 25 more fit.
+TEST(HeteGenScheduler, StreamedSharesCostNothingUntilMovedWhole) {
+  const std::vector<Module> m{{"A", 100, 50, 0.5, 0},
+                              {"B", 200, 40, 0.5, 0},
+                              {"C", 50, 30, 0.5, 0},
+                              {"D", 100, 50, 0.5, 0}};
+  const HeteGenPlan streamed = schedule_modules(m, 260, true);
+  std::vector<std::string> whole;
+  for (const ModulePlan& p : streamed.modules)
+    if (p.placement == ModulePlacement::kGpu) whole.push_back(p.name);
+  EXPECT_EQ(whole, (std::vector<std::string>{"A", "C", "D"}));
+  EXPECT_EQ(streamed.gpu_bytes, 250);
+  EXPECT_EQ(streamed.modules[1].gpu_bytes, 0);  // B split: its share streams
+  EXPECT_DOUBLE_EQ(streamed.alpha_of("B"), 0.5);
+  EXPECT_DOUBLE_EQ(streamed.alpha_of("D"), 1.0);
+  const HeteGenPlan paper = schedule_modules(m, 260, false);
+  EXPECT_EQ(paper.gpu_bytes, 250);  // 225 + C's 25
+  EXPECT_EQ(paper.modules[2].placement, ModulePlacement::kGpu);
+  EXPECT_EQ(paper.modules[0].placement, ModulePlacement::kSplit);
 }
 
 TEST(HeteGenScheduler, BadInputIsNamed) {

@@ -108,6 +108,31 @@ TEST(Policy, CompactRoundTripsThroughParse) {
   EXPECT_EQ(Policy::parse(p.compact()), p);
 }
 
+TEST(Policy, PieAndHeteGenRoundTripAndAreOffByDefault) {
+  EXPECT_EQ(Policy{}.pie_host_layers, 0);
+  EXPECT_EQ(Policy{}.hetegen_alpha_percent, 0);
+  EXPECT_EQ(Policy{}.compact().find("pie"), std::string::npos);
+  EXPECT_EQ(Policy{}.compact().find("hetegen"), std::string::npos);
+  const Policy p = Policy::parse("gbs=4,w=20/80/0,c=100/0/0,pie=3,hetegen=45");
+  EXPECT_EQ(p.pie_host_layers, 3);
+  EXPECT_EQ(p.hetegen_alpha_percent, 45);
+  EXPECT_EQ(p.compact(),
+            "gbs=4,w=20/80/0,c=100/0/0,h=100/0/0,cw=0,cc=0,cpu_attn=0,overlap=1,pie=3,hetegen=45");
+  EXPECT_EQ(Policy::parse(p.compact()), p);
+  EXPECT_NE(p.str().find("pie_host_layers=3, hetegen_alpha_percent=45)"), std::string::npos)
+      << p.str();
+}
+
+TEST(Policy, PieNeedsTheCacheOnTheGpuTierAndHeteGenAPercentage) {
+  EXPECT_NE(parse_error("c=50/50/0,pie=2").find("Pie swaps a cache that lives on the GPU tier"),
+            std::string::npos);
+  EXPECT_NE(parse_error("pie=-1").find("pie=-1: host layers must be a whole number >= 0"),
+            std::string::npos);
+  EXPECT_NE(parse_error("hetegen=101").find("hetegen=101: alpha is a percentage in [0, 100]"),
+            std::string::npos);
+  EXPECT_NE(parse_error("hetegen=0.5").find("is not an integer"), std::string::npos);
+}
+
 TEST(Policy, RejectsPercentagesThatDoNotSumTo100) {
   const std::string e = parse_error("w=20/90/0");
   EXPECT_NE(e.find("w=20/90/0"), std::string::npos) << e;

@@ -253,6 +253,83 @@ TEST(PolicySearch, HonoursTheOptions) {
   EXPECT_FALSE(search_policy(opt_30b(), kWorkload, hw, o).policy.overlap);
 }
 
+// With Pie and HeteGen allowed, FlexGen's own case (T4, OPT-30B) keeps FlexGen's answer:
+// the T4's 1 GB/s cache link gives Pie no stall-free layer, and at a block of ~150 eq. 5
+// leaves the 12 GFLOP/s CPU almost nothing (docs/PIE_HETEGEN.md).
+TEST(PolicySearch, PieAndHeteGenLeaveFlexGensT4CaseAlone) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  SearchOptions o;
+  o.pie = o.hetegen = true;
+  const SearchResult both = search_policy(opt_30b(), kWorkload, hw, o);
+  const SearchResult flexgen = search_policy(opt_30b(), kWorkload, hw);
+  EXPECT_EQ(both.policy, flexgen.policy);
+  EXPECT_GT(both.schedules_tried, flexgen.schedules_tried);  // the variants were solved
+}
+
+// A CPU of 1.5 TFLOP/s beside the T4's link, decode-heavy work (32 in, 512 out): splitting
+// the CPU-tier linears beats streaming them, at eq. 5's alpha for the chosen block.
+TEST(PolicySearch, ChoosesHeteGenWhenTheCpuCanTakeAShare) {
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.cpu_flops = 1.5e12;
+  const Workload w{32, 512};
+  SearchOptions o;
+  o.hetegen = true;
+  const SearchResult split = search_policy(opt_30b(), w, hw, o);
+  const SearchResult flexgen = search_policy(opt_30b(), w, hw);
+  fmt::print("  FlexGen: {} -> {:.2f} token/s\n  HeteGen: {} -> {:.2f} token/s\n",
+             flexgen.policy.compact(), flexgen.cost.throughput, split.policy.compact(),
+             split.cost.throughput);
+  ASSERT_GT(split.policy.hetegen_alpha_percent, 0);
+  EXPECT_GT(split.policy.w_cpu_percent, 0);
+  EXPECT_GT(split.cost.throughput, 1.2 * flexgen.cost.throughput);
+  const double rows = double(split.policy.block_size());
+  const double v_cpu = hw.cpu_flops / (2 * rows), v_gpu = hw.mm_flops_decode / (2 * rows);
+  const double v_com = hw.ctog_bdw / 2;  // fp16 bytes
+  const double alpha = 1 / (v_cpu / v_com + v_cpu / v_gpu + 1);
+  EXPECT_EQ(split.policy.hetegen_alpha_percent, std::lround(alpha * 100));
+}
+
+// A Grace-Hopper-like link (400 GB/s each way) with a slow CPU for attention, OPT-66B: the
+// search keeps the cache on the GPU tier with Pie's host layers, none of them stalling.
+TEST(PolicySearch, ChoosesPieWhenTheLinkHidesTheSwaps) {
+  HardwareSpec hw = HardwareSpec::flexgen_t4();
+  hw.ctog_bdw = hw.gtoc_bdw_cache = hw.gtoc_bdw_hidden = 400e9;
+  hw.mm_flops_decode = 20e12, hw.mm_flops_prefill = 400e12;
+  hw.bmm_flops_decode = 2e12, hw.bmm_flops_prefill = 200e12;
+  hw.gpu_mem = 96 * kGiB, hw.cpu_mem = 480 * kGiB;
+  hw.cpu_flops = 1e11;
+  hw.overlap_model = OverlapModel::kPaper;
+  const ModelShape opt_66b = opt(9216, 36864, 64, 72);
+  const Workload w{512, 256};
+  SearchOptions o;
+  o.pie = true;
+  const SearchResult pie = search_policy(opt_66b, w, hw, o);
+  const SearchResult flexgen = search_policy(opt_66b, w, hw);
+  fmt::print("  FlexGen: {} -> {:.2f} token/s\n  Pie:     {} -> {:.2f} token/s\n",
+             flexgen.policy.compact(), flexgen.cost.throughput, pie.policy.compact(),
+             pie.cost.throughput);
+  ASSERT_GT(pie.policy.pie_host_layers, 0);
+  EXPECT_LE(pie.policy.pie_host_layers, 64 - 3);
+  EXPECT_EQ(pie.policy.cache_gpu_percent, 100);
+  EXPECT_NE(pie.cost.decode.binding, "pie");  // stall-free
+  EXPECT_GE(pie.cost.throughput, (1 - o.tie_tolerance) * flexgen.cost.throughput);
+}
+
+// FlexGen's LP puts the T4's cache on the CPU (its 1 GB/s GPU->CPU link is slow but CPU
+// attention needs no link); with Pie the cache must stay on the GPU tier.
+TEST(PolicySearch, ThePlacementLpOfAPieScheduleKeepsTheCacheOnTheGpuTier) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  const Policy flexgen = Policy::parse("gbs=8,ngb=2,cpu_attn=1");
+  Policy pie = flexgen;
+  pie.pie_host_layers = 2;
+  const auto a = solve_placement_lp(opt_30b(), kWorkload, flexgen, hw);
+  const auto b = solve_placement_lp(opt_30b(), kWorkload, pie, hw);
+  ASSERT_TRUE(a && b);
+  EXPECT_LT(a->placement[kCg], 0.5);
+  EXPECT_EQ(b->placement[kCg], 1);
+  EXPECT_EQ(b->placement[kCc] + b->placement[kCd], 0);
+}
+
 TEST(PolicySearch, RejectsBadOptions) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
   SearchOptions o;

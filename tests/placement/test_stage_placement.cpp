@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/error.h"
+#include "placement/hetegen.h"
 #include "placement/stage_placement.h"
 
 namespace strata {
@@ -65,42 +66,72 @@ TEST(StagePlacement, KernelScratchCountsAgainstTheGpuBudget) {
 }
 
 // HeteGen by hand for OPT-125m in f16 at alpha 0.5 (every row count even, so each linear is
-// halved): q, k, v, o [768, 768] keep 384 rows on the device, 384 x 768 x 2 = 589824 bytes
+// halved): q, k, v, o [768, 768] put 384 rows in the alpha share, 384 x 768 x 2 = 589824 bytes
 // each; fc1 [3072, 768] 1536 rows and fc2 [768, 3072] 384 rows, 2359296 bytes each; the
-// biases' halves 4 x 384 x 4 + 1536 x 4 + 384 x 4 = 13824; the four LayerNorm vectors of 768
-// f32 packed, 12288 (three pages), on the device only.
+// biases' halves 4 x 384 x 4 + 1536 x 4 + 384 x 4 = 13824. The alpha shares packed are those
+// 7091712 bytes page-aligned, 7094272 (1732 pages), pinned in host memory and streamed
+// through two device slots of that size; the CPU shares are the other 7091712 bytes; the four
+// LayerNorm vectors of 768 f32 packed, 12288 (three pages), stay on the device.
 TEST(StagePlacement, HeteGenSplitByHand) {
   StageRequest streamed = device_stage("w=0/100/0");
   StageRequest split = streamed;
   split.hetegen_alpha = 0.5;
   const StagePlacement s = place_stage(opt125m(DType::kF16), streamed);
   const StagePlacement p = place_stage(opt125m(DType::kF16), split);
-  const int64_t matrices = 4 * 589824 + 2 * 2359296;
+  const int64_t shares = 4 * 589824 + 2 * 2359296 + 13824;
+  const int64_t packed = 1732 * 4096;
   EXPECT_EQ(p.weights.split_layers(), 12);
   EXPECT_EQ(p.weights.streamed_layers(), 0);
-  EXPECT_EQ(p.weights.split_gpu_bytes, matrices + 13824 + 12288);
-  EXPECT_EQ(p.weights.host_layer_bytes, matrices + 13824);
+  EXPECT_EQ(p.weights.split_gpu_bytes, 12288);
+  EXPECT_EQ(p.weights.split_stream_bytes, packed);
+  EXPECT_EQ(p.weights.split_stream_total(), 12 * packed);
+  EXPECT_EQ(p.weights.host_layer_bytes, shares + packed);
   EXPECT_EQ(s.weights.split_layers(), 0);
   EXPECT_EQ(s.weights.streamed_layers(), 12);
-  // No device slots: nothing streams. The staging: x [64, 3072] and the CPU output [64, 3072]
-  // in host memory, both shares [64, 3072] on the device.
-  EXPECT_EQ(p.weights.device_staging_bytes, 0);
-  EXPECT_EQ(p.weights.gpu_bytes(), s.weights.fixed_bytes + 12 * p.weights.split_gpu_bytes);
-  EXPECT_EQ(p.weights.cpu_bytes(), 12 * (matrices + 13824));
+  // Two device slots of the packed shares. The staging: x [64, 3072] and the CPU output
+  // [64, 3072] in host memory, both shares [64, 3072] on the device.
+  EXPECT_EQ(p.weights.device_staging_bytes, 2 * packed);
+  EXPECT_EQ(p.weights.gpu_bytes(), s.weights.fixed_bytes + 12 * 12288 + 2 * packed);
+  EXPECT_EQ(p.weights.cpu_bytes(), 12 * (shares + packed));
   EXPECT_EQ(p.compute_workspace_bytes - s.compute_workspace_bytes, 64 * 3072 * 4);
   EXPECT_EQ(p.host_workspace_bytes - s.host_workspace_bytes, 64 * (3072 + 3072) * 4);
 }
 
+TEST(StagePlacement, HeteGenWholeModulesMoveToTheDevice) {
+  // The module scheduler's choice for layer 3: fc1 and fc2 whole on the device (2 x 4718592
+  // bytes and their biases 12288 + 3072, beside the norms), out of the streamed shares and the
+  // CPU's; every other layer as before.
+  StageRequest r = device_stage("w=0/100/0");
+  r.hetegen_alpha = 0.5;
+  const WeightPlacement plain = place_weights(opt125m(DType::kF16), r);
+  r.hetegen_whole.assign(12 * hetegen::kModuleSlots, 0);
+  r.hetegen_whole[3 * hetegen::kModuleSlots + 5] = 1;  // up (fc1)
+  r.hetegen_whole[3 * hetegen::kModuleSlots + 6] = 1;  // down (fc2)
+  const WeightPlacement p = place_weights(opt125m(DType::kF16), r);
+  const int64_t attn_shares = 4 * 589824 + 4 * 1536;  // page-aligned: 2365440 -> 578 pages
+  EXPECT_EQ(p.split[3].gpu, 12288 + 2 * 4718592 + 12288 + 3072 + 1024);  // page-aligned
+  EXPECT_EQ(p.split[3].stream, 578 * 4096);
+  EXPECT_EQ(p.split[3].host, attn_shares + 578 * 4096);
+  EXPECT_EQ(p.split[2].gpu, plain.split_gpu_bytes);
+  EXPECT_EQ(p.gpu_bytes() - plain.gpu_bytes(), p.split[3].gpu - 12288);
+  EXPECT_EQ(p.split_stream_total(),
+            plain.split_stream_total() - plain.split_stream_bytes + 578 * 4096);
+  r.hetegen_whole.pop_back();
+  EXPECT_THROW(place_weights(opt125m(DType::kF16), r), InputError);
+}
+
 TEST(StagePlacement, HeteGenFillsTheGpuBudgetAroundTheSplitLayers) {
-  // A --gpu-mem of the fixed tensors, 4 whole layers and 8 split ones: 4 on the GPU, 8 split,
-  // and it fits to the byte; one byte less and a layer moves to the split side.
+  // A --gpu-mem of the fixed tensors, 4 whole layers, 8 split ones' norms and two slots of
+  // alpha shares: 4 on the GPU, 8 split, and it fits to the byte; one byte less and a layer
+  // moves to the split side.
   StageRequest r;
   r.device_compute = true;
   const WeightPlacement whole = place_weights(opt125m(DType::kF16), r);
   r.hetegen_alpha = 0.3;
-  const int64_t S = place_weights(opt125m(DType::kF16), r).split_gpu_bytes;
+  const WeightPlacement all_split = place_weights(opt125m(DType::kF16), r);
+  const int64_t S = all_split.split_gpu_bytes, X = all_split.split_stream_bytes;
   ASSERT_LT(S, whole.layer_bytes);
-  r.budgets.gpu = whole.fixed_bytes + 4 * whole.layer_bytes + 8 * S;
+  r.budgets.gpu = whole.fixed_bytes + 4 * whole.layer_bytes + 8 * S + 2 * X;
   const WeightPlacement p = place_weights(opt125m(DType::kF16), r);
   EXPECT_EQ(p.count(Tier::kGpu), 4) << p.str();
   EXPECT_EQ(p.split_layers(), 8) << p.str();
@@ -123,6 +154,44 @@ TEST(StagePlacement, HeteGenRefusals) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("needs device compute"), std::string::npos) << e.what();
   }
+}
+
+// Pie (StageRequest::pie): opt-125m's 12 layers, 4 slots x 128 positions x 768 f32 = 1.5 MiB
+// per K or V (a whole number of 256-byte blocks, so a buffer is exactly K + V). Fixed m = 4:
+// the device keeps 8 buffers, the host 6; adaptive in [2, 9]: the device 10, the host 11.
+TEST(StagePlacement, PieCountsItsBuffers) {
+  const int64_t layer = 4 * 128 * 768 * 4;
+  StageRequest r = device_stage("w=100/0/0,c=100/0/0");
+  const StagePlacement whole = place_stage(opt125m(DType::kF16), r);
+  EXPECT_EQ(whole.cache_bytes(), (TierBytes{12 * 2 * layer, 0, 0}));
+  r.pie = PieHostLayers{4, 4};
+  const StagePlacement fixed = place_stage(opt125m(DType::kF16), r);
+  EXPECT_EQ(fixed.cache_bytes(), (TierBytes{8 * 2 * layer, 6 * 2 * layer, 0})) << fixed.str();
+  EXPECT_EQ(whole.total().gpu - fixed.total().gpu, 4 * 2 * layer);
+  r.pie = PieHostLayers{2, 9};
+  EXPECT_EQ(place_stage(opt125m(DType::kF16), r).cache_bytes(),
+            (TierBytes{10 * 2 * layer, 11 * 2 * layer, 0}));
+}
+
+TEST(StagePlacement, PieRefusals) {
+  auto refusal = [](const StageRequest& r) {
+    try {
+      place_stage(opt125m(DType::kF16), r);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  StageRequest r = device_stage("w=100/0/0,c=50/50/0");
+  r.pie = PieHostLayers{2, 2};
+  EXPECT_NE(refusal(r).find("the policy 'w=100/0/0,c=50/50/0"), std::string::npos) << refusal(r);
+  r = device_stage("w=100/0/0,c=100/0/0");
+  r.pie = PieHostLayers{2, 2};
+  r.device_compute = false;
+  EXPECT_NE(refusal(r).find("it needs device compute"), std::string::npos) << refusal(r);
+  r.device_compute = true;
+  r.pie = PieHostLayers{12, 12};  // every layer on the host
+  EXPECT_NE(refusal(r).find("Pie buffers"), std::string::npos) << refusal(r);
 }
 
 }  // namespace

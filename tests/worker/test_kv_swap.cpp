@@ -15,6 +15,7 @@
 
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
+#include "placement/stage_placement.h"
 #include "support/forwarding_backend.h"
 #include "support/input_error.h"
 #include "support/stories_reference.h"
@@ -418,6 +419,68 @@ TEST(KvSwap, RefusesWhatItCannotRun) {
             std::string::npos);
 }
 
+// What a model computing with Pie holds, per tier, is what placement/ counts for it
+// (place_stage with StageRequest::pie): the device n - lowest m layer buffers, the host
+// min(n, highest m + 2), each a layer's K then its V at the next 256-byte boundary; f32 and
+// 4-bit, fixed m and adaptive bounds, at a capacity whose layers are not whole 256 bytes.
+TEST(KvSwap, PieMemoryIsWhatPlacementCounts) {
+  CpuBackend cpu(2);
+  constexpr int32_t kSlots = 3, kCapacity = 37, kRows = 64;
+  PieOptions bounded = adaptive(2);
+  bounded.min_host_layers = 1;
+  bounded.max_host_layers = 3;
+  for (bool compress : {false, true}) {
+    for (const PieOptions& pie : {PieOptions{}, fixed(1), fixed(4), adaptive(0), bounded}) {
+      LoadOptions lo;
+      lo.device = &cpu;
+      lo.w_gpu_percent = 100;
+      lo.w_cpu_percent = 0;
+      lo.disk_dir = testing::test_tmp_dir("kv_swap");
+      LoadedModel m = load_model(testing::stories_dir(), lo);
+      const ModelShape shape = m.config.shape();
+      const int32_t n = m.config.n_layers;
+      Model model(m.config, std::move(m.weights), cpu, kRows, nullptr, std::move(m.feeder));
+      CacheOptions co;
+      co.placement.pie = pie;
+      co.placement.compress = compress;
+      model.set_cache_options(co);
+      const std::unique_ptr<KvCache> cache = model.make_cache(kSlots, kCapacity);
+      TierBytes allocated = model.memory();
+      allocated += cache->memory();
+
+      StageRequest r = weight_request(lo);
+      r.policy->compress_cache = compress;
+      r.max_rows = kRows;
+      r.kv_slots = kSlots;
+      r.kv_capacity = kCapacity;
+      if (pie.enabled())
+        r.pie = PieHostLayers{pie.lowest_host_layers(), pie.highest_host_layers(n)};
+      const StagePlacement planned = place_stage(shape, r);
+      const std::string what =
+          fmt::format("{} {}: {}", compress ? "4-bit" : "f32", pie.str(), planned.str());
+      EXPECT_EQ(planned.total(), allocated)
+          << what << "\nplanned " << planned.total().str() << ", allocated " << allocated.str();
+      EXPECT_EQ(planned.cache_bytes(), cache->memory()) << what;
+
+      // The cache's own bytes, from its shape alone.
+      const auto layer = static_cast<int64_t>(cache->layer_bytes());
+      const int64_t buffer = 2 * ((layer + 255) / 256 * 256);
+      ASSERT_NE(layer % 256, 0) << "the capacity should leave V's alignment gap";
+      if (!pie.enabled()) {
+        EXPECT_EQ(cache->memory().gpu, 2 * layer * n) << what;
+        continue;
+      }
+      const int32_t lowest = pie.adaptive ? pie.min_host_layers : pie.host_layers;
+      const int32_t highest = !pie.adaptive             ? pie.host_layers
+                              : pie.max_host_layers < 0 ? n - 1
+                                                        : pie.max_host_layers;
+      EXPECT_EQ(cache->memory().gpu, (n - lowest) * buffer) << what;
+      EXPECT_EQ(cache->memory().cpu, std::min(n, highest + 2) * buffer) << what;
+      EXPECT_EQ(cache->swap()->stats().host_layers, pie.host_layers) << what;
+    }
+  }
+}
+
 TEST(KvSwap, OptionsAndStatsPrintThemselves) {
   EXPECT_EQ(PieOptions{}.str(), "pie(off)");
   EXPECT_EQ(fixed(2).str(), "pie(m=2)");
@@ -430,6 +493,11 @@ TEST(KvSwap, OptionsAndStatsPrintThemselves) {
   s.expansion = 9.0 / 7;
   s.swap_ins = 3;
   EXPECT_NE(s.str().find("pie m=2 (expansion 1.29): 3 swap-ins"), std::string::npos) << s.str();
+  s.bytes_in = 196608;
+  EXPECT_NE(s.json().find(R"("host_layers": 2, "expansion": 1.2857, "swap_ins": 3, )"),
+            std::string::npos)
+      << s.json();
+  EXPECT_NE(s.json().find(R"("bytes_in": 196608, )"), std::string::npos) << s.json();
 }
 
 }  // namespace

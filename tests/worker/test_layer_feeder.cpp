@@ -281,15 +281,95 @@ TEST_P(LayerFeederTest, HeteGenSplitLayersGiveTheStreamedOutput) {
       if (!cuda || !compress) {
         EXPECT_EQ(split.outputs, streamed.outputs) << what;
       }
-      // The split layers move nothing. The disk-tier layer still streams, but as the only
-      // streamed layer it stays in its device slot (prefetch.h), so it is read once.
+      // No CPU-tier layer streams whole: each streams its alpha shares, in the same order and
+      // as often as the disk-tier layer streams whole (once a pass, the first one more for
+      // the pass that never comes).
       EXPECT_EQ(split.feed.layers_from_cpu, 0) << what;
       EXPECT_EQ(split.feed.bytes_from_cpu, 0) << what;
       EXPECT_EQ(split.placement.count(Tier::kDisk), 1) << what;
-      EXPECT_EQ(split.feed.bytes_from_disk, split.layer_bytes) << what;
-      EXPECT_LT(split.feed.bytes_from_cpu + split.feed.bytes_from_disk,
+      const int32_t n_split = split.placement.split_layers();
+      ASSERT_GT(n_split, 0) << what;
+      EXPECT_EQ(split.feed.shares_streamed, n_split * split.feed.layers_from_disk + 1) << what;
+      EXPECT_EQ(split.feed.bytes_of_shares * n_split,
+                split.feed.shares_streamed * split.placement.split_stream_total())
+          << what;
+      // Fewer bytes cross than when those layers stream whole.
+      EXPECT_LT(split.feed.bytes_of_shares + split.feed.bytes_from_disk,
                 streamed.feed.bytes_from_cpu + streamed.feed.bytes_from_disk)
           << what;
+    }
+    // The block schedule: 4 sequences in GPU batches of 2, the shares fetched once per layer
+    // for the whole block.
+    if (model == testing::stories_dir() || cuda) {
+      const FeedRun block =
+          run_with(*device_, model,
+                   hetegen_options(*device_, model, compress, kHeteGenAlphas[0], cpu), {}, 2);
+      if (!cuda || !compress) {
+        EXPECT_EQ(block.outputs, streamed.outputs) << "GPU batches of 2";
+      }
+    }
+  }
+}
+
+// The alpha shares a split layer streams, computed here from the shapes alone: each linear's
+// first ceil(alpha x out) rows as stored (f32, or 4-bit where the columns are whole groups of
+// 64: two codes a byte and an f32 min and scale per group), its bias share, each 64-byte
+// aligned, the blob page-aligned (worker/layer_store.h LayerLayout).
+int64_t alpha_share_bytes(const ModelConfig& c, double alpha, bool compress) {
+  const int64_t h = c.hidden, f = c.intermediate, hd = c.head_dim;
+  const int64_t qw = c.n_heads * hd, kvw = c.n_kv_heads * hd;
+  const bool gated = c.family == ModelFamily::kLlama;
+  const bool attn_bias = c.attention_bias, mlp_bias = c.mlp_bias;
+  auto align = [](int64_t b, int64_t a) { return (b + a - 1) / a * a; };
+  int64_t blob = 0;
+  auto share = [&](int64_t out, int64_t in, bool bias) {
+    const double rows = alpha * static_cast<double>(out);
+    const auto g = static_cast<int64_t>(
+        std::fabs(rows - std::round(rows)) < 1e-9 ? std::round(rows) : std::ceil(rows));
+    if (g == 0) return;
+    const int64_t row = compress && in % 64 == 0 ? in / 2 + 2 * (in / 64) * 4 : in * 4;
+    blob = align(blob + g * row, 64);
+    if (bias) blob = align(blob + g * 4, 64);
+  };
+  for (auto [out, in] : {std::pair{qw, h}, {kvw, h}, {kvw, h}, {h, qw}}) share(out, in, attn_bias);
+  if (gated) share(f, h, false);
+  share(f, h, mlp_bias);
+  share(h, f, mlp_bias);
+  return align(blob, 4096);
+}
+
+TEST_P(LayerFeederTest, HeteGenStreamsTheAlphaSharesEveryStep) {
+  // Without overlap every streamed thing loads once per step: each split layer's alpha shares,
+  // as many bytes as computed from the shapes, and the disk-tier layer whole.
+  const std::string model = GetParam();
+  CpuBackend cpu(2);
+  const bool dummy = model != testing::stories_dir();  // its loads are slow: one of each
+  for (bool compress : {false, true}) {
+    for (double alpha : kHeteGenAlphas) {
+      if (dummy && (alpha == kHeteGenAlphas[0]) == compress) continue;
+      SCOPED_TRACE(fmt::format("{} alpha {}", compress ? "4-bit" : "f32", alpha));
+      LoadOptions lo = hetegen_options(*device_, model, compress, alpha, cpu);
+      lo.overlap = false;
+      LoadedModel m = load_model(model, lo);
+      const int32_t n_split = m.placement.split_layers();
+      ASSERT_GT(n_split, 0);
+      const int64_t share = alpha_share_bytes(m.config, alpha, compress);
+      EXPECT_EQ(m.placement.split_stream_total(), n_split * share);
+      Model engine(m.config, std::move(m.weights), *device_, 16, nullptr, std::move(m.feeder));
+      KvCache cache(*device_, m.config, 1, 16);
+      StepBatch b;
+      b.add(0, 0, std::vector<int32_t>{1, 2, 3}, true);
+      std::vector<float> logits(static_cast<size_t>(m.config.vocab));
+      for (int step = 1; step <= 3; ++step) {
+        engine.forward(b, cache, logits.data());
+        const FeedStats f = engine.feeder()->stats();
+        EXPECT_EQ(f.shares_streamed, step * n_split);
+        EXPECT_EQ(f.bytes_of_shares, step * n_split * share);
+        EXPECT_EQ(f.layers_from_disk, step);
+        EXPECT_EQ(f.bytes_from_cpu, 0);
+        b.clear();
+        b.add(0, 2 + step, std::vector<int32_t>{4}, true);
+      }
     }
   }
 }

@@ -1,0 +1,106 @@
+#include "worker/hetegen_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/error.h"
+#include "kernels/quant.h"
+#include "worker/split_linear.h"
+#include "worker/weights.h"
+
+namespace strata {
+
+std::string ModuleShapeKey::str() const {
+  return fmt::format("[{}, {}] {}{}", out, in, dtype_name(dtype), bias ? " +bias" : "");
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What one measurement reuses: the module's weights and bias on the host, its bytes again in
+// page-locked memory (the transfer's source) and a device buffer (its destination), x and y.
+struct Bench {
+  Backend& device;
+  Backend& cpu;
+  ModuleShapeKey shape;
+  int32_t rows = 1;
+  int repeats = 1;
+  std::unique_ptr<OwnedTensor> w, bias;
+  DeviceBuffer pinned, on_device;
+  std::vector<float> x, y;
+
+  Bench(Backend& d, Backend& c, const ModuleShapeKey& s, int32_t r, int reps)
+      : device(d), cpu(c), shape(s), rows(r), repeats(reps) {
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> v(static_cast<size_t>(s.out * s.in));
+    for (float& f : v) f = u(rng);
+    w = std::make_unique<OwnedTensor>(s.dtype, Shape{s.out, s.in});
+    if (s.dtype == DType::kQ4) {
+      write_q4_blob(quantize_4bit(v.data(), {s.out, s.in, kQuantGroupSize, QuantAxis::kAlongRow}),
+                    w->view.data);
+    } else {
+      convert_from_f32(s.dtype, v.data(), w->view.data, v.size());
+    }
+    if (s.bias) {
+      bias = std::make_unique<OwnedTensor>(DType::kF32, Shape{s.out});
+      std::fill_n(bias->view.f32(), s.out, 0.5f);
+    }
+    pinned = DeviceBuffer::host(device, w->view.bytes());
+    std::memcpy(pinned.data(), w->view.data, w->view.bytes());
+    on_device = DeviceBuffer(device, w->view.bytes());
+    x.assign(static_cast<size_t>(rows * s.in), 0.25f);
+    y.assign(static_cast<size_t>(rows * s.out), 0.0f);
+    KernelBounds b;
+    b.max_rows = rows;
+    b.add_weight(s.out, s.in, s.dtype, true);
+    cpu.reserve(b);
+  }
+
+  hetegen::AlphaTiming operator()(double alpha) {
+    const SplitLinearWeights split(w->view, bias ? bias->view : Tensor{}, alpha, device, cpu,
+                                   SplitShare::kStreamed);
+    hetegen::AlphaTiming t;
+    const size_t share = split.gpu_weight().bytes() +
+                         (shape.bias ? static_cast<size_t>(split.gpu_rows()) * sizeof(float) : 0);
+    double cpu_best = 1e30, trans_best = 1e30;
+    cpu.bind_thread();
+    for (int rep = 0; rep <= repeats; ++rep) {  // rep 0 warms up, untimed
+      if (split.cpu_rows() > 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cpu.linear(x.data(), rows, split.cpu_weight(), split.cpu_bias(), y.data());
+        if (rep > 0) cpu_best = std::min(cpu_best, seconds_since(t0));
+      }
+      if (share > 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        device.host_waits(
+            device.transfer(on_device.data(), pinned.data(), share, CopyKind::kHostToDevice));
+        if (rep > 0) trans_best = std::min(trans_best, seconds_since(t0));
+      }
+    }
+    t.t_cpu = split.cpu_rows() > 0 ? cpu_best : 0;
+    t.t_trans = share > 0 ? trans_best : 0;
+    t.t_pin = 0;  // the shares are page-locked at load
+    return t;
+  }
+};
+
+}  // namespace
+
+hetegen::AlphaMeasure module_alpha_measure(Backend& device, Backend& cpu,
+                                           const ModuleShapeKey& shape, int32_t rows, int repeats) {
+  STRATA_CHECK(shape.out > 0 && shape.in > 0 && rows > 0 && repeats > 0,
+               "alpha benchmark of {} over {} rows, {} repeats", shape.str(), rows, repeats);
+  auto bench = std::make_shared<Bench>(device, cpu, shape, rows, repeats);
+  return [bench](double alpha) { return (*bench)(alpha); };
+}
+
+}  // namespace strata
