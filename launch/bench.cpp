@@ -207,13 +207,11 @@ nlohmann::json feed_report(const LayerFeeder& f, const WeightPlacement& p, doubl
 // Pie's swapping over the measured run, with its buffers (placement/pie.h PieBuffers) and
 // what it cost: bytes a step moved, and the share of the steps' time compute waited.
 nlohmann::json pie_report(const KvSwapStats& s, const PieOptions& options,
-                          const GenerationStats& stats, int32_t n_layers) {
+                          const GenerationStats& stats) {
   nlohmann::json j = nlohmann::json::parse(s.json());
   j["options"] = options.str();
-  const auto layer_bytes = static_cast<int64_t>(stats.kv_cache_bytes) / (2 * n_layers);
-  const PieBuffers b = PieBuffers::of(n_layers, options.lowest_host_layers(),
-                                      options.highest_host_layers(n_layers), layer_bytes);
-  j["layer_bytes"] = layer_bytes;
+  const PieBuffers& b = s.buffers;
+  j["layer_bytes"] = s.layer_bytes;
   j["swap_bytes"] = b.swap_bytes;
   j["device_buffers"] = b.device;
   j["host_buffers"] = b.host;
@@ -286,8 +284,7 @@ int run_bench(BenchOptions o) {
   if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
   j["result"] = nlohmann::json::parse(stats.json());
   if (stats.pie) {
-    j["pie"] =
-        pie_report(*stats.pie, e.model->cache_options().placement.pie, stats, e.config.n_layers);
+    j["pie"] = pie_report(*stats.pie, e.model->cache_options().placement.pie, stats);
     log::get("launch")->info("{}", stats.pie->str());
   }
   j["peak_rss_bytes"] = peak_rss_bytes();

@@ -256,7 +256,10 @@ KvSwap::Location KvSwap::settle(int32_t layer) {
 }
 
 KvSwapStats KvSwap::stats() const {
-  return stats_;
+  KvSwapStats s = stats_;
+  s.layer_bytes = static_cast<int64_t>(layer_bytes_);
+  s.buffers = buffers_;
+  return s;
 }
 
 TierBytes KvSwap::memory() const {

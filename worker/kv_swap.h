@@ -56,8 +56,11 @@ struct KvSwapStats {
   double stall_seconds = 0;    // the host waiting for a swap before a layer could compute
   int64_t adjustments = 0;     // changes of m by the controller
   int64_t steps = 0;
+  // What the swaps run over, as KvSwap sized it: one layer's K (or V) and the buffers.
+  int64_t layer_bytes = 0;
+  PieBuffers buffers;
   std::string str() const;
-  std::string json() const;  // the fields above as one JSON object
+  std::string json() const;  // the counters above as one JSON object
 };
 
 class KvSwap {
