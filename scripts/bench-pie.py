@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def bench(a, name, policy, batch, extra=()):
-    cmd = [a.strata, "bench", "--model", a.model, "--device", a.device, "--threads",
+    cmd = [a.strata, "bench", "--model", a.model, "--dtype", a.dtype, "--device", a.device, "--threads",
            str(a.threads), "--gpu-mem", a.gpu_mem, "--policy", policy, "--batch", str(batch),
            "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len), "--max-step-tokens",
            str(a.max_step_tokens), "--no-limits", "--warmup", "0", *extra]
@@ -79,6 +79,7 @@ def main():
     p.add_argument("--strata", default=os.path.join(ROOT, "build/launch/strata"))
     p.add_argument("--model", default="dummy:llama-12m")
     p.add_argument("--device", default="host")
+    p.add_argument("--dtype", default="f32", help="the weights' dtype (f16 on a GPU)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gpu-mem", default="74MiB", help="the device budget every run shares")
     p.add_argument("--batch", type=int, default=16, help="the batch Pie and the static split run")

@@ -54,9 +54,11 @@ struct Bench {
       bias = std::make_unique<OwnedTensor>(DType::kF32, Shape{s.out});
       std::fill_n(bias->view.f32(), s.out, 0.5f);
     }
-    pinned = DeviceBuffer::host(device, w->view.bytes());
+    // A share is its weight rows and, with a bias, their bias values (see operator()).
+    const size_t share_max = w->view.bytes() + (s.bias ? static_cast<size_t>(s.out) * 4 : 0);
+    pinned = DeviceBuffer::host(device, share_max);
     std::memcpy(pinned.data(), w->view.data, w->view.bytes());
-    on_device = DeviceBuffer(device, w->view.bytes());
+    on_device = DeviceBuffer(device, share_max);
     x.assign(static_cast<size_t>(rows * s.in), 0.25f);
     y.assign(static_cast<size_t>(rows * s.out), 0.0f);
     KernelBounds b;

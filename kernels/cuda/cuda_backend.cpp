@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -203,6 +205,12 @@ class CudaBackend final : public Backend {
   size_t dequant_bytes_ = 0;
   // Rows [row_begin, row_begin + rows) of a kQ4 weight as f16 in the dequant scratch.
   const void* dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows);
+  // The fused GEMV for a few rows of f16 / bf16 / 4-bit weights (cuda_kernels.h's row
+  // limits); false (and nothing enqueued) when the rows, shapes or alignment do not suit it.
+  bool gemv(const float* x, int m, const Tensor& w, const float* bias, float* y);
+  bool fused_gemv_ = true;         // STRATA_CUDA_GEMV=off: cuBLAS for every linear
+  bool simple_attention_ = false;  // STRATA_CUDA_ATTENTION=simple: one block per (row, head)
+  int sm_count_ = 0;
 
   // transfer(): its own stream, so copies run beside kernels. A ticket's event sits in a
   // ring; a ticket older than the ring waits on a newer event of the same in-order stream,
@@ -233,6 +241,12 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   name_ = fmt::format("cuda:{} {} (sm_{}{})", device_, prop.name, prop.major, prop.minor);
+  sm_count_ = prop.multiProcessorCount;
+  // Benchmark switches (docs/GPU.md): the fused GEMVs and the attention kernel against what
+  // they replaced, so one build measures both sides.
+  if (const char* e = std::getenv("STRATA_CUDA_GEMV")) fused_gemv_ = std::string_view(e) != "off";
+  if (const char* e = std::getenv("STRATA_CUDA_ATTENTION"))
+    simple_attention_ = std::string_view(e) == "simple";
 
   cudaStream_t s = nullptr;
   STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -434,6 +448,7 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
   const int mi = checked_int(m, "linear rows");
   const int n = checked_int(w.shape[0], "linear out features");
   const int k = checked_int(w.shape[1], "linear in features");
+  if (fused_gemv_ && gemv(x, mi, w, bias, y)) return;
   const float one = 1.0f;
   const float zero = 0.0f;
   cublasHandle_t h = cublas_.get();
@@ -471,6 +486,34 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
     }
   }
   if (bias != nullptr) STRATA_CUDA_CHECK(cuda_kernels::add_bias(y, bias, m, n, stream()));
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// Decode rows: each weight read once, x used as f32 (cuBLAS's half GEMM would need x rounded
+// first, a second kernel, and for small m splits k with a reduction kernel of its own).
+bool CudaBackend::gemv(const float* x, int m, const Tensor& w, const float* bias, float* y) {
+  const int64_t n = w.shape[0];
+  const int64_t k = w.shape[1];
+  if (!aligned16(x)) return false;
+  if (w.dtype == DType::kF16 || w.dtype == DType::kBF16) {
+    if (m > cuda_kernels::kMaxGemvRowsHalf || k % 8 != 0 || !aligned16(w.data)) return false;
+    STRATA_CUDA_CHECK(
+        cuda_kernels::gemv_half(x, m, w.data, elem_type(w.dtype), n, k, bias, y, stream()));
+    return true;
+  }
+  if (w.dtype == DType::kQ4) {
+    const QuantView q = q4_view(w);
+    if (m > cuda_kernels::kMaxGemvRowsQ4 || q.layout.axis != QuantAxis::kAlongRow ||
+        q.layout.group_size != 64 || k % 64 != 0 || !aligned16(q.packed))
+      return false;
+    STRATA_CUDA_CHECK(
+        cuda_kernels::gemv_q4(x, m, q.packed, q.mins, q.scales, n, k, bias, y, stream()));
+    return true;
+  }
+  return false;  // f32: cuBLAS's GEMV reads it at bandwidth already
 }
 
 const void* CudaBackend::dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows) {
@@ -662,8 +705,21 @@ void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerV
   int64_t n_rows = 0;
   const RowDesc* rows = rows_of(step, cache, n_rows);
   if (n_rows == 0) return;
-  STRATA_CUDA_CHECK(cuda_kernels::attention(q, rows, n_rows, cache_desc(cache), dims.n_heads,
-                                            dims.scale, out, stream()));
+  if (simple_attention_) {
+    STRATA_CUDA_CHECK(cuda_kernels::attention(q, rows, n_rows, cache_desc(cache), dims.n_heads,
+                                              dims.scale, out, stream()));
+    return;
+  }
+  int32_t max_context = 0;
+  for (const SeqSlice& sl : step.seqs) max_context = std::max(max_context, sl.n_past + sl.n_new);
+  // Split results reuse linear's x scratch: both run on this stream, one after the other,
+  // so the scratch is never in use by both (and placement counts it once).
+  const cuda_kernels::AttentionTiling t = cuda_kernels::plan_attention(
+      n_rows, static_cast<int64_t>(step.seqs.size()), max_context, dims.n_heads, dims.n_kv_heads,
+      dims.head_dim, sm_count_, half_x_bytes_);
+  STRATA_CUDA_CHECK(cuda_kernels::attention_tiled(
+      q, rows, n_rows, cache_desc(cache), dims.n_heads, dims.scale, max_context, t,
+      static_cast<float*>(half_x_.get()), out, stream()));
 }
 
 }  // namespace

@@ -13,8 +13,9 @@
 //    otherwise they check the SeqSlice spans on the host and upload a table per call;
 //  - reserve() allocates the linear scratch (accelerator_scratch_bytes) up front; without
 //    it the first call of each kind allocates it;
-//  - linear with f16/bf16 weights rounds x to the weight's type before the GEMM (see
-//    cuda_backend.cpp), so it is accurate to that type's precision, not to f32.
+//  - linear with f16/bf16 weights over more than kMaxGemvRowsHalf rows rounds x to the
+//    weight's type before the GEMM (see cuda_backend.cpp), so it is accurate to that type's
+//    precision, not to f32; one row (decode) goes through the fused GEMV, which uses x as f32.
 #pragma once
 
 #include <memory>

@@ -96,4 +96,44 @@ KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
                        const KvCacheDesc& cache, int32_t n_heads, float scale, float* out,
                        StreamHandle stream);
 
+// ---- Decode-path kernels (cuda_decode_kernels.cu) ----
+
+// Most activation rows the fused GEMVs take; more rows go to cuBLAS's tensor-core GEMM (for
+// half weights cuBLAS was as fast or faster from 4 rows on, measured in docs/GPU.md).
+constexpr int kMaxGemvRowsHalf = 1;
+constexpr int kMaxGemvRowsQ4 = 8;
+// y = x w^T (+ bias) for one row x (m <= kMaxGemvRowsHalf): w [n, k] f16 or bf16, read once
+// from memory; x f32 as it is (not rounded to w's type). k % 8 == 0; w and x 16-byte aligned
+// (else cudaErrorInvalidValue and nothing is launched).
+KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int64_t n, int64_t k,
+                       const float* bias, float* y, StreamHandle stream);
+// y[i, :] = x[i, :] w^T (+ bias) for i < m <= kMaxGemvRowsQ4 over a kQ4 matrix [n, k] grouped
+// along rows by 64 (kernels/quant.h), each code dequantised in registers: k % 64 == 0; packed
+// and x 16-byte aligned.
+KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const float* mins,
+                     const float* scales, int64_t n, int64_t k, const float* bias, float* y,
+                     StreamHandle stream);
+
+// How attention_tiled covers a step: a block takes rows_per_tile token rows and
+// heads_per_block query heads of one kv head (a GQA group together), reading the keys and
+// values of its slot in tiles of key_tile; `splits` blocks share one context (decode rows
+// only), their partial results joined by a second kernel.
+struct AttentionTiling {
+  int32_t rows_per_tile = 1;
+  int32_t heads_per_block = 1;
+  int32_t key_tile = 32;
+  int32_t splits = 1;
+};
+// The tiling for a step of n_rows rows over n_seqs sequences whose longest context is
+// max_context, on sm_count SMs, with partial_bytes of scratch for split results.
+AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_context, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_dim, int32_t sm_count,
+                               size_t partial_bytes);
+// The attention above (same contract) by the tiling `t`; max_context bounds every row's
+// pos + 1; `partial` holds n_rows * n_heads * splits * (head_dim + 2) floats when splits > 1.
+KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
+                             const KvCacheDesc& cache, int32_t n_heads, float scale,
+                             int32_t max_context, const AttentionTiling& t, float* partial,
+                             float* out, StreamHandle stream);
+
 }  // namespace strata::cuda_kernels

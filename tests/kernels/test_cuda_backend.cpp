@@ -26,8 +26,10 @@
 #include "kernels/backend.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"
+#include "kernels/quant.h"
 #include "kernels/tensor.h"
 #include "support/guarded.h"
 
@@ -250,15 +252,18 @@ TEST_P(CudaLinearTest, MatchesCpu) {
   gpu().linear(dx.data(), m, w.device, with_bias ? dbias.data() : nullptr, dy.data());
   const std::vector<float> got = dy.download();
 
-  const double tol = dtype == DType::kF32   ? kTolF32
-                     : dtype == DType::kF16 ? kTolLinearF16
-                                            : kTolLinearBF16;
+  // Decode rows of half weights go through the fused GEMV, which keeps x in f32: then only
+  // the accumulation order differs from the CPU.
+  const bool fused = dtype != DType::kF32 && m <= cuda_kernels::kMaxGemvRowsHalf && k % 8 == 0;
+  const double tol = dtype == DType::kF32 || fused ? (fused ? kTolLinearHalfSameInputs : kTolF32)
+                     : dtype == DType::kF16        ? kTolLinearF16
+                                                   : kTolLinearBF16;
   EXPECT_LT(norm_err(got, want), tol);
   EXPECT_TRUE(dy.guards_intact());
   EXPECT_EQ(dx.download(), x) << "linear modified its input";
   EXPECT_TRUE(w.dev->guards_intact());
 
-  if (dtype != DType::kF32) {
+  if (dtype != DType::kF32 && !fused) {
     // Same inputs on both sides (x rounded to the weight type first): only the
     // accumulation order may differ.
     std::vector<uint8_t> packed(x.size() * 2);
@@ -294,6 +299,62 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{520}), ::testing::Values(int64_t{4096}),
                        ::testing::Values(true)),
     linear_name);
+
+// The fused GEMV (m <= kMaxGemvRowsHalf, k % 8 == 0) and the rows past it, n odd, a k that is
+// not a multiple of the 256 weights a warp reads per step.
+INSTANTIATE_TEST_SUITE_P(CudaGemv, CudaLinearTest,
+                         ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16),
+                                            ::testing::Values(int64_t{1}, int64_t{2}, int64_t{4},
+                                                              int64_t{7}, int64_t{8}, int64_t{9}),
+                                            ::testing::Values(int64_t{37}, int64_t{300}),
+                                            ::testing::Values(int64_t{136}, int64_t{1024}),
+                                            ::testing::Values(true)),
+                         linear_name);
+
+// 4-bit weights (groups of 64 along rows) against the CPU backend's 4-bit linear, which
+// dequantises in registers in f32: the fused GEMV (m <= kMaxGemvRowsQ4) differs only in the
+// order of accumulation; more rows are dequantised to f16 and multiplied with x in f16.
+using Q4LinearParam = std::tuple<int64_t /*m*/, int64_t /*n*/, int64_t /*k*/>;
+using CudaQ4LinearTest = CudaParamTest<Q4LinearParam>;
+
+TEST_P(CudaQ4LinearTest, MatchesCpu) {
+  const auto [m, n, k] = GetParam();
+  const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 21);
+  const QuantizedTensor qt =
+      quantize_4bit(wf.data(), {n, k, kQuantGroupSize, QuantAxis::kAlongRow});
+  Tensor host;
+  host.dtype = DType::kQ4;
+  host.shape = Shape{n, k};
+  host.device = Device::kHost;
+  std::vector<uint8_t> blob(host.bytes());
+  write_q4_blob(qt, blob.data());
+  host.data = blob.data();
+  DeviceGuarded<uint8_t> dblob(gpu(), blob);
+  Tensor dev = host;
+  dev.data = dblob.data();
+  dev.device = Device::kCuda;
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 22);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(n), 23);
+  DeviceGuarded<float> dx(gpu(), x), dbias(gpu(), bias), dy(gpu(), static_cast<size_t>(m * n));
+  std::vector<float> want(static_cast<size_t>(m * n));
+  cpu().linear(x.data(), m, host, bias.data(), want.data());
+  gpu().linear(dx.data(), m, dev, dbias.data(), dy.data());
+  const double tol = m <= cuda_kernels::kMaxGemvRowsQ4 ? kTolLinearHalfSameInputs : kTolLinearF16;
+  EXPECT_LT(norm_err(dy.download(), want), tol);
+  EXPECT_TRUE(dy.guards_intact());
+  EXPECT_TRUE(dblob.guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaQ4LinearTest,
+                         ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{3},
+                                                              int64_t{8}, int64_t{9}),
+                                            ::testing::Values(int64_t{37}, int64_t{520}),
+                                            ::testing::Values(int64_t{128}, int64_t{4096})),
+                         [](const auto& tp) {
+                           return "m" + std::to_string(std::get<0>(tp.param)) + "_n" +
+                                  std::to_string(std::get<1>(tp.param)) + "_k" +
+                                  std::to_string(std::get<2>(tp.param));
+                         });
 
 // ---------------------------------------------------------------------------------------
 // embedding
@@ -602,6 +663,29 @@ std::vector<AttnCase> attn_cases() {
       // The largest head_dim the kernel takes, and an odd one.
       {"mha_hd512", 2, 2, 512, 2, 300, {SeqSlice{0, 3, 200, 1}, SeqSlice{3, 1, 0, 0}}, 4},
       {"gqa_hd33", 6, 3, 33, 2, 300, {SeqSlice{0, 5, 250, 0}, SeqSlice{5, 1, 17, 1}}, 6},
+      // Decode rows the tiled kernel splits over the context (flash-decoding) once the
+      // backend has split scratch: one long row; rows of very different lengths, some shorter
+      // than a split; 32 query heads on one kv head (two blocks per group); head_dim 512.
+      {"decode_batch1_ctx3000", 32, 8, 128, 1, 3008, {SeqSlice{0, 1, 2999, 0}}, 1},
+      {"decode_mixed_ctx_mqa_32q",
+       32,
+       1,
+       64,
+       4,
+       2100,
+       {SeqSlice{0, 1, 0, 0}, SeqSlice{1, 1, 32, 1}, SeqSlice{2, 1, 700, 2},
+        SeqSlice{3, 1, 2047, 3}},
+       4},
+      {"decode_hd512", 4, 2, 512, 2, 1200, {SeqSlice{0, 1, 1100, 0}, SeqSlice{1, 1, 5, 1}}, 2},
+      // Prefill rows whose tiles of query rows span three sequences' slots.
+      {"prefill_tiles_span_slots",
+       4,
+       2,
+       64,
+       3,
+       128,
+       {SeqSlice{0, 5, 0, 1}, SeqSlice{5, 3, 10, 0}, SeqSlice{8, 20, 0, 2}},
+       28},
   };
 }
 
@@ -654,6 +738,15 @@ TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
   cpu().attention(q.data(), c.seqs, host_view, dims, want.data());
   for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
     SCOPED_TRACE("round " + std::to_string(round));
+    if (round == 1) {
+      // Linear's x scratch, which split decode attention borrows for its partial results:
+      // round 0 ran without it (no split), round 1 splits long contexts.
+      KernelBounds b;
+      b.max_rows = 64;
+      b.max_in_features = 4096;
+      b.half_weights = true;
+      gpu().reserve(b);
+    }
     DeviceGuarded<float> dout(gpu(), std::vector<float>(q.size(), kUntouched));
     gpu().attention(dq.data(), c.seqs, dev_view, dims, dout.data());
     const std::vector<float> got = dout.download();
@@ -709,10 +802,18 @@ TEST_F(CudaTest, DISABLED_LinearThroughput) {
   constexpr int kCopies = 8;  // 8 x 32 MiB (f16) > 4 x the H100's 50 MB L2
   constexpr int kIters = 200;
   const std::vector<float> wf = random_floats(static_cast<size_t>(n * k), 201, -0.05f, 0.05f);
-  for (const DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
-    const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(dtype);
+  for (const DType dtype : {DType::kF16, DType::kBF16, DType::kF32, DType::kQ4}) {
+    Tensor shape_only;
+    shape_only.dtype = dtype;
+    shape_only.shape = Shape{n, k};
+    const size_t wbytes = shape_only.bytes();
     std::vector<uint8_t> packed(wbytes);
-    convert_from_f32(dtype, wf.data(), packed.data(), wf.size());
+    if (dtype == DType::kQ4) {
+      write_q4_blob(quantize_4bit(wf.data(), {n, k, kQuantGroupSize, QuantAxis::kAlongRow}),
+                    packed.data());
+    } else {
+      convert_from_f32(dtype, wf.data(), packed.data(), wf.size());
+    }
     std::vector<DeviceBuffer> copies;
     std::vector<Tensor> ws;
     for (int c = 0; c < kCopies; ++c) {
@@ -725,7 +826,8 @@ TEST_F(CudaTest, DISABLED_LinearThroughput) {
       t.device = Device::kCuda;
       ws.push_back(t);
     }
-    for (const int64_t m : {int64_t{1}, int64_t{64}, int64_t{512}}) {
+    for (const int64_t m :
+         {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}, int64_t{64}, int64_t{512}}) {
       const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 202);
       DeviceBuffer dx(gpu(), x.size() * 4), dy(gpu(), static_cast<size_t>(m * n) * 4);
       gpu().copy(dx.data(), x.data(), x.size() * 4, CopyKind::kHostToDevice);
@@ -771,18 +873,36 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
         "{\"bench\": \"cuda_copy_d2d\", \"bytes\": %zu, \"gb_per_s_read_plus_write\": %.1f}\n",
         bytes, 2.0 * static_cast<double>(bytes) / sec / 1e9);
   }
-  for (const int32_t ctx : {512, 2048}) {
-    constexpr int32_t batch = 32, n_heads = 32, n_kv = 8, hd = 128;
+  {
+    // A model with half weights reserves linear's x scratch, which split decode borrows.
+    KernelBounds b;
+    b.max_rows = 512;
+    b.max_in_features = 4096;
+    b.half_weights = true;
+    gpu().reserve(b);
+  }
+  // Caches of 64 MiB and more, so K and V come from device memory, not the 50 MB L2. The
+  // last row is a prefill: one sequence's 512 new rows over its own keys (OPT-6.7B's heads).
+  struct AttnShape {
+    int32_t batch, ctx, n_heads, n_kv, new_rows;
+  };
+  for (const AttnShape sh : {AttnShape{32, 512, 32, 8, 1}, AttnShape{32, 2048, 32, 8, 1},
+                             AttnShape{1, 32768, 32, 8, 1}, AttnShape{16, 544, 32, 32, 1},
+                             AttnShape{4, 4096, 32, 32, 1}, AttnShape{1, 512, 32, 32, 512}}) {
+    const int32_t batch = sh.batch, ctx = sh.ctx, n_heads = sh.n_heads, n_kv = sh.n_kv;
+    const int32_t new_rows = sh.new_rows;
+    constexpr int32_t hd = 128;
     const KvLayerView shape{nullptr, nullptr, batch, ctx, n_kv, hd};
     const size_t cache_bytes = shape.slot_stride() * batch * sizeof(float);
     DeviceBuffer k(gpu(), cache_bytes), v(gpu(), cache_bytes);
-    DeviceBuffer q(gpu(), size_t{batch} * n_heads * hd * 4),
-        out(gpu(), size_t{batch} * n_heads * hd * 4);
+    const size_t rows = static_cast<size_t>(batch) * new_rows;
+    DeviceBuffer q(gpu(), rows * n_heads * hd * 4), out(gpu(), rows * n_heads * hd * 4);
     KvLayerView view = shape;
     view.k = k.f32();
     view.v = v.f32();
     std::vector<SeqSlice> seqs;
-    for (int32_t s = 0; s < batch; ++s) seqs.push_back(SeqSlice{s, 1, ctx - 1, s});
+    for (int32_t s = 0; s < batch; ++s)
+      seqs.push_back(SeqSlice{s * new_rows, new_rows, ctx - new_rows, s});
     const AttentionDims dims{n_heads, n_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
     gpu().attention(q.f32(), seqs, view, dims, out.f32());
     gpu().synchronize();
@@ -792,9 +912,10 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     const double sec =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
     std::printf(
-        "{\"bench\": \"cuda_attention_decode\", \"batch\": %d, \"ctx\": %d, \"n_heads\": %d, "
-        "\"n_kv_heads\": %d, \"head_dim\": %d, \"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
-        batch, ctx, n_heads, n_kv, hd, sec * 1e6,
+        "{\"bench\": \"cuda_attention\", \"batch\": %d, \"new_rows\": %d, \"ctx\": %d, "
+        "\"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"us_per_call\": %.1f, "
+        "\"kv_gb_per_s\": %.1f}\n",
+        batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
         2.0 * static_cast<double>(cache_bytes) / sec / 1e9);
     std::fflush(stdout);
   }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "support/forwarding_backend.h"
 #include "support/guarded.h"
 #include "support/stories_reference.h"
+#include "worker/hetegen_bench.h"
 #include "worker/loader.h"
 #include "worker/model.h"
 #include "worker/split_linear.h"
@@ -394,6 +396,57 @@ TEST(SplitLinearModel, TableNamesItsSplitsAndTheirMemory) {
   EXPECT_EQ(mem.gpu - staging_gpu, 5 * (86 * 64 + 16 * 172) * 4);
   EXPECT_EQ(mem.cpu - staging_cpu, 5 * (86 * 64 + 48 * 172) * 4);
   EXPECT_EQ(hetegen_module_name(3, LinearSlot::kDown), "layer.3.down");
+}
+
+// Records what it allocates and counts each transfer that reads or writes past the end of
+// the allocation its pointer lies in (the allocator rounds host memory up to whole pages, so
+// a small overrun would go unseen by the sanitizers).
+class BoundedTransferBackend final : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::string name() const override { return "bounded-transfers"; }
+  void* allocate(size_t bytes) override { return record(inner_.allocate(bytes), bytes); }
+  void* allocate_host(size_t bytes) override { return record(inner_.allocate_host(bytes), bytes); }
+  TransferTicket transfer(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    if (!fits(dst, bytes) || !fits(src, bytes)) ++overruns;
+    return inner_.transfer(dst, src, bytes, kind);
+  }
+  int overruns = 0;
+
+ private:
+  void* record(void* p, size_t bytes) {
+    sizes_[static_cast<const std::byte*>(p)] = bytes;
+    return p;
+  }
+  bool fits(const void* p, size_t bytes) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    auto it = sizes_.upper_bound(b);
+    if (it == sizes_.begin()) return false;
+    --it;
+    return b + bytes <= it->first + it->second;
+  }
+  std::map<const std::byte*, size_t> sizes_;
+};
+
+// The alpha benchmark copies each alpha share into buffers that hold it, bias rows included:
+// an OPT module has a bias, and at alpha 1 the share is the whole matrix and all its bias.
+TEST(AlphaBenchmark, EveryShareFitsTheBuffersItIsCopiedBetween) {
+  CpuBackend inner(1);
+  CpuBackend cpu(1);
+  BoundedTransferBackend device(inner);
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kQ4}) {
+    for (const bool bias : {false, true}) {
+      const ModuleShapeKey shape{96, 128, dtype, bias};
+      SCOPED_TRACE(shape.str());
+      auto measure = module_alpha_measure(device, cpu, shape, 1, 1);
+      for (const double alpha : {0.0, 0.3, 1.0}) {
+        const hetegen::AlphaTiming t = measure(alpha);
+        EXPECT_EQ(t.t_trans > 0, alpha > 0) << alpha;
+        EXPECT_EQ(t.t_cpu > 0, alpha < 1) << alpha;
+      }
+      EXPECT_EQ(device.overruns, 0);
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,555 @@
+// The CUDA backend's decode-path kernels (declared in cuda_kernels.h): GEMVs that read each
+// weight once straight from memory (f16 / bf16, and 4-bit codes dequantised in registers)
+// with f32 activations, and a tiled attention that reads a sequence's keys and values once
+// per block of query rows (a GQA group's heads together) in coalesced tiles through shared
+// memory, split over the context when the batch alone cannot fill the GPU (flash-decoding).
+// Arithmetic is f32 with IEEE exp, as in cuda_kernels.cu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace strata::cuda_kernels {
+namespace {
+
+cudaStream_t as_stream(StreamHandle s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+KernelStatus last_status() {
+  return KernelStatus{static_cast<int>(cudaGetLastError())};
+}
+
+KernelStatus invalid() {
+  return KernelStatus{static_cast<int>(cudaErrorInvalidValue)};
+}
+
+__device__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// ---- GEMV --------------------------------------------------------------------------------
+
+constexpr int kGemvWarps = 4;  // warps per block; each warp owns R output rows
+
+// Two packed half-precision values as f32.
+template <typename T>
+__device__ float2 halves_to_float2(uint32_t bits);
+template <>
+__device__ float2 halves_to_float2<__half>(uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+template <>
+__device__ float2 halves_to_float2<__nv_bfloat16>(uint32_t bits) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+}
+
+__device__ float dot8(const float4& a, const float4& b, float2 w01, float2 w23, float2 w45,
+                      float2 w67) {
+  return a.x * w01.x + a.y * w01.y + a.z * w23.x + a.w * w23.y + b.x * w45.x + b.y * w45.y +
+         b.z * w67.x + b.w * w67.y;
+}
+
+// Warp-reduces acc[r][i] and writes y[i, row0 + r] (+ bias) for the rows that exist.
+template <int M, int R>
+__device__ void gemv_store(float (&acc)[R][M], int64_t row0, int64_t n, const float* bias,
+                           float* y) {
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float v = warp_sum(acc[r][i]);
+      if (lane == 0 && row0 + r < n)
+        y[static_cast<int64_t>(i) * n + row0 + r] = v + (bias != nullptr ? bias[row0 + r] : 0.0f);
+    }
+  }
+}
+
+// y[M, n] = x[M, k] w[n, k]^T: each lane reads 8 weights (16 bytes) of each of its warp's R
+// rows per step, streamed past L1 (__ldcs) so the activations stay cached there.
+template <typename T, int M, int R>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_half_kernel(const float* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
+                     const float* __restrict__ bias, float* __restrict__ y) {
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= n) return;
+  const unsigned lane = threadIdx.x & 31u;
+  float acc[R][M] = {};
+  const int64_t k8 = k / 8;
+  for (int64_t c = lane; c < k8; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = row0 + r < n ? row0 + r : row0;
+      wv[r] = __ldcs(reinterpret_cast<const uint4*>(w + row * k) + c);
+    }
+    // Each weight converted once, then used by every activation row.
+    float2 wf[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wf[r][0] = halves_to_float2<T>(wv[r].x);
+      wf[r][1] = halves_to_float2<T>(wv[r].y);
+      wf[r][2] = halves_to_float2<T>(wv[r].z);
+      wf[r][3] = halves_to_float2<T>(wv[r].w);
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * k) + 2 * c;
+      const float4 a = xr[0];
+      const float4 b = xr[1];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][i] += dot8(a, b, wf[r][0], wf[r][1], wf[r][2], wf[r][3]);
+    }
+  }
+  gemv_store<M, R>(acc, row0, n, bias, y);
+}
+
+// Code j (0..7) of a 32-bit word of codes (even index in the low nibble) as a float, exactly:
+// the code as the low mantissa bits of 2^23, minus 2^23 -- full-rate integer and float ops
+// instead of the quarter-rate integer-to-float conversion.
+__device__ float code_as_float(uint32_t word, int j) {
+  return __uint_as_float(0x4B000000u | ((word >> (4 * j)) & 15u)) - 8388608.0f;
+}
+
+// The same GEMV over a 4-bit matrix grouped along rows by 64 (kernels/quant.h), never
+// writing a dequantised weight anywhere. Lane c takes the 8 codes of word c of each run of
+// 32 words (256 weights), so a warp's loads of codes (128 bytes) and of activations (two
+// 512-byte runs per row) are contiguous; the codes are decoded once and serve every row.
+template <int M>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_q4_kernel(const float* __restrict__ x, const unsigned char* __restrict__ packed,
+                   const float* __restrict__ mins, const float* __restrict__ scales, int64_t n,
+                   int64_t k, const float* __restrict__ bias, float* __restrict__ y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const unsigned lane = threadIdx.x & 31u;
+  float acc[1][M] = {};
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(packed + row * (k / 2));
+  const float* row_mins = mins + row * (k / 64);
+  const float* row_scales = scales + row * (k / 64);
+  for (int64_t e = 8 * static_cast<int64_t>(lane); e < k; e += 256) {
+    const uint32_t word = __ldcs(words + e / 8);
+    const float mn = __ldg(row_mins + e / 64);
+    const float sc = __ldg(row_scales + e / 64);
+    float wf[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wf[j] = code_as_float(word, j);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * k + e);
+      const float4 a = xr[0];
+      const float4 b = xr[1];
+      const float d = a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] +
+                      b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
+      const float sx = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+      acc[0][i] += sc * d + mn * sx;
+    }
+  }
+  gemv_store<M, 1>(acc, row, n, bias, y);
+}
+
+unsigned gemv_blocks(int64_t n) {
+  return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps);
+}
+
+template <int M>
+void launch_gemv_q4(const float* x, const unsigned char* packed, const float* mins,
+                    const float* scales, int64_t n, int64_t k, const float* bias, float* y,
+                    cudaStream_t s) {
+  gemv_q4_kernel<M>
+      <<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(x, packed, mins, scales, n, k, bias, y);
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// ---- Tiled attention ---------------------------------------------------------------------
+
+constexpr int kTileThreads = 128;
+constexpr int kTileWarps = kTileThreads / 32;
+constexpr int kMaxQueryRows = 16;  // query rows (token rows x heads) per block
+constexpr int kMaxOutPerThread = 16;
+constexpr int kMaxOutputs = kMaxOutPerThread * kTileThreads;  // query rows x head_dim
+
+// What one launch does, fixed on the host (plan_attention).
+struct TileArgs {
+  int32_t n_heads;
+  int32_t group;            // query heads per kv head
+  int32_t heads_per_block;  // of one group
+  int32_t blocks_per_kv;    // ceil(group / heads_per_block)
+  int32_t rows_per_tile;    // token rows a block takes
+  int32_t key_tile;         // keys per shared-memory tile (<= 32)
+  int32_t splits;           // blocks over one context (1: write out directly)
+  int32_t keys_per_split;
+  float scale;
+};
+
+// Shared memory of one block: Q [qr][hd], a K and a V tile [key_tile][hd + 1] (padded so a
+// warp reading one dimension of 32 keys hits 32 banks), scores [qr][key_tile], and per query
+// row the running max, the running sum and this tile's rescale factor.
+size_t tile_shared_bytes(int qr, int key_tile, int hd) {
+  return sizeof(float) *
+         (static_cast<size_t>(qr) * hd + 2 * static_cast<size_t>(key_tile) * (hd + 1) +
+          static_cast<size_t>(qr) * key_tile + 3 * static_cast<size_t>(qr));
+}
+
+// A K or V tile (key_tile * head_dim <= kTileElems floats) in flight in registers: every
+// thread issues all its loads before any is needed, so a tile costs one memory latency, and
+// the next tile loads while this one is computed on.
+constexpr int kTileElems = 4096;
+constexpr int kTileVecsPerThread = kTileElems / 4 / kTileThreads;  // float4 each
+struct TileRegs {
+  float4 v[kTileVecsPerThread];
+};
+
+// Loads nk keys of one (slot, kv head) -- contiguous in the cache -- into registers. kVec:
+// head_dim % 4 == 0 and 16-byte aligned rows; else one float per lane of each float4.
+template <bool kVec>
+__device__ void fetch_tile(const float* __restrict__ src, int32_t nk, int32_t hd, TileRegs& r) {
+  if constexpr (kVec) {
+    const int32_t n4 = nk * hd / 4;
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+#pragma unroll
+    for (int u = 0; u < kTileVecsPerThread; ++u) {
+      const int32_t e = static_cast<int32_t>(threadIdx.x) + u * kTileThreads;
+      if (e < n4) r.v[u] = s4[e];
+    }
+  } else {
+    const int32_t n = nk * hd;
+#pragma unroll
+    for (int u = 0; u < kTileVecsPerThread; ++u) {
+      const int32_t e = static_cast<int32_t>(threadIdx.x) + 4 * u * kTileThreads;
+      if (e < n) r.v[u].x = src[e];
+      if (e + kTileThreads < n) r.v[u].y = src[e + kTileThreads];
+      if (e + 2 * kTileThreads < n) r.v[u].z = src[e + 2 * kTileThreads];
+      if (e + 3 * kTileThreads < n) r.v[u].w = src[e + 3 * kTileThreads];
+    }
+  }
+}
+
+template <bool kVec>
+__device__ void store_tile(const TileRegs& r, int32_t nk, int32_t hd, float* tile) {
+  const int32_t n = nk * hd;
+#pragma unroll
+  for (int u = 0; u < kTileVecsPerThread; ++u) {
+    if constexpr (kVec) {
+      const int32_t i = 4 * (static_cast<int32_t>(threadIdx.x) + u * kTileThreads);
+      if (i < n) {
+        const int32_t j = i / hd;  // the 4 values stay in one key's row (hd % 4 == 0)
+        float* t = tile + j * (hd + 1) + (i - j * hd);
+        t[0] = r.v[u].x;
+        t[1] = r.v[u].y;
+        t[2] = r.v[u].z;
+        t[3] = r.v[u].w;
+      }
+    } else {
+      const float vals[4] = {r.v[u].x, r.v[u].y, r.v[u].z, r.v[u].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int32_t e = static_cast<int32_t>(threadIdx.x) + (4 * u + q) * kTileThreads;
+        if (e < n) {
+          const int32_t j = e / hd;
+          tile[j * (hd + 1) + (e - j * hd)] = vals[q];
+        }
+      }
+    }
+  }
+}
+
+// One block: up to rows_per_tile consecutive token rows, heads_per_block query heads of one
+// kv head, keys of one split. Consecutive rows of the same KV slot (a prefill chunk) share
+// every K/V tile; rows of different slots are taken one slot-run after another.
+template <bool kVec>
+__global__ void __launch_bounds__(kTileThreads)
+    attention_tiled_kernel(const float* __restrict__ q, const RowDesc* __restrict__ rows,
+                           int64_t n_rows, KvCacheDesc c, TileArgs a, float* __restrict__ out,
+                           float* __restrict__ partial) {
+  extern __shared__ float smem[];
+  __shared__ RowDesc s_rows[kMaxQueryRows];
+  const int32_t hd = c.head_dim;
+  const int32_t qr_max = a.rows_per_tile * a.heads_per_block;
+  const int32_t tk = a.key_tile;
+  float* s_q = smem;
+  float* s_k = s_q + qr_max * hd;
+  float* s_v = s_k + tk * (hd + 1);
+  float* s_s = s_v + tk * (hd + 1);
+  float* s_m = s_s + qr_max * tk;
+  float* s_l = s_m + qr_max;
+  float* s_a = s_l + qr_max;
+
+  const int32_t kvh = static_cast<int32_t>(blockIdx.y) / a.blocks_per_kv;
+  const int32_t h0 =
+      kvh * a.group + (static_cast<int32_t>(blockIdx.y) % a.blocks_per_kv) * a.heads_per_block;
+  const int32_t gb = min(a.heads_per_block, kvh * a.group + a.group - h0);
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * a.rows_per_tile;
+  const int32_t nr =
+      static_cast<int32_t>(min(static_cast<int64_t>(a.rows_per_tile), n_rows - r_begin));
+  if (static_cast<int32_t>(threadIdx.x) < nr) s_rows[threadIdx.x] = rows[r_begin + threadIdx.x];
+  __syncthreads();
+  const int64_t width = static_cast<int64_t>(a.n_heads) * hd;
+  const unsigned lane = threadIdx.x & 31u;
+  const int32_t warp = static_cast<int32_t>(threadIdx.x >> 5);
+  TileRegs kr, vr;
+
+  for (int32_t g0 = 0; g0 < nr;) {
+    const int32_t slot = s_rows[g0].slot;
+    int32_t g1 = g0 + 1;
+    int32_t max_pos = s_rows[g0].pos;
+    while (g1 < nr && s_rows[g1].slot == slot) max_pos = max(max_pos, s_rows[g1++].pos);
+    const int32_t nq = (g1 - g0) * gb;
+    const int32_t key_begin = static_cast<int32_t>(blockIdx.z) * a.keys_per_split;
+    const int32_t key_end = min(max_pos + 1, key_begin + a.keys_per_split);
+    const int64_t base =
+        static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
+    if (key_begin < key_end)
+      fetch_tile<kVec>(c.k + base + static_cast<int64_t>(key_begin) * hd,
+                       min(tk, key_end - key_begin), hd, kr);
+
+    for (int32_t e = threadIdx.x; e < nq * hd; e += blockDim.x) {
+      const int32_t qi = e / hd;
+      const RowDesc& d = s_rows[g0 + qi / gb];
+      s_q[e] = q[static_cast<int64_t>(d.row) * width + static_cast<int64_t>(h0 + qi % gb) * hd +
+                 (e - qi * hd)];
+    }
+    for (int32_t qi = threadIdx.x; qi < nq; qi += blockDim.x) {
+      s_m[qi] = -INFINITY;
+      s_l[qi] = 0.0f;
+    }
+    float o[kMaxOutPerThread];
+#pragma unroll
+    for (int i = 0; i < kMaxOutPerThread; ++i) o[i] = 0.0f;
+
+    for (int32_t t0 = key_begin; t0 < key_end; t0 += tk) {
+      const int32_t nk = min(tk, key_end - t0);
+      store_tile<kVec>(kr, nk, hd, s_k);
+      fetch_tile<kVec>(c.v + base + static_cast<int64_t>(t0) * hd, nk, hd, vr);
+      __syncthreads();
+      // Scores: thread (j, qg) takes key j against query rows qg, qg + stride, ...
+      const int32_t stride = kTileThreads / tk;
+      const int32_t j = static_cast<int32_t>(threadIdx.x) % tk;
+      for (int32_t qi = static_cast<int32_t>(threadIdx.x) / tk; qi < nq; qi += stride) {
+        float s = -INFINITY;
+        if (j < nk && t0 + j <= s_rows[g0 + qi / gb].pos) {
+          const float* qv = s_q + qi * hd;
+          const float* kv = s_k + j * (hd + 1);
+          float dot = 0.0f;
+          for (int32_t dd = 0; dd < hd; ++dd) dot += qv[dd] * kv[dd];
+          s = dot * a.scale;
+        }
+        s_s[qi * tk + j] = s;
+      }
+      __syncthreads();
+      // Online softmax, one warp per query row.
+      for (int32_t qi = warp; qi < nq; qi += kTileWarps) {
+        const float s = static_cast<int32_t>(lane) < tk ? s_s[qi * tk + lane] : -INFINITY;
+        const float m_old = s_m[qi];
+        const float m_new = fmaxf(m_old, warp_max(s));
+        const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+        const float sum = warp_sum(p);
+        if (static_cast<int32_t>(lane) < tk) s_s[qi * tk + lane] = p;
+        if (lane == 0) {
+          const float corr = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+          s_a[qi] = corr;
+          s_l[qi] = s_l[qi] * corr + sum;
+          s_m[qi] = m_new;
+        }
+      }
+      store_tile<kVec>(vr, nk, hd, s_v);
+      if (t0 + tk < key_end)
+        fetch_tile<kVec>(c.k + base + static_cast<int64_t>(t0 + tk) * hd,
+                         min(tk, key_end - t0 - tk), hd, kr);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kMaxOutPerThread; ++i) {
+        const int32_t e = static_cast<int32_t>(threadIdx.x) + i * kTileThreads;
+        if (e < nq * hd) {
+          const int32_t qi = e / hd;
+          const int32_t dd = e - qi * hd;
+          const float* p = s_s + qi * tk;
+          float acc = o[i] * s_a[qi];
+          for (int32_t jj = 0; jj < nk; ++jj) acc += p[jj] * s_v[jj * (hd + 1) + dd];
+          o[i] = acc;
+        }
+      }
+      __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < kMaxOutPerThread; ++i) {
+      const int32_t e = static_cast<int32_t>(threadIdx.x) + i * kTileThreads;
+      if (e < nq * hd) {
+        const int32_t qi = e / hd;
+        const int32_t dd = e - qi * hd;
+        const int64_t row = s_rows[g0 + qi / gb].row;
+        const int64_t h = h0 + qi % gb;
+        if (a.splits == 1) {
+          const float l = s_l[qi];
+          out[row * width + h * hd + dd] = l > 0.0f ? o[i] / l : 0.0f;
+        } else {
+          // Indexed by the row's entry in the table (activation rows may have gaps).
+          const int64_t entry = r_begin + g0 + qi / gb;
+          float* pr = partial + ((entry * a.n_heads + h) * a.splits + blockIdx.z) * (hd + 2);
+          pr[dd] = o[i];
+          if (dd == 0) {
+            pr[hd] = s_m[qi];
+            pr[hd + 1] = s_l[qi];
+          }
+        }
+      }
+    }
+    __syncthreads();  // s_q, s_m, s_l are rewritten by the next slot-run
+    g0 = g1;
+  }
+}
+
+// Joins the splits of one (row entry, head): out = sum_z O_z e^(m_z - M) / sum_z l_z e^(m_z - M).
+__global__ void attention_combine_kernel(const float* __restrict__ partial,
+                                         const RowDesc* __restrict__ rows, int32_t n_heads,
+                                         int32_t hd, int32_t splits, float* __restrict__ out) {
+  const int64_t eh = blockIdx.x;  // table entry * n_heads + head
+  const float* p = partial + eh * splits * (hd + 2);
+  float* o =
+      out + static_cast<int64_t>(rows[eh / n_heads].row) * n_heads * hd + (eh % n_heads) * hd;
+  float m = -INFINITY;
+  for (int32_t z = 0; z < splits; ++z) m = fmaxf(m, p[z * (hd + 2) + hd]);
+  float l = 0.0f;
+  for (int32_t z = 0; z < splits; ++z) {
+    const float mz = p[z * (hd + 2) + hd];
+    if (mz != -INFINITY) l += p[z * (hd + 2) + hd + 1] * expf(mz - m);
+  }
+  for (int32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+    float acc = 0.0f;
+    for (int32_t z = 0; z < splits; ++z) {
+      const float mz = p[z * (hd + 2) + hd];
+      if (mz != -INFINITY) acc += p[z * (hd + 2) + dd] * expf(mz - m);
+    }
+    o[dd] = l > 0.0f ? acc / l : 0.0f;
+  }
+}
+
+}  // namespace
+
+KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int64_t n, int64_t k,
+                       const float* bias, float* y, StreamHandle stream) {
+  if (m <= 0 || n <= 0) return {};
+  if (m > kMaxGemvRowsHalf || k <= 0 || k % 8 != 0 || type == ElemType::kF32 || !aligned16(w) ||
+      !aligned16(x))
+    return invalid();
+  const cudaStream_t s = as_stream(stream);
+  if (type == ElemType::kF16) {
+    gemv_half_kernel<__half, 1, 1><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
+        x, static_cast<const __half*>(w), n, k, bias, y);
+  } else {
+    gemv_half_kernel<__nv_bfloat16, 1, 1><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
+        x, static_cast<const __nv_bfloat16*>(w), n, k, bias, y);
+  }
+  return last_status();
+}
+
+KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const float* mins,
+                     const float* scales, int64_t n, int64_t k, const float* bias, float* y,
+                     StreamHandle stream) {
+  if (m <= 0 || n <= 0) return {};
+  if (m > kMaxGemvRowsQ4 || k <= 0 || k % 64 != 0 || !aligned16(packed) || !aligned16(x))
+    return invalid();
+  const cudaStream_t s = as_stream(stream);
+  // One instantiation per row count, so each keeps its accumulators in registers.
+  using Launcher = void (*)(const float*, const unsigned char*, const float*, const float*, int64_t,
+                            int64_t, const float*, float*, cudaStream_t);
+  constexpr Launcher kLaunchers[kMaxGemvRowsQ4] = {
+      launch_gemv_q4<1>, launch_gemv_q4<2>, launch_gemv_q4<3>, launch_gemv_q4<4>,
+      launch_gemv_q4<5>, launch_gemv_q4<6>, launch_gemv_q4<7>, launch_gemv_q4<8>};
+  kLaunchers[m - 1](x, packed, mins, scales, n, k, bias, y, s);
+  return last_status();
+}
+
+AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_context, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_dim, int32_t sm_count,
+                               size_t partial_bytes) {
+  AttentionTiling t;
+  if (n_rows <= 0 || n_kv_heads <= 0 || head_dim <= 0) return t;
+  const int32_t group = n_heads / n_kv_heads;
+  const int32_t qr_max =
+      head_dim >= kMaxOutputs ? 1 : std::min(kMaxQueryRows, kMaxOutputs / head_dim);
+  t.key_tile = head_dim <= 128 ? 32 : head_dim <= 256 ? 16 : 8;  // key_tile * hd <= kTileElems
+  t.heads_per_block = std::min(group, qr_max);
+  // Decode rows (one per sequence) each read their own slot: one row per block. Rows of a
+  // prefill chunk share their slot's tiles, so a block takes as many as fit.
+  const bool decode = n_rows <= 2 * n_seqs;
+  t.rows_per_tile = decode ? 1 : std::max(1, qr_max / t.heads_per_block);
+  const int64_t blocks = (n_rows + t.rows_per_tile - 1) / t.rows_per_tile * n_kv_heads *
+                         ((group + t.heads_per_block - 1) / t.heads_per_block);
+  t.splits = 1;
+  if (decode && sm_count > 0) {
+    // Enough blocks for four per SM, each split at least four key tiles long, within the
+    // partial-result scratch.
+    const int64_t want = (int64_t{4} * sm_count + blocks - 1) / blocks;
+    const int64_t by_keys = std::max<int64_t>(1, max_context / (4 * t.key_tile));
+    int64_t splits = std::min<int64_t>({want, by_keys, 64});
+    const int64_t per_split = n_rows * n_heads * (head_dim + 2) * int64_t{sizeof(float)};
+    while (splits > 1 && splits * per_split > static_cast<int64_t>(partial_bytes)) --splits;
+    t.splits = static_cast<int32_t>(splits);
+  }
+  return t;
+}
+
+KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
+                             const KvCacheDesc& cache, int32_t n_heads, float scale,
+                             int32_t max_context, const AttentionTiling& t, float* partial,
+                             float* out, StreamHandle stream) {
+  if (n_rows <= 0 || n_heads <= 0) return {};
+  const int32_t hd = cache.head_dim;
+  if (hd <= 0 || hd > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
+      n_heads % cache.n_kv_heads != 0 || t.key_tile <= 0 || t.key_tile > 32 ||
+      t.key_tile * hd > kTileElems || t.heads_per_block <= 0 || t.rows_per_tile <= 0 ||
+      t.rows_per_tile * t.heads_per_block > kMaxQueryRows ||
+      t.rows_per_tile * t.heads_per_block * hd > kMaxOutputs || kTileThreads % t.key_tile != 0 ||
+      t.splits <= 0 || (t.splits > 1 && (partial == nullptr || t.rows_per_tile != 1)))
+    return invalid();
+  TileArgs a;
+  a.n_heads = n_heads;
+  a.group = n_heads / cache.n_kv_heads;
+  a.heads_per_block = t.heads_per_block;
+  a.blocks_per_kv = (a.group + t.heads_per_block - 1) / t.heads_per_block;
+  a.rows_per_tile = t.rows_per_tile;
+  a.key_tile = t.key_tile;
+  a.splits = t.splits;
+  const int32_t ctx = max_context > 0 ? max_context : 1;
+  a.keys_per_split = t.splits == 1 ? INT32_MAX : (ctx + t.splits - 1) / t.splits;
+  a.scale = scale;
+  const dim3 grid(static_cast<unsigned>((n_rows + t.rows_per_tile - 1) / t.rows_per_tile),
+                  static_cast<unsigned>(cache.n_kv_heads * a.blocks_per_kv),
+                  static_cast<unsigned>(t.splits));
+  const size_t shared = tile_shared_bytes(t.rows_per_tile * t.heads_per_block, t.key_tile, hd);
+  const cudaStream_t s = as_stream(stream);
+  const bool vec = hd % 4 == 0 && reinterpret_cast<uintptr_t>(cache.k) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(cache.v) % 16 == 0;
+  if (vec) {
+    attention_tiled_kernel<true>
+        <<<grid, kTileThreads, shared, s>>>(q, rows, n_rows, cache, a, out, partial);
+  } else {
+    attention_tiled_kernel<false>
+        <<<grid, kTileThreads, shared, s>>>(q, rows, n_rows, cache, a, out, partial);
+  }
+  if (t.splits > 1) {
+    attention_combine_kernel<<<static_cast<unsigned>(n_rows * n_heads), 128, 0, s>>>(
+        partial, rows, n_heads, hd, t.splits, out);
+  }
+  return last_status();
+}
+
+}  // namespace strata::cuda_kernels
