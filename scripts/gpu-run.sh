@@ -96,7 +96,7 @@ if step pie; then
   timeout 420 python3 scripts/bench-pie.py --strata "$STRATA" --device cuda --dtype f16 \
     --threads "$(nproc)" --model "${PIE_MODEL:-dummy:opt-6.7b}" --gpu-mem "${PIE_GPU_MEM:-24GiB}" \
     --batch "${PIE_BATCH:-32}" --small-batch "${PIE_SMALL_BATCH:-16}" \
-    --host-layers "${PIE_M:-2}" --prompt-len 512 --gen-len "${PIE_GEN:-16}" \
+    --host-layers "${PIE_M:-12}" --prompt-len 512 --gen-len "${PIE_GEN:-16}" \
     --max-step-tokens 4096 --out "$OUT/pie.jsonl" 2>&1 | tee "$OUT/pie.txt"
 fi
 
