@@ -23,7 +23,6 @@ namespace {
 
 constexpr int kSlots = hetegen::kModuleSlots;
 constexpr int kBenchRepeats = 5;
-constexpr int32_t kBenchRows = 1;  // decode at batch 1, HeteGen's latency case
 
 struct SlotModule {
   bool present = false;
@@ -89,10 +88,10 @@ struct SlotAlpha {
   double t_cpu = 0;  // T-bar_cpu at alpha (eq. 11), seconds
 };
 
-// Alpha per module slot from the benchmark, measured once per distinct module shape and
-// cached under `path`.
+// Alpha per module slot from the benchmark at `rows` activation rows (the decode step's),
+// measured once per distinct module shape and row count and cached under `path`.
 std::array<SlotAlpha, kSlots> benchmark_alphas(const std::array<SlotModule, kSlots>& modules,
-                                               Backend& device, Backend& cpu,
+                                               int32_t rows, Backend& device, Backend& cpu,
                                                const std::string& path) {
   auto log = log::get("launch");
   nlohmann::json profile = load_profile(path);
@@ -103,14 +102,14 @@ std::array<SlotAlpha, kSlots> benchmark_alphas(const std::array<SlotModule, kSlo
   for (int i = 0; i < kSlots; ++i) {
     const SlotModule& m = modules[static_cast<size_t>(i)];
     if (!m.present) continue;
-    const std::string key = fmt::format("{} rows={} device={} cpu={}", m.key.str(), kBenchRows,
-                                        device.name(), cpu.name());
+    const std::string key =
+        fmt::format("{} rows={} device={} cpu={}", m.key.str(), rows, device.name(), cpu.name());
     nlohmann::json& entry = profile["modules"][key];
     const bool cached = entry.is_object() && entry.contains("alpha");
     if (!cached) {
-      const hetegen::AlphaBenchmarkResult r = hetegen::benchmark_module(
-          module_alpha_measure(device, cpu, m.key, kBenchRows, kBenchRepeats),
-          hetegen::engine_alpha_window());
+      const hetegen::AlphaBenchmarkResult r =
+          hetegen::benchmark_module(module_alpha_measure(device, cpu, m.key, rows, kBenchRepeats),
+                                    hetegen::engine_alpha_window());
       nlohmann::json samples = nlohmann::json::array();
       for (const hetegen::AlphaSample& x : r.samples)
         samples.push_back({x.alpha, x.timing.t_cpu, x.timing.t_pin, x.timing.t_trans});
@@ -197,7 +196,10 @@ void plan_hetegen(const EngineOptions& o, LoadOptions& lo, const ModelConfig& co
   const std::array<SlotModule, kSlots> modules = slot_modules(shape, lo.compress_weight);
   std::array<SlotAlpha, kSlots> alphas;
   if (o.hetegen_alpha_auto) {
-    alphas = benchmark_alphas(modules, *lo.device, *lo.hetegen_cpu, hetegen_profile_path());
+    // At the engine's full decode batch: a CPU share's time grows with its rows while the
+    // alpha share's copy does not, so a larger batch moves alpha towards the device.
+    const int32_t rows = std::max(1, o.max_batch);
+    alphas = benchmark_alphas(modules, rows, *lo.device, *lo.hetegen_cpu, hetegen_profile_path());
     lo.hetegen_slot_alpha.assign(kSlots, 0.0);
     double top = 0;
     for (int i = 0; i < kSlots; ++i) {

@@ -270,6 +270,20 @@ if cmp -s "$TMP/plain.json" "$TMP/auto-first.json" && cmp -s "$TMP/plain.json" "
 else
   echo "FAIL hetegen-alpha-auto-cached"; cat "$TMP/err-first" "$TMP/err-second"; failures=$((failures + 1))
 fi
+# The benchmark runs at the engine's decode batch (--max-batch, 32 above): another batch is
+# measured anew and kept beside the first, and the output stays the plain one.
+STRATA_PROFILE_DIR="$TMP/profile" "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" \
+  --max-new-tokens 24 --format json --device host --gpu-mem 0.6MiB --hetegen-alpha auto \
+  --max-batch 2 >"$TMP/auto-b2.json" 2>"$TMP/err-b2"
+if cmp -s "$TMP/plain.json" "$TMP/auto-b2.json" &&
+  [ "$(grep -c 'alpha benchmark: .* rows=2 .* measured, saved to' "$TMP/err-b2")" -ge 4 ] &&
+  ! grep -q "rows=32" "$TMP/err-b2" && grep -q "rows=32" "$TMP/err-first" &&
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['modules']) == 8" \
+    "$TMP/profile/hetegen-alpha.json"; then
+  echo "ok   hetegen-alpha-at-the-decode-batch"; passes=$((passes + 1))
+else
+  echo "FAIL hetegen-alpha-at-the-decode-batch"; cat "$TMP/err-b2"; failures=$((failures + 1))
+fi
 # Pie (docs/PIE_HETEGEN.md): the KV cache swapping layer by layer through host memory on the
 # device path gives the plain run's output, fixed m and adaptive; the summary's counters say
 # swaps happened, each moving one layer's K, the gap to V's 256-byte alignment, and V --
