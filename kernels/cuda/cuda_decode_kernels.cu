@@ -507,6 +507,10 @@ AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_conte
   return t;
 }
 
+size_t attention_tiled_shared_bytes(const AttentionTiling& t, int32_t head_dim) {
+  return tile_shared_bytes(t.rows_per_tile * t.heads_per_block, t.key_tile, head_dim);
+}
+
 KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
                              const KvCacheDesc& cache, int32_t n_heads, float scale,
                              int32_t max_context, const AttentionTiling& t, float* partial,
@@ -534,7 +538,7 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
   const dim3 grid(static_cast<unsigned>((n_rows + t.rows_per_tile - 1) / t.rows_per_tile),
                   static_cast<unsigned>(cache.n_kv_heads * a.blocks_per_kv),
                   static_cast<unsigned>(t.splits));
-  const size_t shared = tile_shared_bytes(t.rows_per_tile * t.heads_per_block, t.key_tile, hd);
+  const size_t shared = attention_tiled_shared_bytes(t, hd);
   const cudaStream_t s = as_stream(stream);
   const bool vec = hd % 4 == 0 && reinterpret_cast<uintptr_t>(cache.k) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(cache.v) % 16 == 0;

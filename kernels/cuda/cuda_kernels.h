@@ -129,6 +129,9 @@ struct AttentionTiling {
 AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_context, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t sm_count,
                                size_t partial_bytes);
+// Dynamic shared memory one block of attention_tiled takes under `t` (at most 48 KiB, the
+// launch limit without an opt-in, for every head_dim plan_attention accepts).
+size_t attention_tiled_shared_bytes(const AttentionTiling& t, int32_t head_dim);
 // The attention above (same contract) by the tiling `t`; max_context bounds every row's
 // pos + 1; `partial` holds n_rows * n_heads * splits * (head_dim + 2) floats when splits > 1.
 KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,

@@ -1,0 +1,100 @@
+// The tiled attention's launch decisions (kernels/cuda/cuda_kernels.h plan_attention), host
+// code that runs without a GPU: which rows and heads a block takes, the key tile, and how
+// many blocks split one context, each against a hand calculation from the rules in its
+// comments; and that no tiling it makes asks for more than the 48 KiB of shared memory a
+// launch gets without an opt-in.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace strata::cuda_kernels {
+namespace {
+
+constexpr int32_t kSms = 132;  // an H100
+constexpr size_t kKiB = 1024;
+
+// Llama-70B's heads, one decode row at 3000 positions: group 8 (one block holds it), 8
+// blocks. Four per SM wants ceil(528 / 8) = 66 splits, the context allows 3000 / (4 * 32) =
+// 23, and 512 KiB of scratch holds 524288 / (1 * 64 * 130 * 4) = 15 of them.
+TEST(AttentionPlan, OneLongDecodeRowSplitsWithinTheScratch) {
+  const AttentionTiling t = plan_attention(1, 1, 3000, 64, 8, 128, kSms, 512 * kKiB);
+  EXPECT_EQ(t.heads_per_block, 8);
+  EXPECT_EQ(t.rows_per_tile, 1);
+  EXPECT_EQ(t.key_tile, 32);
+  EXPECT_EQ(t.splits, 15);
+  // With room for all: the context's 23.
+  EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 64 * kKiB * kKiB).splits, 23);
+}
+
+// 32 decode rows of a 32q/8kv model at 2048: 32 * 8 = 256 blocks, ceil(528 / 256) = 3.
+TEST(AttentionPlan, ABatchOfDecodeRowsSplitsLess) {
+  const AttentionTiling t = plan_attention(32, 32, 2048, 32, 8, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_EQ(t.heads_per_block, 4);
+  EXPECT_EQ(t.rows_per_tile, 1);
+  EXPECT_EQ(t.splits, 3);
+}
+
+TEST(AttentionPlan, NoSplitWithoutScratchOrSmCount) {
+  EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 0).splits, 1);
+  EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, 0, 512 * kKiB).splits, 1);
+  // A short context: 100 / 128 keys make no second split.
+  EXPECT_EQ(plan_attention(1, 1, 100, 64, 8, 128, kSms, 512 * kKiB).splits, 1);
+}
+
+// A prefill chunk (more rows than twice its sequences) shares its slot's tiles: 16 query
+// rows of head_dim 128 a block, so 16 token rows of one MHA head or 4 of a group of 4.
+TEST(AttentionPlan, PrefillRowsShareABlockAndNeverSplit) {
+  const AttentionTiling mha = plan_attention(512, 1, 512, 32, 32, 128, kSms, 512 * kKiB);
+  EXPECT_EQ(mha.heads_per_block, 1);
+  EXPECT_EQ(mha.rows_per_tile, 16);
+  EXPECT_EQ(mha.splits, 1);
+  const AttentionTiling gqa = plan_attention(40, 2, 1040, 32, 8, 128, kSms, 512 * kKiB);
+  EXPECT_EQ(gqa.heads_per_block, 4);
+  EXPECT_EQ(gqa.rows_per_tile, 4);
+  EXPECT_EQ(gqa.splits, 1);
+  // Two rows per sequence still count as decode rows.
+  EXPECT_EQ(plan_attention(8, 4, 64, 4, 2, 8, kSms, 0).rows_per_tile, 1);
+}
+
+// 32 query heads on one kv head: two blocks of 16 heads each.
+TEST(AttentionPlan, AGroupLargerThanABlockIsCutInTwo) {
+  const AttentionTiling t = plan_attention(4, 4, 2048, 32, 1, 64, kSms, 0);
+  EXPECT_EQ(t.heads_per_block, 16);
+  EXPECT_EQ(t.rows_per_tile, 1);
+}
+
+// The key tile shrinks with head_dim so a tile stays 4096 floats; query rows a block takes
+// shrink so they hold 2048 outputs.
+TEST(AttentionPlan, TilesFollowTheHeadDim) {
+  const AttentionTiling h512 = plan_attention(64, 1, 64, 4, 2, 512, kSms, 0);
+  EXPECT_EQ(h512.key_tile, 8);
+  EXPECT_EQ(h512.heads_per_block * h512.rows_per_tile, 4);  // 2048 / 512
+  const AttentionTiling h200 = plan_attention(64, 1, 64, 4, 2, 200, kSms, 0);
+  EXPECT_EQ(h200.key_tile, 16);
+  EXPECT_EQ(h200.heads_per_block * h200.rows_per_tile, 10);  // 2 heads x 5 rows (of 2048 / 200)
+  const AttentionTiling h33 = plan_attention(64, 1, 64, 6, 3, 33, kSms, 0);
+  EXPECT_EQ(h33.key_tile, 32);
+  EXPECT_EQ(h33.heads_per_block * h33.rows_per_tile, 16);
+}
+
+// Every head_dim the kernel takes, decode and prefill, MHA to MQA: at most 48 KiB. By hand
+// for head_dim 128 prefill (16 query rows, 32 keys): (16 * 128 + 2 * 32 * 129 + 16 * 32 +
+// 3 * 16) * 4 = 43456 bytes.
+TEST(AttentionPlan, SharedMemoryFitsALaunchForEveryHeadDim) {
+  EXPECT_EQ(attention_tiled_shared_bytes(plan_attention(512, 1, 512, 32, 32, 128, kSms, 0), 128),
+            43456u);
+  for (int32_t hd = 1; hd <= kMaxAttentionHeadDim; ++hd)
+    for (int32_t group : {1, 4, 32})
+      for (int64_t rows : {int64_t{1}, int64_t{300}}) {
+        const AttentionTiling t = plan_attention(rows, 1, 300, group, 1, hd, kSms, 1 << 20);
+        EXPECT_LE(attention_tiled_shared_bytes(t, hd), 48 * kKiB)
+            << "head_dim " << hd << " group " << group << " rows " << rows;
+        EXPECT_LE(t.rows_per_tile * t.heads_per_block * hd, 2048) << hd;
+        EXPECT_LE(int64_t{t.key_tile} * hd, 4096) << hd;
+      }
+}
+
+}  // namespace
+}  // namespace strata::cuda_kernels
