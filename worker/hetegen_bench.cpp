@@ -55,7 +55,8 @@ struct Bench {
       std::fill_n(bias->view.f32(), s.out, 0.5f);
     }
     // A share is its weight rows and, with a bias, their bias values (see operator()).
-    const size_t share_max = w->view.bytes() + (s.bias ? static_cast<size_t>(s.out) * 4 : 0);
+    const size_t share_max =
+        w->view.bytes() + (s.bias ? static_cast<size_t>(s.out) * sizeof(float) : 0);
     pinned = DeviceBuffer::host(device, share_max);
     std::memcpy(pinned.data(), w->view.data, w->view.bytes());
     on_device = DeviceBuffer(device, share_max);

@@ -106,6 +106,15 @@ using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDelete
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 using PinnedPtr = std::unique_ptr<void, PinnedFree>;
 
+// 0 when `var` is unset or `first`, 1 when it is `second`; any other value is an input error
+// naming the variable, so a mistyped benchmark switch never measures the wrong path.
+int env_choice(const char* var, std::string_view first, std::string_view second) {
+  const char* e = std::getenv(var);
+  if (e == nullptr || first == e) return 0;
+  if (second == e) return 1;
+  fail_input("{}={}: expected {} or {}", var, e, first, second);
+}
+
 int checked_int(int64_t v, const char* what) {
   STRATA_CHECK(v >= 0 && v <= INT_MAX, "cuda backend: {} = {} does not fit a CUDA int", what, v);
   return static_cast<int>(v);
@@ -244,9 +253,8 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   sm_count_ = prop.multiProcessorCount;
   // Benchmark switches (docs/GPU.md): the fused GEMVs and the attention kernel against what
   // they replaced, so one build measures both sides.
-  if (const char* e = std::getenv("STRATA_CUDA_GEMV")) fused_gemv_ = std::string_view(e) != "off";
-  if (const char* e = std::getenv("STRATA_CUDA_ATTENTION"))
-    simple_attention_ = std::string_view(e) == "simple";
+  fused_gemv_ = env_choice("STRATA_CUDA_GEMV", "on", "off") == 0;
+  simple_attention_ = env_choice("STRATA_CUDA_ATTENTION", "tiled", "simple") == 1;
 
   cudaStream_t s = nullptr;
   STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

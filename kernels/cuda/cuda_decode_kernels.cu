@@ -42,7 +42,7 @@ __device__ float warp_max(float v) {
 
 // ---- GEMV --------------------------------------------------------------------------------
 
-constexpr int kGemvWarps = 4;  // warps per block; each warp owns R output rows
+constexpr int kGemvWarps = 4;  // warps per block; each warp owns one output row
 
 // Two packed half-precision values as f32.
 template <typename T>
@@ -62,59 +62,36 @@ __device__ float dot8(const float4& a, const float4& b, float2 w01, float2 w23, 
          b.z * w67.x + b.w * w67.y;
 }
 
-// Warp-reduces acc[r][i] and writes y[i, row0 + r] (+ bias) for the rows that exist.
-template <int M, int R>
-__device__ void gemv_store(float (&acc)[R][M], int64_t row0, int64_t n, const float* bias,
+// Warp-reduces acc[i] and writes y[i, row] (+ bias); row < n.
+template <int M>
+__device__ void gemv_store(const float (&acc)[M], int64_t row, int64_t n, const float* bias,
                            float* y) {
   const unsigned lane = threadIdx.x & 31u;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const float v = warp_sum(acc[r][i]);
-      if (lane == 0 && row0 + r < n)
-        y[static_cast<int64_t>(i) * n + row0 + r] = v + (bias != nullptr ? bias[row0 + r] : 0.0f);
-    }
+  for (int i = 0; i < M; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0) y[static_cast<int64_t>(i) * n + row] = v + (bias != nullptr ? bias[row] : 0.0f);
   }
 }
 
-// y[M, n] = x[M, k] w[n, k]^T: each lane reads 8 weights (16 bytes) of each of its warp's R
-// rows per step, streamed past L1 (__ldcs) so the activations stay cached there.
-template <typename T, int M, int R>
+// y = x w[n, k]^T for one activation row x: each lane reads 8 weights (16 bytes) of its
+// warp's row per step, streamed past L1 (__ldcs) so x stays cached there.
+template <typename T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_half_kernel(const float* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
                      const float* __restrict__ bias, float* __restrict__ y) {
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
-  if (row0 >= n) return;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (row >= n) return;
   const unsigned lane = threadIdx.x & 31u;
-  float acc[R][M] = {};
-  const int64_t k8 = k / 8;
-  for (int64_t c = lane; c < k8; c += 32) {
-    uint4 wv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r < n ? row0 + r : row0;
-      wv[r] = __ldcs(reinterpret_cast<const uint4*>(w + row * k) + c);
-    }
-    // Each weight converted once, then used by every activation row.
-    float2 wf[R][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      wf[r][0] = halves_to_float2<T>(wv[r].x);
-      wf[r][1] = halves_to_float2<T>(wv[r].y);
-      wf[r][2] = halves_to_float2<T>(wv[r].z);
-      wf[r][3] = halves_to_float2<T>(wv[r].w);
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * k) + 2 * c;
-      const float4 a = xr[0];
-      const float4 b = xr[1];
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r][i] += dot8(a, b, wf[r][0], wf[r][1], wf[r][2], wf[r][3]);
-    }
+  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+  const float4* xv = reinterpret_cast<const float4*>(x);
+  float acc[1] = {0.0f};
+  for (int64_t c = lane; c < k / 8; c += 32) {
+    const uint4 wv = __ldcs(wr + c);
+    acc[0] += dot8(xv[2 * c], xv[2 * c + 1], halves_to_float2<T>(wv.x), halves_to_float2<T>(wv.y),
+                   halves_to_float2<T>(wv.z), halves_to_float2<T>(wv.w));
   }
-  gemv_store<M, R>(acc, row0, n, bias, y);
+  gemv_store<1>(acc, row, n, bias, y);
 }
 
 // Code j (0..7) of a 32-bit word of codes (even index in the low nibble) as a float, exactly:
@@ -136,7 +113,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (row >= n) return;
   const unsigned lane = threadIdx.x & 31u;
-  float acc[1][M] = {};
+  float acc[M] = {};
   const uint32_t* words = reinterpret_cast<const uint32_t*>(packed + row * (k / 2));
   const float* row_mins = mins + row * (k / 64);
   const float* row_scales = scales + row * (k / 64);
@@ -155,10 +132,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       const float d = a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] +
                       b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
       const float sx = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
-      acc[0][i] += sc * d + mn * sx;
+      acc[i] += sc * d + mn * sx;
     }
   }
-  gemv_store<M, 1>(acc, row, n, bias, y);
+  gemv_store<M>(acc, row, n, bias, y);
 }
 
 unsigned gemv_blocks(int64_t n) {
@@ -451,10 +428,10 @@ KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int6
     return invalid();
   const cudaStream_t s = as_stream(stream);
   if (type == ElemType::kF16) {
-    gemv_half_kernel<__half, 1, 1><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
+    gemv_half_kernel<__half><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
         x, static_cast<const __half*>(w), n, k, bias, y);
   } else {
-    gemv_half_kernel<__nv_bfloat16, 1, 1><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
+    gemv_half_kernel<__nv_bfloat16><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
         x, static_cast<const __nv_bfloat16*>(w), n, k, bias, y);
   }
   return last_status();
