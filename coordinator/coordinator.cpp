@@ -73,6 +73,7 @@ class Coordinator {
   void on_result(const StepResult& result);
   void choose_schedule(PlanOptions& plan_options, SchedulerOptions& scheduler_options);
   void use_waa(const Prediction& chosen, PlanOptions& plan_options);
+  void budget_from_schedule(const Prediction& chosen, SchedulerOptions& scheduler_options);
   void observe(const FinishedRequest& f);
   void ended(const GenerationResult& r, bool unfinished);
   void token_times(const StepResult& result);
@@ -227,14 +228,14 @@ ClusterStats Coordinator::run_plan() {
 void Coordinator::use_packing(SchedulerOptions& so) {
   if (options_.waa)
     fail_input("--kv-budget with WAA (--waa-encoders): S3's packing runs on the RRA schedule only");
-  if (options_.schedule)
-    fail_input(
-        "--kv-budget with --latency-bound: the run's own schedule search plans whole KV slots; "
-        "plan with packing by strata plan --kv-reserve, which prints the options to serve it");
   reserver_ = std::make_unique<KvReserver>(options_.packing, capacity_);
   so.kv_budget = options_.packing.budget;
   so.max_new_caps = options_.packing.length_hint;
   so.reserve = [this](const GenerationRequest& r) { return reserver_->reserve(r); };
+  so.kv_admission = options_.packing.admission;
+  so.outlook = [this](const GenerationRequest& r) { return reserver_->outlook(r); };
+  // Confidence 1 would admit nothing beside a sequence whose length is uncertain.
+  so.pooled_z = normal_quantile(std::min(options_.packing.confidence, 1 - 1e-6));
   log::get("coordinator")->info("{}", options_.packing.str());
 }
 
@@ -318,6 +319,28 @@ void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
   so.decode_iters = chosen.vars.decode_iters;
   so.encode_batch = chosen.vars.encode_batch;
   so.kv_slots = plan_.kv_slots;
+  if (options_.packing.budget_from_schedule) budget_from_schedule(chosen, so);
+}
+
+// S3 under the bound: the packed plan's positions are the run's KV budget, and a sequence's
+// context at most a micro-batch's share of them. A schedule that keeps whole slots (WAA, or
+// the context rule) runs without packing.
+void Coordinator::budget_from_schedule(const Prediction& chosen, SchedulerOptions& so) {
+  if (chosen.kv_positions <= 0) {
+    log::get("coordinator")
+        ->info("KV packing: the chosen {} schedule keeps whole KV slots",
+               policy_name(chosen.vars.policy));
+    return;
+  }
+  options_.packing.budget = chosen.kv_positions;
+  const int64_t share = chosen.kv_positions / std::max(1, so.micro_batches);
+  if (share < capacity_) capacity_ = static_cast<int32_t>(std::max<int64_t>(share, 2));
+  so.kv_capacity = capacity_;
+  log::get("coordinator")
+      ->info(
+          "KV budget {} positions: the chosen schedule's packed plan ({} of the sequences "
+          "expected to outgrow their first reservation)",
+          chosen.kv_positions, chosen.reservations_exceeded);
 }
 
 // A WAA schedule (§4.1): its encoder stages prefill, B_E a batch with one batch in flight

@@ -32,6 +32,99 @@ KvReserve parse_kv_reserve(const std::string& name) {
   fail_input("--kv-reserve '{}' is none of context, max-new, predicted", name);
 }
 
+const char* kv_admission_name(KvAdmission a) {
+  return a == KvAdmission::kPooled ? "pooled" : "reserved";
+}
+
+KvAdmission parse_kv_admission(const std::string& name) {
+  for (KvAdmission a : {KvAdmission::kReserved, KvAdmission::kPooled})
+    if (name == kv_admission_name(a)) return a;
+  fail_input("--kv-admission '{}' is none of reserved, pooled", name);
+}
+
+double LengthOutlook::survival(int32_t made, double x) const {
+  if (bucket_probs.empty()) return std::max(point, made + 1) > x ? 1.0 : 0.0;
+  // Mass above `made` and above x, piece by piece: (lo, hi] uniform, a point where lo == hi.
+  auto above = [](double p, double lo, double hi, double at) {
+    if (hi <= at) return 0.0;
+    return hi > lo ? p * (hi - std::max(lo, at)) / (hi - lo) : p;
+  };
+  const auto buckets = static_cast<int32_t>(bucket_probs.size());
+  double alive = 0, beyond = 0;
+  for (int32_t b = 0; b < buckets; ++b) {
+    const double hi =
+        std::min<double>(cap, b + 1 == buckets ? cap : static_cast<double>(b + 1) * bucket_width);
+    const double lo = std::min<double>(cap, static_cast<double>(b) * bucket_width);
+    const double p = bucket_probs[static_cast<size_t>(b)];
+    alive += above(p, lo, hi, made);
+    beyond += above(p, lo, hi, std::max<double>(x, made));
+  }
+  if (alive <= 1e-12) {
+    const double hi = std::max(std::min(cap, 2 * made), made + 1);
+    return above(1.0, made, hi, std::max<double>(x, made));
+  }
+  return beyond / alive;
+}
+
+UsageProfile::UsageProfile(int32_t points, int32_t stride_)
+    : stride(stride_), mean(static_cast<size_t>(points)), var(static_cast<size_t>(points)) {
+  STRATA_CHECK(points > 0 && stride > 0, "a usage profile of {} points {} apart", points, stride);
+}
+
+void UsageProfile::add(const LengthOutlook& outlook, int32_t made, int64_t next) {
+  for (size_t k = 0; k < mean.size(); ++k) {
+    const double t = static_cast<double>(k) * stride;
+    const double alive = outlook.survival(made, made + t);
+    if (alive <= 0) break;  // survival only falls
+    const double positions = static_cast<double>(next) + t + stride - 1;
+    mean[k] += alive * positions;
+    var[k] += alive * (1 - alive) * positions * positions;
+  }
+  used += next;
+}
+
+void UsageProfile::add(const UsageProfile& other) {
+  STRATA_CHECK(other.mean.size() == mean.size() && other.stride == stride,
+               "usage profiles of {} and {} points", mean.size(), other.mean.size());
+  for (size_t k = 0; k < mean.size(); ++k) {
+    mean[k] += other.mean[k];
+    var[k] += other.var[k];
+  }
+  used += other.used;
+}
+
+double UsageProfile::need(double z) const {
+  double most = 0;
+  for (size_t k = 0; k < mean.size(); ++k)
+    most = std::max(most, mean[k] + z * std::sqrt(std::max(0.0, var[k])));
+  return most;
+}
+
+double normal_quantile(double p) {
+  STRATA_CHECK(p > 0 && p < 1, "a normal quantile of {}", p);
+  static constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
+                                 -2.759285104469687e+02, 1.383577518672690e+02,
+                                 -3.066479806614716e+01, 2.506628277459239e+00};
+  static constexpr double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
+                                 -1.556989798598866e+02, 6.680131188771972e+01,
+                                 -1.328068155288572e+01};
+  static constexpr double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
+                                 -2.400758277161838e+00, -2.549732539343734e+00,
+                                 4.374664141464968e+00,  2.938163982698783e+00};
+  static constexpr double d[] = {7.784695709041462e-03, 3.224671290700398e-01,
+                                 2.445134137142996e+00, 3.754408661907416e+00};
+  constexpr double kLow = 0.02425;
+  auto tail = [&](double q) {
+    return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+           ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+  };
+  if (p < kLow) return tail(std::sqrt(-2 * std::log(p)));
+  if (p > 1 - kLow) return -tail(std::sqrt(-2 * std::log(1 - p)));
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+
 ReservationModel ReservationModel::from_eval_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail_input("--predict-eval {}: cannot open the file", path);
@@ -70,6 +163,16 @@ ReservationModel ReservationModel::from_eval_json(const std::string& path) {
       m.reserved_given_true[t * B + b] = sum > 0 ? rows[t][b].get<double>() / sum : b == t;
   }
   return m;
+}
+
+std::optional<ReservationModel> reservation_model(KvReserve rule, const std::string& predict_eval) {
+  if (rule != KvReserve::kPredicted && !predict_eval.empty())
+    fail_input("--predict-eval needs --kv-reserve predicted (got {})", kv_reserve_name(rule));
+  if (rule == KvReserve::kContext) return std::nullopt;
+  if (rule == KvReserve::kMaxNew) return ReservationModel{rule, 0, {}, ""};
+  if (predict_eval.empty())
+    fail_input("--kv-reserve predicted needs --predict-eval (strata predict eval --json's file)");
+  return ReservationModel::from_eval_json(predict_eval);
 }
 
 std::string ReservationModel::str() const {
@@ -144,14 +247,17 @@ void KvPackingOptions::validate() const {
     fail_input("--kv-budget 1 holds fewer than 2 KV positions (a prompt and a token)");
   if (!(confidence > 0.0 && confidence <= 1.0))
     fail_input("--predict-confidence must be in (0, 1], got {}", confidence);
+  if (budget_from_schedule) return;  // sized once the schedule is chosen
   if (budget == 0 && reserve != KvReserve::kContext)
     fail_input("--kv-reserve {} needs a --kv-budget to pack into", kv_reserve_name(reserve));
+  if (budget == 0 && admission != KvAdmission::kReserved)
+    fail_input("--kv-admission {} needs a --kv-budget to pack into", kv_admission_name(admission));
 }
 
 std::string KvPackingOptions::str() const {
   if (budget == 0) return "KvPacking(off: one whole slot per sequence)";
-  return fmt::format("KvPacking(budget {} positions, reserve {}{}{})", budget,
-                     kv_reserve_name(reserve),
+  return fmt::format("KvPacking(budget {} positions, {} admission, reserve {}{}{})", budget,
+                     kv_admission_name(admission), kv_reserve_name(reserve),
                      reserve == KvReserve::kPredicted
                          ? fmt::format(" at confidence {}, predictor {}{}", confidence,
                                        predictor_path.empty() ? "(untrained)" : predictor_path,
@@ -160,8 +266,13 @@ std::string KvPackingOptions::str() const {
                      length_hint ? "" : ", max_new_tokens not a length hint");
 }
 
-std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t capacity,
-                                         size_t max_items, std::optional<size_t> first) {
+namespace {
+
+// First-fit decreasing over items ordered by `sizes`, the bin's rule in `take` (true: the
+// item fits and is now in the bin).
+template <class Take>
+std::vector<size_t> ffd(std::span<const int64_t> sizes, size_t max_items,
+                        std::optional<size_t> first, Take&& take) {
   std::vector<size_t> order(sizes.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
@@ -169,17 +280,43 @@ std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t
   std::vector<size_t> chosen;
   if (first) {
     STRATA_CHECK(*first < sizes.size(), "first item {} of {}", *first, sizes.size());
-    if (sizes[*first] > capacity || max_items == 0) return chosen;
+    if (max_items == 0 || !take(*first)) return chosen;
     chosen.push_back(*first);
-    capacity -= sizes[*first];
   }
   for (size_t i : order) {
-    if (chosen.size() >= max_items || capacity <= 0) break;
-    if ((first && i == *first) || sizes[i] > capacity) continue;
+    if (chosen.size() >= max_items) break;
+    if ((first && i == *first) || !take(i)) continue;
     chosen.push_back(i);
-    capacity -= sizes[i];
   }
   return chosen;
+}
+
+}  // namespace
+
+std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t capacity,
+                                         size_t max_items, std::optional<size_t> first) {
+  return ffd(sizes, max_items, first, [&](size_t i) {
+    if (sizes[i] > capacity) return false;
+    capacity -= sizes[i];
+    return true;
+  });
+}
+
+std::vector<size_t> pooled_first_fit_decreasing(std::span<const int64_t> sizes,
+                                                std::span<const UsageProfile> items,
+                                                UsageProfile load, double z, int64_t capacity,
+                                                size_t max_items, std::optional<size_t> first) {
+  STRATA_CHECK(sizes.size() == items.size(), "{} sizes for {} items", sizes.size(), items.size());
+  bool empty = load.used == 0;
+  return ffd(sizes, max_items, first, [&](size_t i) {
+    UsageProfile with = load;
+    with.add(items[i]);
+    // Point 0 is the positions filled at once, exactly: they always bind.
+    if (!empty && with.need(z) > static_cast<double>(capacity)) return false;
+    load = std::move(with);
+    empty = false;
+    return true;
+  });
 }
 
 double PackingCounters::mean_decode_batch() const {
@@ -261,6 +398,28 @@ int32_t KvReserver::reserve(const GenerationRequest& r) {
   return prompt + tokens;
 }
 
+LengthOutlook KvReserver::outlook(const GenerationRequest& r) const {
+  LengthOutlook o;
+  const auto prompt = static_cast<int32_t>(r.prompt_ids.size());
+  o.cap = std::max(0, context_ - prompt);
+  if (options_.length_hint || options_.reserve == KvReserve::kMaxNew)
+    o.cap = std::min(o.cap, r.max_new_tokens);
+  switch (options_.reserve) {
+    case KvReserve::kContext:
+      o.point = std::max(0, context_ - prompt);
+      return o;
+    case KvReserve::kMaxNew:
+      o.point = o.cap;
+      return o;
+    case KvReserve::kPredicted:
+      break;
+  }
+  const int32_t hint = options_.length_hint ? r.max_new_tokens : 0;
+  o.bucket_width = predictor_->options().buckets.width;
+  o.bucket_probs = predictor_->distribution(LengthQuery{r.prompt_ids, hint});
+  return o;
+}
+
 void KvReserver::finished(const GenerationResult& result) {
   auto it = pending_.find(result.id);
   if (it == pending_.end()) return;
@@ -290,24 +449,28 @@ void KvReserver::save() const {
 }
 
 PackingStats KvReserver::report(const PackingCounters& counters) const {
-  PackingStats p{options_.budget, kv_reserve_name(options_.reserve), counters, {}};
+  PackingStats p{options_.budget,
+                 kv_reserve_name(options_.reserve),
+                 kv_admission_name(options_.admission),
+                 counters,
+                 {}};
   if (predictor_) p.prediction = stats_;
   return p;
 }
 
 std::string PackingStats::json() const {
-  return fmt::format(R"({{"budget": {}, "reserve": "{}", "counters": {}{}}})", budget, reserve,
-                     counters.json(),
+  return fmt::format(R"({{"budget": {}, "reserve": "{}", "admission": "{}", "counters": {}{}}})",
+                     budget, reserve, admission, counters.json(),
                      prediction ? ", \"prediction\": " + prediction->json() : std::string());
 }
 
 std::string PackingStats::table() const {
   const PackingCounters& c = counters;
   std::string out = fmt::format(
-      "  S3 packing: budget {} positions, reserve {}; mean decode batch {:.1f}, {} admissions, "
-      "{} preemptions ({} sequences, {} positions recomputed), {} grown in place\n",
-      budget, reserve, c.mean_decode_batch(), c.admitted, c.preemptions, c.preempted_seqs,
-      c.recomputed_tokens, c.extensions);
+      "  S3 packing: budget {} positions, reserve {}, {} admission; mean decode batch {:.1f}, {} "
+      "admissions, {} preemptions ({} sequences, {} positions recomputed), {} grown in place\n",
+      budget, reserve, admission, c.mean_decode_batch(), c.admitted, c.preemptions,
+      c.preempted_seqs, c.recomputed_tokens, c.extensions);
   if (prediction)
     out += fmt::format(
         "  length predictor: {:.1f}% of {} in the right bucket, wrong ones {:.2f} buckets off, "

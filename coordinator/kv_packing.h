@@ -38,11 +38,70 @@ enum class KvReserve {
 const char* kv_reserve_name(KvReserve r);
 KvReserve parse_kv_reserve(const std::string& name);  // InputError naming the choices
 
+// How admission fits sequences into a micro-batch's share of the budget.
+enum class KvAdmission {
+  // S3: each sequence's reservation covers its length with the predictor's confidence, and
+  // the reservations together stay within the budget; one outgrown is doubled in place or
+  // preempted.
+  kReserved,
+  // The sum's quantile instead of the sum of quantiles: at every future step, the positions
+  // the micro-batch's sequences fill -- each alive with the chance its predicted length
+  // (given the tokens it has made) leaves it -- stay within the budget with the confidence,
+  // and the positions filled now always do. When a step would overflow, the sequence that
+  // has filled the fewest positions (the cheapest to recompute) is preempted. A weak
+  // predictor's spread is paid once per micro-batch instead of once per sequence, and a
+  // sequence's memory counts only while it is expected to run.
+  kPooled,
+};
+const char* kv_admission_name(KvAdmission a);
+KvAdmission parse_kv_admission(const std::string& name);  // InputError naming the choices
+
+// A sequence's output length as a distribution. It falls in the predictor's buckets with
+// `bucket_probs` (bucket b: lengths (b*width, (b+1)*width], uniform within it; bucket 0
+// from 0, the last open up to `cap`; every piece cut at `cap`); no buckets: exactly `point`
+// tokens (a reservation rule that knows, or assumes, the length).
+struct LengthOutlook {
+  int32_t cap = 0;  // the most output tokens it may make (the context's rest, max_new_tokens)
+  int32_t point = 0;
+  int32_t bucket_width = 0;
+  std::vector<double> bucket_probs;
+
+  // P(length > x | length > made): the chance it still runs after x tokens, given it runs
+  // after `made`. If no mass is left above `made` (it outran every bucket), the length is
+  // taken as uniform between made and twice made, as S3's supervisor doubles a reservation
+  // outgrown.
+  double survival(int32_t made, double x) const;
+};
+
+// The positions a micro-batch's sequences fill at future decode steps: expected value and
+// variance at steps 0, stride, 2*stride, ... (each point an upper bound for the stride that
+// follows it: the chance to run at its start, the positions at its end). Pooled admission
+// keeps mean + z * sqrt(var) within the budget at every point.
+struct UsageProfile {
+  int32_t stride = 1;
+  std::vector<double> mean, var;
+  int64_t used = 0;  // positions filled at the next step, exactly
+
+  UsageProfile(int32_t points, int32_t stride);
+  // A sequence that fills `next` positions at its next step and has made `made` tokens.
+  void add(const LengthOutlook& outlook, int32_t made, int64_t next);
+  void add(const UsageProfile& other);
+  // The most positions at confidence z over the points.
+  double need(double z) const;
+};
+
+// z such that P(N(0, 1) <= z) = p, p in (0, 1): the pooled admission's margin in standard
+// deviations for a confidence (Acklam's rational approximation, |error| < 1.2e-9).
+double normal_quantile(double p);
+
 struct KvPackingOptions {
   // KV positions over all micro-batches (each gets an equal share); 0: no budget, the KV
   // slots alone bound the batch (every sequence holds a whole slot).
   int64_t budget = 0;
+  // The run's schedule search (--latency-bound) sizes the budget: its packed plan's positions.
+  bool budget_from_schedule = false;
   KvReserve reserve = KvReserve::kContext;
+  KvAdmission admission = KvAdmission::kReserved;
   double confidence = 0.9;  // the predictor's reservation covers the true length this often
   // max_new_tokens caps the reservation (and is a predictor feature). Off: the run treats
   // it as a stop rule only -- benchmarks that enforce true lengths through it use this to
@@ -66,6 +125,15 @@ struct KvPackingOptions {
 std::vector<size_t> first_fit_decreasing(std::span<const int64_t> sizes, int64_t capacity,
                                          size_t max_items, std::optional<size_t> first = {});
 
+// First-fit decreasing, in the same order as first_fit_decreasing (`sizes`: the
+// reservations), where an item fits while the load with its profile needs at most
+// `capacity` at `z` (at point 0, what is filled at once, with no spread). Into an empty
+// load an item always fits (a sequence's context is within the budget's share): no livelock.
+std::vector<size_t> pooled_first_fit_decreasing(std::span<const int64_t> sizes,
+                                                std::span<const UsageProfile> items,
+                                                UsageProfile load, double z, int64_t capacity,
+                                                size_t max_items, std::optional<size_t> first = {});
+
 // S3's packing as ExeGPT's simulator sees it (docs/S3.md, "Planning with packing"): what a
 // sequence reserves under a rule, as a distribution over the workload's lengths rather than
 // per request. kPredicted carries the predictor's measured behaviour -- P(reserved bucket |
@@ -84,6 +152,11 @@ struct ReservationModel {
   static ReservationModel from_eval_json(const std::string& path);
   std::string str() const;
 };
+
+// The model a reservation rule plans with: none for the context (whole slots), the true
+// lengths for max-new, `predict_eval`'s matrix for predicted. InputError when predicted has
+// no evaluation file, or another rule has one.
+std::optional<ReservationModel> reservation_model(KvReserve rule, const std::string& predict_eval);
 
 // What a sequence holds reserved while it decodes, per decode-iteration count D = 0..max
 // (index D; a sequence of S output tokens decodes S - 1 times, iteration j needing input + j
@@ -128,6 +201,7 @@ struct PredictionStats {
 struct PackingStats {
   int64_t budget = 0;
   std::string reserve;
+  std::string admission = "reserved";
   PackingCounters counters;
   std::optional<PredictionStats> prediction;  // when reservations were predicted
   std::string json() const;
@@ -147,6 +221,9 @@ class KvReserver {
   KvReserver& operator=(const KvReserver&) = delete;
 
   int32_t reserve(const GenerationRequest& request);  // KV positions, its prompt included
+  // Its final positions as a distribution (pooled admission): the predictor's buckets, or
+  // a point at what the rule reserves.
+  LengthOutlook outlook(const GenerationRequest& request) const;
   // A finished request (not an error): scored against its prediction and learned from.
   void finished(const GenerationResult& result);
   // Writes the predictor back to options.predictor_path when it learned online.

@@ -72,6 +72,7 @@ RunSchedule::RunSchedule(const ScheduleTarget& target, const ModelConfig& config
   options_.workload = target.workload;
   options_.latency_bound = target.latency_bound;
   options_.policies = target.policies;
+  options_.packing = target.packing;
   planned_workload_ = target.workload;
 }
 

@@ -33,6 +33,9 @@ struct ScheduleTarget {
   // Finished requests before drift counts (0: 4 x the KV slots, at least 64).
   int64_t replan_min_samples = 0;
   std::vector<SchedulePolicy> policies;  // searched (--schedule-policy); empty: RRA, WAA-C, WAA-M
+  // S3's packing of RRA's KV memory (--kv-reserve with --latency-bound): the chosen plan's
+  // positions become the run's KV budget.
+  std::optional<ReservationModel> packing;
 };
 
 // What a run planned and what it measured. The prediction is a steady state; the

@@ -92,6 +92,14 @@ void RraScheduler::submit(const GenerationRequest& request, uint64_t seq_id, dou
   const int32_t want = options_.reserve ? options_.reserve(request) : options_.kv_capacity;
   const auto least = static_cast<int32_t>(request.prompt_ids.size()) + 1;
   seq.reserved = std::min(std::max(want, least), reservation_cap(seq, micro_batches() - 1));
+  if (options_.kv_admission == KvAdmission::kPooled) {
+    if (options_.outlook) {
+      seq.outlook = options_.outlook(request);
+    } else {
+      seq.outlook.point = seq.reserved - static_cast<int32_t>(request.prompt_ids.size());
+      seq.outlook.cap = seq.outlook.point;
+    }
+  }
   seqs_.emplace(seq_id, std::move(seq));
   waiting_.push_back(seq_id);
 }
@@ -171,8 +179,22 @@ std::vector<uint64_t> RraScheduler::packed_admissions(int32_t m, size_t max_item
     sizes.push_back(seq.reserved);
     if (!first && seq.passed_over >= kMaxPassedOver) first = i;
   }
-  const int64_t free = budget_of(m) - batches_[static_cast<size_t>(m)].reserved;
-  std::vector<size_t> chosen = first_fit_decreasing(sizes, free, max_items, first);
+  std::vector<size_t> chosen;
+  if (options_.kv_admission == KvAdmission::kPooled) {
+    std::vector<UsageProfile> items;
+    items.reserve(waiting_.size());
+    for (uint64_t id : waiting_) {
+      const Seq& seq = seqs_.at(id);
+      items.push_back(usage_profile());
+      items.back().add(seq.outlook, static_cast<int32_t>(seq.result.output_ids.size()),
+                       static_cast<int64_t>(seq.prefill_ids().size()) + 1);
+    }
+    chosen = pooled_first_fit_decreasing(sizes, items, usage_of(m), options_.pooled_z, budget_of(m),
+                                         max_items, first);
+  } else {
+    const int64_t free = budget_of(m) - batches_[static_cast<size_t>(m)].reserved;
+    chosen = first_fit_decreasing(sizes, free, max_items, first);
+  }
   std::vector<uint64_t> ids;
   for (size_t i : chosen) ids.push_back(waiting_[i]);
   return ids;
@@ -267,7 +289,13 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
     finished.push_back(FinishedRequest{t.seq_id, std::move(it->second.result), true});
     seqs_.erase(it);
   }
-  if (options_.kv_budget > 0) supervise(m);
+  if (options_.kv_budget > 0) {
+    if (options_.kv_admission == KvAdmission::kPooled) {
+      supervise_pooled(m);
+    } else {
+      supervise(m);
+    }
+  }
   std::sort(b.free_slots.rbegin(), b.free_slots.rend());  // lowest on top, as the KV cache does
   return finished;
 }
@@ -290,21 +318,79 @@ void RraScheduler::supervise(int32_t m) {
       ++packing_.extensions;
       continue;
     }
-    std::erase(b.running, id);
-    b.free_slots.push_back(seq.slot);
-    b.reserved -= seq.reserved;
-    seq.reserved = want;
-    seq.resume_ids = seq.request.prompt_ids;
-    seq.resume_ids.insert(seq.resume_ids.end(), seq.result.output_ids.begin(),
-                          seq.result.output_ids.end());
-    packing_.recomputed_tokens += static_cast<int64_t>(seq.resume_ids.size());
-    seq.n_past = 0;
-    seq.slot = -1;
-    seq.micro_batch = -1;
-    if (seq.preemptions++ == 0) ++packing_.preempted_seqs;
-    ++packing_.preemptions;
-    waiting_.push_front(id);
+    preempt(m, id, want);
   }
+}
+
+// Pooled admission's supervisor: an outgrown reservation is doubled (what binds is the
+// positions filled, not the reservations); when the micro-batch's next step would fill more
+// than its share of the budget, the running sequences that have filled the fewest positions
+// (the cheapest to recompute; ties: the latest) are preempted until it fits.
+void RraScheduler::supervise_pooled(int32_t m) {
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  for (uint64_t id : b.running) {
+    Seq& seq = seqs_.at(id);
+    if (seq.n_past + 1 <= seq.reserved) continue;
+    const int32_t want =
+        std::min(reservation_cap(seq, m), std::max(2 * seq.reserved, seq.n_past + 1));
+    b.reserved += want - seq.reserved;
+    seq.reserved = want;
+    ++packing_.extensions;
+  }
+  int64_t used = usage_of(m).used;
+  while (used > budget_of(m) && !b.running.empty()) {
+    const uint64_t victim =
+        *std::min_element(b.running.begin(), b.running.end(), [&](uint64_t x, uint64_t y) {
+          const int32_t nx = seqs_.at(x).n_past;
+          const int32_t ny = seqs_.at(y).n_past;
+          return nx != ny ? nx < ny : x > y;
+        });
+    used -= seqs_.at(victim).n_past + 1;
+    preempt(m, victim, seqs_.at(victim).reserved);
+  }
+}
+
+// The sequence gives back its slot and reservation and waits, ahead of those that never
+// ran, to be recomputed (kv_packing.h says why recompute) with `reserve` positions.
+void RraScheduler::preempt(int32_t m, uint64_t id, int32_t reserve) {
+  MicroBatch& b = batches_[static_cast<size_t>(m)];
+  Seq& seq = seqs_.at(id);
+  std::erase(b.running, id);
+  b.free_slots.push_back(seq.slot);
+  b.reserved -= seq.reserved;
+  seq.reserved = reserve;
+  seq.resume_ids = seq.request.prompt_ids;
+  seq.resume_ids.insert(seq.resume_ids.end(), seq.result.output_ids.begin(),
+                        seq.result.output_ids.end());
+  packing_.recomputed_tokens += static_cast<int64_t>(seq.resume_ids.size());
+  seq.n_past = 0;
+  seq.slot = -1;
+  seq.micro_batch = -1;
+  if (seq.preemptions++ == 0) ++packing_.preempted_seqs;
+  ++packing_.preemptions;
+  waiting_.push_front(id);
+}
+
+// Pooled admission looks a context ahead in 64 points.
+UsageProfile RraScheduler::usage_profile() const {
+  constexpr int32_t kPoints = 64;
+  return UsageProfile(kPoints, std::max(1, (options_.kv_capacity + kPoints - 1) / kPoints));
+}
+
+// What micro-batch m's sequences fill at their next step and are expected to fill later.
+UsageProfile RraScheduler::usage_of(int32_t m) const {
+  const MicroBatch& b = batches_[static_cast<size_t>(m)];
+  UsageProfile load = usage_profile();
+  for (uint64_t id : b.running) {
+    const Seq& seq = seqs_.at(id);
+    load.add(seq.outlook, static_cast<int32_t>(seq.result.output_ids.size()), seq.n_past + 1);
+  }
+  for (uint64_t id : b.prefilling) {
+    const Seq& seq = seqs_.at(id);
+    load.add(seq.outlook, static_cast<int32_t>(seq.result.output_ids.size()),
+             static_cast<int64_t>(seq.prefill_ids().size()) + 1);
+  }
+  return load;
 }
 
 void RraScheduler::reschedule(int32_t decode_iters, int32_t encode_batch, int32_t active_slots) {

@@ -49,6 +49,12 @@ struct SchedulerOptions {
   int64_t kv_budget = 0;
   std::function<int32_t(const GenerationRequest&)> reserve;
   bool max_new_caps = true;  // prompt + max_new_tokens caps a reservation that grows
+  // How sequences are fitted into the budget (kv_packing.h KvAdmission); pooled admission
+  // reads each request's outlook (default: a point at its reservation) and packs to
+  // `pooled_z` standard deviations of the micro-batch's summed final positions.
+  KvAdmission kv_admission = KvAdmission::kReserved;
+  std::function<LengthOutlook(const GenerationRequest&)> outlook;
+  double pooled_z = 1.2815515655446004;  // the 0.9 quantile of N(0, 1)
 
   void validate() const;  // InputError naming the option
 };
@@ -168,6 +174,7 @@ class RraScheduler final : public StepScheduler {
     int32_t slot = -1;
     int32_t micro_batch = -1;
     int32_t passed_over = 0;  // admission phases that took shorter sequences before it
+    LengthOutlook outlook;    // pooled admission
   };
   struct MicroBatch {
     std::vector<int32_t> free_slots;   // ascending order of use
@@ -181,6 +188,10 @@ class RraScheduler final : public StepScheduler {
   void admit(int32_t m);
   std::vector<uint64_t> packed_admissions(int32_t m, size_t max_items);
   void supervise(int32_t m);
+  void supervise_pooled(int32_t m);
+  void preempt(int32_t m, uint64_t id, int32_t reserve);
+  UsageProfile usage_profile() const;
+  UsageProfile usage_of(int32_t m) const;
   int32_t reservation_cap(const Seq& seq, int32_t m) const;
   ScheduledStep prefill_step(int32_t m);
   ScheduledStep decode_step(int32_t m);

@@ -79,7 +79,8 @@ struct EngineOptions {
   bool check_weights = false;       // scan every weight for NaN / infinity at load
   // S3's packing (coordinator/kv_packing.h): --kv-budget and what sequences reserve in it.
   KvPackingOptions packing;
-  std::string kv_reserve;  // --kv-reserve; empty: predicted with a --predictor, else context
+  std::string kv_reserve;    // --kv-reserve; empty: predicted with a --predictor, else context
+  std::string kv_admission;  // --kv-admission; empty: reserved
 };
 
 // The packing options once parsed (--kv-reserve read, the combination validated).

@@ -97,16 +97,17 @@ InputLimits input_limits(const std::vector<std::string>& overrides) {
 
 KvPackingOptions packing_options(const EngineOptions& o) {
   KvPackingOptions p = o.packing;
-  if (p.budget == 0 && !p.predictor_path.empty())
+  if (p.budget == 0 && !p.budget_from_schedule && !p.predictor_path.empty())
     fail_input(
         "--predictor {} needs a --kv-budget: the predictor's reservations are what the "
         "budget packs",
         p.predictor_path);
   if (!o.kv_reserve.empty()) {
     p.reserve = parse_kv_reserve(o.kv_reserve);
-  } else if (p.budget > 0) {
+  } else if (p.budget > 0 || p.budget_from_schedule) {
     p.reserve = p.predictor_path.empty() ? KvReserve::kContext : KvReserve::kPredicted;
   }
+  if (!o.kv_admission.empty()) p.admission = parse_kv_admission(o.kv_admission);
   p.validate();
   return p;
 }
@@ -125,6 +126,13 @@ void add_packing_options(CLI::App& cmd, EngineOptions& o) {
                  "max_new_tokens), predicted (S3's length predictor; the default with "
                  "--predictor)")
       ->check(CLI::IsMember({"context", "max-new", "predicted"}))
+      ->group(group);
+  cmd.add_option("--kv-admission", o.kv_admission,
+                 "How sequences fit the budget: reserved (S3: each reservation covers its "
+                 "output at --predict-confidence, together within the budget) or pooled (their "
+                 "summed final positions within the budget at that confidence, positions "
+                 "filled always within it; the fewest-filled preempted on overflow)")
+      ->check(CLI::IsMember({"reserved", "pooled"}))
       ->group(group);
   cmd.add_option("--predictor", o.packing.predictor_path,
                  "The length predictor's file (strata predict train); learned online and "

@@ -71,14 +71,7 @@ std::string schedule_table(const ScheduleChoice& c, const SchedulePlanOptions& o
 
 // The packing model --kv-reserve and --predict-eval ask for; nullopt: plan without.
 std::optional<ReservationModel> packing_model(const ScheduleCliOptions& o) {
-  const KvReserve rule = parse_kv_reserve(o.kv_reserve);
-  if (rule != KvReserve::kPredicted && !o.predict_eval.empty())
-    fail_input("--predict-eval needs --kv-reserve predicted (got {})", o.kv_reserve);
-  if (rule == KvReserve::kContext) return std::nullopt;
-  if (rule == KvReserve::kMaxNew) return ReservationModel{rule, 0, {}, ""};
-  if (o.predict_eval.empty())
-    fail_input("--kv-reserve predicted needs --predict-eval (strata predict eval --json's file)");
-  return ReservationModel::from_eval_json(o.predict_eval);
+  return reservation_model(parse_kv_reserve(o.kv_reserve), o.predict_eval);
 }
 
 // What packing changed: the chosen schedules' decode batches, memory and throughput.

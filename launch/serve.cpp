@@ -69,7 +69,8 @@ struct ServeOptions {
   std::string profile;  // the layer profile's file (default: one per key in the cache dir)
   double replan_tolerance = 0.15;
   std::vector<std::string> schedule_policies;  // rra, waa-c, waa-m; empty: all
-  std::string profile_out;                     // profile-layers: where the profile goes
+  std::string predict_eval;  // the predictor's evaluation: packing planned under the bound
+  std::string profile_out;   // profile-layers: where the profile goes
 };
 
 // The signal that asked this process to stop (SIGTERM from mpirun, Slurm or a user;
@@ -141,6 +142,8 @@ std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const Coord
     t.policies.push_back(p == "rra"     ? SchedulePolicy::kRra
                          : p == "waa-c" ? SchedulePolicy::kWaaC
                                         : SchedulePolicy::kWaaM);
+  if (c.packing.budget_from_schedule)
+    t.packing = reservation_model(c.packing.reserve, o.predict_eval);
   const std::string placement = c.placement.policy ? c.placement.policy->str() : "budgets";
   t.profile_path =
       profile_path(o, ProfileKey{o.engine.model, dtype_name(config.dtype), placement, t.hosts});
@@ -290,13 +293,19 @@ struct ClusterRoles {
   std::function<int(const ServeOptions&)> single;
   std::function<int(const ServeOptions&, const Communicator&, std::vector<std::string>)>
       coordinator;
+  // The command's own option checks, run at every rank where a refusal ends the job with
+  // its status (optional).
+  std::function<void(const ServeOptions&)> check;
 };
 
 int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
   MpiSession session(nullptr, nullptr);
   check_slurm_world_size(session.size());  // srun without --mpi=pmix: worlds of one
   log::set_identity(session.rank(), "cpu");
-  if (session.size() == 1) return roles.single(o);
+  if (session.size() == 1) {
+    if (roles.check) roles.check(o);
+    return roles.single(o);
+  }
   log::get("launch")->info("{}", session.str());
   const int local_index =
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
@@ -304,6 +313,7 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
       host_names(session.world(), Deadline::after_seconds(o.load_timeout));
   hosts.erase(hosts.begin());  // the workers'
   try {
+    if (roles.check) roles.check(o);
     // The planner's memory model (placement/stage_placement.h, checked byte for byte against
     // each worker's allocation) and the plan's messages carry no HeteGen split; refused at
     // every rank alike rather than run unplanned.
@@ -343,15 +353,31 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
   }
 }
 
-int run_serve(const ServeOptions& o) {
+// Refused inside the job (run_cluster), where a refusal's status reaches mpirun.
+void check_serve_options(const ServeOptions& o) {
   if (o.redis.empty() == o.requests.empty())
     fail_input("give either --redis URL (the queue) or --requests FILE (a JSONL file)");
   if (!o.requests.empty() && o.results.empty())
     fail_input("--requests needs --results FILE for the results");
   if (!o.redis.empty() && !o.results.empty())
     fail_input("--results is for --requests; with --redis results go to --result-stream");
+  if (!o.latency_bound.empty() && o.engine.packing.budget > 0)
+    fail_input(
+        "--kv-budget {} with --latency-bound: the schedule search sizes the KV budget (its packed "
+        "plan's positions, within --stage-mem); give --kv-reserve alone",
+        o.engine.packing.budget);
+  if (!o.predict_eval.empty() && o.latency_bound.empty())
+    fail_input("--predict-eval plans packing under --latency-bound; without one it has no use");
+}
+
+int run_serve(const ServeOptions& options) {
+  ServeOptions o = options;
+  // Under a latency bound, packing's budget is the schedule search's to size.
+  const EngineOptions& e = o.engine;
+  o.engine.packing.budget_from_schedule =
+      !o.latency_bound.empty() && (!e.kv_reserve.empty() || !e.packing.predictor_path.empty());
   catch_stop_signals();
-  return run_cluster(o, ClusterRoles{serve_single, serve_coordinator});
+  return run_cluster(o, ClusterRoles{serve_single, serve_coordinator, check_serve_options});
 }
 
 // strata profile-layers: the stages of the uniform plan time their parts (ExeGPT's
@@ -455,6 +481,9 @@ void add_schedule_serve_options(CLI::App& cmd, ServeOptions& o) {
   cmd.add_option("--replan-tolerance", o.replan_tolerance,
                  "Relative drift of the observed output lengths (mean or p99) that re-plans")
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--predict-eval", o.predict_eval,
+                 "With --latency-bound and --kv-reserve predicted: the predictor's evaluation "
+                 "(strata predict eval --json), whose reservations the schedule search packs");
   cmd.add_option("--schedule-policy", o.schedule_policies,
                  "The allocation policies the schedule is searched over: rra, waa-c, waa-m "
                  "(default: all three)")

@@ -8,6 +8,13 @@ three times, each sequence reserving:
   s3      its prompt + the length predictor's reservation; the predictor is trained on rows
           the benchmark does not serve, learns online as requests finish, and never sees
           max_new_tokens (--no-length-hint: it carries the answer here)
+  pooled  the same predictor and reservations, admitted by --kv-admission pooled: the
+          positions the micro-batch is expected to fill at every future step within the
+          budget at the confidence (docs/S3.md, "Pooled admission")
+  oracle-pooled  the true lengths, admitted the pooled way (exact: no spread)
+
+With --repeat N the policies run round-robin N times and the summary takes each policy's
+median throughput (this VM's speed drifts by tens of percent between minutes).
   oracle  its prompt + its true output length
 
 and prints throughput, mean decode batch and the preemption rate of each, one JSON line per
@@ -20,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +63,8 @@ def main():
     p.add_argument("--confidence", type=float, default=0.9)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--policies", default="worst,s3,oracle",
-                   help="worst, s3 or s3@CONFIDENCE, oracle")
+                   help="worst, s3 or s3@CONFIDENCE, pooled or pooled@CONFIDENCE, oracle")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of all policies (median)")
     p.add_argument("--out", help="append the runs' JSON lines here")
     a = p.parse_args()
 
@@ -71,8 +80,9 @@ def main():
              "--skip", str(skip), "--limit", str(limit), "--out", req])
         n_requests = sum(1 for _ in open(req))
         results = []
-        for policy in a.policies.split(","):
-            results.append(serve(a, work, policy, req, pred, n_requests))
+        for _ in range(a.repeat):
+            for policy in a.policies.split(","):
+                results.append(serve(a, work, policy, req, pred, n_requests))
         summary = summarize(a, results)
         print(json.dumps(summary, indent=1))
         if a.out:
@@ -87,11 +97,14 @@ def serve(a, work, policy, req, pred, n_requests):
     # s3@C: the predictor's reservation at confidence C (default --confidence).
     name, _, conf = policy.partition("@")
     # worst and s3 are not told the lengths (max_new_tokens carries the answer here).
+    predicted = ["--kv-reserve", "predicted", "--no-length-hint",
+                 "--predict-confidence", conf or str(a.confidence)]
     reserve = {"worst": ["--kv-reserve", "context", "--no-length-hint"],
                "oracle": ["--kv-reserve", "max-new"],
-               "s3": ["--kv-reserve", "predicted", "--no-length-hint",
-                      "--predict-confidence", conf or str(a.confidence)]}[name]
-    if name == "s3":  # a fresh copy: the run learns online and writes it back
+               "oracle-pooled": ["--kv-reserve", "max-new", "--kv-admission", "pooled"],
+               "s3": predicted,
+               "pooled": predicted + ["--kv-admission", "pooled"]}[name]
+    if name in ("s3", "pooled"):  # a fresh copy: the run learns online and writes it back
         shutil.copy(pred, os.path.join(work, "run-predictor.bin"))
         reserve += ["--predictor", os.path.join(work, "run-predictor.bin")]
     stats = os.path.join(work, f"{policy}.json")
@@ -136,17 +149,24 @@ def check_lengths(req, res):
 
 
 def summarize(a, results):
-    by = {r["policy"]: r for r in results}
+    by = {}
+    for r in results:
+        by.setdefault(r["policy"], []).append(r)
     s = {"kind": "s3-summary", "dataset": os.path.basename(a.dataset), "serve_rows": a.serve,
-         "budget": a.budget, "model": a.model}
-    if "oracle" in by:
-        o = by["oracle"]["tokens_per_s"]
-        for k, r in by.items():
-            s[f"{k}_vs_oracle"] = r["tokens_per_s"] / o if o > 0 else 0
-    if "worst" in by and by["worst"]["tokens_per_s"] > 0:
-        for k, r in by.items():
-            if k.startswith("s3"):
-                s[f"{k}_vs_worst"] = r["tokens_per_s"] / by["worst"]["tokens_per_s"]
+         "budget": a.budget, "model": a.model, "rounds": a.repeat}
+    tps = {k: statistics.median(r["tokens_per_s"] for r in rs) for k, rs in by.items()}
+    for k, rs in by.items():
+        s[f"{k}_tokens_per_s"] = tps[k]
+        s[f"{k}_mean_decode_batch"] = statistics.median(r["mean_decode_batch"] for r in rs)
+        s[f"{k}_preempted_share"] = max(r["preempted_share"] for r in rs)
+    for base in ("oracle", "oracle-pooled"):
+        if tps.get(base, 0) > 0:
+            for k in by:
+                s[f"{k}_vs_{base}"] = tps[k] / tps[base]
+    if tps.get("worst", 0) > 0:
+        for k in by:
+            if k.startswith("s3") or k.startswith("pooled"):
+                s[f"{k}_vs_worst"] = tps[k] / tps["worst"]
     return s
 
 

@@ -215,13 +215,13 @@ TEST(RraPacking, SupervisorGrowsInPlaceWhenTheBudgetHasRoom) {
   EXPECT_EQ(done["A"].output_ids, expected_tokens(0, 4, 10));
 }
 
-// Forty requests all predicted one token long into a budget of 120 over two micro-batches:
-// many preemptions, and still every request ends once, with its own tokens.
-TEST(RraPacking, NoRequestLostOrDuplicatedAcrossPreemptions) {
-  SchedulerOptions o = packing(120, {});
+// Forty requests of mixed lengths, each reserving only its prompt, into a budget of 120 over
+// two micro-batches: every one ends once, with its own tokens. Returns the counters.
+PackingCounters forty_requests_end_once(SchedulerOptions o) {
   o.micro_batches = 2;
   o.decode_iters = 3;
   o.kv_slots = 16;
+  o.kv_budget = 120;
   o.reserve = [](const GenerationRequest& r) { return static_cast<int32_t>(r.prompt_ids.size()); };
   RraScheduler s(o);
   std::map<std::string, std::pair<uint64_t, GenerationRequest>> reqs;
@@ -231,7 +231,7 @@ TEST(RraPacking, NoRequestLostOrDuplicatedAcrossPreemptions) {
     s.submit(r, static_cast<uint64_t>(i), 0.0);
   }
   auto done = run_all(s);
-  ASSERT_EQ(done.size(), 40u);
+  EXPECT_EQ(done.size(), 40u);
   for (const auto& [id, sr] : reqs) {
     const auto& [seq, r] = sr;
     EXPECT_EQ(done[id].output_ids,
@@ -239,8 +239,259 @@ TEST(RraPacking, NoRequestLostOrDuplicatedAcrossPreemptions) {
         << id;
     EXPECT_EQ(done[id].stop_reason, StopReason::kLength) << id;
   }
-  EXPECT_GT(s.packing()->preemptions, 0);
-  EXPECT_GT(s.packing()->extensions, 0);
+  return *s.packing();
+}
+
+// All predicted one token long: many preemptions and extensions.
+TEST(RraPacking, NoRequestLostOrDuplicatedAcrossPreemptions) {
+  const PackingCounters c = forty_requests_end_once(packing(120, {}));
+  EXPECT_GT(c.preemptions, 0);
+  EXPECT_GT(c.extensions, 0);
+}
+
+// ---- pooled admission (KvAdmission::kPooled), worked by hand ------------------------------
+
+// Standard normal quantiles from the tables (Abramowitz & Stegun 26.2).
+TEST(NormalQuantile, MatchesTheTables) {
+  EXPECT_NEAR(normal_quantile(0.5), 0.0, 1e-9);
+  EXPECT_NEAR(normal_quantile(0.9), 1.2815515655, 1e-8);
+  EXPECT_NEAR(normal_quantile(0.95), 1.6448536270, 1e-8);
+  EXPECT_NEAR(normal_quantile(0.975), 1.9599639845, 1e-8);
+  EXPECT_NEAR(normal_quantile(0.999), 3.0902323062, 1e-8);
+  EXPECT_NEAR(normal_quantile(0.01), -2.3263478740, 1e-8);
+}
+
+// Two buckets of width 10, half each, the last open up to 20: L uniform on (0, 10] or (10, 20].
+LengthOutlook halves(int32_t cap = 20) {
+  LengthOutlook o;
+  o.cap = cap;
+  o.bucket_width = 10;
+  o.bucket_probs = {0.5, 0.5};
+  return o;
+}
+
+TEST(LengthOutlook, SurvivalByHand) {
+  const LengthOutlook o = halves();
+  EXPECT_DOUBLE_EQ(o.survival(0, 0), 1.0);
+  EXPECT_DOUBLE_EQ(o.survival(0, 5), 0.75);  // 0.5 * 5/10 + 0.5
+  EXPECT_DOUBLE_EQ(o.survival(0, 10), 0.5);
+  EXPECT_DOUBLE_EQ(o.survival(0, 15), 0.25);
+  EXPECT_DOUBLE_EQ(o.survival(0, 20), 0.0);
+  EXPECT_DOUBLE_EQ(o.survival(5, 15), 0.25 / 0.75);  // given it made 5
+  EXPECT_DOUBLE_EQ(o.survival(12, 16), (0.5 * 0.4) / (0.5 * 0.8));
+  // A cap of 15 cuts the open bucket to (10, 15].
+  EXPECT_DOUBLE_EQ(halves(15).survival(0, 12.5), 0.25);
+  // It outran every bucket: uniform on (made, 2 * made].
+  LengthOutlook short_one = halves(100);
+  short_one.bucket_probs = {1.0, 0.0};
+  EXPECT_DOUBLE_EQ(short_one.survival(10, 15), 0.5);
+  EXPECT_DOUBLE_EQ(short_one.survival(12, 15), 0.75);
+  // A point: exactly 7 tokens.
+  LengthOutlook point;
+  point.point = 7;
+  EXPECT_DOUBLE_EQ(point.survival(0, 6), 1.0);
+  EXPECT_DOUBLE_EQ(point.survival(0, 7), 0.0);
+  EXPECT_DOUBLE_EQ(point.survival(8, 8), 1.0);  // past its point it runs one more at least
+}
+
+// One sequence filling 10 positions at its next step, lengths as below; points 1 apart.
+TEST(UsageProfile, ExpectedPositionsAndVarianceByHand) {
+  LengthOutlook two;  // exactly 2 tokens: runs at steps 0 and 1
+  two.point = 2;
+  UsageProfile p(4, 1);
+  p.add(two, 0, 10);
+  EXPECT_EQ(p.mean, (std::vector<double>{10, 11, 0, 0}));
+  EXPECT_EQ(p.var, (std::vector<double>{0, 0, 0, 0}));
+  EXPECT_EQ(p.used, 10);
+  // L uniform on (0, 1] or (1, 2], half each: alive at step 1 with 1/2.
+  LengthOutlook coin;
+  coin.cap = 2;
+  coin.bucket_width = 1;
+  coin.bucket_probs = {0.5, 0.5};
+  UsageProfile q(4, 1);
+  q.add(coin, 0, 10);
+  EXPECT_EQ(q.mean, (std::vector<double>{10, 5.5, 0, 0}));
+  EXPECT_EQ(q.var, (std::vector<double>{0, 0.25 * 121, 0, 0}));
+  EXPECT_DOUBLE_EQ(q.need(2.0), 5.5 + 2 * 5.5);
+  EXPECT_DOUBLE_EQ(q.need(0.0), 10);
+  // Points 2 apart: each the chance at its start and the positions at its end.
+  LengthOutlook three;
+  three.point = 3;
+  UsageProfile r(3, 2);
+  r.add(three, 0, 10);
+  EXPECT_EQ(r.mean, (std::vector<double>{11, 13, 0}));
+}
+
+UsageProfile profile_of(const LengthOutlook& o, int64_t next, int32_t points = 16) {
+  UsageProfile p(points, 1);
+  p.add(o, 0, next);
+  return p;
+}
+
+LengthOutlook exactly(int32_t n) {
+  LengthOutlook o;
+  o.point = n;
+  return o;
+}
+
+// Reservations would not hold both (12 + 15 > 24), but the short one leaves first: together
+// they fill 20, 22, 12, 13, 14 positions.
+TEST(PooledFirstFitDecreasing, CountsASequencesMemoryOnlyWhileItRuns) {
+  const std::vector<int64_t> sizes{12, 15};
+  const std::vector<UsageProfile> items{profile_of(exactly(2), 10), profile_of(exactly(5), 10)};
+  const UsageProfile empty(16, 1);
+  EXPECT_EQ(pooled_first_fit_decreasing(sizes, items, empty, 1.28, 24, 10),
+            (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(pooled_first_fit_decreasing(sizes, items, empty, 1.28, 21, 10),
+            (std::vector<size_t>{1}));  // 22 at step 1
+  EXPECT_EQ(first_fit_decreasing(sizes, 24, 10), (std::vector<size_t>{1}));
+}
+
+// Two uncertain sequences: mean 20 then 11 (sd sqrt(60.5) = 7.78) at step 1. At 1.28 sd
+// they need 20.97 and fit 21; at 1.645 sd they need 23.8 and do not.
+TEST(PooledFirstFitDecreasing, TheConfidenceSetsTheMargin) {
+  LengthOutlook coin;
+  coin.cap = 2;
+  coin.bucket_width = 1;
+  coin.bucket_probs = {0.5, 0.5};
+  const std::vector<int64_t> sizes{12, 12};
+  const std::vector<UsageProfile> items{profile_of(coin, 10), profile_of(coin, 10)};
+  const UsageProfile empty(16, 1);
+  EXPECT_EQ(pooled_first_fit_decreasing(sizes, items, empty, 1.2816, 21, 10).size(), 2u);
+  EXPECT_EQ(pooled_first_fit_decreasing(sizes, items, empty, 1.6449, 21, 10).size(), 1u);
+  // The positions filled at once (point 0, no spread) bind whatever the confidence: 10 + 10 > 19.
+  EXPECT_EQ(pooled_first_fit_decreasing(sizes, items, empty, -5, 19, 10).size(), 1u);
+  // A sequence alone runs even when its spread says it might not fit.
+  EXPECT_EQ(pooled_first_fit_decreasing({&sizes[0], 1}, {&items[0], 1}, empty, 100, 12, 10),
+            (std::vector<size_t>{0}));
+  // Beside what is running it does not.
+  UsageProfile running(16, 1);
+  running.add(exactly(1), 0, 1);
+  EXPECT_TRUE(
+      pooled_first_fit_decreasing({&sizes[0], 1}, {&items[0], 1}, running, 100, 12, 10).empty());
+}
+
+// Pooled admission with outlooks by request id; contexts of 64 so the profile's points are
+// one step apart.
+SchedulerOptions pooled(int64_t budget, std::map<std::string, LengthOutlook> outlooks) {
+  SchedulerOptions o = packing(budget, {});
+  o.kv_capacity = 64;
+  o.kv_admission = KvAdmission::kPooled;
+  o.reserve = [outlooks](const GenerationRequest& r) {
+    return static_cast<int32_t>(r.prompt_ids.size()) + std::max(1, outlooks.at(r.id).point);
+  };
+  o.outlook = [outlooks](const GenerationRequest& r) { return outlooks.at(r.id); };
+  return o;
+}
+
+// A (prompt 4, 2 tokens) and B (prompt 4, 10 tokens) reserve 6 and 14: 20 > 18, so S3's
+// admission takes B alone. Pooled, A is gone before B grows: at most 5 + 6 and then B's
+// 14 positions; both run at once and end with their own tokens, nothing preempted.
+TEST(RraPooled, AdmitsWhatReservationsWouldNotWhenTheShortOneLeavesFirst) {
+  RraScheduler s(pooled(18, {{"A", exactly(2)}, {"B", exactly(10)}}));
+  s.submit(req("A", 4, 2), 0, 0.0);
+  s.submit(req("B", 4, 10), 1, 0.0);
+  auto p = s.next_step(0);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(ids_of(*p), (std::vector<uint64_t>{1, 0}));
+  for (FinishedRequest& f : s.apply(answer(*p))) ADD_FAILURE() << f.result.id;
+  auto done = run_all(s);
+  EXPECT_EQ(done["A"].output_ids, expected_tokens(0, 4, 2));
+  EXPECT_EQ(done["B"].output_ids, expected_tokens(1, 4, 10));
+  EXPECT_EQ(s.packing()->preemptions, 0);
+
+  SchedulerOptions reserved = pooled(18, {{"A", exactly(2)}, {"B", exactly(10)}});
+  reserved.kv_admission = KvAdmission::kReserved;
+  RraScheduler r(reserved);
+  r.submit(req("A", 4, 2), 0, 0.0);
+  r.submit(req("B", 4, 10), 1, 0.0);
+  EXPECT_EQ(ids_of(*r.next_step(0)), (std::vector<uint64_t>{1}));
+}
+
+// A (prompt 6) is predicted 2 tokens and makes 12; B (prompt 4) 12 as predicted. Planned:
+// 12, 14, then B's 7..16 beside nothing: both in 24. They fill 12 + 2j positions after
+// decode j, 26 > 24 after the 7th: B has filled fewer (11 against 13) and is preempted; it
+// waits until A's end (its 13 do not fit beside A's 14 and more), is recomputed (its prompt
+// and 8 tokens) and ends with the tokens it would have had.
+TEST(RraPooled, AnOverflowPreemptsTheFewestFilledWhichEndsAsItWouldHave) {
+  RraScheduler s(pooled(24, {{"A", exactly(2)}, {"B", exactly(12)}}));
+  s.submit(req("A", 6, 12), 0, 0.0);
+  s.submit(req("B", 4, 12), 1, 0.0);
+  auto p = s.next_step(0);
+  ASSERT_EQ(ids_of(*p).size(), 2u);
+  s.apply(answer(*p));
+  std::map<std::string, GenerationResult> done;
+  int decodes = 0;
+  while (s.packing()->preemptions == 0) {
+    auto d = s.next_step(0);
+    ASSERT_TRUE(d);
+    ASSERT_EQ(d->command.phase, Phase::kDecode);
+    ++decodes;
+    for (FinishedRequest& f : s.apply(answer(*d))) done[f.result.id] = f.result;
+  }
+  EXPECT_EQ(decodes, 7);
+  EXPECT_EQ(s.waiting(), 1u);
+  EXPECT_EQ(s.packing()->preempted_seqs, 1);
+  EXPECT_EQ(s.packing()->recomputed_tokens, 4 + 8);  // B's prompt and its 8 tokens
+  for (auto& [id, r] : run_all(s)) done[id] = r;
+  EXPECT_EQ(done["A"].output_ids, expected_tokens(0, 6, 12));
+  EXPECT_EQ(done["B"].output_ids, expected_tokens(1, 4, 12));
+  EXPECT_EQ(s.packing()->preemptions, 1);
+}
+
+// The same forty, pooled, with outlooks that say "a token or two": many overflows.
+TEST(RraPooled, NoRequestLostOrDuplicatedAcrossPreemptions) {
+  SchedulerOptions o = pooled(120, {});
+  o.outlook = [](const GenerationRequest&) {
+    LengthOutlook l;
+    l.cap = 40;
+    l.bucket_width = 1;
+    l.bucket_probs = {0.5, 0.5};
+    return l;
+  };
+  EXPECT_GT(forty_requests_end_once(o).preemptions, 0);
+}
+
+// The reserver's outlooks: a point at what the rule reserves, or the predictor's buckets.
+TEST(KvReserver, OutlooksFollowTheRule) {
+  KvPackingOptions o;
+  o.budget = 1000;
+  o.reserve = KvReserve::kContext;
+  const GenerationRequest r = req("x", 10, 30);
+  EXPECT_EQ(KvReserver(o, 100).outlook(r).point, 90);
+  o.reserve = KvReserve::kMaxNew;
+  EXPECT_EQ(KvReserver(o, 100).outlook(r).point, 30);
+  o.reserve = KvReserve::kPredicted;
+  o.buckets = 4;
+  o.bucket_width = 8;
+  const LengthOutlook p = KvReserver(o, 100).outlook(r);
+  EXPECT_EQ(p.bucket_probs.size(), 4u);
+  EXPECT_EQ(p.bucket_width, 8);
+  EXPECT_EQ(p.cap, 30);  // max_new_tokens is a length hint by default
+  o.length_hint = false;
+  EXPECT_EQ(KvReserver(o, 100).outlook(r).cap, 90);
+  EXPECT_EQ(parse_kv_admission("pooled"), KvAdmission::kPooled);
+  EXPECT_THROW(parse_kv_admission("loose"), InputError);
+  KvPackingOptions off;
+  off.admission = KvAdmission::kPooled;
+  EXPECT_THROW(off.validate(), InputError);  // no budget to pack into
+}
+
+// Under --latency-bound the schedule search sizes the budget: a rule without one is valid
+// until then, and the rule gives the search its model.
+TEST(KvPackingOptions, TheScheduleMaySizeTheBudget) {
+  KvPackingOptions o;
+  o.reserve = KvReserve::kPredicted;
+  EXPECT_THROW(o.validate(), InputError);
+  o.budget_from_schedule = true;
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_FALSE(reservation_model(KvReserve::kContext, ""));
+  EXPECT_EQ(reservation_model(KvReserve::kMaxNew, "")->reserve, KvReserve::kMaxNew);
+  const std::string e1 = testing::input_error([] { reservation_model(KvReserve::kPredicted, ""); });
+  EXPECT_NE(e1.find("--predict-eval"), std::string::npos) << e1;
+  const std::string e2 =
+      testing::input_error([] { reservation_model(KvReserve::kMaxNew, "eval.json"); });
+  EXPECT_NE(e2.find("needs --kv-reserve predicted"), std::string::npos) << e2;
 }
 
 // ---- the simulator's packing model (held_positions), worked by hand ------------------------

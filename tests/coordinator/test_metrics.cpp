@@ -124,7 +124,7 @@ TEST(ServeMetrics, PackingPreemptionsAndPredictorAccuracy) {
   p.predicted = 4;
   p.correct = 3;
   p.distance_wrong = 2;
-  m.set_packing(PackingStats{4096, "predicted", c, p});
+  m.set_packing(PackingStats{4096, "predicted", "reserved", c, p});
   const std::string text = m.render();
   EXPECT_TRUE(has_line(text, "strata_kv_budget_positions 4096")) << text;
   EXPECT_TRUE(has_line(text, "strata_kv_preemptions_total 5"));

@@ -26,6 +26,10 @@
 #                                      reuses the saved profile; a bound nothing meets is
 #                                      refused before any request runs, naming the fastest
 #                                      achievable latency
+#   schedule_s3 NP                     --latency-bound with --kv-reserve max-new: the search plans
+#                                      S3's packing, its positions are the run's KV budget, the
+#                                      results equal strata generate; --kv-budget beside the
+#                                      bound and predicted without --predict-eval are refused
 #   dead_handover NP RANK ENCODERS     WAA with ENCODERS prefill ranks; RANK dies in its
 #                                      second KV hand-over with the transfers posted: rank 0
 #                                      names it and its side, every request line has a
@@ -231,6 +235,33 @@ case $case_name in
       { cat "$tmp/out"; fail "no clear refusal of the bound"; }
     [ ! -s "$tmp/r3.jsonl" ] || fail "requests ran under a refused bound: $(cat "$tmp/r3.jsonl")"
     echo "planned, re-deployed, equal to generate; profile reused; unmeetable bound refused"
+    ;;
+  schedule_s3)
+    np=$1
+    write_requests "$stories" "$tmp/req.jsonl"
+    plan=(--workload S --length-scale 0.1 --layer-profile "$tmp/profile.json" --schedule-policy rra
+      --latency-bound inf)
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r1.jsonl" \
+      "${plan[@]}" --kv-reserve max-new --stats-out "$tmp/s1.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r1.jsonl"
+    jq -e '.schedule.kv_positions > 0 and .packing.budget == .schedule.kv_positions
+        and .packing.reserve == "max-new" and .packing.counters.admitted > 0' "$tmp/s1.json" >/dev/null ||
+      fail "stats: $(jq -c '{schedule, packing}' "$tmp/s1.json")"
+    # What the search sizes is not also given; a predicted rule needs what the search plans by.
+    for bad in "--kv-budget 100|--kv-budget 100 with --latency-bound" \
+      "--kv-reserve predicted|--kv-reserve predicted needs --predict-eval"; do
+      set +e
+      # shellcheck disable=SC2086
+      cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" \
+        --results "$tmp/r2.jsonl" "${plan[@]}" ${bad%%|*} >"$tmp/out" 2>&1
+      rc=$?
+      set -e
+      [ "$rc" -ne 0 ] || fail "${bad%%|*} under a latency bound was accepted"
+      grep -q -- "${bad#*|}" "$tmp/out" || { cat "$tmp/out"; fail "no clear refusal of ${bad%%|*}"; }
+      [ ! -s "$tmp/r2.jsonl" ] || fail "requests ran under a refused option: $(cat "$tmp/r2.jsonl")"
+    done
+    echo "packed under the bound: budget $(jq .packing.budget "$tmp/s1.json") positions as planned," \
+      "equal to generate; a given budget and an unplannable rule refused"
     ;;
   schedule_waa)
     np=$1
