@@ -184,10 +184,13 @@ std::vector<uint64_t> RraScheduler::packed_admissions(int32_t m, size_t max_item
     std::vector<UsageProfile> items;
     items.reserve(waiting_.size());
     for (uint64_t id : waiting_) {
-      const Seq& seq = seqs_.at(id);
-      items.push_back(usage_profile());
-      items.back().add(seq.outlook, static_cast<int32_t>(seq.result.output_ids.size()),
-                       static_cast<int64_t>(seq.prefill_ids().size()) + 1);
+      Seq& seq = seqs_.at(id);
+      if (!seq.waiting_profile) {
+        seq.waiting_profile = usage_profile();
+        seq.waiting_profile->add(seq.outlook, static_cast<int32_t>(seq.result.output_ids.size()),
+                                 static_cast<int64_t>(seq.prefill_ids().size()) + 1);
+      }
+      items.push_back(*seq.waiting_profile);
     }
     chosen = pooled_first_fit_decreasing(sizes, items, usage_of(m), options_.pooled_z, budget_of(m),
                                          max_items, first);
@@ -366,6 +369,7 @@ void RraScheduler::preempt(int32_t m, uint64_t id, int32_t reserve) {
   seq.n_past = 0;
   seq.slot = -1;
   seq.micro_batch = -1;
+  seq.waiting_profile.reset();  // it has made tokens since
   if (seq.preemptions++ == 0) ++packing_.preempted_seqs;
   ++packing_.preemptions;
   waiting_.push_front(id);

@@ -175,6 +175,8 @@ class RraScheduler final : public StepScheduler {
     int32_t micro_batch = -1;
     int32_t passed_over = 0;  // admission phases that took shorter sequences before it
     LengthOutlook outlook;    // pooled admission
+    // Its usage profile while it waits (pooled admission): fixed until it runs again.
+    std::optional<UsageProfile> waiting_profile;
   };
   struct MicroBatch {
     std::vector<int32_t> free_slots;   // ascending order of use
