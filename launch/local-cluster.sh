@@ -35,6 +35,10 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# Under orte_abort_on_non_zero_status 0 mpirun exits 0 whatever the ranks return; a rank
+# that fails before the job starts (a bad option) leaves its status here (launch/main.cpp).
+STRATA_RANK_STATUS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/strata-ranks.XXXXXX")
+export STRATA_RANK_STATUS_DIR
 # shellcheck disable=SC2086
 setsid mpirun -np "$np" --oversubscribe --bind-to none \
   --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} "$strata" "$command" "$@" &
@@ -49,4 +53,10 @@ while kill -0 "$mpirun_pid" 2>/dev/null; do
 done
 rc=0
 wait "$mpirun_pid" || rc=$?
+for f in "$STRATA_RANK_STATUS_DIR"/rank.*; do
+  [ -e "$f" ] || continue
+  status=$(cat "$f")
+  if [ "$rc" = 0 ] && [ "$status" -gt 0 ] 2>/dev/null; then rc=$status; fi
+done
+rm -rf "$STRATA_RANK_STATUS_DIR"
 exit "$rc"

@@ -1,13 +1,30 @@
 // strata: the command-line entry point. Every error ends as one line on stderr and a
 // non-zero exit: 2 for bad command-line input, 1 for everything else.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <new>
+#include <string>
 
 #include "kernels/error.h"
 #include "launch/commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+// launch/local-cluster.sh runs mpirun with orte_abort_on_non_zero_status 0 (so the
+// coordinator, not mpirun, names a dead worker), and then mpirun exits 0 whatever a rank
+// returned. A failure after MPI starts ends the job through MPI_Abort; one before it (a bad
+// option) leaves its status here, in STRATA_RANK_STATUS_DIR, for the script to read.
+int leave_status(int code) {
+  const char* dir = std::getenv("STRATA_RANK_STATUS_DIR");
+  if (code == 0 || dir == nullptr || *dir == '\0') return code;
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  std::ofstream(std::string(dir) + "/rank." + (rank != nullptr ? rank : "0")) << code << '\n';
+  return code;
+}
+
+int run(int argc, char** argv) {
   CLI::App app{"Strata: LLM inference on machines whose accelerator memory is too small"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");
@@ -43,4 +60,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return strata::cli::report_error(e);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return leave_status(run(argc, argv));
 }

@@ -420,7 +420,6 @@ int profile_stages(const ServeOptions& o, Stages& stages, const ModelConfig& con
 }
 
 int run_profile_layers(const ServeOptions& o) {
-  if (o.profile_out.empty()) fail_input("give --out FILE for the layer profile");
   const ClusterRoles roles{
       [](const ServeOptions& opts) {
         Engine e = make_engine(opts.engine);
@@ -433,6 +432,9 @@ int run_profile_layers(const ServeOptions& o) {
         MpiStages stages(world, MpiStagesOptions{opts.heartbeat_interval, opts.heartbeat_timeout,
                                                  opts.load_timeout, opts.step_timeout});
         return profile_stages(opts, stages, config, std::move(hosts));
+      },
+      [](const ServeOptions& opts) {
+        if (opts.profile_out.empty()) fail_input("give --out FILE for the layer profile");
       }};
   return run_cluster(o, roles);
 }

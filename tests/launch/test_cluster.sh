@@ -340,6 +340,16 @@ JSON
     refused --pie-host-layers \
       "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine commands" \
       --pie-host-layers 2
+    # Before the job starts: an unknown option, and serve's own checks. mpirun exits 0
+    # whatever the ranks return (orte_abort_on_non_zero_status 0); the script must not.
+    refused "an unknown option" "--no-such-option" --no-such-option
+    refused "--kv-reserve without a budget" "--kv-reserve max-new needs a --kv-budget" \
+      --kv-reserve max-new
+    set +e
+    cluster 3 --model "$stories" --requests "$tmp/req.jsonl" >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" = 2 ] || { cat "$tmp/out"; fail "--requests without --results: exit $rc, not 2"; }
     echo "refusals clear"
     ;;
   hostile)
