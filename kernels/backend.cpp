@@ -35,7 +35,7 @@ int64_t fill_row_table(std::span<const SeqSlice> seqs, int32_t n_slots, int32_t 
 
 void KernelBounds::add_weight(int64_t rows, int64_t cols, DType dtype, bool in_layer) {
   max_in_features = std::max(max_in_features, cols);
-  half_weights = half_weights || dtype != DType::kF32;
+  half_weights = half_weights || (dtype != DType::kF32 && dtype != DType::kF32Panel);
   if (dtype == DType::kQ4) max_q4_elems = std::max(max_q4_elems, in_layer ? rows * cols : cols);
 }
 

@@ -11,9 +11,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "kernels/cpu_isa.h"
 #include "kernels/error.h"
+#include "kernels/fast_exp.h"
+#include "kernels/gemm_panel.h"
 #include "kernels/gemv.h"
 #include "kernels/quant.h"
 
@@ -22,21 +25,52 @@ namespace {
 
 // Below this many elements an OpenMP fork costs more than the loop.
 constexpr int64_t kParallelElems = 1 << 15;
-// Rows of a half-precision weight dequantised at a time before one GEMM call.
-constexpr int64_t kDequantRows = 256;
 
 // Softmax over row[0, valid) in place; row[valid, n) (future positions) becomes 0.
 void causal_softmax_row(float* row, int32_t valid, int32_t n) {
   float mx = row[0];
   for (int32_t p = 1; p < valid; ++p) mx = std::max(mx, row[p]);
   float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int32_t p = 0; p < valid; ++p) {
-    row[p] = std::exp(row[p] - mx);
+    row[p] = fast_exp(row[p] - mx);
     sum += row[p];
   }
   const float inv = 1.0f / sum;
+#pragma omp simd
   for (int32_t p = 0; p < valid; ++p) row[p] *= inv;
   std::fill(row + valid, row + n, 0.0f);
+}
+
+// One decode row of one query head over the `ctx` positions of its kv head (k, v: [ctx, hd]):
+// scores, softmax and the weighted sum of V as three passes over L1-sized rows, with no
+// BLAS call (two per head cost more than the bytes they read: docs/BENCHMARKS.md).
+void decode_attention_head(const float* q, const float* k, const float* v, int32_t ctx, int32_t hd,
+                           float scale, float* scores, float* out) {
+  for (int32_t p = 0; p < ctx; ++p) {
+    const float* kp = k + static_cast<size_t>(p) * hd;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int32_t d = 0; d < hd; ++d) dot += q[d] * kp[d];
+    scores[p] = dot * scale;
+  }
+  float mx = scores[0];
+  for (int32_t p = 1; p < ctx; ++p) mx = std::max(mx, scores[p]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int32_t p = 0; p < ctx; ++p) {
+    scores[p] = fast_exp(scores[p] - mx);
+    sum += scores[p];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int32_t d = 0; d < hd; ++d) out[d] = 0.0f;
+  for (int32_t p = 0; p < ctx; ++p) {
+    const float w = scores[p] * inv;
+    const float* vp = v + static_cast<size_t>(p) * hd;
+#pragma omp simd
+    for (int32_t d = 0; d < hd; ++d) out[d] += w * vp[d];
+  }
 }
 
 void check_linear_args(int64_t m, const Tensor& w) {
@@ -74,6 +108,7 @@ void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
     }
     case DType::kI32:
     case DType::kQ4:
+    case DType::kF32Panel:
       break;
   }
   STRATA_CHECK(false, "row_to_f32: {} is not a float type", dtype_name(dtype));
@@ -126,7 +161,8 @@ std::string CpuBackend::name() const {
 
 void CpuBackend::reserve(const KernelBounds& b) {
   if (b.half_weights)
-    dequant_scratch_.reserve(static_cast<size_t>(kDequantRows * b.max_in_features));
+    dequant_scratch_.reserve(static_cast<size_t>((kPanelRows + 1) * b.max_in_features) *
+                             static_cast<size_t>(std::max(threads_, omp_get_max_threads())));
   if (b.max_q4_elems > 0) q4_scratch_.reserve(kGemvMaxRows, b.max_in_features, kQuantGroupSize);
   // attention(): one score block per task, at most (rows of one sequence) x (its positions).
   const int64_t per_task = std::min(b.max_rows, b.max_positions) * b.max_positions;
@@ -186,7 +222,9 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes, CopyKind) {
 void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) {
   check_linear_args(m, w);
   if (m == 0) return;
-  if (w.dtype == DType::kQ4 && m <= kGemvMaxRows) {
+  if (w.dtype == DType::kF32Panel) {
+    linear_panel(x, m, w, bias, y);
+  } else if (w.dtype == DType::kQ4 && m <= kGemvMaxRows) {
     linear_4bit(x, m, q4_view(w), bias, y, q4_scratch_, isa_);  // codes read once, as bytes
   } else if (m <= kGemvMaxRows) {
     // Decode: stream each weight row once for all m rows, at memory bandwidth.
@@ -206,6 +244,22 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
   }
 }
 
+// Weights packed at load (gemm_panel.h): one kernel for every m, threads split the panels.
+void CpuBackend::linear_panel(const float* x, int64_t m, const Tensor& w, const float* bias,
+                              float* y) {
+  const int64_t n = w.shape[0];
+  const int64_t panels = panel_count(n);
+  const bool tail = panel_tail_begin(n) < n;
+  const CpuIsa isa = isa_;
+#pragma omp parallel if (m * n * w.shape[1] > kParallelElems)
+  {
+    const int64_t nt = omp_get_num_threads();
+    const int64_t t = omp_get_thread_num();
+    panel_linear_with(isa, x, m, w, bias, y, n, panels * t / nt, panels * (t + 1) / nt,
+                      tail && t == nt - 1);
+  }
+}
+
 void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias,
                             float* y) {
   const auto n = static_cast<blasint>(w.shape[0]);
@@ -218,33 +272,49 @@ void CpuBackend::linear_f32(const float* x, int64_t m, const Tensor& w, const fl
               w.as<const float>(), k, beta, y, n);
 }
 
-// f16 / bf16 / q4 weights: dequantise a block of rows into f32 scratch, then GEMM that block.
+// f16 / bf16 / q4 weights at more rows than a GEMV takes (prefill, large decode batches):
+// each thread converts 32 weight rows at a time into an f32 panel of its own (gemm_panel.h's
+// layout) and multiplies it with every activation row, so each weight is converted once a
+// call and the panel kernel's speed is what the rows get (OpenBLAS's sgemm on dequantised
+// blocks reached 60-80% of it).
 void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const float* bias,
                              float* y) {
   const int64_t n = w.shape[0];
   const int64_t k = w.shape[1];
+  const int64_t tail_begin = panel_tail_begin(n);
+  const int64_t units = panel_count(n) + (tail_begin < n ? 1 : 0);
+  const QuantView q4 = w.dtype == DType::kQ4 ? q4_view(w) : QuantView{};
+  const size_t per_thread = static_cast<size_t>((kPanelRows + 1) * k);
+  const auto nthreads = static_cast<size_t>(omp_get_max_threads());
+  if (dequant_scratch_.size() < per_thread * nthreads)
+    dequant_scratch_.resize(per_thread * nthreads);
   const size_t elem = dtype_size(w.dtype);
-  const int64_t block = std::min(n, kDequantRows);
-  dequant_scratch_.resize(static_cast<size_t>(block * k));
-  float* wf = dequant_scratch_.data();
-  for (int64_t r0 = 0; r0 < n; r0 += block) {
-    const int64_t rows = std::min(block, n - r0);
-    if (w.dtype == DType::kQ4) {
-      dequantize_rows(q4_view(w), r0, rows, wf);
-    } else {
-      const auto* src = static_cast<const char*>(w.data) + static_cast<size_t>(r0 * k) * elem;
-#pragma omp parallel for schedule(static) if (rows * k > kParallelElems)
-      for (int64_t r = 0; r < rows; ++r)
-        row_to_f32(w.dtype, src + static_cast<size_t>(r * k) * elem, wf + r * k, k);
+  const CpuIsa isa = isa_;
+#pragma omp parallel for schedule(static) if (m * n * k > kParallelElems)
+  for (int64_t u = 0; u < units; ++u) {
+    float* panel = dequant_scratch_.data() + per_thread * static_cast<size_t>(omp_get_thread_num());
+    float* row = panel + kPanelRows * k;
+    const int64_t r0 = u * kPanelRows;
+    const int64_t rows = std::min(kPanelRows, n - r0);
+    for (int64_t j = 0; j < rows; ++j) {
+      // A whole panel is stored k-major; the tail's rows (fewer than 32) row-major.
+      float* out = rows == kPanelRows ? row : panel + j * k;
+      if (w.dtype == DType::kQ4) {
+        dequantize_one_row(q4, r0 + j, out);
+      } else {
+        row_to_f32(w.dtype,
+                   static_cast<const char*>(w.data) + static_cast<size_t>((r0 + j) * k) * elem, out,
+                   k);
+      }
+      if (rows == kPanelRows)
+        for (int64_t c = 0; c < k; ++c) panel[c * kPanelRows + j] = out[c];
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
-                static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x,
-                static_cast<blasint>(k), wf, static_cast<blasint>(k), 0.0f, y + r0,
-                static_cast<blasint>(n));
-  }
-  if (bias != nullptr) {
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < n; ++c) y[r * n + c] += bias[c];
+    Tensor block;
+    block.data = panel;
+    block.dtype = DType::kF32Panel;
+    block.shape = Shape{rows, k};
+    panel_linear_with(isa, x, m, block, bias != nullptr ? bias + r0 : nullptr, y + r0, n, 0,
+                      panel_count(rows), r0 >= tail_begin);
   }
 }
 
@@ -252,18 +322,20 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
   STRATA_CHECK(table.shape.rank == 2, "embedding table {}", table.describe());
   const int64_t vocab = table.shape[0];
   const int64_t h = table.shape[1];
-  const bool packed = table.dtype == DType::kQ4;  // compress_weight: rows decoded as read
-  const QuantView q4 = packed ? q4_view(table) : QuantView{};
-  const size_t elem = packed ? 0 : dtype_size(table.dtype);
+  const QuantView q4 = table.dtype == DType::kQ4 ? q4_view(table) : QuantView{};
   for (int64_t i = 0; i < n; ++i) {
     STRATA_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} outside vocabulary of {}", ids[i],
                  vocab);
-    if (packed) {
-      dequantize_rows(q4, ids[i], 1, y + i * h);
-      continue;
+    float* out = y + i * h;
+    if (table.dtype == DType::kQ4) {  // compress_weight: rows decoded as read
+      dequantize_rows(q4, ids[i], 1, out);
+    } else if (table.dtype == DType::kF32Panel) {  // a tied head packed for the GEMM
+      panel_row(table.as<const float>(), vocab, h, ids[i], out);
+    } else {
+      const auto* row = static_cast<const char*>(table.data) +
+                        static_cast<size_t>(ids[i] * h) * dtype_size(table.dtype);
+      row_to_f32(table.dtype, row, out, h);
     }
-    const auto* row = static_cast<const char*>(table.data) + static_cast<size_t>(ids[i] * h) * elem;
-    row_to_f32(table.dtype, row, y + i * h, h);
   }
 }
 
@@ -330,7 +402,7 @@ void CpuBackend::silu_mul(const float* gate, const float* up, float* out, int64_
 #pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    out[i] = g / (1.0f + fast_exp(-g)) * up[i];
   }
 }
 
@@ -437,8 +509,8 @@ void CpuBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& ou
 }
 
 // One task per (sequence, query head): S = scale * Q K^T over the sequence's cache, causal
-// softmax per row, O = P V. BLAS does the products (GEMV for a decode row, GEMM for a
-// prefill chunk); inside the parallel region OpenBLAS runs single-threaded.
+// softmax per row, O = P V. A decode row runs decode_attention_head; a prefill chunk's
+// products are BLAS GEMMs (inside the parallel region OpenBLAS runs single-threaded).
 void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                            const AttentionDims& dims, float* out) {
   const std::span<const SeqSlice> seqs = rows.seqs;
@@ -476,19 +548,15 @@ void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerVi
     float* scores =
         attn_scratch_.data() + scratch_per_task * static_cast<size_t>(omp_get_thread_num());
     if (s.n_new == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, ctx, hd, dims.scale, k, hd, qh, 1, 0.0f, scores, 1);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, dims.scale, qh,
-                  static_cast<blasint>(width), k, hd, 0.0f, scores, ctx);
+      decode_attention_head(qh, k, v, ctx, hd, dims.scale, scores, oh);
+      continue;
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, dims.scale, qh,
+                static_cast<blasint>(width), k, hd, 0.0f, scores, ctx);
     for (int32_t t = 0; t < s.n_new; ++t)
       causal_softmax_row(scores + static_cast<size_t>(t) * ctx, s.n_past + t + 1, ctx);
-    if (s.n_new == 1) {
-      cblas_sgemv(CblasRowMajor, CblasTrans, ctx, hd, 1.0f, v, hd, scores, 1, 0.0f, oh, 1);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.n_new, hd, ctx, 1.0f, scores, ctx, v,
-                  hd, 0.0f, oh, static_cast<blasint>(width));
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.n_new, hd, ctx, 1.0f, scores, ctx, v,
+                hd, 0.0f, oh, static_cast<blasint>(width));
   }
 }
 

@@ -23,7 +23,10 @@ class CpuBackend final : public Backend {
 
   // Allocations of kLazyBytes and more are mapped, not written: the kernel commits their
   // pages as they are first written, so a KV cache of many slots of the whole context costs
-  // the positions filled (S3's packing; discard() gives a finished slot's pages back).
+  // the positions filled (S3's packing; discard() gives a finished slot's pages back). Small
+  // pages on purpose: on huge pages the first writes of a prefill cost 3-4x the faults'
+  // time (2 MiB zeroed and compacted per fault) and decode attention gained nothing
+  // measurable (docs/BENCHMARKS.md, "Panel GEMM").
   void* allocate(size_t bytes) override;
   void deallocate(void* p) override;
   void discard(void* p, size_t offset, size_t bytes) override;
@@ -59,6 +62,7 @@ class CpuBackend final : public Backend {
  private:
   void linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
   void linear_half(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
+  void linear_panel(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);
 
   int threads_;
   std::mutex mapped_mutex_;                   // allocate() may run on any stage's thread

@@ -16,6 +16,8 @@ const char* dtype_name(DType t) {
       return "i32";
     case DType::kQ4:
       return "q4";
+    case DType::kF32Panel:
+      return "f32_panel";
   }
   return "?";
 }
@@ -97,6 +99,7 @@ void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
     }
     case DType::kI32:
     case DType::kQ4:
+    case DType::kF32Panel:
       break;
   }
   STRATA_CHECK(false, "convert_to_f32: unsupported source type {}", dtype_name(src_type));
@@ -119,6 +122,7 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
     }
     case DType::kI32:
     case DType::kQ4:
+    case DType::kF32Panel:
       break;
   }
   STRATA_CHECK(false, "convert_from_f32: unsupported destination type {}", dtype_name(dst_type));

@@ -12,7 +12,9 @@ namespace strata {
 // kQ4: FlexGen's 4-bit group-wise weights (kernels/quant.h), a [rows, cols] matrix stored
 // as one blob: the packed codes, then the f32 mins, then the f32 scales, grouped along rows
 // by kQuantGroupSize. It has no per-element size: Tensor::bytes() knows its layout.
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kQ4 = 4 };
+// kF32Panel: an f32 [rows, cols] matrix repacked for the CPU's GEMM (kernels/gemm_panel.h):
+// the same values and bytes as f32 in another order, made at load for CPU compute only.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kQ4 = 4, kF32Panel = 5 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -26,6 +28,8 @@ constexpr size_t dtype_size(DType t) {
       return 4;
     case DType::kQ4:
       return 0;
+    case DType::kF32Panel:
+      return 4;
   }
   return 0;
 }

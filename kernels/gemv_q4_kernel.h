@@ -44,6 +44,10 @@ struct Q4Args {
 };
 
 constexpr int64_t kQ4Group = 64;
+// How far ahead of a row's codes the kernel asks for them: the byte products keep too few
+// loads in flight for the hardware prefetcher alone (a decode step's 4-bit GEMVs streamed
+// at 10 GB/s without, 14 with, on the 2-core VM: docs/BENCHMARKS.md).
+constexpr int64_t kQ4PrefetchBytes = 2048;
 // Codes one load covers (V::kBlock): k must be a multiple of the kernel's.
 constexpr int64_t kQ4BlockAvx2 = 64;
 constexpr int64_t kQ4BlockAvx512 = 128;
@@ -82,6 +86,7 @@ void q4_tile(const Q4Args& a, int64_t i0, int64_t row) {
   for (int64_t c = 0; c < a.k; c += V::kBlock) {
     const int64_t g = c / kQ4Group;
     typename V::IVec lo[R], hi[R];
+    for (int r = 0; r < R; ++r) __builtin_prefetch(codes[r] + c / 2 + kQ4PrefetchBytes, 0, 3);
     for (int r = 0; r < R; ++r) V::load_codes(codes[r] + c / 2, lo[r], hi[r]);
     for (int i = 0; i < M; ++i) {
       const int8_t* xb = a.xq + (i0 + i) * xrow + 2 * c;

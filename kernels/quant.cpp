@@ -363,6 +363,11 @@ void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows
   dequantize_rows(t.view(), row_begin, n_rows, out);
 }
 
+void dequantize_one_row(const QuantView& t, int64_t row, float* out) {
+  STRATA_CHECK(row >= 0 && row < t.layout.rows, "dequantize row {} of {}", row, t.layout.str());
+  dequantize_row(t, row, out);
+}
+
 void dequantize_rows(const QuantView& t, int64_t row_begin, int64_t n_rows, float* out) {
   const QuantLayout& l = t.layout;
   STRATA_CHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= l.rows,

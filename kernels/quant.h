@@ -115,6 +115,8 @@ void dequantize_4bit(const QuantizedTensor& t, float* out);
 // out[n_rows, cols] = rows [row_begin, row_begin + n_rows) of the dequantised t (streaming).
 void dequantize_rows(const QuantizedTensor& t, int64_t row_begin, int64_t n_rows, float* out);
 void dequantize_rows(const QuantView& t, int64_t row_begin, int64_t n_rows, float* out);
+// One row on the calling thread: no parallel region of its own, for a caller inside one.
+void dequantize_one_row(const QuantView& t, int64_t row, float* out);
 
 // y[m, n] = x[m, k] * dequant(w)^T (+ bias[n]) for w [n, k] grouped along rows, reading
 // each code once from memory and never converting it to a float: for groups of 64 the

@@ -1,5 +1,9 @@
 #include "kernels/tensor.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -52,11 +56,45 @@ std::string Tensor::describe() const {
 }
 
 void Buffer::Free::operator()(void* p) const {
-  std::free(p);
+  if (mapped > 0) {
+    munmap(p, mapped);
+  } else {
+    std::free(p);
+  }
 }
+
+namespace {
+
+// `bytes` of zeroed memory on a 2 MiB boundary: a mapping one huge page larger, with the
+// pages before the boundary and after the end unmapped again. Returns the length kept.
+void* map_huge_aligned(size_t bytes, size_t& mapped) {
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  mapped = (bytes + page - 1) / page * page;
+  const size_t over = mapped + kHugePageBytes;
+  void* m = mmap(nullptr, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    fail(ErrorKind::kOverloaded, "cannot map {} bytes of host memory: {}", bytes,
+         std::strerror(errno));
+  const auto base = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = (base + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  if (start > base) munmap(m, start - base);
+  if (base + over > start + mapped)
+    munmap(reinterpret_cast<void*>(start + mapped), base + over - (start + mapped));
+  void* p = reinterpret_cast<void*>(start);
+  madvise(p, mapped, MADV_HUGEPAGE);  // advice only: 4 KiB pages where THP is off
+  return p;
+}
+
+}  // namespace
 
 Buffer::Buffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
+  if (bytes >= kHugePageBytes) {
+    size_t mapped = 0;
+    void* p = map_huge_aligned(bytes, mapped);
+    ptr_ = std::unique_ptr<void, Free>(p, Free{mapped});
+    return;
+  }
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) fail(ErrorKind::kOverloaded, "out of host memory allocating {} bytes", bytes);

@@ -133,7 +133,8 @@ void fill_dummy_tensor(uint64_t seed, const std::string& name, int64_t fan_in, c
         out.as<int32_t>()[i] = 0;
         break;
       case DType::kQ4:
-        break;  // quantised from f32 by the loader, never generated
+      case DType::kF32Panel:
+        break;  // made from f32 by the loader, never generated
     }
   }
 }

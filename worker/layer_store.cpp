@@ -41,16 +41,6 @@ void* aligned_in(Buffer& b) {
   return reinterpret_cast<void*>(align_up(reinterpret_cast<uintptr_t>(b.data())));
 }
 
-// Gives the pages behind a mapped checkpoint view back to the kernel. Only whole pages
-// inside the tensor: a page it shares with a neighbour (or an allocator header) is kept.
-void drop_pages(const Tensor& t) {
-  if (t.data == nullptr || t.bytes() == 0) return;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGE_SIZE));
-  const auto begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
-  const auto end = (reinterpret_cast<uintptr_t>(t.data) + t.bytes()) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
 }  // namespace
 
 LayerLayout LayerLayout::of(const LayerWeights& example) {
@@ -206,7 +196,7 @@ void LayerOffloader::operator()(int32_t layer, LayerWeights& w) {
 }
 
 void release_layer(LayerWeights& w) {
-  for (auto member : kMembers) drop_pages(w.*member);  // mapped checkpoint pages
+  for (auto member : kMembers) drop_mapped_pages(w.*member);  // mapped checkpoint pages
   w = LayerWeights{};
 }
 

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/error.h"
+#include "kernels/gemm_panel.h"
 #include "kernels/quant.h"
 #include "worker/dummy.h"
 
@@ -23,11 +26,16 @@ WeightParts weight_parts(const ModelConfig& full, const LoadOptions& o) {
 
 namespace {
 
+using MatrixConvert = bool (*)(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store,
+                               std::vector<float>& f32);
+
 // One matrix to kQ4 storage appended to `store`; false (left as it is) when absent, already
 // packed, or its rows are not whole groups.
 bool compress_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store,
                      std::vector<float>& f32) {
-  if (t.data == nullptr || t.dtype == DType::kQ4 || t.shape[1] % kQuantGroupSize != 0) return false;
+  if (t.data == nullptr || t.dtype == DType::kQ4 || t.dtype == DType::kF32Panel ||
+      t.shape[1] % kQuantGroupSize != 0)
+    return false;
   const int64_t n = t.shape.numel();
   f32.resize(static_cast<size_t>(n));
   convert_to_f32(t.dtype, t.data, f32.data(), static_cast<size_t>(n));
@@ -39,36 +47,80 @@ bool compress_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store
   return true;
 }
 
-}  // namespace
-
-int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store) {
-  int compressed = 0;
-  std::vector<float> f32;
-  for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
-    compressed += compress_matrix(*t, store, f32);
-  return compressed;
+// One f32 matrix repacked into panels for the host's GEMM (kernels/gemm_panel.h), appended
+// to `store`; false (left as it is) when absent or not f32. A mapped checkpoint's pages of
+// the original go back to the kernel (a converted original is freed by its owner).
+bool pack_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store,
+                 std::vector<float>& /*unused*/) {
+  if (t.data == nullptr || t.dtype != DType::kF32 || t.shape.rank != 2) return false;
+  store.push_back(std::make_unique<OwnedTensor>(DType::kF32Panel, t.shape));
+  pack_panels(t.as<const float>(), t.shape[0], t.shape[1], store.back()->storage.as<float>());
+  drop_mapped_pages(t);
+  t = store.back()->view;
+  return true;
 }
 
-int compress_fixed(ModelWeights& w) {
+int convert_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store,
+                  MatrixConvert convert) {
+  int converted = 0;
+  std::vector<float> f32;
+  for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
+    converted += convert(*t, store, f32);
+  return converted;
+}
+
+// The matrices outside the layers: the projections, the head, and the embedding where
+// `embedding` asks for it (a tied head is the embedding: both change together).
+int convert_fixed(ModelWeights& w, bool embedding, MatrixConvert convert) {
   const bool tied = w.lm_head.data != nullptr && w.lm_head.data == w.embed.data;
-  std::vector<std::unique_ptr<OwnedTensor>> packed;
+  std::vector<Tensor*> targets{&w.project_in, &w.project_out};
+  if (embedding || tied) targets.push_back(&w.embed);
+  if (!tied) targets.push_back(&w.lm_head);
+  std::vector<std::unique_ptr<OwnedTensor>> made;
   std::vector<const void*> replaced;
   std::vector<float> f32;
-  int compressed = 0;
-  for (Tensor* t : {&w.embed, &w.project_in, &w.project_out, &w.lm_head}) {
-    if (tied && t == &w.lm_head) break;  // the last: it follows the embedding below
+  int converted = 0;
+  for (Tensor* t : targets) {
     const void* before = t->data;
-    if (!compress_matrix(*t, packed, f32)) continue;
+    if (!convert(*t, made, f32)) continue;
     replaced.push_back(before);
-    ++compressed;
+    ++converted;
   }
   if (tied) w.lm_head = w.embed;
-  // Generated or converted originals are spent (a checkpoint's stay mapped, untouched).
+  // Generated or converted originals are spent (a checkpoint's stay mapped).
   std::erase_if(w.owned, [&](const std::unique_ptr<OwnedTensor>& o) {
     return std::find(replaced.begin(), replaced.end(), o->view.data) != replaced.end();
   });
-  for (auto& t : packed) w.owned.push_back(std::move(t));
-  return compressed;
+  for (auto& t : made) w.owned.push_back(std::move(t));
+  return converted;
+}
+
+}  // namespace
+
+int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store) {
+  return convert_layer(w, store, compress_matrix);
+}
+
+int compress_fixed(ModelWeights& w) {
+  return convert_fixed(w, true, compress_matrix);
+}
+
+int pack_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store) {
+  return convert_layer(w, store, pack_matrix);
+}
+
+int pack_fixed(ModelWeights& w) {
+  return convert_fixed(w, false, pack_matrix);
+}
+
+bool cpu_panels_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("STRATA_CPU_WEIGHTS");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "panels") == 0) return true;
+    if (std::strcmp(v, "rows") == 0) return false;
+    fail_input("STRATA_CPU_WEIGHTS='{}': expected panels or rows", v);
+  }();
+  return enabled;
 }
 
 StageRequest weight_request(const LoadOptions& o) {
@@ -142,13 +194,19 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   } else if (!m.placement.disk_layers.empty()) {
     sink = [&](int32_t i, LayerWeights& w) { offloader(i, w); };
   }
-  std::vector<std::unique_ptr<OwnedTensor>> compressed;  // kQ4 storage of resident layers
-  if (options.compress_weight) {
+  // Nothing places a layer elsewhere: it stays in host memory (packing keeps its size).
+  const bool host_resident = !sink && !options.compress_weight;
+  // kQ4 and panel storage of resident layers. 4-bit first: a matrix it leaves f32 (rows
+  // that are not whole groups) is still packed for the host's GEMM.
+  const bool pack = options.device == nullptr && options.cpu_panels && cpu_panels_enabled();
+  std::vector<std::unique_ptr<OwnedTensor>> converted;
+  if (options.compress_weight || pack) {
     sink = [&, place = sink](int32_t i, LayerWeights& w) {
-      const size_t mark = compressed.size();
-      compress_layer(w, compressed);
+      const size_t mark = converted.size();
+      if (options.compress_weight) compress_layer(w, converted);
+      if (pack) pack_layer(w, converted);
       if (place) place(i, w);
-      if (w.q.data == nullptr) compressed.resize(mark);  // packed elsewhere: the copy is spent
+      if (w.q.data == nullptr) converted.resize(mark);  // stored elsewhere: the copy is spent
     };
   }
   if (options.on_layer) {
@@ -158,15 +216,16 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
     };
   }
   if (dummy) {
-    m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts);
+    m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts, host_resident);
     m.tokenizer = Tokenizer::ids_only(m.config);
   } else {
     m.weights = load_checkpoint_weights(full, spec, sink, parts,
                                         CheckpointOptions{options.limits, options.check_weights});
     m.tokenizer = Tokenizer::load(spec, m.config, options.limits);
   }
-  for (auto& t : compressed) m.weights.owned.push_back(std::move(t));
+  for (auto& t : converted) m.weights.owned.push_back(std::move(t));
   if (options.compress_weight) compress_fixed(m.weights);
+  if (pack) pack_fixed(m.weights);
   auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
   if (m.feeder != nullptr) {
     m.feeder->finish(std::move(streamer));

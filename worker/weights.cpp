@@ -1,5 +1,6 @@
 #include "worker/weights.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -259,6 +260,7 @@ int64_t first_non_finite(const Tensor& t) {
       return first_all_ones<uint16_t>(t.data, n, 0x7f80u);
     case DType::kI32:
     case DType::kQ4:
+    case DType::kF32Panel:
       break;
   }
   STRATA_CHECK(false, "first_non_finite: {} is not a float type", dtype_name(t.dtype));
@@ -303,12 +305,12 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
 }
 
 ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const LayerSink& sink,
-                                const WeightParts& parts) {
+                                const WeightParts& parts, bool host_resident) {
   // Refuse before allocating: a 175B shape must say it does not fit, not die in the OOM killer.
   const double need = static_cast<double>(config.shape().total_params()) * dtype_size(config.dtype);
   const double have =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (!sink && need > 0.9 * have)
+  if ((!sink || host_resident) && need > 0.9 * have)
     fail(ErrorKind::kOverloaded,
          "{}: weights need {:.1f} GiB in {} but this host has {:.1f} GiB of memory (limit 90%); "
          "give a --cpu-mem budget and a --disk-dir to keep the rest on disk",
@@ -324,6 +326,14 @@ ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const 
   ModelWeights built = build_weights(config, names, fetch, sink, w.owned, parts);
   built.owned = std::move(w.owned);
   return built;
+}
+
+void drop_mapped_pages(const Tensor& t) {
+  if (t.data == nullptr || t.bytes() == 0) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGE_SIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(t.data) + t.bytes()) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 }  // namespace strata

@@ -46,6 +46,11 @@ struct ModelWeights {
   int64_t matrix_bytes() const;  // bytes of all weights as stored
 };
 
+// Gives the pages behind a tensor back to the kernel once nothing reads it: a mapped
+// checkpoint view's are read from the file again if touched, owned memory reads as zeros.
+// Only whole pages inside the tensor (a page it shares with a neighbour is kept).
+void drop_mapped_pages(const Tensor& t);
+
 // Called after each layer is built and before the next, e.g. to move it to disk; a sink
 // that empties the layer also frees the memory the loader allocated for it.
 using LayerSink = std::function<void(int32_t layer, LayerWeights& weights)>;
@@ -90,8 +95,11 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
 // every element is finite.
 int64_t first_non_finite(const Tensor& t);
 
-// Generates the weights of a dummy shape deterministically from `seed`.
+// Generates the weights of a dummy shape deterministically from `seed`. `host_resident`:
+// every layer stays in host memory at its generated size (no sink, or one that only
+// repacks it), so a shape the host cannot hold is refused before anything is allocated.
 ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed,
-                                const LayerSink& sink = {}, const WeightParts& parts = {});
+                                const LayerSink& sink = {}, const WeightParts& parts = {},
+                                bool host_resident = false);
 
 }  // namespace strata

@@ -130,6 +130,7 @@ cuda_kernels::ElemType elem_type(DType t) {
       return cuda_kernels::ElemType::kBF16;
     case DType::kI32:
     case DType::kQ4:
+    case DType::kF32Panel:
       break;
   }
   STRATA_CHECK(false, "cuda backend: {} is not a float type", dtype_name(t));

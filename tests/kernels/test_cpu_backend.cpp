@@ -28,6 +28,7 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"
+#include "kernels/quant.h"
 #include "kernels/sampling.h"
 #include "kernels/tensor.h"
 #include "support/guarded.h"
@@ -197,6 +198,14 @@ struct WeightTensor {
           exact[i] = ref_bf16(h);
           break;
         }
+        case DType::kF32Panel: {  // gemm_panel.h's layout, by its formula
+          const int64_t r = static_cast<int64_t>(i) / cols, c = static_cast<int64_t>(i) % cols;
+          const int64_t at =
+              r >= rows / 32 * 32 ? r * cols + c : ((r / 32) * cols + c) * 32 + r % 32;
+          reinterpret_cast<float*>(storage.data())[at] = values[i];
+          exact[i] = values[i];
+          break;
+        }
         case DType::kI32:
         case DType::kQ4:
           ADD_FAILURE() << "not a float dtype";
@@ -240,7 +249,8 @@ TEST_P(LinearTest, MatchesReference) {
              w.exact[static_cast<size_t>(c * k + i)];
       ref[static_cast<size_t>(r * n + c)] = s;
     }
-  EXPECT_LT(norm_err(y.data(), ref), dtype == DType::kF32 ? kTolF32 : kTolHalf);
+  EXPECT_LT(norm_err(y.data(), ref),
+            dtype == DType::kF32 || dtype == DType::kF32Panel ? kTolF32 : kTolHalf);
   EXPECT_TRUE(y.guards_intact());
   EXPECT_TRUE(x.guards_intact());
   EXPECT_TRUE(w.storage.guards_intact());
@@ -270,6 +280,59 @@ INSTANTIATE_TEST_SUITE_P(
              "_n" + std::to_string(std::get<2>(tp.param)) + "_k" +
              std::to_string(std::get<3>(tp.param)) + (std::get<4>(tp.param) ? "_bias" : "_nobias");
     });
+
+// Weights packed for the GEMM at load: one kernel from a decode row to a prefill (m past the
+// kernels' 64-row blocks), panels split across the backend's threads, tail rows.
+INSTANTIATE_TEST_SUITE_P(CpuPanel, LinearTest,
+                         ::testing::Combine(::testing::Values(DType::kF32Panel),
+                                            ::testing::Values(int64_t{1}, int64_t{5}, int64_t{16},
+                                                              int64_t{33}, int64_t{70}),
+                                            ::testing::Values(int64_t{37}, int64_t{300}),
+                                            ::testing::Values(int64_t{53}, int64_t{300}),
+                                            ::testing::Bool()),
+                         [](const auto& tp) {
+                           return std::string("f32panel_m") +
+                                  std::to_string(std::get<1>(tp.param)) + "_n" +
+                                  std::to_string(std::get<2>(tp.param)) + "_k" +
+                                  std::to_string(std::get<3>(tp.param)) +
+                                  (std::get<4>(tp.param) ? "_bias" : "_nobias");
+                         });
+
+// 4-bit weights at more rows than the byte GEMV takes (linear_half: each 32-row panel
+// decoded into f32 and multiplied by the panel GEMM), tails included, against a double
+// reference over the decoded weights (the values dequantize_4bit gives, on the f32 grid).
+TEST(CpuBackendLinear, FourBitAtPrefillRowsMatchesTheDecodedWeights) {
+  CpuBackend cpu(2);
+  for (const int64_t n : {int64_t{37}, int64_t{64}, int64_t{100}})
+    for (const int64_t k : {int64_t{64}, int64_t{320}})
+      for (const int64_t m : {int64_t{17}, int64_t{70}}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k << " m=" << m);
+        const std::vector<float> w = random_floats(static_cast<size_t>(n * k), 31);
+        const QuantizedTensor q =
+            quantize_4bit(w.data(), {n, k, kQuantGroupSize, QuantAxis::kAlongRow});
+        std::vector<float> decoded(w.size());
+        dequantize_4bit(q, decoded.data());
+        OwnedTensor packed(DType::kQ4, Shape{n, k});
+        write_q4_blob(q, packed.storage.data());
+        Guarded<float> x(static_cast<size_t>(m * k));
+        x.assign(random_floats(x.size(), 32));
+        Guarded<float> bias(static_cast<size_t>(n));
+        bias.assign(random_floats(bias.size(), 33));
+        Guarded<float> y(static_cast<size_t>(m * n), nan_f32());
+        cpu.linear(x.data(), m, packed.view, bias.data(), y.data());
+        std::vector<double> ref(static_cast<size_t>(m * n));
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < n; ++c) {
+            double s = bias[static_cast<size_t>(c)];
+            for (int64_t i = 0; i < k; ++i)
+              s += static_cast<double>(x[static_cast<size_t>(r * k + i)]) *
+                   decoded[static_cast<size_t>(c * k + i)];
+            ref[static_cast<size_t>(r * n + c)] = s;
+          }
+        EXPECT_LT(norm_err(y.data(), ref), kTolF32);
+        EXPECT_TRUE(y.guards_intact());
+      }
+}
 
 TEST(CpuBackendLinear, ZeroRowsWritesNothingAndRejectsNon2dWeight) {
   CpuBackend cpu(1);
@@ -325,7 +388,8 @@ TEST_P(EmbeddingTest, RejectsIdsOutsideVocabulary) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, EmbeddingTest,
-                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16,
+                                           DType::kF32Panel),
                          [](const auto& tp) { return dtype_label(tp.param); });
 
 // ---------------------------------------------------------------------------------------

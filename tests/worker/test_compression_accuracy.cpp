@@ -20,6 +20,13 @@
 namespace strata {
 namespace {
 
+// Weights as the checkpoint stores them (row-major f32), for a test that rewrites them itself.
+LoadOptions row_major() {
+  LoadOptions lo;
+  lo.cpu_panels = false;
+  return lo;
+}
+
 // Replaces every layer matrix by its 4-bit round trip (groups of 64 along rows where the
 // row length allows, else along columns).
 void round_trip_layer_matrices(ModelWeights& w) {
@@ -116,7 +123,7 @@ TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
   Model f32_model(plain.config, std::move(plain.weights), backend, 128);
   const Accuracy base = measure(f32_model);
 
-  LoadedModel compressed = load_model(testing::stories_dir());
+  LoadedModel compressed = load_model(testing::stories_dir(), row_major());
   round_trip_layer_matrices(compressed.weights);
   Model q4_model(compressed.config, std::move(compressed.weights), backend, 128);
   const Accuracy q4 = measure(q4_model);
@@ -129,7 +136,7 @@ TEST(CompressionAccuracy, FourBitWeightsOnStories260K) {
 
   // Weights and cache both compressed.
   Q4CacheBackend q4_cache(backend);
-  LoadedModel both = load_model(testing::stories_dir());
+  LoadedModel both = load_model(testing::stories_dir(), row_major());
   round_trip_layer_matrices(both.weights);
   Model both_model(both.config, std::move(both.weights), q4_cache, 128);
   const Accuracy q4_both = measure(both_model);
@@ -171,7 +178,7 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
 
   EXPECT_EQ(packed.weights.embed.dtype, DType::kQ4) << "the embedding, as FlexGen compresses it";
   EXPECT_EQ(packed.weights.lm_head.data, packed.weights.embed.data) << "still tied";
-  LoadedModel plain = load_model(testing::stories_dir());
+  LoadedModel plain = load_model(testing::stories_dir(), row_major());
   ModelWeights& pw = plain.weights;
   auto round_trip_matrix = [&](Tensor* t) {
     if (t->shape[1] % kQuantGroupSize != 0) return;

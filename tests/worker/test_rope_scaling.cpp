@@ -133,12 +133,15 @@ struct Compared {
 Compared compare(const std::string& dir, const Vec& inv_freq) {
   const auto ref = testing::load_stories_references().front();  // "Once upon a time", 69 tokens
   const std::vector<int32_t> ids = ref.sequence();
-  LoadedModel m = load_model(dir);
+  LoadOptions row_major;  // the naive reference reads the checkpoint's layout
+  row_major.cpu_panels = false;
+  const LoadedModel m = load_model(dir, row_major);
   const std::vector<Vec> want = naive_llama(m.config, m.weights, ids, inv_freq);
   const std::vector<Vec> plain = naive_llama(m.config, m.weights, ids, unscaled_inv_freq());
   CpuBackend backend(2);
-  const ModelConfig config = m.config;
-  Model model(config, std::move(m.weights), backend, 128);
+  LoadedModel engine = load_model(dir);  // the engine's own layout
+  const ModelConfig config = engine.config;
+  Model model(config, std::move(engine.weights), backend, 128);
   const std::vector<float> got = teacher_forced_logits(model, ids, 16);
   const auto vocab = static_cast<size_t>(config.vocab);
   Compared c;
@@ -153,7 +156,9 @@ Compared compare(const std::string& dir, const Vec& inv_freq) {
 
 TEST(RopeScaling, NaiveReferenceMatchesLlama2cWithoutScaling) {
   const auto ref = testing::load_stories_references().front();
-  LoadedModel m = load_model(testing::stories_dir());
+  LoadOptions row_major;
+  row_major.cpu_panels = false;
+  LoadedModel m = load_model(testing::stories_dir(), row_major);
   const auto want = naive_llama(m.config, m.weights, ref.sequence(), unscaled_inv_freq());
   double worst = 0;
   const auto vocab = static_cast<size_t>(ref.vocab);

@@ -1,0 +1,106 @@
+// The panel GEMM (gemm_panel.h) written once over a vector traits type V;
+// gemm_panel_avx2.cpp and gemm_panel_avx512.cpp instantiate it, each compiled for its own
+// instruction set. Internal to kernels/.
+//
+// V provides: Vec, kWidth (floats a vector), kMr (activation rows a micro-kernel keeps in
+// registers: MR x 32 outputs), zero(), load(p), bcast(p) (one float to every lane),
+// fma(a, b, c), store(p, v).
+//
+// Blocking: a thread walks its panels once per kMc activation rows (those rows stay in L2
+// while every panel passes), and each panel in slices of kKc values of k (32 KiB of weights,
+// in L1/L2 while every MR-row tile of the kMc rows passes over it). A slice after the first
+// adds to the outputs the one before stored.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/gemm_panel.h"
+
+namespace strata::panel_detail {
+
+struct PanelArgs {
+  const float* x;  // [m, k]
+  int64_t m;
+  int64_t k;
+  const float* w;  // packed [n, k]
+  int64_t n;
+  const float* bias;  // [n] or null
+  float* y;           // [m, ldy]: column c of the matrix at y[i * ldy + c]
+  int64_t ldy;
+};
+
+constexpr int64_t kKc = 256;
+constexpr int64_t kMc = 64;
+
+// Compiled into each instruction set's file: internal linkage (see gemv_kernel.h).
+namespace {
+
+// MR activation rows from i against panel p, over k in [k0, k1).
+template <class V, int MR>
+void micro(const PanelArgs& a, int64_t p, int64_t i, int64_t k0, int64_t k1) {
+  constexpr int kVecs = static_cast<int>(kPanelRows) / V::kWidth;
+  using Vec = typename V::Vec;
+  Vec acc[MR][kVecs];
+  const int64_t col = p * kPanelRows;
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) {
+      const int64_t c = col + v * V::kWidth;
+      if (k0 > 0) {
+        acc[r][v] = V::load(a.y + (i + r) * a.ldy + c);
+      } else {
+        acc[r][v] = a.bias != nullptr ? V::load(a.bias + c) : V::zero();
+      }
+    }
+  const float* panel = a.w + p * a.k * kPanelRows;
+  const float* x = a.x + i * a.k;
+  for (int64_t kk = k0; kk < k1; ++kk) {
+    Vec w[kVecs];
+    for (int v = 0; v < kVecs; ++v) w[v] = V::load(panel + kk * kPanelRows + v * V::kWidth);
+    for (int r = 0; r < MR; ++r) {
+      const Vec xv = V::bcast(x + r * a.k + kk);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = V::fma(xv, w[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v)
+      V::store(a.y + (i + r) * a.ldy + col + v * V::kWidth, acc[r][v]);
+}
+
+// `rows` (< R + 1) activation rows from i: the micro-kernel of exactly that many.
+template <class V, int R>
+void micro_rows(const PanelArgs& a, int64_t p, int64_t i, int64_t rows, int64_t k0, int64_t k1) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      micro<V, R>(a, p, i, k0, k1);
+    } else {
+      micro_rows<V, R - 1>(a, p, i, rows, k0, k1);
+    }
+  }
+}
+
+// The output columns of panels [p0, p1) for every activation row. One panel streams at a
+// time: a decode GEMV (m = 1) reads weights at the machine's read bandwidth with one stream
+// a thread, and loses 10-25% with several panels' streams interleaved or with software
+// prefetch (docs/BENCHMARKS.md, "Panel GEMM").
+template <class V>
+void panel_gemm(const PanelArgs& a, int64_t p0, int64_t p1) {
+  for (int64_t i0 = 0; i0 < a.m; i0 += kMc) {
+    const int64_t i1 = std::min(a.m, i0 + kMc);
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
+        const int64_t k1 = std::min(a.k, k0 + kKc);
+        int64_t i = i0;
+        for (; i + V::kMr <= i1; i += V::kMr) micro<V, V::kMr>(a, p, i, k0, k1);
+        micro_rows<V, V::kMr - 1>(a, p, i, i1 - i, k0, k1);
+      }
+  }
+}
+
+}  // namespace
+
+// The instruction-set entry points (absent ones are never called: see active_cpu_isa()).
+void panel_gemm_avx2(const PanelArgs& a, int64_t p0, int64_t p1);
+void panel_gemm_avx512(const PanelArgs& a, int64_t p0, int64_t p1);
+
+}  // namespace strata::panel_detail
