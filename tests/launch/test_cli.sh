@@ -43,6 +43,21 @@ expect_error ids-for-tokenizerless "token ids" generate --model dummy:llama-110m
 expect_error bench-negative-batch "batch: must be > 0, got -1" bench --model "$MODEL" --batch -1
 STRATA_CPU_ISA=sse9 expect_error bad-cpu-isa "STRATA_CPU_ISA='sse9': expected portable, avx2 or avx512" \
   generate --model "$MODEL" --prompt hi
+STRATA_CPU_WEIGHTS=columns expect_error bad-cpu-weights "STRATA_CPU_WEIGHTS='columns': expected panels or rows" \
+  generate --model "$MODEL" --prompt hi
+
+# The host's weight layouts (kernels/gemm_panel.h): packed panels (the default) and the
+# checkpoint's rows give the same greedy continuation, batch and prompt chunking included.
+for layout in panels rows; do
+  STRATA_CPU_WEIGHTS=$layout "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" \
+    --prompt "The little dog ran" --max-new-tokens 24 --max-step-tokens 3 --format json \
+    >"$TMP/layout-$layout.jsonl" 2>"$TMP/err" || { cat "$TMP/err"; }
+done
+if [ -s "$TMP/layout-rows.jsonl" ] && cmp -s "$TMP/layout-panels.jsonl" "$TMP/layout-rows.jsonl"; then
+  echo "ok   weight-layouts-agree"; passes=$((passes + 1))
+else
+  echo "FAIL weight-layouts-agree:"; cat "$TMP"/layout-*.jsonl; failures=$((failures + 1))
+fi
 
 # Good input: one JSON object per prompt with the documented fields, in order.
 printf 'Once upon a time\nThe little dog\n' >"$TMP/prompts.txt"
