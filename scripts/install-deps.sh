@@ -10,7 +10,7 @@ PACKAGES=(
   libcapnp-dev capnproto
   libhiredis-dev redis-server
   libspdlog-dev libfmt-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libbenchmark-dev  # tests/bench (kernel benchmarks)
   coinor-libclp-dev
   libsentencepiece-dev
   nlohmann-json3-dev libcli11-dev
