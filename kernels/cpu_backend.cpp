@@ -54,19 +54,11 @@ void decode_attention_head(const float* q, const float* k, const float* v, int32
     for (int32_t d = 0; d < hd; ++d) dot += q[d] * kp[d];
     scores[p] = dot * scale;
   }
-  float mx = scores[0];
-  for (int32_t p = 1; p < ctx; ++p) mx = std::max(mx, scores[p]);
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int32_t p = 0; p < ctx; ++p) {
-    scores[p] = fast_exp(scores[p] - mx);
-    sum += scores[p];
-  }
-  const float inv = 1.0f / sum;
+  causal_softmax_row(scores, ctx, ctx);
 #pragma omp simd
   for (int32_t d = 0; d < hd; ++d) out[d] = 0.0f;
   for (int32_t p = 0; p < ctx; ++p) {
-    const float w = scores[p] * inv;
+    const float w = scores[p];
     const float* vp = v + static_cast<size_t>(p) * hd;
 #pragma omp simd
     for (int32_t d = 0; d < hd; ++d) out[d] += w * vp[d];
