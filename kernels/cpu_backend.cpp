@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 #include "kernels/cpu_isa.h"
 #include "kernels/error.h"
@@ -320,7 +319,7 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
                  vocab);
     float* out = y + i * h;
     if (table.dtype == DType::kQ4) {  // compress_weight: rows decoded as read
-      dequantize_rows(q4, ids[i], 1, out);
+      dequantize_one_row(q4, ids[i], out);
     } else if (table.dtype == DType::kF32Panel) {  // a tied head packed for the GEMM
       panel_row(table.as<const float>(), vocab, h, ids[i], out);
     } else {
