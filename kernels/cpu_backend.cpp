@@ -100,6 +100,7 @@ void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
     case DType::kI32:
     case DType::kQ4:
     case DType::kF32Panel:
+    case DType::kQ4Panel:
       break;
   }
   STRATA_CHECK(false, "row_to_f32: {} is not a float type", dtype_name(dtype));
@@ -154,7 +155,10 @@ void CpuBackend::reserve(const KernelBounds& b) {
   if (b.half_weights)
     dequant_scratch_.reserve(static_cast<size_t>((kPanelRows + 1) * b.max_in_features) *
                              static_cast<size_t>(std::max(threads_, omp_get_max_threads())));
-  if (b.max_q4_elems > 0) q4_scratch_.reserve(kGemvMaxRows, b.max_in_features, kQuantGroupSize);
+  if (b.max_q4_elems > 0) {
+    q4_scratch_.reserve(kGemvMaxRows, b.max_in_features, kQuantGroupSize);
+    q4_panel_scratch_.reserve(kGemvMaxRows, b.max_in_features);
+  }
   // attention(): one score block per task, at most (rows of one sequence) x (its positions).
   const int64_t per_task = std::min(b.max_rows, b.max_positions) * b.max_positions;
   const auto threads = static_cast<int64_t>(std::max(threads_, omp_get_max_threads()));
@@ -163,7 +167,7 @@ void CpuBackend::reserve(const KernelBounds& b) {
 
 size_t CpuBackend::reserved_bytes() const {
   return (dequant_scratch_.capacity() + attn_scratch_.capacity()) * sizeof(float) +
-         q4_scratch_.bytes();
+         q4_scratch_.bytes() + q4_panel_scratch_.bytes();
 }
 
 void* CpuBackend::allocate(size_t bytes) {
@@ -215,6 +219,8 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
   if (m == 0) return;
   if (w.dtype == DType::kF32Panel) {
     linear_panel(x, m, w, bias, y);
+  } else if (w.dtype == DType::kQ4Panel) {
+    q4_panel_linear(x, m, w, bias, y, q4_panel_scratch_, isa_);  // any m, codes as bytes
   } else if (w.dtype == DType::kQ4 && m <= kGemvMaxRows) {
     linear_4bit(x, m, q4_view(w), bias, y, q4_scratch_, isa_);  // codes read once, as bytes
   } else if (m <= kGemvMaxRows) {
@@ -322,6 +328,8 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
       dequantize_one_row(q4, ids[i], out);
     } else if (table.dtype == DType::kF32Panel) {  // a tied head packed for the GEMM
       panel_row(table.as<const float>(), vocab, h, ids[i], out);
+    } else if (table.dtype == DType::kQ4Panel) {  // a tied 4-bit head packed for the CPU
+      q4_panel_row(table.as<const uint8_t>(), vocab, h, ids[i], out);
     } else {
       const auto* row = static_cast<const char*>(table.data) +
                         static_cast<size_t>(ids[i] * h) * dtype_size(table.dtype);

@@ -7,6 +7,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu_isa.h"
+#include "kernels/gemm_q4_panel.h"
 #include "kernels/quant.h"
 
 namespace strata {
@@ -72,6 +73,7 @@ class CpuBackend final : public Backend {
   std::vector<float> attn_scratch_;
   std::vector<float> dequant_scratch_;
   Linear4bitScratch q4_scratch_;
+  Q4PanelScratch q4_panel_scratch_;  // grows to the longest prefill step
 };
 
 // The most threads a CPU backend takes: 4 x the hardware threads (more only oversubscribes

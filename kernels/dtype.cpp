@@ -18,6 +18,8 @@ const char* dtype_name(DType t) {
       return "q4";
     case DType::kF32Panel:
       return "f32_panel";
+    case DType::kQ4Panel:
+      return "q4_panel";
   }
   return "?";
 }
@@ -100,6 +102,7 @@ void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
     case DType::kI32:
     case DType::kQ4:
     case DType::kF32Panel:
+    case DType::kQ4Panel:
       break;
   }
   STRATA_CHECK(false, "convert_to_f32: unsupported source type {}", dtype_name(src_type));
@@ -123,6 +126,7 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
     case DType::kI32:
     case DType::kQ4:
     case DType::kF32Panel:
+    case DType::kQ4Panel:
       break;
   }
   STRATA_CHECK(false, "convert_from_f32: unsupported destination type {}", dtype_name(dst_type));

@@ -14,7 +14,17 @@ namespace strata {
 // by kQuantGroupSize. It has no per-element size: Tensor::bytes() knows its layout.
 // kF32Panel: an f32 [rows, cols] matrix repacked for the CPU's GEMM (kernels/gemm_panel.h):
 // the same values and bytes as f32 in another order, made at load for CPU compute only.
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kQ4 = 4, kF32Panel = 5 };
+// kQ4Panel: a kQ4 matrix repacked for the CPU's 4-bit kernel (kernels/gemm_q4_panel.h), the
+// same bytes a weight, made at load for CPU compute only; Tensor::bytes() knows its layout.
+enum class DType : uint8_t {
+  kF32 = 0,
+  kF16 = 1,
+  kBF16 = 2,
+  kI32 = 3,
+  kQ4 = 4,
+  kF32Panel = 5,
+  kQ4Panel = 6
+};
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -30,6 +40,8 @@ constexpr size_t dtype_size(DType t) {
       return 0;
     case DType::kF32Panel:
       return 4;
+    case DType::kQ4Panel:
+      return 0;
   }
   return 0;
 }

@@ -57,6 +57,11 @@ constexpr int64_t kQ4BlockAvx512 = 128;
 void gemv_q4_avx2(const Q4Args& a, int64_t n0, int64_t n1);
 void gemv_q4_avx512(const Q4Args& a, int64_t n0, int64_t n1);
 
+// One group of 64 activations x as two int8 parts in element order, x = d * (hi + lo / 256)
+// within d / 512 for d = max|x| / 127; returns d / 256 (NaN for a non-finite group, whose
+// parts are zero). quant.cpp; the kQ4 and the panel kernels' layouts are made from it.
+float split_x_group(const float* x, int8_t* hi, int8_t* lo);
+
 // Compiled into each instruction set's file: internal linkage (see gemv_kernel.h).
 namespace {
 

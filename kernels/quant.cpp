@@ -226,41 +226,24 @@ void group_sums(const float* x, int64_t m, int64_t k, int64_t g, float* sums) {
   }
 }
 
-// One group of 64 values as the vector kernels read it (gemv_detail::Q4Args): with
-// d = max|x| / 127, hi = round(x / d) and lo = round((x - d * hi) * 256 / d), so
-// x = d * (hi + lo / 256) within d / 512. Writes hi and lo at the group's place in its block
-// (even indices, then odd, of hi, then of lo; each part block / 2 bytes) and returns d / 256.
-// A non-finite group writes zero parts and returns NaN, which the products carry into y.
+// Writes one group of 64 values, split by gemv_detail::split_x_group, at the group's place in
+// its block of the kQ4 kernels' layout (even indices, then odd, of hi, then of lo; each part
+// block / 2 bytes) and returns d / 256.
 float split_group(const float* x, int64_t block, int64_t offset, int8_t* out) {
-  // Written so the compiler vectorises every loop: a decode step splits x before each of its
-  // ~85 4-bit GEMVs, and scalar rounding cost as much as a small matrix's products.
-  float amax = 0.0f;
-  int bad = 0;  // x - x is NaN exactly for an infinite or NaN x
-#pragma omp simd reduction(max : amax) reduction(| : bad)
-  for (int64_t c = 0; c < gemv_detail::kQ4Group; ++c) {
-    amax = std::max(amax, std::fabs(x[c]));
-    bad |= (x[c] - x[c] == 0.0f) ? 0 : 1;
-  }
-  const bool finite = bad == 0;
-  const float d = finite ? amax / 127.0f : 0.0f;  // zero parts then, never a NaN cast
-  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+  int8_t hi[gemv_detail::kQ4Group], lo[gemv_detail::kQ4Group];
+  const float scale = gemv_detail::split_x_group(x, hi, lo);
   int8_t* hi_even = out + offset / 2;
   int8_t* hi_odd = hi_even + block / 2;
   int8_t* lo_even = hi_even + block;
   int8_t* lo_odd = hi_odd + block;
 #pragma omp simd
   for (int64_t p = 0; p < gemv_detail::kQ4Group / 2; ++p) {
-    const float xe = x[2 * p], xo = x[2 * p + 1];
-    const float he = std::clamp(std::nearbyint(xe * inv), -127.0f, 127.0f);
-    const float ho = std::clamp(std::nearbyint(xo * inv), -127.0f, 127.0f);
-    hi_even[p] = static_cast<int8_t>(he);
-    hi_odd[p] = static_cast<int8_t>(ho);
-    lo_even[p] = static_cast<int8_t>(
-        std::clamp(std::nearbyint((xe - d * he) * 256.0f * inv), -128.0f, 127.0f));
-    lo_odd[p] = static_cast<int8_t>(
-        std::clamp(std::nearbyint((xo - d * ho) * 256.0f * inv), -128.0f, 127.0f));
+    hi_even[p] = hi[2 * p];
+    hi_odd[p] = hi[2 * p + 1];
+    lo_even[p] = lo[2 * p];
+    lo_odd[p] = lo[2 * p + 1];
   }
-  return finite ? d / 256.0f : std::numeric_limits<float>::quiet_NaN();
+  return scale;
 }
 
 // x[m, k] split group by group into `xq` ([m, 2k] bytes) and `xscale` ([m, k / 64]).
@@ -293,6 +276,36 @@ void row_scalar(const float* x, const QuantView& w, const float* xsum, int64_t i
 }
 
 }  // namespace
+
+namespace gemv_detail {
+
+// With d = max|x| / 127: hi = round(x / d) and lo = round((x - d * hi) * 256 / d), so
+// x = d * (hi + lo / 256) within d / 512. A non-finite group gives zero parts and NaN, which
+// the products carry into y.
+float split_x_group(const float* x, int8_t* hi, int8_t* lo) {
+  // Written so the compiler vectorises every loop: a decode step splits x before each of its
+  // ~85 4-bit GEMVs, and scalar rounding cost as much as a small matrix's products.
+  float amax = 0.0f;
+  int bad = 0;  // x - x is NaN exactly for an infinite or NaN x
+#pragma omp simd reduction(max : amax) reduction(| : bad)
+  for (int64_t c = 0; c < kQ4Group; ++c) {
+    amax = std::max(amax, std::fabs(x[c]));
+    bad |= (x[c] - x[c] == 0.0f) ? 0 : 1;
+  }
+  const bool finite = bad == 0;
+  const float d = finite ? amax / 127.0f : 0.0f;  // zero parts then, never a NaN cast
+  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+#pragma omp simd
+  for (int64_t c = 0; c < kQ4Group; ++c) {
+    const float h = std::clamp(std::nearbyint(x[c] * inv), -127.0f, 127.0f);
+    hi[c] = static_cast<int8_t>(h);
+    lo[c] = static_cast<int8_t>(
+        std::clamp(std::nearbyint((x[c] - d * h) * 256.0f * inv), -128.0f, 127.0f));
+  }
+  return finite ? d / 256.0f : std::numeric_limits<float>::quiet_NaN();
+}
+
+}  // namespace gemv_detail
 
 void quantize_group(const float* x, int64_t n, uint8_t* codes, float* min, float* scale) {
   GroupStats s = group_stats(x, n, 1);

@@ -40,8 +40,9 @@ std::string Shape::str() const {
 
 size_t Tensor::bytes() const {
   const auto n = static_cast<size_t>(shape.numel());
-  if (dtype != DType::kQ4) return n * dtype_size(dtype);
-  // Codes (two per byte) and an f32 min and scale per group of 64 (quant.h's layout).
+  if (dtype != DType::kQ4 && dtype != DType::kQ4Panel) return n * dtype_size(dtype);
+  // Codes (two per byte) and an f32 min and scale per group of 64 (quant.h's layout; the
+  // panels of gemm_q4_panel.h reorder the same bytes).
   return n / 2 + 2 * sizeof(float) * (n / 64);
 }
 

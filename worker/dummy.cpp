@@ -134,6 +134,7 @@ void fill_dummy_tensor(uint64_t seed, const std::string& name, int64_t fan_in, c
         break;
       case DType::kQ4:
       case DType::kF32Panel:
+      case DType::kQ4Panel:
         break;  // made from f32 by the loader, never generated
     }
   }

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/error.h"
 #include "kernels/gemm_panel.h"
+#include "kernels/gemm_q4_panel.h"
 #include "kernels/quant.h"
 #include "worker/dummy.h"
 
@@ -47,12 +49,24 @@ bool compress_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store
   return true;
 }
 
-// One f32 matrix repacked into panels for the host's GEMM (kernels/gemm_panel.h), appended
-// to `store`; false (left as it is) when absent or not f32. A mapped checkpoint's pages of
-// the original go back to the kernel (a converted original is freed by its owner).
+// One matrix repacked for the host's kernels, appended to `store`: f32 into the GEMM's
+// panels (kernels/gemm_panel.h), 4-bit into the 4-bit panels where the CPU runs their kernel
+// (kernels/gemm_q4_panel.h). False (left as it is) when absent or neither. A mapped
+// checkpoint's pages of an f32 original go back to the kernel; a 4-bit original made in
+// `store` leaves it (one in another owner's list is freed by that owner).
 bool pack_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store,
                  std::vector<float>& /*unused*/) {
-  if (t.data == nullptr || t.dtype != DType::kF32 || t.shape.rank != 2) return false;
+  if (t.data == nullptr || t.shape.rank != 2) return false;
+  if (t.dtype == DType::kQ4 && q4_panels_pay(active_cpu_isa())) {
+    const void* original = t.data;
+    store.push_back(std::make_unique<OwnedTensor>(DType::kQ4Panel, t.shape));
+    pack_q4_panels(q4_view(t), store.back()->storage.as<uint8_t>());
+    t = store.back()->view;
+    std::erase_if(store,
+                  [&](const std::unique_ptr<OwnedTensor>& o) { return o->view.data == original; });
+    return true;
+  }
+  if (t.dtype != DType::kF32) return false;
   store.push_back(std::make_unique<OwnedTensor>(DType::kF32Panel, t.shape));
   pack_panels(t.as<const float>(), t.shape[0], t.shape[1], store.back()->storage.as<float>());
   drop_mapped_pages(t);

@@ -50,8 +50,9 @@ struct LoadOptions {
   // stored 4-bit group-wise (kQ4) in every tier and dequantised just before use.
   bool compress_weight = false;
   // When the host computes (no `device`): f32 matrices repacked into panels for the CPU's
-  // GEMM (kernels/gemm_panel.h), in every tier, unless STRATA_CPU_WEIGHTS=rows. Off for a
-  // caller that reads the weights row-major itself.
+  // GEMM (kernels/gemm_panel.h), and 4-bit ones for its 4-bit kernel where the CPU has
+  // AVX-512 VNNI (kernels/gemm_q4_panel.h), in every tier, unless STRATA_CPU_WEIGHTS=rows.
+  // Off for a caller that reads the weights row-major itself.
   bool cpu_panels = true;
   // The weight tiers decided elsewhere (a cluster plan's placement, one per loaded layer);
   // empty: placement/ decides from the budgets and shares above (place_weights).
@@ -83,8 +84,9 @@ int compress_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& s
 // stays the embedding), as FlexGen compresses every weight: at batch 1 a 32000-word f32
 // head would otherwise be most of a 4-bit step's bytes. Their storage goes to w.owned.
 int compress_fixed(ModelWeights& w);
-// The same two for the host's panel layout (kF32Panel): every f32 matrix the layer
-// multiplies, and the projections and head (a tied head takes the embedding with it).
+// The same two for the host's panel layouts (kF32Panel, kQ4Panel: pack_matrix in
+// loader.cpp says which): every matrix the layer multiplies, and the projections and head
+// (a tied head takes the embedding with it).
 int pack_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& store);
 int pack_fixed(ModelWeights& w);
 // STRATA_CPU_WEIGHTS=panels (the default) or rows (measure the row-major path in the same

@@ -261,6 +261,7 @@ int64_t first_non_finite(const Tensor& t) {
     case DType::kI32:
     case DType::kQ4:
     case DType::kF32Panel:
+    case DType::kQ4Panel:
       break;
   }
   STRATA_CHECK(false, "first_non_finite: {} is not a float type", dtype_name(t.dtype));

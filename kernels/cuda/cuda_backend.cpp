@@ -131,6 +131,7 @@ cuda_kernels::ElemType elem_type(DType t) {
     case DType::kI32:
     case DType::kQ4:
     case DType::kF32Panel:
+    case DType::kQ4Panel:
       break;
   }
   STRATA_CHECK(false, "cuda backend: {} is not a float type", dtype_name(t));

@@ -1,7 +1,10 @@
 // The CPU linear at the shapes of a Llama of stories110M's size (docs/BENCHMARKS.md, "Panel
-// GEMM"): row-major f32 weights (the GEMV for m <= 16, OpenBLAS's sgemm above) against the
-// same weights packed into panels (kernels/gemm_panel.h), through CpuBackend::linear as the
-// engine calls it.
+// GEMM" and "4-bit panels"), through CpuBackend::linear as the engine calls it, in four
+// weight layouts (the `layout` argument):
+//   0  f32 rows (the GEMV for m <= 16, OpenBLAS's sgemm above)
+//   1  f32 panels (kernels/gemm_panel.h)
+//   2  4-bit rows, kQ4 (the byte GEMV for m <= 16, f32 panels decoded per call above)
+//   3  4-bit panels (kernels/gemm_q4_panel.h; AVX-512 VNNI)
 //   bench_gemm --benchmark_format=json            every shape, hot in cache
 //   bench_gemm --benchmark_filter=Step            a decode step's 85 matrices streamed from memory
 // STRATA_BENCH_THREADS sets the threads (default 2). Counters: GFLOP/s and weight GB/s.
@@ -13,6 +16,8 @@
 
 #include "kernels/cpu_backend.h"
 #include "kernels/gemm_panel.h"
+#include "kernels/gemm_q4_panel.h"
+#include "kernels/quant.h"
 #include "kernels/tensor.h"
 
 namespace strata {
@@ -29,14 +34,17 @@ CpuBackend& backend() {
 }
 
 // A [n, k] weight in the layout asked for, with values that keep products finite.
-std::unique_ptr<OwnedTensor> make_weight(int64_t n, int64_t k, bool panels) {
+std::unique_ptr<OwnedTensor> make_weight(int64_t n, int64_t k, int64_t layout) {
   std::vector<float> rows(static_cast<size_t>(n * k));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 97) * 1e-3f - 0.05f;
-  auto w = std::make_unique<OwnedTensor>(panels ? DType::kF32Panel : DType::kF32, Shape{n, k});
-  if (panels) {
-    pack_panels(rows.data(), n, k, w->view.as<float>());
-  } else {
-    std::copy(rows.begin(), rows.end(), w->view.as<float>());
+  const DType dtype[] = {DType::kF32, DType::kF32Panel, DType::kQ4, DType::kQ4Panel};
+  auto w = std::make_unique<OwnedTensor>(dtype[layout], Shape{n, k});
+  if (layout == 0) std::copy(rows.begin(), rows.end(), w->view.as<float>());
+  if (layout == 1) pack_panels(rows.data(), n, k, w->view.as<float>());
+  if (layout >= 2) {
+    const QuantizedTensor q = quantize_4bit(rows.data(), {n, k});
+    if (layout == 2) write_q4_blob(q, w->view.data);
+    if (layout == 3) pack_q4_panels(q.view(), w->view.as<uint8_t>());
   }
   return w;
 }
@@ -48,23 +56,23 @@ void report(benchmark::State& state, double flop, double bytes) {
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// args: panels (0/1), n, k, m
+// args: layout, n, k, m
 void BM_Linear(benchmark::State& state) {
-  const bool panels = state.range(0) != 0;
+  const int64_t layout = state.range(0);
   const int64_t n = state.range(1), k = state.range(2), m = state.range(3);
-  const auto w = make_weight(n, k, panels);
+  const auto w = make_weight(n, k, layout);
   std::vector<float> x(static_cast<size_t>(m * k), 0.25f), y(static_cast<size_t>(m * n));
   for (auto _ : state) {
     backend().linear(x.data(), m, w->view, nullptr, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  report(state, 2.0 * static_cast<double>(m * n * k), 4.0 * static_cast<double>(n * k));
+  report(state, 2.0 * static_cast<double>(m * n * k), static_cast<double>(w->view.bytes()));
 }
 
 // A decode step's matrices (12 layers of q, k, v, o, gate, up, down and the head), each
-// read from memory once per step: args panels (0/1), m.
+// read from memory once per step: args layout, m.
 void BM_Step(benchmark::State& state) {
-  const bool panels = state.range(0) != 0;
+  const int64_t layout = state.range(0);
   const int64_t m = state.range(1);
   std::vector<std::unique_ptr<OwnedTensor>> ws;
   double flop = 0, bytes = 0;
@@ -76,8 +84,8 @@ void BM_Step(benchmark::State& state) {
                                {2048, 768},
                                {2048, 768},
                                {768, 2048}})
-      ws.push_back(make_weight(n, k, panels));
-  ws.push_back(make_weight(32000, 768, panels));
+      ws.push_back(make_weight(n, k, layout));
+  ws.push_back(make_weight(32000, 768, layout));
   for (const auto& w : ws) {
     flop += 2.0 * static_cast<double>(m * w->view.shape.numel());
     bytes += static_cast<double>(w->view.bytes());
@@ -91,17 +99,17 @@ void BM_Step(benchmark::State& state) {
 }
 
 void linear_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"panels", "n", "k", "m"});
-  for (int64_t panels : {0, 1})
+  b->ArgNames({"layout", "n", "k", "m"});
+  for (int64_t layout : {0, 1, 2, 3})
     for (const auto& [n, k] :
          {std::pair<int64_t, int64_t>{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}})
-      for (int64_t m : {1, 8, 32, 128}) b->Args({panels, n, k, m});
+      for (int64_t m : {1, 8, 32, 128}) b->Args({layout, n, k, m});
 }
 
 BENCHMARK(BM_Linear)->Apply(linear_args)->UseRealTime()->MinTime(0.2);
 BENCHMARK(BM_Step)
-    ->ArgNames({"panels", "m"})
-    ->ArgsProduct({{0, 1}, {1, 32}})
+    ->ArgNames({"layout", "m"})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 32}})
     ->UseRealTime()
     ->MinTime(1.0);
 

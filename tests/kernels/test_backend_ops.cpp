@@ -23,6 +23,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"
+#include "kernels/gemm_q4_panel.h"
 #include "kernels/quant.h"
 #include "support/guarded.h"
 
@@ -304,6 +305,54 @@ Outcome op_linear_q4_row_blocks(Backend& b) {
   return outcome(dy, ref);
 }
 
+// The host's 4-bit panels (kernels/gemm_q4_panel.h, what the loader makes of kQ4 weights
+// for CPU compute): a blob packed from random codes, at m rows (n = 40: the last panel has 8
+// rows).
+DevTensor q4_panel_tensor(Backend& b, const Q4Blob& q, int64_t rows, int64_t cols) {
+  Tensor rowwise;
+  rowwise.data = const_cast<uint8_t*>(q.bytes.data());
+  rowwise.dtype = DType::kQ4;
+  rowwise.shape = {rows, cols};
+  std::vector<uint8_t> packed(q.bytes.size());  // the same bytes reordered
+  pack_q4_panels(q4_view(rowwise), packed.data());
+  return DevTensor(b, DType::kQ4Panel, {rows, cols}, packed.data(), packed.size());
+}
+
+Outcome op_linear_q4_panel(Backend& b, int64_t m) {
+  constexpr int64_t k = 192, n = 40;
+  const Q4Blob q = random_q4(n, k, 33);
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 34);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(n), 35);
+  const DevTensor dw = q4_panel_tensor(b, q, n, k);
+  DevVec<float> dx(b, x), db(b, bias), dy(b, std::vector<float>(static_cast<size_t>(m * n)));
+  b.linear(dx.data(), m, dw.t, db.data(), dy.data());
+  Ref ref(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t o = 0; o < n; ++o) {
+      double s = bias[static_cast<size_t>(o)];
+      for (int64_t c = 0; c < k; ++c)
+        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
+             q.value(static_cast<size_t>(o * k + c));
+      ref[static_cast<size_t>(i * n + o)] = s;
+    }
+  return outcome(dy, ref);
+}
+
+// A tied 4-bit head packed for the host is also the embedding table.
+Outcome op_embedding_q4_panel(Backend& b) {
+  constexpr int64_t vocab = 17, h = 128;
+  const Q4Blob q = random_q4(vocab, h, 36);
+  const std::vector<int32_t> ids = {3, 0, 16, 3, 9};
+  const DevTensor dt = q4_panel_tensor(b, q, vocab, h);
+  DevVec<int32_t> did(b, ids);
+  DevVec<float> dy(b, std::vector<float>(ids.size() * h));
+  b.embedding(did.data(), static_cast<int64_t>(ids.size()), dt.t, dy.data());
+  Ref ref;
+  for (int32_t id : ids)
+    for (int64_t i = 0; i < h; ++i) ref.push_back(q.value(static_cast<size_t>(id * h + i)));
+  return outcome(dy, ref);
+}
+
 constexpr int64_t kRows = 4, kH = 96;
 
 Outcome op_rms_norm(Backend& b) {
@@ -542,7 +591,8 @@ struct OpCase {
   std::string name;
   std::function<Outcome(Backend&)> run;
   double cpu_tol;
-  double cuda_tol;  // f16/bf16/q4 weights: the CUDA GEMM rounds x to f16 (cuda_backend.h)
+  double cuda_tol;           // f16/bf16/q4 weights: the CUDA GEMM rounds x to f16 (cuda_backend.h)
+  bool host_layout = false;  // a weight layout only the CPU computes with (never uploaded)
 };
 
 const std::vector<OpCase>& op_table() {
@@ -558,6 +608,9 @@ const std::vector<OpCase>& op_table() {
       {"embedding_bf16", [](Backend& b) { return embedding_case(b, DType::kBF16); }, 0, 0},
       {"embedding_q4", op_embedding_q4, 1e-6, 1e-6},
       {"linear_q4_row_blocks", op_linear_q4_row_blocks, 1e-4, 1e-2},
+      {"linear_q4_panel", [](Backend& b) { return op_linear_q4_panel(b, 5); }, 1e-4, 0, true},
+      {"linear_q4_panel_rows", [](Backend& b) { return op_linear_q4_panel(b, 37); }, 1e-4, 0, true},
+      {"embedding_q4_panel", op_embedding_q4_panel, 1e-6, 0, true},
       {"rms_norm", op_rms_norm, 1e-5, 1e-5},
       {"layer_norm", op_layer_norm, 1e-5, 1e-5},
       {"rope", op_rope, 1e-5, 1e-5},
@@ -587,8 +640,9 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   for (const OpCase& c : op_table()) {
     std::string n = c.name;
     if (n.ends_with("_table")) n = n.substr(0, n.size() - std::strlen("_table"));
-    if (n.ends_with("_row_blocks")) n = n.substr(0, n.size() - std::strlen("_row_blocks"));
-    for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4"})
+    for (const char* variant : {"_row_blocks", "_rows"})
+      if (n.ends_with(variant)) n = n.substr(0, n.size() - std::strlen(variant));
+    for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4_panel", "_q4"})
       if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && n != "kv_store_q4")
         n = n.substr(0, n.size() - std::strlen(suffix));
     if (n == "kv_store_q4+kv_dequantize") {
@@ -623,6 +677,7 @@ TEST_P(BackendOpTest, Cuda) {
     GTEST_SKIP() << "no CUDA device: " << e.what();
   }
   const OpCase& c = op_table()[GetParam()];
+  if (c.host_layout) GTEST_SKIP() << c.name << ": a layout the loader makes only for the CPU";
   run_case(*gpu, c, c.cuda_tol);
 }
 

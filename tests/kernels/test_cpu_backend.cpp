@@ -208,6 +208,7 @@ struct WeightTensor {
         }
         case DType::kI32:
         case DType::kQ4:
+        case DType::kQ4Panel:
           ADD_FAILURE() << "not a float dtype";
           break;
       }

@@ -10,6 +10,8 @@
 #include <cstdio>
 
 #include "kernels/cpu_backend.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/gemm_q4_panel.h"
 #include "kernels/quant.h"
 #include "kernels/sampling.h"
 #include "support/forwarding_backend.h"
@@ -162,21 +164,28 @@ namespace {
 // whose rows are whole groups of 64 become their 4-bit round trip, the tied embedding and
 // head among them, the others stay as they are (stories260K's down projection has 172
 // columns).
-TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
+// The parameter: LoadOptions::cpu_panels. With it, a CPU with AVX-512 VNNI computes from
+// 4-bit panels (kernels/gemm_q4_panel.h); without it, or on another CPU, from the kQ4 rows.
+class EngineCompression : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EngineCompression, IsTheRoundTripDequantisedBeforeUse) {
   CpuBackend backend(2);
   LoadOptions lo;
   lo.compress_weight = true;
+  lo.cpu_panels = GetParam();
+  const DType q4_dtype =
+      GetParam() && q4_panels_pay(active_cpu_isa()) ? DType::kQ4Panel : DType::kQ4;
   LoadedModel packed = load_model(testing::stories_dir(), lo);
   int q4 = 0;
   for (const LayerWeights& L : packed.weights.layers)
     for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-      q4 += t->dtype == DType::kQ4;
+      q4 += t->dtype == q4_dtype;
   EXPECT_EQ(q4, 6 * packed.config.n_layers) << "all but the 172-column down projections";
   EXPECT_LT(packed.placement.layer_bytes,
             place_weights(packed.config.shape(), StageRequest{}).layer_bytes);
   Model engine(packed.config, std::move(packed.weights), backend, 128);
 
-  EXPECT_EQ(packed.weights.embed.dtype, DType::kQ4) << "the embedding, as FlexGen compresses it";
+  EXPECT_EQ(packed.weights.embed.dtype, q4_dtype) << "the embedding, as FlexGen compresses it";
   EXPECT_EQ(packed.weights.lm_head.data, packed.weights.embed.data) << "still tied";
   LoadedModel plain = load_model(testing::stories_dir(), row_major());
   ModelWeights& pw = plain.weights;
@@ -196,9 +205,10 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
 
   const auto refs = testing::load_stories_references();
   for (const auto& r : refs) {
-    // 64-row prefill chunks take the dequantise-then-GEMM path, decode the fused GEMV,
-    // whose int8 split of x (quant.h) moves a product by up to max|x_group| / 65024 of the
-    // weights' magnitude: here at most about 4e-3 of logits that span tens.
+    // Rows: 64-row prefill chunks take the dequantise-then-GEMM path, decode the fused GEMV.
+    // Panels: one kernel for both. The int8 split of x (quant.h) moves a product by up to
+    // max|x_group| / 65024 of the weights' magnitude: here at most about 4e-3 of logits that
+    // span tens.
     for (int32_t chunk : {64, 1}) {
       const auto a = teacher_forced_logits(engine, r.sequence(), chunk);
       const auto b = teacher_forced_logits(round_trip, r.sequence(), chunk);
@@ -227,6 +237,11 @@ TEST(CompressionAccuracy, EngineCompressionIsTheRoundTripDequantisedBeforeUse) {
   expect_documented("engine, 4-bit weights and cache", both.perplexity, both.top1_agreement,
                     kEngineWeightsAndCache);
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, EngineCompression, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "CpuPanels" : "Rows";
+                         });
 
 }  // namespace
 }  // namespace strata
