@@ -120,6 +120,21 @@ std::vector<float> grid_floats(size_t n, uint32_t seed) {
   return v;
 }
 
+// y[m, n] = x[m, k] * W^T (+ bias) in double, with W's element (o, c) = w(o * k + c).
+Ref linear_ref(const std::vector<float>& x, int64_t m, int64_t k, int64_t n,
+               const std::vector<float>* bias, const std::function<double(size_t)>& w) {
+  Ref ref(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t o = 0; o < n; ++o) {
+      double s = bias != nullptr ? (*bias)[static_cast<size_t>(o)] : 0.0;
+      for (int64_t c = 0; c < k; ++c)
+        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
+             w(static_cast<size_t>(o * k + c));
+      ref[static_cast<size_t>(i * n + o)] = s;
+    }
+  return ref;
+}
+
 // The 4-bit round trip from its definition (quant.h): one min and scale per group,
 // scale = (max - min) / 15, q = clamp(round((x - min) / scale), 0, 15), x' = q * scale + min.
 Ref naive_q4(const std::vector<float>& x, size_t group) {
@@ -199,16 +214,7 @@ Outcome linear_case(Backend& b, DType dtype) {
   DevTensor dw(b, dtype, {kN, kK}, blob.data(), blob.size());
   DevVec<float> dx(b, x), db(b, bias), dy(b, std::vector<float>(static_cast<size_t>(kM * kN)));
   b.linear(dx.data(), kM, dw.t, db.data(), dy.data());
-  Ref ref(static_cast<size_t>(kM * kN));
-  for (int64_t i = 0; i < kM; ++i)
-    for (int64_t o = 0; o < kN; ++o) {
-      double s = bias[static_cast<size_t>(o)];
-      for (int64_t k = 0; k < kK; ++k)
-        s += static_cast<double>(x[static_cast<size_t>(i * kK + k)]) *
-             wref[static_cast<size_t>(o * kK + k)];
-      ref[static_cast<size_t>(i * kN + o)] = s;
-    }
-  return outcome(dy, ref);
+  return outcome(dy, linear_ref(x, kM, kK, kN, &bias, [&](size_t j) { return wref[j]; }));
 }
 
 Outcome embedding_case(Backend& b, DType dtype) {
@@ -262,12 +268,28 @@ Q4Blob random_q4(int64_t rows, int64_t cols, uint32_t seed) {
   return q;
 }
 
-// A compressed embedding table (compress_weight): each looked-up row decoded.
-Outcome op_embedding_q4(Backend& b) {
+// The host's 4-bit panels (kernels/gemm_q4_panel.h, what the loader makes of kQ4 weights
+// for CPU compute): a blob packed from random codes, at m rows (n = 40: the last panel has 8
+// rows).
+DevTensor q4_panel_tensor(Backend& b, const Q4Blob& q, int64_t rows, int64_t cols) {
+  Tensor rowwise;
+  rowwise.data = const_cast<uint8_t*>(q.bytes.data());
+  rowwise.dtype = DType::kQ4;
+  rowwise.shape = {rows, cols};
+  std::vector<uint8_t> packed(q.bytes.size());  // the same bytes reordered
+  pack_q4_panels(q4_view(rowwise), packed.data());
+  return DevTensor(b, DType::kQ4Panel, {rows, cols}, packed.data(), packed.size());
+}
+
+// A compressed embedding table (compress_weight): each looked-up row decoded. Packed for
+// the host, it is a tied 4-bit head.
+Outcome op_embedding_q4(Backend& b, bool panels) {
   constexpr int64_t vocab = 17, h = 128;
   const Q4Blob q = random_q4(vocab, h, 30);
   const std::vector<int32_t> ids = {3, 0, 16, 3, 9};
-  DevTensor dt(b, DType::kQ4, {vocab, h}, q.bytes.data(), q.bytes.size());
+  const DevTensor dt = panels
+                           ? q4_panel_tensor(b, q, vocab, h)
+                           : DevTensor(b, DType::kQ4, {vocab, h}, q.bytes.data(), q.bytes.size());
   DevVec<int32_t> did(b, ids);
   DevVec<float> dy(b, std::vector<float>(ids.size() * h));
   b.embedding(did.data(), static_cast<int64_t>(ids.size()), dt.t, dy.data());
@@ -293,29 +315,7 @@ Outcome op_linear_q4_row_blocks(Backend& b) {
   DevTensor dw(b, DType::kQ4, {n, k}, q.bytes.data(), q.bytes.size());
   DevVec<float> dx(b, x), dy(b, std::vector<float>(static_cast<size_t>(m * n)));
   b.linear(dx.data(), m, dw.t, nullptr, dy.data());
-  Ref ref(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t o = 0; o < n; ++o) {
-      double s = 0;
-      for (int64_t c = 0; c < k; ++c)
-        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
-             q.value(static_cast<size_t>(o * k + c));
-      ref[static_cast<size_t>(i * n + o)] = s;
-    }
-  return outcome(dy, ref);
-}
-
-// The host's 4-bit panels (kernels/gemm_q4_panel.h, what the loader makes of kQ4 weights
-// for CPU compute): a blob packed from random codes, at m rows (n = 40: the last panel has 8
-// rows).
-DevTensor q4_panel_tensor(Backend& b, const Q4Blob& q, int64_t rows, int64_t cols) {
-  Tensor rowwise;
-  rowwise.data = const_cast<uint8_t*>(q.bytes.data());
-  rowwise.dtype = DType::kQ4;
-  rowwise.shape = {rows, cols};
-  std::vector<uint8_t> packed(q.bytes.size());  // the same bytes reordered
-  pack_q4_panels(q4_view(rowwise), packed.data());
-  return DevTensor(b, DType::kQ4Panel, {rows, cols}, packed.data(), packed.size());
+  return outcome(dy, linear_ref(x, m, k, n, nullptr, [&](size_t j) { return q.value(j); }));
 }
 
 Outcome op_linear_q4_panel(Backend& b, int64_t m) {
@@ -326,31 +326,7 @@ Outcome op_linear_q4_panel(Backend& b, int64_t m) {
   const DevTensor dw = q4_panel_tensor(b, q, n, k);
   DevVec<float> dx(b, x), db(b, bias), dy(b, std::vector<float>(static_cast<size_t>(m * n)));
   b.linear(dx.data(), m, dw.t, db.data(), dy.data());
-  Ref ref(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t o = 0; o < n; ++o) {
-      double s = bias[static_cast<size_t>(o)];
-      for (int64_t c = 0; c < k; ++c)
-        s += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
-             q.value(static_cast<size_t>(o * k + c));
-      ref[static_cast<size_t>(i * n + o)] = s;
-    }
-  return outcome(dy, ref);
-}
-
-// A tied 4-bit head packed for the host is also the embedding table.
-Outcome op_embedding_q4_panel(Backend& b) {
-  constexpr int64_t vocab = 17, h = 128;
-  const Q4Blob q = random_q4(vocab, h, 36);
-  const std::vector<int32_t> ids = {3, 0, 16, 3, 9};
-  const DevTensor dt = q4_panel_tensor(b, q, vocab, h);
-  DevVec<int32_t> did(b, ids);
-  DevVec<float> dy(b, std::vector<float>(ids.size() * h));
-  b.embedding(did.data(), static_cast<int64_t>(ids.size()), dt.t, dy.data());
-  Ref ref;
-  for (int32_t id : ids)
-    for (int64_t i = 0; i < h; ++i) ref.push_back(q.value(static_cast<size_t>(id * h + i)));
-  return outcome(dy, ref);
+  return outcome(dy, linear_ref(x, m, k, n, &bias, [&](size_t j) { return q.value(j); }));
 }
 
 constexpr int64_t kRows = 4, kH = 96;
@@ -606,11 +582,11 @@ const std::vector<OpCase>& op_table() {
       {"embedding_f32", [](Backend& b) { return embedding_case(b, DType::kF32); }, 0, 0},
       {"embedding_f16", [](Backend& b) { return embedding_case(b, DType::kF16); }, 0, 0},
       {"embedding_bf16", [](Backend& b) { return embedding_case(b, DType::kBF16); }, 0, 0},
-      {"embedding_q4", op_embedding_q4, 1e-6, 1e-6},
+      {"embedding_q4", [](Backend& b) { return op_embedding_q4(b, false); }, 1e-6, 1e-6},
       {"linear_q4_row_blocks", op_linear_q4_row_blocks, 1e-4, 1e-2},
       {"linear_q4_panel", [](Backend& b) { return op_linear_q4_panel(b, 5); }, 1e-4, 0, true},
       {"linear_q4_panel_rows", [](Backend& b) { return op_linear_q4_panel(b, 37); }, 1e-4, 0, true},
-      {"embedding_q4_panel", op_embedding_q4_panel, 1e-6, 0, true},
+      {"embedding_q4_panel", [](Backend& b) { return op_embedding_q4(b, true); }, 1e-6, 0, true},
       {"rms_norm", op_rms_norm, 1e-5, 1e-5},
       {"layer_norm", op_layer_norm, 1e-5, 1e-5},
       {"rope", op_rope, 1e-5, 1e-5},
