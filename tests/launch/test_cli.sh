@@ -46,18 +46,26 @@ STRATA_CPU_ISA=sse9 expect_error bad-cpu-isa "STRATA_CPU_ISA='sse9': expected po
 STRATA_CPU_WEIGHTS=columns expect_error bad-cpu-weights "STRATA_CPU_WEIGHTS='columns': expected panels or rows" \
   generate --model "$MODEL" --prompt hi
 
-# The host's weight layouts (kernels/gemm_panel.h): packed panels (the default) and the
-# checkpoint's rows give the same greedy continuation, batch and prompt chunking included.
-for layout in panels rows; do
-  STRATA_CPU_WEIGHTS=$layout "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" \
-    --prompt "The little dog ran" --max-new-tokens 24 --max-step-tokens 3 --format json \
-    >"$TMP/layout-$layout.jsonl" 2>"$TMP/err" || { cat "$TMP/err"; }
+# The host's weight layouts (kernels/gemm_panel.h, gemm_q4_panel.h): packed panels (the
+# default) and the checkpoint's rows give the same greedy continuation, batch and prompt
+# chunking included, in f32 and with FlexGen's 4-bit weights (panels where the CPU has
+# AVX-512 VNNI; both sides split x the same way, only the order of the sums differs).
+for weights in f32 q4; do
+  policy=()
+  [ "$weights" = q4 ] && policy=(--policy w=0/100/0,c=0/100/0,cw=1)
+  for layout in panels rows; do
+    STRATA_CPU_WEIGHTS=$layout "$STRATA" generate --model "$MODEL" --prompt "Once upon a time" \
+      --prompt "The little dog ran" --max-new-tokens 24 --max-step-tokens 3 --format json \
+      "${policy[@]}" >"$TMP/layout-$weights-$layout.jsonl" 2>"$TMP/err" || { cat "$TMP/err"; }
+  done
+  if [ -s "$TMP/layout-$weights-rows.jsonl" ] &&
+    cmp -s "$TMP/layout-$weights-panels.jsonl" "$TMP/layout-$weights-rows.jsonl"; then
+    echo "ok   weight-layouts-agree-$weights"; passes=$((passes + 1))
+  else
+    echo "FAIL weight-layouts-agree-$weights:"; cat "$TMP"/layout-"$weights"-*.jsonl
+    failures=$((failures + 1))
+  fi
 done
-if [ -s "$TMP/layout-rows.jsonl" ] && cmp -s "$TMP/layout-panels.jsonl" "$TMP/layout-rows.jsonl"; then
-  echo "ok   weight-layouts-agree"; passes=$((passes + 1))
-else
-  echo "FAIL weight-layouts-agree:"; cat "$TMP"/layout-*.jsonl; failures=$((failures + 1))
-fi
 
 # Good input: one JSON object per prompt with the documented fields, in order.
 printf 'Once upon a time\nThe little dog\n' >"$TMP/prompts.txt"
