@@ -76,30 +76,24 @@ void tile(const Q4PanelArgs& a, int64_t i0, int64_t p, int64_t rows) {
     _mm512_mask_storeu_ps(a.y + (i0 + i) * a.n + col, mask, _mm512_add_ps(acc[i], bias));
 }
 
-// Activation rows [i0, i1) against panel p: MR = 8 at a time, then one instantiation for the
-// count left.
+// `count` (< R + 1) activation rows from i: the tile of exactly that many.
+template <int R, bool kFull>
+void tile_rows(const Q4PanelArgs& a, int64_t i, int64_t count, int64_t p, int64_t rows) {
+  if constexpr (R > 0) {
+    if (count == R) {
+      tile<R, kFull>(a, i, p, rows);
+    } else {
+      tile_rows<R - 1, kFull>(a, i, count, p, rows);
+    }
+  }
+}
+
+// Activation rows [i0, i1) against panel p: MR = 8 at a time, then one tile for the rest.
 template <bool kFull>
 void panel_rows(const Q4PanelArgs& a, int64_t i0, int64_t i1, int64_t p, int64_t rows) {
   int64_t i = i0;
   for (; i + kMr <= i1; i += kMr) tile<kMr, kFull>(a, i, p, rows);
-  switch (i1 - i) {
-    case 1:
-      return tile<1, kFull>(a, i, p, rows);
-    case 2:
-      return tile<2, kFull>(a, i, p, rows);
-    case 3:
-      return tile<3, kFull>(a, i, p, rows);
-    case 4:
-      return tile<4, kFull>(a, i, p, rows);
-    case 5:
-      return tile<5, kFull>(a, i, p, rows);
-    case 6:
-      return tile<6, kFull>(a, i, p, rows);
-    case 7:
-      return tile<7, kFull>(a, i, p, rows);
-    default:
-      return;
-  }
+  tile_rows<kMr - 1, kFull>(a, i, i1 - i, p, rows);
 }
 
 }  // namespace
