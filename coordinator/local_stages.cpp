@@ -119,6 +119,7 @@ void LocalStages::dispatch(const ScheduledStep& step) {
   rows_ += static_cast<uint64_t>(c.rows());
   if (const KvSwap* swap = stage_->kv_cache().swap()) stats_.pie = swap->stats();
   results_.push_back(std::move(result));
+  if (after_step_) after_step_(c.phase, seconds);
 }
 
 void LocalStages::leave(const std::vector<uint64_t>& seq_ids) {
@@ -200,7 +201,7 @@ std::vector<GenerationResult> LocalCluster::run(const std::vector<GenerationRequ
     if (stats) *stats = GenerationStats{};
     return {};
   }
-  LocalStages stages(model_);
+  LocalStages stages(model_, options_.after_step);
   VectorSource source(requests);
   VectorSink sink(requests, on_done);
   const ClusterStats cs = run_coordinator(stages, coordinator_options(requests), model_.config(),

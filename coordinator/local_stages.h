@@ -39,11 +39,16 @@ struct GenerationStats {
   std::string json() const;
 };
 
+// Called after each step with its phase and seconds, outside the step's timing (a benchmark
+// measures the machine between steps with it).
+using AfterStep = std::function<void(Phase phase, double seconds)>;
+
 class LocalStages final : public Stages {
  public:
   // Over `model`, loaded by the caller with every layer, the embedding and the head; its
   // workspace must hold the plan's rows. `model` outlives this.
-  explicit LocalStages(Model& model) : model_(model) {}
+  explicit LocalStages(Model& model, AfterStep after_step = {})
+      : model_(model), after_step_(std::move(after_step)) {}
 
   int32_t count() const override { return 1; }
   int32_t ranks() const override { return 1; }
@@ -62,6 +67,7 @@ class LocalStages final : public Stages {
 
  private:
   Model& model_;
+  AfterStep after_step_;
   std::unique_ptr<PipelineStage> stage_;
   std::deque<StepResult> results_;
   GenerationStats stats_;
@@ -76,6 +82,7 @@ struct LocalOptions {
   int32_t max_context = 0;        // KV positions per slot; 0: longest request, capped by the model
   std::function<void(int64_t tokens)> on_tokens;  // CoordinatorOptions::on_tokens
   KvPackingOptions packing;                       // CoordinatorOptions::packing
+  AfterStep after_step;                           // LocalStages' hook
 };
 
 // `requests` run to completion on `model` through the coordinator's loop over LocalStages,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu_backend.h"
+#include "kernels/error.h"
 #include "kernels/tensor.h"
 
 namespace strata {
@@ -42,22 +43,19 @@ double measure_triad_gbs(size_t bytes_total) {
 
 // Read-only stream (a sum over one large array): the access pattern of a weight GEMV.
 double measure_read_gbs(size_t bytes_total) {
-  const size_t n = bytes_total / sizeof(float);
-  Buffer a(n * 4);
-  float* pa = a.as<float>();
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) pa[i] = 1.0f;
+  const ReadProbe probe(bytes_total);
   double best = 1e30;
-  volatile float sink = 0.0f;
-  for (int rep = 0; rep < 6; ++rep) {
-    const double t0 = now_s();
-    float total = 0.0f;
-#pragma omp parallel for simd schedule(static) reduction(+ : total)
-    for (size_t i = 0; i < n; ++i) total += pa[i];
-    best = std::min(best, now_s() - t0);
-    sink = sink + total;
-  }
-  return static_cast<double>(n * sizeof(float)) / best / 1e9;
+  for (int rep = 0; rep < 6; ++rep) best = std::min(best, probe.pass_seconds());
+  return static_cast<double>(probe.bytes()) / best / 1e9;
+}
+
+// Linear interpolation between order statistics (numpy's default percentile).
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double at = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
 }
 
 double measure_gemm_gflops(int n) {
@@ -74,6 +72,62 @@ double measure_gemm_gflops(int n) {
 }
 
 }  // namespace
+
+ReadProbe::ReadProbe(size_t bytes)
+    : floats_(bytes / sizeof(float)), buffer_(floats_ * sizeof(float)) {
+  if (floats_ == 0)
+    fail_input("a read probe needs at least {} bytes, got {}", sizeof(float), bytes);
+  float* p = buffer_.as<float>();
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < floats_; ++i) p[i] = 1.0f;
+}
+
+double ReadProbe::pass_seconds() const {
+  const float* p = buffer_.as<float>();
+  const size_t n = floats_;
+  const double t0 = now_s();
+  float total = 0.0f;
+#pragma omp parallel for simd schedule(static) reduction(+ : total)
+  for (size_t i = 0; i < n; ++i) total += p[i];
+  const double seconds = now_s() - t0;
+  volatile float sink = total;  // the sum must be computed
+  (void)sink;
+  return seconds;
+}
+
+std::string PairedReadBound::json() const {
+  return fmt::format(
+      R"({{"steps": {}, "median_fraction": {:.4f}, "p25_fraction": {:.4f}, "p75_fraction": {:.4f}, "median_probe_gbs": {:.3f}}})",
+      steps, median_fraction, p25_fraction, p75_fraction, median_probe_gbs);
+}
+
+PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double step_bytes,
+                                  double probe_bytes) {
+  if (!(step_bytes > 0) || !(probe_bytes > 0))
+    fail_input("paired read bound: step bytes {} and probe bytes {} must be positive", step_bytes,
+               probe_bytes);
+  PairedReadBound r;
+  r.steps = static_cast<int64_t>(steps.size());
+  if (steps.empty()) return r;
+  std::vector<double> fractions, rates;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const PairedStep& s = steps[i];
+    const double probe = 0.5 * (s.probe_before_seconds + s.probe_after_seconds);
+    if (!(s.step_seconds > 0) || !(s.probe_before_seconds > 0) || !(s.probe_after_seconds > 0))
+      fail_input(
+          "paired read bound: step {} took {} s between probe passes of {} s and {} s; all "
+          "must be positive",
+          i, s.step_seconds, s.probe_before_seconds, s.probe_after_seconds);
+    // The step's read bound at the rate the probe saw around it, over the step's time.
+    fractions.push_back(step_bytes * probe / probe_bytes / s.step_seconds);
+    rates.push_back(probe_bytes / probe / 1e9);
+  }
+  r.median_fraction = quantile(fractions, 0.5);
+  r.p25_fraction = quantile(fractions, 0.25);
+  r.p75_fraction = quantile(fractions, 0.75);
+  r.median_probe_gbs = quantile(rates, 0.5);
+  return r;
+}
 
 std::string MachineLimits::json() const {
   return fmt::format(

@@ -2,7 +2,12 @@
 // Benchmarks print their results as a fraction of these, measured in the same run.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include "kernels/tensor.h"
 
 namespace strata {
 
@@ -17,6 +22,40 @@ struct MachineLimits {
 
   std::string json() const;
 };
+
+// One pass of the read-only stream over a buffer of its own, on demand: the read bound
+// measured next to the work it bounds. A shared machine's bandwidth drifts by half within
+// a minute, so a step timed beside a probe of the same bytes says more than a step against
+// a figure taken before the run.
+class ReadProbe {
+ public:
+  explicit ReadProbe(size_t bytes);  // allocates and touches `bytes` (whole floats)
+
+  double pass_seconds() const;  // one timed pass over the buffer, on the current OpenMP threads
+  size_t bytes() const { return floats_ * sizeof(float); }
+
+ private:
+  size_t floats_;
+  Buffer buffer_;
+};
+
+// A step timed between two probe passes: the pass just before it and the one just after.
+struct PairedStep {
+  double step_seconds = 0, probe_before_seconds = 0, probe_after_seconds = 0;
+};
+
+// A step that must read `step_bytes` is bounded by step_bytes at the rate of its two passes
+// (their mean time over `probe_bytes`); its fraction is that bound over its own time, and
+// the summary is the fractions' quartiles.
+struct PairedReadBound {
+  int64_t steps = 0;
+  double median_fraction = 0, p25_fraction = 0, p75_fraction = 0;
+  double median_probe_gbs = 0;  // the probe's own rate, bytes / mean pass seconds
+
+  std::string json() const;
+};
+PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double step_bytes,
+                                  double probe_bytes);
 
 // Runs both measurements with `threads` threads (OpenMP + OpenBLAS). Takes about a second.
 MachineLimits measure_machine_limits(int threads, int gemm_n = 2048, size_t triad_mib = 256);

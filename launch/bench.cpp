@@ -225,6 +225,24 @@ nlohmann::json pie_report(const KvSwapStats& s, const PieOptions& options,
   return j;
 }
 
+// The run again with a pass of the read stream over a step's weight bytes after every step,
+// so each decode step has its read bound measured just before and just after it (kernels/
+// limits.h ReadProbe). Its own allocation comes after the measured run's peak RSS is read.
+PairedReadBound paired_decode_read_bound(Model& model, LocalOptions options,
+                                         const std::vector<GenerationRequest>& requests,
+                                         double decode_bytes) {
+  const ReadProbe probe(static_cast<size_t>(decode_bytes));
+  std::vector<PairedStep> steps;
+  double last_pass = probe.pass_seconds();
+  options.after_step = [&](Phase phase, double seconds) {
+    const double pass = probe.pass_seconds();
+    if (phase == Phase::kDecode) steps.push_back({seconds, last_pass, pass});
+    last_pass = pass;
+  };
+  LocalCluster(model, options).run(requests);
+  return paired_read_bound(steps, decode_bytes, static_cast<double>(probe.bytes()));
+}
+
 long peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -340,6 +358,9 @@ int run_bench(BenchOptions o) {
     j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? triad_bound_s / step_s : 0;
     j["decode_read_bound_step_seconds"] = read_bound_s;
     j["decode_fraction_of_read_bound"] = step_s > 0 ? read_bound_s / step_s : 0;
+    j["decode_read_bound_paired"] = nlohmann::json::parse(
+        paired_decode_read_bound(*e.model, e.local, synthetic_requests(e.config, o), decode_bytes)
+            .json());
     j["generation_fraction_of_gemm_peak"] = flops / stats.total_seconds() / 1e9 / lim.gemm_gflops;
     j["compute_bound_seconds"] = flops / (lim.gemm_gflops * 1e9);
   }

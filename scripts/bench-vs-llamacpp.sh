@@ -61,12 +61,17 @@ for name in ["f32-b1", "f32-b32", "q4-b1"]:
            "strata": {"generation_tokens_per_s": strata_gen,
                       "decode_tokens_per_s": st["result"]["decode_tokens_per_s"],
                       "decode_fraction_of_read_bound": st.get("decode_fraction_of_read_bound"),
+                      "decode_read_bound_paired": st.get("decode_read_bound_paired"),
                       "raw": st},
            "ratio_strata_over_llamacpp": strata_gen / llama_gen}
     rows.append(row)
     bound = row["strata"]["decode_fraction_of_read_bound"]
+    paired = row["strata"]["decode_read_bound_paired"] or {}
     print(f"{name:>8}: strata {strata_gen:7.1f} tok/s, llama.cpp {llama_gen:7.1f} tok/s: "
-          f"{strata_gen / llama_gen:.2f}x" + (f" (strata decode at {bound:.0%} of the read bound)" if bound else ""))
+          f"{strata_gen / llama_gen:.2f}x" +
+          (f" (strata decode at {bound:.0%} of the read bound; paired with the read stream, "
+           f"median {paired['median_fraction']:.0%}, quartiles {paired['p25_fraction']:.0%}-"
+           f"{paired['p75_fraction']:.0%})" if bound and paired else ""))
 json.dump({"machine": os.uname().nodename, "prompt": 128, "gen": 64, "rows": rows}, open(out, "w"), indent=1)
 print(f"wrote {out}")
 PY

@@ -10,6 +10,7 @@
 // STRATA_BENCH_THREADS sets the threads (default 2). Counters: GFLOP/s and weight GB/s.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/gemm_panel.h"
 #include "kernels/gemm_q4_panel.h"
+#include "kernels/limits.h"
 #include "kernels/quant.h"
 #include "kernels/tensor.h"
 
@@ -70,32 +72,46 @@ void BM_Linear(benchmark::State& state) {
 }
 
 // A decode step's matrices (12 layers of q, k, v, o, gate, up, down and the head), each
-// read from memory once per step: args layout, m.
+// read from memory once per step: args layout, m, fused (q/k/v as one [2304, 768] matrix
+// and gate/up as one [4096, 768], as the loader fuses them).
 void BM_Step(benchmark::State& state) {
   const int64_t layout = state.range(0);
   const int64_t m = state.range(1);
+  const bool fused = state.range(2) != 0;
+  using NK = std::pair<int64_t, int64_t>;
+  const std::vector<NK> apart = {{768, 768},  {768, 768},  {768, 768}, {768, 768},
+                                 {2048, 768}, {2048, 768}, {768, 2048}};
+  const std::vector<NK> joined = {{2304, 768}, {768, 768}, {4096, 768}, {768, 2048}};
   std::vector<std::unique_ptr<OwnedTensor>> ws;
   double flop = 0, bytes = 0;
   for (int layer = 0; layer < 12; ++layer)
-    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{768, 768},
-                               {768, 768},
-                               {768, 768},
-                               {768, 768},
-                               {2048, 768},
-                               {2048, 768},
-                               {768, 2048}})
-      ws.push_back(make_weight(n, k, layout));
+    for (const auto& [n, k] : fused ? joined : apart) ws.push_back(make_weight(n, k, layout));
   ws.push_back(make_weight(32000, 768, layout));
   for (const auto& w : ws) {
     flop += 2.0 * static_cast<double>(m * w->view.shape.numel());
     bytes += static_cast<double>(w->view.bytes());
   }
   std::vector<float> x(static_cast<size_t>(m * 2048), 0.25f), y(static_cast<size_t>(m * 32000));
+  // A pass of the read stream over the same bytes after each step (untimed): the counter
+  // read_bound_fraction pairs each step with the passes around it (kernels/limits.h).
+  const ReadProbe probe(static_cast<size_t>(bytes));
+  std::vector<PairedStep> paired;
+  double last_pass = probe.pass_seconds();
   for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
     for (const auto& w : ws) backend().linear(x.data(), m, w->view, nullptr, y.data());
     benchmark::DoNotOptimize(y.data());
+    const double step =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.PauseTiming();
+    const double pass = probe.pass_seconds();
+    paired.push_back({step, last_pass, pass});
+    last_pass = pass;
+    state.ResumeTiming();
   }
   report(state, flop, bytes);
+  state.counters["read_bound_fraction"] =
+      paired_read_bound(paired, bytes, static_cast<double>(probe.bytes())).median_fraction;
 }
 
 void linear_args(benchmark::internal::Benchmark* b) {
@@ -108,8 +124,8 @@ void linear_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Linear)->Apply(linear_args)->UseRealTime()->MinTime(0.2);
 BENCHMARK(BM_Step)
-    ->ArgNames({"layout", "m"})
-    ->ArgsProduct({{0, 1, 2, 3}, {1, 32}})
+    ->ArgNames({"layout", "m", "fused"})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 32}, {0, 1}})
     ->UseRealTime()
     ->MinTime(1.0);
 

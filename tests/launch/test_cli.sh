@@ -513,6 +513,20 @@ assert d['executed_gflop'] > 0, d" "$TMP/bench.json"; then
 else
   echo "FAIL bench-reports-generated"; cat "$TMP/err"; failures=$((failures + 1))
 fi
+# With the machine's limits: every decode step paired with read-stream passes around it.
+if "$STRATA" bench --model "$MODEL" --prompt-len 8 --gen-len 6 --batch 1 --threads 1 \
+    >"$TMP/bench-limits.json" 2>"$TMP/err" &&
+  python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d['decode_read_bound_paired']
+assert p['steps'] == d['result']['decode_steps'] == 5, d
+assert 0 < p['p25_fraction'] <= p['median_fraction'] <= p['p75_fraction'], p
+assert p['median_probe_gbs'] > 0 and d['limits']['memory_read_gbs'] > 0, d" "$TMP/bench-limits.json"; then
+  echo "ok   bench-paired-read-bound"; passes=$((passes + 1))
+else
+  echo "FAIL bench-paired-read-bound"; cat "$TMP/err"; failures=$((failures + 1))
+fi
 for size in inf nan -1 1e30 0x10 " 5" 5XB; do
   expect_error "cpu-mem-$size" "cpu-mem" bench --model "$MODEL" --cpu-mem "$size" --no-limits
 done

@@ -1,0 +1,83 @@
+// CPU decode attention at the shape of a Llama of stories110M's size (12 heads of 64, the
+// positions of a prompt of 128 generating 64: docs/BENCHMARKS.md, "Decode attention"),
+// through CpuBackend::attention as the engine calls it. Each iteration runs one layer of
+// `layers` in turn, so with the default 48 the K/V rows come from memory as they do in a
+// step (the weights between two layers' attention flush every cache). Counters: KV GB/s and
+// read_bound_fraction, the time of a pass of the read stream over the same bytes (measured
+// around each iteration, kernels/limits.h) over the iteration's time.
+//   bench_attention --benchmark_format=json
+// STRATA_BENCH_THREADS sets the threads (default 2).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/cpu_backend.h"
+#include "kernels/limits.h"
+#include "kernels/tensor.h"
+
+namespace strata {
+namespace {
+
+int bench_threads() {
+  const char* t = std::getenv("STRATA_BENCH_THREADS");
+  return t != nullptr ? std::atoi(t) : 2;
+}
+
+// args: batch (sequences, one decode row each), context (positions read), layers
+void BM_DecodeAttention(benchmark::State& state) {
+  static CpuBackend cpu(bench_threads());
+  const auto batch = static_cast<int32_t>(state.range(0));
+  const auto ctx = static_cast<int32_t>(state.range(1));
+  const auto layers = static_cast<int32_t>(state.range(2));
+  const AttentionDims dims{12, 12, 64, 0.125f};
+  const KvLayerView shape{nullptr, nullptr, batch, ctx, dims.n_kv_heads, dims.head_dim};
+  const size_t layer_floats = shape.slot_stride() * static_cast<size_t>(batch);
+  std::vector<float> k(layer_floats * static_cast<size_t>(layers)),
+      v(layer_floats * static_cast<size_t>(layers));
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<float>(i % 89) * 1e-2f - 0.4f;
+    v[i] = static_cast<float>(i % 83) * 1e-2f - 0.4f;
+  }
+  const int64_t width = int64_t{dims.n_heads} * dims.head_dim;
+  std::vector<float> q(static_cast<size_t>(batch * width), 0.1f), out(q.size());
+  std::vector<SeqSlice> seqs;
+  for (int32_t b = 0; b < batch; ++b) seqs.push_back({b, 1, ctx - 1, b});
+  const double bytes = 2.0 * static_cast<double>(layer_floats) * sizeof(float);
+  // The probe reads 64 MiB, twice this machine's L3, at the rate it streams from memory.
+  const ReadProbe probe(size_t{64} << 20);
+  std::vector<PairedStep> paired;
+  double last_pass = probe.pass_seconds();
+  int32_t layer = 0;
+  for (auto _ : state) {
+    KvLayerView c = shape;
+    c.k = k.data() + layer_floats * static_cast<size_t>(layer);
+    c.v = v.data() + layer_floats * static_cast<size_t>(layer);
+    layer = (layer + 1) % layers;
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu.attention(q.data(), StepRows(seqs), c, dims, out.data());
+    benchmark::DoNotOptimize(out.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.PauseTiming();
+    const double pass = probe.pass_seconds();
+    paired.push_back({s, last_pass, pass});
+    last_pass = pass;
+    state.ResumeTiming();
+  }
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_bound_fraction"] =
+      paired_read_bound(paired, bytes, static_cast<double>(probe.bytes())).median_fraction;
+}
+
+BENCHMARK(BM_DecodeAttention)
+    ->ArgNames({"batch", "ctx", "layers"})
+    ->ArgsProduct({{1, 8, 32}, {160, 512}, {48}})
+    ->UseRealTime()
+    ->MinTime(0.5);
+
+}  // namespace
+}  // namespace strata
+
+BENCHMARK_MAIN();
