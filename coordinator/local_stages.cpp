@@ -96,6 +96,9 @@ void LocalStages::start(const ClusterPlan& plan) {
   stage_ = std::make_unique<PipelineStage>(plan, plan.stages[0], model_);
   stats_ = GenerationStats{};
   stats_.kv_cache_bytes = stage_->kv_cache_bytes();
+  const KvCache& kv = stage_->kv_cache();
+  stats_.kv_position_bytes =
+      kv.bytes() / (static_cast<size_t>(kv.n_slots()) * static_cast<size_t>(kv.capacity()));
   rows_ = 0;
   timeline_ = StageStats{};
 }
@@ -119,7 +122,7 @@ void LocalStages::dispatch(const ScheduledStep& step) {
   rows_ += static_cast<uint64_t>(c.rows());
   if (const KvSwap* swap = stage_->kv_cache().swap()) stats_.pie = swap->stats();
   results_.push_back(std::move(result));
-  if (after_step_) after_step_(c.phase, seconds);
+  if (after_step_) after_step_(c, seconds);
 }
 
 void LocalStages::leave(const std::vector<uint64_t>& seq_ids) {

@@ -29,6 +29,7 @@ struct GenerationStats {
   int64_t decode_tokens = 0;  // tokens produced by decode steps (the first comes from prefill)
   int64_t prefill_steps = 0;
   size_t kv_cache_bytes = 0;
+  size_t kv_position_bytes = 0;  // one position of one sequence: K and V of every layer, as stored
   std::optional<PackingStats> packing;  // with a KV budget (S3)
   std::optional<KvSwapStats> pie;       // with Pie on the KV cache
 
@@ -39,9 +40,9 @@ struct GenerationStats {
   std::string json() const;
 };
 
-// Called after each step with its phase and seconds, outside the step's timing (a benchmark
-// measures the machine between steps with it).
-using AfterStep = std::function<void(Phase phase, double seconds)>;
+// Called after each step with what it computed and its seconds, outside the step's timing
+// (a benchmark measures the machine between steps with it).
+using AfterStep = std::function<void(const StepCommand& step, double seconds)>;
 
 class LocalStages final : public Stages {
  public:

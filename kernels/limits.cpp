@@ -101,11 +101,9 @@ std::string PairedReadBound::json() const {
       steps, median_fraction, p25_fraction, p75_fraction, median_probe_gbs);
 }
 
-PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double step_bytes,
-                                  double probe_bytes) {
-  if (!(step_bytes > 0) || !(probe_bytes > 0))
-    fail_input("paired read bound: step bytes {} and probe bytes {} must be positive", step_bytes,
-               probe_bytes);
+PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double probe_bytes) {
+  if (!(probe_bytes > 0))
+    fail_input("paired read bound: probe bytes {} must be positive", probe_bytes);
   PairedReadBound r;
   r.steps = static_cast<int64_t>(steps.size());
   if (steps.empty()) return r;
@@ -113,13 +111,14 @@ PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double s
   for (size_t i = 0; i < steps.size(); ++i) {
     const PairedStep& s = steps[i];
     const double probe = 0.5 * (s.probe_before_seconds + s.probe_after_seconds);
-    if (!(s.step_seconds > 0) || !(s.probe_before_seconds > 0) || !(s.probe_after_seconds > 0))
+    if (!(s.step_seconds > 0) || !(s.probe_before_seconds > 0) || !(s.probe_after_seconds > 0) ||
+        !(s.step_bytes > 0))
       fail_input(
-          "paired read bound: step {} took {} s between probe passes of {} s and {} s; all "
-          "must be positive",
-          i, s.step_seconds, s.probe_before_seconds, s.probe_after_seconds);
+          "paired read bound: step {} read {} bytes in {} s between probe passes of {} s and {} "
+          "s; all must be positive",
+          i, s.step_bytes, s.step_seconds, s.probe_before_seconds, s.probe_after_seconds);
     // The step's read bound at the rate the probe saw around it, over the step's time.
-    fractions.push_back(step_bytes * probe / probe_bytes / s.step_seconds);
+    fractions.push_back(s.step_bytes * probe / probe_bytes / s.step_seconds);
     rates.push_back(probe_bytes / probe / 1e9);
   }
   r.median_fraction = quantile(fractions, 0.5);

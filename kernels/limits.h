@@ -39,14 +39,17 @@ class ReadProbe {
   Buffer buffer_;
 };
 
-// A step timed between two probe passes: the pass just before it and the one just after.
+// A step timed between two probe passes (the one just before it and the one just after),
+// with the bytes it must read: its weights, and in a decode step the KV cache it attends
+// over.
 struct PairedStep {
   double step_seconds = 0, probe_before_seconds = 0, probe_after_seconds = 0;
+  double step_bytes = 0;
 };
 
-// A step that must read `step_bytes` is bounded by step_bytes at the rate of its two passes
-// (their mean time over `probe_bytes`); its fraction is that bound over its own time, and
-// the summary is the fractions' quartiles.
+// A step is bounded by its bytes at the rate of its two passes (probe_bytes over their mean
+// time); its fraction is that bound over its own time, and the summary is the fractions'
+// quartiles.
 struct PairedReadBound {
   int64_t steps = 0;
   double median_fraction = 0, p25_fraction = 0, p75_fraction = 0;
@@ -54,8 +57,7 @@ struct PairedReadBound {
 
   std::string json() const;
 };
-PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double step_bytes,
-                                  double probe_bytes);
+PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double probe_bytes);
 
 // Runs both measurements with `threads` threads (OpenMP + OpenBLAS). Takes about a second.
 MachineLimits measure_machine_limits(int threads, int gemm_n = 2048, size_t triad_mib = 256);

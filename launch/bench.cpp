@@ -225,22 +225,47 @@ nlohmann::json pie_report(const KvSwapStats& s, const PieOptions& options,
   return j;
 }
 
-// The run again with a pass of the read stream over a step's weight bytes after every step,
-// so each decode step has its read bound measured just before and just after it (kernels/
-// limits.h ReadProbe). Its own allocation comes after the measured run's peak RSS is read.
-PairedReadBound paired_decode_read_bound(Model& model, LocalOptions options,
-                                         const std::vector<GenerationRequest>& requests,
-                                         double decode_bytes) {
-  const ReadProbe probe(static_cast<size_t>(decode_bytes));
+// The run again with a pass of the read stream after every step, so each decode step has
+// its read bound measured just before and just after it (kernels/limits.h ReadProbe). A
+// step's bytes are its weights and the KV cache it attends over (every sequence's
+// positions, K and V of every layer). The probe reads the step's weight bytes, at most
+// 512 MiB (a model that barely fits in memory must not need twice that; the bound scales
+// with the bytes). Its allocation comes after the measured run's peak RSS is read.
+nlohmann::json paired_decode_read_bound(Model& model, LocalOptions options,
+                                        const std::vector<GenerationRequest>& requests,
+                                        double weight_bytes) {
+  constexpr size_t kMaxProbeBytes = size_t{512} << 20;
+  const ReadProbe probe(std::min(static_cast<size_t>(weight_bytes), kMaxProbeBytes));
   std::vector<PairedStep> steps;
+  std::vector<int64_t> positions;  // a step's, to count its KV bytes once the run says their size
   double last_pass = probe.pass_seconds();
-  options.after_step = [&](Phase phase, double seconds) {
+  options.after_step = [&](const StepCommand& step, double seconds) {
     const double pass = probe.pass_seconds();
-    if (phase == Phase::kDecode) steps.push_back({seconds, last_pass, pass});
+    if (step.phase == Phase::kDecode) {
+      int64_t read = 0;
+      for (const SeqStep& s : step.seqs) read += s.n_past + s.n_new;
+      steps.push_back({seconds, last_pass, pass, weight_bytes});
+      positions.push_back(read);
+    }
     last_pass = pass;
   };
-  LocalCluster(model, options).run(requests);
-  return paired_read_bound(steps, decode_bytes, static_cast<double>(probe.bytes()));
+  GenerationStats stats;
+  LocalCluster(model, options).run(requests, &stats);
+  const auto pb = static_cast<double>(probe.bytes());
+  const PairedReadBound weights_only = paired_read_bound(steps, pb);
+  double kv_bytes = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double kv =
+        static_cast<double>(positions[i]) * static_cast<double>(stats.kv_position_bytes);
+    steps[i].step_bytes += kv;
+    kv_bytes += kv;
+  }
+  nlohmann::json j = nlohmann::json::parse(paired_read_bound(steps, pb).json());
+  j["weights_only"] = nlohmann::json::parse(weights_only.json());
+  j["weight_bytes_per_step"] = weight_bytes;
+  j["kv_bytes_per_step"] = steps.empty() ? 0.0 : kv_bytes / static_cast<double>(steps.size());
+  j["probe_bytes"] = pb;
+  return j;
 }
 
 long peak_rss_bytes() {
@@ -358,9 +383,8 @@ int run_bench(BenchOptions o) {
     j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? triad_bound_s / step_s : 0;
     j["decode_read_bound_step_seconds"] = read_bound_s;
     j["decode_fraction_of_read_bound"] = step_s > 0 ? read_bound_s / step_s : 0;
-    j["decode_read_bound_paired"] = nlohmann::json::parse(
-        paired_decode_read_bound(*e.model, e.local, synthetic_requests(e.config, o), decode_bytes)
-            .json());
+    j["decode_read_bound_paired"] =
+        paired_decode_read_bound(*e.model, e.local, synthetic_requests(e.config, o), decode_bytes);
     j["generation_fraction_of_gemm_peak"] = flops / stats.total_seconds() / 1e9 / lim.gemm_gflops;
     j["compute_bound_seconds"] = flops / (lim.gemm_gflops * 1e9);
   }

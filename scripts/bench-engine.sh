@@ -18,7 +18,8 @@ r, l = d["result"], d["limits"]
 print(f"batch {d['batch']:>2}: generation {r['generation_tokens_per_s']:.1f} tok/s, decode {r['decode_tokens_per_s']:.1f} tok/s, "
       f"prefill {r['prefill_seconds']:.3f} s, decode step {d['decode_step_seconds']*1e3:.2f} ms "
       f"(read bound {d['decode_read_bound_step_seconds']*1e3:.2f} ms = {d['decode_fraction_of_read_bound']:.0%}, "
-      f"paired with the read stream {d['decode_read_bound_paired']['median_fraction']:.0%}, "
+      f"paired with the read stream {d['decode_read_bound_paired']['median_fraction']:.0%} "
+      f"(weights only {d['decode_read_bound_paired']['weights_only']['median_fraction']:.0%}), "
       f"triad bound {d['decode_fraction_of_bandwidth_bound']:.0%}), {d['achieved_gflops']:.1f} GFLOP/s = "
       f"{d['generation_fraction_of_gemm_peak']:.0%} of GEMM peak {l['gemm_gflops']:.0f}, peak RSS {d['peak_rss_bytes']/2**20:.0f} MiB")
 PY

@@ -71,7 +71,8 @@ for name in ["f32-b1", "f32-b32", "q4-b1"]:
           f"{strata_gen / llama_gen:.2f}x" +
           (f" (strata decode at {bound:.0%} of the read bound; paired with the read stream, "
            f"median {paired['median_fraction']:.0%}, quartiles {paired['p25_fraction']:.0%}-"
-           f"{paired['p75_fraction']:.0%})" if bound and paired else ""))
+           f"{paired['p75_fraction']:.0%}; weights only {paired['weights_only']['median_fraction']:.0%})"
+           if bound and paired else ""))
 json.dump({"machine": os.uname().nodename, "prompt": 128, "gen": 64, "rows": rows}, open(out, "w"), indent=1)
 print(f"wrote {out}")
 PY

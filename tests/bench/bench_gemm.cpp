@@ -105,13 +105,13 @@ void BM_Step(benchmark::State& state) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.PauseTiming();
     const double pass = probe.pass_seconds();
-    paired.push_back({step, last_pass, pass});
+    paired.push_back({step, last_pass, pass, bytes});
     last_pass = pass;
     state.ResumeTiming();
   }
   report(state, flop, bytes);
   state.counters["read_bound_fraction"] =
-      paired_read_bound(paired, bytes, static_cast<double>(probe.bytes())).median_fraction;
+      paired_read_bound(paired, static_cast<double>(probe.bytes())).median_fraction;
 }
 
 void linear_args(benchmark::internal::Benchmark* b) {

@@ -522,7 +522,11 @@ d = json.load(open(sys.argv[1]))
 p = d['decode_read_bound_paired']
 assert p['steps'] == d['result']['decode_steps'] == 5, d
 assert 0 < p['p25_fraction'] <= p['median_fraction'] <= p['p75_fraction'], p
-assert p['median_probe_gbs'] > 0 and d['limits']['memory_read_gbs'] > 0, d" "$TMP/bench-limits.json"; then
+assert p['weights_only']['median_fraction'] < p['median_fraction'], p
+assert p['median_probe_gbs'] > 0 and d['limits']['memory_read_gbs'] > 0, d
+# The KV bytes of a step: one sequence over 9..13 positions (prompt 8, 5 decode steps),
+# K and V of every layer of stories260K (5 layers, 4 KV heads of 8, f32): 1280 B a position.
+assert p['kv_bytes_per_step'] == 11 * 5 * 2 * 4 * 8 * 4, p" "$TMP/bench-limits.json"; then
   echo "ok   bench-paired-read-bound"; passes=$((passes + 1))
 else
   echo "FAIL bench-paired-read-bound"; cat "$TMP/err"; failures=$((failures + 1))
