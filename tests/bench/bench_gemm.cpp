@@ -6,8 +6,9 @@
 //   2  4-bit rows, kQ4 (the byte GEMV for m <= 16, f32 panels decoded per call above)
 //   3  4-bit panels (kernels/gemm_q4_panel.h; AVX-512 VNNI)
 //   bench_gemm --benchmark_format=json            every shape, hot in cache
-//   bench_gemm --benchmark_filter=Step            a decode step's 85 matrices streamed from memory
-// STRATA_BENCH_THREADS sets the threads (default 2). Counters: GFLOP/s and weight GB/s.
+//   bench_gemm --benchmark_filter=Step            a decode step's matrices streamed from memory
+// STRATA_BENCH_THREADS sets the threads (default 2). Counters: GFLOP/s and weight GB/s, and
+// for a step read_bound_fraction (paired with the read stream, kernels/limits.h).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
