@@ -405,7 +405,9 @@ Command add_bench(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Seed of the synthetic prompts");
   cmd->add_option("--warmup", o->warmup, "Warm-up runs before the measured one")
       ->check(non_negative());
-  cmd->add_flag("!--no-limits", o->measure_limits, "Skip measuring memory bandwidth and GEMM peak");
+  cmd->add_flag("!--no-limits", o->measure_limits,
+                "Skip measuring memory bandwidth and GEMM peak, and the second run that times each "
+                "decode step between passes of the read stream");
   cmd->add_option(
       "--hardware", o->hardware,
       "HardwareSpec JSON for --policy auto (from `strata profile`; default: FlexGen's T4 figures)");
