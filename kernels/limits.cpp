@@ -128,6 +128,15 @@ PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double p
   return r;
 }
 
+StepPairing::StepPairing(size_t probe_bytes)
+    : probe_(probe_bytes), last_pass_seconds_(probe_.pass_seconds()) {}
+
+void StepPairing::after_step(double seconds, double bytes, bool record) {
+  const double pass = probe_.pass_seconds();
+  if (record) steps_.push_back({seconds, last_pass_seconds_, pass, bytes});
+  last_pass_seconds_ = pass;
+}
+
 std::string MachineLimits::json() const {
   return fmt::format(
       R"({{"threads": {}, "memory_bandwidth_gbs": {:.3f}, "memory_read_gbs": {:.3f}, "gemm_gflops": {:.3f}, "gemm_n": {}}})",

@@ -59,6 +59,26 @@ struct PairedReadBound {
 };
 PairedReadBound paired_read_bound(const std::vector<PairedStep>& steps, double probe_bytes);
 
+// Steps as they run, each between two probe passes: one pass now, one after every step.
+class StepPairing {
+ public:
+  explicit StepPairing(size_t probe_bytes);
+
+  // The pass after a step of `bytes` that took `seconds`. A step that must not count (a
+  // prefill among decode steps) is not recorded, but still gets its pass: the next step's
+  // pass before.
+  void after_step(double seconds, double bytes, bool record = true);
+
+  std::vector<PairedStep>& steps() { return steps_; }  // to add bytes known only later
+  double probe_bytes() const { return static_cast<double>(probe_.bytes()); }
+  PairedReadBound summary() const { return paired_read_bound(steps_, probe_bytes()); }
+
+ private:
+  ReadProbe probe_;
+  double last_pass_seconds_;
+  std::vector<PairedStep> steps_;
+};
+
 // Runs both measurements with `threads` threads (OpenMP + OpenBLAS). Takes about a second.
 MachineLimits measure_machine_limits(int threads, int gemm_n = 2048, size_t triad_mib = 256);
 

@@ -226,7 +226,7 @@ nlohmann::json pie_report(const KvSwapStats& s, const PieOptions& options,
 }
 
 // The run again with a pass of the read stream after every step, so each decode step has
-// its read bound measured just before and just after it (kernels/limits.h ReadProbe). A
+// its read bound measured just before and just after it (kernels/limits.h StepPairing). A
 // step's bytes are its weights and the KV cache it attends over (every sequence's
 // positions, K and V of every layer). The probe reads the step's weight bytes, at most
 // 512 MiB (a model that barely fits in memory must not need twice that; the bound scales
@@ -235,24 +235,20 @@ nlohmann::json paired_decode_read_bound(Model& model, LocalOptions options,
                                         const std::vector<GenerationRequest>& requests,
                                         double weight_bytes) {
   constexpr size_t kMaxProbeBytes = size_t{512} << 20;
-  const ReadProbe probe(std::min(static_cast<size_t>(weight_bytes), kMaxProbeBytes));
-  std::vector<PairedStep> steps;
+  StepPairing pairing(std::min(static_cast<size_t>(weight_bytes), kMaxProbeBytes));
   std::vector<int64_t> positions;  // a step's, to count its KV bytes once the run says their size
-  double last_pass = probe.pass_seconds();
   options.after_step = [&](const StepCommand& step, double seconds) {
-    const double pass = probe.pass_seconds();
-    if (step.phase == Phase::kDecode) {
-      int64_t read = 0;
-      for (const SeqStep& s : step.seqs) read += s.n_past + s.n_new;
-      steps.push_back({seconds, last_pass, pass, weight_bytes});
-      positions.push_back(read);
-    }
-    last_pass = pass;
+    const bool decode = step.phase == Phase::kDecode;
+    pairing.after_step(seconds, weight_bytes, decode);
+    if (!decode) return;
+    int64_t read = 0;
+    for (const SeqStep& s : step.seqs) read += s.n_past + s.n_new;
+    positions.push_back(read);
   };
   GenerationStats stats;
   LocalCluster(model, options).run(requests, &stats);
-  const auto pb = static_cast<double>(probe.bytes());
-  const PairedReadBound weights_only = paired_read_bound(steps, pb);
+  const PairedReadBound weights_only = pairing.summary();
+  std::vector<PairedStep>& steps = pairing.steps();
   double kv_bytes = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     const double kv =
@@ -260,11 +256,11 @@ nlohmann::json paired_decode_read_bound(Model& model, LocalOptions options,
     steps[i].step_bytes += kv;
     kv_bytes += kv;
   }
-  nlohmann::json j = nlohmann::json::parse(paired_read_bound(steps, pb).json());
+  nlohmann::json j = nlohmann::json::parse(pairing.summary().json());
   j["weights_only"] = nlohmann::json::parse(weights_only.json());
   j["weight_bytes_per_step"] = weight_bytes;
   j["kv_bytes_per_step"] = steps.empty() ? 0.0 : kv_bytes / static_cast<double>(steps.size());
-  j["probe_bytes"] = pb;
+  j["probe_bytes"] = pairing.probe_bytes();
   return j;
 }
 

@@ -1,10 +1,11 @@
 // CPU decode attention at the shape of a Llama of stories110M's size (12 heads of 64, the
-// positions of a prompt of 128 generating 64: docs/BENCHMARKS.md, "Decode attention"),
-// through CpuBackend::attention as the engine calls it. Each iteration runs one layer of
-// `layers` in turn, so with the default 48 the K/V rows come from memory as they do in a
-// step (the weights between two layers' attention flush every cache). Counters: KV GB/s and
-// read_bound_fraction, the time of a pass of the read stream over the same bytes (measured
-// around each iteration, kernels/limits.h) over the iteration's time.
+// positions of a prompt of 128 generating 64: docs/BENCHMARKS.md, "The read bound beside
+// each step"), through CpuBackend::attention as the engine calls it. Each iteration runs
+// one layer of `layers` in turn, so with the default 48 the K/V rows come from memory as
+// they do in a step (the weights between two layers' attention flush every cache).
+// Counters: KV GB/s and read_bound_fraction, the iteration against passes of the read
+// stream around it (kernels/limits.h StepPairing; the probe reads 64 MiB, twice this
+// machine's L3, so it streams from memory, and the bound scales to the KV bytes).
 //   bench_attention --benchmark_format=json
 // STRATA_BENCH_THREADS sets the threads (default 2).
 #include <benchmark/benchmark.h>
@@ -45,10 +46,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   std::vector<SeqSlice> seqs;
   for (int32_t b = 0; b < batch; ++b) seqs.push_back({b, 1, ctx - 1, b});
   const double bytes = 2.0 * static_cast<double>(layer_floats) * sizeof(float);
-  // The probe reads 64 MiB, twice this machine's L3, at the rate it streams from memory.
-  const ReadProbe probe(size_t{64} << 20);
-  std::vector<PairedStep> paired;
-  double last_pass = probe.pass_seconds();
+  StepPairing pairing(size_t{64} << 20);
   int32_t layer = 0;
   for (auto _ : state) {
     KvLayerView c = shape;
@@ -60,15 +58,12 @@ void BM_DecodeAttention(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.PauseTiming();
-    const double pass = probe.pass_seconds();
-    paired.push_back({s, last_pass, pass, bytes});
-    last_pass = pass;
+    pairing.after_step(s, bytes);
     state.ResumeTiming();
   }
   state.counters["kv_GB/s"] =
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["read_bound_fraction"] =
-      paired_read_bound(paired, static_cast<double>(probe.bytes())).median_fraction;
+  state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
 }
 
 BENCHMARK(BM_DecodeAttention)

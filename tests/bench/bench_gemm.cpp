@@ -74,7 +74,8 @@ void BM_Linear(benchmark::State& state) {
 
 // A decode step's matrices (12 layers of q, k, v, o, gate, up, down and the head), each
 // read from memory once per step: args layout, m, fused (q/k/v as one [2304, 768] matrix
-// and gate/up as one [4096, 768], as the loader fuses them).
+// and gate/up as one [4096, 768], as a loader that fused them would give; the engine keeps
+// them apart, docs/BENCHMARKS.md "The read bound beside each step").
 void BM_Step(benchmark::State& state) {
   const int64_t layout = state.range(0);
   const int64_t m = state.range(1);
@@ -95,9 +96,7 @@ void BM_Step(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(m * 2048), 0.25f), y(static_cast<size_t>(m * 32000));
   // A pass of the read stream over the same bytes after each step (untimed): the counter
   // read_bound_fraction pairs each step with the passes around it (kernels/limits.h).
-  const ReadProbe probe(static_cast<size_t>(bytes));
-  std::vector<PairedStep> paired;
-  double last_pass = probe.pass_seconds();
+  StepPairing pairing(static_cast<size_t>(bytes));
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& w : ws) backend().linear(x.data(), m, w->view, nullptr, y.data());
@@ -105,14 +104,11 @@ void BM_Step(benchmark::State& state) {
     const double step =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.PauseTiming();
-    const double pass = probe.pass_seconds();
-    paired.push_back({step, last_pass, pass, bytes});
-    last_pass = pass;
+    pairing.after_step(step, bytes);
     state.ResumeTiming();
   }
   report(state, flop, bytes);
-  state.counters["read_bound_fraction"] =
-      paired_read_bound(paired, static_cast<double>(probe.bytes())).median_fraction;
+  state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
 }
 
 void linear_args(benchmark::internal::Benchmark* b) {

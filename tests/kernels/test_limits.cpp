@@ -75,6 +75,23 @@ TEST(PairedReadBound, RefusesTimesAndBytesThatAreNotPositive) {
   }
 }
 
+TEST(StepPairing, EachRecordedStepGetsThePassBeforeAndAfterIt) {
+  StepPairing pairing(64 * 1024);
+  pairing.after_step(0.5, 1e6, false);  // a prefill: its pass only
+  pairing.after_step(0.25, 2e6);
+  pairing.after_step(0.125, 3e6);
+  const std::vector<PairedStep>& steps = pairing.steps();
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step_seconds, 0.25);
+  EXPECT_EQ(steps[0].step_bytes, 2e6);
+  EXPECT_EQ(steps[1].step_seconds, 0.125);
+  // One pass between the two steps: after the first and before the second.
+  EXPECT_EQ(steps[0].probe_after_seconds, steps[1].probe_before_seconds);
+  EXPECT_NE(steps[0].probe_before_seconds, 0.0);
+  EXPECT_EQ(pairing.probe_bytes(), 64.0 * 1024);
+  EXPECT_EQ(pairing.summary().steps, 2);
+}
+
 TEST(ReadProbe, PassesTakeTimeAndCountWholeFloats) {
   const ReadProbe probe(4 * 1024 + 3);
   EXPECT_EQ(probe.bytes(), size_t{4 * 1024});
