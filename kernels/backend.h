@@ -129,6 +129,9 @@ struct KernelBounds {
 // placement/ counts it on the device; the CUDA backend allocates exactly this.
 int64_t accelerator_scratch_bytes(const KernelBounds& b);
 
+// The op linear_then folds into a linear's output.
+enum class LinearThen { kRelu, kAccumulate };
+
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 // Names one transfer() so compute or the host can wait for it; id 0 is "nothing to wait for".
@@ -179,6 +182,15 @@ class Backend {
 
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n]). w is f32, f16 or bf16; x, y, bias f32.
   virtual void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) = 0;
+  // y = relu(x w^T + bias), or y += x w^T + bias, in one pass where this backend has such a
+  // kernel for these shapes (decode on an accelerator, where the op after a linear would
+  // cost a launch of its own). Returns false, having done nothing, otherwise: the caller
+  // then runs linear and relu / add.
+  virtual bool linear_then(const float* x, int64_t m, const Tensor& w, const float* bias,
+                           LinearThen then, float* y) {
+    (void)x, (void)m, (void)w, (void)bias, (void)then, (void)y;
+    return false;
+  }
   // y[i, :] = table[ids[i], :] (table [vocab, hidden], any float dtype).
   virtual void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) = 0;
   virtual void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,

@@ -29,6 +29,16 @@ void ProfilingBackend::linear(const float* x, int64_t m, const Tensor& w, const 
                               float* y) {
   timed(kLinear, [&] { inner_.linear(x, m, w, bias, y); });
 }
+bool ProfilingBackend::linear_then(const float* x, int64_t m, const Tensor& w, const float* bias,
+                                   LinearThen then, float* y) {
+  // Counted only where the inner backend fused it; otherwise the caller's linear is.
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!inner_.linear_then(x, m, w, bias, then, y)) return false;
+  inner_.synchronize();
+  seconds_[kLinear] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++calls_[kLinear];
+  return true;
+}
 void ProfilingBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {
   timed(kEmbedding, [&] { inner_.embedding(ids, n, table, y); });
 }

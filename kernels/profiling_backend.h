@@ -37,6 +37,8 @@ class ProfilingBackend final : public Backend {
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
   void deallocate_host(void* p) override { inner_.deallocate_host(p); }
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
+  bool linear_then(const float* x, int64_t m, const Tensor& w, const float* bias, LinearThen then,
+                   float* y) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
   void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
                 float* y) override;

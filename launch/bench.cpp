@@ -264,6 +264,26 @@ nlohmann::json paired_decode_read_bound(Model& model, LocalOptions options,
   return j;
 }
 
+// A decode step's floor on an accelerator: its weights and the KV rows in device memory it
+// attends over, each read once at the copy rate (bytes read plus written by a device copy).
+// Decode step j of a sequence (1 .. gen - 1) attends over prompt + j positions, prompt +
+// gen / 2 on average; the cache's GPU share of them is in device memory.
+nlohmann::json device_decode_bound(const BenchOptions& o, const GenerationStats& stats,
+                                   const CacheOptions& cache, double weight_bytes,
+                                   double device_gbs, double step_s) {
+  const double positions = static_cast<double>(o.batch) * (o.prompt_len + o.gen_len / 2.0);
+  const double kv_bytes = positions * static_cast<double>(stats.kv_position_bytes) *
+                          cache.placement.gpu_percent / 100.0;
+  const double bound_s = device_gbs > 0 ? (weight_bytes + kv_bytes) / (device_gbs * 1e9) : 0;
+  const double weights_s = device_gbs > 0 ? weight_bytes / (device_gbs * 1e9) : 0;
+  return {{"weight_bytes_per_step", weight_bytes},
+          {"kv_bytes_per_step", kv_bytes},
+          {"device_memory_gbs", device_gbs},
+          {"bound_step_seconds", bound_s},
+          {"fraction", step_s > 0 ? bound_s / step_s : 0.0},
+          {"fraction_weights_only", step_s > 0 ? weights_s / step_s : 0.0}};
+}
+
 long peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -362,6 +382,8 @@ int run_bench(BenchOptions o) {
                             stats.total_seconds());
     const double peak = dev["linear_f16_tflops"];
     j["compute_bound_seconds"] = peak > 0 ? flops / (peak * 1e12) : 0;
+    j["decode_device_bound"] = device_decode_bound(o, stats, e.model->cache_options(), decode_bytes,
+                                                   dev["device_memory_gbs"], step_s);
   }
   if (o.measure_limits && !on_device) {
     // Shared machines are noisy: take the better of a measurement before and after the run,

@@ -36,37 +36,79 @@ if step tests; then
   done 2>&1 | tee "$OUT/tests.txt"
 fi
 
+# Benchmark switches of the CUDA backend (docs/GPU.md), by variant name:
+#   before: cuBLAS for every linear, one block per (row, head) attention (before 2026-11-25)
+#   plain:  the fused GEMVs, the ops after a linear on their own
+#   fused:  the default: the ReLU and residual add folded into the GEMV's store
+#   pdl:    as fused, GEMVs with programmatic dependent launch (opt-in; docs/GPU.md)
+variant_env() {
+  case $1 in
+    before) echo STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple ;;
+    plain) echo STRATA_CUDA_EPILOGUE=off ;;
+    fused) echo ;;
+    pdl) echo STRATA_CUDA_PDL=on ;;
+  esac
+}
+
 if step kernels; then
-  # The kernel benchmarks (JSON lines), fused kernels against what they replace: cuBLAS for
-  # every linear (STRATA_CUDA_GEMV=off) and the one-block-per-(row, head) attention.
+  # The kernel benchmarks (JSON lines), one pass per variant in KERNEL_VARIANTS.
   t=$B/bin/test_cuda_backend
-  f='--gtest_also_run_disabled_tests --gtest_filter=*DISABLED_*Throughput*'
-  (cd /tmp && timeout 120 "$t" $f) 2>&1 | grep '^{' | sed 's/^{/{"variant": "fused", /' | tee "$OUT/kernels.jsonl"
-  if [ "${KERNELS_BEFORE:-1}" = 1 ]; then
-    (cd /tmp && STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple timeout 120 "$t" $f) 2>&1 |
-      grep '^{' | sed 's/^{/{"variant": "before", /' | tee -a "$OUT/kernels.jsonl"
-  fi
+  f="--gtest_also_run_disabled_tests --gtest_filter=${KERNEL_FILTER:-*DISABLED_*Throughput*}"
+  for variant in ${KERNEL_VARIANTS:-fused before}; do
+    (cd /tmp && env $(variant_env "$variant") timeout 120 "$t" $f) 2>&1 | grep '^{' |
+      sed "s/^{/{\"variant\": \"$variant\", /" | tee -a "$OUT/kernels.jsonl"
+  done
 fi
 
 if step engine; then
-  # dummy:opt-6.7b f16 on the GPU, prompt 512, gen 32, with the new kernels and without.
+  # dummy:opt-6.7b on the GPU, prompt 512, gen 32, per variant in ENGINE_VARIANTS. The
+  # fraction is of the device bound: a step's weights and KV rows at the copy rate.
   for variant in ${ENGINE_VARIANTS:-fused before}; do
-    envs=()
-    [ "$variant" = before ] && envs=(STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple)
     for run in "b1 --batch 1" "b16 --batch 16" "q4-b1 --batch 1 --policy w=100/0/0,cw=1" \
                "q4-b16 --batch 16 --policy w=100/0/0,cw=1"; do
       name=${run%% *}
       if [ -n "${ENGINE_RUNS:-}" ] && [[ " $ENGINE_RUNS " != *" $name "* ]]; then continue; fi
-      env "${envs[@]}" timeout 200 "$STRATA" bench --model dummy:opt-6.7b --dtype f16 \
-        --device cuda ${run#* } --prompt-len 512 --gen-len 32 --max-step-tokens 8192 --warmup 1 \
-        --no-limits >"$OUT/engine-$variant-$name.json" 2>"$OUT/engine-$variant-$name.log"
+      env $(variant_env "$variant") timeout 200 "$STRATA" bench --model dummy:opt-6.7b \
+        --dtype f16 --device cuda ${run#* } --prompt-len 512 --gen-len 32 \
+        --max-step-tokens 8192 --warmup 1 --no-limits \
+        >"$OUT/engine-$variant-$name.json" 2>"$OUT/engine-$variant-$name.log"
       python3 -c "
-import json,sys; d=json.load(open(sys.argv[1])); r=d['result']
-print(sys.argv[2], sys.argv[3], 'gen %.1f tok/s, decode %.1f tok/s, step %.2f ms, prefill %.3f s' % (
-  r['generation_tokens_per_s'], r['decode_tokens_per_s'], d['decode_step_seconds']*1e3, r['prefill_seconds']))
+import json,sys; d=json.load(open(sys.argv[1])); r=d['result']; b=d.get('decode_device_bound', {})
+print(sys.argv[2], sys.argv[3], 'gen %.1f tok/s, decode %.1f tok/s, step %.3f ms, prefill %.3f s, '
+  'device bound %.3f ms: %.1f%% (weights only %.1f%%)' % (
+  r['generation_tokens_per_s'], r['decode_tokens_per_s'], d['decode_step_seconds']*1e3,
+  r['prefill_seconds'], b.get('bound_step_seconds', 0)*1e3, 100*b.get('fraction', 0),
+  100*b.get('fraction_weights_only', 0)))
 " "$OUT/engine-$variant-$name.json" "$variant" "$name" 2>&1 | tail -1
     done
-  done | tee "$OUT/engine.txt"
+  done | tee -a "$OUT/engine.txt"
+fi
+
+if step ncu; then
+  # Every kernel of a stretch of batch-1 f16 decode steps, timed one by one by Nsight Compute
+  # (clocks left alone): which kernels the step's time goes to, beside the step time.
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  env $(variant_env "${NCU_VARIANT:-fused}") timeout 150 "$ncu" --clock-control none \
+    --launch-skip "${NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-60}" \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum -f -o /tmp/decode \
+    "$STRATA" bench --model dummy:opt-6.7b --dtype f16 --device cuda --batch 1 \
+    --prompt-len 512 --gen-len 16 --warmup 0 --no-limits >"$OUT/ncu-bench.json" 2>"$OUT/ncu.log"
+  "$ncu" --import /tmp/decode.ncu-rep --csv --page raw >"$OUT/ncu.csv" 2>>"$OUT/ncu.log"
+  python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu.txt"
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+i = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
+head, units = rows[i], rows[i + 1]; rows = [r for r in rows[i + 1:] if r and r[0].isdigit()]
+name = head.index('Kernel Name'); t = head.index('gpu__time_duration.sum')
+b = head.index('dram__bytes_read.sum')
+agg = collections.OrderedDict()
+def num(v): return float(v.replace(',', '')) if v.replace(',', '').replace('.', '').isdigit() else 0.0
+for r in rows:
+    k = r[name].split('(')[0][:60]
+    a = agg.setdefault(k, [0, 0.0, 0.0]); a[0] += 1; a[1] += num(r[t]); a[2] += num(r[b])
+print('kernels: %d; calls, time (%s), DRAM read (%s), kernel' % (len(rows), units[t], units[b]))
+for k, (n, tt, bb) in agg.items(): print('%4d %12.1f %14.0f  %s' % (n, tt, bb, k))
+PY
 fi
 
 if step limits; then

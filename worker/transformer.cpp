@@ -186,9 +186,8 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
   } else {
     backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
   }
-  attention_block(L, i, s, rows, cache);  // h_ -> h_ (output projection)
-  if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
-  backend_.add(x, h_.f32(), n);
+  attention_block(L, i, s, rows, cache);  // h_ -> attn_
+  add_projection(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, x);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x, rows, x);
 
   if (pre_norm) {
@@ -196,9 +195,8 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
   } else {
     backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
   }
-  mlp_block(L, i, rows);  // h_ -> h_
-  if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
-  backend_.add(x, h_.f32(), n);
+  mlp_block(L, i, rows);  // h_ -> f1_
+  add_projection(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, x);
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
 }
 
@@ -213,7 +211,21 @@ void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& 
     backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.positions(), rope_);
   }
   attention_.run(i, q_.f32(), k_.f32(), v_.f32(), s.step_rows, rows, cache, attn_.f32());
-  linear(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, h_.f32());
+}
+
+// x += in w^T + bias: the output or down projection and the residual add. One kernel where
+// the backend folds the add into the linear, but not where a tensor-parallel reduce or a
+// HeteGen split needs the projection on its own first.
+void Transformer::add_projection(int32_t i, LinearSlot slot, const float* in, int32_t rows,
+                                 const Tensor& w, const Tensor& bias, float* x) {
+  const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
+  if (reduce_ == nullptr && !split(i, slot) &&
+      backend_.linear_then(in, rows, w, bias.data ? bias.f32() : nullptr, LinearThen::kAccumulate,
+                           x))
+    return;
+  linear(i, slot, in, rows, w, bias, h_.f32());
+  if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
+  backend_.add(x, h_.f32(), n);
 }
 
 void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows) {
@@ -223,10 +235,17 @@ void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows) {
     linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f2_.f32());
     backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
   } else {
-    linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f1_.f32());
-    backend_.relu(f1_.f32(), n);
+    const float* up_bias = L.up_bias.data ? L.up_bias.f32() : nullptr;
+    if (split(i, LinearSlot::kUp) ||
+        !backend_.linear_then(h_.f32(), rows, L.up, up_bias, LinearThen::kRelu, f1_.f32())) {
+      linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f1_.f32());
+      backend_.relu(f1_.f32(), n);
+    }
   }
-  linear(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, h_.f32());
+}
+
+bool Transformer::split(int32_t i, LinearSlot slot) const {
+  return splits_ != nullptr && splits_->find(i, slot) != nullptr;
 }
 
 void Transformer::set_split_linears(SplitLinearTable* splits) {

@@ -62,36 +62,76 @@ __device__ float dot8(const float4& a, const float4& b, float2 w01, float2 w23, 
          b.z * w67.x + b.w * w67.y;
 }
 
-// Warp-reduces acc[i] and writes y[i, row] (+ bias); row < n.
+// Warp-reduces acc[i] and writes y[i, row] = epilogue(acc + bias); row < n. The epilogue
+// (GemvEpilogue) folds the op that follows a linear into its store: OPT's ReLU after fc1,
+// or the residual add after the output and down projections (y += product).
 template <int M>
 __device__ void gemv_store(const float (&acc)[M], int64_t row, int64_t n, const float* bias,
-                           float* y) {
+                           GemvEpilogue epilogue, float* y) {
   const unsigned lane = threadIdx.x & 31u;
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    const float v = warp_sum(acc[i]);
-    if (lane == 0) y[static_cast<int64_t>(i) * n + row] = v + (bias != nullptr ? bias[row] : 0.0f);
+    const float v = warp_sum(acc[i]) + (bias != nullptr ? bias[row] : 0.0f);
+    if (lane != 0) continue;
+    float& out = y[static_cast<int64_t>(i) * n + row];
+    if (epilogue == GemvEpilogue::kRelu) {
+      out = fmaxf(v, 0.0f);
+    } else if (epilogue == GemvEpilogue::kAccumulate) {
+      out += v;
+    } else {
+      out = v;
+    }
   }
 }
 
+// Programmatic dependent launch (Hopper on): a GEMV launched with it may start while the
+// kernel before it in the stream is still finishing. It reads no input of that kernel before
+// wait_for_inputs(), which returns once that kernel has completed and its writes are
+// visible; a launch without it returns at once. let_dependents_launch() lets the next such
+// launch begin once every block of this one is running.
+__device__ void wait_for_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+__device__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// Chunks of 16 bytes each lane loads before waiting for x: the weights are no output of the
+// kernel before, so their first loads overlap its tail.
+constexpr int kGemvPrefetch = 4;
+
 // y = x w[n, k]^T for one activation row x: each lane reads 8 weights (16 bytes) of its
-// warp's row per step, streamed past L1 (__ldcs) so x stays cached there.
+// warp's row per chunk, streamed past L1 (__ldcs) so x stays cached there.
 template <typename T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_half_kernel(const float* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
-                     const float* __restrict__ bias, float* __restrict__ y) {
+                     const float* __restrict__ bias, GemvEpilogue epilogue, float* __restrict__ y) {
+  let_dependents_launch();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (row >= n) return;
   const unsigned lane = threadIdx.x & 31u;
   const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
   const float4* xv = reinterpret_cast<const float4*>(x);
+  const int64_t chunks = k / 8;
+  uint4 first[kGemvPrefetch];
+#pragma unroll
+  for (int d = 0; d < kGemvPrefetch; ++d)
+    if (lane + 32 * d < chunks) first[d] = __ldcs(wr + lane + 32 * d);
+  wait_for_inputs();
   float acc[1] = {0.0f};
-  for (int64_t c = lane; c < k / 8; c += 32) {
-    const uint4 wv = __ldcs(wr + c);
+  const auto dot = [&](int64_t c, const uint4& wv) {
     acc[0] += dot8(xv[2 * c], xv[2 * c + 1], halves_to_float2<T>(wv.x), halves_to_float2<T>(wv.y),
                    halves_to_float2<T>(wv.z), halves_to_float2<T>(wv.w));
-  }
-  gemv_store<1>(acc, row, n, bias, y);
+  };
+#pragma unroll
+  for (int d = 0; d < kGemvPrefetch; ++d)
+    if (lane + 32 * d < chunks) dot(lane + 32 * d, first[d]);
+  for (int64_t c = lane + 32 * kGemvPrefetch; c < chunks; c += 32) dot(c, __ldcs(wr + c));
+  gemv_store<1>(acc, row, n, bias, epilogue, y);
 }
 
 // Code j (0..7) of a 32-bit word of codes (even index in the low nibble) as a float, exactly:
@@ -99,6 +139,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // instead of the quarter-rate integer-to-float conversion.
 __device__ float code_as_float(uint32_t word, int j) {
   return __uint_as_float(0x4B000000u | ((word >> (4 * j)) & 15u)) - 8388608.0f;
+}
+
+// One word of 8 codes with its group's min and scale, dotted with x[i, e .. e + 8) for each
+// of the M rows into acc.
+template <int M>
+__device__ void q4_word_dot(const float* __restrict__ x, int64_t k, int64_t e, uint32_t word,
+                            float mn, float sc, float (&acc)[M]) {
+  float wf[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) wf[j] = code_as_float(word, j);
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * k + e);
+    const float4 a = xr[0];
+    const float4 b = xr[1];
+    const float d = a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] +
+                    b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
+    const float sx = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+    acc[i] += sc * d + mn * sx;
+  }
 }
 
 // The same GEMV over a 4-bit matrix grouped along rows by 64 (kernels/quant.h), never
@@ -109,7 +169,9 @@ template <int M>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_q4_kernel(const float* __restrict__ x, const unsigned char* __restrict__ packed,
                    const float* __restrict__ mins, const float* __restrict__ scales, int64_t n,
-                   int64_t k, const float* __restrict__ bias, float* __restrict__ y) {
+                   int64_t k, const float* __restrict__ bias, GemvEpilogue epilogue,
+                   float* __restrict__ y) {
+  let_dependents_launch();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (row >= n) return;
   const unsigned lane = threadIdx.x & 31u;
@@ -117,37 +179,58 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const uint32_t* words = reinterpret_cast<const uint32_t*>(packed + row * (k / 2));
   const float* row_mins = mins + row * (k / 64);
   const float* row_scales = scales + row * (k / 64);
-  for (int64_t e = 8 * static_cast<int64_t>(lane); e < k; e += 256) {
-    const uint32_t word = __ldcs(words + e / 8);
-    const float mn = __ldg(row_mins + e / 64);
-    const float sc = __ldg(row_scales + e / 64);
-    float wf[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) wf[j] = code_as_float(word, j);
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * k + e);
-      const float4 a = xr[0];
-      const float4 b = xr[1];
-      const float d = a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] +
-                      b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
-      const float sx = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
-      acc[i] += sc * d + mn * sx;
-    }
+  // The first word and its group's min and scale before waiting for x (see kGemvPrefetch).
+  const int64_t e0 = 8 * static_cast<int64_t>(lane);
+  uint32_t word = 0;
+  float mn = 0.0f, sc = 0.0f;
+  if (e0 < k) {
+    word = __ldcs(words + e0 / 8);
+    mn = __ldg(row_mins + e0 / 64);
+    sc = __ldg(row_scales + e0 / 64);
   }
-  gemv_store<M>(acc, row, n, bias, y);
+  wait_for_inputs();
+  for (int64_t e = e0; e < k; e += 256) {
+    if (e != e0) {
+      word = __ldcs(words + e / 8);
+      mn = __ldg(row_mins + e / 64);
+      sc = __ldg(row_scales + e / 64);
+    }
+    q4_word_dot<M>(x, k, e, word, mn, sc, acc);
+  }
+  gemv_store<M>(acc, row, n, bias, epilogue, y);
 }
 
 unsigned gemv_blocks(int64_t n) {
   return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps);
 }
 
+// Launches a GEMV kernel, with programmatic dependent launch where `overlap` asks for it.
+template <typename... Params, typename... Args>
+void launch_gemv(void (*kernel)(Params...), int64_t n, bool overlap, cudaStream_t s, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(gemv_blocks(n));
+  config.blockDim = dim3(kGemvWarps * 32);
+  config.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = overlap ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 template <int M>
 void launch_gemv_q4(const float* x, const unsigned char* packed, const float* mins,
-                    const float* scales, int64_t n, int64_t k, const float* bias, float* y,
+                    const float* scales, int64_t n, int64_t k, const GemvOut& o, float* y,
                     cudaStream_t s) {
-  gemv_q4_kernel<M>
-      <<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(x, packed, mins, scales, n, k, bias, y);
+  launch_gemv(gemv_q4_kernel<M>, n, o.overlap, s, x, packed, mins, scales, n, k, o.bias, o.epilogue,
+              y);
+}
+
+// Keys of one split of a context into `splits`: the even share rounded up to whole tiles.
+int32_t split_keys(int32_t ctx, int32_t splits, int32_t key_tile) {
+  const int32_t even = (ctx + splits - 1) / splits;
+  return (even + key_tile - 1) / key_tile * key_tile;
 }
 
 bool aligned16(const void* p) {
@@ -421,24 +504,24 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial,
 }  // namespace
 
 KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int64_t n, int64_t k,
-                       const float* bias, float* y, StreamHandle stream) {
+                       const GemvOut& out, float* y, StreamHandle stream) {
   if (m <= 0 || n <= 0) return {};
   if (m > kMaxGemvRowsHalf || k <= 0 || k % 8 != 0 || type == ElemType::kF32 || !aligned16(w) ||
       !aligned16(x))
     return invalid();
   const cudaStream_t s = as_stream(stream);
   if (type == ElemType::kF16) {
-    gemv_half_kernel<__half><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
-        x, static_cast<const __half*>(w), n, k, bias, y);
+    launch_gemv(gemv_half_kernel<__half>, n, out.overlap, s, x, static_cast<const __half*>(w), n, k,
+                out.bias, out.epilogue, y);
   } else {
-    gemv_half_kernel<__nv_bfloat16><<<gemv_blocks(n), kGemvWarps * 32, 0, s>>>(
-        x, static_cast<const __nv_bfloat16*>(w), n, k, bias, y);
+    launch_gemv(gemv_half_kernel<__nv_bfloat16>, n, out.overlap, s, x,
+                static_cast<const __nv_bfloat16*>(w), n, k, out.bias, out.epilogue, y);
   }
   return last_status();
 }
 
 KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const float* mins,
-                     const float* scales, int64_t n, int64_t k, const float* bias, float* y,
+                     const float* scales, int64_t n, int64_t k, const GemvOut& out, float* y,
                      StreamHandle stream) {
   if (m <= 0 || n <= 0) return {};
   if (m > kMaxGemvRowsQ4 || k <= 0 || k % 64 != 0 || !aligned16(packed) || !aligned16(x))
@@ -446,11 +529,11 @@ KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const f
   const cudaStream_t s = as_stream(stream);
   // One instantiation per row count, so each keeps its accumulators in registers.
   using Launcher = void (*)(const float*, const unsigned char*, const float*, const float*, int64_t,
-                            int64_t, const float*, float*, cudaStream_t);
+                            int64_t, const GemvOut&, float*, cudaStream_t);
   constexpr Launcher kLaunchers[kMaxGemvRowsQ4] = {
       launch_gemv_q4<1>, launch_gemv_q4<2>, launch_gemv_q4<3>, launch_gemv_q4<4>,
       launch_gemv_q4<5>, launch_gemv_q4<6>, launch_gemv_q4<7>, launch_gemv_q4<8>};
-  kLaunchers[m - 1](x, packed, mins, scales, n, k, bias, y, s);
+  kLaunchers[m - 1](x, packed, mins, scales, n, k, out, y, s);
   return last_status();
 }
 
@@ -472,14 +555,18 @@ AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_conte
                          ((group + t.heads_per_block - 1) / t.heads_per_block);
   t.splits = 1;
   if (decode && sm_count > 0) {
-    // Enough blocks for four per SM, each split at least four key tiles long, within the
-    // partial-result scratch.
+    // Enough blocks for four per SM, each split at least one key tile long, within the
+    // partial-result scratch. A block's tiles run one after another, so at a short context
+    // (one decode row of a 7B model at 500 positions) more, shorter splits are what fills
+    // the GPU. A split is whole key tiles, and the count follows from that length.
     const int64_t want = (int64_t{4} * sm_count + blocks - 1) / blocks;
-    const int64_t by_keys = std::max<int64_t>(1, max_context / (4 * t.key_tile));
+    const int64_t by_keys = std::max<int64_t>(1, max_context / t.key_tile);
     int64_t splits = std::min<int64_t>({want, by_keys, 64});
     const int64_t per_split = n_rows * n_heads * (head_dim + 2) * int64_t{sizeof(float)};
     while (splits > 1 && splits * per_split > static_cast<int64_t>(partial_bytes)) --splits;
-    t.splits = static_cast<int32_t>(splits);
+    const int32_t ctx = std::max(max_context, 1);
+    const int32_t keys = split_keys(ctx, static_cast<int32_t>(splits), t.key_tile);
+    t.splits = (ctx + keys - 1) / keys;
   }
   return t;
 }
@@ -510,7 +597,7 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
   a.key_tile = t.key_tile;
   a.splits = t.splits;
   const int32_t ctx = max_context > 0 ? max_context : 1;
-  a.keys_per_split = t.splits == 1 ? INT32_MAX : (ctx + t.splits - 1) / t.splits;
+  a.keys_per_split = t.splits == 1 ? INT32_MAX : split_keys(ctx, t.splits, t.key_tile);
   a.scale = scale;
   const dim3 grid(static_cast<unsigned>((n_rows + t.rows_per_tile - 1) / t.rows_per_tile),
                   static_cast<unsigned>(cache.n_kv_heads * a.blocks_per_kv),

@@ -102,16 +102,28 @@ KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
 // half weights cuBLAS was as fast or faster from 4 rows on, measured in docs/GPU.md).
 constexpr int kMaxGemvRowsHalf = 1;
 constexpr int kMaxGemvRowsQ4 = 8;
-// y = x w^T (+ bias) for one row x (m <= kMaxGemvRowsHalf): w [n, k] f16 or bf16, read once
-// from memory; x f32 as it is (not rounded to w's type). k % 8 == 0; w and x 16-byte aligned
-// (else cudaErrorInvalidValue and nothing is launched).
+// What a fused GEMV does with x w^T + bias: store it, store its ReLU (OPT's fc1), or add it
+// to what y holds (the residual after the output and down projections), so the op that
+// follows a linear costs no kernel of its own.
+enum class GemvEpilogue : int { kStore = 0, kRelu = 1, kAccumulate = 2 };
+struct GemvOut {
+  const float* bias = nullptr;  // [n], or none
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+  // Programmatic dependent launch (compute capability 9.0 on): the GEMV may start while the
+  // kernel before it finishes, its first weight loads overlapping that kernel's tail; it
+  // reads x and writes y only once that kernel is done.
+  bool overlap = false;
+};
+// y = epilogue(x w^T + bias) for one row x (m <= kMaxGemvRowsHalf): w [n, k] f16 or bf16,
+// read once from memory; x f32 as it is (not rounded to w's type). k % 8 == 0; w and x
+// 16-byte aligned (else cudaErrorInvalidValue and nothing is launched).
 KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int64_t n, int64_t k,
-                       const float* bias, float* y, StreamHandle stream);
-// y[i, :] = x[i, :] w^T (+ bias) for i < m <= kMaxGemvRowsQ4 over a kQ4 matrix [n, k] grouped
-// along rows by 64 (kernels/quant.h), each code dequantised in registers: k % 64 == 0; packed
-// and x 16-byte aligned.
+                       const GemvOut& out, float* y, StreamHandle stream);
+// y[i, :] = epilogue(x[i, :] w^T + bias) for i < m <= kMaxGemvRowsQ4 over a kQ4 matrix
+// [n, k] grouped along rows by 64 (kernels/quant.h), each code dequantised in registers:
+// k % 64 == 0; packed and x 16-byte aligned.
 KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const float* mins,
-                     const float* scales, int64_t n, int64_t k, const float* bias, float* y,
+                     const float* scales, int64_t n, int64_t k, const GemvOut& out, float* y,
                      StreamHandle stream);
 
 // How attention_tiled covers a step: a block takes rows_per_tile token rows and

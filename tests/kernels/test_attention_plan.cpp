@@ -16,19 +16,30 @@ constexpr int32_t kSms = 132;  // an H100
 constexpr size_t kKiB = 1024;
 
 // Llama-70B's heads, one decode row at 3000 positions: group 8 (one block holds it), 8
-// blocks. Four per SM wants ceil(528 / 8) = 66 splits, the context allows 3000 / (4 * 32) =
-// 23, and 512 KiB of scratch holds 524288 / (1 * 64 * 130 * 4) = 15 of them.
+// blocks. Four per SM wants ceil(528 / 8) = 66 splits, the context allows 3000 / 32 = 93
+// (one key tile each), at most 64, and 512 KiB of scratch holds 524288 / (1 * 64 * 130 * 4)
+// = 15. A split of 15 is ceil(3000 / 15) = 200 keys, 224 in whole tiles of 32, so
+// ceil(3000 / 224) = 14 splits.
 TEST(AttentionPlan, OneLongDecodeRowSplitsWithinTheScratch) {
   const AttentionTiling t = plan_attention(1, 1, 3000, 64, 8, 128, kSms, 512 * kKiB);
   EXPECT_EQ(t.heads_per_block, 8);
   EXPECT_EQ(t.rows_per_tile, 1);
   EXPECT_EQ(t.key_tile, 32);
-  EXPECT_EQ(t.splits, 15);
-  // With room for all: the context's 23.
-  EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 64 * kKiB * kKiB).splits, 23);
+  EXPECT_EQ(t.splits, 14);
+  // With room for all: 64 splits of ceil(3000 / 64) = 47 keys, 64 in whole tiles, so
+  // ceil(3000 / 64) = 47.
+  EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 64 * kKiB * kKiB).splits, 47);
 }
 
-// 32 decode rows of a 32q/8kv model at 2048: 32 * 8 = 256 blocks, ceil(528 / 256) = 3.
+// One decode row of OPT-6.7B (32 MHA heads, head_dim 128) at 528 positions: 32 blocks, four
+// per SM wants ceil(528 / 32) = 17, the context allows 528 / 32 = 16; 16 splits of 33 keys
+// are 64 in whole tiles, so ceil(528 / 64) = 9.
+TEST(AttentionPlan, AShortDecodeContextStillFillsTheGpu) {
+  EXPECT_EQ(plan_attention(1, 1, 528, 32, 32, 128, kSms, 4 * kKiB * kKiB).splits, 9);
+}
+
+// 32 decode rows of a 32q/8kv model at 2048: 32 * 8 = 256 blocks, ceil(528 / 256) = 3;
+// ceil(2048 / 3) = 683 keys, 704 in whole tiles, ceil(2048 / 704) = 3.
 TEST(AttentionPlan, ABatchOfDecodeRowsSplitsLess) {
   const AttentionTiling t = plan_attention(32, 32, 2048, 32, 8, 128, kSms, 4 * kKiB * kKiB);
   EXPECT_EQ(t.heads_per_block, 4);
@@ -39,8 +50,10 @@ TEST(AttentionPlan, ABatchOfDecodeRowsSplitsLess) {
 TEST(AttentionPlan, NoSplitWithoutScratchOrSmCount) {
   EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 0).splits, 1);
   EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, 0, 512 * kKiB).splits, 1);
-  // A short context: 100 / 128 keys make no second split.
-  EXPECT_EQ(plan_attention(1, 1, 100, 64, 8, 128, kSms, 512 * kKiB).splits, 1);
+  // A context shorter than two key tiles (40 / 32 = 1) makes no second split; 100 keys
+  // make 3 of at most 34, 64 in whole tiles: 2.
+  EXPECT_EQ(plan_attention(1, 1, 40, 64, 8, 128, kSms, 512 * kKiB).splits, 1);
+  EXPECT_EQ(plan_attention(1, 1, 100, 64, 8, 128, kSms, 512 * kKiB).splits, 2);
 }
 
 // A prefill chunk (more rows than twice its sequences) shares its slot's tiles: 16 query

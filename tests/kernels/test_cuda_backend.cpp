@@ -307,7 +307,8 @@ INSTANTIATE_TEST_SUITE_P(CudaGemv, CudaLinearTest,
                                             ::testing::Values(int64_t{1}, int64_t{2}, int64_t{4},
                                                               int64_t{7}, int64_t{8}, int64_t{9}),
                                             ::testing::Values(int64_t{37}, int64_t{300}),
-                                            ::testing::Values(int64_t{136}, int64_t{1024}),
+                                            ::testing::Values(int64_t{136}, int64_t{1024},
+                                                              int64_t{1352}),
                                             ::testing::Values(true)),
                          linear_name);
 
@@ -349,12 +350,113 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaQ4LinearTest,
                          ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{3},
                                                               int64_t{8}, int64_t{9}),
                                             ::testing::Values(int64_t{37}, int64_t{520}),
-                                            ::testing::Values(int64_t{128}, int64_t{4096})),
+                                            ::testing::Values(int64_t{128}, int64_t{2368},
+                                                              int64_t{4096})),
                          [](const auto& tp) {
                            return "m" + std::to_string(std::get<0>(tp.param)) + "_n" +
                                   std::to_string(std::get<1>(tp.param)) + "_k" +
                                   std::to_string(std::get<2>(tp.param));
                          });
+
+// linear_then: the fused GEMV's store does the ReLU or the residual add. Compared with the
+// CPU backend's linear followed by its relu / add; shapes cover n not a multiple of the
+// block's rows and k with and without a tail past the loads a lane keeps in flight.
+using ThenParam = std::tuple<DType, int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, LinearThen>;
+using CudaLinearThenTest = CudaParamTest<ThenParam>;
+
+// A kQ4 weight (groups of 64 along rows) or a half one, on both backends.
+struct AnyWeight {
+  std::vector<uint8_t> blob;
+  Tensor host;
+  std::unique_ptr<DeviceGuarded<uint8_t>> dev;
+  Tensor device;
+  AnyWeight(Backend& gpu, DType dtype, int64_t n, int64_t k, const std::vector<float>& values) {
+    host.dtype = dtype;
+    host.shape = Shape{n, k};
+    host.device = Device::kHost;
+    blob.resize(host.bytes());
+    if (dtype == DType::kQ4) {
+      write_q4_blob(quantize_4bit(values.data(), {n, k, kQuantGroupSize, QuantAxis::kAlongRow}),
+                    blob.data());
+    } else {
+      convert_from_f32(dtype, values.data(), blob.data(), values.size());
+    }
+    host.data = blob.data();
+    dev = std::make_unique<DeviceGuarded<uint8_t>>(gpu, blob);
+    device = host;
+    device.data = dev->data();
+    device.device = Device::kCuda;
+  }
+};
+
+TEST_P(CudaLinearThenTest, MatchesLinearThenOp) {
+  const auto [dtype, m, n, k, then] = GetParam();
+  AnyWeight w(gpu(), dtype, n, k, random_floats(static_cast<size_t>(n * k), 31));
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 32);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(n), 33, -1.0f, 1.0f);
+  const std::vector<float> y0 = random_floats(static_cast<size_t>(m * n), 34, -3.0f, 3.0f);
+  DeviceGuarded<float> dx(gpu(), x), dbias(gpu(), bias), dy(gpu(), y0);
+
+  std::vector<float> want(static_cast<size_t>(m * n));
+  cpu().linear(x.data(), m, w.host, bias.data(), want.data());
+  if (then == LinearThen::kRelu) {
+    cpu().relu(want.data(), m * n);
+  } else {
+    std::vector<float> sum = y0;
+    cpu().add(sum.data(), want.data(), m * n);
+    want = sum;
+  }
+  ASSERT_TRUE(gpu().linear_then(dx.data(), m, w.device, dbias.data(), then, dy.data()));
+  const std::vector<float> got = dy.download();
+  EXPECT_LT(norm_err(got, want), kTolLinearHalfSameInputs);
+  if (then == LinearThen::kRelu) {
+    const auto zeros = std::count(got.begin(), got.end(), 0.0f);
+    EXPECT_GT(zeros, 0) << "no output was clipped: the ReLU did not run";
+  }
+  EXPECT_TRUE(dy.guards_intact());
+  EXPECT_TRUE(w.dev->guards_intact());
+}
+
+std::string then_name(const ::testing::TestParamInfo<ThenParam>& tp) {
+  return std::string(dtype_name(std::get<0>(tp.param))) + "_m" +
+         std::to_string(std::get<1>(tp.param)) + "_n" + std::to_string(std::get<2>(tp.param)) +
+         "_k" + std::to_string(std::get<3>(tp.param)) +
+         (std::get<4>(tp.param) == LinearThen::kRelu ? "_relu" : "_accumulate");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CudaHalf, CudaLinearThenTest,
+    ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(int64_t{1}),
+                       ::testing::Values(int64_t{37}, int64_t{300}),
+                       ::testing::Values(int64_t{136}, int64_t{1024}, int64_t{1352}),
+                       ::testing::Values(LinearThen::kRelu, LinearThen::kAccumulate)),
+    then_name);
+INSTANTIATE_TEST_SUITE_P(
+    CudaQ4, CudaLinearThenTest,
+    ::testing::Combine(::testing::Values(DType::kQ4), ::testing::Values(int64_t{1}, int64_t{3}),
+                       ::testing::Values(int64_t{37}, int64_t{300}),
+                       ::testing::Values(int64_t{128}, int64_t{2368}, int64_t{4096}),
+                       ::testing::Values(LinearThen::kRelu, LinearThen::kAccumulate)),
+    then_name);
+
+// Where no fused kernel fits, linear_then declines and leaves y as it was: f32 weights, half
+// weights over more rows than the GEMV takes, and every call on the CPU backend.
+TEST_F(CudaTest, LinearThenDeclinesWhatItCannotFuse) {
+  const std::vector<float> wf = random_floats(64 * 64, 35);
+  const std::vector<float> x = random_floats(4 * 64, 36);
+  const std::vector<float> y0 = random_floats(4 * 64, 37);
+  AnyWeight f32(gpu(), DType::kF32, 64, 64, wf);
+  AnyWeight f16(gpu(), DType::kF16, 64, 64, wf);
+  DeviceGuarded<float> dx(gpu(), x), dy(gpu(), y0);
+  EXPECT_FALSE(gpu().linear_then(dx.data(), 1, f32.device, nullptr, LinearThen::kRelu, dy.data()));
+  EXPECT_FALSE(
+      gpu().linear_then(dx.data(), 2, f16.device, nullptr, LinearThen::kAccumulate, dy.data()));
+  EXPECT_EQ(dy.download(), y0);
+  std::vector<float> hy = y0;
+  EXPECT_FALSE(
+      cpu().linear_then(x.data(), 1, f16.host, nullptr, LinearThen::kAccumulate, hy.data()));
+  EXPECT_EQ(hy, y0);
+}
 
 // ---------------------------------------------------------------------------------------
 // embedding
@@ -415,6 +517,8 @@ TEST_P(CudaNormTest, RmsNorm) {
   gpu().rms_norm(dx.data(), m, h, dw.data(), 1e-5f, dy.data());
   EXPECT_LT(norm_err(dy.download(), want), kTolF32);
   EXPECT_TRUE(dy.guards_intact());
+  gpu().rms_norm(dx.data(), m, h, dw.data(), 1e-5f, dx.data());  // in place
+  EXPECT_LT(norm_err(dx.download(), want), kTolF32);
 }
 
 TEST_P(CudaNormTest, LayerNorm) {
@@ -428,11 +532,17 @@ TEST_P(CudaNormTest, LayerNorm) {
   gpu().layer_norm(dx.data(), m, h, dw.data(), db.data(), 1e-5f, dy.data());
   EXPECT_LT(norm_err(dy.download(), want), 4 * kTolF32);
   EXPECT_TRUE(dy.guards_intact());
+  gpu().layer_norm(dx.data(), m, h, dw.data(), db.data(), 1e-5f, dx.data());  // in place
+  EXPECT_LT(norm_err(dx.download(), want), 4 * kTolF32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaNormTest,
+                         // Rows held in registers (h % 4 == 0, up to 8192) with 1, 2, 4 and
+                         // 8 float4s a thread, part-filled; and the looping kernels past them.
                          ::testing::Values(NormParam{1, 1}, NormParam{1, 64}, NormParam{4, 67},
-                                           NormParam{33, 1024}, NormParam{2, 5000}),
+                                           NormParam{33, 1024}, NormParam{2, 5000},
+                                           NormParam{1, 12}, NormParam{5, 2048}, NormParam{1, 4096},
+                                           NormParam{3, 8192}, NormParam{2, 8196}),
                          [](const auto& tp) {
                            return "m" + std::to_string(std::get<0>(tp.param)) + "_h" +
                                   std::to_string(std::get<1>(tp.param));
@@ -850,6 +960,61 @@ TEST_F(CudaTest, DISABLED_LinearThroughput) {
           static_cast<long long>(n), static_cast<long long>(k), sec * 1e6, bytes / sec / 1e9,
           flops / sec / 1e12);
       std::fflush(stdout);
+    }
+  }
+}
+
+// One decode row (m = 1) through the weight shapes of a 7B-class decode step: OPT-6.7B's
+// q/k/v/o [4096, 4096], fc1 [16384, 4096], fc2 [4096, 16384] and its LM head [50272, 4096],
+// f16 and 4-bit, stored and with the residual add folded in (linear_then). JSON lines on
+// stdout; run once per STRATA_CUDA_GEMV setting to compare kernels. The copies of each
+// weight together pass 256 MiB, several times the L2, so every call reads device memory.
+TEST_F(CudaTest, DISABLED_DecodeLinearShapesThroughput) {
+  struct WShape {
+    int64_t n, k;
+  };
+  for (const DType dtype : {DType::kF16, DType::kQ4}) {
+    for (const WShape sh :
+         {WShape{4096, 4096}, WShape{16384, 4096}, WShape{4096, 16384}, WShape{50272, 4096}}) {
+      const std::vector<float> wf =
+          random_floats(static_cast<size_t>(sh.n * sh.k), 203, -0.05f, 0.05f);
+      const AnyWeight first(gpu(), dtype, sh.n, sh.k, wf);
+      const size_t wbytes = first.blob.size();
+      std::vector<std::unique_ptr<DeviceGuarded<uint8_t>>> copies;
+      std::vector<Tensor> ws = {first.device};
+      while (ws.size() * wbytes < (size_t{256} << 20) || ws.size() < 2) {
+        copies.push_back(std::make_unique<DeviceGuarded<uint8_t>>(gpu(), first.blob));
+        ws.push_back(first.device);
+        ws.back().data = copies.back()->data();
+      }
+      const std::vector<float> x = random_floats(static_cast<size_t>(sh.k), 204);
+      DeviceBuffer dx(gpu(), x.size() * 4), dy(gpu(), static_cast<size_t>(sh.n) * 4);
+      gpu().copy(dx.data(), x.data(), x.size() * 4, CopyKind::kHostToDevice);
+      for (const bool accumulate : {false, true}) {
+        const auto call = [&](int i) {
+          const Tensor& w = ws[static_cast<size_t>(i) % ws.size()];
+          if (!accumulate ||
+              !gpu().linear_then(dx.f32(), 1, w, nullptr, LinearThen::kAccumulate, dy.f32()))
+            gpu().linear(dx.f32(), 1, w, nullptr, dy.f32());
+        };
+        constexpr int kIters = 100;
+        for (int i = 0; i < 2 * static_cast<int>(ws.size()); ++i) call(i);
+        gpu().synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kIters; ++i) call(i);
+        gpu().synchronize();
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+        const double bytes = static_cast<double>(wbytes) +
+                             static_cast<double>(sh.k + (accumulate ? 2 : 1) * sh.n) * 4.0;
+        std::printf(
+            "{\"bench\": \"cuda_decode_linear\", \"dtype\": \"%s\", \"n\": %lld, \"k\": %lld, "
+            "\"accumulate\": %s, \"us_per_call\": %.2f, \"gb_per_s\": %.1f}\n",
+            std::string(dtype_name(dtype)).c_str(), static_cast<long long>(sh.n),
+            static_cast<long long>(sh.k), accumulate ? "true" : "false", sec * 1e6,
+            bytes / sec / 1e9);
+        std::fflush(stdout);
+      }
     }
   }
 }
