@@ -183,38 +183,78 @@ Outcome op_transfer(Backend& b) {
 
 constexpr int64_t kM = 5, kK = 128, kN = 24;
 
-Outcome linear_case(Backend& b, DType dtype) {
-  const std::vector<float> x = random_floats(static_cast<size_t>(kM * kK), 3);
+// A linear's inputs for `dtype`: x [m, kK], weights [kN, kK] stored as `dtype`, a bias, and
+// the weights' values as the reference reads them.
+struct LinearInputs {
+  std::vector<float> x, bias;
+  Ref wref;
+  std::vector<uint8_t> blob;
+};
+
+LinearInputs linear_inputs(DType dtype, int64_t m) {
+  LinearInputs in;
+  in.x = random_floats(static_cast<size_t>(m * kK), 3);
   // On the k / 256 grid (exact in f16 / bf16), except for 4-bit: there grid values would
   // put codes on rounding ties, which f32 and double break differently.
   const std::vector<float> w = dtype == DType::kQ4 ? random_floats(static_cast<size_t>(kN * kK), 4)
                                                    : grid_floats(static_cast<size_t>(kN * kK), 4);
-  const std::vector<float> bias = random_floats(static_cast<size_t>(kN), 5);
-  Ref wref(w.begin(), w.end());
-  std::vector<uint8_t> blob;
+  in.bias = random_floats(static_cast<size_t>(kN), 5);
+  in.wref = Ref(w.begin(), w.end());
   if (dtype == DType::kF32) {
-    blob.resize(w.size() * 4);
-    std::memcpy(blob.data(), w.data(), blob.size());
+    in.blob.resize(w.size() * 4);
+    std::memcpy(in.blob.data(), w.data(), in.blob.size());
   } else if (dtype == DType::kF16 || dtype == DType::kBF16) {
     std::vector<uint16_t> h(w.size());
     for (size_t i = 0; i < w.size(); ++i)
       h[i] = dtype == DType::kF16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
-    blob.resize(h.size() * 2);
-    std::memcpy(blob.data(), h.data(), blob.size());
+    in.blob.resize(h.size() * 2);
+    std::memcpy(in.blob.data(), h.data(), in.blob.size());
   } else {  // kQ4: rows grouped by 64
     const QuantizedTensor q =
         quantize_4bit(w.data(), {kN, kK, kQuantGroupSize, QuantAxis::kAlongRow});
     Tensor shape_only;
     shape_only.dtype = DType::kQ4;
     shape_only.shape = {kN, kK};
-    blob.resize(shape_only.bytes());
-    write_q4_blob(q, blob.data());
-    wref = naive_q4(w, kQuantGroupSize);
+    in.blob.resize(shape_only.bytes());
+    write_q4_blob(q, in.blob.data());
+    in.wref = naive_q4(w, kQuantGroupSize);
   }
-  DevTensor dw(b, dtype, {kN, kK}, blob.data(), blob.size());
-  DevVec<float> dx(b, x), db(b, bias), dy(b, std::vector<float>(static_cast<size_t>(kM * kN)));
+  return in;
+}
+
+Outcome linear_case(Backend& b, DType dtype) {
+  const LinearInputs in = linear_inputs(dtype, kM);
+  DevTensor dw(b, dtype, {kN, kK}, in.blob.data(), in.blob.size());
+  DevVec<float> dx(b, in.x), db(b, in.bias),
+      dy(b, std::vector<float>(static_cast<size_t>(kM * kN)));
   b.linear(dx.data(), kM, dw.t, db.data(), dy.data());
-  return outcome(dy, linear_ref(x, kM, kK, kN, &bias, [&](size_t j) { return wref[j]; }));
+  return outcome(dy, linear_ref(in.x, kM, kK, kN, &in.bias, [&](size_t j) { return in.wref[j]; }));
+}
+
+// linear_then as the transformer calls it: where the backend folds the op (true), y is
+// relu(x w^T + b) or y0 + x w^T + b; where it declines (false), y is untouched and the
+// caller's linear and relu / add give the same.
+Outcome linear_then_case(Backend& b, DType dtype, int64_t m, LinearThen then) {
+  const LinearInputs in = linear_inputs(dtype, m);
+  const std::vector<float> y0 = random_floats(static_cast<size_t>(m * kN), 6, -2.0f, 2.0f);
+  DevTensor dw(b, dtype, {kN, kK}, in.blob.data(), in.blob.size());
+  DevVec<float> dx(b, in.x), db(b, in.bias), dy(b, y0);
+  const int64_t n = m * kN;
+  if (!b.linear_then(dx.data(), m, dw.t, db.data(), then, dy.data())) {
+    if (dy.download() != y0) return {};  // declined but wrote
+    if (then == LinearThen::kRelu) {
+      b.linear(dx.data(), m, dw.t, db.data(), dy.data());
+      b.relu(dy.data(), n);
+    } else {
+      DevVec<float> h(b, std::vector<float>(static_cast<size_t>(n)));
+      b.linear(dx.data(), m, dw.t, db.data(), h.data());
+      b.add(dy.data(), h.data(), n);
+    }
+  }
+  Ref ref = linear_ref(in.x, m, kK, kN, &in.bias, [&](size_t j) { return in.wref[j]; });
+  for (size_t i = 0; i < ref.size(); ++i)
+    ref[i] = then == LinearThen::kRelu ? std::max(ref[i], 0.0) : ref[i] + y0[i];
+  return outcome(dy, ref);
 }
 
 Outcome embedding_case(Backend& b, DType dtype) {
@@ -579,6 +619,20 @@ const std::vector<OpCase>& op_table() {
       {"linear_f16", [](Backend& b) { return linear_case(b, DType::kF16); }, 1e-5, 1e-2},
       {"linear_bf16", [](Backend& b) { return linear_case(b, DType::kBF16); }, 1e-5, 2e-2},
       {"linear_q4", [](Backend& b) { return linear_case(b, DType::kQ4); }, 1e-4, 1e-2},
+      // Folded where a backend has the kernel (the CUDA GEMV: one row of half weights, up to
+      // 8 of 4-bit; x stays f32 there), declined elsewhere.
+      {"linear_then_f16_relu",
+       [](Backend& b) { return linear_then_case(b, DType::kF16, 1, LinearThen::kRelu); }, 1e-5,
+       1e-4},
+      {"linear_then_bf16_accumulate",
+       [](Backend& b) { return linear_then_case(b, DType::kBF16, 1, LinearThen::kAccumulate); },
+       1e-5, 1e-4},
+      {"linear_then_q4_accumulate",
+       [](Backend& b) { return linear_then_case(b, DType::kQ4, kM, LinearThen::kAccumulate); },
+       1e-4, 1e-4},
+      {"linear_then_f32_relu",
+       [](Backend& b) { return linear_then_case(b, DType::kF32, kM, LinearThen::kRelu); }, 1e-5,
+       1e-3},
       {"embedding_f32", [](Backend& b) { return embedding_case(b, DType::kF32); }, 0, 0},
       {"embedding_f16", [](Backend& b) { return embedding_case(b, DType::kF16); }, 0, 0},
       {"embedding_bf16", [](Backend& b) { return embedding_case(b, DType::kBF16); }, 0, 0},
@@ -608,15 +662,15 @@ const std::vector<OpCase>& op_table() {
 TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   // Backend's compute and memory ops as backend.h declares them (allocate, deallocate,
   // allocate_host, compute_waits, host_waits, synchronize run inside the cases above).
-  const std::set<std::string> interface = {"copy",        "transfer",      "linear",   "embedding",
-                                           "rms_norm",    "layer_norm",    "rope",     "silu_mul",
-                                           "relu",        "add",           "softmax",  "kv_store",
-                                           "kv_store_q4", "kv_dequantize", "attention"};
+  const std::set<std::string> interface = {
+      "copy",       "transfer",    "linear",        "linear_then", "embedding", "rms_norm",
+      "layer_norm", "rope",        "silu_mul",      "relu",        "add",       "softmax",
+      "kv_store",   "kv_store_q4", "kv_dequantize", "attention"};
   std::set<std::string> covered;
   for (const OpCase& c : op_table()) {
     std::string n = c.name;
     if (n.ends_with("_table")) n = n.substr(0, n.size() - std::strlen("_table"));
-    for (const char* variant : {"_row_blocks", "_rows"})
+    for (const char* variant : {"_row_blocks", "_rows", "_relu", "_accumulate"})
       if (n.ends_with(variant)) n = n.substr(0, n.size() - std::strlen(variant));
     for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4_panel", "_q4"})
       if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && n != "kv_store_q4")
