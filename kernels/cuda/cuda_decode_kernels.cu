@@ -100,22 +100,35 @@ __device__ void let_dependents_launch() {
 #endif
 }
 
+// x as a GEMV reads it. Launched plainly, x is read-only for the kernel's whole life and
+// goes through the read-only path (.nc). Launched to overlap the kernel before it, x may be
+// written while this kernel is already running, which .nc loads do not allow (the
+// compiler may move them ahead of wait_for_inputs()), so x takes ordinary loads.
+template <bool kOverlap>
+__device__ float4 load_x(const float* x, int64_t i) {
+  const float4* p = reinterpret_cast<const float4*>(x + i);
+  if constexpr (kOverlap) {
+    return __ldca(p);
+  } else {
+    return __ldg(p);
+  }
+}
+
 // Chunks of 16 bytes each lane loads before waiting for x: the weights are no output of the
 // kernel before, so their first loads overlap its tail.
 constexpr int kGemvPrefetch = 4;
 
 // y = x w[n, k]^T for one activation row x: each lane reads 8 weights (16 bytes) of its
 // warp's row per chunk, streamed past L1 (__ldcs) so x stays cached there.
-template <typename T>
+template <typename T, bool kOverlap>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_half_kernel(const float* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
+    gemv_half_kernel(const float* x, const T* __restrict__ w, int64_t n, int64_t k,
                      const float* __restrict__ bias, GemvEpilogue epilogue, float* __restrict__ y) {
   let_dependents_launch();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (row >= n) return;
   const unsigned lane = threadIdx.x & 31u;
   const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
-  const float4* xv = reinterpret_cast<const float4*>(x);
   const int64_t chunks = k / 8;
   uint4 first[kGemvPrefetch];
 #pragma unroll
@@ -124,8 +137,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   wait_for_inputs();
   float acc[1] = {0.0f};
   const auto dot = [&](int64_t c, const uint4& wv) {
-    acc[0] += dot8(xv[2 * c], xv[2 * c + 1], halves_to_float2<T>(wv.x), halves_to_float2<T>(wv.y),
-                   halves_to_float2<T>(wv.z), halves_to_float2<T>(wv.w));
+    acc[0] +=
+        dot8(load_x<kOverlap>(x, 8 * c), load_x<kOverlap>(x, 8 * c + 4), halves_to_float2<T>(wv.x),
+             halves_to_float2<T>(wv.y), halves_to_float2<T>(wv.z), halves_to_float2<T>(wv.w));
   };
 #pragma unroll
   for (int d = 0; d < kGemvPrefetch; ++d)
@@ -143,17 +157,16 @@ __device__ float code_as_float(uint32_t word, int j) {
 
 // One word of 8 codes with its group's min and scale, dotted with x[i, e .. e + 8) for each
 // of the M rows into acc.
-template <int M>
-__device__ void q4_word_dot(const float* __restrict__ x, int64_t k, int64_t e, uint32_t word,
-                            float mn, float sc, float (&acc)[M]) {
+template <int M, bool kOverlap>
+__device__ void q4_word_dot(const float* x, int64_t k, int64_t e, uint32_t word, float mn, float sc,
+                            float (&acc)[M]) {
   float wf[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) wf[j] = code_as_float(word, j);
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(i) * k + e);
-    const float4 a = xr[0];
-    const float4 b = xr[1];
+    const float4 a = load_x<kOverlap>(x, static_cast<int64_t>(i) * k + e);
+    const float4 b = load_x<kOverlap>(x, static_cast<int64_t>(i) * k + e + 4);
     const float d = a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] +
                     b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
     const float sx = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
@@ -165,9 +178,9 @@ __device__ void q4_word_dot(const float* __restrict__ x, int64_t k, int64_t e, u
 // writing a dequantised weight anywhere. Lane c takes the 8 codes of word c of each run of
 // 32 words (256 weights), so a warp's loads of codes (128 bytes) and of activations (two
 // 512-byte runs per row) are contiguous; the codes are decoded once and serve every row.
-template <int M>
+template <int M, bool kOverlap>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_q4_kernel(const float* __restrict__ x, const unsigned char* __restrict__ packed,
+    gemv_q4_kernel(const float* x, const unsigned char* __restrict__ packed,
                    const float* __restrict__ mins, const float* __restrict__ scales, int64_t n,
                    int64_t k, const float* __restrict__ bias, GemvEpilogue epilogue,
                    float* __restrict__ y) {
@@ -195,7 +208,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       mn = __ldg(row_mins + e / 64);
       sc = __ldg(row_scales + e / 64);
     }
-    q4_word_dot<M>(x, k, e, word, mn, sc, acc);
+    q4_word_dot<M, kOverlap>(x, k, e, word, mn, sc, acc);
   }
   gemv_store<M>(acc, row, n, bias, epilogue, y);
 }
@@ -223,8 +236,8 @@ template <int M>
 void launch_gemv_q4(const float* x, const unsigned char* packed, const float* mins,
                     const float* scales, int64_t n, int64_t k, const GemvOut& o, float* y,
                     cudaStream_t s) {
-  launch_gemv(gemv_q4_kernel<M>, n, o.overlap, s, x, packed, mins, scales, n, k, o.bias, o.epilogue,
-              y);
+  launch_gemv(o.overlap ? gemv_q4_kernel<M, true> : gemv_q4_kernel<M, false>, n, o.overlap, s, x,
+              packed, mins, scales, n, k, o.bias, o.epilogue, y);
 }
 
 // Keys of one split of a context into `splits`: the even share rounded up to whole tiles.
@@ -511,11 +524,13 @@ KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int6
     return invalid();
   const cudaStream_t s = as_stream(stream);
   if (type == ElemType::kF16) {
-    launch_gemv(gemv_half_kernel<__half>, n, out.overlap, s, x, static_cast<const __half*>(w), n, k,
-                out.bias, out.epilogue, y);
+    launch_gemv(out.overlap ? gemv_half_kernel<__half, true> : gemv_half_kernel<__half, false>, n,
+                out.overlap, s, x, static_cast<const __half*>(w), n, k, out.bias, out.epilogue, y);
   } else {
-    launch_gemv(gemv_half_kernel<__nv_bfloat16>, n, out.overlap, s, x,
-                static_cast<const __nv_bfloat16*>(w), n, k, out.bias, out.epilogue, y);
+    launch_gemv(out.overlap ? gemv_half_kernel<__nv_bfloat16, true>
+                            : gemv_half_kernel<__nv_bfloat16, false>,
+                n, out.overlap, s, x, static_cast<const __nv_bfloat16*>(w), n, k, out.bias,
+                out.epilogue, y);
   }
   return last_status();
 }
