@@ -23,6 +23,12 @@
 namespace strata {
 
 constexpr int64_t kPanelRows = 32;
+// Values of k one pass of the panel GEMM takes (128 KiB of a panel's weights, in L2 while
+// every row tile of x passes over it); each further slice adds to the outputs stored by the
+// one before. 1024 rather than 256: the outputs are stored once per slice, and at batch 32
+// a 32000-row head's 4 MB of them no longer make three round trips through memory
+// (docs/BENCHMARKS.md, 2026-11-28).
+constexpr int64_t kPanelKSlice = 1024;
 
 // Whole panels of an [n, k] matrix, and the index of its first tail row.
 constexpr int64_t panel_count(int64_t n) {

@@ -7,9 +7,9 @@
 // fma(a, b, c), store(p, v).
 //
 // Blocking: a thread walks its panels once per kMc activation rows (those rows stay in L2
-// while every panel passes), and each panel in slices of kKc values of k (32 KiB of weights,
-// in L1/L2 while every MR-row tile of the kMc rows passes over it). A slice after the first
-// adds to the outputs the one before stored.
+// while every panel passes), and each panel in slices of kKc values of k (gemm_panel.h's
+// kPanelKSlice: 128 KiB of weights, in L2 while every MR-row tile of the kMc rows passes
+// over it). A slice after the first adds to the outputs the one before stored.
 #pragma once
 
 #include <algorithm>
@@ -30,7 +30,7 @@ struct PanelArgs {
   int64_t ldy;
 };
 
-constexpr int64_t kKc = 256;
+constexpr int64_t kKc = kPanelKSlice;
 constexpr int64_t kMc = 64;
 
 // Compiled into each instruction set's file: internal linkage (see gemv_kernel.h).
