@@ -7,6 +7,27 @@ set -uo pipefail
 BUNDLE=$1
 OUT=$2
 STEPS=${STEPS:-tests}
+# Benchmark switches of the CUDA backend (docs/GPU.md), by variant name:
+#   before: cuBLAS for every linear, one block per (row, head) attention (before 2026-11-25)
+#   plain:  the fused GEMVs, the ops after a linear on their own
+#   fused:  the default: the ReLU and residual add folded into the GEMV's store
+#   pdl:    as fused, GEMVs with programmatic dependent launch (opt-in; docs/GPU.md)
+variant_env() {
+  case $1 in
+    before) echo STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple ;;
+    plain) echo STRATA_CUDA_EPILOGUE=off ;;
+    fused) echo ;;
+    pdl) echo STRATA_CUDA_PDL=on ;;
+  esac
+}
+# A mistyped variant would run the default under another name: refuse it before any step.
+for v in ${KERNEL_VARIANTS:-} ${ENGINE_VARIANTS:-} ${NCU_VARIANT:-}; do
+  case $v in
+    before | plain | fused | pdl) ;;
+    *) echo "gpu-run.sh: unknown variant '$v' (before, plain, fused, pdl)" >&2; exit 2 ;;
+  esac
+done
+
 B=/tmp/strata-bundle
 mkdir -p "$B" "$OUT"
 tar -C "$B" -xzf "$BUNDLE"
@@ -35,20 +56,6 @@ if step tests; then
     echo "$name: exit $? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/$name.log" | tr '\n' ' ')"
   done 2>&1 | tee "$OUT/tests.txt"
 fi
-
-# Benchmark switches of the CUDA backend (docs/GPU.md), by variant name:
-#   before: cuBLAS for every linear, one block per (row, head) attention (before 2026-11-25)
-#   plain:  the fused GEMVs, the ops after a linear on their own
-#   fused:  the default: the ReLU and residual add folded into the GEMV's store
-#   pdl:    as fused, GEMVs with programmatic dependent launch (opt-in; docs/GPU.md)
-variant_env() {
-  case $1 in
-    before) echo STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple ;;
-    plain) echo STRATA_CUDA_EPILOGUE=off ;;
-    fused) echo ;;
-    pdl) echo STRATA_CUDA_PDL=on ;;
-  esac
-}
 
 if step kernels; then
   # The kernel benchmarks (JSON lines), one pass per variant in KERNEL_VARIANTS.

@@ -108,9 +108,9 @@ using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDelete
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 using PinnedPtr = std::unique_ptr<void, PinnedFree>;
 
-// 0 when `var` is unset or `first`, 1 when it is `second`; any other value is an input error
-// naming the variable, so a mistyped benchmark switch never measures the wrong path.
-// The index of the benchmark switch `var`'s value among `choices` (the first when unset).
+// The index of the benchmark switch `var`'s value among `choices` (0 when unset); any other
+// value is an input error naming the variable, so a mistyped switch never measures the
+// wrong path.
 int env_choice(const char* var, std::initializer_list<std::string_view> choices) {
   const char* e = std::getenv(var);
   if (e == nullptr) return 0;
@@ -515,19 +515,16 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
   if (bias != nullptr) STRATA_CUDA_CHECK(cuda_kernels::add_bias(y, bias, m, n, stream()));
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
 // Decode rows: each weight read once, x used as f32 (cuBLAS's half GEMM would need x rounded
 // first, a second kernel, and for small m splits k with a reduction kernel of its own).
 bool CudaBackend::gemv(const float* x, int m, const Tensor& w, const cuda_kernels::GemvOut& out,
                        float* y) {
   const int64_t n = w.shape[0];
   const int64_t k = w.shape[1];
-  if (!aligned16(x)) return false;
+  if (!cuda_kernels::aligned16(x)) return false;
   if (w.dtype == DType::kF16 || w.dtype == DType::kBF16) {
-    if (m > cuda_kernels::kMaxGemvRowsHalf || k % 8 != 0 || !aligned16(w.data)) return false;
+    if (m > cuda_kernels::kMaxGemvRowsHalf || k % 8 != 0 || !cuda_kernels::aligned16(w.data))
+      return false;
     STRATA_CUDA_CHECK(
         cuda_kernels::gemv_half(x, m, w.data, elem_type(w.dtype), n, k, out, y, stream()));
     return true;
@@ -535,7 +532,7 @@ bool CudaBackend::gemv(const float* x, int m, const Tensor& w, const cuda_kernel
   if (w.dtype == DType::kQ4) {
     const QuantView q = q4_view(w);
     if (m > cuda_kernels::kMaxGemvRowsQ4 || q.layout.axis != QuantAxis::kAlongRow ||
-        q.layout.group_size != 64 || k % 64 != 0 || !aligned16(q.packed))
+        q.layout.group_size != 64 || k % 64 != 0 || !cuda_kernels::aligned16(q.packed))
       return false;
     STRATA_CUDA_CHECK(
         cuda_kernels::gemv_q4(x, m, q.packed, q.mins, q.scales, n, k, out, y, stream()));

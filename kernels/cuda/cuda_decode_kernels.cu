@@ -246,10 +246,6 @@ int32_t split_keys(int32_t ctx, int32_t splits, int32_t key_tile) {
   return (even + key_tile - 1) / key_tile * key_tile;
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
 // ---- Tiled attention ---------------------------------------------------------------------
 
 constexpr int kTileThreads = 128;

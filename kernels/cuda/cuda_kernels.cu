@@ -244,10 +244,9 @@ __global__ void __launch_bounds__(kNormThreads)
 template <bool kLayer>
 bool launch_norm_rows(const float* x, int64_t m, int64_t h, const float* weight, const float* bias,
                       float eps, float* y, cudaStream_t s) {
-  const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const int64_t per_thread = (h / 4 + kNormThreads - 1) / kNormThreads;
-  if (h % 4 != 0 || per_thread > kMaxNormVec || !a16(x) || !a16(y) || !a16(weight) ||
-      (kLayer && !a16(bias)))
+  if (h % 4 != 0 || per_thread > kMaxNormVec || !aligned16(x) || !aligned16(y) ||
+      !aligned16(weight) || (kLayer && !aligned16(bias)))
     return false;
   const auto grid = static_cast<unsigned>(m);
   if (per_thread <= 1) {

@@ -19,6 +19,11 @@ struct KernelStatus {
 
 enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
+// Whether a pointer takes 16-byte (float4 / uint4) accesses.
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
 // One new row of a ragged batch, flattened on the host from the SeqSlices: activation row
 // `row` is the token at position `pos` of the sequence in KV cache slot `slot`.
 struct RowDesc {
