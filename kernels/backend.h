@@ -132,6 +132,29 @@ int64_t accelerator_scratch_bytes(const KernelBounds& b);
 // The op linear_then folds into a linear's output.
 enum class LinearThen { kRelu, kAccumulate };
 
+// One of several linears over the same x (Backend::linears): y = x w^T + bias.
+struct LinearOut {
+  const Tensor* w = nullptr;
+  const float* bias = nullptr;  // or none
+  float* y = nullptr;
+};
+
+// A pre-norm layer's norm over rows of width h: layer norm (weight and bias) or RMS norm
+// (weight only), y = (x - mean) / sqrt(var + eps) * weight + bias or x / sqrt(mean(x^2) +
+// eps) * weight.
+struct NormSpec {
+  bool layer = true;
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+  float eps = 0.0f;
+};
+
+// What Backend::linears folds into its one pass besides the products.
+struct LinearsFold {
+  const NormSpec* norm = nullptr;  // the linears read norm(x), which is never written
+  bool relu = false;               // every y = relu(x w^T + bias) (OPT's fc1)
+};
+
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 // Names one transfer() so compute or the host can wait for it; id 0 is "nothing to wait for".
@@ -189,6 +212,16 @@ class Backend {
   virtual bool linear_then(const float* x, int64_t m, const Tensor& w, const float* bias,
                            LinearThen then, float* y) {
     (void)x, (void)m, (void)w, (void)bias, (void)then, (void)y;
+    return false;
+  }
+  // Every out.y = x out.w^T + out.bias, with `fold` applied (the norm before, the ReLU after),
+  // in one pass where this backend has such a kernel for these weights (decode on an
+  // accelerator: q, k and v, or gate and up, in one launch and one kernel tail, the layer's
+  // norm in it too). Returns false, having done nothing, otherwise: the caller then runs the
+  // norm and each linear.
+  virtual bool linears(const float* x, int64_t m, std::span<const LinearOut> outs,
+                       const LinearsFold& fold) {
+    (void)x, (void)m, (void)outs, (void)fold;
     return false;
   }
   // y[i, :] = table[ids[i], :] (table [vocab, hidden], any float dtype).

@@ -6,13 +6,24 @@
 
 namespace strata {
 
+// Counted only where fn did the work (a fused op the inner backend may decline; the
+// caller's plain ops are counted instead).
 template <typename Fn>
-void ProfilingBackend::timed(Op op, Fn&& fn) {
+bool ProfilingBackend::timed_if(Op op, long calls, Fn&& fn) {
   const auto t0 = std::chrono::steady_clock::now();
-  fn();
+  if (!fn()) return false;
   inner_.synchronize();
   seconds_[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++calls_[op];
+  calls_[op] += calls;
+  return true;
+}
+
+template <typename Fn>
+void ProfilingBackend::timed(Op op, Fn&& fn) {
+  timed_if(op, 1, [&] {
+    fn();
+    return true;
+  });
 }
 
 void ProfilingBackend::copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
@@ -31,13 +42,12 @@ void ProfilingBackend::linear(const float* x, int64_t m, const Tensor& w, const 
 }
 bool ProfilingBackend::linear_then(const float* x, int64_t m, const Tensor& w, const float* bias,
                                    LinearThen then, float* y) {
-  // Counted only where the inner backend fused it; otherwise the caller's linear is.
-  const auto t0 = std::chrono::steady_clock::now();
-  if (!inner_.linear_then(x, m, w, bias, then, y)) return false;
-  inner_.synchronize();
-  seconds_[kLinear] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++calls_[kLinear];
-  return true;
+  return timed_if(kLinear, 1, [&] { return inner_.linear_then(x, m, w, bias, then, y); });
+}
+bool ProfilingBackend::linears(const float* x, int64_t m, std::span<const LinearOut> outs,
+                               const LinearsFold& fold) {
+  return timed_if(kLinear, static_cast<long>(outs.size()),
+                  [&] { return inner_.linears(x, m, outs, fold); });
 }
 void ProfilingBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) {
   timed(kEmbedding, [&] { inner_.embedding(ids, n, table, y); });

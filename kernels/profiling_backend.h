@@ -39,6 +39,8 @@ class ProfilingBackend final : public Backend {
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   bool linear_then(const float* x, int64_t m, const Tensor& w, const float* bias, LinearThen then,
                    float* y) override;
+  bool linears(const float* x, int64_t m, std::span<const LinearOut> outs,
+               const LinearsFold& fold) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
   void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
                 float* y) override;
@@ -76,6 +78,8 @@ class ProfilingBackend final : public Backend {
   };
   template <typename Fn>
   void timed(Op op, Fn&& fn);
+  template <typename Fn>
+  bool timed_if(Op op, long calls, Fn&& fn);
 
   Backend& inner_;
   std::array<double, kNumOps> seconds_{};

@@ -9,22 +9,31 @@ OUT=$2
 STEPS=${STEPS:-tests}
 # Benchmark switches of the CUDA backend (docs/GPU.md), by variant name:
 #   before: cuBLAS for every linear, one block per (row, head) attention (before 2026-11-25)
-#   plain:  the fused GEMVs, the ops after a linear on their own
-#   fused:  the default: the ReLU and residual add folded into the GEMV's store
-#   pdl:    as fused, GEMVs with programmatic dependent launch (opt-in; docs/GPU.md)
+#   plain:  the fused GEMVs, the ops after a linear on their own, q, k and v apart
+#   fused:  the default: the ReLU and residual add folded into the GEMV's store, q, k and v
+#           (gate and up) in one launch, decode attention with warps over keys, GEMVs with
+#           programmatic dependent launch
+#   tiled:  as fused, decode attention by the tiled kernel (2026-11-28 call 2)
+#   nopdl:  as fused, no programmatic dependent launch
+#   early:  as fused, a GEMV's first weight loads before it waits for the kernel before
+#   norm:   as fused, a pre-norm layer's norm folded into the GEMV that reads it (opt-in)
 variant_env() {
   case $1 in
-    before) echo STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple ;;
-    plain) echo STRATA_CUDA_EPILOGUE=off ;;
+    before) echo STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple STRATA_CUDA_PDL=off ;;
+    plain) echo STRATA_CUDA_EPILOGUE=off STRATA_CUDA_PDL=off ;;
     fused) echo ;;
-    pdl) echo STRATA_CUDA_PDL=on ;;
+    tiled) echo STRATA_CUDA_ATTENTION=tiled ;;
+    nopdl) echo STRATA_CUDA_PDL=off ;;
+    early) echo STRATA_CUDA_PDL=early ;;
+    norm) echo STRATA_CUDA_NORM=fused ;;
   esac
 }
 # A mistyped variant would run the default under another name: refuse it before any step.
 for v in ${KERNEL_VARIANTS:-} ${ENGINE_VARIANTS:-} ${NCU_VARIANT:-}; do
   case $v in
-    before | plain | fused | pdl) ;;
-    *) echo "gpu-run.sh: unknown variant '$v' (before, plain, fused, pdl)" >&2; exit 2 ;;
+    before | plain | fused | tiled | nopdl | early | norm) ;;
+    *) echo "gpu-run.sh: unknown variant '$v' (before, plain, fused, tiled, nopdl, early, norm)" >&2
+      exit 2 ;;
   esac
 done
 

@@ -1,6 +1,7 @@
 #include "worker/transformer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -40,6 +41,12 @@ namespace {
 size_t wide_width(const ModelConfig& c) {
   return static_cast<size_t>(std::max({c.hidden, c.q_width(), c.architecture().embed_dim}));
 }
+
+const float* bias_of(const Tensor& bias) {
+  return bias.data != nullptr ? bias.f32() : nullptr;
+}
+
+const Tensor kNoBias{};  // the gate projection's
 
 }  // namespace
 
@@ -178,34 +185,32 @@ void Transformer::embed(const StepBatch& batch, BatchState& s) {
 void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
                         KvCache& cache) {
   const bool pre_norm = arch_.pre_norm;
-  const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
   float* x = s.x.f32();
-
-  if (pre_norm) {
-    norm(L.attn_norm, L.attn_norm_bias, x, rows, h_.f32());
-  } else {
-    backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
-  }
-  attention_block(L, i, s, rows, cache);  // h_ -> attn_
+  attention_block(L, i, s, rows, cache, block_input(L.attn_norm, L.attn_norm_bias, x, rows));
   add_projection(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, x);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x, rows, x);
-
-  if (pre_norm) {
-    norm(L.mlp_norm, L.mlp_norm_bias, x, rows, h_.f32());
-  } else {
-    backend_.copy(h_.data(), x, static_cast<size_t>(n) * 4, CopyKind::kDeviceToDevice);
-  }
-  mlp_block(L, i, rows);  // h_ -> f1_
+  mlp_block(L, i, rows, block_input(L.mlp_norm, L.mlp_norm_bias, x, rows));  // -> f1_
   add_projection(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, x);
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
 }
 
+// Pre-norm: x with its norm still to apply. Post-norm: a copy of x in h_, since the block's
+// residual add changes x while the block may still read its input.
+Transformer::BlockInput Transformer::block_input(const Tensor& norm_w, const Tensor& norm_b,
+                                                 const float* x, int32_t rows) {
+  if (arch_.pre_norm) return BlockInput{x, &norm_w, &norm_b};
+  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(config_.hidden) * 4;
+  backend_.copy(h_.data(), x, bytes, CopyKind::kDeviceToDevice);
+  return BlockInput{h_.f32()};
+}
+
 void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
-                                  KvCache& cache) {
-  const float* in = h_.f32();
-  linear(i, LinearSlot::kQ, in, rows, L.q, L.q_bias, q_.f32());
-  linear(i, LinearSlot::kK, in, rows, L.k, L.k_bias, k_.f32());
-  linear(i, LinearSlot::kV, in, rows, L.v, L.v_bias, v_.f32());
+                                  KvCache& cache, const BlockInput& in) {
+  const int64_t kv_width = static_cast<int64_t>(config_.n_kv_heads) * config_.head_dim;
+  const BlockLinear qkv[] = {{LinearSlot::kQ, &L.q, &L.q_bias, q_.f32(), config_.q_width()},
+                             {LinearSlot::kK, &L.k, &L.k_bias, k_.f32(), kv_width},
+                             {LinearSlot::kV, &L.v, &L.v_bias, v_.f32(), kv_width}};
+  block_linears(i, in, rows, qkv, false);
   if (arch_.rotary()) {
     backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, s.positions(), rope_);
     backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.positions(), rope_);
@@ -220,27 +225,55 @@ void Transformer::add_projection(int32_t i, LinearSlot slot, const float* in, in
                                  const Tensor& w, const Tensor& bias, float* x) {
   const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
   if (reduce_ == nullptr && !split(i, slot) &&
-      backend_.linear_then(in, rows, w, bias.data ? bias.f32() : nullptr, LinearThen::kAccumulate,
-                           x))
+      backend_.linear_then(in, rows, w, bias_of(bias), LinearThen::kAccumulate, x))
     return;
   linear(i, slot, in, rows, w, bias, h_.f32());
   if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
   backend_.add(x, h_.f32(), n);
 }
 
-void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows) {
-  const int64_t n = static_cast<int64_t>(rows) * config_.intermediate;
+void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows, const BlockInput& in) {
   if (arch_.gated_mlp()) {
-    linear(i, LinearSlot::kGate, h_.f32(), rows, L.gate, Tensor{}, f1_.f32());
-    linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f2_.f32());
-    backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
+    const BlockLinear gate_up[] = {
+        {LinearSlot::kGate, &L.gate, &kNoBias, f1_.f32(), config_.intermediate},
+        {LinearSlot::kUp, &L.up, &L.up_bias, f2_.f32(), config_.intermediate}};
+    block_linears(i, in, rows, gate_up, false);
+    backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(),
+                      static_cast<int64_t>(rows) * config_.intermediate);
   } else {
-    const float* up_bias = L.up_bias.data ? L.up_bias.f32() : nullptr;
-    if (split(i, LinearSlot::kUp) ||
-        !backend_.linear_then(h_.f32(), rows, L.up, up_bias, LinearThen::kRelu, f1_.f32())) {
-      linear(i, LinearSlot::kUp, h_.f32(), rows, L.up, L.up_bias, f1_.f32());
-      backend_.relu(f1_.f32(), n);
-    }
+    const BlockLinear up[] = {
+        {LinearSlot::kUp, &L.up, &L.up_bias, f1_.f32(), config_.intermediate}};
+    block_linears(i, in, rows, up, true);
+  }
+}
+
+// In one backend call where it has a kernel for the set and none is a HeteGen split: with the
+// norm folded in, or after it into h_. Otherwise one linear at a time, each ReLU folded into
+// its linear where the backend can (linear_then).
+void Transformer::block_linears(int32_t i, BlockInput in, int32_t rows,
+                                std::span<const BlockLinear> ls, bool relu) {
+  bool any_split = false;
+  std::array<LinearOut, 3> outs{};
+  STRATA_CHECK(ls.size() <= outs.size(), "{} linears over one input", ls.size());
+  for (size_t j = 0; j < ls.size(); ++j) {
+    any_split = any_split || split(i, ls[j].slot);
+    outs[j] = LinearOut{ls[j].w, bias_of(*ls[j].bias), ls[j].y};
+  }
+  const std::span<const LinearOut> set(outs.data(), ls.size());
+  if (in.norm_weight != nullptr) {
+    const NormSpec spec{arch_.norm == NormKind::kLayer, in.norm_weight->f32(),
+                        bias_of(*in.norm_bias), config_.norm_eps};
+    if (!any_split && backend_.linears(in.x, rows, set, LinearsFold{&spec, relu})) return;
+    norm(*in.norm_weight, *in.norm_bias, in.x, rows, h_.f32());
+    in = BlockInput{h_.f32()};
+  }
+  if (!any_split && backend_.linears(in.x, rows, set, LinearsFold{nullptr, relu})) return;
+  for (const BlockLinear& l : ls) {
+    if (relu && !split(i, l.slot) &&
+        backend_.linear_then(in.x, rows, *l.w, bias_of(*l.bias), LinearThen::kRelu, l.y))
+      continue;
+    linear(i, l.slot, in.x, rows, *l.w, *l.bias, l.y);
+    if (relu) backend_.relu(l.y, static_cast<int64_t>(rows) * l.width);
   }
 }
 
@@ -263,7 +296,7 @@ void Transformer::linear(int32_t i, LinearSlot slot, const float* x, int32_t row
       return;
     }
   }
-  backend_.linear(x, rows, w, bias.data ? bias.f32() : nullptr, y);
+  backend_.linear(x, rows, w, bias_of(bias), y);
 }
 
 // Final norm and LM head on the requested rows only, kLogitChunk rows at a time so the

@@ -98,9 +98,29 @@ class Transformer {
 
  private:
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
+  // What an attention or MLP block's first linears read: x, and in a pre-norm layer the
+  // norm still to apply to it (norm_weight set), which the backend may fold into them.
+  struct BlockInput {
+    const float* x = nullptr;
+    const Tensor* norm_weight = nullptr;
+    const Tensor* norm_bias = nullptr;
+  };
+  // One of a block's first linears: y = in w^T + bias, `width` outputs a row (w may be a
+  // HeteGen split's device share, narrower than that).
+  struct BlockLinear {
+    LinearSlot slot;
+    const Tensor* w;
+    const Tensor* bias;
+    float* y;
+    int64_t width;
+  };
+  BlockInput block_input(const Tensor& norm_w, const Tensor& norm_b, const float* x, int32_t rows);
   void attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
-                       KvCache& cache);
-  void mlp_block(const LayerWeights& L, int32_t i, int32_t rows);
+                       KvCache& cache, const BlockInput& in);
+  void mlp_block(const LayerWeights& L, int32_t i, int32_t rows, const BlockInput& in);
+  // The block's first linears over `in`, each y = relu(...) where `relu`.
+  void block_linears(int32_t i, BlockInput in, int32_t rows, std::span<const BlockLinear> ls,
+                     bool relu);
   // Layer i's linear in `slot`: split where splits_ has it, else the backend's.
   void linear(int32_t i, LinearSlot slot, const float* x, int32_t rows, const Tensor& w,
               const Tensor& bias, float* y);

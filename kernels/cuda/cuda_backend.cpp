@@ -13,12 +13,14 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -172,6 +174,8 @@ class CudaBackend final : public Backend {
   void linear(const float* x, int64_t m, const Tensor& w, const float* bias, float* y) override;
   bool linear_then(const float* x, int64_t m, const Tensor& w, const float* bias, LinearThen then,
                    float* y) override;
+  bool linears(const float* x, int64_t m, std::span<const LinearOut> outs,
+               const LinearsFold& fold) override;
   void embedding(const int32_t* ids, int64_t n, const Tensor& table, float* y) override;
   void rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
                 float* y) override;
@@ -227,15 +231,29 @@ class CudaBackend final : public Backend {
   const void* dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows);
   // The fused GEMV for a few rows of f16 / bf16 / 4-bit weights (cuda_kernels.h's row
   // limits); false (and nothing enqueued) when the rows, shapes or alignment do not suit it.
-  bool gemv(const float* x, int m, const Tensor& w, const cuda_kernels::GemvOut& out, float* y);
-  bool fused_gemv_ = true;      // STRATA_CUDA_GEMV=off: cuBLAS for every linear
-  bool fuse_epilogues_ = true;  // STRATA_CUDA_EPILOGUE=off: linear_then declines
-  // STRATA_CUDA_PDL=on: GEMVs start while the kernel before them finishes (programmatic
-  // dependent launch, compute capability 9.0 on). Off by default: 2.5% faster decode on an
-  // H200, but the streamed-weights equality test failed with it there, on one token, and
-  // the cause is not yet known (docs/GPU.md, 2026-11-28).
+  bool gemv(const float* x, int m, const Tensor& w, const float* bias,
+            cuda_kernels::GemvEpilogue epilogue, float* y);
+  // w as a part of a fused GEMV over m rows (n, weights, 4-bit mins and scales); false where
+  // the rows, dtype, shape or alignment do not suit the kernel.
+  bool gemv_part(const Tensor& w, int m, cuda_kernels::GemvPart& part) const;
+  // One fused GEMV launch over parts of one dtype and in-features k.
+  void launch_gemv(const float* x, int m, DType dtype, int64_t k,
+                   std::span<const cuda_kernels::GemvPart> parts,
+                   cuda_kernels::GemvEpilogue epilogue, const cuda_kernels::GemvNorm& norm);
+  bool fused_gemv_ = true;  // STRATA_CUDA_GEMV=off: cuBLAS for every linear
+  // STRATA_CUDA_EPILOGUE=off: linear_then and linears decline (one kernel per op)
+  bool fuse_epilogues_ = true;
+  // STRATA_CUDA_NORM=fused: linears folds a pre-norm layer's norm into its GEMV. Opt-in
+  // until measured on a GPU (docs/GPU.md, 2026-11-28 calls 3 and 4).
+  bool fuse_norms_ = false;
+  // GEMVs start while the kernel before them finishes (programmatic dependent launch,
+  // compute capability 9.0 on; STRATA_CUDA_PDL=off: not), and with STRATA_CUDA_PDL=early
+  // issue their first weight loads before waiting for it. Measured on an H200 (docs/GPU.md,
+  // 2026-11-28 call 3): 3% faster decode either way, so the default waits first.
   bool gemv_overlap_ = false;
+  bool gemv_early_weights_ = false;
   bool simple_attention_ = false;  // STRATA_CUDA_ATTENTION=simple: one block per (row, head)
+  bool decode_warps_ = true;       // STRATA_CUDA_ATTENTION=tiled: no warps-over-keys decode
   int sm_count_ = 0;
 
   // transfer(): its own stream, so copies run beside kernels. A ticket's event sits in a
@@ -272,8 +290,13 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   // they replaced, so one build measures both sides.
   fused_gemv_ = env_choice("STRATA_CUDA_GEMV", {"on", "off"}) == 0;
   fuse_epilogues_ = env_choice("STRATA_CUDA_EPILOGUE", {"on", "off"}) == 0;
-  gemv_overlap_ = env_choice("STRATA_CUDA_PDL", {"off", "on"}) == 1 && prop.major >= 9;
-  simple_attention_ = env_choice("STRATA_CUDA_ATTENTION", {"tiled", "simple"}) == 1;
+  const int pdl = env_choice("STRATA_CUDA_PDL", {"on", "off", "early"});
+  gemv_overlap_ = pdl != 1 && prop.major >= 9;
+  gemv_early_weights_ = pdl == 2;
+  fuse_norms_ = env_choice("STRATA_CUDA_NORM", {"kernel", "fused"}) == 1;
+  const int attention = env_choice("STRATA_CUDA_ATTENTION", {"warps", "tiled", "simple"});
+  simple_attention_ = attention == 2;
+  decode_warps_ = attention == 0;
 
   cudaStream_t s = nullptr;
   STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -475,7 +498,7 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
   const int mi = checked_int(m, "linear rows");
   const int n = checked_int(w.shape[0], "linear out features");
   const int k = checked_int(w.shape[1], "linear in features");
-  if (fused_gemv_ && gemv(x, mi, w, cuda_kernels::GemvOut{bias, {}, gemv_overlap_}, y)) return;
+  if (fused_gemv_ && gemv(x, mi, w, bias, cuda_kernels::GemvEpilogue::kStore, y)) return;
   const float one = 1.0f;
   const float zero = 0.0f;
   cublasHandle_t h = cublas_.get();
@@ -517,28 +540,46 @@ void CudaBackend::linear(const float* x, int64_t m, const Tensor& w, const float
 
 // Decode rows: each weight read once, x used as f32 (cuBLAS's half GEMM would need x rounded
 // first, a second kernel, and for small m splits k with a reduction kernel of its own).
-bool CudaBackend::gemv(const float* x, int m, const Tensor& w, const cuda_kernels::GemvOut& out,
-                       float* y) {
-  const int64_t n = w.shape[0];
+bool CudaBackend::gemv_part(const Tensor& w, int m, cuda_kernels::GemvPart& part) const {
   const int64_t k = w.shape[1];
-  if (!cuda_kernels::aligned16(x)) return false;
+  part.n = w.shape[0];
   if (w.dtype == DType::kF16 || w.dtype == DType::kBF16) {
-    if (m > cuda_kernels::kMaxGemvRowsHalf || k % 8 != 0 || !cuda_kernels::aligned16(w.data))
-      return false;
-    STRATA_CUDA_CHECK(
-        cuda_kernels::gemv_half(x, m, w.data, elem_type(w.dtype), n, k, out, y, stream()));
-    return true;
+    part.w = w.data;
+    return m <= cuda_kernels::kMaxGemvRowsHalf && k % 8 == 0 && cuda_kernels::aligned16(w.data);
   }
   if (w.dtype == DType::kQ4) {
     const QuantView q = q4_view(w);
-    if (m > cuda_kernels::kMaxGemvRowsQ4 || q.layout.axis != QuantAxis::kAlongRow ||
-        q.layout.group_size != 64 || k % 64 != 0 || !cuda_kernels::aligned16(q.packed))
-      return false;
-    STRATA_CUDA_CHECK(
-        cuda_kernels::gemv_q4(x, m, q.packed, q.mins, q.scales, n, k, out, y, stream()));
-    return true;
+    part.w = q.packed;
+    part.mins = q.mins;
+    part.scales = q.scales;
+    return m <= cuda_kernels::kMaxGemvRowsQ4 && q.layout.axis == QuantAxis::kAlongRow &&
+           q.layout.group_size == 64 && k % 64 == 0 && cuda_kernels::aligned16(q.packed);
   }
   return false;  // f32: cuBLAS's GEMV reads it at bandwidth already
+}
+
+void CudaBackend::launch_gemv(const float* x, int m, DType dtype, int64_t k,
+                              std::span<const cuda_kernels::GemvPart> parts,
+                              cuda_kernels::GemvEpilogue epilogue,
+                              const cuda_kernels::GemvNorm& norm) {
+  const int count = static_cast<int>(parts.size());
+  const cuda_kernels::GemvMode mode{epilogue, gemv_overlap_, gemv_early_weights_, norm};
+  if (dtype == DType::kQ4) {
+    STRATA_CUDA_CHECK(cuda_kernels::gemv_q4_parts(x, m, parts.data(), count, k, mode, stream()));
+  } else {
+    STRATA_CUDA_CHECK(cuda_kernels::gemv_half_parts(x, m, parts.data(), count, elem_type(dtype), k,
+                                                    mode, stream()));
+  }
+}
+
+bool CudaBackend::gemv(const float* x, int m, const Tensor& w, const float* bias,
+                       cuda_kernels::GemvEpilogue epilogue, float* y) {
+  cuda_kernels::GemvPart part;
+  if (!cuda_kernels::aligned16(x) || !gemv_part(w, m, part)) return false;
+  part.bias = bias;
+  part.y = y;
+  launch_gemv(x, m, w.dtype, w.shape[1], std::span(&part, 1), epilogue, {});
+  return true;
 }
 
 // The fused GEMV's store does the ReLU or the residual add; other shapes decline.
@@ -549,7 +590,48 @@ bool CudaBackend::linear_then(const float* x, int64_t m, const Tensor& w, const 
   activate();
   const auto epilogue = then == LinearThen::kRelu ? cuda_kernels::GemvEpilogue::kRelu
                                                   : cuda_kernels::GemvEpilogue::kAccumulate;
-  return gemv(x, static_cast<int>(m), w, cuda_kernels::GemvOut{bias, epilogue, gemv_overlap_}, y);
+  return gemv(x, static_cast<int>(m), w, bias, epilogue, y);
+}
+
+// The norm a GEMV launch folds in: one row no wider than the kernel's shared x, aligned
+// weight and bias; else kind kNone (and linears declines).
+cuda_kernels::GemvNorm gemv_norm(const NormSpec& n, int64_t m, int64_t k) {
+  if (m != 1 || k > cuda_kernels::kMaxGemvNormWidth || k % 4 != 0 ||
+      !cuda_kernels::aligned16(n.weight) || (n.bias != nullptr && !cuda_kernels::aligned16(n.bias)))
+    return {};
+  return {n.layer ? cuda_kernels::GemvNormKind::kLayer : cuda_kernels::GemvNormKind::kRms, n.weight,
+          n.layer ? n.bias : nullptr, n.eps};
+}
+
+// Up to three GEMVs of one weight type and in-features over the same x as one launch, with
+// the norm before and the ReLU after where asked; any other set declines.
+bool CudaBackend::linears(const float* x, int64_t m, std::span<const LinearOut> outs,
+                          const LinearsFold& fold) {
+  if (!fused_gemv_ || !fuse_epilogues_ || m <= 0 || m > cuda_kernels::kMaxGemvRowsQ4 ||
+      outs.empty() || outs.size() > static_cast<size_t>(cuda_kernels::kMaxGemvParts) ||
+      !cuda_kernels::aligned16(x) || (fold.norm != nullptr && !fuse_norms_))
+    return false;
+  std::array<cuda_kernels::GemvPart, cuda_kernels::kMaxGemvParts> parts{};
+  const Tensor& first = *outs[0].w;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& w = *outs[i].w;
+    STRATA_CHECK(w.shape.rank == 2, "linear weight must be 2-D, got {}", w.describe());
+    if (w.dtype != first.dtype || w.shape[1] != first.shape[1] ||
+        !gemv_part(w, static_cast<int>(m), parts[i]))
+      return false;
+    parts[i].bias = outs[i].bias;
+    parts[i].y = outs[i].y;
+  }
+  cuda_kernels::GemvNorm norm;
+  if (fold.norm != nullptr) {
+    norm = gemv_norm(*fold.norm, m, first.shape[1]);
+    if (norm.kind == cuda_kernels::GemvNormKind::kNone) return false;
+  }
+  activate();
+  launch_gemv(
+      x, static_cast<int>(m), first.dtype, first.shape[1], std::span(parts.data(), outs.size()),
+      fold.relu ? cuda_kernels::GemvEpilogue::kRelu : cuda_kernels::GemvEpilogue::kStore, norm);
+  return true;
 }
 
 const void* CudaBackend::dequantize_q4(const Tensor& w, int64_t row_begin, int64_t rows) {
@@ -752,7 +834,7 @@ void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerV
   // so the scratch is never in use by both (and placement counts it once).
   const cuda_kernels::AttentionTiling t = cuda_kernels::plan_attention(
       n_rows, static_cast<int64_t>(step.seqs.size()), max_context, dims.n_heads, dims.n_kv_heads,
-      dims.head_dim, sm_count_, half_x_bytes_);
+      dims.head_dim, sm_count_, half_x_bytes_, decode_warps_);
   STRATA_CUDA_CHECK(cuda_kernels::attention_tiled(
       q, rows, n_rows, cache_desc(cache), dims.n_heads, dims.scale, max_context, t,
       static_cast<float*>(half_x_.get()), out, stream()));

@@ -1,9 +1,11 @@
 // The CUDA backend's decode-path kernels (declared in cuda_kernels.h): GEMVs that read each
 // weight once straight from memory (f16 / bf16, and 4-bit codes dequantised in registers)
-// with f32 activations, and a tiled attention that reads a sequence's keys and values once
-// per block of query rows (a GQA group's heads together) in coalesced tiles through shared
-// memory, split over the context when the batch alone cannot fill the GPU (flash-decoding).
-// Arithmetic is f32 with IEEE exp, as in cuda_kernels.cu.
+// with f32 activations, up to three matrices a launch and optionally the layer's norm first;
+// a tiled attention that reads a sequence's keys and values once per block of query rows (a
+// GQA group's heads together) in coalesced tiles through shared memory; and for decode rows
+// an attention whose warps take chunks of keys with all their loads in flight. Both split
+// the context when the batch alone cannot fill the GPU (flash-decoding). Arithmetic is f32
+// with IEEE exp, as in cuda_kernels.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -62,25 +64,31 @@ __device__ float dot8(const float4& a, const float4& b, float2 w01, float2 w23, 
          b.z * w67.x + b.w * w67.y;
 }
 
-// Warp-reduces acc[i] and writes y[i, row] = epilogue(acc + bias); row < n. The epilogue
-// (GemvEpilogue) folds the op that follows a linear into its store: OPT's ReLU after fc1,
-// or the residual add after the output and down projections (y += product).
+// Writes y[i, row] = epilogue(v + bias); row < n. The epilogue (GemvEpilogue) folds the op
+// that follows a linear into its store: OPT's ReLU after fc1, or the residual add after the
+// output and down projections (y += product).
+__device__ void gemv_store_one(float v, int i, int64_t row, int64_t n, const float* bias,
+                               GemvEpilogue epilogue, float* __restrict__ y) {
+  v += bias != nullptr ? bias[row] : 0.0f;
+  float& out = y[static_cast<int64_t>(i) * n + row];
+  if (epilogue == GemvEpilogue::kRelu) {
+    out = fmaxf(v, 0.0f);
+  } else if (epilogue == GemvEpilogue::kAccumulate) {
+    out += v;
+  } else {
+    out = v;
+  }
+}
+
+// Warp-reduces acc[i] and stores y[i, row] from lane 0.
 template <int M>
 __device__ void gemv_store(const float (&acc)[M], int64_t row, int64_t n, const float* bias,
-                           GemvEpilogue epilogue, float* y) {
+                           GemvEpilogue epilogue, float* __restrict__ y) {
   const unsigned lane = threadIdx.x & 31u;
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    const float v = warp_sum(acc[i]) + (bias != nullptr ? bias[row] : 0.0f);
-    if (lane != 0) continue;
-    float& out = y[static_cast<int64_t>(i) * n + row];
-    if (epilogue == GemvEpilogue::kRelu) {
-      out = fmaxf(v, 0.0f);
-    } else if (epilogue == GemvEpilogue::kAccumulate) {
-      out += v;
-    } else {
-      out = v;
-    }
+    const float v = warp_sum(acc[i]);
+    if (lane == 0) gemv_store_one(v, i, row, n, bias, epilogue, y);
   }
 }
 
@@ -114,38 +122,152 @@ __device__ float4 load_x(const float* x, int64_t i) {
   }
 }
 
-// Chunks of 16 bytes each lane loads before waiting for x: the weights are no output of the
-// kernel before, so their first loads overlap its tail.
+// x as the dot products read it: norm(x) from this block's shared memory (kNorm), else x
+// from global memory (load_x).
+template <bool kOverlap, bool kNorm>
+__device__ float4 x4(const float* x, int64_t i) {
+  if constexpr (kNorm) {
+    return *reinterpret_cast<const float4*>(x + i);
+  } else {
+    return load_x<kOverlap>(x, i);
+  }
+}
+
+// Sum over the block's warps, returned to every thread (s_red: kGemvWarps floats).
+__device__ float gemv_block_sum(float v, float* s_red) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31u) == 0) s_red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kGemvWarps; ++w) total += s_red[w];
+  __syncthreads();  // s_red is written again by the next sum
+  return total;
+}
+
+// norm(x) of one row of k floats into s_x, by every thread of the block, with layer_norm's
+// and rms_norm's formulas. x is read once (ordinary loads: launched with PDL, the kernel
+// before wrote it); a thread reads back only the elements it wrote until the last barrier.
+__device__ void norm_into_shared(const float* x, int64_t k, const GemvNorm& p, float* s_x) {
+  __shared__ float s_red[kGemvWarps];
+  constexpr int64_t kThreads = kGemvWarps * 32;
+  const bool layer = p.kind == GemvNormKind::kLayer;
+  float4* s4 = reinterpret_cast<float4*>(s_x);
+  const int64_t n4 = k / 4;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    const float4 v = load_x<true>(x, 4 * i);
+    s4[i] = v;
+    sum += layer ? (v.x + v.y) + (v.z + v.w) : (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+  }
+  const float fk = static_cast<float>(k);
+  float mean = 0.0f;
+  float inv = 0.0f;
+  if (layer) {
+    mean = gemv_block_sum(sum, s_red) / fk;
+    float var = 0.0f;
+    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+      const float4 v = s4[i];
+      const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
+      var += (a * a + b * b) + (c * c + d * d);
+    }
+    inv = 1.0f / sqrtf(gemv_block_sum(var, s_red) / fk + p.eps);
+  } else {
+    inv = 1.0f / sqrtf(gemv_block_sum(sum, s_red) / fk + p.eps);
+  }
+  const float4* w4 = reinterpret_cast<const float4*>(p.weight);
+  const float4* b4 = reinterpret_cast<const float4*>(p.bias);
+  for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    const float4 v = s4[i];
+    const float4 w = __ldg(w4 + i);
+    if (layer) {
+      const float4 b = b4 != nullptr ? __ldg(b4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      s4[i] = make_float4((v.x - mean) * inv * w.x + b.x, (v.y - mean) * inv * w.y + b.y,
+                          (v.z - mean) * inv * w.z + b.z, (v.w - mean) * inv * w.w + b.w);
+    } else {
+      s4[i] =
+          make_float4(w.x * (inv * v.x), w.y * (inv * v.y), w.z * (inv * v.z), w.w * (inv * v.w));
+    }
+  }
+  __syncthreads();
+}
+
+// What the dot products read: x, or (kNorm) norm(x) made by the whole block in its dynamic
+// shared memory (k floats).
+template <bool kNorm>
+__device__ const float* gemv_input(const float* x, int64_t k, const GemvNorm& norm) {
+  if constexpr (kNorm) {
+    extern __shared__ float4 gemv_shared_x[];
+    float* s_x = reinterpret_cast<float*>(gemv_shared_x);
+    norm_into_shared(x, k, norm, s_x);
+    return s_x;
+  } else {
+    (void)k, (void)norm;
+    return x;
+  }
+}
+
+// Chunks of 16 bytes each lane loads before it reads x: with early_weights before waiting
+// for the kernel before (the weights are no output of it), so they overlap its tail; with
+// the norm, before the block's prologue.
 constexpr int kGemvPrefetch = 4;
 
+// The matrices one GEMV launch reads (gemv_*_parts), with the first block of each: a block's
+// rows all lie in one of them.
+struct GemvLaunch {
+  GemvPart part[kMaxGemvParts];
+  unsigned first_block[kMaxGemvParts];
+  int count;
+  bool early_weights;  // GemvMode::early_weights
+  GemvNorm norm;       // GemvMode::norm
+};
+
+// The part this block's rows lie in, and this warp's row of it. Selected rather than
+// indexed, so the launch's parameters are read where they are and not copied to local memory.
+__device__ GemvPart part_of(const GemvLaunch& l, int64_t& row) {
+  const unsigned b = blockIdx.x;
+  const int i = (l.count > 1 && b >= l.first_block[1] ? 1 : 0) +
+                (l.count > 2 && b >= l.first_block[2] ? 1 : 0);
+  const GemvPart p = i == 0 ? l.part[0] : i == 1 ? l.part[1] : l.part[2];
+  const unsigned first = i == 0 ? l.first_block[0] : i == 1 ? l.first_block[1] : l.first_block[2];
+  row = static_cast<int64_t>(b - first) * kGemvWarps + (threadIdx.x >> 5);
+  return p;
+}
+
 // y = x w[n, k]^T for one activation row x: each lane reads 8 weights (16 bytes) of its
-// warp's row per chunk, streamed past L1 (__ldcs) so x stays cached there.
-template <typename T, bool kOverlap>
+// warp's row per chunk, streamed past L1 (__ldcs) so x stays cached there. With kNorm every
+// warp of the block, rows past n included, joins the prologue that normalises x.
+template <typename T, bool kOverlap, bool kNorm>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_half_kernel(const float* x, const T* __restrict__ w, int64_t n, int64_t k,
-                     const float* __restrict__ bias, GemvEpilogue epilogue, float* __restrict__ y) {
+    gemv_half_kernel(const float* x, GemvLaunch launch, int64_t k, GemvEpilogue epilogue) {
   let_dependents_launch();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (row >= n) return;
+  int64_t row = 0;
+  const GemvPart part = part_of(launch, row);
+  const bool valid = row < part.n;
+  if (!kNorm && !valid) return;
   const unsigned lane = threadIdx.x & 31u;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
-  const int64_t chunks = k / 8;
+  const uint4* wr =
+      reinterpret_cast<const uint4*>(static_cast<const T*>(part.w) + (valid ? row : 0) * k);
+  const int64_t chunks = valid ? k / 8 : 0;
+  if (!launch.early_weights) wait_for_inputs();
   uint4 first[kGemvPrefetch];
 #pragma unroll
   for (int d = 0; d < kGemvPrefetch; ++d)
     if (lane + 32 * d < chunks) first[d] = __ldcs(wr + lane + 32 * d);
   wait_for_inputs();
+  const float* xs = gemv_input<kNorm>(x, k, launch.norm);
+  if (!valid) return;
   float acc[1] = {0.0f};
   const auto dot = [&](int64_t c, const uint4& wv) {
-    acc[0] +=
-        dot8(load_x<kOverlap>(x, 8 * c), load_x<kOverlap>(x, 8 * c + 4), halves_to_float2<T>(wv.x),
-             halves_to_float2<T>(wv.y), halves_to_float2<T>(wv.z), halves_to_float2<T>(wv.w));
+    acc[0] += dot8(x4<kOverlap, kNorm>(xs, 8 * c), x4<kOverlap, kNorm>(xs, 8 * c + 4),
+                   halves_to_float2<T>(wv.x), halves_to_float2<T>(wv.y), halves_to_float2<T>(wv.z),
+                   halves_to_float2<T>(wv.w));
   };
 #pragma unroll
   for (int d = 0; d < kGemvPrefetch; ++d)
     if (lane + 32 * d < chunks) dot(lane + 32 * d, first[d]);
   for (int64_t c = lane + 32 * kGemvPrefetch; c < chunks; c += 32) dot(c, __ldcs(wr + c));
-  gemv_store<1>(acc, row, n, bias, epilogue, y);
+  gemv_store<1>(acc, row, part.n, part.bias, epilogue, part.y);
 }
 
 // Code j (0..7) of a 32-bit word of codes (even index in the low nibble) as a float, exactly:
@@ -155,74 +277,119 @@ __device__ float code_as_float(uint32_t word, int j) {
   return __uint_as_float(0x4B000000u | ((word >> (4 * j)) & 15u)) - 8388608.0f;
 }
 
-// One word of 8 codes with its group's min and scale, dotted with x[i, e .. e + 8) for each
-// of the M rows into acc.
-template <int M, bool kOverlap>
-__device__ void q4_word_dot(const float* x, int64_t k, int64_t e, uint32_t word, float mn, float sc,
+// A word of 8 codes with its group's min and scale.
+struct Q4Word {
+  uint32_t codes = 0;
+  float mn = 0.0f;
+  float sc = 0.0f;
+};
+
+// One row of a 4-bit matrix: its codes, and its groups' mins and scales.
+struct Q4Row {
+  const uint32_t* words;
+  const float* mins;
+  const float* scales;
+  __device__ Q4Word at(int64_t e) const {
+    return Q4Word{__ldcs(words + e / 8), __ldg(mins + e / 64), __ldg(scales + e / 64)};
+  }
+};
+
+// One word of codes dotted with x[i, e .. e + 8) for each of the M rows into acc.
+template <int M, bool kOverlap, bool kNorm>
+__device__ void q4_word_dot(const float* x, int64_t k, int64_t e, const Q4Word& w,
                             float (&acc)[M]) {
   float wf[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) wf[j] = code_as_float(word, j);
+  for (int j = 0; j < 8; ++j) wf[j] = code_as_float(w.codes, j);
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    const float4 a = load_x<kOverlap>(x, static_cast<int64_t>(i) * k + e);
-    const float4 b = load_x<kOverlap>(x, static_cast<int64_t>(i) * k + e + 4);
+    const float4 a = x4<kOverlap, kNorm>(x, static_cast<int64_t>(i) * k + e);
+    const float4 b = x4<kOverlap, kNorm>(x, static_cast<int64_t>(i) * k + e + 4);
     const float d = a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] +
                     b.y * wf[5] + b.z * wf[6] + b.w * wf[7];
     const float sx = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
-    acc[i] += sc * d + mn * sx;
+    acc[i] += w.sc * d + w.mn * sx;
   }
 }
 
 // The same GEMV over a 4-bit matrix grouped along rows by 64 (kernels/quant.h), never
-// writing a dequantised weight anywhere. Lane c takes the 8 codes of word c of each run of
-// 32 words (256 weights), so a warp's loads of codes (128 bytes) and of activations (two
-// 512-byte runs per row) are contiguous; the codes are decoded once and serve every row.
-template <int M, bool kOverlap>
+// writing a dequantised weight anywhere. Lane c takes word c of each run of 32 words (256
+// weights), so a warp's loads of codes (128 bytes) and of activations (two 512-byte runs per
+// row) are contiguous; the codes are decoded once and serve every activation row. Two words
+// a lane are in flight, the next pair loading while this one is dotted (the first pair as
+// kGemvPrefetch).
+template <int M, bool kOverlap, bool kNorm>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_q4_kernel(const float* x, const unsigned char* __restrict__ packed,
-                   const float* __restrict__ mins, const float* __restrict__ scales, int64_t n,
-                   int64_t k, const float* __restrict__ bias, GemvEpilogue epilogue,
-                   float* __restrict__ y) {
+    gemv_q4_kernel(const float* x, GemvLaunch launch, int64_t k, GemvEpilogue epilogue) {
   let_dependents_launch();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (row >= n) return;
-  const unsigned lane = threadIdx.x & 31u;
-  float acc[M] = {};
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(packed + row * (k / 2));
-  const float* row_mins = mins + row * (k / 64);
-  const float* row_scales = scales + row * (k / 64);
-  // The first word and its group's min and scale before waiting for x (see kGemvPrefetch).
-  const int64_t e0 = 8 * static_cast<int64_t>(lane);
-  uint32_t word = 0;
-  float mn = 0.0f, sc = 0.0f;
-  if (e0 < k) {
-    word = __ldcs(words + e0 / 8);
-    mn = __ldg(row_mins + e0 / 64);
-    sc = __ldg(row_scales + e0 / 64);
-  }
+  int64_t row = 0;
+  const GemvPart part = part_of(launch, row);
+  const bool valid = row < part.n;
+  if (!kNorm && !valid) return;
+  const int64_t r = valid ? row : 0;
+  const Q4Row w{
+      reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(part.w) + r * (k / 2)),
+      part.mins + r * (k / 64), part.scales + r * (k / 64)};
+  constexpr int64_t kStride = 256;
+  const int64_t e0 = 8 * static_cast<int64_t>(threadIdx.x & 31u);
+  const int64_t end = valid ? k : 0;  // a row past n loads nothing
+  if (!launch.early_weights) wait_for_inputs();
+  Q4Word a, b;
+  if (e0 < end) a = w.at(e0);
+  if (e0 + kStride < end) b = w.at(e0 + kStride);
   wait_for_inputs();
-  for (int64_t e = e0; e < k; e += 256) {
-    if (e != e0) {
-      word = __ldcs(words + e / 8);
-      mn = __ldg(row_mins + e / 64);
-      sc = __ldg(row_scales + e / 64);
-    }
-    q4_word_dot<M, kOverlap>(x, k, e, word, mn, sc, acc);
+  const float* xs = gemv_input<kNorm>(x, k, launch.norm);
+  if (!valid) return;
+  float acc[M] = {};
+  for (int64_t e = e0; e < k; e += 2 * kStride) {
+    Q4Word next_a, next_b;
+    if (e + 2 * kStride < k) next_a = w.at(e + 2 * kStride);
+    if (e + 3 * kStride < k) next_b = w.at(e + 3 * kStride);
+    q4_word_dot<M, kOverlap, kNorm>(xs, k, e, a, acc);
+    if (e + kStride < k) q4_word_dot<M, kOverlap, kNorm>(xs, k, e + kStride, b, acc);
+    a = next_a;
+    b = next_b;
   }
-  gemv_store<M>(acc, row, n, bias, epilogue, y);
+  gemv_store<M>(acc, row, part.n, part.bias, epilogue, part.y);
 }
 
 unsigned gemv_blocks(int64_t n) {
   return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps);
 }
 
-// Launches a GEMV kernel, with programmatic dependent launch where `overlap` asks for it.
+// The launch's parts and the first block of each; false where one is empty, there are too
+// many, or the norm does not suit the kernel (one row of at most kMaxGemvNormWidth, aligned
+// weight and bias).
+bool gemv_launch(const GemvPart* parts, int count, int m, int64_t k, const GemvMode& mode,
+                 GemvLaunch& l, unsigned& blocks) {
+  if (count <= 0 || count > kMaxGemvParts) return false;
+  if (mode.norm.kind != GemvNormKind::kNone &&
+      (m != 1 || k > kMaxGemvNormWidth || k % 4 != 0 || !aligned16(mode.norm.weight) ||
+       (mode.norm.bias != nullptr && !aligned16(mode.norm.bias))))
+    return false;
+  l = GemvLaunch{};
+  l.count = count;
+  l.early_weights = mode.early_weights;
+  l.norm = mode.norm;
+  blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    if (parts[i].n <= 0 || parts[i].w == nullptr || parts[i].y == nullptr) return false;
+    l.part[i] = parts[i];
+    l.first_block[i] = blocks;
+    blocks += gemv_blocks(parts[i].n);
+  }
+  return true;
+}
+
+// Launches a GEMV kernel with `shared` bytes of dynamic shared memory, with programmatic
+// dependent launch where `overlap` asks for it.
 template <typename... Params, typename... Args>
-void launch_gemv(void (*kernel)(Params...), int64_t n, bool overlap, cudaStream_t s, Args... args) {
+void launch_gemv(void (*kernel)(Params...), unsigned blocks, size_t shared, bool overlap,
+                 cudaStream_t s, Args... args) {
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(gemv_blocks(n));
+  config.gridDim = dim3(blocks);
   config.blockDim = dim3(kGemvWarps * 32);
+  config.dynamicSmemBytes = shared;
   config.stream = s;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -232,12 +399,23 @@ void launch_gemv(void (*kernel)(Params...), int64_t n, bool overlap, cudaStream_
   cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
-template <int M>
-void launch_gemv_q4(const float* x, const unsigned char* packed, const float* mins,
-                    const float* scales, int64_t n, int64_t k, const GemvOut& o, float* y,
-                    cudaStream_t s) {
-  launch_gemv(o.overlap ? gemv_q4_kernel<M, true> : gemv_q4_kernel<M, false>, n, o.overlap, s, x,
-              packed, mins, scales, n, k, o.bias, o.epilogue, y);
+// Dynamic shared memory of a launch: x normalised, where it has a norm.
+size_t gemv_shared_bytes(const GemvMode& mode, int64_t k) {
+  return mode.norm.kind == GemvNormKind::kNone ? 0 : static_cast<size_t>(k) * sizeof(float);
+}
+
+template <int M, bool kNorm>
+void launch_gemv_q4(const float* x, const GemvLaunch& l, unsigned blocks, int64_t k,
+                    const GemvMode& mode, cudaStream_t s) {
+  launch_gemv(mode.overlap ? gemv_q4_kernel<M, true, kNorm> : gemv_q4_kernel<M, false, kNorm>,
+              blocks, gemv_shared_bytes(mode, k), mode.overlap, s, x, l, k, mode.epilogue);
+}
+
+template <typename T, bool kNorm>
+void launch_gemv_half(const float* x, const GemvLaunch& l, unsigned blocks, int64_t k,
+                      const GemvMode& mode, cudaStream_t s) {
+  launch_gemv(mode.overlap ? gemv_half_kernel<T, true, kNorm> : gemv_half_kernel<T, false, kNorm>,
+              blocks, gemv_shared_bytes(mode, k), mode.overlap, s, x, l, k, mode.epilogue);
 }
 
 // Keys of one split of a context into `splits`: the even share rounded up to whole tiles.
@@ -486,71 +664,261 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 // Joins the splits of one (row entry, head): out = sum_z O_z e^(m_z - M) / sum_z l_z e^(m_z - M).
+// Warp 0 weighs the splits once (lane z takes splits z and z + 32); every thread then sums
+// its dimensions over them with independent loads, so no load waits on another.
+constexpr int kMaxSplits = 64;
 __global__ void attention_combine_kernel(const float* __restrict__ partial,
                                          const RowDesc* __restrict__ rows, int32_t n_heads,
                                          int32_t hd, int32_t splits, float* __restrict__ out) {
+  __shared__ float s_w[kMaxSplits];
+  __shared__ float s_l;
   const int64_t eh = blockIdx.x;  // table entry * n_heads + head
   const float* p = partial + eh * splits * (hd + 2);
+  if (threadIdx.x < 32) {
+    const int32_t z0 = static_cast<int32_t>(threadIdx.x), z1 = z0 + 32;
+    const float m0 = z0 < splits ? p[z0 * (hd + 2) + hd] : -INFINITY;
+    const float m1 = z1 < splits ? p[z1 * (hd + 2) + hd] : -INFINITY;
+    const float mx = warp_max(fmaxf(m0, m1));
+    const float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - mx);
+    const float w1 = m1 == -INFINITY ? 0.0f : expf(m1 - mx);
+    const float l = warp_sum((w0 > 0.0f ? p[z0 * (hd + 2) + hd + 1] * w0 : 0.0f) +
+                             (w1 > 0.0f ? p[z1 * (hd + 2) + hd + 1] * w1 : 0.0f));
+    if (z0 < splits) s_w[z0] = w0;
+    if (z1 < splits) s_w[z1] = w1;
+    if (z0 == 0) s_l = l;
+  }
+  __syncthreads();
   float* o =
       out + static_cast<int64_t>(rows[eh / n_heads].row) * n_heads * hd + (eh % n_heads) * hd;
-  float m = -INFINITY;
-  for (int32_t z = 0; z < splits; ++z) m = fmaxf(m, p[z * (hd + 2) + hd]);
-  float l = 0.0f;
-  for (int32_t z = 0; z < splits; ++z) {
-    const float mz = p[z * (hd + 2) + hd];
-    if (mz != -INFINITY) l += p[z * (hd + 2) + hd + 1] * expf(mz - m);
-  }
+  const float l = s_l;
   for (int32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
     float acc = 0.0f;
-    for (int32_t z = 0; z < splits; ++z) {
-      const float mz = p[z * (hd + 2) + hd];
-      if (mz != -INFINITY) acc += p[z * (hd + 2) + dd] * expf(mz - m);
-    }
+#pragma unroll 8
+    for (int32_t z = 0; z < splits; ++z)
+      acc += s_w[z] == 0.0f ? 0.0f : p[z * (hd + 2) + dd] * s_w[z];
     o[dd] = l > 0.0f ? acc / l : 0.0f;
   }
 }
 
+// ---- Decode attention: warps over keys ----------------------------------------------------
+
+// One decode row's attention over one kv head, every query head of its group together: the
+// block's warps take chunks of consecutive keys, a lane holding V of head_dim = 32 * V
+// dimensions. A warp issues the loads of a whole chunk's keys and values before it needs
+// any (values do not wait for the scores), so a lane has 2 * kChunk * 16 bytes in flight
+// and the step's cache reads are in flight together rather than tile after tile. Warps
+// keep their own online softmax; the block joins them in shared memory at the end.
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+
+template <int V>
+__device__ void load_lane(const float* p, float (&r)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r[0] = t.x, r[1] = t.y, r[2] = t.z, r[3] = t.w;
+  } else {
+    static_assert(V == 2);
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    r[0] = t.x, r[1] = t.y;
+  }
+}
+
+// Online softmax of one query head over a chunk's scores s (-inf where masked): rescales
+// the running o and l to the new maximum and adds the chunk's weighted values.
+template <int V, int kChunk>
+__device__ void softmax_chunk(const float (&s)[kChunk], const float (&vr)[kChunk][V], float& m,
+                              float& l, float (&o)[V]) {
+  float mx = s[0];
+#pragma unroll
+  for (int j = 1; j < kChunk; ++j) mx = fmaxf(mx, s[j]);
+  const float m_new = fmaxf(m, mx);  // finite: a chunk's first key is always in range
+  const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+  l *= corr;
+#pragma unroll
+  for (int v = 0; v < V; ++v) o[v] *= corr;
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    const float p = s[j] == -INFINITY ? 0.0f : expf(s[j] - m_new);
+    l += p;
+#pragma unroll
+    for (int v = 0; v < V; ++v) o[v] += p * vr[j][v];
+  }
+  m = m_new;
+}
+
+template <int V, int G>
+__global__ void __launch_bounds__(kDecodeThreads)
+    attention_decode_kernel(const float* __restrict__ q, const RowDesc* __restrict__ rows,
+                            KvCacheDesc c, TileArgs a, float* __restrict__ out,
+                            float* __restrict__ partial) {
+  constexpr int kHd = 32 * V;
+  constexpr int kChunk = G <= 2 ? 8 : 4;  // keys a warp has in flight (registers: G x kChunk)
+  __shared__ float s_o[kDecodeWarps * G * kHd];
+  __shared__ float s_m[kDecodeWarps * G], s_l[kDecodeWarps * G];
+  const RowDesc d = rows[blockIdx.x];
+  const int32_t kvh = static_cast<int32_t>(blockIdx.y);
+  const int32_t key_begin = static_cast<int32_t>(blockIdx.z) * a.keys_per_split;
+  const int32_t key_end = min(d.pos + 1, key_begin + a.keys_per_split);
+  const int32_t lane = static_cast<int32_t>(threadIdx.x & 31u);
+  const int32_t warp = static_cast<int32_t>(threadIdx.x >> 5);
+  const int64_t width = static_cast<int64_t>(a.n_heads) * kHd;
+
+  float qv[G][V], o[G][V], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    load_lane<V>(q + d.row * width + static_cast<int64_t>(kvh * G + g) * kHd + lane * V, qv[g]);
+#pragma unroll
+    for (int v = 0; v < V; ++v) qv[g][v] *= a.scale, o[g][v] = 0.0f;
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+  }
+  const int64_t base =
+      static_cast<int64_t>(d.slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
+  const float* kb = c.k + base + lane * V;
+  const float* vb = c.v + base + lane * V;
+  for (int32_t t0 = key_begin + warp * kChunk; t0 < key_end; t0 += kDecodeWarps * kChunk) {
+    float kr[kChunk][V], vr[kChunk][V];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (t0 + j < key_end) {
+        load_lane<V>(kb + static_cast<int64_t>(t0 + j) * kHd, kr[j]);
+        load_lane<V>(vb + static_cast<int64_t>(t0 + j) * kHd, vr[j]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) kr[j][v] = vr[j][v] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float s[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int v = 0; v < V; ++v) dot += qv[g][v] * kr[j][v];
+        s[j] = warp_sum(dot);  // the same bits in every lane (xor butterfly)
+        if (t0 + j >= key_end) s[j] = -INFINITY;
+      }
+      softmax_chunk<V, kChunk>(s, vr, m[g], l[g], o[g]);
+    }
+  }
+
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) s_o[(warp * G + g) * kHd + lane * V + v] = o[g][v];
+    if (lane == 0) {
+      s_m[warp * G + g] = m[g];
+      s_l[warp * G + g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int32_t e = static_cast<int32_t>(threadIdx.x); e < G * kHd; e += kDecodeThreads) {
+    const int32_t g = e / kHd;
+    const int32_t dd = e - g * kHd;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w * G + g]);
+    float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float mw = s_m[w * G + g];
+      if (mw == -INFINITY) continue;  // a warp with no key in range
+      const float f = expf(mw - mx);
+      acc += s_o[(w * G + g) * kHd + dd] * f;
+      sum += s_l[w * G + g] * f;
+    }
+    const int64_t h = static_cast<int64_t>(kvh) * G + g;
+    if (a.splits == 1) {
+      out[d.row * width + h * kHd + dd] = sum > 0.0f ? acc / sum : 0.0f;
+    } else {
+      const int64_t entry = blockIdx.x;
+      float* pr = partial + ((entry * a.n_heads + h) * a.splits + blockIdx.z) * (kHd + 2);
+      pr[dd] = acc;
+      if (dd == 0) {
+        pr[kHd] = mx;
+        pr[kHd + 1] = sum;
+      }
+    }
+  }
+}
+
+using DecodeKernel = void (*)(const float*, const RowDesc*, KvCacheDesc, TileArgs, float*, float*);
+
+template <int V>
+DecodeKernel decode_kernel_for_group(int32_t group) {
+  switch (group) {
+    case 1:
+      return attention_decode_kernel<V, 1>;
+    case 2:
+      return attention_decode_kernel<V, 2>;
+    case 4:
+      return attention_decode_kernel<V, 4>;
+    case 8:
+      return attention_decode_kernel<V, 8>;
+    default:
+      return nullptr;
+  }
+}
+
+// The warps-over-keys kernel for this head_dim and group, or null where it has none.
+DecodeKernel decode_kernel_for(int32_t head_dim, int32_t group) {
+  if (head_dim == 64) return decode_kernel_for_group<2>(group);
+  if (head_dim == 128) return decode_kernel_for_group<4>(group);
+  return nullptr;
+}
+
 }  // namespace
 
-KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int64_t n, int64_t k,
-                       const GemvOut& out, float* y, StreamHandle stream) {
-  if (m <= 0 || n <= 0) return {};
-  if (m > kMaxGemvRowsHalf || k <= 0 || k % 8 != 0 || type == ElemType::kF32 || !aligned16(w) ||
-      !aligned16(x))
+KernelStatus gemv_half_parts(const float* x, int m, const GemvPart* parts, int count, ElemType type,
+                             int64_t k, const GemvMode& mode, StreamHandle stream) {
+  if (m <= 0) return {};
+  GemvLaunch l;
+  unsigned blocks = 0;
+  if (m > kMaxGemvRowsHalf || k <= 0 || k % 8 != 0 || type == ElemType::kF32 || !aligned16(x) ||
+      !gemv_launch(parts, count, m, k, mode, l, blocks))
     return invalid();
-  const cudaStream_t s = as_stream(stream);
-  if (type == ElemType::kF16) {
-    launch_gemv(out.overlap ? gemv_half_kernel<__half, true> : gemv_half_kernel<__half, false>, n,
-                out.overlap, s, x, static_cast<const __half*>(w), n, k, out.bias, out.epilogue, y);
-  } else {
-    launch_gemv(out.overlap ? gemv_half_kernel<__nv_bfloat16, true>
-                            : gemv_half_kernel<__nv_bfloat16, false>,
-                n, out.overlap, s, x, static_cast<const __nv_bfloat16*>(w), n, k, out.bias,
-                out.epilogue, y);
-  }
+  for (int i = 0; i < count; ++i)
+    if (!aligned16(parts[i].w)) return invalid();
+  using Launcher =
+      void (*)(const float*, const GemvLaunch&, unsigned, int64_t, const GemvMode&, cudaStream_t);
+  const bool norm = mode.norm.kind != GemvNormKind::kNone;
+  const Launcher launch =
+      type == ElemType::kF16
+          ? (norm ? launch_gemv_half<__half, true> : launch_gemv_half<__half, false>)
+          : (norm ? launch_gemv_half<__nv_bfloat16, true> : launch_gemv_half<__nv_bfloat16, false>);
+  launch(x, l, blocks, k, mode, as_stream(stream));
   return last_status();
 }
 
-KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const float* mins,
-                     const float* scales, int64_t n, int64_t k, const GemvOut& out, float* y,
-                     StreamHandle stream) {
-  if (m <= 0 || n <= 0) return {};
-  if (m > kMaxGemvRowsQ4 || k <= 0 || k % 64 != 0 || !aligned16(packed) || !aligned16(x))
+KernelStatus gemv_q4_parts(const float* x, int m, const GemvPart* parts, int count, int64_t k,
+                           const GemvMode& mode, StreamHandle stream) {
+  if (m <= 0) return {};
+  GemvLaunch l;
+  unsigned blocks = 0;
+  if (m > kMaxGemvRowsQ4 || k <= 0 || k % 64 != 0 || !aligned16(x) ||
+      !gemv_launch(parts, count, m, k, mode, l, blocks))
     return invalid();
-  const cudaStream_t s = as_stream(stream);
-  // One instantiation per row count, so each keeps its accumulators in registers.
-  using Launcher = void (*)(const float*, const unsigned char*, const float*, const float*, int64_t,
-                            int64_t, const GemvOut&, float*, cudaStream_t);
+  for (int i = 0; i < count; ++i)
+    if (!aligned16(parts[i].w) || parts[i].mins == nullptr || parts[i].scales == nullptr)
+      return invalid();
+  // One instantiation per row count, so each keeps its accumulators in registers; the norm
+  // takes one row (gemv_launch).
+  using Launcher =
+      void (*)(const float*, const GemvLaunch&, unsigned, int64_t, const GemvMode&, cudaStream_t);
   constexpr Launcher kLaunchers[kMaxGemvRowsQ4] = {
-      launch_gemv_q4<1>, launch_gemv_q4<2>, launch_gemv_q4<3>, launch_gemv_q4<4>,
-      launch_gemv_q4<5>, launch_gemv_q4<6>, launch_gemv_q4<7>, launch_gemv_q4<8>};
-  kLaunchers[m - 1](x, packed, mins, scales, n, k, out, y, s);
+      launch_gemv_q4<1, false>, launch_gemv_q4<2, false>, launch_gemv_q4<3, false>,
+      launch_gemv_q4<4, false>, launch_gemv_q4<5, false>, launch_gemv_q4<6, false>,
+      launch_gemv_q4<7, false>, launch_gemv_q4<8, false>};
+  const Launcher launch =
+      mode.norm.kind != GemvNormKind::kNone ? launch_gemv_q4<1, true> : kLaunchers[m - 1];
+  launch(x, l, blocks, k, mode, as_stream(stream));
   return last_status();
 }
 
 AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_context, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t sm_count,
-                               size_t partial_bytes) {
+                               size_t partial_bytes, bool allow_decode_warps) {
   AttentionTiling t;
   if (n_rows <= 0 || n_kv_heads <= 0 || head_dim <= 0) return t;
   const int32_t group = n_heads / n_kv_heads;
@@ -562,17 +930,23 @@ AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_conte
   // prefill chunk share their slot's tiles, so a block takes as many as fit.
   const bool decode = n_rows <= 2 * n_seqs;
   t.rows_per_tile = decode ? 1 : std::max(1, qr_max / t.heads_per_block);
+  t.decode_warps = allow_decode_warps && decode && decode_kernel_for(head_dim, group) != nullptr;
+  if (t.decode_warps) t.heads_per_block = group;
   const int64_t blocks = (n_rows + t.rows_per_tile - 1) / t.rows_per_tile * n_kv_heads *
                          ((group + t.heads_per_block - 1) / t.heads_per_block);
   t.splits = 1;
   if (decode && sm_count > 0) {
-    // Enough blocks for four per SM, each split at least one key tile long, within the
-    // partial-result scratch. A block's tiles run one after another, so at a short context
-    // (one decode row of a 7B model at 500 positions) more, shorter splits are what fills
-    // the GPU. A split is whole key tiles, and the count follows from that length.
-    const int64_t want = (int64_t{4} * sm_count + blocks - 1) / blocks;
-    const int64_t by_keys = std::max<int64_t>(1, max_context / t.key_tile);
-    int64_t splits = std::min<int64_t>({want, by_keys, 64});
+    // Enough blocks to fill the GPU, each split whole key tiles, within the partial-result
+    // scratch. The tiled kernel runs a block's tiles one after another, so at a short
+    // context (one decode row of a 7B model at 500 positions) more, shorter splits are what
+    // fills the GPU: four blocks an SM, a split at least one tile (floor). The warps-over-keys
+    // kernel has a block's keys in flight at once and wants more, smaller blocks: eight an
+    // SM, down to one tile of 32 keys per split (ceil), one chunk per warp.
+    const int64_t per_sm = t.decode_warps ? 8 : 4;
+    const int64_t want = (per_sm * sm_count + blocks - 1) / blocks;
+    const int64_t by_keys = std::max<int64_t>(
+        1, t.decode_warps ? (max_context + t.key_tile - 1) / t.key_tile : max_context / t.key_tile);
+    int64_t splits = std::min<int64_t>({want, by_keys, kMaxSplits});
     const int64_t per_split = n_rows * n_heads * (head_dim + 2) * int64_t{sizeof(float)};
     while (splits > 1 && splits * per_split > static_cast<int64_t>(partial_bytes)) --splits;
     const int32_t ctx = std::max(max_context, 1);
@@ -597,7 +971,9 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
       t.key_tile * hd > kTileElems || t.heads_per_block <= 0 || t.rows_per_tile <= 0 ||
       t.rows_per_tile * t.heads_per_block > kMaxQueryRows ||
       t.rows_per_tile * t.heads_per_block * hd > kMaxOutputs || kTileThreads % t.key_tile != 0 ||
-      t.splits <= 0 || (t.splits > 1 && (partial == nullptr || t.rows_per_tile != 1)))
+      t.splits <= 0 || t.splits > kMaxSplits ||
+      (t.splits > 1 && (partial == nullptr || t.rows_per_tile != 1)) ||
+      (t.decode_warps && t.rows_per_tile != 1))
     return invalid();
   TileArgs a;
   a.n_heads = n_heads;
@@ -616,8 +992,14 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
   const size_t shared = attention_tiled_shared_bytes(t, hd);
   const cudaStream_t s = as_stream(stream);
   const bool vec = hd % 4 == 0 && reinterpret_cast<uintptr_t>(cache.k) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(cache.v) % 16 == 0;
-  if (vec) {
+                   reinterpret_cast<uintptr_t>(cache.v) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(q) % 16 == 0;
+  const DecodeKernel decode = t.decode_warps ? decode_kernel_for(hd, a.group) : nullptr;
+  if (decode != nullptr && vec && t.heads_per_block == a.group) {
+    const dim3 grid_d(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
+                      static_cast<unsigned>(t.splits));
+    decode<<<grid_d, kDecodeThreads, 0, s>>>(q, rows, cache, a, out, partial);
+  } else if (vec) {
     attention_tiled_kernel<true>
         <<<grid, kTileThreads, shared, s>>>(q, rows, n_rows, cache, a, out, partial);
   } else {

@@ -111,25 +111,53 @@ constexpr int kMaxGemvRowsQ4 = 8;
 // to what y holds (the residual after the output and down projections), so the op that
 // follows a linear costs no kernel of its own.
 enum class GemvEpilogue : int { kStore = 0, kRelu = 1, kAccumulate = 2 };
-struct GemvOut {
+// One matrix of a GEMV launch, which reads up to kMaxGemvParts with the same x, k and type
+// (q, k and v; gate and up) so they cost one launch and one kernel tail: y = epilogue(x w^T +
+// bias), [m, n]. mins and scales only for 4-bit weights.
+struct GemvPart {
+  const void* w = nullptr;
+  const float* mins = nullptr;
+  const float* scales = nullptr;
   const float* bias = nullptr;  // [n], or none
+  float* y = nullptr;
+  int64_t n = 0;
+};
+constexpr int kMaxGemvParts = 3;
+// The norm a fused GEMV applies to its one row of x first: each block reads x once,
+// normalises it into shared memory (k floats) and takes its dot products from there, so a
+// pre-norm layer's norm costs no kernel of its own and norm(x) is never written. Formulas as
+// layer_norm / rms_norm; weight (and bias, or none) 16-byte aligned.
+enum class GemvNormKind : int { kNone = 0, kLayer = 1, kRms = 2 };
+struct GemvNorm {
+  GemvNormKind kind = GemvNormKind::kNone;
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+  float eps = 0.0f;
+};
+constexpr int64_t kMaxGemvNormWidth = 8192;  // x in shared memory: 32 KiB a block
+// How a fused GEMV launch runs.
+struct GemvMode {
   GemvEpilogue epilogue = GemvEpilogue::kStore;
   // Programmatic dependent launch (compute capability 9.0 on): the GEMV may start while the
-  // kernel before it finishes, its first weight loads overlapping that kernel's tail; it
-  // reads x and writes y only once that kernel is done.
+  // kernel before it finishes; it reads x and writes y only once that kernel is done.
   bool overlap = false;
+  // With overlap, the first weight loads also go out before that wait, overlapping the
+  // kernel before's tail (STRATA_CUDA_PDL=early); otherwise the GEMV waits first and only
+  // its launch overlaps.
+  bool early_weights = false;
+  GemvNorm norm;  // m == 1 and k <= kMaxGemvNormWidth where kind is not kNone
 };
-// y = epilogue(x w^T + bias) for one row x (m <= kMaxGemvRowsHalf): w [n, k] f16 or bf16,
-// read once from memory; x f32 as it is (not rounded to w's type). k % 8 == 0; w and x
-// 16-byte aligned (else cudaErrorInvalidValue and nothing is launched).
-KernelStatus gemv_half(const float* x, int m, const void* w, ElemType type, int64_t n, int64_t k,
-                       const GemvOut& out, float* y, StreamHandle stream);
-// y[i, :] = epilogue(x[i, :] w^T + bias) for i < m <= kMaxGemvRowsQ4 over a kQ4 matrix
-// [n, k] grouped along rows by 64 (kernels/quant.h), each code dequantised in registers:
-// k % 64 == 0; packed and x 16-byte aligned.
-KernelStatus gemv_q4(const float* x, int m, const unsigned char* packed, const float* mins,
-                     const float* scales, int64_t n, int64_t k, const GemvOut& out, float* y,
-                     StreamHandle stream);
+// y = epilogue(x w^T + bias) for each part, over one row x (m <= kMaxGemvRowsHalf): w [n, k]
+// f16 or bf16, read once from memory; x f32 as it is (not rounded to w's type). k % 8 == 0;
+// every w and x 16-byte aligned; every part has n > 0, w and y; count <= kMaxGemvParts (else
+// cudaErrorInvalidValue and nothing is launched).
+KernelStatus gemv_half_parts(const float* x, int m, const GemvPart* parts, int count, ElemType type,
+                             int64_t k, const GemvMode& mode, StreamHandle stream);
+// The same for y[i, :] with i < m <= kMaxGemvRowsQ4 over kQ4 matrices [n, k] grouped along
+// rows by 64 (kernels/quant.h), each code dequantised in registers: k % 64 == 0; packed and x
+// 16-byte aligned.
+KernelStatus gemv_q4_parts(const float* x, int m, const GemvPart* parts, int count, int64_t k,
+                           const GemvMode& mode, StreamHandle stream);
 
 // How attention_tiled covers a step: a block takes rows_per_tile token rows and
 // heads_per_block query heads of one kv head (a GQA group together), reading the keys and
@@ -140,12 +168,17 @@ struct AttentionTiling {
   int32_t heads_per_block = 1;
   int32_t key_tile = 32;
   int32_t splits = 1;
+  // Decode rows with head_dim 64 or 128 and a group of 1, 2, 4 or 8 query heads: a block
+  // takes one row and a whole group, its warps taking chunks of keys with all their loads
+  // in flight (no shared-memory tiles); splits are then whole multiples of key_tile keys.
+  bool decode_warps = false;
 };
 // The tiling for a step of n_rows rows over n_seqs sequences whose longest context is
-// max_context, on sm_count SMs, with partial_bytes of scratch for split results.
+// max_context, on sm_count SMs, with partial_bytes of scratch for split results; with
+// allow_decode_warps false, never the warps-over-keys kernel (a benchmark switch).
 AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_context, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t sm_count,
-                               size_t partial_bytes);
+                               size_t partial_bytes, bool allow_decode_warps = true);
 // Dynamic shared memory one block of attention_tiled takes under `t` (at most 48 KiB, the
 // launch limit without an opt-in, for every head_dim plan_attention accepts).
 size_t attention_tiled_shared_bytes(const AttentionTiling& t, int32_t head_dim);

@@ -15,13 +15,14 @@ namespace {
 constexpr int32_t kSms = 132;  // an H100
 constexpr size_t kKiB = 1024;
 
-// Llama-70B's heads, one decode row at 3000 positions: group 8 (one block holds it), 8
-// blocks. Four per SM wants ceil(528 / 8) = 66 splits, the context allows 3000 / 32 = 93
-// (one key tile each), at most 64, and 512 KiB of scratch holds 524288 / (1 * 64 * 130 * 4)
-// = 15. A split of 15 is ceil(3000 / 15) = 200 keys, 224 in whole tiles of 32, so
-// ceil(3000 / 224) = 14 splits.
+// Llama-70B's heads, one decode row at 3000 positions: group 8, one block of the
+// warps-over-keys kernel per kv head, 8 blocks. Eight per SM wants ceil(1056 / 8) = 132
+// splits, the context allows ceil(3000 / 32) = 94 (one key tile each), at most 64, and
+// 512 KiB of scratch holds 524288 / (1 * 64 * 130 * 4) = 15. A split of 15 is
+// ceil(3000 / 15) = 200 keys, 224 in whole tiles of 32, so ceil(3000 / 224) = 14 splits.
 TEST(AttentionPlan, OneLongDecodeRowSplitsWithinTheScratch) {
   const AttentionTiling t = plan_attention(1, 1, 3000, 64, 8, 128, kSms, 512 * kKiB);
+  EXPECT_TRUE(t.decode_warps);
   EXPECT_EQ(t.heads_per_block, 8);
   EXPECT_EQ(t.rows_per_tile, 1);
   EXPECT_EQ(t.key_tile, 32);
@@ -31,29 +32,57 @@ TEST(AttentionPlan, OneLongDecodeRowSplitsWithinTheScratch) {
   EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 64 * kKiB * kKiB).splits, 47);
 }
 
-// One decode row of OPT-6.7B (32 MHA heads, head_dim 128) at 528 positions: 32 blocks, four
-// per SM wants ceil(528 / 32) = 17, the context allows 528 / 32 = 16; 16 splits of 33 keys
-// are 64 in whole tiles, so ceil(528 / 64) = 9.
+// One decode row of OPT-6.7B (32 MHA heads, head_dim 128) at 528 positions: 32 blocks,
+// eight per SM wants ceil(1056 / 32) = 33, the context allows ceil(528 / 32) = 17; 17 splits
+// of ceil(528 / 17) = 32 keys are one tile each, so ceil(528 / 32) = 17 splits, 544 blocks.
 TEST(AttentionPlan, AShortDecodeContextStillFillsTheGpu) {
-  EXPECT_EQ(plan_attention(1, 1, 528, 32, 32, 128, kSms, 4 * kKiB * kKiB).splits, 9);
+  const AttentionTiling t = plan_attention(1, 1, 528, 32, 32, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_TRUE(t.decode_warps);
+  EXPECT_EQ(t.splits, 17);
+  // The tiled kernel's rule (head_dim 96 has no warps-over-keys kernel): four per SM wants
+  // ceil(528 / 32) = 17, the context allows floor(528 / 32) = 16; 16 splits of 33 keys are
+  // 64 in whole tiles, so ceil(528 / 64) = 9.
+  const AttentionTiling tiled = plan_attention(1, 1, 528, 32, 32, 96, kSms, 4 * kKiB * kKiB);
+  EXPECT_FALSE(tiled.decode_warps);
+  EXPECT_EQ(tiled.splits, 9);
 }
 
-// 32 decode rows of a 32q/8kv model at 2048: 32 * 8 = 256 blocks, ceil(528 / 256) = 3;
-// ceil(2048 / 3) = 683 keys, 704 in whole tiles, ceil(2048 / 704) = 3.
+// 32 decode rows of a 32q/8kv model at 2048: 32 * 8 = 256 blocks, ceil(1056 / 256) = 5;
+// ceil(2048 / 5) = 410 keys, 416 in whole tiles, ceil(2048 / 416) = 5.
 TEST(AttentionPlan, ABatchOfDecodeRowsSplitsLess) {
   const AttentionTiling t = plan_attention(32, 32, 2048, 32, 8, 128, kSms, 4 * kKiB * kKiB);
   EXPECT_EQ(t.heads_per_block, 4);
   EXPECT_EQ(t.rows_per_tile, 1);
-  EXPECT_EQ(t.splits, 3);
+  EXPECT_EQ(t.splits, 5);
 }
 
 TEST(AttentionPlan, NoSplitWithoutScratchOrSmCount) {
   EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, kSms, 0).splits, 1);
   EXPECT_EQ(plan_attention(1, 1, 3000, 64, 8, 128, 0, 512 * kKiB).splits, 1);
-  // A context shorter than two key tiles (40 / 32 = 1) makes no second split; 100 keys
-  // make 3 of at most 34, 64 in whole tiles: 2.
-  EXPECT_EQ(plan_attention(1, 1, 40, 64, 8, 128, kSms, 512 * kKiB).splits, 1);
-  EXPECT_EQ(plan_attention(1, 1, 100, 64, 8, 128, kSms, 512 * kKiB).splits, 2);
+  // The warps-over-keys kernel splits down to one tile: 40 keys are ceil(40 / 32) = 2
+  // splits, 100 keys 4 of 25, one tile of 32 each, ceil(100 / 32) = 4.
+  EXPECT_EQ(plan_attention(1, 1, 40, 64, 8, 128, kSms, 512 * kKiB).splits, 2);
+  EXPECT_EQ(plan_attention(1, 1, 100, 64, 8, 128, kSms, 512 * kKiB).splits, 4);
+  // The tiled kernel (head_dim 96) makes no second split below two whole tiles (40 / 32 =
+  // 1); 100 keys make 3 of at most 34, 64 in whole tiles: 2.
+  EXPECT_EQ(plan_attention(1, 1, 40, 64, 8, 96, kSms, 512 * kKiB).splits, 1);
+  EXPECT_EQ(plan_attention(1, 1, 100, 64, 8, 96, kSms, 512 * kKiB).splits, 2);
+}
+
+// The warps-over-keys kernel exists for head_dim 64 and 128 and groups of 1, 2, 4 and 8;
+// it takes decode rows only, a whole group a block.
+TEST(AttentionPlan, WarpsOverKeysOnlyWhereTheyHaveAKernel) {
+  for (int32_t hd : {64, 128})
+    for (int32_t group : {1, 2, 4, 8}) {
+      const AttentionTiling t = plan_attention(3, 3, 700, 8 * group, 8, hd, kSms, 1 << 20);
+      EXPECT_TRUE(t.decode_warps) << hd << " " << group;
+      EXPECT_EQ(t.heads_per_block, group);
+    }
+  EXPECT_FALSE(plan_attention(3, 3, 700, 24, 8, 128, kSms, 1 << 20).decode_warps);   // group 3
+  EXPECT_FALSE(plan_attention(3, 3, 700, 128, 8, 128, kSms, 1 << 20).decode_warps);  // 16
+  EXPECT_FALSE(plan_attention(3, 3, 700, 32, 8, 96, kSms, 1 << 20).decode_warps);
+  EXPECT_FALSE(plan_attention(3, 3, 700, 32, 8, 256, kSms, 1 << 20).decode_warps);
+  EXPECT_FALSE(plan_attention(40, 2, 700, 32, 8, 128, kSms, 1 << 20).decode_warps);  // prefill
 }
 
 // A prefill chunk (more rows than twice its sequences) shares its slot's tiles: 16 query

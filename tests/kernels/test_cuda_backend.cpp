@@ -725,6 +725,175 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaSoftmaxTest,
                                   std::to_string(std::get<1>(tp.param));
                          });
 
+// linears: q, k and v (or gate and up) as one GEMV launch. Each part against the CPU
+// backend's linear of its own weight: parts of different row counts (a block never spans
+// two, so 37 and 5 leave partial blocks at both joins), with and without a bias; a middle
+// part of 8200 rows puts the third part's first block past 2048.
+using LinearsParam = std::tuple<DType, int64_t /*m*/, int /*parts*/, int64_t /*middle rows*/>;
+using CudaLinearsTest = CudaParamTest<LinearsParam>;
+
+TEST_P(CudaLinearsTest, EveryPartMatchesItsLinear) {
+  const auto [dtype, m, count, middle] = GetParam();
+  constexpr int64_t k = 320;
+  const int64_t rows[] = {37, middle, 5};
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 41);
+  DeviceGuarded<float> dx(gpu(), x);
+  std::vector<std::unique_ptr<AnyWeight>> w;
+  std::vector<std::vector<float>> bias, want;
+  std::vector<std::unique_ptr<DeviceGuarded<float>>> dbias, dy;
+  std::vector<LinearOut> outs;
+  for (int p = 0; p < count; ++p) {
+    const int64_t n = rows[p];
+    w.push_back(std::make_unique<AnyWeight>(gpu(), dtype, n, k,
+                                            random_floats(static_cast<size_t>(n * k), 42 + p)));
+    bias.push_back(p == 1 ? std::vector<float>{} : random_floats(static_cast<size_t>(n), 50 + p));
+    want.emplace_back(static_cast<size_t>(m * n));
+    cpu().linear(x.data(), m, w.back()->host, bias.back().empty() ? nullptr : bias.back().data(),
+                 want.back().data());
+    dbias.push_back(
+        bias.back().empty() ? nullptr : std::make_unique<DeviceGuarded<float>>(gpu(), bias.back()));
+    dy.push_back(std::make_unique<DeviceGuarded<float>>(
+        gpu(), std::vector<float>(static_cast<size_t>(m * n), 12345.0f)));
+    outs.push_back(
+        {&w.back()->device, dbias.back() ? dbias.back()->data() : nullptr, dy.back()->data()});
+  }
+  ASSERT_TRUE(gpu().linears(dx.data(), m, outs, LinearsFold{}));
+  for (int p = 0; p < count; ++p) {
+    SCOPED_TRACE("part " + std::to_string(p));
+    EXPECT_LT(norm_err(dy[static_cast<size_t>(p)]->download(), want[static_cast<size_t>(p)]),
+              kTolLinearHalfSameInputs);
+    EXPECT_TRUE(dy[static_cast<size_t>(p)]->guards_intact());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, CudaLinearsTest,
+    ::testing::Values(LinearsParam{DType::kF16, 1, 3, 300}, LinearsParam{DType::kBF16, 1, 3, 300},
+                      LinearsParam{DType::kF16, 1, 3, 8200}, LinearsParam{DType::kBF16, 1, 2, 8200},
+                      LinearsParam{DType::kF16, 1, 2, 300}, LinearsParam{DType::kF16, 1, 1, 300},
+                      LinearsParam{DType::kQ4, 1, 3, 300}, LinearsParam{DType::kQ4, 3, 3, 300},
+                      LinearsParam{DType::kQ4, 8, 2, 8200}),
+    [](const auto& tp) {
+      return std::string(dtype_name(std::get<0>(tp.param))) + "_m" +
+             std::to_string(std::get<1>(tp.param)) + "_parts" +
+             std::to_string(std::get<2>(tp.param)) + "_rows" +
+             std::to_string(std::get<3>(tp.param));
+    });
+
+// A set the fused GEMV cannot take in one launch declines and writes nothing: mixed weight
+// types, different in-features, four parts, half weights over two rows, and the CPU backend.
+TEST_F(CudaTest, LinearsDeclineWhatOneLaunchCannotTake) {
+  const std::vector<float> x = random_floats(2 * 128, 43);
+  const std::vector<float> y0 = random_floats(64, 44);
+  AnyWeight f16(gpu(), DType::kF16, 64, 64, random_floats(64 * 64, 45));
+  AnyWeight bf16(gpu(), DType::kBF16, 64, 64, random_floats(64 * 64, 46));
+  AnyWeight wide(gpu(), DType::kF16, 64, 128, random_floats(64 * 128, 47));
+  DeviceGuarded<float> dx(gpu(), x), dy(gpu(), y0);
+  const LinearOut a{&f16.device, nullptr, dy.data()};
+  const LinearOut mixed[] = {a, {&bf16.device, nullptr, dy.data()}};
+  const LinearOut widths[] = {a, {&wide.device, nullptr, dy.data()}};
+  const LinearOut four[] = {a, a, a, a};
+  const LinearOut one[] = {a};
+  EXPECT_FALSE(gpu().linears(dx.data(), 1, mixed, LinearsFold{}));
+  EXPECT_FALSE(gpu().linears(dx.data(), 1, widths, LinearsFold{}));
+  EXPECT_FALSE(gpu().linears(dx.data(), 1, four, LinearsFold{}));
+  EXPECT_FALSE(gpu().linears(dx.data(), 2, one, LinearsFold{}));
+  EXPECT_EQ(dy.download(), y0);
+  std::vector<float> hy = y0;
+  const LinearOut host_one[] = {{&f16.host, nullptr, hy.data()}};
+  EXPECT_FALSE(cpu().linears(x.data(), 1, host_one, LinearsFold{}));
+  EXPECT_EQ(hy, y0);
+}
+
+// linears with the pre-norm layer's norm folded in (STRATA_CUDA_NORM=fused): each part
+// against the CPU backend's layer or RMS norm, then its linear (and ReLU). x is offset from
+// zero so a norm that skipped the mean would show; widths from 320 to the kernel's 8192.
+using NormLinearsParam =
+    std::tuple<DType, bool /*layer*/, int64_t /*k*/, int /*parts*/, bool /*relu*/>;
+using CudaNormLinearsTest = CudaParamTest<NormLinearsParam>;
+
+// A CUDA backend made with STRATA_CUDA_NORM=fused, the variable unset again after.
+std::unique_ptr<Backend> backend_folding_norms() {
+  setenv("STRATA_CUDA_NORM", "fused", 1);
+  auto b = make_cuda_backend(0);
+  unsetenv("STRATA_CUDA_NORM");
+  return b;
+}
+
+TEST_P(CudaNormLinearsTest, EveryPartMatchesNormThenLinear) {
+  const auto [dtype, layer, k, count, relu] = GetParam();
+  gpu_ = backend_folding_norms();
+  const int64_t rows[] = {37, 300, 5};
+  const std::vector<float> x = random_floats(static_cast<size_t>(k), 61, 0.5f, 2.5f);
+  const std::vector<float> nw = random_floats(static_cast<size_t>(k), 62, 0.5f, 1.5f);
+  const std::vector<float> nb = random_floats(static_cast<size_t>(k), 63, -0.5f, 0.5f);
+  constexpr float kEps = 1e-5f;
+  std::vector<float> normed(static_cast<size_t>(k));
+  if (layer) {
+    cpu().layer_norm(x.data(), 1, k, nw.data(), nb.data(), kEps, normed.data());
+  } else {
+    cpu().rms_norm(x.data(), 1, k, nw.data(), kEps, normed.data());
+  }
+  DeviceGuarded<float> dx(gpu(), x), dnw(gpu(), nw), dnb(gpu(), nb);
+  std::vector<std::unique_ptr<AnyWeight>> w;
+  std::vector<std::vector<float>> want;
+  std::vector<std::unique_ptr<DeviceGuarded<float>>> dy;
+  std::vector<LinearOut> outs;
+  for (int p = 0; p < count; ++p) {
+    const int64_t n = rows[p];
+    w.push_back(std::make_unique<AnyWeight>(gpu(), dtype, n, k,
+                                            random_floats(static_cast<size_t>(n * k), 64 + p)));
+    want.emplace_back(static_cast<size_t>(n));
+    cpu().linear(normed.data(), 1, w.back()->host, nullptr, want.back().data());
+    if (relu) cpu().relu(want.back().data(), n);
+    dy.push_back(std::make_unique<DeviceGuarded<float>>(
+        gpu(), std::vector<float>(static_cast<size_t>(n), 12345.0f)));
+    outs.push_back({&w.back()->device, nullptr, dy.back()->data()});
+  }
+  const NormSpec norm{layer, dnw.data(), layer ? dnb.data() : nullptr, kEps};
+  ASSERT_TRUE(gpu().linears(dx.data(), 1, outs, LinearsFold{&norm, relu}));
+  for (int p = 0; p < count; ++p) {
+    SCOPED_TRACE("part " + std::to_string(p));
+    EXPECT_LT(norm_err(dy[static_cast<size_t>(p)]->download(), want[static_cast<size_t>(p)]),
+              kTolLinearHalfSameInputs);
+    EXPECT_TRUE(dy[static_cast<size_t>(p)]->guards_intact());
+  }
+  EXPECT_EQ(dx.download(), x) << "the norm wrote x";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, CudaNormLinearsTest,
+    ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16, DType::kQ4), ::testing::Bool(),
+                       ::testing::Values(int64_t{320}, int64_t{4096}, int64_t{8192}),
+                       ::testing::Values(1, 3), ::testing::Bool()),
+    [](const auto& tp) {
+      return std::string(dtype_name(std::get<0>(tp.param))) +
+             (std::get<1>(tp.param) ? "_layer" : "_rms") + "_k" +
+             std::to_string(std::get<2>(tp.param)) + "_parts" +
+             std::to_string(std::get<3>(tp.param)) + (std::get<4>(tp.param) ? "_relu" : "");
+    });
+
+// The norm folds in only where the kernel takes it: one row, at most 8192 wide, and only with
+// STRATA_CUDA_NORM=fused (the fixture's backend has it off); declined sets write nothing.
+TEST_F(CudaTest, NormLinearsDeclineWhatTheKernelCannotTake) {
+  const std::vector<float> x = random_floats(2 * 8256, 65);
+  const std::vector<float> nw = random_floats(8256, 66, 0.5f, 1.5f);
+  const std::vector<float> y0 = random_floats(64, 67);
+  AnyWeight narrow(gpu(), DType::kF16, 32, 64, random_floats(32 * 64, 68));
+  AnyWeight wide(gpu(), DType::kQ4, 32, 8256, random_floats(32 * 8256, 69));
+  DeviceGuarded<float> dx(gpu(), x), dnw(gpu(), nw), dy(gpu(), y0);
+  const NormSpec rms{false, dnw.data(), nullptr, 1e-5f};
+  const LinearOut on_narrow[] = {{&narrow.device, nullptr, dy.data()}};
+  const LinearOut on_wide[] = {{&wide.device, nullptr, dy.data()}};
+  EXPECT_FALSE(gpu().linears(dx.data(), 1, on_narrow, LinearsFold{&rms, false}));
+  gpu_ = backend_folding_norms();
+  EXPECT_FALSE(gpu().linears(dx.data(), 2, on_narrow, LinearsFold{&rms, false}));  // half: m 1
+  EXPECT_FALSE(gpu().linears(dx.data(), 1, on_wide, LinearsFold{&rms, false}));    // 8256 wide
+  EXPECT_FALSE(gpu().linears(dx.data(), 2, on_wide, LinearsFold{&rms, false}));
+  EXPECT_EQ(dy.download(), y0);
+  EXPECT_TRUE(gpu().linears(dx.data(), 1, on_narrow, LinearsFold{&rms, false}));
+}
+
 // ---------------------------------------------------------------------------------------
 // kv_store + attention over a ragged batch
 // ---------------------------------------------------------------------------------------
@@ -787,6 +956,28 @@ std::vector<AttnCase> attn_cases() {
         SeqSlice{3, 1, 2047, 3}},
        4},
       {"decode_hd512", 4, 2, 512, 2, 1200, {SeqSlice{0, 1, 1100, 0}, SeqSlice{1, 1, 5, 1}}, 2},
+      // The warps-over-keys decode kernel (head_dim 64 and 128, groups 1, 2, 4 and 8): OPT-6.7B
+      // at 528 positions (17 splits of one tile); rows whose contexts end inside a chunk, a
+      // warp's keys, a split, or before some splits begin (empty splits and idle warps); two
+      // new rows of one sequence; a row that belongs to no sequence between them.
+      {"decode_warps_mha_hd128_ctx528", 32, 32, 128, 1, 544, {SeqSlice{0, 1, 527, 0}}, 1},
+      {"decode_warps_gqa2_hd64_mixed",
+       8,
+       4,
+       64,
+       4,
+       700,
+       {SeqSlice{0, 1, 0, 0}, SeqSlice{1, 1, 30, 1}, SeqSlice{3, 1, 33, 2}, SeqSlice{4, 1, 650, 3}},
+       5},
+      {"decode_warps_gqa8_hd128_two_new",
+       16,
+       2,
+       128,
+       2,
+       300,
+       {SeqSlice{0, 2, 100, 1}, SeqSlice{2, 2, 5, 0}},
+       4},
+      {"decode_warps_gqa4_hd64_one_kv", 4, 1, 64, 2, 200, {SeqSlice{0, 1, 77, 1}}, 1},
       // Prefill rows whose tiles of query rows span three sequences' slots.
       {"prefill_tiles_span_slots",
        4,

@@ -13,7 +13,7 @@
 
 #include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
-#include "support/forwarding_backend.h"
+#include "support/folding_backend.h"
 #include "worker/loader.h"
 #include "worker/safetensors.h"
 #include "worker/scoring.h"
@@ -224,32 +224,6 @@ std::vector<float> strata_logits(const std::string& dir, const std::vector<int32
   return teacher_forced_logits(model, ids, chunk);
 }
 
-// A backend that folds the op after a linear (Backend::linear_then) for every shape, as the
-// CUDA backend does for decode rows, computing it with the CPU's linear, relu and add: the
-// transformer's folded path (the residual added into x, fc1's ReLU) runs on any machine.
-class FoldingBackend final : public testing::ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  std::string name() const override { return "cpu folding linear_then"; }
-  bool linear_then(const float* x, int64_t m, const Tensor& w, const float* bias, LinearThen then,
-                   float* y) override {
-    const int64_t n = m * w.shape[0];
-    std::vector<float> out(static_cast<size_t>(n));
-    inner_.linear(x, m, w, bias, out.data());
-    if (then == LinearThen::kRelu) {
-      inner_.relu(out.data(), n);
-      std::copy(out.begin(), out.end(), y);
-      ++relu_calls;
-    } else {
-      inner_.add(y, out.data(), n);
-      ++accumulate_calls;
-    }
-    return true;
-  }
-  int relu_calls = 0;
-  int accumulate_calls = 0;
-};
-
 TEST(Opt, OneTokenByHand) {
   // hidden 2, one head, ffn 2, vocab 3. Token 1 at position 0 reads position row 0 + 2.
   TinyOpt m{2, 1, 2, 3, 1, 4, {}, {}};
@@ -341,28 +315,33 @@ TEST(Opt, PostLayerNormAndProjectionsMatchNaiveReference) {
   }
 }
 
-// The folded path gives the naive reference's logits, pre- and post-LayerNorm: fc1's ReLU
-// once per layer and forward pass, the output and down projections added into the residual
-// twice.
+// The folded paths give the naive reference's logits, pre- and post-LayerNorm. With the
+// linears declined: fc1's ReLU folded once per layer and forward pass, the output and down
+// projections added into the residual twice. With them taken: q, k and v as one call and fc1
+// with its ReLU as another, the pre-LayerNorm model's norms folded into both.
 TEST(Opt, FoldedEpiloguesMatchNaiveReference) {
   const std::vector<int32_t> ids = {2, 5, 9, 1, 0, 10, 3};
   for (const bool pre_ln : {true, false}) {
     TinyOpt m = random_opt(17, pre_ln, 0);
     const std::string dir = m.write(pre_ln ? "FoldedPreLn" : "FoldedPostLn", "model.", pre_ln);
     const auto ref = reference_logits(m, ids, pre_ln, 0);
-    for (int32_t chunk : {1, 7}) {
-      CpuBackend cpu(1);
-      FoldingBackend folding(cpu);
-      const auto got = strata_logits(dir, ids, chunk, &folding);
-      const int passes = static_cast<int>((ids.size() + static_cast<size_t>(chunk) - 1) /
-                                          static_cast<size_t>(chunk));
-      EXPECT_EQ(folding.relu_calls, m.layers * passes);
-      EXPECT_EQ(folding.accumulate_calls, 2 * m.layers * passes);
-      for (size_t t = 0; t < ids.size(); ++t)
-        for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
-          EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5)
-              << "pre_ln " << pre_ln << " t=" << t << " v=" << v << " chunk " << chunk;
-    }
+    for (const bool sets : {false, true})
+      for (int32_t chunk : {1, 7}) {
+        CpuBackend cpu(1);
+        testing::FoldingBackend folding(cpu, sets);
+        const auto got = strata_logits(dir, ids, chunk, &folding);
+        const int passes = static_cast<int>((ids.size() + static_cast<size_t>(chunk) - 1) /
+                                            static_cast<size_t>(chunk));
+        EXPECT_EQ(folding.relu_calls, sets ? 0 : m.layers * passes);
+        EXPECT_EQ(folding.accumulate_calls, 2 * m.layers * passes);
+        EXPECT_EQ(folding.linears_calls, sets ? 2 * m.layers * passes : 0);
+        EXPECT_EQ(folding.norm_folds, sets && pre_ln ? 2 * m.layers * passes : 0);
+        for (size_t t = 0; t < ids.size(); ++t)
+          for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
+            EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5)
+                << "pre_ln " << pre_ln << " sets " << sets << " t=" << t << " v=" << v << " chunk "
+                << chunk;
+      }
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
+#include "support/folding_backend.h"
 #include "support/stories_reference.h"
 #include "worker/loader.h"
 #include "worker/scoring.h"
@@ -106,6 +107,26 @@ TEST_F(Stories260K, TeacherForcedLogitsWithinToleranceOnDecodePath) {
       EXPECT_LT(worst, 1e-4f) << r.name << " chunk " << chunk;
     }
   }
+}
+
+// Llama's folded path, as an accelerator backend takes it for decode rows: q, k and v as one
+// call and gate and up as another, each with the layer's RMS norm folded in (computed here by
+// the CPU's own ops). The reference's logits, token by token, within the same 1e-4.
+TEST_F(Stories260K, FoldedNormsAndLinearsKeepTheReferenceLogits) {
+  testing::FoldingBackend folding(*backend_, true);
+  LoadedModel m = load_model(testing::stories_dir());
+  Model model(m.config, std::move(m.weights), folding, 512);
+  for (const auto& r : *refs_) {
+    const auto seq = r.sequence();
+    const auto got = teacher_forced_logits(model, seq, 1);
+    float worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(got[i] - r.logits[i]));
+    EXPECT_LT(worst, 1e-4f) << r.name;
+  }
+  EXPECT_GT(folding.linears_calls, 0);
+  EXPECT_EQ(folding.norm_folds, folding.linears_calls);  // every set read a norm
+  EXPECT_EQ(folding.relu_calls, 0);
 }
 
 TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
