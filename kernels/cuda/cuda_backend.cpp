@@ -593,12 +593,8 @@ bool CudaBackend::linear_then(const float* x, int64_t m, const Tensor& w, const 
   return gemv(x, static_cast<int>(m), w, bias, epilogue, y);
 }
 
-// The norm a GEMV launch folds in: one row no wider than the kernel's shared x, aligned
-// weight and bias; else kind kNone (and linears declines).
-cuda_kernels::GemvNorm gemv_norm(const NormSpec& n, int64_t m, int64_t k) {
-  if (m != 1 || k > cuda_kernels::kMaxGemvNormWidth || k % 4 != 0 ||
-      !cuda_kernels::aligned16(n.weight) || (n.bias != nullptr && !cuda_kernels::aligned16(n.bias)))
-    return {};
+// The norm as a GEMV launch folds it in (an RMS norm has no bias).
+cuda_kernels::GemvNorm gemv_norm(const NormSpec& n) {
   return {n.layer ? cuda_kernels::GemvNormKind::kLayer : cuda_kernels::GemvNormKind::kRms, n.weight,
           n.layer ? n.bias : nullptr, n.eps};
 }
@@ -624,8 +620,8 @@ bool CudaBackend::linears(const float* x, int64_t m, std::span<const LinearOut> 
   }
   cuda_kernels::GemvNorm norm;
   if (fold.norm != nullptr) {
-    norm = gemv_norm(*fold.norm, m, first.shape[1]);
-    if (norm.kind == cuda_kernels::GemvNormKind::kNone) return false;
+    norm = gemv_norm(*fold.norm);
+    if (!cuda_kernels::gemv_norm_fits(static_cast<int>(m), first.shape[1], norm)) return false;
   }
   activate();
   launch_gemv(

@@ -64,31 +64,25 @@ __device__ float dot8(const float4& a, const float4& b, float2 w01, float2 w23, 
          b.z * w67.x + b.w * w67.y;
 }
 
-// Writes y[i, row] = epilogue(v + bias); row < n. The epilogue (GemvEpilogue) folds the op
-// that follows a linear into its store: OPT's ReLU after fc1, or the residual add after the
-// output and down projections (y += product).
-__device__ void gemv_store_one(float v, int i, int64_t row, int64_t n, const float* bias,
-                               GemvEpilogue epilogue, float* __restrict__ y) {
-  v += bias != nullptr ? bias[row] : 0.0f;
-  float& out = y[static_cast<int64_t>(i) * n + row];
-  if (epilogue == GemvEpilogue::kRelu) {
-    out = fmaxf(v, 0.0f);
-  } else if (epilogue == GemvEpilogue::kAccumulate) {
-    out += v;
-  } else {
-    out = v;
-  }
-}
-
-// Warp-reduces acc[i] and stores y[i, row] from lane 0.
+// Warp-reduces acc[i] and writes y[i, row] = epilogue(acc + bias); row < n. The epilogue
+// (GemvEpilogue) folds the op that follows a linear into its store: OPT's ReLU after fc1,
+// or the residual add after the output and down projections (y += product).
 template <int M>
 __device__ void gemv_store(const float (&acc)[M], int64_t row, int64_t n, const float* bias,
-                           GemvEpilogue epilogue, float* __restrict__ y) {
+                           GemvEpilogue epilogue, float* y) {
   const unsigned lane = threadIdx.x & 31u;
 #pragma unroll
   for (int i = 0; i < M; ++i) {
-    const float v = warp_sum(acc[i]);
-    if (lane == 0) gemv_store_one(v, i, row, n, bias, epilogue, y);
+    const float v = warp_sum(acc[i]) + (bias != nullptr ? bias[row] : 0.0f);
+    if (lane != 0) continue;
+    float& out = y[static_cast<int64_t>(i) * n + row];
+    if (epilogue == GemvEpilogue::kRelu) {
+      out = fmaxf(v, 0.0f);
+    } else if (epilogue == GemvEpilogue::kAccumulate) {
+      out += v;
+    } else {
+      out = v;
+    }
   }
 }
 
@@ -363,10 +357,7 @@ unsigned gemv_blocks(int64_t n) {
 bool gemv_launch(const GemvPart* parts, int count, int m, int64_t k, const GemvMode& mode,
                  GemvLaunch& l, unsigned& blocks) {
   if (count <= 0 || count > kMaxGemvParts) return false;
-  if (mode.norm.kind != GemvNormKind::kNone &&
-      (m != 1 || k > kMaxGemvNormWidth || k % 4 != 0 || !aligned16(mode.norm.weight) ||
-       (mode.norm.bias != nullptr && !aligned16(mode.norm.bias))))
-    return false;
+  if (mode.norm.kind != GemvNormKind::kNone && !gemv_norm_fits(m, k, mode.norm)) return false;
   l = GemvLaunch{};
   l.count = count;
   l.early_weights = mode.early_weights;
@@ -870,6 +861,11 @@ DecodeKernel decode_kernel_for(int32_t head_dim, int32_t group) {
 
 }  // namespace
 
+bool gemv_norm_fits(int m, int64_t k, const GemvNorm& norm) {
+  return m == 1 && k <= kMaxGemvNormWidth && k % 4 == 0 && aligned16(norm.weight) &&
+         (norm.bias == nullptr || aligned16(norm.bias));
+}
+
 KernelStatus gemv_half_parts(const float* x, int m, const GemvPart* parts, int count, ElemType type,
                              int64_t k, const GemvMode& mode, StreamHandle stream) {
   if (m <= 0) return {};
@@ -991,11 +987,9 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
                   static_cast<unsigned>(t.splits));
   const size_t shared = attention_tiled_shared_bytes(t, hd);
   const cudaStream_t s = as_stream(stream);
-  const bool vec = hd % 4 == 0 && reinterpret_cast<uintptr_t>(cache.k) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(cache.v) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(q) % 16 == 0;
+  const bool vec = hd % 4 == 0 && aligned16(cache.k) && aligned16(cache.v);
   const DecodeKernel decode = t.decode_warps ? decode_kernel_for(hd, a.group) : nullptr;
-  if (decode != nullptr && vec && t.heads_per_block == a.group) {
+  if (decode != nullptr && vec && aligned16(q) && t.heads_per_block == a.group) {
     const dim3 grid_d(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
                       static_cast<unsigned>(t.splits));
     decode<<<grid_d, kDecodeThreads, 0, s>>>(q, rows, cache, a, out, partial);

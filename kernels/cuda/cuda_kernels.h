@@ -135,6 +135,9 @@ struct GemvNorm {
   float eps = 0.0f;
 };
 constexpr int64_t kMaxGemvNormWidth = 8192;  // x in shared memory: 32 KiB a block
+// Whether a launch over m rows of width k takes `norm`: one row, k <= kMaxGemvNormWidth and
+// a multiple of 4, weight and bias (or none) 16-byte aligned.
+bool gemv_norm_fits(int m, int64_t k, const GemvNorm& norm);
 // How a fused GEMV launch runs.
 struct GemvMode {
   GemvEpilogue epilogue = GemvEpilogue::kStore;

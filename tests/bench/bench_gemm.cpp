@@ -74,8 +74,8 @@ void BM_Linear(benchmark::State& state) {
 
 // A decode step's matrices (12 layers of q, k, v, o, gate, up, down and the head), each
 // read from memory once per step: args layout, m, fused (q/k/v as one [2304, 768] matrix
-// and gate/up as one [4096, 768], as a loader that fused them would give; the engine keeps
-// them apart, docs/BENCHMARKS.md "The read bound beside each step").
+// and gate/up as one [4096, 768], as a loader that fused them would give; on the CPU the
+// engine keeps them apart, docs/BENCHMARKS.md "The read bound beside each step").
 void BM_Step(benchmark::State& state) {
   const int64_t layout = state.range(0);
   const int64_t m = state.range(1);
