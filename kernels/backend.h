@@ -250,6 +250,15 @@ class Backend {
   // (positions 0 .. n_past + i for its i-th new row) into out[rows, n_heads * head_dim].
   virtual void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                          const AttentionDims& dims, float* out) = 0;
+  // kv_store then attention in one pass where this backend has such a kernel (decode on an
+  // accelerator, every sequence one new row: the step's attention costs one launch instead
+  // of three). Returns false, having done nothing, otherwise: the caller then runs both.
+  virtual bool store_and_attend(const float* q, const float* k, const float* v,
+                                const StepRows& rows, const KvLayerView& cache,
+                                const AttentionDims& dims, float* out) {
+    (void)q, (void)k, (void)v, (void)rows, (void)cache, (void)dims, (void)out;
+    return false;
+  }
 };
 
 // Device memory owned by a backend, freed through it (RAII for backend allocations).

@@ -84,6 +84,12 @@ void ProfilingBackend::attention(const float* q, const StepRows& rows, const KvL
                                  const AttentionDims& dims, float* out) {
   timed(kAttention, [&] { inner_.attention(q, rows, cache, dims, out); });
 }
+bool ProfilingBackend::store_and_attend(const float* q, const float* k, const float* v,
+                                        const StepRows& rows, const KvLayerView& cache,
+                                        const AttentionDims& dims, float* out) {
+  return timed_if(kAttention, 1,
+                  [&] { return inner_.store_and_attend(q, k, v, rows, cache, dims, out); });
+}
 
 std::string ProfilingBackend::json() const {
   static constexpr const char* kNames[kNumOps] = {

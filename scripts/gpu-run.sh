@@ -17,6 +17,9 @@ STEPS=${STEPS:-tests}
 #   nopdl:  as fused, no programmatic dependent launch
 #   early:  as fused, a GEMV's first weight loads before it waits for the kernel before
 #   norm:   as fused, a pre-norm layer's norm folded into the GEMV that reads it (opt-in)
+#   decode: as fused, a decode step's kv_store, attention and split combine as one kernel,
+#           launched with programmatic dependent launch (opt-in)
+#   fewest: norm and decode together: five kernels an OPT layer (opt-in)
 variant_env() {
   case $1 in
     before) echo STRATA_CUDA_GEMV=off STRATA_CUDA_ATTENTION=simple STRATA_CUDA_PDL=off ;;
@@ -26,13 +29,16 @@ variant_env() {
     nopdl) echo STRATA_CUDA_PDL=off ;;
     early) echo STRATA_CUDA_PDL=early ;;
     norm) echo STRATA_CUDA_NORM=fused ;;
+    decode) echo STRATA_CUDA_DECODE=fused ;;
+    fewest) echo STRATA_CUDA_NORM=fused STRATA_CUDA_DECODE=fused ;;
   esac
 }
 # A mistyped variant would run the default under another name: refuse it before any step.
 for v in ${KERNEL_VARIANTS:-} ${ENGINE_VARIANTS:-} ${NCU_VARIANT:-}; do
   case $v in
-    before | plain | fused | tiled | nopdl | early | norm) ;;
-    *) echo "gpu-run.sh: unknown variant '$v' (before, plain, fused, tiled, nopdl, early, norm)" >&2
+    before | plain | fused | tiled | nopdl | early | norm | decode | fewest) ;;
+    *) echo "gpu-run.sh: unknown variant '$v' (before, plain, fused, tiled, nopdl, early, norm," \
+      "decode, fewest)" >&2
       exit 2 ;;
   esac
 done

@@ -74,8 +74,10 @@ void KvAttention::run(int32_t layer, const float* q, const float* k, const float
     kv.f32 = cache.layer(layer);
   }
   if (tier == Tier::kGpu || !device_compute_) {
-    const KvLayerView view = store(backend_, k, v, rows, kv, cache, false);
-    backend_.attention(q, rows, view, dims_, out);
+    if (kv.q4 || !backend_.store_and_attend(q, k, v, rows, kv.f32, dims_, out)) {
+      const KvLayerView view = store(backend_, k, v, rows, kv, cache, false);
+      backend_.attention(q, rows, view, dims_, out);
+    }
   } else if (options_.cpu_attention) {
     delegated(q, k, v, rows, n_rows, kv, cache, out);
   } else {

@@ -4,25 +4,64 @@
 // CUDA only the make_cuda_backend() stub that reports kUnimplemented is compiled.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <initializer_list>
+#include <string_view>
+
 #include "kernels/error.h"
+
+namespace strata {
+namespace {
+
+// The index of the benchmark switch `var`'s value among `choices` (0 when unset); any other
+// value is an input error naming the variable, so a mistyped switch never measures the
+// wrong path.
+int env_choice(const char* var, std::initializer_list<std::string_view> choices) {
+  const char* e = std::getenv(var);
+  if (e == nullptr) return 0;
+  int i = 0;
+  for (const std::string_view c : choices) {
+    if (c == e) return i;
+    ++i;
+  }
+  fail_input("{}={}: expected one of {}", var, e, fmt::join(choices, ", "));
+}
+
+}  // namespace
+
+CudaOptions CudaOptions::from_env() {
+  CudaOptions o;
+  o.fused_gemv = env_choice("STRATA_CUDA_GEMV", {"on", "off"}) == 0;
+  o.fuse_epilogues = env_choice("STRATA_CUDA_EPILOGUE", {"on", "off"}) == 0;
+  o.pdl = static_cast<Pdl>(env_choice("STRATA_CUDA_PDL", {"on", "off", "early"}));
+  o.fuse_norms = env_choice("STRATA_CUDA_NORM", {"kernel", "fused"}) == 1;
+  o.attention =
+      static_cast<Attention>(env_choice("STRATA_CUDA_ATTENTION", {"warps", "tiled", "simple"}));
+  o.fuse_decode_attention = env_choice("STRATA_CUDA_DECODE", {"apart", "fused"}) == 1;
+  return o;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  return make_cuda_backend(device_index, CudaOptions::from_env());
+}
+
+}  // namespace strata
 
 #if STRATA_HAVE_CUDA
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <span>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -110,20 +149,6 @@ using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDelete
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 using PinnedPtr = std::unique_ptr<void, PinnedFree>;
 
-// The index of the benchmark switch `var`'s value among `choices` (0 when unset); any other
-// value is an input error naming the variable, so a mistyped switch never measures the
-// wrong path.
-int env_choice(const char* var, std::initializer_list<std::string_view> choices) {
-  const char* e = std::getenv(var);
-  if (e == nullptr) return 0;
-  int i = 0;
-  for (const std::string_view c : choices) {
-    if (c == e) return i;
-    ++i;
-  }
-  fail_input("{}={}: expected one of {}", var, e, fmt::join(choices, ", "));
-}
-
 int checked_int(int64_t v, const char* what) {
   STRATA_CHECK(v >= 0 && v <= INT_MAX, "cuda backend: {} = {} does not fit a CUDA int", what, v);
   return static_cast<int>(v);
@@ -149,7 +174,7 @@ cuda_kernels::ElemType elem_type(DType t) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_index);
+  CudaBackend(int device_index, const CudaOptions& options);
   ~CudaBackend() override;
 
   std::string name() const override { return name_; }
@@ -191,6 +216,8 @@ class CudaBackend final : public Backend {
                 const KvLayerView& cache) override;
   void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
+  bool store_and_attend(const float* q, const float* k, const float* v, const StepRows& rows,
+                        const KvLayerView& cache, const AttentionDims& dims, float* out) override;
   void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                    const KvQ4LayerView& cache) override;
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
@@ -240,20 +267,22 @@ class CudaBackend final : public Backend {
   void launch_gemv(const float* x, int m, DType dtype, int64_t k,
                    std::span<const cuda_kernels::GemvPart> parts,
                    cuda_kernels::GemvEpilogue epilogue, const cuda_kernels::GemvNorm& norm);
-  bool fused_gemv_ = true;  // STRATA_CUDA_GEMV=off: cuBLAS for every linear
-  // STRATA_CUDA_EPILOGUE=off: linear_then and linears decline (one kernel per op)
+  // The kernel choices (CudaOptions). GEMVs overlap the kernel before them (PDL) only
+  // from compute capability 9.0 on, and the fused decode attention needs the warps-over-keys
+  // kernel.
+  bool fused_gemv_ = true;
   bool fuse_epilogues_ = true;
-  // STRATA_CUDA_NORM=fused: linears folds a pre-norm layer's norm into its GEMV. Opt-in
-  // until measured on a GPU (docs/GPU.md, 2026-11-28 calls 3 and 4).
   bool fuse_norms_ = false;
-  // GEMVs start while the kernel before them finishes (programmatic dependent launch,
-  // compute capability 9.0 on; STRATA_CUDA_PDL=off: not), and with STRATA_CUDA_PDL=early
-  // issue their first weight loads before waiting for it. Measured on an H200 (docs/GPU.md,
-  // 2026-11-28 call 3): 3% faster decode either way, so the default waits first.
   bool gemv_overlap_ = false;
   bool gemv_early_weights_ = false;
-  bool simple_attention_ = false;  // STRATA_CUDA_ATTENTION=simple: one block per (row, head)
-  bool decode_warps_ = true;       // STRATA_CUDA_ATTENTION=tiled: no warps-over-keys decode
+  bool simple_attention_ = false;
+  bool decode_warps_ = true;
+  bool fuse_decode_attention_ = false;
+  // store_and_attend's split counters (cuda_kernels::DecodeFusion::arrivals), zero between
+  // launches; grown (and zeroed) as steps need more.
+  DevicePtr arrivals_;
+  size_t arrivals_bytes_ = 0;
+  unsigned* arrivals(size_t count);
   int sm_count_ = 0;
 
   // transfer(): its own stream, so copies run beside kernels. A ticket's event sits in a
@@ -270,7 +299,7 @@ class CudaBackend final : public Backend {
   uint64_t next_ticket_ = 1;
 };
 
-CudaBackend::CudaBackend(int device_index) : device_(device_index) {
+CudaBackend::CudaBackend(int device_index, const CudaOptions& options) : device_(device_index) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -286,17 +315,14 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   name_ = fmt::format("cuda:{} {} (sm_{}{})", device_, prop.name, prop.major, prop.minor);
   sm_count_ = prop.multiProcessorCount;
-  // Benchmark switches (docs/GPU.md): the fused GEMVs and the attention kernel against what
-  // they replaced, so one build measures both sides.
-  fused_gemv_ = env_choice("STRATA_CUDA_GEMV", {"on", "off"}) == 0;
-  fuse_epilogues_ = env_choice("STRATA_CUDA_EPILOGUE", {"on", "off"}) == 0;
-  const int pdl = env_choice("STRATA_CUDA_PDL", {"on", "off", "early"});
-  gemv_overlap_ = pdl != 1 && prop.major >= 9;
-  gemv_early_weights_ = pdl == 2;
-  fuse_norms_ = env_choice("STRATA_CUDA_NORM", {"kernel", "fused"}) == 1;
-  const int attention = env_choice("STRATA_CUDA_ATTENTION", {"warps", "tiled", "simple"});
-  simple_attention_ = attention == 2;
-  decode_warps_ = attention == 0;
+  fused_gemv_ = options.fused_gemv;
+  fuse_epilogues_ = options.fuse_epilogues;
+  gemv_overlap_ = options.pdl != CudaOptions::Pdl::kOff && prop.major >= 9;
+  gemv_early_weights_ = options.pdl == CudaOptions::Pdl::kEarly;
+  fuse_norms_ = options.fuse_norms;
+  simple_attention_ = options.attention == CudaOptions::Attention::kSimple;
+  decode_warps_ = options.attention == CudaOptions::Attention::kWarps;
+  fuse_decode_attention_ = options.fuse_decode_attention && decode_warps_;
 
   cudaStream_t s = nullptr;
   STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -804,6 +830,54 @@ void CudaBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& o
   STRATA_CUDA_CHECK(cuda_kernels::kv_dequantize(q4_desc(cache), out.k, out.v, stream()));
 }
 
+unsigned* CudaBackend::arrivals(size_t count) {
+  const size_t had = arrivals_bytes_;
+  void* p = device_scratch(arrivals_, arrivals_bytes_, count * sizeof(unsigned));
+  if (arrivals_bytes_ != had)
+    STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, arrivals_bytes_, stream_.get()));
+  return static_cast<unsigned*>(p);
+}
+
+namespace {
+int32_t longest_context(const StepRows& step) {
+  int32_t max_context = 0;
+  for (const SeqSlice& sl : step.seqs) max_context = std::max(max_context, sl.n_past + sl.n_new);
+  return max_context;
+}
+}  // namespace
+
+// One kernel where every sequence has one new row and the warps-over-keys kernel takes the
+// step; the split results reuse linear's x scratch as attention's do.
+bool CudaBackend::store_and_attend(const float* q, const float* k, const float* v,
+                                   const StepRows& step, const KvLayerView& cache,
+                                   const AttentionDims& dims, float* out) {
+  if (!fuse_decode_attention_ || step.seqs.empty() || dims.n_kv_heads != cache.n_kv_heads ||
+      dims.head_dim != cache.head_dim || dims.n_kv_heads <= 0 ||
+      dims.n_heads % dims.n_kv_heads != 0)
+    return false;
+  for (const SeqSlice& sl : step.seqs)
+    if (sl.n_new != 1) return false;
+  const auto n_seqs = static_cast<int64_t>(step.seqs.size());
+  const int32_t max_context = longest_context(step);
+  const cuda_kernels::AttentionTiling t =
+      cuda_kernels::plan_attention(n_seqs, n_seqs, max_context, dims.n_heads, dims.n_kv_heads,
+                                   dims.head_dim, sm_count_, half_x_bytes_, decode_warps_);
+  cuda_kernels::DecodeFusion fusion;
+  fusion.k_new = k;
+  fusion.v_new = v;
+  fusion.overlap = gemv_overlap_;
+  const cuda_kernels::KvCacheDesc desc = cache_desc(cache);
+  if (!cuda_kernels::decode_fusion_fits(t, q, desc, dims.n_heads, fusion)) return false;
+  activate();
+  int64_t n_rows = 0;
+  const RowDesc* rows = rows_of(step, cache, n_rows);
+  if (t.splits > 1) fusion.arrivals = arrivals(static_cast<size_t>(n_rows * dims.n_kv_heads));
+  STRATA_CUDA_CHECK(
+      cuda_kernels::attention_tiled(q, rows, n_rows, desc, dims.n_heads, dims.scale, max_context, t,
+                                    static_cast<float*>(half_x_.get()), out, stream(), fusion));
+  return true;
+}
+
 void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerView& cache,
                             const AttentionDims& dims, float* out) {
   STRATA_CHECK(dims.n_kv_heads == cache.n_kv_heads && dims.head_dim == cache.head_dim,
@@ -824,8 +898,7 @@ void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerV
                                               dims.scale, out, stream()));
     return;
   }
-  int32_t max_context = 0;
-  for (const SeqSlice& sl : step.seqs) max_context = std::max(max_context, sl.n_past + sl.n_new);
+  const int32_t max_context = longest_context(step);
   // Split results reuse linear's x scratch: both run on this stream, one after the other,
   // so the scratch is never in use by both (and placement counts it once).
   const cuda_kernels::AttentionTiling t = cuda_kernels::plan_attention(
@@ -838,8 +911,8 @@ void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerV
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) {
-  return std::make_unique<CudaBackend>(device_index);
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
+  return std::make_unique<CudaBackend>(device_index, options);
 }
 
 }  // namespace strata
@@ -848,7 +921,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
 
 namespace strata {
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
+  (void)options;
   fail(ErrorKind::kUnimplemented, "cuda:{}: this binary was built without the CUDA backend",
        device_index);
 }

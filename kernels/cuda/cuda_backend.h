@@ -24,8 +24,34 @@
 
 namespace strata {
 
-// A backend on CUDA device `device_index`. Throws Error: kUnimplemented when this binary
-// was built without CUDA, kFailed (naming the CUDA error) when the device cannot be used.
+// The CUDA backend's kernel choices: the benchmark switches of docs/GPU.md, so that one
+// build measures each fused kernel against what it replaced. from_env() reads them from
+// STRATA_CUDA_*; a value it does not know is an input error naming the variable.
+struct CudaOptions {
+  bool fused_gemv = true;      // STRATA_CUDA_GEMV=off: cuBLAS for every linear
+  bool fuse_epilogues = true;  // STRATA_CUDA_EPILOGUE=off: linear_then and linears decline
+  // STRATA_CUDA_PDL: GEMVs start while the kernel before them finishes (programmatic
+  // dependent launch, compute capability 9.0 on), waiting for it before any load (on), or
+  // with their first weight loads before the wait (early); or not at all (off).
+  enum class Pdl { kOn, kOff, kEarly };
+  Pdl pdl = Pdl::kOn;
+  // STRATA_CUDA_NORM=fused: linears folds a pre-norm layer's norm into its GEMV.
+  bool fuse_norms = false;
+  // STRATA_CUDA_ATTENTION: decode rows by warps over keys where a kernel fits (warps), the
+  // tiled kernel for every row (tiled), or one block per (row, head) (simple).
+  enum class Attention { kWarps, kTiled, kSimple };
+  Attention attention = Attention::kWarps;
+  // STRATA_CUDA_DECODE=fused: a decode step's kv_store, attention and split combine are one
+  // kernel (store_and_attend), launched as PDL says; apart (the default): three.
+  bool fuse_decode_attention = false;
+
+  static CudaOptions from_env();
+};
+
+// A backend on CUDA device `device_index`, with CudaOptions::from_env() or `options`. Throws
+// Error: kUnimplemented when this binary was built without CUDA, kFailed (naming the CUDA
+// error) when the device cannot be used.
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options);
 
 }  // namespace strata

@@ -372,14 +372,14 @@ bool gemv_launch(const GemvPart* parts, int count, int m, int64_t k, const GemvM
   return true;
 }
 
-// Launches a GEMV kernel with `shared` bytes of dynamic shared memory, with programmatic
-// dependent launch where `overlap` asks for it.
+// Launches `kernel` over `grid` blocks of `threads` with `shared` bytes of dynamic shared
+// memory, with programmatic dependent launch where `overlap` asks for it.
 template <typename... Params, typename... Args>
-void launch_gemv(void (*kernel)(Params...), unsigned blocks, size_t shared, bool overlap,
-                 cudaStream_t s, Args... args) {
+void launch(void (*kernel)(Params...), dim3 grid, unsigned threads, size_t shared, bool overlap,
+            cudaStream_t s, Args... args) {
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kGemvWarps * 32);
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
   config.dynamicSmemBytes = shared;
   config.stream = s;
   cudaLaunchAttribute attr{};
@@ -388,6 +388,13 @@ void launch_gemv(void (*kernel)(Params...), unsigned blocks, size_t shared, bool
   config.attrs = &attr;
   config.numAttrs = overlap ? 1 : 0;
   cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+// A GEMV launch: kGemvWarps warps a block, one block per kGemvWarps output rows.
+template <typename... Params, typename... Args>
+void launch_gemv(void (*kernel)(Params...), unsigned blocks, size_t shared, bool overlap,
+                 cudaStream_t s, Args... args) {
+  launch(kernel, dim3(blocks), kGemvWarps * 32, shared, overlap, s, args...);
 }
 
 // Dynamic shared memory of a launch: x normalised, where it has a norm.
@@ -654,10 +661,39 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
-// Joins the splits of one (row entry, head): out = sum_z O_z e^(m_z - M) / sum_z l_z e^(m_z - M).
-// Warp 0 weighs the splits once (lane z takes splits z and z + 32); every thread then sums
-// its dimensions over them with independent loads, so no load waits on another.
+// Joining the splits of one (row entry, head): out = sum_z O_z e^(m_z - M) / sum_z l_z e^(m_z - M).
+// The split results are another block's (or kernel's) writes: read through L2 (ld.cg).
 constexpr int kMaxSplits = 64;
+
+// One warp weighs the splits of one (row entry, head), `p` its first split's result: the
+// weights e^(m_z - M) into s_w (lane z takes splits z and z + 32), and the joined
+// denominator into *s_l. A split with no key in range (m_z = -inf) weighs 0.
+__device__ void weigh_splits(const float* p, int32_t splits, int32_t hd, float* s_w, float* s_l) {
+  const int32_t z0 = static_cast<int32_t>(threadIdx.x & 31u), z1 = z0 + 32;
+  const float m0 = z0 < splits ? __ldcg(p + z0 * (hd + 2) + hd) : -INFINITY;
+  const float m1 = z1 < splits ? __ldcg(p + z1 * (hd + 2) + hd) : -INFINITY;
+  const float mx = warp_max(fmaxf(m0, m1));
+  const float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - mx);
+  const float w1 = m1 == -INFINITY ? 0.0f : expf(m1 - mx);
+  const float l = warp_sum((w0 > 0.0f ? __ldcg(p + z0 * (hd + 2) + hd + 1) * w0 : 0.0f) +
+                           (w1 > 0.0f ? __ldcg(p + z1 * (hd + 2) + hd + 1) * w1 : 0.0f));
+  if (z0 < splits) s_w[z0] = w0;
+  if (z1 < splits) s_w[z1] = w1;
+  if (z0 == 0) *s_l = l;
+}
+
+// Dimension dd of the joined output, from the weights weigh_splits made: the loads of the
+// splits are independent, so none waits on another.
+__device__ float joined(const float* p, int32_t splits, int32_t hd, const float* s_w, float l,
+                        int32_t dd) {
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int32_t z = 0; z < splits; ++z)
+    acc += s_w[z] == 0.0f ? 0.0f : __ldcg(p + z * (hd + 2) + dd) * s_w[z];
+  return l > 0.0f ? acc / l : 0.0f;
+}
+
+// The split combine as a kernel of its own: one block per (row entry, head).
 __global__ void attention_combine_kernel(const float* __restrict__ partial,
                                          const RowDesc* __restrict__ rows, int32_t n_heads,
                                          int32_t hd, int32_t splits, float* __restrict__ out) {
@@ -665,30 +701,12 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial,
   __shared__ float s_l;
   const int64_t eh = blockIdx.x;  // table entry * n_heads + head
   const float* p = partial + eh * splits * (hd + 2);
-  if (threadIdx.x < 32) {
-    const int32_t z0 = static_cast<int32_t>(threadIdx.x), z1 = z0 + 32;
-    const float m0 = z0 < splits ? p[z0 * (hd + 2) + hd] : -INFINITY;
-    const float m1 = z1 < splits ? p[z1 * (hd + 2) + hd] : -INFINITY;
-    const float mx = warp_max(fmaxf(m0, m1));
-    const float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - mx);
-    const float w1 = m1 == -INFINITY ? 0.0f : expf(m1 - mx);
-    const float l = warp_sum((w0 > 0.0f ? p[z0 * (hd + 2) + hd + 1] * w0 : 0.0f) +
-                             (w1 > 0.0f ? p[z1 * (hd + 2) + hd + 1] * w1 : 0.0f));
-    if (z0 < splits) s_w[z0] = w0;
-    if (z1 < splits) s_w[z1] = w1;
-    if (z0 == 0) s_l = l;
-  }
+  if (threadIdx.x < 32) weigh_splits(p, splits, hd, s_w, &s_l);
   __syncthreads();
   float* o =
       out + static_cast<int64_t>(rows[eh / n_heads].row) * n_heads * hd + (eh % n_heads) * hd;
-  const float l = s_l;
-  for (int32_t dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int32_t z = 0; z < splits; ++z)
-      acc += s_w[z] == 0.0f ? 0.0f : p[z * (hd + 2) + dd] * s_w[z];
-    o[dd] = l > 0.0f ? acc / l : 0.0f;
-  }
+  for (int32_t dd = threadIdx.x; dd < hd; dd += blockDim.x)
+    o[dd] = joined(p, splits, hd, s_w, s_l, dd);
 }
 
 // ---- Decode attention: warps over keys ----------------------------------------------------
@@ -737,16 +755,93 @@ __device__ void softmax_chunk(const float (&s)[kChunk], const float (&vr)[kChunk
   m = m_new;
 }
 
+template <int V>
+__device__ void store_lane(float* p, const float (&r)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+  } else {
+    *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
+  }
+}
+
+// A row of the step's table, read after wait_for_inputs() with ordinary loads (an earlier
+// kernel may have written it) -- every other address the kernel reads depends on it.
+__device__ RowDesc load_row(const RowDesc* rows, int64_t i) {
+  const int32_t* r = reinterpret_cast<const int32_t*>(rows + i);
+  return RowDesc{__ldcg(r), __ldcg(r + 1), __ldcg(r + 2)};
+}
+
+// The block's join of its warps' online softmaxes for G query heads of kHd dimensions each:
+// element e of [G][kHd] as this thread's share (o = sum_w O_w e^(m_w - M), with the
+// block's max M and denominator l).
+struct WarpJoin {
+  float o, m, l;
+};
+template <int G, int kHd>
+__device__ WarpJoin join_warps(const float* s_o, const float* s_m, const float* s_l, int32_t e) {
+  const int32_t g = e / kHd;
+  const int32_t dd = e - g * kHd;
+  WarpJoin j{0.0f, -INFINITY, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) j.m = fmaxf(j.m, s_m[w * G + g]);
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    const float mw = s_m[w * G + g];
+    if (mw == -INFINITY) continue;  // a warp with no key in range
+    const float f = expf(mw - j.m);
+    j.o += s_o[(w * G + g) * kHd + dd] * f;
+    j.l += s_l[w * G + g] * f;
+  }
+  return j;
+}
+
+// With DecodeFusion::arrivals: this block's split result is written; the last block of its
+// (row entry, kv head) to get here joins every split of the group's G heads into out and
+// sets the counter back to zero. The others return. Each thread fences its own writes
+// before the barrier, so they are visible device-wide before thread 0 counts the block in.
+template <int G, int kHd>
+__device__ void join_if_last(unsigned* arrivals, const float* partial, int64_t entry, int32_t kvh,
+                             const TileArgs& a, float* out_row) {
+  __shared__ float s_w[G * kMaxSplits];
+  __shared__ float s_lj[G];
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* counter = arrivals + entry * gridDim.y + kvh;
+    s_last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(a.splits);
+    if (s_last) *counter = 0u;  // every split is in: nothing else reads it in this launch
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other splits' writes, counted in before ours, are read after this
+  const int32_t warp = static_cast<int32_t>(threadIdx.x >> 5);
+  const auto first = [&](int32_t g) {
+    return partial +
+           ((entry * a.n_heads + static_cast<int64_t>(kvh) * G + g) * a.splits) * (kHd + 2);
+  };
+  for (int32_t g = warp; g < G; g += kDecodeWarps)
+    weigh_splits(first(g), a.splits, kHd, s_w + g * kMaxSplits, s_lj + g);
+  __syncthreads();
+  for (int32_t e = static_cast<int32_t>(threadIdx.x); e < G * kHd; e += kDecodeThreads) {
+    const int32_t g = e / kHd;
+    const int32_t dd = e - g * kHd;
+    out_row[(static_cast<int64_t>(kvh) * G + g) * kHd + dd] =
+        joined(first(g), a.splits, kHd, s_w + g * kMaxSplits, s_lj[g], dd);
+  }
+}
+
 template <int V, int G>
 __global__ void __launch_bounds__(kDecodeThreads)
-    attention_decode_kernel(const float* __restrict__ q, const RowDesc* __restrict__ rows,
-                            KvCacheDesc c, TileArgs a, float* __restrict__ out,
-                            float* __restrict__ partial) {
+    attention_decode_kernel(const float* q, const RowDesc* rows, KvCacheDesc c, TileArgs a,
+                            DecodeFusion f, float* __restrict__ out, float* __restrict__ partial) {
   constexpr int kHd = 32 * V;
   constexpr int kChunk = G <= 2 ? 8 : 4;  // keys a warp has in flight (registers: G x kChunk)
   __shared__ float s_o[kDecodeWarps * G * kHd];
   __shared__ float s_m[kDecodeWarps * G], s_l[kDecodeWarps * G];
-  const RowDesc d = rows[blockIdx.x];
+  let_dependents_launch();
+  wait_for_inputs();
+  const RowDesc d = load_row(rows, blockIdx.x);
   const int32_t kvh = static_cast<int32_t>(blockIdx.y);
   const int32_t key_begin = static_cast<int32_t>(blockIdx.z) * a.keys_per_split;
   const int32_t key_end = min(d.pos + 1, key_begin + a.keys_per_split);
@@ -767,13 +862,28 @@ __global__ void __launch_bounds__(kDecodeThreads)
       static_cast<int64_t>(d.slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
   const float* kb = c.k + base + lane * V;
   const float* vb = c.v + base + lane * V;
+  // kv_store folded in: the new key and value come from the step's rows, and the split that
+  // holds position pos writes them to the cache (no block reads them from there).
+  const int32_t new_pos = f.k_new != nullptr ? d.pos : -1;
+  const int64_t new_at = static_cast<int64_t>(d.row) * c.n_kv_heads * kHd + kvh * kHd + lane * V;
+  if (new_pos >= key_begin && new_pos < key_end && warp == 0) {
+    float kr[V], vr[V];
+    load_lane<V>(f.k_new + new_at, kr);
+    load_lane<V>(f.v_new + new_at, vr);
+    store_lane<V>(c.k + base + static_cast<int64_t>(new_pos) * kHd + lane * V, kr);
+    store_lane<V>(c.v + base + static_cast<int64_t>(new_pos) * kHd + lane * V, vr);
+  }
   for (int32_t t0 = key_begin + warp * kChunk; t0 < key_end; t0 += kDecodeWarps * kChunk) {
     float kr[kChunk][V], vr[kChunk][V];
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
-      if (t0 + j < key_end) {
-        load_lane<V>(kb + static_cast<int64_t>(t0 + j) * kHd, kr[j]);
-        load_lane<V>(vb + static_cast<int64_t>(t0 + j) * kHd, vr[j]);
+      const int32_t t = t0 + j;
+      if (t == new_pos) {
+        load_lane<V>(f.k_new + new_at, kr[j]);
+        load_lane<V>(f.v_new + new_at, vr[j]);
+      } else if (t < key_end) {
+        load_lane<V>(kb + static_cast<int64_t>(t) * kHd, kr[j]);
+        load_lane<V>(vb + static_cast<int64_t>(t) * kHd, vr[j]);
       } else {
 #pragma unroll
         for (int v = 0; v < V; ++v) kr[j][v] = vr[j][v] = 0.0f;
@@ -804,37 +914,28 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
   }
   __syncthreads();
+  const int64_t entry = blockIdx.x;
   for (int32_t e = static_cast<int32_t>(threadIdx.x); e < G * kHd; e += kDecodeThreads) {
-    const int32_t g = e / kHd;
-    const int32_t dd = e - g * kHd;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w * G + g]);
-    float acc = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float mw = s_m[w * G + g];
-      if (mw == -INFINITY) continue;  // a warp with no key in range
-      const float f = expf(mw - mx);
-      acc += s_o[(w * G + g) * kHd + dd] * f;
-      sum += s_l[w * G + g] * f;
-    }
-    const int64_t h = static_cast<int64_t>(kvh) * G + g;
+    const WarpJoin j = join_warps<G, kHd>(s_o, s_m, s_l, e);
+    const int64_t h = static_cast<int64_t>(kvh) * G + e / kHd;
+    const int32_t dd = e % kHd;
     if (a.splits == 1) {
-      out[d.row * width + h * kHd + dd] = sum > 0.0f ? acc / sum : 0.0f;
+      out[d.row * width + h * kHd + dd] = j.l > 0.0f ? j.o / j.l : 0.0f;
     } else {
-      const int64_t entry = blockIdx.x;
       float* pr = partial + ((entry * a.n_heads + h) * a.splits + blockIdx.z) * (kHd + 2);
-      pr[dd] = acc;
+      pr[dd] = j.o;
       if (dd == 0) {
-        pr[kHd] = mx;
-        pr[kHd + 1] = sum;
+        pr[kHd] = j.m;
+        pr[kHd + 1] = j.l;
       }
     }
   }
+  if (a.splits > 1 && f.arrivals != nullptr)
+    join_if_last<G, kHd>(f.arrivals, partial, entry, kvh, a, out + d.row * width);
 }
 
-using DecodeKernel = void (*)(const float*, const RowDesc*, KvCacheDesc, TileArgs, float*, float*);
+using DecodeKernel = void (*)(const float*, const RowDesc*, KvCacheDesc, TileArgs, DecodeFusion,
+                              float*, float*);
 
 template <int V>
 DecodeKernel decode_kernel_for_group(int32_t group) {
@@ -859,7 +960,24 @@ DecodeKernel decode_kernel_for(int32_t head_dim, int32_t group) {
   return nullptr;
 }
 
+// Whether the warps-over-keys kernel takes a step tiled by `t` (else the tiled kernel does):
+// one row a block and a whole group, a head_dim and group it has a kernel for, q and the
+// cache 16-byte aligned.
+bool takes_decode_kernel(const AttentionTiling& t, const float* q, const KvCacheDesc& c,
+                         int32_t n_heads) {
+  return t.decode_warps && t.rows_per_tile == 1 && c.n_kv_heads > 0 &&
+         n_heads % c.n_kv_heads == 0 && t.heads_per_block == n_heads / c.n_kv_heads &&
+         decode_kernel_for(c.head_dim, t.heads_per_block) != nullptr && aligned16(q) &&
+         aligned16(c.k) && aligned16(c.v);
+}
+
 }  // namespace
+
+bool decode_fusion_fits(const AttentionTiling& t, const float* q, const KvCacheDesc& cache,
+                        int32_t n_heads, const DecodeFusion& f) {
+  return takes_decode_kernel(t, q, cache, n_heads) &&
+         (f.k_new == nullptr) == (f.v_new == nullptr) && aligned16(f.k_new) && aligned16(f.v_new);
+}
 
 bool gemv_norm_fits(int m, int64_t k, const GemvNorm& norm) {
   return m == 1 && k <= kMaxGemvNormWidth && k % 4 == 0 && aligned16(norm.weight) &&
@@ -959,7 +1077,7 @@ size_t attention_tiled_shared_bytes(const AttentionTiling& t, int32_t head_dim) 
 KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
                              const KvCacheDesc& cache, int32_t n_heads, float scale,
                              int32_t max_context, const AttentionTiling& t, float* partial,
-                             float* out, StreamHandle stream) {
+                             float* out, StreamHandle stream, const DecodeFusion& fusion) {
   if (n_rows <= 0 || n_heads <= 0) return {};
   const int32_t hd = cache.head_dim;
   if (hd <= 0 || hd > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
@@ -988,11 +1106,14 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
   const size_t shared = attention_tiled_shared_bytes(t, hd);
   const cudaStream_t s = as_stream(stream);
   const bool vec = hd % 4 == 0 && aligned16(cache.k) && aligned16(cache.v);
-  const DecodeKernel decode = t.decode_warps ? decode_kernel_for(hd, a.group) : nullptr;
-  if (decode != nullptr && vec && aligned16(q) && t.heads_per_block == a.group) {
+  if (fusion.any() && !decode_fusion_fits(t, q, cache, n_heads, fusion)) return invalid();
+  if (takes_decode_kernel(t, q, cache, n_heads)) {
+    const DecodeKernel decode = decode_kernel_for(hd, a.group);
     const dim3 grid_d(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
                       static_cast<unsigned>(t.splits));
-    decode<<<grid_d, kDecodeThreads, 0, s>>>(q, rows, cache, a, out, partial);
+    launch(decode, grid_d, kDecodeThreads, 0, fusion.overlap, s, q, rows, cache, a, fusion, out,
+           partial);
+    if (t.splits > 1 && fusion.arrivals != nullptr) return last_status();
   } else if (vec) {
     attention_tiled_kernel<true>
         <<<grid, kTileThreads, shared, s>>>(q, rows, n_rows, cache, a, out, partial);

@@ -185,11 +185,36 @@ AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_conte
 // Dynamic shared memory one block of attention_tiled takes under `t` (at most 48 KiB, the
 // launch limit without an opt-in, for every head_dim plan_attention accepts).
 size_t attention_tiled_shared_bytes(const AttentionTiling& t, int32_t head_dim);
+// What the warps-over-keys decode kernel does besides attending, so that a decode step's
+// attention is one kernel rather than three (kv_store, attention, the split combine).
+struct DecodeFusion {
+  // The step's new k and v rows ([rows, n_kv_heads * head_dim], 16-byte aligned), every
+  // sequence's only new row: the kernel stores them into the cache and attends to them from
+  // here. Null: the cache already holds them (kv_store ran).
+  const float* k_new = nullptr;
+  const float* v_new = nullptr;
+  // n_rows * n_kv_heads counters, zero: the last split of a (row, kv head) to finish joins
+  // the splits, and sets its counter back to zero. Null: a combine kernel joins them.
+  unsigned* arrivals = nullptr;
+  // Programmatic dependent launch (compute capability 9.0 on), as GemvMode::overlap.
+  bool overlap = false;
+  bool any() const {
+    return k_new != nullptr || v_new != nullptr || arrivals != nullptr || overlap;
+  }
+};
+// Whether attention_tiled takes `f` for a step of n_heads query heads tiled by `t`: the
+// warps-over-keys kernel runs it (t.decode_warps, a whole group a block, q and the cache
+// 16-byte aligned), and k_new and v_new are both given or neither, 16-byte aligned. It
+// cannot see whether each sequence has one new row: the caller checks that.
+bool decode_fusion_fits(const AttentionTiling& t, const float* q, const KvCacheDesc& cache,
+                        int32_t n_heads, const DecodeFusion& f);
 // The attention above (same contract) by the tiling `t`; max_context bounds every row's
 // pos + 1; `partial` holds n_rows * n_heads * splits * (head_dim + 2) floats when splits > 1.
+// With `fusion` (decode_fusion_fits, else cudaErrorInvalidValue), the one decode kernel
+// also stores the new rows and joins its splits.
 KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
                              const KvCacheDesc& cache, int32_t n_heads, float scale,
                              int32_t max_context, const AttentionTiling& t, float* partial,
-                             float* out, StreamHandle stream);
+                             float* out, StreamHandle stream, const DecodeFusion& fusion = {});
 
 }  // namespace strata::cuda_kernels

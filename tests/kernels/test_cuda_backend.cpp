@@ -978,6 +978,16 @@ std::vector<AttnCase> attn_cases() {
        {SeqSlice{0, 2, 100, 1}, SeqSlice{2, 2, 5, 0}},
        4},
       {"decode_warps_gqa4_hd64_one_kv", 4, 1, 64, 2, 200, {SeqSlice{0, 1, 77, 1}}, 1},
+      // Groups of 8, one new row a sequence: a first token (its own key the only one), a
+      // context ending on a tile's last key, and one of 34 splits.
+      {"decode_warps_gqa8_hd128_one_new",
+       16,
+       2,
+       128,
+       3,
+       1100,
+       {SeqSlice{0, 1, 1030, 2}, SeqSlice{1, 1, 0, 0}, SeqSlice{2, 1, 63, 1}},
+       3},
       // Prefill rows whose tiles of query rows span three sequences' slots.
       {"prefill_tiles_span_slots",
        4,
@@ -994,84 +1004,159 @@ constexpr float kUntouched = 12345.0f;
 
 using CudaAttentionTest = CudaParamTest<AttnCase>;
 
-TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
-  const AttnCase& c = GetParam();
+// A case's inputs: caches whose unwritten positions are NaN (reading one poisons the
+// output) around random histories, the step's new k and v rows, and q.
+struct AttnInputs {
+  std::vector<float> kc, vc, k_new, v_new, q;
+  KvLayerView view(float* k, float* v, const AttnCase& c) const {
+    return KvLayerView{k, v, c.n_slots, c.capacity, c.n_kv_heads, c.head_dim};
+  }
+};
+
+AttnInputs attn_inputs(const AttnCase& c) {
+  AttnInputs in;
   const size_t cache_elems =
       static_cast<size_t>(c.n_slots) * c.n_kv_heads * c.capacity * c.head_dim;
   auto idx = [&](int32_t slot, int32_t h, int32_t p, int32_t d) {
     return ((static_cast<size_t>(slot) * c.n_kv_heads + h) * c.capacity + p) * c.head_dim + d;
   };
-  // Unwritten positions are NaN (reading one poisons the output); histories are random.
-  std::vector<float> kc(cache_elems, std::numeric_limits<float>::quiet_NaN()), vc = kc;
+  in.kc.assign(cache_elems, std::numeric_limits<float>::quiet_NaN());
+  in.vc = in.kc;
   std::mt19937 rng(101);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (const SeqSlice& s : c.seqs)
     for (int32_t h = 0; h < c.n_kv_heads; ++h)
       for (int32_t p = 0; p < s.n_past; ++p)
         for (int32_t d = 0; d < c.head_dim; ++d) {
-          kc[idx(s.slot, h, p, d)] = dist(rng);
-          vc[idx(s.slot, h, p, d)] = dist(rng);
+          in.kc[idx(s.slot, h, p, d)] = dist(rng);
+          in.vc[idx(s.slot, h, p, d)] = dist(rng);
         }
   const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
   const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
-  const std::vector<float> k_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 102);
-  const std::vector<float> v_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 103);
-  const std::vector<float> q =
-      random_floats(static_cast<size_t>(c.rows) * q_width, 104, -3.0f, 3.0f);
+  in.k_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 102);
+  in.v_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 103);
+  in.q = random_floats(static_cast<size_t>(c.rows) * q_width, 104, -3.0f, 3.0f);
+  return in;
+}
 
-  DeviceGuarded<float> dkc(gpu(), kc), dvc(gpu(), vc), dk(gpu(), k_new), dv(gpu(), v_new),
+AttentionDims attn_dims(const AttnCase& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim,
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+}
+
+// Rows of some sequence within kTolF32 of `want`; every other row still the sentinel.
+void expect_attention_rows(const AttnCase& c, const std::vector<float>& got,
+                           const std::vector<float>& want) {
+  const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
+  std::vector<bool> used(static_cast<size_t>(c.rows), false);
+  for (const SeqSlice& s : c.seqs)
+    for (int32_t t = 0; t < s.n_new; ++t) used[static_cast<size_t>(s.row_begin + t)] = true;
+  // The sentinel rows are kept out of the comparison so they do not inflate the
+  // normalisation.
+  std::vector<float> got_used, want_used;
+  for (int32_t r = 0; r < c.rows; ++r)
+    for (size_t i = 0; i < q_width; ++i) {
+      const size_t e = static_cast<size_t>(r) * q_width + i;
+      if (used[static_cast<size_t>(r)]) {
+        got_used.push_back(got[e]);
+        want_used.push_back(want[e]);
+      } else {
+        ASSERT_EQ(bits_of(got[e]), bits_of(kUntouched)) << "row " << r << " belongs to no sequence";
+      }
+    }
+  EXPECT_LT(norm_err(got_used, want_used), kTolF32);
+}
+
+// Split decode attention borrows linear's x scratch for its partial results: without it a
+// context is never split, with it long ones are.
+void reserve_split_scratch(Backend& b) {
+  KernelBounds bounds;
+  bounds.max_rows = 64;
+  bounds.max_in_features = 4096;
+  bounds.half_weights = true;
+  b.reserve(bounds);
+}
+
+TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
+  const AttnCase& c = GetParam();
+  AttnInputs in = attn_inputs(c);
+  std::vector<float>& kc = in.kc;
+  std::vector<float>& vc = in.vc;
+  const std::vector<float>& q = in.q;
+  DeviceGuarded<float> dkc(gpu(), kc), dvc(gpu(), vc), dk(gpu(), in.k_new), dv(gpu(), in.v_new),
       dq(gpu(), q);
-  const KvLayerView host_view{kc.data(),  vc.data(),    c.n_slots,
-                              c.capacity, c.n_kv_heads, c.head_dim};
-  const KvLayerView dev_view{dkc.data(), dvc.data(),   c.n_slots,
-                             c.capacity, c.n_kv_heads, c.head_dim};
+  const KvLayerView host_view = in.view(kc.data(), vc.data(), c);
+  const KvLayerView dev_view = in.view(dkc.data(), dvc.data(), c);
 
-  cpu().kv_store(k_new.data(), v_new.data(), c.seqs, host_view);
+  cpu().kv_store(in.k_new.data(), in.v_new.data(), c.seqs, host_view);
   gpu().kv_store(dk.data(), dv.data(), c.seqs, dev_view);
   EXPECT_TRUE(same_bits(dkc.download(), kc)) << "K cache";
   EXPECT_TRUE(same_bits(dvc.download(), vc)) << "V cache";
   EXPECT_TRUE(dkc.guards_intact());
   EXPECT_TRUE(dvc.guards_intact());
 
-  const AttentionDims dims{c.n_heads, c.n_kv_heads, c.head_dim,
-                           static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+  const AttentionDims dims = attn_dims(c);
   std::vector<float> want(q.size(), kUntouched);
   cpu().attention(q.data(), c.seqs, host_view, dims, want.data());
   for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
     SCOPED_TRACE("round " + std::to_string(round));
-    if (round == 1) {
-      // Linear's x scratch, which split decode attention borrows for its partial results:
-      // round 0 ran without it (no split), round 1 splits long contexts.
-      KernelBounds b;
-      b.max_rows = 64;
-      b.max_in_features = 4096;
-      b.half_weights = true;
-      gpu().reserve(b);
-    }
+    if (round == 1) reserve_split_scratch(gpu());
     DeviceGuarded<float> dout(gpu(), std::vector<float>(q.size(), kUntouched));
     gpu().attention(dq.data(), c.seqs, dev_view, dims, dout.data());
-    const std::vector<float> got = dout.download();
-    std::vector<bool> used(static_cast<size_t>(c.rows), false);
-    for (const SeqSlice& s : c.seqs)
-      for (int32_t t = 0; t < s.n_new; ++t) used[static_cast<size_t>(s.row_begin + t)] = true;
-    // Rows of some sequence are compared; the others must still hold the sentinel (kept
-    // out of the comparison so it does not inflate the normalisation).
-    std::vector<float> got_used, want_used;
-    for (int32_t r = 0; r < c.rows; ++r)
-      for (size_t i = 0; i < q_width; ++i) {
-        const size_t e = static_cast<size_t>(r) * q_width + i;
-        if (used[static_cast<size_t>(r)]) {
-          got_used.push_back(got[e]);
-          want_used.push_back(want[e]);
-        } else {
-          ASSERT_EQ(bits_of(got[e]), bits_of(kUntouched))
-              << "row " << r << " belongs to no sequence";
-        }
-      }
-    EXPECT_LT(norm_err(got_used, want_used), kTolF32);
+    expect_attention_rows(c, dout.download(), want);
     EXPECT_TRUE(dout.guards_intact());
   }
   EXPECT_TRUE(same_bits(dkc.download(), kc)) << "attention modified the cache";
+}
+
+// The decode step's kv_store, attention and split combine as one kernel
+// (CudaOptions::fuse_decode_attention): it stores the new rows, attends to them from the
+// step's rows, and the last split to finish joins the others. Taken exactly where every
+// sequence has one new row and the warps-over-keys kernel has the shape (head_dim 64 or 128,
+// a group of 1, 2, 4 or 8): then the cache equals the CPU's kv_store bit for bit and the
+// output the CPU's attention. Anywhere else the call declines and writes nothing. Three
+// rounds: no split scratch (one split); splits joined in the kernel; again on the same
+// counters, which the joins before must have left at zero.
+TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
+  const AttnCase& c = GetParam();
+  CudaOptions options;
+  options.fuse_decode_attention = true;
+  std::unique_ptr<Backend> fused = make_cuda_backend(0, options);
+  AttnInputs in = attn_inputs(c);
+  const std::vector<float> kc0 = in.kc, vc0 = in.vc;
+  cpu().kv_store(in.k_new.data(), in.v_new.data(), c.seqs, in.view(in.kc.data(), in.vc.data(), c));
+  const AttentionDims dims = attn_dims(c);
+  std::vector<float> want(in.q.size(), kUntouched);
+  cpu().attention(in.q.data(), c.seqs, in.view(in.kc.data(), in.vc.data(), c), dims, want.data());
+
+  bool one_new = true;
+  for (const SeqSlice& s : c.seqs) one_new = one_new && s.n_new == 1;
+  const int32_t group = c.n_heads / c.n_kv_heads;
+  const bool has_kernel = (c.head_dim == 64 || c.head_dim == 128) &&
+                          (group == 1 || group == 2 || group == 4 || group == 8);
+  DeviceGuarded<float> dk(*fused, in.k_new), dv(*fused, in.v_new), dq(*fused, in.q);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    if (round == 1) reserve_split_scratch(*fused);
+    DeviceGuarded<float> dkc(*fused, kc0), dvc(*fused, vc0);
+    DeviceGuarded<float> dout(*fused, std::vector<float>(in.q.size(), kUntouched));
+    const bool took =
+        fused->store_and_attend(dq.data(), dk.data(), dv.data(), c.seqs,
+                                in.view(dkc.data(), dvc.data(), c), dims, dout.data());
+    ASSERT_EQ(took, one_new && has_kernel);
+    if (took) {
+      EXPECT_TRUE(same_bits(dkc.download(), in.kc)) << "K cache";
+      EXPECT_TRUE(same_bits(dvc.download(), in.vc)) << "V cache";
+      expect_attention_rows(c, dout.download(), want);
+    } else {
+      EXPECT_TRUE(same_bits(dkc.download(), kc0)) << "a declined call wrote the K cache";
+      EXPECT_TRUE(same_bits(dvc.download(), vc0)) << "a declined call wrote the V cache";
+      for (float v : dout.download()) ASSERT_EQ(bits_of(v), bits_of(kUntouched));
+    }
+    EXPECT_TRUE(dkc.guards_intact());
+    EXPECT_TRUE(dvc.guards_intact());
+    EXPECT_TRUE(dout.guards_intact());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttentionTest, ::testing::ValuesIn(attn_cases()),
@@ -1214,6 +1299,9 @@ TEST_F(CudaTest, DISABLED_DecodeLinearShapesThroughput) {
 // copy for the memory roofline. JSON on stdout; disabled by default like the one above.
 TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
   constexpr int kIters = 20;
+  CudaOptions options;
+  options.fuse_decode_attention = true;
+  const std::unique_ptr<Backend> one_kernel = make_cuda_backend(0, options);
   {
     const size_t bytes = size_t{1} << 30;
     DeviceBuffer a(gpu(), bytes), b(gpu(), bytes);
@@ -1236,6 +1324,7 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     b.max_in_features = 4096;
     b.half_weights = true;
     gpu().reserve(b);
+    one_kernel->reserve(b);
   }
   // Caches of 64 MiB and more, so K and V come from device memory, not the 50 MB L2. The
   // last row is a prefill: one sequence's 512 new rows over its own keys (OPT-6.7B's heads).
@@ -1274,6 +1363,36 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
         batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
         2.0 * static_cast<double>(cache_bytes) / sec / 1e9);
     std::fflush(stdout);
+    if (new_rows == 1) {
+      // A decode step's whole attention: kv_store, attention and combine as the engine runs
+      // them by default, against store_and_attend's one kernel.
+      DeviceBuffer kn(gpu(), rows * n_kv * hd * 4), vn(gpu(), rows * n_kv * hd * 4);
+      const auto step_time = [&](Backend& be, bool one) {
+        const auto step = [&] {
+          if (one) {
+            EXPECT_TRUE(
+                be.store_and_attend(q.f32(), kn.f32(), vn.f32(), seqs, view, dims, out.f32()));
+          } else {
+            be.kv_store(kn.f32(), vn.f32(), seqs, view);
+            be.attention(q.f32(), seqs, view, dims, out.f32());
+          }
+        };
+        step();
+        be.synchronize();
+        const auto t1 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kIters; ++i) step();
+        be.synchronize();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() /
+               kIters;
+      };
+      const double apart = step_time(gpu(), false), one = step_time(*one_kernel, true);
+      std::printf(
+          "{\"bench\": \"cuda_decode_attention_step\", \"batch\": %d, \"ctx\": %d, "
+          "\"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"us_apart\": %.1f, "
+          "\"us_one_kernel\": %.1f}\n",
+          batch, ctx, n_heads, n_kv, hd, apart * 1e6, one * 1e6);
+      std::fflush(stdout);
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Test support: a CPU backend that takes the fused calls an accelerator backend takes for
-// decode rows (Backend::linear_then, and with `sets` Backend::linears with its norm and ReLU),
-// for every shape, computing them with the CPU's own ops. The transformer's folded paths then
-// run on any machine, and the counts say which ones it took.
+// decode rows (Backend::linear_then; with `sets` also Backend::linears with its norm and ReLU
+// for every shape, and Backend::store_and_attend where every sequence has one new row, as
+// the CUDA backend), computing them with the CPU's own ops. The transformer's folded paths
+// then run on any machine, and the counts say which ones it took.
 #pragma once
 
 #include <algorithm>
@@ -61,7 +62,19 @@ class FoldingBackend final : public ForwardingBackend {
     return true;
   }
 
+  bool store_and_attend(const float* q, const float* k, const float* v, const StepRows& rows,
+                        const KvLayerView& cache, const AttentionDims& dims, float* out) override {
+    if (!sets_) return false;
+    for (const SeqSlice& s : rows.seqs)
+      if (s.n_new != 1) return false;
+    inner_.kv_store(k, v, rows, cache);
+    inner_.attention(q, rows, cache, dims, out);
+    ++attend_folds;
+    return true;
+  }
+
   int relu_calls = 0;
+  int attend_folds = 0;
   int accumulate_calls = 0;
   int linears_calls = 0;
   int norm_folds = 0;

@@ -336,6 +336,8 @@ TEST(Opt, FoldedEpiloguesMatchNaiveReference) {
         EXPECT_EQ(folding.accumulate_calls, 2 * m.layers * passes);
         EXPECT_EQ(folding.linears_calls, sets ? 2 * m.layers * passes : 0);
         EXPECT_EQ(folding.norm_folds, sets && pre_ln ? 2 * m.layers * passes : 0);
+        // kv_store and attention as one call where each pass is one new row a sequence.
+        EXPECT_EQ(folding.attend_folds, sets && chunk == 1 ? m.layers * passes : 0);
         for (size_t t = 0; t < ids.size(); ++t)
           for (size_t v = 0; v < static_cast<size_t>(m.vocab); ++v)
             EXPECT_NEAR(got[t * static_cast<size_t>(m.vocab) + v], ref[t][v], 2e-5)

@@ -110,8 +110,9 @@ TEST_F(Stories260K, TeacherForcedLogitsWithinToleranceOnDecodePath) {
 }
 
 // Llama's folded path, as an accelerator backend takes it for decode rows: q, k and v as one
-// call and gate and up as another, each with the layer's RMS norm folded in (computed here by
-// the CPU's own ops). The reference's logits, token by token, within the same 1e-4.
+// call and gate and up as another, each with the layer's RMS norm folded in, and the new k
+// and v stored by the attention call (computed here by the CPU's own ops). The reference's
+// logits, token by token, within the same 1e-4.
 TEST_F(Stories260K, FoldedNormsAndLinearsKeepTheReferenceLogits) {
   testing::FoldingBackend folding(*backend_, true);
   LoadedModel m = load_model(testing::stories_dir());
@@ -127,6 +128,8 @@ TEST_F(Stories260K, FoldedNormsAndLinearsKeepTheReferenceLogits) {
   EXPECT_GT(folding.linears_calls, 0);
   EXPECT_EQ(folding.norm_folds, folding.linears_calls);  // every set read a norm
   EXPECT_EQ(folding.relu_calls, 0);
+  // Each layer of each one-token pass: two sets, and kv_store with attention as one call.
+  EXPECT_EQ(2 * folding.attend_folds, folding.linears_calls);
 }
 
 TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
