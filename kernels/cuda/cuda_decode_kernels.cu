@@ -809,8 +809,12 @@ __device__ void join_if_last(unsigned* arrivals, const float* partial, int64_t e
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned* counter = arrivals + entry * gridDim.y + kvh;
-    s_last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(a.splits);
-    if (s_last) *counter = 0u;  // every split is in: nothing else reads it in this launch
+    const bool last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(a.splits);
+    if (last) {
+      __threadfence();  // acquire: the splits counted in before are seen from here on
+      *counter = 0u;    // every split is in: nothing else reads it in this launch
+    }
+    s_last = last;
   }
   __syncthreads();
   if (!s_last) return;
