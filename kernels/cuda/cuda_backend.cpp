@@ -35,7 +35,7 @@ CudaOptions CudaOptions::from_env() {
   CudaOptions o;
   o.fused_gemv = env_choice("STRATA_CUDA_GEMV", {"on", "off"}) == 0;
   o.fuse_epilogues = env_choice("STRATA_CUDA_EPILOGUE", {"on", "off"}) == 0;
-  o.pdl = static_cast<Pdl>(env_choice("STRATA_CUDA_PDL", {"on", "off", "early"}));
+  o.pdl = static_cast<Pdl>(env_choice("STRATA_CUDA_PDL", {"on", "off", "early", "all"}));
   o.fuse_norms = env_choice("STRATA_CUDA_NORM", {"kernel", "fused"}) == 1;
   o.attention =
       static_cast<Attention>(env_choice("STRATA_CUDA_ATTENTION", {"warps", "tiled", "simple"}));
@@ -275,6 +275,7 @@ class CudaBackend final : public Backend {
   bool fuse_norms_ = false;
   bool gemv_overlap_ = false;
   bool gemv_early_weights_ = false;
+  bool overlap_all_ = false;  // the norms, kv_store and attention with PDL too
   bool simple_attention_ = false;
   bool decode_warps_ = true;
   bool fuse_decode_attention_ = false;
@@ -319,6 +320,7 @@ CudaBackend::CudaBackend(int device_index, const CudaOptions& options) : device_
   fuse_epilogues_ = options.fuse_epilogues;
   gemv_overlap_ = options.pdl != CudaOptions::Pdl::kOff && prop.major >= 9;
   gemv_early_weights_ = options.pdl == CudaOptions::Pdl::kEarly;
+  overlap_all_ = gemv_overlap_ && options.pdl == CudaOptions::Pdl::kAll;
   fuse_norms_ = options.fuse_norms;
   simple_attention_ = options.attention == CudaOptions::Attention::kSimple;
   decode_warps_ = options.attention == CudaOptions::Attention::kWarps;
@@ -688,14 +690,15 @@ void CudaBackend::rms_norm(const float* x, int64_t m, int64_t h, const float* we
                            float* y) {
   activate();
   checked_int(m, "rms_norm rows");
-  STRATA_CUDA_CHECK(cuda_kernels::rms_norm(x, m, h, weight, eps, y, stream()));
+  STRATA_CUDA_CHECK(cuda_kernels::rms_norm(x, m, h, weight, eps, y, stream(), overlap_all_));
 }
 
 void CudaBackend::layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
                              const float* bias, float eps, float* y) {
   activate();
   checked_int(m, "layer_norm rows");
-  STRATA_CUDA_CHECK(cuda_kernels::layer_norm(x, m, h, weight, bias, eps, y, stream()));
+  STRATA_CUDA_CHECK(
+      cuda_kernels::layer_norm(x, m, h, weight, bias, eps, y, stream(), overlap_all_));
 }
 
 void CudaBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
@@ -802,7 +805,8 @@ void CudaBackend::kv_store(const float* k, const float* v, const StepRows& step,
   int64_t n_rows = 0;
   const RowDesc* rows = rows_of(step, cache, n_rows);
   if (n_rows == 0) return;
-  STRATA_CUDA_CHECK(cuda_kernels::kv_store(k, v, rows, n_rows, cache_desc(cache), stream()));
+  STRATA_CUDA_CHECK(
+      cuda_kernels::kv_store(k, v, rows, n_rows, cache_desc(cache), stream(), overlap_all_));
 }
 
 namespace {
@@ -865,16 +869,15 @@ bool CudaBackend::store_and_attend(const float* q, const float* k, const float* 
   cuda_kernels::DecodeFusion fusion;
   fusion.k_new = k;
   fusion.v_new = v;
-  fusion.overlap = gemv_overlap_;
   const cuda_kernels::KvCacheDesc desc = cache_desc(cache);
   if (!cuda_kernels::decode_fusion_fits(t, q, desc, dims.n_heads, fusion)) return false;
   activate();
   int64_t n_rows = 0;
   const RowDesc* rows = rows_of(step, cache, n_rows);
   if (t.splits > 1) fusion.arrivals = arrivals(static_cast<size_t>(n_rows * dims.n_kv_heads));
-  STRATA_CUDA_CHECK(
-      cuda_kernels::attention_tiled(q, rows, n_rows, desc, dims.n_heads, dims.scale, max_context, t,
-                                    static_cast<float*>(half_x_.get()), out, stream(), fusion));
+  STRATA_CUDA_CHECK(cuda_kernels::attention_tiled(
+      q, rows, n_rows, desc, dims.n_heads, dims.scale, max_context, t,
+      static_cast<float*>(half_x_.get()), out, stream(), gemv_overlap_, fusion));
   return true;
 }
 
@@ -906,7 +909,7 @@ void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerV
       dims.head_dim, sm_count_, half_x_bytes_, decode_warps_);
   STRATA_CUDA_CHECK(cuda_kernels::attention_tiled(
       q, rows, n_rows, cache_desc(cache), dims.n_heads, dims.scale, max_context, t,
-      static_cast<float*>(half_x_.get()), out, stream()));
+      static_cast<float*>(half_x_.get()), out, stream(), overlap_all_));
 }
 
 }  // namespace

@@ -32,8 +32,9 @@ struct CudaOptions {
   bool fuse_epilogues = true;  // STRATA_CUDA_EPILOGUE=off: linear_then and linears decline
   // STRATA_CUDA_PDL: GEMVs start while the kernel before them finishes (programmatic
   // dependent launch, compute capability 9.0 on), waiting for it before any load (on), or
-  // with their first weight loads before the wait (early); or not at all (off).
-  enum class Pdl { kOn, kOff, kEarly };
+  // with their first weight loads before the wait (early); or not at all (off). With all,
+  // the norms, kv_store and attention's kernels too.
+  enum class Pdl { kOn, kOff, kEarly, kAll };
   Pdl pdl = Pdl::kOn;
   // STRATA_CUDA_NORM=fused: linears folds a pre-norm layer's norm into its GEMV.
   bool fuse_norms = false;

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_launch.cuh"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -84,22 +85,6 @@ __device__ void gemv_store(const float (&acc)[M], int64_t row, int64_t n, const 
       out = v;
     }
   }
-}
-
-// Programmatic dependent launch (Hopper on): a GEMV launched with it may start while the
-// kernel before it in the stream is still finishing. It reads no input of that kernel before
-// wait_for_inputs(), which returns once that kernel has completed and its writes are
-// visible; a launch without it returns at once. let_dependents_launch() lets the next such
-// launch begin once every block of this one is running.
-__device__ void wait_for_inputs() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();
-#endif
-}
-__device__ void let_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaTriggerProgrammaticLaunchCompletion();
-#endif
 }
 
 // x as a GEMV reads it. Launched plainly, x is read-only for the kernel's whole life and
@@ -372,24 +357,6 @@ bool gemv_launch(const GemvPart* parts, int count, int m, int64_t k, const GemvM
   return true;
 }
 
-// Launches `kernel` over `grid` blocks of `threads` with `shared` bytes of dynamic shared
-// memory, with programmatic dependent launch where `overlap` asks for it.
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, unsigned threads, size_t shared, bool overlap,
-            cudaStream_t s, Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared;
-  config.stream = s;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = overlap ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
-
 // A GEMV launch: kGemvWarps warps a block, one block per kGemvWarps output rows.
 template <typename... Params, typename... Args>
 void launch_gemv(void (*kernel)(Params...), unsigned blocks, size_t shared, bool overlap,
@@ -520,11 +487,12 @@ __device__ void store_tile(const TileRegs& r, int32_t nk, int32_t hd, float* til
 // every K/V tile; rows of different slots are taken one slot-run after another.
 template <bool kVec>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_tiled_kernel(const float* __restrict__ q, const RowDesc* __restrict__ rows,
-                           int64_t n_rows, KvCacheDesc c, TileArgs a, float* __restrict__ out,
-                           float* __restrict__ partial) {
+    attention_tiled_kernel(const float* q, const RowDesc* rows, int64_t n_rows, KvCacheDesc c,
+                           TileArgs a, float* __restrict__ out, float* __restrict__ partial) {
   extern __shared__ float smem[];
   __shared__ RowDesc s_rows[kMaxQueryRows];
+  let_dependents_launch();
+  wait_for_inputs();  // q and the row table (no __restrict__: loads stay after this)
   const int32_t hd = c.head_dim;
   const int32_t qr_max = a.rows_per_tile * a.heads_per_block;
   const int32_t tk = a.key_tile;
@@ -694,11 +662,12 @@ __device__ float joined(const float* p, int32_t splits, int32_t hd, const float*
 }
 
 // The split combine as a kernel of its own: one block per (row entry, head).
-__global__ void attention_combine_kernel(const float* __restrict__ partial,
-                                         const RowDesc* __restrict__ rows, int32_t n_heads,
+__global__ void attention_combine_kernel(const float* partial, const RowDesc* rows, int32_t n_heads,
                                          int32_t hd, int32_t splits, float* __restrict__ out) {
   __shared__ float s_w[kMaxSplits];
   __shared__ float s_l;
+  let_dependents_launch();
+  wait_for_inputs();
   const int64_t eh = blockIdx.x;  // table entry * n_heads + head
   const float* p = partial + eh * splits * (hd + 2);
   if (threadIdx.x < 32) weigh_splits(p, splits, hd, s_w, &s_l);
@@ -1081,7 +1050,8 @@ size_t attention_tiled_shared_bytes(const AttentionTiling& t, int32_t head_dim) 
 KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
                              const KvCacheDesc& cache, int32_t n_heads, float scale,
                              int32_t max_context, const AttentionTiling& t, float* partial,
-                             float* out, StreamHandle stream, const DecodeFusion& fusion) {
+                             float* out, StreamHandle stream, bool overlap,
+                             const DecodeFusion& fusion) {
   if (n_rows <= 0 || n_heads <= 0) return {};
   const int32_t hd = cache.head_dim;
   if (hd <= 0 || hd > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
@@ -1115,19 +1085,15 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
     const DecodeKernel decode = decode_kernel_for(hd, a.group);
     const dim3 grid_d(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
                       static_cast<unsigned>(t.splits));
-    launch(decode, grid_d, kDecodeThreads, 0, fusion.overlap, s, q, rows, cache, a, fusion, out,
-           partial);
+    launch(decode, grid_d, kDecodeThreads, 0, overlap, s, q, rows, cache, a, fusion, out, partial);
     if (t.splits > 1 && fusion.arrivals != nullptr) return last_status();
-  } else if (vec) {
-    attention_tiled_kernel<true>
-        <<<grid, kTileThreads, shared, s>>>(q, rows, n_rows, cache, a, out, partial);
   } else {
-    attention_tiled_kernel<false>
-        <<<grid, kTileThreads, shared, s>>>(q, rows, n_rows, cache, a, out, partial);
+    launch(vec ? attention_tiled_kernel<true> : attention_tiled_kernel<false>, grid, kTileThreads,
+           shared, overlap, s, q, rows, n_rows, cache, a, out, partial);
   }
   if (t.splits > 1) {
-    attention_combine_kernel<<<static_cast<unsigned>(n_rows * n_heads), 128, 0, s>>>(
-        partial, rows, n_heads, hd, t.splits, out);
+    launch(attention_combine_kernel, dim3(static_cast<unsigned>(n_rows * n_heads)), 128, 0, overlap,
+           s, partial, rows, n_heads, hd, t.splits, out);
   }
   return last_status();
 }

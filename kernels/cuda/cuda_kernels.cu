@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_launch.cuh"
 
 namespace strata::cuda_kernels {
 namespace {
@@ -154,6 +155,8 @@ __global__ void embedding_q4_kernel(const int32_t* ids, const unsigned char* pac
 
 __global__ void rms_norm_kernel(const float* x, int64_t h, const float* weight, float eps,
                                 float* y) {
+  let_dependents_launch();
+  wait_for_inputs();  // launched with PDL: nothing an earlier kernel wrote is read before
   const float* xr = x + blockIdx.x * h;
   float* yr = y + blockIdx.x * h;
   float ss = 0.0f;
@@ -165,6 +168,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t h, const float* weight, 
 
 __global__ void layer_norm_kernel(const float* x, int64_t h, const float* weight, const float* bias,
                                   float eps, float* y) {
+  let_dependents_launch();
+  wait_for_inputs();  // launched with PDL: nothing an earlier kernel wrote is read before
   const float* xr = x + blockIdx.x * h;
   float* yr = y + blockIdx.x * h;
   float sum = 0.0f;
@@ -194,6 +199,8 @@ template <int kVec, bool kLayer>
 __global__ void __launch_bounds__(kNormThreads)
     norm_rows_kernel(const float* x, int64_t h, const float* weight, const float* bias, float eps,
                      float* y) {
+  let_dependents_launch();
+  wait_for_inputs();  // launched with PDL: nothing an earlier kernel wrote is read before
   const int64_t n4 = h / 4;
   const float* xr = x + blockIdx.x * h;
   float4 v[kVec];
@@ -243,21 +250,17 @@ __global__ void __launch_bounds__(kNormThreads)
 // float4 accesses; false (nothing launched) otherwise.
 template <bool kLayer>
 bool launch_norm_rows(const float* x, int64_t m, int64_t h, const float* weight, const float* bias,
-                      float eps, float* y, cudaStream_t s) {
+                      float eps, float* y, bool overlap, cudaStream_t s) {
   const int64_t per_thread = (h / 4 + kNormThreads - 1) / kNormThreads;
   if (h % 4 != 0 || per_thread > kMaxNormVec || !aligned16(x) || !aligned16(y) ||
       !aligned16(weight) || (kLayer && !aligned16(bias)))
     return false;
-  const auto grid = static_cast<unsigned>(m);
-  if (per_thread <= 1) {
-    norm_rows_kernel<1, kLayer><<<grid, kNormThreads, 0, s>>>(x, h, weight, bias, eps, y);
-  } else if (per_thread <= 2) {
-    norm_rows_kernel<2, kLayer><<<grid, kNormThreads, 0, s>>>(x, h, weight, bias, eps, y);
-  } else if (per_thread <= 4) {
-    norm_rows_kernel<4, kLayer><<<grid, kNormThreads, 0, s>>>(x, h, weight, bias, eps, y);
-  } else {
-    norm_rows_kernel<8, kLayer><<<grid, kNormThreads, 0, s>>>(x, h, weight, bias, eps, y);
-  }
+  const auto kernel = per_thread <= 1   ? norm_rows_kernel<1, kLayer>
+                      : per_thread <= 2 ? norm_rows_kernel<2, kLayer>
+                      : per_thread <= 4 ? norm_rows_kernel<4, kLayer>
+                                        : norm_rows_kernel<8, kLayer>;
+  launch(kernel, dim3(static_cast<unsigned>(m)), kNormThreads, 0, overlap, s, x, h, weight, bias,
+         eps, y);
   return true;
 }
 
@@ -318,6 +321,8 @@ __global__ void softmax_kernel(float* x, int64_t n) {
 // Grid (flat row, kv head); threads over head_dim.
 __global__ void kv_store_kernel(const float* k, const float* v, const RowDesc* rows,
                                 KvCacheDesc c) {
+  let_dependents_launch();
+  wait_for_inputs();  // launched with PDL: nothing an earlier kernel wrote is read before
   const RowDesc d = rows[blockIdx.x];
   const int32_t h = static_cast<int32_t>(blockIdx.y);
   const int64_t width = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
@@ -541,22 +546,22 @@ KernelStatus embedding_q4(const int32_t* ids, int64_t n, const unsigned char* pa
 }
 
 KernelStatus rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
-                      float* y, StreamHandle stream) {
+                      float* y, StreamHandle stream, bool overlap) {
   if (m <= 0 || h <= 0) return {};
-  if (launch_norm_rows<false>(x, m, h, weight, nullptr, eps, y, as_stream(stream)))
-    return last_status();
-  rms_norm_kernel<<<static_cast<unsigned>(m), row_threads(h), 0, as_stream(stream)>>>(x, h, weight,
-                                                                                      eps, y);
+  const cudaStream_t s = as_stream(stream);
+  if (!launch_norm_rows<false>(x, m, h, weight, nullptr, eps, y, overlap, s))
+    launch(rms_norm_kernel, dim3(static_cast<unsigned>(m)), row_threads(h), 0, overlap, s, x, h,
+           weight, eps, y);
   return last_status();
 }
 
 KernelStatus layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
-                        const float* bias, float eps, float* y, StreamHandle stream) {
+                        const float* bias, float eps, float* y, StreamHandle stream, bool overlap) {
   if (m <= 0 || h <= 0) return {};
-  if (launch_norm_rows<true>(x, m, h, weight, bias, eps, y, as_stream(stream)))
-    return last_status();
-  layer_norm_kernel<<<static_cast<unsigned>(m), row_threads(h), 0, as_stream(stream)>>>(
-      x, h, weight, bias, eps, y);
+  const cudaStream_t s = as_stream(stream);
+  if (!launch_norm_rows<true>(x, m, h, weight, bias, eps, y, overlap, s))
+    launch(layer_norm_kernel, dim3(static_cast<unsigned>(m)), row_threads(h), 0, overlap, s, x, h,
+           weight, bias, eps, y);
   return last_status();
 }
 
@@ -596,10 +601,11 @@ KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream) {
 }
 
 KernelStatus kv_store(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
-                      const KvCacheDesc& cache, StreamHandle stream) {
+                      const KvCacheDesc& cache, StreamHandle stream, bool overlap) {
   if (n_rows <= 0 || cache.n_kv_heads <= 0 || cache.head_dim <= 0) return {};
   const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads));
-  kv_store_kernel<<<grid, row_threads(cache.head_dim), 0, as_stream(stream)>>>(k, v, rows, cache);
+  launch(kv_store_kernel, grid, row_threads(cache.head_dim), 0, overlap, as_stream(stream), k, v,
+         rows, cache);
   return last_status();
 }
 

@@ -52,10 +52,13 @@ KernelStatus embedding(const int32_t* ids, int64_t n, const void* table, ElemTyp
 KernelStatus embedding_q4(const int32_t* ids, int64_t n, const unsigned char* packed,
                           const float* mins, const float* scales, int64_t vocab, int64_t h,
                           float* y, StreamHandle stream);
+// With `overlap`, the norms and kv_store are launched with programmatic dependent launch
+// (as GemvMode::overlap).
 KernelStatus rms_norm(const float* x, int64_t m, int64_t h, const float* weight, float eps,
-                      float* y, StreamHandle stream);
+                      float* y, StreamHandle stream, bool overlap = false);
 KernelStatus layer_norm(const float* x, int64_t m, int64_t h, const float* weight,
-                        const float* bias, float eps, float* y, StreamHandle stream);
+                        const float* bias, float eps, float* y, StreamHandle stream,
+                        bool overlap = false);
 // Rotate-half rope in place on x[m, n_heads * head_dim]; rows whose position lies outside
 // [0, max_positions) are left untouched.
 KernelStatus rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
@@ -79,7 +82,7 @@ struct KvCacheDesc {
 
 // Writes k/v rows ([*, n_kv_heads * head_dim]) of every RowDesc into the cache.
 KernelStatus kv_store(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
-                      const KvCacheDesc& cache, StreamHandle stream);
+                      const KvCacheDesc& cache, StreamHandle stream, bool overlap = false);
 // A 4-bit KV cache blob pair (backend.h's KvQ4LayerView).
 struct KvQ4Desc {
   void* k;
@@ -196,11 +199,7 @@ struct DecodeFusion {
   // n_rows * n_kv_heads counters, zero: the last split of a (row, kv head) to finish joins
   // the splits, and sets its counter back to zero. Null: a combine kernel joins them.
   unsigned* arrivals = nullptr;
-  // Programmatic dependent launch (compute capability 9.0 on), as GemvMode::overlap.
-  bool overlap = false;
-  bool any() const {
-    return k_new != nullptr || v_new != nullptr || arrivals != nullptr || overlap;
-  }
+  bool any() const { return k_new != nullptr || v_new != nullptr || arrivals != nullptr; }
 };
 // Whether attention_tiled takes `f` for a step of n_heads query heads tiled by `t`: the
 // warps-over-keys kernel runs it (t.decode_warps, a whole group a block, q and the cache
@@ -210,11 +209,13 @@ bool decode_fusion_fits(const AttentionTiling& t, const float* q, const KvCacheD
                         int32_t n_heads, const DecodeFusion& f);
 // The attention above (same contract) by the tiling `t`; max_context bounds every row's
 // pos + 1; `partial` holds n_rows * n_heads * splits * (head_dim + 2) floats when splits > 1.
-// With `fusion` (decode_fusion_fits, else cudaErrorInvalidValue), the one decode kernel
-// also stores the new rows and joins its splits.
+// With `overlap` its kernels are launched with programmatic dependent launch (as
+// GemvMode::overlap). With `fusion` (decode_fusion_fits, else cudaErrorInvalidValue), the
+// one decode kernel also stores the new rows and joins its splits.
 KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
                              const KvCacheDesc& cache, int32_t n_heads, float scale,
                              int32_t max_context, const AttentionTiling& t, float* partial,
-                             float* out, StreamHandle stream, const DecodeFusion& fusion = {});
+                             float* out, StreamHandle stream, bool overlap = false,
+                             const DecodeFusion& fusion = {});
 
 }  // namespace strata::cuda_kernels
