@@ -138,5 +138,40 @@ TEST(AttentionPlan, SharedMemoryFitsALaunchForEveryHeadDim) {
       }
 }
 
+// Which steps the one-kernel decode attention takes (decode_fusion_fits, host code): the
+// warps-over-keys kernel's (head_dim 64 or 128, a group of 1, 2, 4 or 8, decode rows), with
+// q and the cache 16-byte aligned, and the new k and v both given, aligned, or neither.
+// The pointers are addresses only: nothing reads them.
+TEST(AttentionPlan, DecodeFusionFitsOnlyTheWarpsOverKeysKernel) {
+  const auto at = [](uintptr_t a) { return reinterpret_cast<float*>(a); };
+  const KvCacheDesc cache{at(0x10000), at(0x20000), 8, 128, 0, 0};
+  const DecodeFusion both{at(0x30000), at(0x40000), nullptr};
+  const AttentionTiling opt = plan_attention(1, 1, 528, 32, 8, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_TRUE(decode_fusion_fits(opt, at(0x50000), cache, 32, both));
+  EXPECT_TRUE(decode_fusion_fits(opt, at(0x50000), cache, 32, DecodeFusion{}));
+  // One of k and v, or one off 16 bytes: not.
+  EXPECT_FALSE(decode_fusion_fits(opt, at(0x50000), cache, 32, {at(0x30000), nullptr, nullptr}));
+  EXPECT_FALSE(
+      decode_fusion_fits(opt, at(0x50000), cache, 32, {at(0x30004), at(0x40000), nullptr}));
+  EXPECT_FALSE(decode_fusion_fits(opt, at(0x50008), cache, 32, both));  // q
+  KvCacheDesc off = cache;
+  off.v = at(0x20004);
+  EXPECT_FALSE(decode_fusion_fits(opt, at(0x50000), off, 32, both));
+  // A tiling of the tiled kernel: prefill rows, a group of 16, head_dim 96.
+  const AttentionTiling prefill = plan_attention(40, 2, 528, 32, 8, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_FALSE(decode_fusion_fits(prefill, at(0x50000), cache, 32, both));
+  const AttentionTiling g16 = plan_attention(1, 1, 528, 128, 8, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_FALSE(decode_fusion_fits(g16, at(0x50000), cache, 128, both));
+  KvCacheDesc hd96 = cache;
+  hd96.head_dim = 96;
+  const AttentionTiling t96 = plan_attention(1, 1, 528, 32, 8, 96, kSms, 4 * kKiB * kKiB);
+  EXPECT_FALSE(decode_fusion_fits(t96, at(0x50000), hd96, 32, both));
+  // The benchmark switch that keeps decode rows on the tiled kernel.
+  const AttentionTiling tiled = plan_attention(1, 1, 528, 32, 8, 128, kSms, 4 * kKiB, false);
+  EXPECT_FALSE(decode_fusion_fits(tiled, at(0x50000), cache, 32, both));
+  // A tiling made for other heads than the step's: its block would not hold a whole group.
+  EXPECT_FALSE(decode_fusion_fits(opt, at(0x50000), cache, 64, both));
+}
+
 }  // namespace
 }  // namespace strata::cuda_kernels
