@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -209,6 +210,52 @@ TEST(CudaAvailability, ProbeAndFactoryFailCleanlyWithoutDevice) {
     EXPECT_THROW(make_cuda_backend(count), Error);
     EXPECT_THROW(make_cuda_backend(-1), Error);
   }
+}
+
+// The benchmark switches as CudaOptions reads them: unset is the measured default, each
+// documented value sets its field, and a value outside the list is an input error that
+// names the variable and the values it takes.
+TEST(CudaAvailability, OptionsFromTheEnvironment) {
+  const char* const vars[] = {"STRATA_CUDA_GEMV", "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
+                              "STRATA_CUDA_NORM", "STRATA_CUDA_ATTENTION", "STRATA_CUDA_DECODE"};
+  for (const char* v : vars) unsetenv(v);
+  const CudaOptions d = CudaOptions::from_env();
+  EXPECT_TRUE(d.fused_gemv);
+  EXPECT_TRUE(d.fuse_epilogues);
+  EXPECT_EQ(d.pdl, CudaOptions::Pdl::kOn);
+  EXPECT_FALSE(d.fuse_norms);
+  EXPECT_EQ(d.attention, CudaOptions::Attention::kWarps);
+  EXPECT_FALSE(d.fuse_decode_attention);
+
+  setenv("STRATA_CUDA_GEMV", "off", 1);
+  setenv("STRATA_CUDA_EPILOGUE", "off", 1);
+  setenv("STRATA_CUDA_PDL", "all", 1);
+  setenv("STRATA_CUDA_NORM", "fused", 1);
+  setenv("STRATA_CUDA_ATTENTION", "tiled", 1);
+  setenv("STRATA_CUDA_DECODE", "fused", 1);
+  const CudaOptions o = CudaOptions::from_env();
+  EXPECT_FALSE(o.fused_gemv);
+  EXPECT_FALSE(o.fuse_epilogues);
+  EXPECT_EQ(o.pdl, CudaOptions::Pdl::kAll);
+  EXPECT_TRUE(o.fuse_norms);
+  EXPECT_EQ(o.attention, CudaOptions::Attention::kTiled);
+  EXPECT_TRUE(o.fuse_decode_attention);
+  setenv("STRATA_CUDA_PDL", "early", 1);
+  setenv("STRATA_CUDA_ATTENTION", "simple", 1);
+  EXPECT_EQ(CudaOptions::from_env().pdl, CudaOptions::Pdl::kEarly);
+  EXPECT_EQ(CudaOptions::from_env().attention, CudaOptions::Attention::kSimple);
+
+  setenv("STRATA_CUDA_DECODE", "yes", 1);
+  try {
+    (void)CudaOptions::from_env();
+    ADD_FAILURE() << "STRATA_CUDA_DECODE=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("STRATA_CUDA_DECODE=yes"), std::string::npos) << what;
+    EXPECT_NE(what.find("apart, fused"), std::string::npos) << what;
+  }
+  for (const char* v : vars) unsetenv(v);
 }
 
 // ---------------------------------------------------------------------------------------
