@@ -219,31 +219,26 @@ TEST(CudaAvailability, OptionsFromTheEnvironment) {
   const char* const vars[] = {"STRATA_CUDA_GEMV", "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
                               "STRATA_CUDA_NORM", "STRATA_CUDA_ATTENTION", "STRATA_CUDA_DECODE"};
   for (const char* v : vars) unsetenv(v);
-  const CudaOptions d = CudaOptions::from_env();
-  EXPECT_TRUE(d.fused_gemv);
-  EXPECT_TRUE(d.fuse_epilogues);
-  EXPECT_EQ(d.pdl, CudaOptions::Pdl::kOn);
-  EXPECT_FALSE(d.fuse_norms);
-  EXPECT_EQ(d.attention, CudaOptions::Attention::kWarps);
-  EXPECT_FALSE(d.fuse_decode_attention);
-
+  using Pdl = CudaOptions::Pdl;
+  using Attention = CudaOptions::Attention;
+  const auto fields = [](const CudaOptions& o) {
+    return std::tuple(o.fused_gemv, o.fuse_epilogues, o.pdl, o.fuse_norms, o.attention,
+                      o.fuse_decode_attention);
+  };
+  EXPECT_EQ(fields(CudaOptions::from_env()),
+            std::tuple(true, true, Pdl::kOn, false, Attention::kWarps, false));
   setenv("STRATA_CUDA_GEMV", "off", 1);
   setenv("STRATA_CUDA_EPILOGUE", "off", 1);
   setenv("STRATA_CUDA_PDL", "all", 1);
   setenv("STRATA_CUDA_NORM", "fused", 1);
   setenv("STRATA_CUDA_ATTENTION", "tiled", 1);
   setenv("STRATA_CUDA_DECODE", "fused", 1);
-  const CudaOptions o = CudaOptions::from_env();
-  EXPECT_FALSE(o.fused_gemv);
-  EXPECT_FALSE(o.fuse_epilogues);
-  EXPECT_EQ(o.pdl, CudaOptions::Pdl::kAll);
-  EXPECT_TRUE(o.fuse_norms);
-  EXPECT_EQ(o.attention, CudaOptions::Attention::kTiled);
-  EXPECT_TRUE(o.fuse_decode_attention);
+  EXPECT_EQ(fields(CudaOptions::from_env()),
+            std::tuple(false, false, Pdl::kAll, true, Attention::kTiled, true));
   setenv("STRATA_CUDA_PDL", "early", 1);
   setenv("STRATA_CUDA_ATTENTION", "simple", 1);
-  EXPECT_EQ(CudaOptions::from_env().pdl, CudaOptions::Pdl::kEarly);
-  EXPECT_EQ(CudaOptions::from_env().attention, CudaOptions::Attention::kSimple);
+  EXPECT_EQ(CudaOptions::from_env().pdl, Pdl::kEarly);
+  EXPECT_EQ(CudaOptions::from_env().attention, Attention::kSimple);
 
   setenv("STRATA_CUDA_DECODE", "yes", 1);
   try {
