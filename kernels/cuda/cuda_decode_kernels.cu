@@ -733,8 +733,9 @@ __device__ void store_lane(float* p, const float (&r)[V]) {
   }
 }
 
-// A row of the step's table, read after wait_for_inputs() with ordinary loads (an earlier
-// kernel may have written it) -- every other address the kernel reads depends on it.
+// A row of the step's table, read after wait_for_inputs() through L2 (ld.cg, not the
+// read-only path, since an earlier kernel may have written it): every other address the
+// kernel reads depends on it, so no load moves ahead of the wait.
 __device__ RowDesc load_row(const RowDesc* rows, int64_t i) {
   const int32_t* r = reinterpret_cast<const int32_t*>(rows + i);
   return RowDesc{__ldcg(r), __ldcg(r + 1), __ldcg(r + 2)};
