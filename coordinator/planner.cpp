@@ -185,6 +185,7 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     const Policy policy = o.placement.policy.value_or(Policy{});
     st.compress_weight = policy.compress_weight;
     st.compress_cache = policy.compress_cache;
+    st.cache_f16 = policy.cache_f16;
     st.cpu_attention = policy.cpu_cache_compute;
     st.gpu_batch_size = p.gpu_batch_size;
     const TierBytes total = with_links.total();

@@ -46,6 +46,18 @@ int64_t accelerator_scratch_bytes(const KernelBounds& b) {
   return bytes;
 }
 
+float* KvLayerView::k_f32() const {
+  STRATA_CHECK(dtype == DType::kF32, "KV cache view: {} elements where f32 is read",
+               dtype_name(dtype));
+  return static_cast<float*>(k);
+}
+
+float* KvLayerView::v_f32() const {
+  STRATA_CHECK(dtype == DType::kF32, "KV cache view: {} elements where f32 is read",
+               dtype_name(dtype));
+  return static_cast<float*>(v);
+}
+
 void Backend::kv_store_q4(const float*, const float*, const StepRows&, const KvQ4LayerView&) {
   fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
 }

@@ -27,17 +27,27 @@ struct SeqSlice {
 };
 
 // One layer's KV cache, laid out [slot][kv_head][capacity][head_dim] for K and for V so a
-// head's keys are contiguous for the attention dot products.
+// head's keys are contiguous for the attention dot products. Elements are f32, or f16 (half
+// the bytes attention reads, as FlexGen and llama.cpp keep their caches); strides count
+// elements.
 struct KvLayerView {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   int32_t n_slots = 0;
   int32_t capacity = 0;  // positions per slot
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
+  DType dtype = DType::kF32;  // kF32 or kF16
 
   size_t slot_stride() const { return static_cast<size_t>(n_kv_heads) * capacity * head_dim; }
   size_t head_stride() const { return static_cast<size_t>(capacity) * head_dim; }
+  size_t elem_bytes() const { return dtype_size(dtype); }
+  size_t tensor_bytes() const {
+    return slot_stride() * static_cast<size_t>(n_slots) * elem_bytes();
+  }
+  // The f32 cache's arrays (checks that it is one: what f32-only kernels read).
+  float* k_f32() const;
+  float* v_f32() const;
 };
 
 // One layer's KV cache stored 4-bit (FlexGen §5, groups along the hidden dimension): each

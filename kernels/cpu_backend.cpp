@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "kernels/cpu_isa.h"
+#include "kernels/decode_attention_simd.h"
 #include "kernels/error.h"
 #include "kernels/fast_exp.h"
 #include "kernels/gemm_panel.h"
@@ -41,26 +42,48 @@ void causal_softmax_row(float* row, int32_t valid, int32_t n) {
   std::fill(row + valid, row + n, 0.0f);
 }
 
-// One decode row of one query head over the `ctx` positions of its kv head (k, v: [ctx, hd]):
-// scores, softmax and the weighted sum of V as three passes over L1-sized rows, with no
-// BLAS call (two per head cost more than the bytes they read: docs/BENCHMARKS.md).
-void decode_attention_head(const float* q, const float* k, const float* v, int32_t ctx, int32_t hd,
-                           float scale, float* scores, float* out) {
-  for (int32_t p = 0; p < ctx; ++p) {
-    const float* kp = k + static_cast<size_t>(p) * hd;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int32_t d = 0; d < hd; ++d) dot += q[d] * kp[d];
-    scores[p] = dot * scale;
+// K or V rows as f32 whatever the cache stores: an f32 cache's rows in place; an f16
+// cache's `n` elements from `at` converted into `buf` (F16C where the build has it).
+const float* rows_f32(const float* rows, int64_t at, int64_t, float*) {
+  return rows + at;
+}
+const float* rows_f32(const uint16_t* rows, int64_t at, int64_t n, float* buf) {
+  row_to_f32(DType::kF16, rows + at, buf, n);
+  return buf;
+}
+
+// Positions a decode row converts at a time from an f16 cache: an L1-sized f32 chunk.
+constexpr int64_t kDecodeChunkElems = 2048;
+int32_t decode_chunk(int32_t hd) {
+  return static_cast<int32_t>(std::max<int64_t>(1, kDecodeChunkElems / hd));
+}
+
+// P V for a decode row's query heads of one kv group: out_h = sum_p p_h[p] v[p] for the
+// `group` rows of probabilities (p: [group, ctx]) over the kv head's rows (v: [ctx, hd]).
+// Each V row is read once for the group; an f16 cache's rows are converted a chunk at a time
+// into `buf` (hd x decode_chunk(hd) floats).
+template <class T>
+void decode_weighted_values(const float* p, const T* v, int32_t group, int32_t ctx, int32_t hd,
+                            float* buf, float* out, int64_t out_stride) {
+  for (int32_t g = 0; g < group; ++g) {
+    float* o = out + g * out_stride;
+#pragma omp simd
+    for (int32_t d = 0; d < hd; ++d) o[d] = 0.0f;
   }
-  causal_softmax_row(scores, ctx, ctx);
+  const int32_t chunk = decode_chunk(hd);
+  for (int32_t p0 = 0; p0 < ctx; p0 += chunk) {
+    const int32_t n = std::min(chunk, ctx - p0);
+    const float* vc = rows_f32(v, int64_t{p0} * hd, int64_t{n} * hd, buf);
+    for (int32_t g = 0; g < group; ++g) {
+      const float* pg = p + static_cast<size_t>(g) * static_cast<size_t>(ctx) + p0;
+      float* o = out + g * out_stride;
+      for (int32_t i = 0; i < n; ++i) {
+        const float w = pg[i];
+        const float* vp = vc + static_cast<size_t>(i) * hd;
 #pragma omp simd
-  for (int32_t d = 0; d < hd; ++d) out[d] = 0.0f;
-  for (int32_t p = 0; p < ctx; ++p) {
-    const float w = scores[p];
-    const float* vp = v + static_cast<size_t>(p) * hd;
-#pragma omp simd
-    for (int32_t d = 0; d < hd; ++d) out[d] += w * vp[d];
+        for (int32_t d = 0; d < hd; ++d) o[d] += w * vp[d];
+      }
+    }
   }
 }
 
@@ -139,6 +162,13 @@ CpuBackend::CpuBackend(int threads) {
   // Decided (and a bad STRATA_CPU_ISA refused) here, not inside a kernel's parallel region.
   isa_ = active_cpu_isa();
   bind_thread();
+}
+
+CpuBackend::CpuBackend(int threads, CpuIsa isa) : CpuBackend(threads) {
+  if (isa > detected_cpu_isa())
+    fail_input("cpu backend with {}: this CPU has {}", cpu_isa_name(isa),
+               cpu_isa_name(detected_cpu_isa()));
+  isa_ = isa;
 }
 
 // OpenMP's thread count is a per-thread setting: each thread that computes sets it.
@@ -232,7 +262,7 @@ void CpuBackend::linear(const float* x, int64_t m, const Tensor& w, const float*
       const int64_t t = omp_get_thread_num();
       const int64_t chunk = (n + nt * kGemvRowAlign - 1) / (nt * kGemvRowAlign) * kGemvRowAlign;
       const int64_t begin = std::min(n, t * chunk);
-      gemv_rows(x, m, w, bias, y, begin, std::min(n, begin + chunk));
+      gemv_rows_with(isa_, x, m, w, bias, y, begin, std::min(n, begin + chunk));
     }
   } else if (w.dtype == DType::kF32) {
     linear_f32(x, m, w, bias, y);
@@ -421,26 +451,65 @@ void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
     causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n));
 }
 
-void CpuBackend::kv_store(const float* k, const float* v, const StepRows& rows,
-                          const KvLayerView& cache) {
-  const std::span<const SeqSlice> seqs = rows.seqs;
+namespace {
+
+// n floats rounded to f16 (round to nearest even, as f32_to_f16 does).
+void row_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+
+void store_row(const float* src, float* dst, int32_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+void store_row(const float* src, uint16_t* dst, int32_t n) {
+  row_to_f16(src, dst, n);
+}
+
+template <class T>
+void kv_store_rows(const float* k, const float* v, std::span<const SeqSlice> seqs,
+                   const KvLayerView& cache) {
   const int32_t hd = cache.head_dim;
   const int64_t width = static_cast<int64_t>(cache.n_kv_heads) * hd;
   for (const SeqSlice& s : seqs) {
     STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "kv slot {} of {}", s.slot, cache.n_slots);
     STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "kv cache overflow: {} + {} > capacity {}",
                  s.n_past, s.n_new, cache.capacity);
-    float* kslot = cache.k + static_cast<size_t>(s.slot) * cache.slot_stride();
-    float* vslot = cache.v + static_cast<size_t>(s.slot) * cache.slot_stride();
+    T* kslot = static_cast<T*>(cache.k) + static_cast<size_t>(s.slot) * cache.slot_stride();
+    T* vslot = static_cast<T*>(cache.v) + static_cast<size_t>(s.slot) * cache.slot_stride();
     for (int32_t t = 0; t < s.n_new; ++t) {
       const int64_t row = s.row_begin + t;
       const size_t pos_off = static_cast<size_t>(s.n_past + t) * hd;
       for (int32_t h = 0; h < cache.n_kv_heads; ++h) {
         const size_t dst = static_cast<size_t>(h) * cache.head_stride() + pos_off;
-        std::memcpy(kslot + dst, k + row * width + h * hd, static_cast<size_t>(hd) * 4);
-        std::memcpy(vslot + dst, v + row * width + h * hd, static_cast<size_t>(hd) * 4);
+        store_row(k + row * width + h * hd, kslot + dst, hd);
+        store_row(v + row * width + h * hd, vslot + dst, hd);
       }
     }
+  }
+}
+
+void check_kv_dtype(const KvLayerView& cache, const char* op) {
+  if (cache.dtype != DType::kF32 && cache.dtype != DType::kF16)
+    fail_input("{}: a KV cache of {} elements; the cache holds f32 or f16", op,
+               dtype_name(cache.dtype));
+}
+
+}  // namespace
+
+void CpuBackend::kv_store(const float* k, const float* v, const StepRows& rows,
+                          const KvLayerView& cache) {
+  check_kv_dtype(cache, "kv_store");
+  if (cache.dtype == DType::kF16) {
+    kv_store_rows<uint16_t>(k, v, rows.seqs, cache);
+  } else {
+    kv_store_rows<float>(k, v, rows.seqs, cache);
   }
 }
 
@@ -495,23 +564,150 @@ void CpuBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& ou
   const auto rows = static_cast<int64_t>(cache.rows());
   const int32_t gpr = cache.head_dim / cache.group;
   const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
+  float* ok = out.k_f32();
+  float* ov = out.v_f32();
 #pragma omp parallel for schedule(static) if (rows * cache.head_dim > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) {
     for (int32_t j = 0; j < gpr; ++j) {
       const size_t g = static_cast<size_t>(r) * gpr + static_cast<size_t>(j);
       const size_t at =
           static_cast<size_t>(r) * cache.head_dim + static_cast<size_t>(j) * cache.group;
-      dequantize_group(kb.codes + at / 2, cache.group, kb.mins[g], kb.scales[g], out.k + at);
-      dequantize_group(vb.codes + at / 2, cache.group, vb.mins[g], vb.scales[g], out.v + at);
+      dequantize_group(kb.codes + at / 2, cache.group, kb.mins[g], kb.scales[g], ok + at);
+      dequantize_group(vb.codes + at / 2, cache.group, vb.mins[g], vb.scales[g], ov + at);
     }
   }
 }
 
-// One task per (sequence, query head): S = scale * Q K^T over the sequence's cache, causal
-// softmax per row, O = P V. A decode row runs decode_attention_head; a prefill chunk's
-// products are BLAS GEMMs (inside the parallel region OpenBLAS runs single-threaded).
+namespace {
+
+// The f32 scratch one attention task (a sequence's kv head) needs: its score block and, for
+// an f16 cache, the rows it converts (a chunk at a time for a decode row, the head's K and V
+// for a chunk).
+size_t attention_scratch(const SeqSlice& s, int32_t hd, int32_t group, DType dtype) {
+  const auto ctx = static_cast<size_t>(s.n_past + s.n_new);
+  const bool decode = s.n_new == 1;
+  size_t floats = (decode ? static_cast<size_t>(group) : static_cast<size_t>(s.n_new)) * ctx;
+  if (decode) {
+    floats += static_cast<size_t>(hd) * static_cast<size_t>(decode_chunk(hd));
+  } else if (dtype == DType::kF16) {
+    floats += 2 * ctx * static_cast<size_t>(hd);
+  }
+  return floats;
+}
+
+// One task: a sequence's kv head and the `group` query heads that read it. q and out are
+// the first of those heads' columns of the step's rows (row stride `width`), k and v the kv
+// head's [ctx, hd] rows in the cache.
+struct HeadTask {
+  const float* q;
+  float* out;
+  const void* k;
+  const void* v;
+  DType dtype;
+  const SeqSlice* seq;
+  int32_t group;
+  int32_t hd;
+  int64_t width;
+  float scale;
+};
+
+// scores[p] = scale * q . k[p] over the kv head's rows, an f16 cache's converted a chunk at
+// a time into `buf` (the kernel any CPU runs).
+template <class T>
+void decode_scores(const float* q, const T* k, int32_t ctx, int32_t hd, float scale, float* scores,
+                   float* buf) {
+  const int32_t chunk = decode_chunk(hd);
+  for (int32_t p0 = 0; p0 < ctx; p0 += chunk) {
+    const int32_t n = std::min(chunk, ctx - p0);
+    const float* kc = rows_f32(k, int64_t{p0} * hd, int64_t{n} * hd, buf);
+    for (int32_t p = 0; p < n; ++p) {
+      const float* kp = kc + static_cast<size_t>(p) * hd;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int32_t d = 0; d < hd; ++d) dot += q[d] * kp[d];
+      scores[p0 + p] = dot * scale;
+    }
+  }
+}
+
+// A decode row of the group's query heads: scores, softmax and P V, each pass over the kv
+// head's rows in position order (the second head on reads them from cache). With AVX-512
+// the passes are decode_attention_simd.h's, which convert f16 in registers.
+template <class T>
+void attend_decode(const HeadTask& t, CpuIsa isa, float* scratch) {
+  const int32_t ctx = t.seq->n_past + 1;
+  float* scores = scratch;  // [group, ctx]
+  float* buf = scratch + static_cast<size_t>(t.group) * static_cast<size_t>(ctx);
+#if STRATA_X86_KERNELS
+  const bool simd = isa == CpuIsa::kAvx512 && attention_detail::avx512_decode_fits(t.hd, t.dtype);
+#else
+  const bool simd = false;
+  (void)isa;
+#endif
+  for (int32_t g = 0; g < t.group; ++g) {
+    float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
+    const float* qg = t.q + g * t.hd;
+#if STRATA_X86_KERNELS
+    if (simd) {
+      attention_detail::decode_scores_avx512(qg, t.k, t.dtype, ctx, t.hd, t.scale, row);
+    } else
+#endif
+    {
+      decode_scores(qg, static_cast<const T*>(t.k), ctx, t.hd, t.scale, row, buf);
+    }
+    causal_softmax_row(row, ctx, ctx);
+  }
+#if STRATA_X86_KERNELS
+  if (simd) {
+    for (int32_t g = 0; g < t.group; ++g)
+      attention_detail::decode_values_avx512(scores + static_cast<size_t>(g) * ctx, t.v, t.dtype,
+                                             ctx, t.hd, t.out + g * t.hd);
+    return;
+  }
+#endif
+  decode_weighted_values(scores, static_cast<const T*>(t.v), t.group, ctx, t.hd, buf, t.out, t.hd);
+}
+
+// A prefill chunk: per query head, S = scale Q K^T and O = P V as BLAS GEMMs over the kv
+// head's rows (an f16 cache's converted once for the group).
+template <class T>
+void attend_chunk(const HeadTask& t, float* scratch) {
+  const SeqSlice& s = *t.seq;
+  const int32_t ctx = s.n_past + s.n_new;
+  const int32_t hd = t.hd;
+  float* scores = scratch;
+  float* buf = scratch + static_cast<size_t>(s.n_new) * static_cast<size_t>(ctx);
+  const int64_t n = int64_t{ctx} * hd;
+  const float* kf = rows_f32(static_cast<const T*>(t.k), 0, n, buf);
+  const float* vf = rows_f32(static_cast<const T*>(t.v), 0, n, buf + n);
+  for (int32_t g = 0; g < t.group; ++g) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, t.scale, t.q + g * hd,
+                static_cast<blasint>(t.width), kf, hd, 0.0f, scores, ctx);
+    for (int32_t r = 0; r < s.n_new; ++r)
+      causal_softmax_row(scores + static_cast<size_t>(r) * ctx, s.n_past + r + 1, ctx);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.n_new, hd, ctx, 1.0f, scores, ctx, vf,
+                hd, 0.0f, t.out + g * hd, static_cast<blasint>(t.width));
+  }
+}
+
+template <class T>
+void attend(const HeadTask& t, CpuIsa isa, float* scratch) {
+  if (t.seq->n_new == 1) {
+    attend_decode<T>(t, isa, scratch);
+  } else {
+    attend_chunk<T>(t, scratch);
+  }
+}
+
+}  // namespace
+
+// One task per (sequence, kv head) and the query heads that share it: S = scale * Q K^T over
+// the sequence's cache, causal softmax per row, O = P V. Decode rows run attend_decode; a
+// prefill chunk's products are BLAS GEMMs (inside the parallel region OpenBLAS runs
+// single-threaded).
 void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                            const AttentionDims& dims, float* out) {
+  check_kv_dtype(cache, "attention");
   const std::span<const SeqSlice> seqs = rows.seqs;
   const int32_t hd = dims.head_dim;
   const int32_t group = dims.n_heads / dims.n_kv_heads;
@@ -523,39 +719,42 @@ void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerVi
                  cache.n_slots);
     STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "attention: {} + {} positions > capacity {}",
                  s.n_past, s.n_new, cache.capacity);
-    scratch_per_task = std::max(
-        scratch_per_task, static_cast<size_t>(s.n_new) * static_cast<size_t>(s.n_past + s.n_new));
+    scratch_per_task = std::max(scratch_per_task, attention_scratch(s, hd, group, cache.dtype));
     work += static_cast<int64_t>(s.n_new) * (s.n_past + s.n_new) * width;
   }
   const auto nthreads = static_cast<size_t>(omp_get_max_threads());
   if (attn_scratch_.size() < scratch_per_task * nthreads)
     attn_scratch_.resize(scratch_per_task * nthreads);
-  const auto tasks = static_cast<int64_t>(seqs.size()) * dims.n_heads;
+  const auto tasks = static_cast<int64_t>(seqs.size()) * dims.n_kv_heads;
+  const bool half = cache.dtype == DType::kF16;
+  const CpuIsa isa = isa_;
 
 #pragma omp parallel for schedule(dynamic, 1) if (work > kParallelElems)
   for (int64_t task = 0; task < tasks; ++task) {
-    const SeqSlice& s = seqs[static_cast<size_t>(task / dims.n_heads)];
-    const auto h = static_cast<int32_t>(task % dims.n_heads);
+    const SeqSlice& s = seqs[static_cast<size_t>(task / dims.n_kv_heads)];
+    const auto kvh = static_cast<int32_t>(task % dims.n_kv_heads);
     if (s.n_new == 0) continue;
-    const int32_t ctx = s.n_past + s.n_new;
-    const size_t base = static_cast<size_t>(s.slot) * cache.slot_stride() +
-                        static_cast<size_t>(h / group) * cache.head_stride();
-    const float* k = cache.k + base;
-    const float* v = cache.v + base;
-    const float* qh = q + s.row_begin * width + static_cast<int64_t>(h) * hd;
-    float* oh = out + s.row_begin * width + static_cast<int64_t>(h) * hd;
-    float* scores =
+    const size_t base = (static_cast<size_t>(s.slot) * cache.slot_stride() +
+                         static_cast<size_t>(kvh) * cache.head_stride()) *
+                        cache.elem_bytes();
+    const int64_t col = static_cast<int64_t>(kvh) * group * hd;
+    const HeadTask t{q + s.row_begin * width + col,
+                     out + s.row_begin * width + col,
+                     static_cast<const std::byte*>(cache.k) + base,
+                     static_cast<const std::byte*>(cache.v) + base,
+                     cache.dtype,
+                     &s,
+                     group,
+                     hd,
+                     width,
+                     dims.scale};
+    float* scratch =
         attn_scratch_.data() + scratch_per_task * static_cast<size_t>(omp_get_thread_num());
-    if (s.n_new == 1) {
-      decode_attention_head(qh, k, v, ctx, hd, dims.scale, scores, oh);
-      continue;
+    if (half) {
+      attend<uint16_t>(t, isa, scratch);
+    } else {
+      attend<float>(t, isa, scratch);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, dims.scale, qh,
-                static_cast<blasint>(width), k, hd, 0.0f, scores, ctx);
-    for (int32_t t = 0; t < s.n_new; ++t)
-      causal_softmax_row(scores + static_cast<size_t>(t) * ctx, s.n_past + t + 1, ctx);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.n_new, hd, ctx, 1.0f, scores, ctx, v,
-                hd, 0.0f, oh, static_cast<blasint>(width));
   }
 }
 

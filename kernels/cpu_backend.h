@@ -17,6 +17,9 @@ class CpuBackend final : public Backend {
   // threads <= 0: all cores. Sets both OpenMP's and OpenBLAS's thread count. Throws
   // InputError above max_cpu_threads().
   explicit CpuBackend(int threads = 0);
+  // The same with the kernels' instruction set given (tests compare every one the CPU has);
+  // InputError where this CPU or build lacks it.
+  CpuBackend(int threads, CpuIsa isa);
 
   std::string name() const override;
   Device device() const override { return Device::kHost; }

@@ -72,6 +72,7 @@ PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compu
   out.cache.placement.cpu_percent = p.cache_cpu_percent;
   out.cache.cpu_attention = p.cpu_cache_compute;
   out.cache.placement.compress = p.compress_cache;
+  out.cache.placement.dtype = p.cache_f16 ? DType::kF16 : DType::kF32;
   out.overlap = p.overlap;
   // The block schedule only when the policy names it; otherwise --max-batch (or bench's
   // --batch) is one GPU batch.

@@ -73,7 +73,9 @@ Sizes sizes_of(const ModelShape& m, const Workload& w, const Policy& p) {
   z.w = z.w_fp * (p.compress_weight ? packed : 1.0);
   z.w_dequant = p.compress_weight ? z.w_fp : 0.0;
   z.kv_dim = double(m.n_kv_heads * m.head_dim);
-  z.kv = 2 * z.kv_dim * z.e * (p.compress_cache ? packed : 1.0);
+  // An f16 cache (cf16) is 2 bytes an element whatever the weights are (FlexGen's cache).
+  const double kv_e = p.cache_f16 ? 2.0 : z.e;
+  z.kv = 2 * z.kv_dim * kv_e * (p.compress_cache ? packed : 1.0);
   z.h1 = double(m.hidden);
   z.h2 = double(m.intermediate);
   z.q_dim = double(m.n_heads * m.head_dim);

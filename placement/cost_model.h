@@ -22,6 +22,7 @@
 //    whatever the cache placement; the decode activation buffer is 2 h1 gbs, not 2 s h1 gbs;
 //  - without CPU attention (A.3 only covers the case with it) the off-GPU cache crosses
 //    CPU->GPU to be attended, the new token's K/V go back, and the GPU double-buffers it;
+//  - an f16 cache (policy cf16) is 2 bytes an element whatever the weights' type;
 //  - compression (§5) scales stored weights / cache by compressed_fraction() in every
 //    transfer and home, and the GPU holds one layer dequantised; (de)quantisation time is
 //    not modelled, as in FlexGen's own cost model;

@@ -13,7 +13,7 @@ namespace strata {
 namespace {
 
 constexpr std::string_view kAllowedKeys =
-    "gbs, ngb, w, c, h, cw, cc, cpu_attn, overlap, pie, hetegen";
+    "gbs, ngb, w, c, h, cw, cc, cf16, cpu_attn, overlap, pie, hetegen";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -88,6 +88,8 @@ void apply(Policy& p, std::string_view key, std::string_view value) {
     p.compress_weight = parse_flag(key, value);
   } else if (key == "cc") {
     p.compress_cache = parse_flag(key, value);
+  } else if (key == "cf16") {
+    p.cache_f16 = parse_flag(key, value);
   } else if (key == "cpu_attn") {
     p.cpu_cache_compute = parse_flag(key, value);
   } else if (key == "overlap") {
@@ -132,6 +134,10 @@ void Policy::validate() const {
     fail_input(
         "policy: compress_cache=1 with cpu_attention=1: a compressed KV cache is attended on "
         "the GPU (FlexGen §5); set cc=0 or cpu_attn=0");
+  if (compress_cache && cache_f16)
+    fail_input(
+        "policy: compress_cache=1 with cache_f16=1: the KV cache is stored either 4-bit "
+        "or f16; set cc=0 or cf16=0");
   if (pie_host_layers < 0)
     fail_input("policy: pie={}: host layers must be a whole number >= 0", pie_host_layers);
   if (pie_host_layers > 0 && cache_gpu_percent != 100)
@@ -155,6 +161,7 @@ std::string Policy::str() const {
 
 std::string Policy::extras(std::string_view sep, std::string_view style) const {
   std::string out;
+  if (cache_f16) out += fmt::format("{}{}=1", sep, style == "_" ? "cache_f16" : "cf16");
   if (pie_host_layers > 0)
     out += fmt::format("{}pie{}={}", sep, style == "_" ? "_host_layers" : "", pie_host_layers);
   if (hetegen_alpha_percent > 0)

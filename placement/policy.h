@@ -27,6 +27,10 @@ struct Policy {
   int act_cpu_percent = 0;                 // hc
   bool compress_weight = false;
   bool compress_cache = false;
+  // The cache's elements in f16 rather than f32 (FlexGen's and llama.cpp's cache): half the
+  // bytes to hold and for decode attention to read. Attended on the host only (the CUDA
+  // kernels read f32): host compute, or the CPU tier with cpu_attn. Not with cc.
+  bool cache_f16 = false;
   bool cpu_cache_compute = false;  // attention on the CPU for the cache kept off the GPU
   bool overlap = true;
   // Pie (papers/pie.md §3): m of the model's layers keep their (GPU-tier) KV cache in host
@@ -57,11 +61,11 @@ struct Policy {
   // FlexGen's tuple style: "Policy(gpu_batch_size=48, num_gpu_batches=3, w=(20,80,0), ...)".
   std::string str() const;
   // The command-line form that parse() reads back: "gbs=48,ngb=3,w=20/80/0,..." (gbs and
-  // ngb only when set, pie and hetegen only when on, so parse(compact()) == *this).
+  // ngb only when set, cf16, pie and hetegen only when on, so parse(compact()) == *this).
   std::string compact() const;
 
   // Comma-separated key=value: gbs, ngb (positive integers), w, c, h ("GPU/CPU/DISK"
-  // integer percentages summing to 100), cw, cc, cpu_attn, overlap (0 or 1), pie (host
+  // integer percentages summing to 100), cw, cc, cf16, cpu_attn, overlap (0 or 1), pie (host
   // layers, >= 0), hetegen (alpha in percent, 0-100). Keys left out
   // keep the defaults above; a key given twice, an unknown key or a bad value is an
   // InputError that names the key, the value and what is allowed.
@@ -70,7 +74,8 @@ struct Policy {
   bool operator==(const Policy&) const = default;
 
  private:
-  // Pie's and HeteGen's fields where on, each led by `sep`; style "_": str()'s long names.
+  // The f16 cache's, Pie's and HeteGen's fields where on, each led by `sep`; style "_":
+  // str()'s long names.
   std::string extras(std::string_view sep, std::string_view style) const;
 };
 

@@ -216,6 +216,22 @@ void check_weight_budget(const char* option, int64_t budget, int64_t need, const
       option, mib(budget), what, mib(need), mib(need - budget), p.str());
 }
 
+// With device compute an f16 cache must be attended on the host (the device's kernels read
+// f32): no layer on the GPU tier, and CPU attention for the rest (as worker/kv_cache.cpp and
+// kv_attention.cpp refuse it).
+void check_f16_cache_on_host(const Policy& policy, const KvPlacement& kv) {
+  if (kv.count(Tier::kGpu) > 0)
+    fail_input(
+        "policy '{}': an f16 KV cache (cf16=1) is attended on the host, but c= puts {} of {} "
+        "layers on the GPU, whose kernels read f32; set c=0/... or cf16=0",
+        policy.compact(), kv.count(Tier::kGpu), kv.tiers.size());
+  if (!policy.cpu_cache_compute)
+    fail_input(
+        "policy '{}': an f16 KV cache (cf16=1) off the GPU is attended on the host; set "
+        "cpu_attn=1 or cf16=0",
+        policy.compact());
+}
+
 }  // namespace
 
 int64_t WeightPlacement::gpu_bytes() const {
@@ -266,8 +282,8 @@ int64_t KvPlacement::file_bytes() const {
 std::string KvPlacement::str() const {
   return fmt::format(
       "KvPlacement({}, layers gpu/cpu/disk {}/{}/{}, layer K or V {:.3f} MiB{})",
-      compress ? "4-bit" : "f32", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
-      mib(layer_bytes),
+      compress ? "4-bit" : (f16 ? "f16" : "f32"), count(Tier::kGpu), count(Tier::kCpu),
+      count(Tier::kDisk), mib(layer_bytes),
       pie_host_layers
           ? fmt::format("; Pie, m in [{}, {}]: {} device + {} host buffers of {:.3f} MiB",
                         pie_host_layers->lowest, pie_host_layers->highest, pie.device, pie.host,
@@ -352,6 +368,7 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   KvPlacement& kv = p.cache;
   if (r.kv_slots > 0) {
     kv.compress = policy.compress_cache;
+    kv.f16 = policy.cache_f16;
     if (kv.compress && s.head_dim % 2 != 0)
       fail_input("head_dim {} is odd; the 4-bit KV cache packs two values per byte", s.head_dim);
     if (r.kv_positions < 0 || (r.kv_positions > 0 && r.device_compute))
@@ -369,9 +386,10 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
       v.group = KvQ4LayerView::group_for(v.head_dim);
       kv.layer_bytes = static_cast<int64_t>(v.tensor_bytes());
     } else {
-      kv.layer_bytes = rows * s.head_dim * kF32;
+      kv.layer_bytes = rows * s.head_dim * (policy.cache_f16 ? 2 : kF32);
     }
     kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
+    if (policy.cache_f16 && r.device_compute) check_f16_cache_on_host(policy, kv);
     if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
     if (r.pie) {  // as worker/kv_cache.cpp refuses and allocates it
       if (!r.device_compute)

@@ -127,7 +127,8 @@ struct WeightPlacement {
 
 struct KvPlacement {
   bool compress = false;
-  int64_t layer_bytes = 0;    // K or V of one layer as stored (f32 or 4-bit)
+  bool f16 = false;           // elements f16 rather than f32 (policy cf16)
+  int64_t layer_bytes = 0;    // K or V of one layer as stored (f32, f16 or 4-bit)
   int64_t staging_bytes = 0;  // two host buffers (page-aligned), when some layer is on disk
   std::vector<Tier> tiers;    // per layer; host compute: GPU tier means the host's memory
   // Pie (StageRequest::pie): the GPU-tier layers live in these device and host buffers.

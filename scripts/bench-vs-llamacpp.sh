@@ -3,7 +3,9 @@
 # anchor): the random-weight Llama of stories110M's shape that ../shared/anchors/llamacpp/
 # setup.sh makes (GGUF f32 and Q4_0 for llama.cpp, safetensors for Strata), prompt 128,
 # gen 64, batch 1 and 32 in f32, batch 1 in 4-bit (Strata's group-wise weights against
-# llama.cpp's Q4_0). Each engine runs each row in its own process, one after the other.
+# llama.cpp's Q4_0), and batch 1 and 32 again with Strata's KV cache in f16 (policy cf16=1,
+# the cache llama.cpp keeps by default; set against the same llama.cpp runs). Each engine
+# runs each row in its own process, one after the other.
 # Generation throughput is FlexGen's: generated tokens / (prefill + decode seconds).
 #   scripts/bench-vs-llamacpp.sh [BUILD_DIR] [OUT_DIR] [ANCHOR_DIR]
 # Writes OUT_DIR/vs-llamacpp.json and prints one line a row with the ratio.
@@ -44,18 +46,22 @@ llama_row f32-b32 "$ANCHOR/llama110m-f32.gguf" 32
 strata_row f32-b32 32
 llama_row q4-b1 "$ANCHOR/llama110m-q4_0.gguf" 1
 strata_row q4-b1 1 --policy w=0/100/0,c=0/100/0,cw=1
+strata_row kv16-b1 1 --policy cf16=1
+strata_row kv16-b32 32 --policy cf16=1
 
 python3 - "$tmp" "$OUT/vs-llamacpp.json" "$THREADS" <<'PY'
 import json, os, sys
 tmp, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []
-for name in ["f32-b1", "f32-b32", "q4-b1"]:
-    ll = json.loads(open(os.path.join(tmp, f"{name}-llama.json")).read())
+# Strata's row and the llama.cpp run it is set against.
+for name, anchor in [("f32-b1", "f32-b1"), ("f32-b32", "f32-b32"), ("q4-b1", "q4-b1"),
+                     ("kv16-b1", "f32-b1"), ("kv16-b32", "f32-b32")]:
+    ll = json.loads(open(os.path.join(tmp, f"{anchor}-llama.json")).read())
     st = json.load(open(os.path.join(tmp, f"{name}-strata.json")))
     # llama-batched-bench: t = prefill + decode seconds of pl sequences of tg tokens each.
     llama_gen = ll["pl"] * ll["tg"] / ll["t"]
     strata_gen = st["result"]["generation_tokens_per_s"]
-    row = {"row": name, "batch": ll["pl"], "threads": threads,
+    row = {"row": name, "llamacpp_row": anchor, "batch": ll["pl"], "threads": threads,
            "llamacpp": {"generation_tokens_per_s": llama_gen, "prefill_tokens_per_s": ll["speed_pp"],
                         "decode_tokens_per_s": ll["speed_tg"], "raw": ll},
            "strata": {"generation_tokens_per_s": strata_gen,

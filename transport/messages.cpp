@@ -97,12 +97,13 @@ std::string StagePlan::str() const {
                      has_embedding ? " +embedding" : "", has_head ? " +head" : "",
                      use_gpu ? "on gpu" : "on cpu", mib(gpu_mem_bytes), mib(cpu_mem_bytes),
                      mib(disk_mem_bytes)) +
-         (placed() ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}",
-                                 tiers_str(weight_tiers), tiers_str(cache_tiers),
-                                 mib(placed_gpu_bytes), mib(placed_cpu_bytes),
-                                 mib(placed_disk_bytes), compress_weight ? " cw" : "",
-                                 compress_cache ? " cc" : "", cpu_attention ? " cpu_attn" : "")
-                   : "");
+         (placed()
+              ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}{}",
+                            tiers_str(weight_tiers), tiers_str(cache_tiers), mib(placed_gpu_bytes),
+                            mib(placed_cpu_bytes), mib(placed_disk_bytes),
+                            compress_weight ? " cw" : "", compress_cache ? " cc" : "",
+                            cache_f16 ? " cf16" : "", cpu_attention ? " cpu_attn" : "")
+              : "");
 }
 
 std::string ClusterPlan::str() const {
@@ -361,6 +362,7 @@ void write_stage(wire::Stage::Builder b, const StagePlan& s) {
   for (unsigned i = 0; i < ct.size(); ++i) ct.set(i, s.cache_tiers[i]);
   b.setCompressWeight(s.compress_weight);
   b.setCompressCache(s.compress_cache);
+  b.setCacheF16(s.cache_f16);
   b.setCpuAttention(s.cpu_attention);
   b.setGpuBatchSize(s.gpu_batch_size);
   b.setPlacedGpuBytes(s.placed_gpu_bytes);
@@ -579,6 +581,7 @@ StagePlan read_stage(wire::Stage::Reader r) {
   for (uint8_t t : r.getCacheTiers()) s.cache_tiers.push_back(t);
   s.compress_weight = r.getCompressWeight();
   s.compress_cache = r.getCompressCache();
+  s.cache_f16 = r.getCacheF16();
   s.cpu_attention = r.getCpuAttention();
   s.gpu_batch_size = r.getGpuBatchSize();
   s.placed_gpu_bytes = r.getPlacedGpuBytes();

@@ -59,6 +59,7 @@ struct StagePlan {
   std::vector<uint8_t> cache_tiers;
   bool compress_weight = false;
   bool compress_cache = false;
+  bool cache_f16 = false;  // the cache's elements f16 (policy cf16)
   bool cpu_attention = false;
   int32_t gpu_batch_size = 0;
   uint64_t placed_gpu_bytes = 0;

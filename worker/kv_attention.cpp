@@ -47,6 +47,11 @@ void KvAttention::reserve(const KvCache& cache) {
       grow(host_work_v_, bytes, true);
     }
   }
+  if (off_device && !delegated && cache.dtype() != DType::kF32)
+    fail_input(
+        "an {} KV cache off the device is attended on the host: the device's kernels read f32, "
+        "so staging it there needs cpu_attn=1",
+        dtype_name(cache.dtype()));
   if (off_device && !delegated) {
     grow(staged_k_, cache.layer_bytes(), false);
     grow(staged_v_, cache.layer_bytes(), false);
@@ -71,10 +76,10 @@ void KvAttention::run(int32_t layer, const float* q, const float* k, const float
   if (kv.q4) {
     kv.packed = cache.q4_layer(layer);
   } else {
-    kv.f32 = cache.layer(layer);
+    kv.elems = cache.layer(layer);
   }
   if (tier == Tier::kGpu || !device_compute_) {
-    if (kv.q4 || !backend_.store_and_attend(q, k, v, rows, kv.f32, dims_, out)) {
+    if (kv.q4 || !backend_.store_and_attend(q, k, v, rows, kv.elems, dims_, out)) {
       const KvLayerView view = store(backend_, k, v, rows, kv, cache, false);
       backend_.attention(q, rows, view, dims_, out);
     }
@@ -87,13 +92,13 @@ void KvAttention::run(int32_t layer, const float* q, const float* k, const float
 }
 
 // Stores the step's new k/v rows into the layer's cache with backend `b` and returns the
-// f32 view attention reads: the cache itself or, for a 4-bit cache, all of it dequantised
+// view attention reads: the cache itself or, for a 4-bit cache, all of it dequantised
 // into working memory (host memory when `on_host`) just before use.
 KvLayerView KvAttention::store(Backend& b, const float* k, const float* v, const StepRows& rows,
                                const LayerKv& kv, const KvCache& cache, bool on_host) {
   if (!kv.q4) {
-    b.kv_store(k, v, rows, kv.f32);
-    return kv.f32;
+    b.kv_store(k, v, rows, kv.elems);
+    return kv.elems;
   }
   b.kv_store_q4(k, v, rows, kv.packed);
   KvLayerView work = cache.f32_shape();
@@ -123,18 +128,18 @@ void KvAttention::delegated(const float* q, const float* k, const float* v, cons
   backend_.copy(out, ho, q_bytes, CopyKind::kHostToDevice);
 }
 
-// The layer's cache (as stored: f32 or 4-bit) copied to the device and back around the
-// attention.
+// The layer's cache (as stored: f32 or 4-bit; f16 is refused by reserve()) copied to the device and
+// back around the attention.
 void KvAttention::staged(const float* q, const float* k, const float* v, const StepRows& rows,
                          const LayerKv& kv, const KvCache& cache, float* out) {
   const size_t bytes = cache.layer_bytes();
   void* dk = reserved(staged_k_, bytes, "staged k").data();
   void* dv = reserved(staged_v_, bytes, "staged v").data();
-  void* host_k = kv.q4 ? kv.packed.k : static_cast<void*>(kv.f32.k);
-  void* host_v = kv.q4 ? kv.packed.v : static_cast<void*>(kv.f32.v);
+  void* host_k = kv.q4 ? kv.packed.k : kv.elems.k;
+  void* host_v = kv.q4 ? kv.packed.v : kv.elems.v;
   LayerKv dev = kv;
-  dev.f32.k = static_cast<float*>(dk);
-  dev.f32.v = static_cast<float*>(dv);
+  dev.elems.k = dk;
+  dev.elems.v = dv;
   dev.packed.k = dk;
   dev.packed.v = dv;
   backend_.copy(dk, host_k, bytes, CopyKind::kHostToDevice);

@@ -45,10 +45,11 @@ class KvAttention {
   TierBytes memory() const;
 
  private:
-  // One layer's cache as attention gets it: f32, or 4-bit (dequantised before use).
+  // One layer's cache as attention gets it: f32 or f16 elements, or 4-bit (dequantised to
+  // f32 before use).
   struct LayerKv {
     bool q4 = false;
-    KvLayerView f32;
+    KvLayerView elems;  // f32 or f16
     KvQ4LayerView packed;
   };
   KvLayerView store(Backend& b, const float* k, const float* v, const StepRows& rows,

@@ -13,7 +13,10 @@ namespace strata {
 std::string CachePlacement::str() const {
   const std::string shares =
       fmt::format("c={}/{}/{}", gpu_percent, cpu_percent, 100 - gpu_percent - cpu_percent);
-  return pie.enabled() ? fmt::format("{} {}", shares, pie.str()) : shares;
+  std::string out = shares;
+  if (compress) out += " 4-bit";
+  if (dtype != DType::kF32) out += fmt::format(" {}", dtype_name(dtype));
+  return pie.enabled() ? fmt::format("{} {}", out, pie.str()) : out;
 }
 
 KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_t capacity,
@@ -29,6 +32,11 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   if (compress_ && c.head_dim % 2 != 0)
     fail_input("{}: head_dim {} is odd; the 4-bit KV cache packs two values per byte", c.source,
                c.head_dim);
+  dtype_ = placement.dtype;
+  if (dtype_ != DType::kF32 && dtype_ != DType::kF16)
+    fail_input("{}: a KV cache of {} elements; it holds f32 or f16", c.source, dtype_name(dtype_));
+  if (compress_ && dtype_ != DType::kF32)
+    fail_input("{}: the KV cache is either 4-bit or {}, not both", c.source, dtype_name(dtype_));
   on_device_ = placement.device_tier || backend.device() != Device::kHost;
   tiers_ = placement.tiers.empty() ? tiers_from_shares(c.n_layers, placement.gpu_percent,
                                                        placement.cpu_percent, "cache")
@@ -36,6 +44,11 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   if (tiers_.size() != static_cast<size_t>(c.n_layers))
     fail_input("the plan places {} KV-cache layers but the model has {}", tiers_.size(),
                c.n_layers);
+  if (on_device_ && dtype_ != DType::kF32 && count_tier(tiers_, Tier::kGpu) > 0)
+    fail_input(
+        "{}: an {} KV cache is attended on the host, but the cache placement {} puts {} layers "
+        "on the device, whose kernels read f32",
+        c.source, dtype_name(dtype_), placement.str(), count_tier(tiers_, Tier::kGpu));
   const size_t bytes = layer_bytes();
   layers_.resize(tiers_.size());
   if (placement.pie.enabled()) {
@@ -102,7 +115,7 @@ void KvCache::store_zero(int32_t i) {
 }
 
 size_t KvCache::layer_bytes() const {
-  if (!compress_) return layer_elems_ * sizeof(float);
+  if (!compress_) return layer_elems_ * dtype_size(dtype_);
   KvQ4LayerView v = q4_layer_shape();
   return v.tensor_bytes();
 }
@@ -118,7 +131,7 @@ KvQ4LayerView KvCache::q4_layer_shape() const {
 }
 
 KvLayerView KvCache::f32_shape() const {
-  return {nullptr, nullptr, n_slots_, capacity_, n_kv_heads_, head_dim_};
+  return {nullptr, nullptr, n_slots_, capacity_, n_kv_heads_, head_dim_, DType::kF32};
 }
 
 KvQ4LayerView KvCache::q4_layer(int32_t i) const {
@@ -132,12 +145,12 @@ KvQ4LayerView KvCache::q4_layer(int32_t i) const {
 }
 
 KvLayerView KvCache::layer(int32_t i) const {
-  STRATA_CHECK(!compress_, "f32 view of a compressed cache");
+  STRATA_CHECK(!compress_, "element view of a compressed cache");
   const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];
   STRATA_CHECK(tier(i) != Tier::kDisk || staged_ == i, "disk layer {} used without load()", i);
-  float* k = swap_ ? static_cast<float*>(swap_->k(i)) : L.k.f32();
-  float* v = swap_ ? static_cast<float*>(swap_->v(i)) : L.v.f32();
-  return {k, v, n_slots_, capacity_, n_kv_heads_, head_dim_};
+  void* k = swap_ ? swap_->k(i) : L.k.data();
+  void* v = swap_ ? swap_->v(i) : L.v.data();
+  return {k, v, n_slots_, capacity_, n_kv_heads_, head_dim_, dtype_};
 }
 
 void KvCache::load(int32_t i) {
@@ -168,7 +181,8 @@ void KvCache::for_each_slot_range(int32_t slot, int32_t positions, F&& f) const 
         (static_cast<size_t>(slot) * static_cast<size_t>(n_kv_heads_) + static_cast<size_t>(h)) *
         static_cast<size_t>(capacity_);
     if (!compress_) {
-      f(r0 * hd * sizeof(float), n * hd * sizeof(float));
+      const size_t e = dtype_size(dtype_);
+      f(r0 * hd * e, n * hd * e);
       continue;
     }
     const KvQ4LayerView q = q4_layer_shape();

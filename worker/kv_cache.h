@@ -30,6 +30,10 @@ struct CachePlacement {
   // FlexGen's cache compression: stored 4-bit in every tier (KvQ4LayerView), dequantised
   // just before attention.
   bool compress = false;
+  // The elements of an uncompressed cache: kF32, or kF16 (half the bytes to hold and for
+  // attention to read; what FlexGen and llama.cpp keep). The CUDA kernels read f32 only, so
+  // an f16 cache is the host's: host compute, or the CPU tier with delegated attention.
+  DType dtype = DType::kF32;
   // Per-layer tiers decided elsewhere (a cluster plan's placement); empty: from the shares.
   std::vector<Tier> tiers;
   // The GPU tier is an accelerator's memory (device compute) even where the backend driving
@@ -50,6 +54,7 @@ class KvCache {
   // disk tier: the staging pair, valid between load() and store()).
   KvLayerView layer(int32_t i) const;
   bool compressed() const { return compress_; }
+  DType dtype() const { return dtype_; }    // elements of an uncompressed cache
   KvQ4LayerView q4_layer(int32_t i) const;  // the same, for a compressed cache
   // The f32 shape of one layer (pointers null): what a compressed layer dequantises into.
   KvLayerView f32_shape() const;
@@ -74,10 +79,11 @@ class KvCache {
   // computes), the disk staging pair and the disk file.
   TierBytes memory() const;
 
-  // One slot's first `positions` positions of layer i as stored -- K then V, each as f32
-  // rows or as the 4-bit codes, mins and scales of those rows -- in a flat buffer of
+  // One slot's first `positions` positions of layer i as stored -- K then V, each as f32 or
+  // f16 rows or as the 4-bit codes, mins and scales of those rows -- in a flat buffer of
   // slot_bytes(positions): what WAA's KV hand-over moves between stages, bit for bit. Both
-  // caches must share the format (compression, KV heads, head size; capacity may differ).
+  // caches must share the format (compression, dtype, KV heads, head size; capacity may
+  // differ).
   // Between steps only: a disk layer goes through the staging pair.
   size_t slot_bytes(int32_t positions) const;
   void read_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions, std::byte* out);
@@ -114,6 +120,7 @@ class KvCache {
   int32_t head_dim_;
   size_t layer_elems_;
   bool compress_ = false;
+  DType dtype_ = DType::kF32;
   bool on_device_ = false;  // the backend's memory is an accelerator's
   std::vector<Tier> tiers_;
   std::vector<Layer> layers_;  // empty buffers for disk-tier layers, and for all with Pie

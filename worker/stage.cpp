@@ -38,6 +38,7 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
     options.w_gpu_percent = options.w_cpu_percent = -1;
     so.cache.placement.tiers = tiers(stage.cache_tiers);
     so.cache.placement.compress = stage.compress_cache;
+    so.cache.placement.dtype = stage.cache_f16 ? DType::kF16 : DType::kF32;
     so.cache.cpu_attention = stage.cpu_attention;
     so.gpu_batch_size = stage.gpu_batch_size;
   }

@@ -733,8 +733,13 @@ void CudaBackend::softmax(float* x, int64_t m, int64_t n) {
 }
 
 cuda_kernels::KvCacheDesc CudaBackend::cache_desc(const KvLayerView& cache) {
-  return cuda_kernels::KvCacheDesc{cache.k,
-                                   cache.v,
+  if (cache.dtype != DType::kF32)
+    fail(ErrorKind::kUnimplemented,
+         "the CUDA kernels read an f32 KV cache, not {}: an f16 cache (policy cf16=1) is "
+         "attended on the CPU (cache on the CPU tier with cpu_attn=1)",
+         dtype_name(cache.dtype));
+  return cuda_kernels::KvCacheDesc{static_cast<float*>(cache.k),
+                                   static_cast<float*>(cache.v),
                                    cache.n_kv_heads,
                                    cache.head_dim,
                                    static_cast<int64_t>(cache.slot_stride()),
@@ -831,7 +836,8 @@ void CudaBackend::kv_store_q4(const float* k, const float* v, const StepRows& st
 
 void CudaBackend::kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) {
   activate();
-  STRATA_CUDA_CHECK(cuda_kernels::kv_dequantize(q4_desc(cache), out.k, out.v, stream()));
+  STRATA_CUDA_CHECK(
+      cuda_kernels::kv_dequantize(q4_desc(cache), out.k_f32(), out.v_f32(), stream()));
 }
 
 unsigned* CudaBackend::arrivals(size_t count) {

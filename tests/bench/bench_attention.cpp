@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu_backend.h"
+#include "kernels/dtype.h"
 #include "kernels/limits.h"
 #include "kernels/tensor.h"
 
@@ -26,32 +27,44 @@ int bench_threads() {
   return t != nullptr ? std::atoi(t) : 2;
 }
 
-// args: batch (sequences, one decode row each), context (positions read), layers
+// args: batch (sequences, one decode row each), context (positions read), layers, f16 (0:
+// an f32 cache, 1: f16, policy cf16)
 void BM_DecodeAttention(benchmark::State& state) {
   static CpuBackend cpu(bench_threads());
   const auto batch = static_cast<int32_t>(state.range(0));
   const auto ctx = static_cast<int32_t>(state.range(1));
   const auto layers = static_cast<int32_t>(state.range(2));
+  const DType dtype = state.range(3) != 0 ? DType::kF16 : DType::kF32;
   const AttentionDims dims{12, 12, 64, 0.125f};
-  const KvLayerView shape{nullptr, nullptr, batch, ctx, dims.n_kv_heads, dims.head_dim};
-  const size_t layer_floats = shape.slot_stride() * static_cast<size_t>(batch);
-  std::vector<float> k(layer_floats * static_cast<size_t>(layers)),
-      v(layer_floats * static_cast<size_t>(layers));
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = static_cast<float>(i % 89) * 1e-2f - 0.4f;
-    v[i] = static_cast<float>(i % 83) * 1e-2f - 0.4f;
+  const KvLayerView shape{nullptr, nullptr, batch, ctx, dims.n_kv_heads, dims.head_dim, dtype};
+  const size_t layer_bytes = shape.tensor_bytes();
+  std::vector<float> kf(shape.slot_stride() * static_cast<size_t>(batch * layers));
+  std::vector<float> vf(kf.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    kf[i] = static_cast<float>(i % 89) * 1e-2f - 0.4f;
+    vf[i] = static_cast<float>(i % 83) * 1e-2f - 0.4f;
+  }
+  std::vector<std::byte> k(layer_bytes * static_cast<size_t>(layers)), v(k.size());
+  for (size_t i = 0; i < kf.size(); ++i) {  // as the cache stores them
+    if (dtype == DType::kF16) {
+      reinterpret_cast<uint16_t*>(k.data())[i] = f32_to_f16(kf[i]);
+      reinterpret_cast<uint16_t*>(v.data())[i] = f32_to_f16(vf[i]);
+    } else {
+      reinterpret_cast<float*>(k.data())[i] = kf[i];
+      reinterpret_cast<float*>(v.data())[i] = vf[i];
+    }
   }
   const int64_t width = int64_t{dims.n_heads} * dims.head_dim;
   std::vector<float> q(static_cast<size_t>(batch * width), 0.1f), out(q.size());
   std::vector<SeqSlice> seqs;
   for (int32_t b = 0; b < batch; ++b) seqs.push_back({b, 1, ctx - 1, b});
-  const double bytes = 2.0 * static_cast<double>(layer_floats) * sizeof(float);
+  const double bytes = 2.0 * static_cast<double>(layer_bytes);
   StepPairing pairing(size_t{64} << 20);
   int32_t layer = 0;
   for (auto _ : state) {
     KvLayerView c = shape;
-    c.k = k.data() + layer_floats * static_cast<size_t>(layer);
-    c.v = v.data() + layer_floats * static_cast<size_t>(layer);
+    c.k = k.data() + layer_bytes * static_cast<size_t>(layer);
+    c.v = v.data() + layer_bytes * static_cast<size_t>(layer);
     layer = (layer + 1) % layers;
     const auto t0 = std::chrono::steady_clock::now();
     cpu.attention(q.data(), StepRows(seqs), c, dims, out.data());
@@ -67,8 +80,8 @@ void BM_DecodeAttention(benchmark::State& state) {
 }
 
 BENCHMARK(BM_DecodeAttention)
-    ->ArgNames({"batch", "ctx", "layers"})
-    ->ArgsProduct({{1, 8, 32}, {160, 512}, {48}})
+    ->ArgNames({"batch", "ctx", "layers", "f16"})
+    ->ArgsProduct({{1, 8, 32}, {160, 512}, {48}, {0, 1}})
     ->UseRealTime()
     ->MinTime(0.5);
 

@@ -21,11 +21,13 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"
 #include "kernels/quant.h"
@@ -667,6 +669,7 @@ struct AttnCase {
   std::vector<SeqSlice> seqs;
   int32_t rows;  // activation rows (some may belong to no sequence)
   int threads;
+  DType dtype = DType::kF32;  // the cache's elements
 };
 
 [[maybe_unused]] void PrintTo(const AttnCase& c, std::ostream* os) {
@@ -678,8 +681,14 @@ std::vector<SeqSlice> small_batch() {
   return {SeqSlice{0, 3, 0, 2}, SeqSlice{3, 1, 7, 0}, SeqSlice{5, 4, 5, 3}, SeqSlice{9, 0, 3, 1}};
 }
 
+// Decode rows only, at contexts below, at and past a multiple of 4 (the AVX-512 scores pass
+// takes four positions at a time), one of them a single position.
+std::vector<SeqSlice> decode_batch() {
+  return {SeqSlice{0, 1, 36, 0}, SeqSlice{1, 1, 0, 1}, SeqSlice{2, 1, 18, 2}, SeqSlice{3, 1, 3, 3}};
+}
+
 std::vector<AttnCase> attn_cases() {
-  return {
+  std::vector<AttnCase> cases = {
       {"gqa_4q_2kv", 4, 2, 8, 4, 16, small_batch(), 9, 1},
       {"mha_4q_4kv", 4, 4, 8, 4, 16, small_batch(), 9, 2},
       {"mqa_4q_1kv", 4, 1, 8, 4, 16, small_batch(), 9, 2},
@@ -693,7 +702,26 @@ std::vector<AttnCase> attn_cases() {
        {SeqSlice{0, 20, 0, 1}, SeqSlice{20, 1, 40, 0}, SeqSlice{21, 7, 30, 2}},
        28,
        3},
+      // head_dim 80: five 16-lane chunks; 272: past the 256 the AVX-512 kernels hold in
+      // registers (the portable loops run); GQA 8 with head_dim 128.
+      {"decode_hd80", 2, 2, 80, 4, 40, decode_batch(), 4, 2},
+      {"decode_hd272", 2, 1, 272, 4, 40, decode_batch(), 4, 2},
+      {"decode_gqa8_hd128", 8, 1, 128, 4, 40, decode_batch(), 4, 2},
   };
+  // The same over an f16 cache (policy cf16).
+  const size_t n = cases.size();
+  for (size_t i = 0; i < n; ++i) {
+    AttnCase c = cases[i];
+    c.name = "f16_" + c.name;
+    c.dtype = DType::kF16;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// An f32 value as an f16 cache holds it.
+float f16_rounded(float x) {
+  return f16_to_f32(f32_to_f16(x));
 }
 
 // The full state of the test: host cache before/after, inputs, and the references.
@@ -702,7 +730,7 @@ struct AttnFixture {
   size_t cache_elems;
   std::vector<float> k_cache0, v_cache0;  // before kv_store
   std::vector<float> k_new, v_new, q;
-  std::vector<float> k_expect, v_expect;  // after kv_store
+  std::vector<float> k_expect, v_expect;  // after kv_store, as the cache's dtype holds them
   std::vector<double> out_ref;            // only rows that belong to a sequence are meaningful
   std::vector<bool> row_used;
 
@@ -712,6 +740,8 @@ struct AttnFixture {
 
   explicit AttnFixture(AttnCase ac) : c(std::move(ac)) {
     cache_elems = static_cast<size_t>(c.n_slots) * c.n_kv_heads * c.capacity * c.head_dim;
+    const bool half = c.dtype == DType::kF16;
+    auto held = [&](float x) { return half ? f16_rounded(x) : x; };
     // Unwritten cache positions hold NaN: reading one (a causality or indexing bug) poisons
     // the output. The history of every used sequence is random.
     k_cache0.assign(cache_elems, nan_f32());
@@ -722,8 +752,8 @@ struct AttnFixture {
       for (int32_t h = 0; h < c.n_kv_heads; ++h)
         for (int32_t p = 0; p < s.n_past; ++p)
           for (int32_t d = 0; d < c.head_dim; ++d) {
-            k_cache0[cache_index(s.slot, h, p, d)] = dist(rng);
-            v_cache0[cache_index(s.slot, h, p, d)] = dist(rng);
+            k_cache0[cache_index(s.slot, h, p, d)] = held(dist(rng));
+            v_cache0[cache_index(s.slot, h, p, d)] = held(dist(rng));
           }
     const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
     const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
@@ -739,8 +769,8 @@ struct AttnFixture {
           for (int32_t d = 0; d < c.head_dim; ++d) {
             const size_t src = static_cast<size_t>(s.row_begin + t) * kv_width +
                                static_cast<size_t>(h * c.head_dim + d);
-            k_expect[cache_index(s.slot, h, s.n_past + t, d)] = k_new[src];
-            v_expect[cache_index(s.slot, h, s.n_past + t, d)] = v_new[src];
+            k_expect[cache_index(s.slot, h, s.n_past + t, d)] = held(k_new[src]);
+            v_expect[cache_index(s.slot, h, s.n_past + t, d)] = held(v_new[src]);
           }
 
     out_ref.assign(static_cast<size_t>(c.rows) * q_width, 0.0);
@@ -788,28 +818,52 @@ struct AttnFixture {
   return ::testing::AssertionSuccess();
 }
 
+// An f16 cache against the f32 values it should hold (f32_to_f16 of each; NaN stays NaN).
+::testing::AssertionResult same_bits(const uint16_t* got, const std::vector<float>& want) {
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != f32_to_f16(want[i]))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got f16 bits " << got[i] << ", want " << f32_to_f16(want[i])
+             << " (" << want[i] << ")";
+  return ::testing::AssertionSuccess();
+}
+
 constexpr float kUntouched = 12345.0f;
 
-class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+// The cache as the case's dtype stores it, in guarded memory.
+template <class T>
+struct CacheUnderTest {
+  Guarded<T> k, v;
+  CacheUnderTest(const AttnFixture& f) : k(f.cache_elems), v(f.cache_elems) {
+    for (size_t i = 0; i < f.cache_elems; ++i) {
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        k[i] = f32_to_f16(f.k_cache0[i]);
+        v[i] = f32_to_f16(f.v_cache0[i]);
+      } else {
+        k[i] = f.k_cache0[i];
+        v[i] = f.v_cache0[i];
+      }
+    }
+  }
+};
 
-TEST_P(AttentionTest, KvStoreThenAttentionMatchReference) {
-  const AttnFixture f(GetParam());
+template <class T>
+void check_kv_store_then_attention(const AttnFixture& f, CpuIsa isa) {
   const AttnCase& c = f.c;
-  CpuBackend cpu(c.threads);
-  Guarded<float> kc(f.cache_elems), vc(f.cache_elems);
-  kc.assign(f.k_cache0);
-  vc.assign(f.v_cache0);
+  CpuBackend cpu(c.threads, isa);
+  CacheUnderTest<T> cache(f);
   Guarded<float> k_new(f.k_new.size()), v_new(f.v_new.size()), q(f.q.size());
   k_new.assign(f.k_new);
   v_new.assign(f.v_new);
   q.assign(f.q);
-  const KvLayerView view{kc.data(), vc.data(), c.n_slots, c.capacity, c.n_kv_heads, c.head_dim};
+  const KvLayerView view{cache.k.data(), cache.v.data(), c.n_slots, c.capacity,
+                         c.n_kv_heads,   c.head_dim,     c.dtype};
 
   cpu.kv_store(k_new.data(), v_new.data(), c.seqs, view);
-  EXPECT_TRUE(same_bits(kc.data(), f.k_expect)) << "K cache";
-  EXPECT_TRUE(same_bits(vc.data(), f.v_expect)) << "V cache";
-  EXPECT_TRUE(kc.guards_intact());
-  EXPECT_TRUE(vc.guards_intact());
+  EXPECT_TRUE(same_bits(cache.k.data(), f.k_expect)) << "K cache";
+  EXPECT_TRUE(same_bits(cache.v.data(), f.v_expect)) << "V cache";
+  EXPECT_TRUE(cache.k.guards_intact());
+  EXPECT_TRUE(cache.v.guards_intact());
 
   const AttentionDims dims{c.n_heads, c.n_kv_heads, c.head_dim,
                            static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
@@ -835,13 +889,49 @@ TEST_P(AttentionTest, KvStoreThenAttentionMatchReference) {
     }
     EXPECT_LT(norm_err(got_used.data(), ref_used), kTolF32);
     // The cache and q are inputs of attention.
-    EXPECT_TRUE(same_bits(kc.data(), f.k_expect));
+    EXPECT_TRUE(same_bits(cache.k.data(), f.k_expect));
     EXPECT_TRUE(same_bits(q.data(), f.q));
+  }
+}
+
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+// Every instruction set this CPU has: the AVX-512 decode passes and the portable loops.
+TEST_P(AttentionTest, KvStoreThenAttentionMatchReference) {
+  const AttnFixture f(GetParam());
+  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (isa > detected_cpu_isa()) continue;
+    SCOPED_TRACE(cpu_isa_name(isa));
+    if (f.c.dtype == DType::kF16) {
+      check_kv_store_then_attention<uint16_t>(f, isa);
+    } else {
+      check_kv_store_then_attention<float>(f, isa);
+    }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, AttentionTest, ::testing::ValuesIn(attn_cases()),
                          [](const auto& tp) { return tp.param.name; });
+
+TEST(CpuBackendKvStore, RejectsACacheOfAnotherElementType) {
+  CpuBackend cpu(1);
+  std::vector<float> kc(8, 0.0f), vc(8, 0.0f), k(2, 1.0f), v(2, 1.0f), q(2, 1.0f), out(2);
+  const KvLayerView view{kc.data(), vc.data(), 1, 4, 1, 2, DType::kBF16};
+  const std::vector<SeqSlice> one = {SeqSlice{0, 1, 0, 0}};
+  for (int op = 0; op < 2; ++op) {
+    try {
+      if (op == 0) {
+        cpu.kv_store(k.data(), v.data(), one, view);
+      } else {
+        cpu.attention(q.data(), one, view, AttentionDims{1, 1, 2, 1.0f}, out.data());
+      }
+      ADD_FAILURE() << "a bf16 cache was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+    }
+  }
+  for (float e : kc) EXPECT_EQ(e, 0.0f);
+}
 
 TEST(CpuBackendKvStore, RejectsBadSlotAndOverflow) {
   CpuBackend cpu(1);

@@ -282,6 +282,26 @@ TEST(CostModel, CompressingWeightsScalesTheirTrafficAndHomes) {
   EXPECT_LT(packed.peak.cpu(), plain.peak.cpu());
 }
 
+// An f16 cache (policy cf16) is FlexGen's 4 h1 bytes a token whatever the weights: for an
+// f32 model it halves the cache's homes (disk: cd x 4 (s+n) h1 bls l of the 8 (s+n) h1 bls l
+// an f32 cache holds); for an fp16 model it is what the model already assumed.
+TEST(CostModel, HalfCacheIsTwoBytesAnElementWhateverTheWeights) {
+  const Tiny t;
+  ModelShape f32 = tiny_shape();
+  f32.weight_bytes_per_elem = 4;
+  Policy half = tiny_policy();
+  half.cache_f16 = true;
+  const HardwareSpec hw = round_hardware(OverlapModel::kPaper);
+  const CostEstimate plain = estimate_cost(f32, {16, 8}, tiny_policy(), hw);
+  const CostEstimate packed = estimate_cost(f32, {16, 8}, half, hw);
+  const double f16_cache_all = 4 * (t.s + t.n) * t.h1 * t.bls * t.l;
+  expect_rel(plain.peak.disk - packed.peak.disk, t.cd * f16_cache_all, "disk");
+  const CostEstimate fp16 = estimate_cost(tiny_shape(), {16, 8}, tiny_policy(), hw);
+  const CostEstimate fp16_half = estimate_cost(tiny_shape(), {16, 8}, half, hw);
+  EXPECT_DOUBLE_EQ(fp16.peak.disk, fp16_half.peak.disk);
+  EXPECT_DOUBLE_EQ(fp16.decode.time, fp16_half.decode.time);
+}
+
 TEST(CostModel, CompressionNeverGrowsMemory) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
   for (const char* text : {"gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=0",

@@ -123,6 +123,20 @@ TEST(Policy, PieAndHeteGenRoundTripAndAreOffByDefault) {
       << p.str();
 }
 
+TEST(Policy, HalfCacheRoundTripsIsOffByDefaultAndExcludesCompression) {
+  EXPECT_FALSE(Policy{}.cache_f16);
+  EXPECT_EQ(Policy{}.compact().find("cf16"), std::string::npos);
+  const Policy p = Policy::parse("w=0/100/0,c=0/100/0,cf16=1,cpu_attn=1");
+  EXPECT_TRUE(p.cache_f16);
+  EXPECT_EQ(p.compact(), "w=0/100/0,c=0/100/0,h=100/0/0,cw=0,cc=0,cpu_attn=1,overlap=1,cf16=1");
+  EXPECT_EQ(Policy::parse(p.compact()), p);
+  EXPECT_NE(p.str().find("cache_f16=1"), std::string::npos) << p.str();
+  EXPECT_FALSE(Policy::parse("cf16=0").cache_f16);
+  const std::string e = parse_error("cc=1,cf16=1");
+  EXPECT_NE(e.find("compress_cache=1 with cache_f16=1"), std::string::npos) << e;
+  EXPECT_NE(parse_error("cf16=2").find("cf16"), std::string::npos);
+}
+
 TEST(Policy, PieNeedsTheCacheOnTheGpuTierAndHeteGenAPercentage) {
   EXPECT_NE(parse_error("c=50/50/0,pie=2").find("Pie swaps a cache that lives on the GPU tier"),
             std::string::npos);
@@ -171,7 +185,7 @@ TEST(Policy, RejectsBatchSizesBelowOne) {
 TEST(Policy, RejectsUnknownKeysListingTheAllowedOnes) {
   const std::string e = parse_error("gbs=4,wg=20");
   EXPECT_NE(e.find("unknown key 'wg'"), std::string::npos) << e;
-  EXPECT_NE(e.find("gbs, ngb, w, c, h, cw, cc, cpu_attn, overlap"), std::string::npos) << e;
+  EXPECT_NE(e.find("gbs, ngb, w, c, h, cw, cc, cf16, cpu_attn, overlap"), std::string::npos) << e;
 }
 
 TEST(Policy, RejectsFlagsOtherThanZeroOrOne) {

@@ -194,5 +194,34 @@ TEST(StagePlacement, PieRefusals) {
   EXPECT_NE(refusal(r).find("Pie buffers"), std::string::npos) << refusal(r);
 }
 
+// An f16 cache (policy cf16): K or V of a layer is slots x capacity x kv width x 2 bytes, half
+// the f32 cache's, on the host tier; with device compute it must stay off the GPU and be
+// attended on the host.
+TEST(StagePlacement, HalfCacheByHandAndItsRefusals) {
+  const int64_t f32_layer = 4 * 128 * 768 * 4;
+  StageRequest r = device_stage("w=100/0/0,c=0/100/0,cpu_attn=1,cf16=1");
+  const StagePlacement half = place_stage(opt125m(DType::kF16), r);
+  EXPECT_TRUE(half.cache.f16);
+  EXPECT_EQ(half.cache.layer_bytes, f32_layer / 2);
+  EXPECT_EQ(half.cache_bytes(), (TierBytes{0, 12 * f32_layer, 0})) << half.str();
+  EXPECT_NE(half.cache.str().find("KvPlacement(f16"), std::string::npos) << half.cache.str();
+  r.device_compute = false;  // host compute: the "GPU" tier is host memory
+  r.policy = Policy::parse("cf16=1");
+  EXPECT_EQ(place_stage(opt125m(DType::kF16), r).cache_bytes(), (TierBytes{0, 12 * f32_layer, 0}));
+  auto refusal = [](const char* policy) {
+    try {
+      place_stage(opt125m(DType::kF16), device_stage(policy));
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal("c=50/50/0,cpu_attn=1,cf16=1").find("puts 6 of 12 layers on the GPU"),
+            std::string::npos)
+      << refusal("c=50/50/0,cpu_attn=1,cf16=1");
+  EXPECT_NE(refusal("c=0/100/0,cf16=1").find("set cpu_attn=1 or cf16=0"), std::string::npos)
+      << refusal("c=0/100/0,cf16=1");
+}
+
 }  // namespace
 }  // namespace strata

@@ -31,6 +31,7 @@ ClusterPlan sample_plan() {
   s.cache_tiers = {0, 0, 1, 1, 2, 2, 0};
   s.compress_weight = true;
   s.compress_cache = true;
+  s.cache_f16 = true;  // (refused together by Policy; the wire carries each bit)
   s.gpu_batch_size = 4;
   s.placed_gpu_bytes = 15ull << 30;
   s.placed_cpu_bytes = (1ull << 30) + 7;

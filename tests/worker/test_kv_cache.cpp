@@ -9,6 +9,7 @@
 
 #include "coordinator/local_stages.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/dtype.h"
 #include "kernels/error.h"
 #include "support/forwarding_backend.h"
 #include "support/stories_reference.h"
@@ -60,6 +61,26 @@ class NaiveQ4KvBackend final : public testing::ForwardingBackend {
   }
 };
 
+// The CPU backend with an f32 cache whose every stored key and value is first rounded to
+// f16 and back (round to nearest even, dtype.h): what a correct f16 cache hands to attention.
+class NaiveF16KvBackend final : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::string name() const override { return "cpu with a naive f16 KV round trip"; }
+  void kv_store(const float* k, const float* v, const StepRows& step,
+                const KvLayerView& c) override {
+    int32_t rows = 0;
+    for (const SeqSlice& s : step.seqs) rows = std::max(rows, s.row_begin + s.n_new);
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(c.n_kv_heads * c.head_dim);
+    std::vector<float> kh(n), vh(n);
+    for (size_t i = 0; i < n; ++i) {
+      kh[i] = f16_to_f32(f32_to_f16(k[i]));
+      vh[i] = f16_to_f32(f32_to_f16(v[i]));
+    }
+    inner_.kv_store(kh.data(), vh.data(), step, c);
+  }
+};
+
 std::vector<GenerationRequest> reference_requests(
     const std::vector<testing::StoriesReference>& refs) {
   std::vector<GenerationRequest> reqs;
@@ -90,13 +111,13 @@ TEST(KvCacheTiers, DiskLayerRoundTripsThroughTheFile) {
   ASSERT_EQ(cache.tier(0), Tier::kDisk);
   EXPECT_THROW(cache.layer(0), Error);  // not staged yet
   cache.load(0);
-  cache.layer(0).k[5] = 1.5f;
+  cache.layer(0).k_f32()[5] = 1.5f;
   cache.store(0);
   cache.load(1);  // the staging now holds layer 1 (zeros)
-  EXPECT_EQ(cache.layer(1).k[5], 0.0f);
+  EXPECT_EQ(cache.layer(1).k_f32()[5], 0.0f);
   cache.store(1);
   cache.load(0);
-  EXPECT_EQ(cache.layer(0).k[5], 1.5f);
+  EXPECT_EQ(cache.layer(0).k_f32()[5], 1.5f);
   EXPECT_GT(cache.disk_bytes_moved(), 0);
 }
 
@@ -236,16 +257,87 @@ TEST(KvCacheTiers, DiscardedSlotReadsZeroAndOthersKeepTheirRows) {
   const KvLayerView v = cache.layer(0);
   const size_t per_slot = v.slot_stride();
   ASSERT_GE(per_slot * sizeof(float), size_t{16} << 10);  // whole pages inside each slot
-  std::fill(v.k, v.k + per_slot * 64, 1.0f);
-  std::fill(v.v, v.v + per_slot * 64, 2.0f);
+  std::fill(v.k_f32(), v.k_f32() + per_slot * 64, 1.0f);
+  std::fill(v.v_f32(), v.v_f32() + per_slot * 64, 2.0f);
   cache.discard_slot(backend, 5);
   for (int32_t slot : {4, 5, 6}) {
-    const float* k = v.k + per_slot * static_cast<size_t>(slot);
-    const float* vv = v.v + per_slot * static_cast<size_t>(slot);
+    const float* k = v.k_f32() + per_slot * static_cast<size_t>(slot);
+    const float* vv = v.v_f32() + per_slot * static_cast<size_t>(slot);
     const float want_k = slot == 5 ? 0.0f : 1.0f, want_v = slot == 5 ? 0.0f : 2.0f;
     EXPECT_EQ(std::count(k, k + per_slot, want_k), static_cast<ptrdiff_t>(per_slot)) << slot;
     EXPECT_EQ(std::count(vv, vv + per_slot, want_v), static_cast<ptrdiff_t>(per_slot)) << slot;
   }
+}
+
+TEST(KvCacheTiers, HalfCacheComputesTheNaiveRoundTripInEveryTier) {
+  // Teacher-forced logits with the cache stored f16 (in memory, on disk, split) against the
+  // f32-cache model whose rows the test rounded to f16 itself: attention reads the same
+  // values either way, so the logits agree to f32 rounding.
+  const auto refs = testing::load_stories_references();
+  CpuBackend backend(2);
+  NaiveF16KvBackend naive_backend(backend);
+  LoadedModel nm = load_model(testing::stories_dir());
+  Model naive(nm.config, std::move(nm.weights), naive_backend, 64);
+  for (auto [cg, cc] : {std::pair{100, 0}, {0, 0}, {30, 30}}) {
+    LoadedModel m = load_model(testing::stories_dir());
+    Model model(m.config, std::move(m.weights), backend, 64);
+    CacheOptions o;
+    o.placement = {cg, cc, disk_dir()};
+    o.placement.dtype = DType::kF16;
+    model.set_cache_options(o);
+    for (const auto& r : refs) {
+      for (int32_t chunk : {64, 1}) {
+        const auto got = teacher_forced_logits(model, r.sequence(), chunk);
+        const auto want = teacher_forced_logits(naive, r.sequence(), chunk);
+        ASSERT_EQ(got.size(), want.size());
+        double worst = 0, moved = 0;  // vs the naive round trip; vs llama2.c's f32 logits
+        for (size_t i = 0; i < got.size(); ++i) {
+          worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+          moved = std::max(moved, double(std::fabs(want[i] - r.logits[i])));
+        }
+        EXPECT_LT(worst, 1e-5) << r.name << " chunk " << chunk << " " << o.placement.str();
+        // The rounding shows in the logits (by 0.016-0.029 here), so a cache that skipped it
+        // would fail the line above.
+        EXPECT_GT(moved, 1e-3) << r.name;
+      }
+    }
+  }
+}
+
+TEST(KvCacheTiers, HalfCacheHoldsHalfTheBytesAndSaysWhereItCannotGo) {
+  CpuBackend backend(1);
+  ModelConfig c = load_model_config(testing::stories_dir());
+  CachePlacement half;
+  half.dtype = DType::kF16;
+  KvCache f16(backend, c, 3, 10, half), f32(backend, c, 3, 10);
+  EXPECT_EQ(f16.bytes() * 2, f32.bytes());
+  EXPECT_EQ(f16.layer_bytes(), size_t{3} * 10 * static_cast<size_t>(c.kv_width()) * 2);
+  EXPECT_EQ(f16.slot_bytes(7) * 2, f32.slot_bytes(7));
+  EXPECT_EQ(f16.layer(0).dtype, DType::kF16);
+  EXPECT_EQ(f16.layer(0).tensor_bytes(), f16.layer_bytes());
+  auto refused = [&](CachePlacement p, const std::string& says) {
+    try {
+      KvCache(backend, c, 1, 4, p);
+      ADD_FAILURE() << p.str() << " was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  CachePlacement both = half;
+  both.compress = true;
+  refused(both, "either 4-bit or f16");
+  CachePlacement device = half;  // the GPU tier of device compute: its kernels read f32
+  device.device_tier = true;
+  refused(device, "on the device, whose kernels read f32");
+  CachePlacement bf16;
+  bf16.dtype = DType::kBF16;
+  refused(bf16, "bf16");
+  // Off the device tier (delegated attention on the host), an f16 cache is fine.
+  CachePlacement host = half;
+  host.device_tier = true;
+  host.gpu_percent = 0;
+  host.cpu_percent = 100;
+  EXPECT_NO_THROW(KvCache(backend, c, 1, 4, host));
 }
 
 TEST(KvCacheTiers, MissingDiskDirIsAnInputError) {

@@ -106,7 +106,7 @@ std::vector<std::byte> exported(PipelineStage& s, const std::vector<KvMove>& m) 
 std::vector<float> slot_rows(const KvCache& cache, int32_t layer, int32_t slot, int32_t n) {
   const KvLayerView v = cache.layer(layer);
   std::vector<float> out;
-  for (const float* t : {v.k, v.v})
+  for (const float* t : {v.k_f32(), v.v_f32()})
     for (int32_t h = 0; h < v.n_kv_heads; ++h) {
       const float* row = t + static_cast<size_t>(slot) * v.slot_stride() +
                          static_cast<size_t>(h) * v.head_stride();

@@ -56,6 +56,8 @@ struct Stage {
   # Partial tensor parallelism (protocol 5): the ranks that split this stage's layers, in
   # shard order, the first being `rank`; empty: the stage is one rank.
   tpRanks @18 :List(Int32);
+  # The KV cache's elements in f16 (policy cf16; protocol 6).
+  cacheF16 @19 :Bool;
 }
 
 struct Plan {

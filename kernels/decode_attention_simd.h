@@ -1,0 +1,26 @@
+// The two passes of a decode row's attention over one kv head's rows, written for AVX-512F
+// (decode_attention_avx512.cpp, compiled for it whatever the build machine; the CPU backend
+// calls them where active_cpu_isa() says AVX-512). Rows are read in position order, the way
+// the hardware prefetcher streams them, and an f16 cache's rows are converted in registers.
+// Internal to kernels/.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace strata::attention_detail {
+
+// The shapes the kernels take: head_dim a multiple of 16, at most 256 (its accumulators
+// stay in registers). Elements kF32 or kF16.
+bool avx512_decode_fits(int32_t head_dim, DType dtype);
+
+// scores[p] = scale * (q . k[p]) for p in [0, ctx); k: [ctx, head_dim] elements of `dtype`.
+void decode_scores_avx512(const float* q, const void* k, DType dtype, int32_t ctx, int32_t head_dim,
+                          float scale, float* scores);
+
+// out = sum_p w[p] v[p] over p in [0, ctx); v: [ctx, head_dim] elements of `dtype`.
+void decode_values_avx512(const float* w, const void* v, DType dtype, int32_t ctx, int32_t head_dim,
+                          float* out);
+
+}  // namespace strata::attention_detail
