@@ -221,6 +221,45 @@ TEST_P(LayerFeederTest, CompressedCacheGivesTheSameOutputWhereverItLives) {
   }
 }
 
+TEST_P(LayerFeederTest, HalfCacheOffTheDeviceGivesTheSameOutputWhereverItLives) {
+  // An f16 cache (cf16) with device compute: in host memory, on disk or split between them,
+  // attended on the host. Where it lives must not change the ids; on the device tier the
+  // cache refuses it (the device's kernels read f32).
+  const std::string model = GetParam();
+  if (model != testing::stories_dir())
+    GTEST_SKIP() << "host attention over a random-weight model's flat logits moves ids "
+                    "(CompressedCacheGivesTheSameOutputWhereverItLives)";
+  auto half = [](int cg, int cc) {
+    CacheOptions c;
+    c.placement.gpu_percent = cg;
+    c.placement.cpu_percent = cc;
+    c.placement.dtype = DType::kF16;
+    c.cpu_attention = true;
+    return c;
+  };
+  // stories260K's greedy ids survive the rounding: all 320 equal llama2.c's (f32).
+  const FeedRun ref = generate(*device_, model, 100, 0, true, half(0, 100));
+  const auto refs = testing::load_stories_references();
+  for (size_t i = 0; i < refs.size(); ++i)
+    EXPECT_EQ(ref.outputs[i], refs[i].output_ids) << refs[i].name;
+  for (auto [cg, cc] : {std::pair{0, 0}, {0, 50}}) {
+    const FeedRun r = generate(*device_, model, 100, 0, true, half(cg, cc));
+    EXPECT_EQ(r.outputs, ref.outputs) << half(cg, cc).placement.str();
+  }
+  auto refused = [&](const CacheOptions& c, const std::string& says) {
+    try {
+      generate(*device_, model, 100, 0, true, c);
+      ADD_FAILURE() << c.placement.str() << " cpu attention " << c.cpu_attention << " was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(half(50, 50), "whose kernels read f32");
+  CacheOptions staged = half(0, 100);  // staged to the device around attention
+  staged.cpu_attention = false;
+  refused(staged, "needs cpu_attn=1");
+}
+
 TEST_P(LayerFeederTest, WithoutOverlapEachStreamedLayerLoadsOncePerStep) {
   const std::string model = GetParam();
   LoadOptions lo;
