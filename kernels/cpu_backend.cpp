@@ -453,23 +453,11 @@ void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
 
 namespace {
 
-// n floats rounded to f16 (round to nearest even, as f32_to_f16 does).
-void row_to_f16(const float* src, uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
-  }
-#endif
-  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]);
-}
-
 void store_row(const float* src, float* dst, int32_t n) {
   std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 void store_row(const float* src, uint16_t* dst, int32_t n) {
-  row_to_f16(src, dst, n);
+  convert_from_f32(DType::kF16, src, dst, static_cast<size_t>(n));
 }
 
 template <class T>
@@ -631,42 +619,32 @@ void decode_scores(const float* q, const T* k, int32_t ctx, int32_t hd, float sc
 }
 
 // A decode row of the group's query heads: scores, softmax and P V, each pass over the kv
-// head's rows in position order (the second head on reads them from cache). With AVX-512
-// the passes are decode_attention_simd.h's, which convert f16 in registers.
+// head's rows in position order (the second head on reads them from cache); an f16 cache's
+// rows are converted a chunk at a time into the scratch after the scores.
 template <class T>
-void attend_decode(const HeadTask& t, CpuIsa isa, float* scratch) {
+void attend_decode(const HeadTask& t, float* scratch) {
   const int32_t ctx = t.seq->n_past + 1;
-  float* scores = scratch;  // [group, ctx]
   float* buf = scratch + static_cast<size_t>(t.group) * static_cast<size_t>(ctx);
-#if STRATA_X86_KERNELS
-  const bool simd = isa == CpuIsa::kAvx512 && attention_detail::avx512_decode_fits(t.hd, t.dtype);
-#else
-  const bool simd = false;
-  (void)isa;
-#endif
   for (int32_t g = 0; g < t.group; ++g) {
-    float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
-    const float* qg = t.q + g * t.hd;
-#if STRATA_X86_KERNELS
-    if (simd) {
-      attention_detail::decode_scores_avx512(qg, t.k, t.dtype, ctx, t.hd, t.scale, row);
-    } else
-#endif
-    {
-      decode_scores(qg, static_cast<const T*>(t.k), ctx, t.hd, t.scale, row, buf);
-    }
+    float* row = scratch + static_cast<size_t>(g) * static_cast<size_t>(ctx);
+    decode_scores(t.q + g * t.hd, static_cast<const T*>(t.k), ctx, t.hd, t.scale, row, buf);
     causal_softmax_row(row, ctx, ctx);
   }
-#if STRATA_X86_KERNELS
-  if (simd) {
-    for (int32_t g = 0; g < t.group; ++g)
-      attention_detail::decode_values_avx512(scores + static_cast<size_t>(g) * ctx, t.v, t.dtype,
-                                             ctx, t.hd, t.out + g * t.hd);
-    return;
-  }
-#endif
-  decode_weighted_values(scores, static_cast<const T*>(t.v), t.group, ctx, t.hd, buf, t.out, t.hd);
+  decode_weighted_values(scratch, static_cast<const T*>(t.v), t.group, ctx, t.hd, buf, t.out, t.hd);
 }
+
+#if STRATA_X86_KERNELS
+// The same with decode_attention_simd.h's passes, which convert f16 in registers.
+void attend_decode_avx512(const HeadTask& t, float* scores) {
+  const int32_t ctx = t.seq->n_past + 1;
+  for (int32_t g = 0; g < t.group; ++g) {
+    float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
+    attention_detail::decode_scores_avx512(t.q + g * t.hd, t.k, t.dtype, ctx, t.hd, t.scale, row);
+    causal_softmax_row(row, ctx, ctx);
+    attention_detail::decode_values_avx512(row, t.v, t.dtype, ctx, t.hd, t.out + g * t.hd);
+  }
+}
+#endif
 
 // A prefill chunk: per query head, S = scale Q K^T and O = P V as BLAS GEMMs over the kv
 // head's rows (an f16 cache's converted once for the group).
@@ -692,11 +670,18 @@ void attend_chunk(const HeadTask& t, float* scratch) {
 
 template <class T>
 void attend(const HeadTask& t, CpuIsa isa, float* scratch) {
-  if (t.seq->n_new == 1) {
-    attend_decode<T>(t, isa, scratch);
-  } else {
+  if (t.seq->n_new != 1) {
     attend_chunk<T>(t, scratch);
+    return;
   }
+#if STRATA_X86_KERNELS
+  if (isa == CpuIsa::kAvx512 && attention_detail::avx512_decode_fits(t.hd, t.dtype)) {
+    attend_decode_avx512(t, scratch);
+    return;
+  }
+#endif
+  (void)isa;
+  attend_decode<T>(t, scratch);
 }
 
 }  // namespace

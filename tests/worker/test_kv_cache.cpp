@@ -40,45 +40,35 @@ void naive_q4_round_trip(const float* x, int32_t n, float* y) {
   }
 }
 
-// The CPU backend with an f32 cache whose every stored key and value row is first put
-// through naive_q4_round_trip: what a correct compressed cache hands to attention.
-class NaiveQ4KvBackend final : public testing::ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  std::string name() const override { return "cpu with a naive 4-bit KV round trip"; }
-  void kv_store(const float* k, const float* v, const StepRows& step,
-                const KvLayerView& c) override {
-    const std::span<const SeqSlice> seqs = step.seqs;
-    int32_t rows = 0;
-    for (const SeqSlice& s : seqs) rows = std::max(rows, s.row_begin + s.n_new);
-    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(c.n_kv_heads * c.head_dim);
-    std::vector<float> kq(n), vq(n);
-    for (size_t r = 0; r < n; r += static_cast<size_t>(c.head_dim)) {
-      naive_q4_round_trip(k + r, c.head_dim, kq.data() + r);
-      naive_q4_round_trip(v + r, c.head_dim, vq.data() + r);
-    }
-    inner_.kv_store(kq.data(), vq.data(), step, c);
-  }
-};
+// The test's own f16 round trip (round to nearest even, dtype.h) of one cached row.
+void naive_f16_round_trip(const float* x, int32_t n, float* y) {
+  for (int32_t i = 0; i < n; ++i) y[i] = f16_to_f32(f32_to_f16(x[i]));
+}
 
-// The CPU backend with an f32 cache whose every stored key and value is first rounded to
-// f16 and back (round to nearest even, dtype.h): what a correct f16 cache hands to attention.
-class NaiveF16KvBackend final : public testing::ForwardingBackend {
+// The CPU backend with an f32 cache whose every stored key and value row is first put
+// through `round_trip` (one of the above): what a correct compressed or f16 cache hands to
+// attention.
+class NaiveRoundTripKvBackend final : public testing::ForwardingBackend {
  public:
-  using ForwardingBackend::ForwardingBackend;
-  std::string name() const override { return "cpu with a naive f16 KV round trip"; }
+  using RoundTrip = void (*)(const float* x, int32_t n, float* y);
+  NaiveRoundTripKvBackend(CpuBackend& inner, RoundTrip round_trip)
+      : ForwardingBackend(inner), round_trip_(round_trip) {}
+  std::string name() const override { return "cpu with a naive KV round trip"; }
   void kv_store(const float* k, const float* v, const StepRows& step,
                 const KvLayerView& c) override {
     int32_t rows = 0;
     for (const SeqSlice& s : step.seqs) rows = std::max(rows, s.row_begin + s.n_new);
     const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(c.n_kv_heads * c.head_dim);
-    std::vector<float> kh(n), vh(n);
-    for (size_t i = 0; i < n; ++i) {
-      kh[i] = f16_to_f32(f32_to_f16(k[i]));
-      vh[i] = f16_to_f32(f32_to_f16(v[i]));
+    std::vector<float> kq(n), vq(n);
+    for (size_t r = 0; r < n; r += static_cast<size_t>(c.head_dim)) {
+      round_trip_(k + r, c.head_dim, kq.data() + r);
+      round_trip_(v + r, c.head_dim, vq.data() + r);
     }
-    inner_.kv_store(kh.data(), vh.data(), step, c);
+    inner_.kv_store(kq.data(), vq.data(), step, c);
   }
+
+ private:
+  RoundTrip round_trip_;
 };
 
 std::vector<GenerationRequest> reference_requests(
@@ -224,7 +214,7 @@ TEST(KvCacheTiers, CompressedCacheComputesTheNaiveRoundTripInEveryTier) {
   // Equal up to f32 rounding (a code that flips on a rounding tie moves one value by one
   // scale step); the 4-bit round trip moves the logits by more than 0.05 at this size.
   CpuBackend backend(2);
-  NaiveQ4KvBackend naive_backend(backend);
+  NaiveRoundTripKvBackend naive_backend(backend, naive_q4_round_trip);
   CachePlacement q4;
   q4.compress = true;
   expect_naive_round_trip_logits(naive_backend, backend, q4, 2e-3, 0.05);
@@ -235,7 +225,7 @@ TEST(KvCacheTiers, CompressedCacheGivesTheNaiveRoundTripsOutputInEveryTier) {
   // generation with the naive round trip (and so, between tiers, equal to each other).
   const auto refs = testing::load_stories_references();
   CpuBackend backend(2);
-  NaiveQ4KvBackend naive_backend(backend);
+  NaiveRoundTripKvBackend naive_backend(backend, naive_q4_round_trip);
   LoadedModel nm = load_model(testing::stories_dir());
   Model naive(nm.config, std::move(nm.weights), naive_backend, 64);
   LocalCluster naive_gen(naive, LocalOptions{3, 64, 0});
@@ -287,7 +277,7 @@ TEST(KvCacheTiers, HalfCacheComputesTheNaiveRoundTripInEveryTier) {
   // Attention reads the same values from an f16 cache as from an f32 cache of rounded rows,
   // so the logits agree to f32 rounding; the rounding moves them by 0.016-0.029 here.
   CpuBackend backend(2);
-  NaiveF16KvBackend naive_backend(backend);
+  NaiveRoundTripKvBackend naive_backend(backend, naive_f16_round_trip);
   CachePlacement f16;
   f16.dtype = DType::kF16;
   expect_naive_round_trip_logits(naive_backend, backend, f16, 1e-5, 1e-3);
