@@ -322,9 +322,10 @@ void Coordinator::choose_schedule(PlanOptions& po, SchedulerOptions& so) {
   if (options_.packing.budget_from_schedule) budget_from_schedule(chosen, so);
 }
 
-// S3 under the bound: the packed plan's positions are the run's KV budget, and a sequence's
-// context at most a micro-batch's share of them. A schedule that keeps whole slots (WAA, or
-// the context rule) runs without packing.
+// S3 under the bound: the packed plan's positions are the run's KV budget, each micro-batch
+// an equal share of them. The search sized every share to hold the run's whole context
+// (Simulator::rra_phases), so the plan never cuts a request short. A schedule that keeps whole
+// slots (WAA, or the context rule) runs without packing.
 void Coordinator::budget_from_schedule(const Prediction& chosen, SchedulerOptions& so) {
   if (chosen.kv_positions <= 0) {
     log::get("coordinator")
@@ -334,8 +335,10 @@ void Coordinator::budget_from_schedule(const Prediction& chosen, SchedulerOption
   }
   options_.packing.budget = chosen.kv_positions;
   const int64_t share = chosen.kv_positions / std::max(1, so.micro_batches);
-  if (share < capacity_) capacity_ = static_cast<int32_t>(std::max<int64_t>(share, 2));
-  so.kv_capacity = capacity_;
+  STRATA_CHECK(share >= capacity_,
+               "the chosen schedule gives each of {} micro-batches {} KV positions, less than "
+               "the run's context of {}",
+               so.micro_batches, share, capacity_);
   log::get("coordinator")
       ->info(
           "KV budget {} positions: the chosen schedule's packed plan ({} of the sequences "

@@ -333,7 +333,10 @@ Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
     }
     ph.kv_positions =
         static_cast<int64_t>(std::ceil(v.micro_batches * (n0 * member + a * z * held_[0]) - 1e-9));
-    ph.kv_positions = std::max<int64_t>(ph.kv_positions, 1);
+    // The run gives each micro-batch an equal share of these positions and caps a sequence's
+    // context at that share: below the context, a request the run admits would be cut short
+    // by the plan. So a share holds at least one sequence of the whole context.
+    ph.kv_positions = std::max<int64_t>(ph.kv_positions, int64_t{v.micro_batches} * capacity_);
   }
   ph.p99_output = w.output.percentile(in_.percentile);
   ph.latency_decode_steps = ph.p99_output - 1;

@@ -247,6 +247,18 @@ case $case_name in
     jq -e '.schedule.kv_positions > 0 and .packing.budget == .schedule.kv_positions
         and .packing.reserve == "max-new" and .packing.counters.admitted > 0' "$tmp/s1.json" >/dev/null ||
       fail "stats: $(jq -c '{schedule, packing}' "$tmp/s1.json")"
+    # A profile whose decode cost grows with the square of the batch: the search picks a
+    # one-sequence batch and a small packed plan. Its share must still hold the whole context
+    # (--max-context 128) -- a smaller one cut requests a, c and f short with "context".
+    jq '.ranks |= map((.decode.y | length) as $ny | .decode.x as $x
+        | .decode.seconds |= [to_entries[] | .value * 20 * ($x[(.key / $ny | floor)] | . * .)]
+        | .prefill.seconds |= map(. * 20))' "$tmp/profile.json" >"$tmp/slow.json"
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r3.jsonl" \
+      "${plan[@]/$tmp\/profile.json/$tmp/slow.json}" --kv-reserve max-new --stats-out "$tmp/s3.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r3.jsonl"
+    jq -e '(.schedule.profile | endswith("slow.json")) and .packing.budget == .schedule.kv_positions
+        and .packing.budget >= 128 * .micro_batches' "$tmp/s3.json" >/dev/null ||
+      fail "slow profile: $(jq -c '{schedule, packing}' "$tmp/s3.json")"
     # What the search sizes is not also given; a predicted rule needs what the search plans by.
     for bad in "--kv-budget 100|--kv-budget 100 with --latency-bound" \
       "--kv-reserve predicted|--kv-reserve predicted needs --predict-eval"; do
