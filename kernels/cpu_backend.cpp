@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "kernels/cpu_isa.h"
 #include "kernels/decode_attention_simd.h"
@@ -634,14 +635,31 @@ void attend_decode(const HeadTask& t, float* scratch) {
 }
 
 #if STRATA_X86_KERNELS
-// The same with decode_attention_simd.h's passes, which convert f16 in registers.
-void attend_decode_avx512(const HeadTask& t, float* scores) {
+// decode_attention_simd.h's passes for one instruction set, which convert f16 in registers.
+struct SimdDecodePasses {
+  void (*scores)(const float*, const void*, DType, int32_t, int32_t, float, float*);
+  void (*values)(const float*, const void*, DType, int32_t, int32_t, float*);
+};
+
+// The widest passes `isa` allows that take this head size and cache element; none: the
+// portable loops.
+std::optional<SimdDecodePasses> simd_decode_passes(CpuIsa isa, int32_t hd, DType dtype) {
+  using namespace attention_detail;
+  if (isa == CpuIsa::kAvx512 && avx512_decode_fits(hd, dtype))
+    return SimdDecodePasses{decode_scores_avx512, decode_values_avx512};
+  if (isa >= CpuIsa::kAvx2 && avx2_decode_fits(hd, dtype))
+    return SimdDecodePasses{decode_scores_avx2, decode_values_avx2};
+  return std::nullopt;
+}
+
+// attend_decode with those passes: each query head's scores, softmax and P V in turn.
+void attend_decode_simd(const HeadTask& t, const SimdDecodePasses& passes, float* scores) {
   const int32_t ctx = t.seq->n_past + 1;
   for (int32_t g = 0; g < t.group; ++g) {
     float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
-    attention_detail::decode_scores_avx512(t.q + g * t.hd, t.k, t.dtype, ctx, t.hd, t.scale, row);
+    passes.scores(t.q + g * t.hd, t.k, t.dtype, ctx, t.hd, t.scale, row);
     causal_softmax_row(row, ctx, ctx);
-    attention_detail::decode_values_avx512(row, t.v, t.dtype, ctx, t.hd, t.out + g * t.hd);
+    passes.values(row, t.v, t.dtype, ctx, t.hd, t.out + g * t.hd);
   }
 }
 #endif
@@ -675,8 +693,8 @@ void attend(const HeadTask& t, CpuIsa isa, float* scratch) {
     return;
   }
 #if STRATA_X86_KERNELS
-  if (isa == CpuIsa::kAvx512 && attention_detail::avx512_decode_fits(t.hd, t.dtype)) {
-    attend_decode_avx512(t, scratch);
+  if (const auto passes = simd_decode_passes(isa, t.hd, t.dtype)) {
+    attend_decode_simd(t, *passes, scratch);
     return;
   }
 #endif

@@ -1,7 +1,8 @@
 // The two passes of a decode row's attention over one kv head's rows, written for AVX-512F
-// (decode_attention_avx512.cpp, compiled for it whatever the build machine; the CPU backend
-// calls them where active_cpu_isa() says AVX-512). Rows are read in position order, the way
-// the hardware prefetcher streams them, and an f16 cache's rows are converted in registers.
+// (decode_attention_avx512.cpp) and for AVX2 + FMA + F16C (decode_attention_avx2.cpp), each
+// file compiled for its instruction set whatever the build machine; the CPU backend calls
+// the widest that active_cpu_isa() allows. Rows are read in position order, the way the
+// hardware prefetcher streams them, and an f16 cache's rows are converted in registers.
 // Internal to kernels/.
 #pragma once
 
@@ -22,5 +23,13 @@ void decode_scores_avx512(const float* q, const void* k, DType dtype, int32_t ct
 // out = sum_p w[p] v[p] over p in [0, ctx); v: [ctx, head_dim] elements of `dtype`.
 void decode_values_avx512(const float* w, const void* v, DType dtype, int32_t ctx, int32_t head_dim,
                           float* out);
+
+// AVX2: head_dim a multiple of 8, any size (P·V runs over column blocks). Elements kF32 or
+// kF16.
+bool avx2_decode_fits(int32_t head_dim, DType dtype);
+void decode_scores_avx2(const float* q, const void* k, DType dtype, int32_t ctx, int32_t head_dim,
+                        float scale, float* scores);
+void decode_values_avx2(const float* w, const void* v, DType dtype, int32_t ctx, int32_t head_dim,
+                        float* out);
 
 }  // namespace strata::attention_detail
