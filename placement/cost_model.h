@@ -65,6 +65,11 @@ inline constexpr int kCompressBits = 4;
 inline constexpr int kCompressGroup = 64;
 double compressed_fraction(int64_t elem_bytes);
 
+// Bytes a KV-cache element takes under `p` as the model counts it: 2 with an f16 cache
+// (policy cf16) whatever the weights, else the model's element size (FlexGen's fp16), times
+// compressed_fraction with a 4-bit cache. The cost model and the Pie estimate both use it.
+double kv_cache_elem_bytes(const ModelShape& m, const Policy& p);
+
 // The LP's variables, in the order FlexGen lists them: percentages / 100.
 enum PlacementVar : int { kWg, kWc, kWd, kCg, kCc, kCd, kHg, kHc, kHd, kNumPlacementVars };
 using Placement = std::array<double, kNumPlacementVars>;

@@ -51,6 +51,19 @@ TEST(PieEstimate, LayerCacheAndSwapTimeByHand) {
   EXPECT_GT(estimate_pie(s, w, p, hw).host_layers, e.host_layers);
 }
 
+// Pie swaps the cache the policy stores: an f32 model's cache is 4 bytes an element, 2 with
+// cf16 (as the cost model counts it).
+TEST(PieEstimate, SwapsTheCacheInItsOwnElementSize) {
+  ModelShape s = opt_30b();
+  s.weight_bytes_per_elem = 4;
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  const Workload w{512, 32};
+  Policy p = Policy::parse("gbs=8,ngb=4,w=0/100/0,c=100/0/0,h=100/0/0");
+  EXPECT_EQ(estimate_pie(s, w, p, hw).layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 4);
+  p.cache_f16 = true;
+  EXPECT_EQ(estimate_pie(s, w, p, hw).layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 2);
+}
+
 TEST(HeteGenEstimate, AlphaAndTimesByHand) {
   ModelShape s = opt_30b();
   HardwareSpec hw = HardwareSpec::flexgen_t4();
