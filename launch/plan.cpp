@@ -26,7 +26,7 @@ struct PlanOptions {
   double gpu_mem_gib = -1, cpu_mem_gib = -1, disk_mem_gib = -1;
   int64_t prompt_len = 512, gen_len = 32;
   std::string policy;
-  bool compress_weight = false, compress_cache = false, cpu_attention = true;
+  bool compress_weight = false, compress_cache = false, cache_f16 = false, cpu_attention = true;
   std::string format = "text";
   // The stages a cluster of `workers` worker ranks would run, placed with the policy
   // (placement/stage_placement.h, the engine's memory model): what each worker allocates.
@@ -159,6 +159,7 @@ int run_plan(const PlanOptions& o) {
     SearchOptions so;
     so.compress_weight = o.compress_weight;
     so.compress_cache = o.compress_cache;
+    so.cache_f16 = o.cache_f16;
     so.cpu_attention = o.cpu_attention;
     so.pie = std::ranges::count(o.methods, "pie") > 0;
     so.hetegen = std::ranges::count(o.methods, "hetegen") > 0;
@@ -208,6 +209,8 @@ Command add_plan(CLI::App& app) {
       ->default_str("pie,hetegen");
   cmd->add_flag("--compress-weight", o->compress_weight, "Search with 4-bit weights");
   cmd->add_flag("--compress-cache", o->compress_cache, "Search with a 4-bit KV cache");
+  cmd->add_flag("--cache-f16", o->cache_f16,
+                "Search with an f16 KV cache (FlexGen's; kept off the GPU and attended on the CPU)");
   cmd->add_flag("!--no-cpu-attention", o->cpu_attention, "Search without CPU attention");
   cmd->add_option("--workers", o->workers,
                   "Pipeline stages to place (worker ranks; each stage's placement is printed)")

@@ -291,7 +291,7 @@ TEST(PolicySearch, ChoosesHeteGenWhenTheCpuCanTakeAShare) {
 
 // A Grace-Hopper-like link (400 GB/s each way) with a slow CPU for attention, OPT-66B: the
 // search keeps the cache on the GPU tier with Pie's host layers, none of them stalling.
-TEST(PolicySearch, ChoosesPieWhenTheLinkHidesTheSwaps) {
+HardwareSpec grace_hopper_like() {
   HardwareSpec hw = HardwareSpec::flexgen_t4();
   hw.ctog_bdw = hw.gtoc_bdw_cache = hw.gtoc_bdw_hidden = 400e9;
   hw.mm_flops_decode = 20e12, hw.mm_flops_prefill = 400e12;
@@ -299,6 +299,11 @@ TEST(PolicySearch, ChoosesPieWhenTheLinkHidesTheSwaps) {
   hw.gpu_mem = 96 * kGiB, hw.cpu_mem = 480 * kGiB;
   hw.cpu_flops = 1e11;
   hw.overlap_model = OverlapModel::kPaper;
+  return hw;
+}
+
+TEST(PolicySearch, ChoosesPieWhenTheLinkHidesTheSwaps) {
+  const HardwareSpec hw = grace_hopper_like();
   const ModelShape opt_66b = opt(9216, 36864, 64, 72);
   const Workload w{512, 256};
   SearchOptions o;
@@ -330,6 +335,37 @@ TEST(PolicySearch, ThePlacementLpOfAPieScheduleKeepsTheCacheOnTheGpuTier) {
   EXPECT_EQ(b->placement[kCc] + b->placement[kCd], 0);
 }
 
+// FlexGen keeps OPT-6.7B's cache on the T4 (AModelThatFitsOnTheGpuStaysThere). An f16 cache
+// is read by no CUDA kernel yet, so the search keeps it off the GPU tier, attended on the
+// CPU, and tries no Pie variant (Pie swaps a GPU-tier cache).
+TEST(PolicySearch, AnF16CacheStaysOffTheGpuTier) {
+  const HardwareSpec hw = HardwareSpec::flexgen_t4();
+  Policy schedule = Policy::parse("gbs=2,ngb=1,cpu_attn=1");
+  const auto f32 = solve_placement_lp(opt_6_7b(), kWorkload, schedule, hw);
+  schedule.cache_f16 = true;
+  const auto f16 = solve_placement_lp(opt_6_7b(), kWorkload, schedule, hw);
+  ASSERT_TRUE(f32 && f16);
+  EXPECT_GT(f32->placement[kCg], 0.5);
+  EXPECT_EQ(f16->placement[kCg], 0);
+
+  SearchOptions o;
+  o.cache_f16 = true;
+  const SearchResult r = search_policy(opt_6_7b(), kWorkload, hw, o);
+  EXPECT_TRUE(r.policy.cache_f16);
+  EXPECT_TRUE(r.policy.cpu_cache_compute);
+  EXPECT_EQ(r.policy.cache_gpu_percent, 0);
+  // Where Pie has variants to try (its f32-cache search solves more LPs), none with cf16.
+  const HardwareSpec fast = grace_hopper_like();
+  SearchOptions pie;
+  pie.pie = true;
+  const SearchResult plain = search_policy(opt_6_7b(), kWorkload, fast, o);
+  EXPECT_GT(search_policy(opt_6_7b(), kWorkload, fast, pie).schedules_tried, plain.schedules_tried);
+  pie.cache_f16 = true;
+  const SearchResult f16_pie = search_policy(opt_6_7b(), kWorkload, fast, pie);
+  EXPECT_EQ(f16_pie.schedules_tried, plain.schedules_tried);
+  EXPECT_EQ(f16_pie.policy.pie_host_layers, 0);
+}
+
 TEST(PolicySearch, RejectsBadOptions) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
   SearchOptions o;
@@ -347,6 +383,10 @@ TEST(PolicySearch, RejectsBadOptions) {
   o = SearchOptions{};
   o.compress_cache = true;  // with cpu_attention, which FlexGen turns off for it
   EXPECT_NE(search_error(hw, o).find("compress_cache=1 with cpu_attention=1"), std::string::npos);
+  o = SearchOptions{};
+  o.cache_f16 = true;
+  o.cpu_attention = false;
+  EXPECT_NE(search_error(hw, o).find("cache_f16 needs cpu_attention"), std::string::npos);
 }
 
 TEST(PolicySearch, TooLittleGpuMemorySaysHowMuchIsMissing) {
