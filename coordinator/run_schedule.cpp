@@ -89,6 +89,12 @@ const Prediction& RunSchedule::plan(Stages& stages, const ClusterPlan& started) 
   in.max_kv_slots = started.kv_slots;
   simulator_ = std::make_unique<Simulator>(in);
   const ScheduleChoice choice = search_schedule(*simulator_, search_options(*simulator_, options_));
+  if (!choice.feasible && !std::isfinite(choice.fastest_latency_s) &&
+      !choice.smallest_unfit.empty())
+    fail_input(
+        "no schedule of workload {} fits these {} stages; the smallest tried, {}; raise "
+        "--stage-mem, lower --max-context, or add stages",
+        target_.workload.name, stages.count(), choice.smallest_unfit);
   if (!choice.feasible)
     fail_input(
         "--latency-bound {:.3f} s cannot be met for workload {} on these {} stages: the fastest "
@@ -143,10 +149,8 @@ std::optional<Prediction> RunSchedule::observe(int32_t input, int32_t output, do
   const ScheduleChoice choice = search_schedule(*sim, s);
   planned_workload_ = seen;
   if (!choice.feasible) {
-    log->warn(
-        "the observed lengths ({}) put the bound out of reach (fastest p99 latency {:.3f} s); "
-        "keeping {}",
-        seen.str(), choice.fastest_latency_s, report_.planned.vars.str());
+    log->warn("the observed lengths ({}) put the bound out of reach ({}); keeping {}", seen.str(),
+              choice.why_none(), report_.planned.vars.str());
     return std::nullopt;
   }
   if (waa && choice.best.allocation != report_.planned.allocation) {

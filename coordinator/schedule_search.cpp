@@ -210,6 +210,11 @@ void run_search(const Search& s, ScheduleChoice& choice) {
     const Prediction p = o.fixed_allocation ? s.sim.predict(s.vars(i1, i2), *o.fixed_allocation)
                                             : s.sim.predict(s.vars(i1, i2));
     seen[{i1, i2}] = p;
+    if (!p.feasible &&
+        (choice.smallest_unfit.empty() || p.vars.encode_batch < choice.smallest_unfit_batch)) {
+      choice.smallest_unfit = fmt::format("{}: {}", p.vars.str(), p.infeasible_reason);
+      choice.smallest_unfit_batch = p.vars.encode_batch;
+    }
     return perf_of(p);
   };
   const BnbResult r =
@@ -280,6 +285,7 @@ json ScheduleChoice::to_json() const {
          {"points_evaluated", points_evaluated},
          {"grid_points", grid_points},
          {"fastest_latency_s", fastest_latency_s}};
+  if (!feasible) j["why_none"] = why_none();
   if (feasible) {
     const json b = best.to_json();
     j["policy"] = b["policy"];
@@ -305,6 +311,12 @@ json ScheduleChoice::to_json() const {
   return j;
 }
 
+std::string ScheduleChoice::why_none() const {
+  if (std::isfinite(fastest_latency_s) || smallest_unfit.empty())
+    return fmt::format("the fastest achievable p99 latency is {:.3f} s", fastest_latency_s);
+  return "no schedule fits; the smallest tried, " + smallest_unfit;
+}
+
 std::string ScheduleChoice::str() const {
   std::string out;
   const std::string bound =
@@ -312,10 +324,7 @@ std::string ScheduleChoice::str() const {
   if (feasible) {
     out += fmt::format("chosen (latency bound {}): {}\n", bound, best.str());
   } else {
-    out += fmt::format(
-        "no schedule meets the latency bound {}: the fastest achievable p99 "
-        "latency is {:.3f} s\n",
-        bound, fastest_latency_s);
+    out += fmt::format("no schedule meets the latency bound {}: {}\n", bound, why_none());
   }
   for (const Prediction& p : per_search) out += fmt::format("  best {}\n", p.str());
   out += baseline ? fmt::format("baseline (FT-style): {}\n", baseline->str())

@@ -57,8 +57,7 @@ std::string schedule_table(const ScheduleChoice& c, const SchedulePlanOptions& o
     row(p, c.feasible && p.vars.str() == c.best.vars.str() ? "   <- chosen" : "");
   if (c.baseline) row(*c.baseline, "   (baseline)");
   if (!c.feasible)
-    out += fmt::format("no schedule meets the bound: the fastest achievable p99 latency is {}\n",
-                       seconds(c.fastest_latency_s));
+    out += fmt::format("no schedule meets the bound: {}\n", c.why_none());
   else if (c.baseline)
     out += fmt::format("speed-up over the baseline: {:.2f}x\n",
                        c.best.throughput_tok_s / c.baseline->throughput_tok_s);
@@ -77,7 +76,9 @@ std::optional<ReservationModel> packing_model(const ScheduleCliOptions& o) {
 // What packing changed: the chosen schedules' decode batches, memory and throughput.
 std::string packing_line(const ScheduleChoice& whole, const ScheduleChoice& packed,
                          const ReservationModel& m, int32_t capacity) {
-  if (!packed.feasible) return fmt::format("with {} packing: no schedule meets the bound", m.str());
+  if (!packed.feasible)
+    return fmt::format("with {} packing: no schedule meets the bound: {}", m.str(),
+                       packed.why_none());
   const Prediction& b = packed.best;
   std::string out = fmt::format("with {} packing: {} ", m.str(), b.str());
   if (b.kv_positions > 0 && b.vars.policy == SchedulePolicy::kRra) {
@@ -227,10 +228,9 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   }
   if (refused) {
     std::fprintf(stderr,
-                 "strata: --latency-bound %s cannot be met for workload %s on %d workers: the "
-                 "fastest achievable p99 latency is %.3f s\n",
+                 "strata: --latency-bound %s cannot be met for workload %s on %d workers: %s\n",
                  seconds(refused->latency_bound).c_str(), po.workload.name.c_str(),
-                 profile.workers(), refused->fastest_latency_s);
+                 profile.workers(), refused->why_none().c_str());
     return 1;
   }
   return 0;

@@ -85,7 +85,9 @@ TEST(BranchAndBound, ABoundBelowEveryPointIsRefusedWithTheFastestLatency) {
 }
 
 // OPT-13B (the paper's model for this size) on four modelled A40 workers, task S.
-Simulator opt13b_on_a40(int32_t workers, const std::string& task) {
+Simulator opt13b_on_a40(
+    int32_t workers, const std::string& task,
+    int64_t gpu_budget = static_cast<int64_t>(NodeModel::preset("a40").memory_bytes)) {
   const ModelConfig c = dummy_model_config("opt-13b", DType::kF16);
   SimulatorInputs in;
   in.shape = c.shape();
@@ -94,8 +96,7 @@ Simulator opt13b_on_a40(int32_t workers, const std::string& task) {
       in.shape, "dummy:opt-13b", NodeModel::preset("a40"), workers,
       ProfileGrid::for_limits(512, 256, in.workload.input.max() + in.workload.output.max()));
   in.device_compute = true;
-  in.budgets =
-      TierBudgets{static_cast<int64_t>(NodeModel::preset("a40").memory_bytes), -1, -1, true};
+  in.budgets = TierBudgets{gpu_budget, -1, -1, true};
   in.policy = Policy::parse("w=100/0/0,c=100/0/0");
   return Simulator(in);
 }
@@ -174,6 +175,23 @@ TEST(ScheduleSearch, AnUnmeetableBoundNamesTheFastestLatency) {
   EXPECT_GT(c.fastest_latency_s, 1e-4);
   EXPECT_TRUE(std::isfinite(c.fastest_latency_s));
   EXPECT_NE(c.str().find("fastest achievable p99 latency"), std::string::npos) << c.str();
+}
+
+// 26 GB of OPT-13B weights over four 4 GiB stages: no point fits, so no latency is
+// achievable, and the refusal names the smallest schedule, its stage and its shortfall.
+TEST(ScheduleSearch, NothingThatFitsSaysWhereTheSmallestScheduleFallsShort) {
+  const Simulator sim = opt13b_on_a40(4, "S", int64_t{4} << 30);
+  ScheduleSearchOptions o = ScheduleSearchOptions::defaults(sim, 64);
+  o.latency_bound = std::numeric_limits<double>::infinity();
+  const ScheduleChoice c = search_schedule(sim, o);
+  EXPECT_FALSE(c.feasible);
+  EXPECT_FALSE(std::isfinite(c.fastest_latency_s));
+  EXPECT_EQ(c.smallest_unfit_batch, 1);
+  const std::string why = c.why_none();
+  for (const char* part :
+       {"no schedule fits; the smallest tried, ", "B_E=1", "stage 1", "gpu needs", "short by"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
+  EXPECT_NE(c.str().find(why), std::string::npos) << c.str();
 }
 
 }  // namespace
