@@ -342,36 +342,46 @@ TEST(Simulator, AStageThatDoesNotFitIsInfeasibleAndSaysWhere) {
   EXPECT_TRUE(std::isinf(p.p99_latency_s));
 }
 
+// One worker, input 10, output 5 (as in OneWorkerRraByHand), a context of `context`
+// positions; B_E = 2, N_D = 4 gives B_D = 2. `packing`: max-new reservations.
+struct HandPacking {
+  SimulatorInputs in;
+  ScheduleVars v{SchedulePolicy::kRra, 2, 4, 1, 1};
+  explicit HandPacking(int32_t context) {
+    in.profile = constant_profile(1);
+    in.shape = tiny_shape(1);
+    in.workload = TaskWorkload{"hand", lengths({10}), lengths({5})};
+    in.kv_capacity = context;
+  }
+  Prediction predict(bool packing) {
+    in.packing.reset();
+    if (packing) in.packing = ReservationModel{KvReserve::kMaxNew, 0, {}, ""};
+    return Simulator(in).predict(v);
+  }
+  static int64_t stage_bytes(const Prediction& p) {
+    return p.stages[0].memory.gpu + p.stages[0].memory.cpu + p.stages[0].memory.disk;
+  }
+};
+
 // S3's packing (issue 16): the same schedule reserves prompt + output per decode-batch member
-// instead of a whole slot. One worker, input 10, output 5, B_E = 2, N_D = 4: B_D = 2 (as in
-// OneWorkerRraByHand); with a 20-position context that is 40 positions whole, 2 x 15 = 30
+// instead of a whole slot. With a 20-position context that is 40 positions whole, 2 x 15 = 30
 // packed at max-new, and the stage's cache shrinks by 10 positions x (K and V) x 4 KV heads x
 // 8 dims x 4 bytes = 2560 bytes, a layer.
 TEST(Simulator, PackingBoundsMemoryByTheReservedPositions) {
-  SimulatorInputs in;
-  in.profile = constant_profile(1);
-  in.shape = tiny_shape(1);
-  in.workload = TaskWorkload{"hand", lengths({10}), lengths({5})};
-  in.kv_capacity = 20;
-  const ScheduleVars v{SchedulePolicy::kRra, 2, 4, 1, 1};
-  const Prediction whole = Simulator(in).predict(v);
-  in.packing = ReservationModel{KvReserve::kMaxNew, 0, {}, ""};
-  const Prediction packed = Simulator(in).predict(v);
+  HandPacking h(20);
+  const Prediction whole = h.predict(false);
+  const Prediction packed = h.predict(true);
   ASSERT_TRUE(whole.feasible && packed.feasible);
   EXPECT_EQ(whole.kv_positions, 0);
   EXPECT_EQ(packed.kv_slots, 2);
   EXPECT_EQ(packed.kv_positions, 30);
   EXPECT_EQ(packed.reservations_exceeded, 0);
-  const auto total = [](const Prediction& p) {
-    return p.stages[0].memory.gpu + p.stages[0].memory.cpu + p.stages[0].memory.disk;
-  };
-  EXPECT_EQ(total(whole) - total(packed), 10 * 2 * 4 * 8 * 4);
+  EXPECT_EQ(HandPacking::stage_bytes(whole) - HandPacking::stage_bytes(packed), 10 * 2 * 4 * 8 * 4);
   EXPECT_DOUBLE_EQ(packed.throughput_tok_s, whole.throughput_tok_s);  // same compute
   // A budget between the two: only the packed schedule fits.
-  in.budgets = TierBudgets{-1, total(packed), -1, true};
-  EXPECT_TRUE(Simulator(in).predict(v).feasible);
-  in.packing.reset();
-  EXPECT_FALSE(Simulator(in).predict(v).feasible);
+  h.in.budgets = TierBudgets{-1, HandPacking::stage_bytes(packed), -1, true};
+  EXPECT_TRUE(h.predict(true).feasible);
+  EXPECT_FALSE(h.predict(false).feasible);
 }
 
 // The run caps a sequence's context at its micro-batch's share of the planned positions, so
@@ -379,22 +389,14 @@ TEST(Simulator, PackingBoundsMemoryByTheReservedPositions) {
 // reserved positions become 64 (128 over 2 micro-batches), and the stage holds them -- 64
 // positions less than the 2 whole slots, not 98.
 TEST(Simulator, APackedShareHoldsAWholeContext) {
-  SimulatorInputs in;
-  in.profile = constant_profile(1);
-  in.shape = tiny_shape(1);
-  in.workload = TaskWorkload{"hand", lengths({10}), lengths({5})};
-  in.kv_capacity = 64;
-  const ScheduleVars v{SchedulePolicy::kRra, 2, 4, 1, 1};
-  const Prediction whole = Simulator(in).predict(v);
-  in.packing = ReservationModel{KvReserve::kMaxNew, 0, {}, ""};
-  const Prediction packed = Simulator(in).predict(v);
+  HandPacking h(64);
+  const Prediction whole = h.predict(false);
+  const Prediction packed = h.predict(true);
   ASSERT_TRUE(whole.feasible && packed.feasible);
   EXPECT_EQ(packed.kv_positions, 64);
-  const auto total = [](const Prediction& p) {
-    return p.stages[0].memory.gpu + p.stages[0].memory.cpu + p.stages[0].memory.disk;
-  };
-  EXPECT_EQ(total(whole) - total(packed), 64 * 2 * 4 * 8 * 4);
-  const Prediction two = Simulator(in).predict(ScheduleVars{SchedulePolicy::kRra, 2, 4, 2, 1});
+  EXPECT_EQ(HandPacking::stage_bytes(whole) - HandPacking::stage_bytes(packed), 64 * 2 * 4 * 8 * 4);
+  h.v.micro_batches = 2;
+  const Prediction two = h.predict(true);
   ASSERT_TRUE(two.feasible) << two.infeasible_reason;
   EXPECT_EQ(two.kv_positions, 2 * 64);
 }
