@@ -89,12 +89,11 @@ const Prediction& RunSchedule::plan(Stages& stages, const ClusterPlan& started) 
   in.max_kv_slots = started.kv_slots;
   simulator_ = std::make_unique<Simulator>(in);
   const ScheduleChoice choice = search_schedule(*simulator_, search_options(*simulator_, options_));
-  if (!choice.feasible && !std::isfinite(choice.fastest_latency_s) &&
-      !choice.smallest_unfit.empty())
+  if (choice.fits_nowhere())
     fail_input(
-        "no schedule of workload {} fits these {} stages; the smallest tried, {}; raise "
-        "--stage-mem, lower --max-context, or add stages",
-        target_.workload.name, stages.count(), choice.smallest_unfit);
+        "workload {} on these {} stages: {}; raise --stage-mem, lower --max-context, or "
+        "add stages",
+        target_.workload.name, stages.count(), choice.why_none());
   if (!choice.feasible)
     fail_input(
         "--latency-bound {:.3f} s cannot be met for workload {} on these {} stages: the fastest "

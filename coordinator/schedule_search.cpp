@@ -211,10 +211,8 @@ void run_search(const Search& s, ScheduleChoice& choice) {
                                             : s.sim.predict(s.vars(i1, i2));
     seen[{i1, i2}] = p;
     if (!p.feasible &&
-        (choice.smallest_unfit.empty() || p.vars.encode_batch < choice.smallest_unfit_batch)) {
-      choice.smallest_unfit = fmt::format("{}: {}", p.vars.str(), p.infeasible_reason);
-      choice.smallest_unfit_batch = p.vars.encode_batch;
-    }
+        (!choice.smallest_unfit || p.vars.encode_batch < choice.smallest_unfit->vars.encode_batch))
+      choice.smallest_unfit = p;
     return perf_of(p);
   };
   const BnbResult r =
@@ -311,10 +309,15 @@ json ScheduleChoice::to_json() const {
   return j;
 }
 
+bool ScheduleChoice::fits_nowhere() const {
+  return !feasible && !std::isfinite(fastest_latency_s) && smallest_unfit.has_value();
+}
+
 std::string ScheduleChoice::why_none() const {
-  if (std::isfinite(fastest_latency_s) || smallest_unfit.empty())
+  if (!fits_nowhere())
     return fmt::format("the fastest achievable p99 latency is {:.3f} s", fastest_latency_s);
-  return "no schedule fits; the smallest tried, " + smallest_unfit;
+  return fmt::format("no schedule fits; the smallest tried, {}: {}", smallest_unfit->vars.str(),
+                     smallest_unfit->infeasible_reason);
 }
 
 std::string ScheduleChoice::str() const {

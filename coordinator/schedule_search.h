@@ -79,13 +79,14 @@ struct ScheduleChoice {
   std::optional<Prediction> baseline;  // FT's best under the same bound
   int64_t baseline_points = 0;
   double latency_bound = 0;
-  // Why the point with the smallest B_E evaluated did not fit (memory, KV slots); empty when
-  // every point evaluated fit.
-  std::string smallest_unfit;
-  int32_t smallest_unfit_batch = 0;
+  // The evaluated point with the smallest B_E that did not fit (memory, KV slots; its
+  // infeasible_reason says why); none when every point evaluated fit.
+  std::optional<Prediction> smallest_unfit;
 
-  // Why no schedule meets the bound: the fastest achievable latency, or, when no schedule
-  // fits at all, why the smallest tried does not (which stage, which tier, by how much).
+  // No point fits at all, so no latency is achievable.
+  bool fits_nowhere() const;
+  // Why no schedule meets the bound: the fastest achievable latency, or, when none fits at
+  // all, why the smallest tried does not (which stage, which tier, by how much).
   std::string why_none() const;
   nlohmann::json to_json() const;
   std::string str() const;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kernels/avx2_sum.h"
 #include "kernels/decode_attention_simd.h"
 
 namespace strata::attention_detail {
@@ -32,13 +33,6 @@ __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-float sum1(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <DType DT>
 void scores(const float* q, const void* k, int32_t ctx, int32_t hd, float scale, float* out) {
   const int chunks = hd / kLanes;
@@ -62,7 +56,7 @@ void scores(const float* q, const void* k, int32_t ctx, int32_t hd, float scale,
     for (int c = 0; c < chunks; ++c)
       acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c * kLanes),
                             load8<DT>(k, int64_t{p} * hd + c * kLanes), acc);
-    out[p] = sum1(acc) * scale;
+    out[p] = gemv_detail::sum8(acc) * scale;
   }
 }
 

@@ -186,7 +186,8 @@ TEST(ScheduleSearch, NothingThatFitsSaysWhereTheSmallestScheduleFallsShort) {
   const ScheduleChoice c = search_schedule(sim, o);
   EXPECT_FALSE(c.feasible);
   EXPECT_FALSE(std::isfinite(c.fastest_latency_s));
-  EXPECT_EQ(c.smallest_unfit_batch, 1);
+  ASSERT_TRUE(c.fits_nowhere());
+  EXPECT_EQ(c.smallest_unfit->vars.encode_batch, 1);
   const std::string why = c.why_none();
   for (const char* part :
        {"no schedule fits; the smallest tried, ", "B_E=1", "stage 1", "gpu needs", "short by"})
