@@ -65,6 +65,11 @@ void Backend::kv_store_q4(const float*, const float*, const StepRows&, const KvQ
 void Backend::kv_dequantize(const KvQ4LayerView&, const KvLayerView&) {
   fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
 }
+
+void Backend::attention_q4(const float*, const StepRows&, const KvQ4LayerView&,
+                           const AttentionDims&, float*) {
+  fail(ErrorKind::kUnimplemented, "{}: no 4-bit KV cache", name());
+}
 void Backend::host_waits(TransferTicket) {}
 
 void* Backend::allocate_host(size_t bytes) {

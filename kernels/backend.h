@@ -68,7 +68,13 @@ struct KvQ4LayerView {
   size_t tensor_bytes() const {
     return rows() * static_cast<size_t>(head_dim) / 2 + 2 * sizeof(float) * groups();
   }
-  static int32_t group_for(int32_t head_dim) { return head_dim < 64 ? head_dim : 64; }
+  // Groups of 64 along head_dim where it is a multiple of 64, else the largest even divisor
+  // of head_dim below 64 (40 for 80, 48 for 96), so every row is whole groups.
+  static int32_t group_for(int32_t head_dim) {
+    for (int32_t g = head_dim < 64 ? head_dim : 64; g >= 2; --g)
+      if (head_dim % g == 0 && g % 2 == 0) return g;
+    return head_dim;
+  }
 };
 
 struct AttentionDims {
@@ -254,12 +260,17 @@ class Backend {
   // The same into a 4-bit cache: each new row is quantised as it is stored.
   virtual void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                            const KvQ4LayerView& cache);
-  // Every row of a 4-bit cache dequantised into `out` (same shape), just before attention.
+  // Every row of a 4-bit cache dequantised into `out` (same shape): the whole cache as f32,
+  // for a caller that wants it so (attention reads the 4-bit rows itself, attention_q4).
   virtual void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out);
   // Causal attention of q[rows, n_heads * head_dim] over each sequence's cache
   // (positions 0 .. n_past + i for its i-th new row) into out[rows, n_heads * head_dim].
   virtual void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                          const AttentionDims& dims, float* out) = 0;
+  // The same over a 4-bit cache, reading only the positions each row attends over and
+  // dequantising them as it goes (no f32 copy of the layer).
+  virtual void attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& cache,
+                            const AttentionDims& dims, float* out);
   // kv_store then attention in one pass where this backend has such a kernel (decode on an
   // accelerator, every sequence one new row: the step's attention costs one launch instead
   // of three). Returns false, having done nothing, otherwise: the caller then runs both.

@@ -704,6 +704,61 @@ void attend(const HeadTask& t, CpuIsa isa, float* scratch) {
 
 }  // namespace
 
+namespace {
+
+// The loop both attention entries share: checks every sequence against the cache's slots
+// and capacity, gives each thread `scratch_for(seq)` floats (the most any task needs), and
+// runs `run(seq, kv_head, scratch)` once per (sequence, kv head) with new rows, in parallel
+// where the step is big enough.
+template <class ScratchFor, class Run>
+void each_head_task(std::span<const SeqSlice> seqs, const AttentionDims& dims, int32_t n_slots,
+                    int32_t capacity, std::vector<float>& scratch, ScratchFor scratch_for,
+                    Run run) {
+  const int64_t width = static_cast<int64_t>(dims.n_heads) * dims.head_dim;
+  size_t per_task = 0;
+  int64_t work = 0;
+  for (const SeqSlice& s : seqs) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < n_slots, "attention: slot {} of {}", s.slot, n_slots);
+    STRATA_CHECK(s.n_past + s.n_new <= capacity, "attention: {} + {} positions > capacity {}",
+                 s.n_past, s.n_new, capacity);
+    per_task = std::max(per_task, scratch_for(s));
+    work += static_cast<int64_t>(s.n_new) * (s.n_past + s.n_new) * width;
+  }
+  const auto nthreads = static_cast<size_t>(omp_get_max_threads());
+  if (scratch.size() < per_task * nthreads) scratch.resize(per_task * nthreads);
+  const auto tasks = static_cast<int64_t>(seqs.size()) * dims.n_kv_heads;
+
+#pragma omp parallel for schedule(dynamic, 1) if (work > kParallelElems)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const SeqSlice& s = seqs[static_cast<size_t>(task / dims.n_kv_heads)];
+    if (s.n_new == 0) continue;
+    run(s, static_cast<int32_t>(task % dims.n_kv_heads),
+        scratch.data() + per_task * static_cast<size_t>(omp_get_thread_num()));
+  }
+}
+
+// The task of (sequence `s`, kv head `kvh`) over k and v rows at `k`, `v` ([ctx, hd] each).
+HeadTask head_task(const float* q, float* out, const SeqSlice& s, int32_t kvh, const void* k,
+                   const void* v, DType dtype, const AttentionDims& dims) {
+  const int32_t group = dims.n_heads / dims.n_kv_heads;
+  const int64_t width = static_cast<int64_t>(dims.n_heads) * dims.head_dim;
+  const int64_t at = s.row_begin * width + static_cast<int64_t>(kvh) * group * dims.head_dim;
+  return HeadTask{q + at, out + at, k, v, dtype, &s, group, dims.head_dim, width, dims.scale};
+}
+
+// Rows [row, row + n) of one blob of a 4-bit cache, dequantised into out[n, head_dim].
+void dequantize_q4_rows(const KvQ4LayerView& c, Q4Blob b, size_t row, int32_t n, float* out) {
+  const auto gpr = static_cast<size_t>(c.head_dim / c.group);
+  const size_t groups = static_cast<size_t>(n) * gpr;
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t at = row * static_cast<size_t>(c.head_dim) + g * static_cast<size_t>(c.group);
+    dequantize_group(b.codes + at / 2, c.group, b.mins[row * gpr + g], b.scales[row * gpr + g],
+                     out + g * static_cast<size_t>(c.group));
+  }
+}
+
+}  // namespace
+
 // One task per (sequence, kv head) and the query heads that share it: S = scale * Q K^T over
 // the sequence's cache, causal softmax per row, O = P V. Decode rows run attend_decode; a
 // prefill chunk's products are BLAS GEMMs (inside the parallel region OpenBLAS runs
@@ -711,54 +766,59 @@ void attend(const HeadTask& t, CpuIsa isa, float* scratch) {
 void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                            const AttentionDims& dims, float* out) {
   check_kv_dtype(cache, "attention");
-  const std::span<const SeqSlice> seqs = rows.seqs;
-  const int32_t hd = dims.head_dim;
   const int32_t group = dims.n_heads / dims.n_kv_heads;
-  const int64_t width = static_cast<int64_t>(dims.n_heads) * hd;
-  size_t scratch_per_task = 0;
-  int64_t work = 0;
-  for (const SeqSlice& s : seqs) {
-    STRATA_CHECK(s.slot >= 0 && s.slot < cache.n_slots, "attention: slot {} of {}", s.slot,
-                 cache.n_slots);
-    STRATA_CHECK(s.n_past + s.n_new <= cache.capacity, "attention: {} + {} positions > capacity {}",
-                 s.n_past, s.n_new, cache.capacity);
-    scratch_per_task = std::max(scratch_per_task, attention_scratch(s, hd, group, cache.dtype));
-    work += static_cast<int64_t>(s.n_new) * (s.n_past + s.n_new) * width;
-  }
-  const auto nthreads = static_cast<size_t>(omp_get_max_threads());
-  if (attn_scratch_.size() < scratch_per_task * nthreads)
-    attn_scratch_.resize(scratch_per_task * nthreads);
-  const auto tasks = static_cast<int64_t>(seqs.size()) * dims.n_kv_heads;
   const bool half = cache.dtype == DType::kF16;
   const CpuIsa isa = isa_;
+  each_head_task(
+      rows.seqs, dims, cache.n_slots, cache.capacity, attn_scratch_,
+      [&](const SeqSlice& s) { return attention_scratch(s, dims.head_dim, group, cache.dtype); },
+      [&](const SeqSlice& s, int32_t kvh, float* scratch) {
+        const size_t base = (static_cast<size_t>(s.slot) * cache.slot_stride() +
+                             static_cast<size_t>(kvh) * cache.head_stride()) *
+                            cache.elem_bytes();
+        const HeadTask t =
+            head_task(q, out, s, kvh, static_cast<const std::byte*>(cache.k) + base,
+                      static_cast<const std::byte*>(cache.v) + base, cache.dtype, dims);
+        if (half) {
+          attend<uint16_t>(t, isa, scratch);
+        } else {
+          attend<float>(t, isa, scratch);
+        }
+      });
+}
 
-#pragma omp parallel for schedule(dynamic, 1) if (work > kParallelElems)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const SeqSlice& s = seqs[static_cast<size_t>(task / dims.n_kv_heads)];
-    const auto kvh = static_cast<int32_t>(task % dims.n_kv_heads);
-    if (s.n_new == 0) continue;
-    const size_t base = (static_cast<size_t>(s.slot) * cache.slot_stride() +
-                         static_cast<size_t>(kvh) * cache.head_stride()) *
-                        cache.elem_bytes();
-    const int64_t col = static_cast<int64_t>(kvh) * group * hd;
-    const HeadTask t{q + s.row_begin * width + col,
-                     out + s.row_begin * width + col,
-                     static_cast<const std::byte*>(cache.k) + base,
-                     static_cast<const std::byte*>(cache.v) + base,
-                     cache.dtype,
-                     &s,
-                     group,
-                     hd,
-                     width,
-                     dims.scale};
-    float* scratch =
-        attn_scratch_.data() + scratch_per_task * static_cast<size_t>(omp_get_thread_num());
-    if (half) {
-      attend<uint16_t>(t, isa, scratch);
-    } else {
-      attend<float>(t, isa, scratch);
-    }
-  }
+// The same over a 4-bit cache. Each task dequantises only its own kv head's positions
+// 0 .. ctx into its scratch (a few hundred KiB at most, so they stay in the core's cache)
+// and attends over them as over an f32 cache: the cache's bytes are read once, as 4-bit.
+void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& cache,
+                              const AttentionDims& dims, float* out) {
+  STRATA_CHECK(dims.n_kv_heads == cache.n_kv_heads && dims.head_dim == cache.head_dim,
+               "attention: dims (kv heads {}, head_dim {}) vs 4-bit cache (kv heads {}, "
+               "head_dim {})",
+               dims.n_kv_heads, dims.head_dim, cache.n_kv_heads, cache.head_dim);
+  const int32_t hd = dims.head_dim;
+  const int32_t group = dims.n_heads / dims.n_kv_heads;
+  const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
+  const CpuIsa isa = isa_;
+  auto rows_of = [hd](const SeqSlice& s) {
+    return static_cast<size_t>(s.n_past + s.n_new) * static_cast<size_t>(hd);
+  };
+  each_head_task(
+      rows.seqs, dims, cache.n_slots, cache.capacity, attn_scratch_,
+      [&](const SeqSlice& s) {
+        return attention_scratch(s, hd, group, DType::kF32) + 2 * rows_of(s);
+      },
+      [&](const SeqSlice& s, int32_t kvh, float* scratch) {
+        const size_t first =
+            (static_cast<size_t>(s.slot) * cache.n_kv_heads + static_cast<size_t>(kvh)) *
+            static_cast<size_t>(cache.capacity);
+        float* k = scratch;
+        float* v = scratch + rows_of(s);
+        dequantize_q4_rows(cache, kb, first, s.n_past + s.n_new, k);
+        dequantize_q4_rows(cache, vb, first, s.n_past + s.n_new, v);
+        attend<float>(head_task(q, out, s, kvh, k, v, DType::kF32, dims), isa,
+                      scratch + 2 * rows_of(s));
+      });
 }
 
 }  // namespace strata

@@ -62,6 +62,8 @@ class CpuBackend final : public Backend {
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
   void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
+  void attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& cache,
+                    const AttentionDims& dims, float* out) override;
 
  private:
   void linear_f32(const float* x, int64_t m, const Tensor& w, const float* bias, float* y);

@@ -84,6 +84,11 @@ void ProfilingBackend::attention(const float* q, const StepRows& rows, const KvL
                                  const AttentionDims& dims, float* out) {
   timed(kAttention, [&] { inner_.attention(q, rows, cache, dims, out); });
 }
+void ProfilingBackend::attention_q4(const float* q, const StepRows& rows,
+                                    const KvQ4LayerView& cache, const AttentionDims& dims,
+                                    float* out) {
+  timed(kAttention, [&] { inner_.attention_q4(q, rows, cache, dims, out); });
+}
 bool ProfilingBackend::store_and_attend(const float* q, const float* k, const float* v,
                                         const StepRows& rows, const KvLayerView& cache,
                                         const AttentionDims& dims, float* out) {

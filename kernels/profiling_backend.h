@@ -56,6 +56,8 @@ class ProfilingBackend final : public Backend {
                 const KvLayerView& cache) override;
   void attention(const float* q, const StepRows& rows, const KvLayerView& cache,
                  const AttentionDims& dims, float* out) override;
+  void attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& cache,
+                    const AttentionDims& dims, float* out) override;
   // Counted as attention (the store it takes in is no kv_store call).
   bool store_and_attend(const float* q, const float* k, const float* v, const StepRows& rows,
                         const KvLayerView& cache, const AttentionDims& dims, float* out) override;

@@ -420,8 +420,6 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     if (r.kv_slots > 0) {
       const bool off_device =
           r.device_compute && kv.count(Tier::kGpu) < static_cast<int32_t>(kv.tiers.size());
-      if (kv.compress)  // a layer dequantised to f32 for attention (as committed)
-        p.compute_workspace_bytes += 2 * committed_positions(r) * s.kv_width() * kF32;
       if (off_device && !p.cpu_attention)  // a layer staged on the device around attention
         p.compute_workspace_bytes += 2 * kv.layer_bytes;
       if (off_device && p.cpu_attention)  // q, k, v and the output on the host

@@ -151,7 +151,7 @@ struct StagePlacement {
   WeightPlacement weights;
   KvPlacement cache;
   int64_t activation_bytes = 0;         // compute tier: step buffers, rotary tables, batch states
-  int64_t compute_workspace_bytes = 0;  // compute tier: a cache layer staged or dequantised
+  int64_t compute_workspace_bytes = 0;  // compute tier: a cache layer staged around attention
   int64_t host_workspace_bytes = 0;     // host: delegated attention, the stage's logits and ids
   // The accelerator backend's own scratch (kernels/backend.h accelerator_scratch_bytes): held
   // by the backend, not the engine, so outside total() (what the worker's engine reports),

@@ -90,7 +90,8 @@ if step engine; then
   # fraction is of the device bound: a step's weights and KV rows at the copy rate.
   for variant in ${ENGINE_VARIANTS:-fused before}; do
     for run in "b1 --batch 1" "b16 --batch 16" "q4-b1 --batch 1 --policy w=100/0/0,cw=1" \
-               "q4-b16 --batch 16 --policy w=100/0/0,cw=1"; do
+               "q4-b16 --batch 16 --policy w=100/0/0,cw=1" \
+               "cc-b16 --batch 16 --policy w=100/0/0,c=100/0/0,cc=1"; do
       name=${run%% *}
       if [ -n "${ENGINE_RUNS:-}" ] && [[ " $ENGINE_RUNS " != *" $name "* ]]; then continue; fi
       env $(variant_env "$variant") timeout 200 "$STRATA" bench --model dummy:opt-6.7b \

@@ -37,16 +37,6 @@ void KvAttention::reserve(const KvCache& cache) {
     if (b.size() < bytes)
       b = host ? DeviceBuffer::host(backend_, bytes) : DeviceBuffer(backend_, bytes);
   };
-  if (cache.compressed()) {  // store()'s dequantised layer
-    const KvLayerView f = cache.f32_shape();
-    const size_t bytes = f.slot_stride() * static_cast<size_t>(f.n_slots) * sizeof(float);
-    grow(work_k_, bytes, false);
-    grow(work_v_, bytes, false);
-    if (delegated) {
-      grow(host_work_k_, bytes, true);
-      grow(host_work_v_, bytes, true);
-    }
-  }
   if (off_device && !delegated && cache.dtype() != DType::kF32)
     fail_input(
         "an {} KV cache off the device is attended on the host: the device's kernels read f32, "
@@ -79,38 +69,30 @@ void KvAttention::run(int32_t layer, const float* q, const float* k, const float
     kv.elems = cache.layer(layer);
   }
   if (tier == Tier::kGpu || !device_compute_) {
-    if (kv.q4 || !backend_.store_and_attend(q, k, v, rows, kv.elems, dims_, out)) {
-      const KvLayerView view = store(backend_, k, v, rows, kv, cache, false);
-      backend_.attention(q, rows, view, dims_, out);
-    }
+    attend(backend_, q, k, v, rows, kv, out);
   } else if (options_.cpu_attention) {
-    delegated(q, k, v, rows, n_rows, kv, cache, out);
+    delegated(q, k, v, rows, n_rows, kv, out);
   } else {
     staged(q, k, v, rows, kv, cache, out);
   }
   cache.store(layer);
 }
 
-// Stores the step's new k/v rows into the layer's cache with backend `b` and returns the
-// view attention reads: the cache itself or, for a 4-bit cache, all of it dequantised
-// into working memory (host memory when `on_host`) just before use.
-KvLayerView KvAttention::store(Backend& b, const float* k, const float* v, const StepRows& rows,
-                               const LayerKv& kv, const KvCache& cache, bool on_host) {
-  if (!kv.q4) {
+// A 4-bit cache is quantised as it is stored and attended as stored; an f32 or f16 one in
+// one pass where the backend has one (store_and_attend).
+void KvAttention::attend(Backend& b, const float* q, const float* k, const float* v,
+                         const StepRows& rows, const LayerKv& kv, float* out) {
+  if (kv.q4) {
+    b.kv_store_q4(k, v, rows, kv.packed);
+    b.attention_q4(q, rows, kv.packed, dims_, out);
+  } else if (!b.store_and_attend(q, k, v, rows, kv.elems, dims_, out)) {
     b.kv_store(k, v, rows, kv.elems);
-    return kv.elems;
+    b.attention(q, rows, kv.elems, dims_, out);
   }
-  b.kv_store_q4(k, v, rows, kv.packed);
-  KvLayerView work = cache.f32_shape();
-  const size_t bytes = work.slot_stride() * static_cast<size_t>(work.n_slots) * sizeof(float);
-  work.k = reserved(on_host ? host_work_k_ : work_k_, bytes, "dequantised k").f32();
-  work.v = reserved(on_host ? host_work_v_ : work_v_, bytes, "dequantised v").f32();
-  b.kv_dequantize(kv.packed, work);
-  return work;
 }
 
 void KvAttention::delegated(const float* q, const float* k, const float* v, const StepRows& rows,
-                            int32_t n_rows, const LayerKv& kv, const KvCache& cache, float* out) {
+                            int32_t n_rows, const LayerKv& kv, float* out) {
   Backend& host = *options_.host;
   const auto n = static_cast<size_t>(n_rows);
   const size_t q_bytes = n * static_cast<size_t>(config_.q_width()) * sizeof(float);
@@ -123,8 +105,7 @@ void KvAttention::delegated(const float* q, const float* k, const float* v, cons
   backend_.copy(hk, k, kv_bytes, CopyKind::kDeviceToHost);
   backend_.copy(hv, v, kv_bytes, CopyKind::kDeviceToHost);
   const StepRows host_rows(rows.seqs);  // the row table lives on the device
-  const KvLayerView view = store(host, hk, hv, host_rows, kv, cache, true);
-  host.attention(hq, host_rows, view, dims_, ho);
+  attend(host, hq, hk, hv, host_rows, kv, ho);
   backend_.copy(out, ho, q_bytes, CopyKind::kHostToDevice);
 }
 
@@ -144,8 +125,7 @@ void KvAttention::staged(const float* q, const float* k, const float* v, const S
   dev.packed.v = dv;
   backend_.copy(dk, host_k, bytes, CopyKind::kHostToDevice);
   backend_.copy(dv, host_v, bytes, CopyKind::kHostToDevice);
-  const KvLayerView view = store(backend_, k, v, rows, dev, cache, false);
-  backend_.attention(q, rows, view, dims_, out);
+  attend(backend_, q, k, v, rows, dev, out);
   backend_.copy(host_k, dk, bytes, CopyKind::kDeviceToHost);
   backend_.copy(host_v, dv, bytes, CopyKind::kDeviceToHost);
 }
@@ -153,10 +133,8 @@ void KvAttention::staged(const float* q, const float* k, const float* v, const S
 TierBytes KvAttention::memory() const {
   TierBytes m;
   int64_t& compute = device_compute_ || backend_.device() != Device::kHost ? m.gpu : m.cpu;
-  for (const DeviceBuffer* b : {&staged_k_, &staged_v_, &work_k_, &work_v_})
-    compute += static_cast<int64_t>(b->size());
-  for (const DeviceBuffer* b :
-       {&host_q_, &host_k_, &host_v_, &host_out_, &host_work_k_, &host_work_v_})
+  for (const DeviceBuffer* b : {&staged_k_, &staged_v_}) compute += static_cast<int64_t>(b->size());
+  for (const DeviceBuffer* b : {&host_q_, &host_k_, &host_v_, &host_out_})
     m.cpu += static_cast<int64_t>(b->size());
   return m;
 }

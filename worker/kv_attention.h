@@ -1,7 +1,8 @@
 // Attention over a tiered KV cache for one GPU batch (FlexGen §4.2). It stores the step's new
 // k/v rows into the layer's cache and attends where the cache's tier says: on the compute
 // backend, on the host (CPU delegation: only q/k/v and the output cross the bus), or on the
-// device with the layer staged there and back. A 4-bit cache is dequantised just before use.
+// device with the layer staged there and back. A 4-bit cache is read as stored: attention
+// dequantises the positions it attends over as it goes (Backend::attention_q4).
 // Every workspace is reserved by reserve() for the cache it serves; run() allocates nothing.
 #pragma once
 
@@ -41,21 +42,21 @@ class KvAttention {
   void run(int32_t layer, const float* q, const float* k, const float* v, const StepRows& rows,
            int32_t n_rows, KvCache& cache, float* out);
 
-  // The workspaces: compute tier (staged or dequantised layer) and host (delegation).
+  // The workspaces: compute tier (a staged layer) and host (delegation).
   TierBytes memory() const;
 
  private:
-  // One layer's cache as attention gets it: f32 or f16 elements, or 4-bit (dequantised to
-  // f32 before use).
+  // One layer's cache as attention gets it: f32 or f16 elements, or 4-bit.
   struct LayerKv {
     bool q4 = false;
     KvLayerView elems;  // f32 or f16
     KvQ4LayerView packed;
   };
-  KvLayerView store(Backend& b, const float* k, const float* v, const StepRows& rows,
-                    const LayerKv& kv, const KvCache& cache, bool on_host);
+  // Stores the new rows into `kv` with backend `b` and attends over it.
+  void attend(Backend& b, const float* q, const float* k, const float* v, const StepRows& rows,
+              const LayerKv& kv, float* out);
   void delegated(const float* q, const float* k, const float* v, const StepRows& rows,
-                 int32_t n_rows, const LayerKv& kv, const KvCache& cache, float* out);
+                 int32_t n_rows, const LayerKv& kv, float* out);
   void staged(const float* q, const float* k, const float* v, const StepRows& rows,
               const LayerKv& kv, const KvCache& cache, float* out);
   static DeviceBuffer& reserved(DeviceBuffer& b, size_t bytes, const char* what);
@@ -66,10 +67,8 @@ class KvAttention {
   int32_t max_rows_;
   bool device_compute_;
   CacheOptions options_;
-  // A 4-bit cache layer dequantised for attention: on the compute device, and on the host
-  // for delegated attention; a device copy of one layer's cache (staged attention); host
-  // copies of q, k, v and the output (delegated attention).
-  DeviceBuffer work_k_, work_v_, host_work_k_, host_work_v_;
+  // A device copy of one layer's cache (staged attention); host copies of q, k, v and the
+  // output (delegated attention).
   DeviceBuffer staged_k_, staged_v_;
   DeviceBuffer host_q_, host_k_, host_v_, host_out_;
 };

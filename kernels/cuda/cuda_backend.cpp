@@ -221,6 +221,8 @@ class CudaBackend final : public Backend {
   void kv_store_q4(const float* k, const float* v, const StepRows& rows,
                    const KvQ4LayerView& cache) override;
   void kv_dequantize(const KvQ4LayerView& cache, const KvLayerView& out) override;
+  void attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& cache,
+                    const AttentionDims& dims, float* out) override;
 
  private:
   // Makes this backend's device current on the calling thread.
@@ -818,18 +820,34 @@ namespace {
 cuda_kernels::KvQ4Desc q4_desc(const KvQ4LayerView& c) {
   return {c.k, c.v, static_cast<int64_t>(c.rows()), c.n_kv_heads, c.capacity, c.head_dim, c.group};
 }
+// The attention kernels' limits, against the cache's kv heads and head_dim.
+void check_attention_dims(const AttentionDims& dims, int32_t n_kv_heads, int32_t head_dim) {
+  STRATA_CHECK(dims.n_kv_heads == n_kv_heads && dims.head_dim == head_dim,
+               "attention dims (kv heads {}, head_dim {}) vs cache (kv heads {}, head_dim {})",
+               dims.n_kv_heads, dims.head_dim, n_kv_heads, head_dim);
+  STRATA_CHECK(dims.n_kv_heads > 0 && dims.n_heads % dims.n_kv_heads == 0,
+               "attention: {} query heads do not group over {} kv heads", dims.n_heads,
+               dims.n_kv_heads);
+  STRATA_CHECK(dims.head_dim > 0 && dims.head_dim <= cuda_kernels::kMaxAttentionHeadDim,
+               "attention: head_dim {} outside (0, {}]", dims.head_dim,
+               cuda_kernels::kMaxAttentionHeadDim);
+}
+// A 4-bit cache's slots and positions, for the row table's slot and capacity checks.
+KvLayerView shape_of(const KvQ4LayerView& c) {
+  KvLayerView shape;
+  shape.n_slots = c.n_slots;
+  shape.capacity = c.capacity;
+  shape.n_kv_heads = c.n_kv_heads;
+  shape.head_dim = c.head_dim;
+  return shape;
+}
 }  // namespace
 
 void CudaBackend::kv_store_q4(const float* k, const float* v, const StepRows& step,
                               const KvQ4LayerView& cache) {
   activate();
-  KvLayerView shape;  // for the row table's slot and capacity checks
-  shape.n_slots = cache.n_slots;
-  shape.capacity = cache.capacity;
-  shape.n_kv_heads = cache.n_kv_heads;
-  shape.head_dim = cache.head_dim;
   int64_t n_rows = 0;
-  const RowDesc* rows = rows_of(step, shape, n_rows);
+  const RowDesc* rows = rows_of(step, shape_of(cache), n_rows);
   if (n_rows == 0) return;
   STRATA_CUDA_CHECK(cuda_kernels::kv_store_q4(k, v, rows, n_rows, q4_desc(cache), stream()));
 }
@@ -887,17 +905,20 @@ bool CudaBackend::store_and_attend(const float* q, const float* k, const float* 
   return true;
 }
 
+void CudaBackend::attention_q4(const float* q, const StepRows& step, const KvQ4LayerView& cache,
+                               const AttentionDims& dims, float* out) {
+  check_attention_dims(dims, cache.n_kv_heads, cache.head_dim);
+  activate();
+  int64_t n_rows = 0;
+  const RowDesc* rows = rows_of(step, shape_of(cache), n_rows);
+  if (n_rows == 0) return;
+  STRATA_CUDA_CHECK(cuda_kernels::attention_q4(q, rows, n_rows, q4_desc(cache), dims.n_heads,
+                                               dims.scale, out, stream()));
+}
+
 void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerView& cache,
                             const AttentionDims& dims, float* out) {
-  STRATA_CHECK(dims.n_kv_heads == cache.n_kv_heads && dims.head_dim == cache.head_dim,
-               "attention dims (kv heads {}, head_dim {}) vs cache (kv heads {}, head_dim {})",
-               dims.n_kv_heads, dims.head_dim, cache.n_kv_heads, cache.head_dim);
-  STRATA_CHECK(dims.n_kv_heads > 0 && dims.n_heads % dims.n_kv_heads == 0,
-               "attention: {} query heads do not group over {} kv heads", dims.n_heads,
-               dims.n_kv_heads);
-  STRATA_CHECK(dims.head_dim > 0 && dims.head_dim <= cuda_kernels::kMaxAttentionHeadDim,
-               "attention: head_dim {} outside (0, {}]", dims.head_dim,
-               cuda_kernels::kMaxAttentionHeadDim);
+  check_attention_dims(dims, cache.n_kv_heads, cache.head_dim);
   activate();
   int64_t n_rows = 0;
   const RowDesc* rows = rows_of(step, cache, n_rows);

@@ -336,14 +336,31 @@ __global__ void kv_store_kernel(const float* k, const float* v, const RowDesc* r
   }
 }
 
+// The key and value rows of one (slot, kv head) of an f32 cache, [capacity, head_dim].
+struct F32HeadRows {
+  const float* k;
+  const float* v;
+  int32_t hd;
+  __device__ F32HeadRows(const KvCacheDesc& c, int32_t slot, int32_t kvh) : hd(c.head_dim) {
+    const int64_t base =
+        static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
+    k = c.k + base;
+    v = c.v + base;
+  }
+  __device__ float key(int32_t p, int32_t i) const { return k[static_cast<int64_t>(p) * hd + i]; }
+  __device__ float value(int32_t p, int32_t i) const { return v[static_cast<int64_t>(p) * hd + i]; }
+};
+
 // Grid (flat row, query head), kAttnThreads threads. The keys 0 .. pos are visited in tiles
 // of kAttnThreads (one score per thread) with an online softmax: the running maximum m,
 // the running denominator l and the output accumulators are rescaled by exp(m_old - m_new)
 // whenever a tile raises the maximum, so any context length fits in fixed shared memory.
-// Each thread owns output dimensions tid, tid + kAttnThreads, ... (< head_dim).
+// Each thread owns output dimensions tid, tid + kAttnThreads, ... (< head_dim). HeadRows
+// reads one (slot, kv head)'s keys and values from a Cache (F32HeadRows, Q4HeadRows).
+template <class Cache, class HeadRows>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_kernel(const float* q, const RowDesc* rows, KvCacheDesc c, int32_t n_heads,
-                     int32_t group, float scale, float* out) {
+    attention_kernel(const float* q, const RowDesc* rows, Cache c, int32_t n_heads, int32_t group,
+                     float scale, float* out) {
   extern __shared__ float smem[];
   const int32_t hd = c.head_dim;
   float* s_q = smem;       // [head_dim]
@@ -355,11 +372,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int32_t i = threadIdx.x; i < hd; i += blockDim.x) s_q[i] = qr[i];
   __syncthreads();
 
-  const int32_t kvh = h / group;
-  const int64_t base =
-      static_cast<int64_t>(d.slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
-  const float* kb = c.k + base;
-  const float* vb = c.v + base;
+  const HeadRows kv(c, d.slot, h / group);
   const int32_t n_ctx = d.pos + 1;
 
   float m = -INFINITY;
@@ -372,9 +385,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int32_t p = t0 + static_cast<int32_t>(threadIdx.x);
     float s = -INFINITY;
     if (p < n_ctx) {
-      const float* kr = kb + static_cast<int64_t>(p) * hd;
       float dot = 0.0f;
-      for (int32_t i = 0; i < hd; ++i) dot += s_q[i] * kr[i];
+      for (int32_t i = 0; i < hd; ++i) dot += s_q[i] * kv.key(p, i);
       s = dot * scale;
     }
     const float m_new = fmaxf(m, block_reduce<MaxOp>(s));
@@ -389,8 +401,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int32_t dd = static_cast<int32_t>(threadIdx.x) + i * kAttnThreads;
       if (dd < hd) {
         float a = acc[i] * corr;
-        for (int32_t j = 0; j < count; ++j)
-          a += s_p[j] * vb[static_cast<int64_t>(t0 + j) * hd + dd];
+        for (int32_t j = 0; j < count; ++j) a += s_p[j] * kv.value(t0 + j, dd);
         acc[i] = a;
       }
     }
@@ -499,6 +510,28 @@ __global__ void kv_dequantize_kernel(KvQ4Desc c, float* k_out, float* v_out) {
     v_out[i] = fmaf(static_cast<float>(vq), vb.scales[g], vb.mins[g]);
   }
 }
+
+// The key and value rows of one (slot, kv head) of a 4-bit cache, read as stored: each
+// element is code * scale + min of its group, one rounding (fmaf) as the CPU decodes it.
+struct Q4HeadRows {
+  Q4Ptrs kb, vb;
+  int64_t first;  // the blob row of position 0
+  int32_t hd, group;
+  __device__ Q4HeadRows(const KvQ4Desc& c, int32_t slot, int32_t kvh)
+      : kb(q4_ptrs(c.k, c)),
+        vb(q4_ptrs(c.v, c)),
+        first((static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity),
+        hd(c.head_dim),
+        group(c.group) {}
+  __device__ float at(const Q4Ptrs& b, int32_t p, int32_t i) const {
+    const int64_t e = (first + p) * hd + i;
+    const unsigned char byte = b.codes[e / 2];
+    const int code = (e & 1) ? (byte >> 4) : (byte & 0xF);
+    return fmaf(static_cast<float>(code), b.scales[e / group], b.mins[e / group]);
+  }
+  __device__ float key(int32_t p, int32_t i) const { return at(kb, p, i); }
+  __device__ float value(int32_t p, int32_t i) const { return at(vb, p, i); }
+};
 
 }  // namespace
 
@@ -618,7 +651,21 @@ KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
     return KernelStatus{static_cast<int>(cudaErrorInvalidValue)};
   const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
   const size_t shared = static_cast<size_t>(cache.head_dim + kAttnThreads) * sizeof(float);
-  attention_kernel<<<grid, kAttnThreads, shared, as_stream(stream)>>>(
+  attention_kernel<KvCacheDesc, F32HeadRows><<<grid, kAttnThreads, shared, as_stream(stream)>>>(
+      q, rows, cache, n_heads, n_heads / cache.n_kv_heads, scale, out);
+  return last_status();
+}
+
+KernelStatus attention_q4(const float* q, const RowDesc* rows, int64_t n_rows,
+                          const KvQ4Desc& cache, int32_t n_heads, float scale, float* out,
+                          StreamHandle stream) {
+  if (n_rows <= 0 || n_heads <= 0) return {};
+  if (cache.head_dim <= 0 || cache.head_dim > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
+      n_heads % cache.n_kv_heads != 0 || cache.group <= 0 || cache.head_dim % cache.group != 0)
+    return KernelStatus{static_cast<int>(cudaErrorInvalidValue)};
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
+  const size_t shared = static_cast<size_t>(cache.head_dim + kAttnThreads) * sizeof(float);
+  attention_kernel<KvQ4Desc, Q4HeadRows><<<grid, kAttnThreads, shared, as_stream(stream)>>>(
       q, rows, cache, n_heads, n_heads / cache.n_kv_heads, scale, out);
   return last_status();
 }

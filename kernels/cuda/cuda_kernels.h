@@ -103,6 +103,11 @@ KernelStatus kv_dequantize(const KvQ4Desc& cache, float* k_out, float* v_out, St
 KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
                        const KvCacheDesc& cache, int32_t n_heads, float scale, float* out,
                        StreamHandle stream);
+// The same over a 4-bit cache, each key and value element decoded from its code as it is
+// read: only the positions a row attends over are touched, never an f32 copy of the layer.
+KernelStatus attention_q4(const float* q, const RowDesc* rows, int64_t n_rows,
+                          const KvQ4Desc& cache, int32_t n_heads, float scale, float* out,
+                          StreamHandle stream);
 
 // ---- Decode-path kernels (cuda_decode_kernels.cu) ----
 

@@ -12,11 +12,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/limits.h"
+#include "kernels/quant.h"
 #include "kernels/tensor.h"
 
 namespace strata {
@@ -81,6 +83,85 @@ void BM_DecodeAttention(benchmark::State& state) {
 
 BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"batch", "ctx", "layers", "f16"})
+    ->ArgsProduct({{1, 8, 32}, {160, 512}, {48}, {0, 1}})
+    ->UseRealTime()
+    ->MinTime(0.5);
+
+// The same shape over a 4-bit cache (policy cc=1; groups of 64 along head_dim), each slot
+// holding exactly ctx positions. whole_layer 0: attention_q4, which dequantises each task's
+// rows as it goes; 1: what the engine did before it, kv_dequantize of the whole layer into
+// an f32 copy and then attention over that. With capacity = ctx the whole layer is only the
+// positions read, the least that path ever dequantises. Counters as above, with the bytes
+// those of the 4-bit cache.
+void BM_DecodeAttentionQ4(benchmark::State& state) {
+  static CpuBackend cpu(bench_threads());
+  const auto batch = static_cast<int32_t>(state.range(0));
+  const auto ctx = static_cast<int32_t>(state.range(1));
+  const auto layers = static_cast<int32_t>(state.range(2));
+  const bool whole_layer = state.range(3) != 0;
+  const AttentionDims dims{12, 12, 64, 0.125f};
+  const KvQ4LayerView shape{nullptr,
+                            nullptr,
+                            batch,
+                            ctx,
+                            dims.n_kv_heads,
+                            dims.head_dim,
+                            KvQ4LayerView::group_for(dims.head_dim)};
+  const size_t layer_bytes = shape.tensor_bytes();
+  std::vector<uint8_t> k(layer_bytes * static_cast<size_t>(layers)), v(k.size());
+  const size_t n = shape.rows() * static_cast<size_t>(shape.head_dim);
+  std::vector<float> kf(n), vf(n);
+  for (int32_t l = 0; l < layers; ++l) {
+    for (size_t i = 0; i < n; ++i) {
+      kf[i] = static_cast<float>((i + static_cast<size_t>(l)) % 89) * 1e-2f - 0.4f;
+      vf[i] = static_cast<float>((i + static_cast<size_t>(l)) % 83) * 1e-2f - 0.4f;
+    }
+    for (auto [x, blob] : {std::pair{&kf, &k}, std::pair{&vf, &v}}) {
+      uint8_t* codes = blob->data() + layer_bytes * static_cast<size_t>(l);
+      auto* mins = reinterpret_cast<float*>(codes + n / 2);
+      float* scales = mins + shape.groups();
+      for (size_t g = 0; g < shape.groups(); ++g)
+        quantize_group(x->data() + g * static_cast<size_t>(shape.group), shape.group,
+                       codes + g * static_cast<size_t>(shape.group) / 2, mins + g, scales + g);
+    }
+  }
+  const KvLayerView f32{nullptr, nullptr, batch, ctx, dims.n_kv_heads, dims.head_dim};
+  std::vector<float> work_k(whole_layer ? n : 0), work_v(work_k.size());
+  const int64_t width = int64_t{dims.n_heads} * dims.head_dim;
+  std::vector<float> q(static_cast<size_t>(batch * width), 0.1f), out(q.size());
+  std::vector<SeqSlice> seqs;
+  for (int32_t b = 0; b < batch; ++b) seqs.push_back({b, 1, ctx - 1, b});
+  const double bytes = 2.0 * static_cast<double>(layer_bytes);
+  StepPairing pairing(size_t{64} << 20);
+  int32_t layer = 0;
+  for (auto _ : state) {
+    KvQ4LayerView c = shape;
+    c.k = k.data() + layer_bytes * static_cast<size_t>(layer);
+    c.v = v.data() + layer_bytes * static_cast<size_t>(layer);
+    layer = (layer + 1) % layers;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (whole_layer) {
+      KvLayerView w = f32;
+      w.k = work_k.data();
+      w.v = work_v.data();
+      cpu.kv_dequantize(c, w);
+      cpu.attention(q.data(), StepRows(seqs), w, dims, out.data());
+    } else {
+      cpu.attention_q4(q.data(), StepRows(seqs), c, dims, out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.PauseTiming();
+    pairing.after_step(s, bytes);
+    state.ResumeTiming();
+  }
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
+}
+
+BENCHMARK(BM_DecodeAttentionQ4)
+    ->ArgNames({"batch", "ctx", "layers", "whole_layer"})
     ->ArgsProduct({{1, 8, 32}, {160, 512}, {48}, {0, 1}})
     ->UseRealTime()
     ->MinTime(0.5);

@@ -534,15 +534,9 @@ Outcome op_kv_store(Backend& b, bool table) {
   return {std::max(a.err, c.err), a.guards && c.guards};
 }
 
-Outcome op_attention(Backend& b, bool table) {
-  const std::vector<float> kc = random_floats(cache_elems(), 23),
-                           vc = random_floats(cache_elems(), 24);
-  const std::vector<float> q = random_floats(kNewRows * kHeads * kHd, 25, -2, 2);
-  DevVec<float> dq(b, q), ck(b, kc), cv(b, vc), dout(b, std::vector<float>(q.size()));
-  const float scale = 1.0f / 4.0f;  // 1 / sqrt(16)
-  DeviceBuffer holder;
-  b.attention(dq.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data()),
-              {kHeads, kKvHeads, kHd, scale}, dout.data());
+// Causal attention of kSeqs' new rows by its definition, over caches kc, vc (cache_index).
+template <class Cache>
+Ref attention_ref(const std::vector<float>& q, const Cache& kc, const Cache& vc, float scale) {
   Ref ref(q.size());
   for (const SeqSlice& s : kSeqs)
     for (int32_t t = 0; t < s.n_new; ++t)
@@ -565,7 +559,20 @@ Outcome op_attention(Backend& b, bool table) {
           ref[static_cast<size_t>(((s.row_begin + t) * kHeads + h) * kHd + j)] = o;
         }
       }
-  return outcome(dout, ref);
+  return ref;
+}
+
+constexpr float kAttnScale = 1.0f / 4.0f;  // 1 / sqrt(kHd)
+
+Outcome op_attention(Backend& b, bool table) {
+  const std::vector<float> kc = random_floats(cache_elems(), 23),
+                           vc = random_floats(cache_elems(), 24);
+  const std::vector<float> q = random_floats(kNewRows * kHeads * kHd, 25, -2, 2);
+  DevVec<float> dq(b, q), ck(b, kc), cv(b, vc), dout(b, std::vector<float>(q.size()));
+  DeviceBuffer holder;
+  b.attention(dq.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data()),
+              {kHeads, kKvHeads, kHd, kAttnScale}, dout.data());
+  return outcome(dout, attention_ref(q, kc, vc, kAttnScale));
 }
 
 // kv_store_q4 then kv_dequantize: the stored rows come back as the naive round trip of
@@ -599,6 +606,51 @@ Outcome op_kv_q4(Backend& b, bool table) {
         }
   const Outcome a = outcome(ok, rk), c = outcome(ov, rv);
   return {std::max(a.err, c.err), a.guards && c.guards};
+}
+
+// attention_q4 over a 4-bit cache: each sequence's history is stored first (a prefill of
+// kSeqs' n_past rows), then the step's rows; the reference attends over the naive round
+// trip of both, so a kernel that reads a position or a group's min and scale wrongly fails.
+Outcome op_attention_q4(Backend& b, bool table) {
+  KvQ4LayerView q4{nullptr, nullptr, kSlots, kCap, kKvHeads, kHd, KvQ4LayerView::group_for(kHd)};
+  DeviceBuffer qk(b, q4.tensor_bytes()), qv(b, q4.tensor_bytes());
+  q4.k = qk.data();
+  q4.v = qv.data();
+  std::vector<SeqSlice> history;
+  int32_t hist_rows = 0;
+  for (const SeqSlice& s : kSeqs) {
+    history.push_back({hist_rows, s.n_past, 0, s.slot});
+    hist_rows += s.n_past;
+  }
+  const std::vector<float> hk = random_floats(static_cast<size_t>(hist_rows * kKvW), 28, -3, 3),
+                           hv = random_floats(static_cast<size_t>(hist_rows * kKvW), 29),
+                           k = random_floats(kNewRows * kKvW, 30, -3, 3),
+                           v = random_floats(kNewRows * kKvW, 31),
+                           q = random_floats(kNewRows * kHeads * kHd, 32, -2, 2);
+  DevVec<float> dhk(b, hk), dhv(b, hv), dk(b, k), dv(b, v), dq(b, q),
+      dout(b, std::vector<float>(q.size()));
+  b.kv_store_q4(dhk.data(), dhv.data(), StepRows(history), q4);
+  DeviceBuffer holder;
+  const StepRows step = step_rows(b, table, holder);
+  b.kv_store_q4(dk.data(), dv.data(), step, q4);
+  b.attention_q4(dq.data(), step, q4, {kHeads, kKvHeads, kHd, kAttnScale}, dout.data());
+
+  const size_t g = static_cast<size_t>(q4.group);
+  const Ref nhk = naive_q4(hk, g), nhv = naive_q4(hv, g), nk = naive_q4(k, g), nv = naive_q4(v, g);
+  Ref rk(cache_elems(), 0.0), rv(cache_elems(), 0.0);
+  auto place = [&](const std::vector<SeqSlice>& seqs, const Ref& ks, const Ref& vs) {
+    for (const SeqSlice& s : seqs)
+      for (int32_t t = 0; t < s.n_new; ++t)
+        for (int32_t h = 0; h < kKvHeads; ++h)
+          for (int32_t d = 0; d < kHd; ++d) {
+            const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
+            rk[cache_index(s.slot, h, s.n_past + t, d)] = ks[src];
+            rv[cache_index(s.slot, h, s.n_past + t, d)] = vs[src];
+          }
+  };
+  place(history, nhk, nhv);
+  place(kSeqs, nk, nv);
+  return outcome(dout, attention_ref(q, rk, rv, kAttnScale));
 }
 
 // ---- the table -------------------------------------------------------------------------
@@ -651,10 +703,12 @@ const std::vector<OpCase>& op_table() {
       {"kv_store", [](Backend& b) { return op_kv_store(b, false); }, 0, 0},
       {"attention", [](Backend& b) { return op_attention(b, false); }, 1e-5, 1e-4},
       {"kv_store_q4+kv_dequantize", [](Backend& b) { return op_kv_q4(b, false); }, 1e-5, 1e-5},
+      {"attention_q4", [](Backend& b) { return op_attention_q4(b, false); }, 1e-5, 1e-4},
       // The same with the step's row table in the backend's memory (the engine's path).
       {"kv_store_table", [](Backend& b) { return op_kv_store(b, true); }, 0, 0},
       {"attention_table", [](Backend& b) { return op_attention(b, true); }, 1e-5, 1e-4},
       {"kv_store_q4+kv_dequantize_table", [](Backend& b) { return op_kv_q4(b, true); }, 1e-5, 1e-5},
+      {"attention_q4_table", [](Backend& b) { return op_attention_q4(b, true); }, 1e-5, 1e-4},
   };
   return table;
 }
@@ -663,9 +717,9 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   // Backend's compute and memory ops as backend.h declares them (allocate, deallocate,
   // allocate_host, compute_waits, host_waits, synchronize run inside the cases above).
   const std::set<std::string> interface = {
-      "copy",       "transfer",    "linear",        "linear_then", "embedding", "rms_norm",
-      "layer_norm", "rope",        "silu_mul",      "relu",        "add",       "softmax",
-      "kv_store",   "kv_store_q4", "kv_dequantize", "attention"};
+      "copy",       "transfer",    "linear",        "linear_then", "embedding",   "rms_norm",
+      "layer_norm", "rope",        "silu_mul",      "relu",        "add",         "softmax",
+      "kv_store",   "kv_store_q4", "kv_dequantize", "attention",   "attention_q4"};
   std::set<std::string> covered;
   for (const OpCase& c : op_table()) {
     std::string n = c.name;
@@ -673,7 +727,7 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
     for (const char* variant : {"_row_blocks", "_rows", "_relu", "_accumulate"})
       if (n.ends_with(variant)) n = n.substr(0, n.size() - std::strlen(variant));
     for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4_panel", "_q4"})
-      if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && n != "kv_store_q4")
+      if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && !interface.contains(n))
         n = n.substr(0, n.size() - std::strlen(suffix));
     if (n == "kv_store_q4+kv_dequantize") {
       covered.insert("kv_store_q4");

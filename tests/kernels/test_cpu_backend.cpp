@@ -708,15 +708,34 @@ std::vector<AttnCase> attn_cases() {
       {"decode_hd272", 2, 1, 272, 4, 40, decode_batch(), 4, 2},
       {"decode_gqa8_hd128", 8, 1, 128, 4, 40, decode_batch(), 4, 2},
   };
-  // The same over an f16 cache (policy cf16).
+  // The same over an f16 cache (policy cf16) and a 4-bit one (policy cc: attention_q4).
   const size_t n = cases.size();
-  for (size_t i = 0; i < n; ++i) {
-    AttnCase c = cases[i];
-    c.name = "f16_" + c.name;
-    c.dtype = DType::kF16;
-    cases.push_back(c);
-  }
+  for (DType dtype : {DType::kF16, DType::kQ4})
+    for (size_t i = 0; i < n; ++i) {
+      AttnCase c = cases[i];
+      c.name = (dtype == DType::kF16 ? "f16_" : "q4_") + c.name;
+      c.dtype = dtype;
+      cases.push_back(c);
+    }
   return cases;
+}
+
+// Rows of head_dim values that a 4-bit cache holds exactly: each group of `group` is
+// mn + c s with integer codes c in [0, 15], both 0 and 15 among them (so the quantiser finds
+// mn and s again), s a power of two and mn a multiple of 1/16. Groups differ in s and mn, so
+// a value decoded with another group's pair comes out wrong.
+void fill_q4_exact(float* x, size_t n, int32_t group, std::mt19937& rng) {
+  for (size_t g0 = 0; g0 < n; g0 += static_cast<size_t>(group)) {
+    const float s = std::ldexp(1.0f, -3 - static_cast<int>(rng() % 3));
+    const float mn = static_cast<float>(static_cast<int>(rng() % 33) - 16) / 16.0f;
+    const size_t lo = rng() % static_cast<size_t>(group);
+    const size_t hi =
+        (lo + 1 + rng() % static_cast<size_t>(group - 1)) % static_cast<size_t>(group);
+    for (size_t i = 0; i < static_cast<size_t>(group); ++i) {
+      const auto c = i == lo ? 0u : i == hi ? 15u : static_cast<unsigned>(rng() % 16);
+      x[g0 + i] = mn + static_cast<float>(c) * s;
+    }
+  }
 }
 
 // An f32 value as an f16 cache holds it.
@@ -741,7 +760,9 @@ struct AttnFixture {
   explicit AttnFixture(AttnCase ac) : c(std::move(ac)) {
     cache_elems = static_cast<size_t>(c.n_slots) * c.n_kv_heads * c.capacity * c.head_dim;
     const bool half = c.dtype == DType::kF16;
-    auto held = [&](float x) { return half ? f16_rounded(x) : x; };
+    const bool q4 = c.dtype == DType::kQ4;
+    const int32_t q4_group = KvQ4LayerView::group_for(c.head_dim);
+    auto held = [&](float x) { return half ? f16_rounded(x) : x; };  // q4: values held exactly
     // Unwritten cache positions hold NaN: reading one (a causality or indexing bug) poisons
     // the output. The history of every used sequence is random.
     k_cache0.assign(cache_elems, nan_f32());
@@ -750,15 +771,27 @@ struct AttnFixture {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     for (const SeqSlice& s : c.seqs)
       for (int32_t h = 0; h < c.n_kv_heads; ++h)
-        for (int32_t p = 0; p < s.n_past; ++p)
-          for (int32_t d = 0; d < c.head_dim; ++d) {
-            k_cache0[cache_index(s.slot, h, p, d)] = held(dist(rng));
-            v_cache0[cache_index(s.slot, h, p, d)] = held(dist(rng));
+        for (int32_t p = 0; p < s.n_past; ++p) {
+          float* kr = &k_cache0[cache_index(s.slot, h, p, 0)];
+          float* vr = &v_cache0[cache_index(s.slot, h, p, 0)];
+          if (q4) {
+            fill_q4_exact(kr, static_cast<size_t>(c.head_dim), q4_group, rng);
+            fill_q4_exact(vr, static_cast<size_t>(c.head_dim), q4_group, rng);
+            continue;
           }
+          for (int32_t d = 0; d < c.head_dim; ++d) {
+            kr[d] = held(dist(rng));
+            vr[d] = held(dist(rng));
+          }
+        }
     const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
     const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
     k_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 102);
     v_new = random_floats(static_cast<size_t>(c.rows) * kv_width, 103);
+    if (q4) {
+      fill_q4_exact(k_new.data(), k_new.size(), q4_group, rng);
+      fill_q4_exact(v_new.data(), v_new.size(), q4_group, rng);
+    }
     q = random_floats(static_cast<size_t>(c.rows) * q_width, 104, -3.0f, 3.0f);
 
     k_expect = k_cache0;
@@ -847,6 +880,33 @@ struct CacheUnderTest {
   }
 };
 
+AttentionDims attn_dims(const AttnCase& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim,
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+}
+
+// The rows of a sequence against the double-precision reference; the others untouched.
+void expect_attention_output(const AttnFixture& f, const Guarded<float>& out) {
+  const AttnCase& c = f.c;
+  const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
+  EXPECT_TRUE(out.guards_intact());
+  std::vector<double> ref_used;
+  std::vector<float> got_used;
+  for (int32_t r = 0; r < c.rows; ++r) {
+    for (size_t i = 0; i < q_width; ++i) {
+      const size_t idx = static_cast<size_t>(r) * q_width + i;
+      if (f.row_used[static_cast<size_t>(r)]) {
+        ref_used.push_back(f.out_ref[idx]);
+        got_used.push_back(out[idx]);
+      } else {
+        ASSERT_EQ(bits_of(out[idx]), bits_of(kUntouched))
+            << "row " << r << " belongs to no sequence";
+      }
+    }
+  }
+  EXPECT_LT(norm_err(got_used.data(), ref_used), kTolF32);
+}
+
 template <class T>
 void check_kv_store_then_attention(const AttnFixture& f, CpuIsa isa) {
   const AttnCase& c = f.c;
@@ -865,32 +925,95 @@ void check_kv_store_then_attention(const AttnFixture& f, CpuIsa isa) {
   EXPECT_TRUE(cache.k.guards_intact());
   EXPECT_TRUE(cache.v.guards_intact());
 
-  const AttentionDims dims{c.n_heads, c.n_kv_heads, c.head_dim,
-                           static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
-  const size_t q_width = static_cast<size_t>(c.n_heads) * c.head_dim;
   for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
     SCOPED_TRACE("round " + std::to_string(round));
     Guarded<float> out(f.q.size(), kUntouched);
-    cpu.attention(q.data(), c.seqs, view, dims, out.data());
-    EXPECT_TRUE(out.guards_intact());
-    std::vector<double> ref_used;
-    std::vector<float> got_used;
-    for (int32_t r = 0; r < c.rows; ++r) {
-      for (size_t i = 0; i < q_width; ++i) {
-        const size_t idx = static_cast<size_t>(r) * q_width + i;
-        if (f.row_used[static_cast<size_t>(r)]) {
-          ref_used.push_back(f.out_ref[idx]);
-          got_used.push_back(out[idx]);
-        } else {
-          ASSERT_EQ(bits_of(out[idx]), bits_of(kUntouched))
-              << "row " << r << " belongs to no sequence";
-        }
-      }
-    }
-    EXPECT_LT(norm_err(got_used.data(), ref_used), kTolF32);
+    cpu.attention(q.data(), c.seqs, view, attn_dims(c), out.data());
+    expect_attention_output(f, out);
     // The cache and q are inputs of attention.
     EXPECT_TRUE(same_bits(cache.k.data(), f.k_expect));
     EXPECT_TRUE(same_bits(q.data(), f.q));
+  }
+}
+
+// A 4-bit cache blob (KvQ4LayerView's layout: codes, then every group's min, then its
+// scale) written and read by the test's own naive quantiser. Rows that hold NaN (unwritten
+// positions) get a NaN min and scale, so reading one poisons the output as it does above.
+struct Q4CacheUnderTest {
+  KvQ4LayerView view;
+  Guarded<uint8_t> k, v;
+  Q4CacheUnderTest(const AttnFixture& f, const KvQ4LayerView& shape)
+      : view(shape), k(shape.tensor_bytes()), v(shape.tensor_bytes()) {
+    view.k = k.data();
+    view.v = v.data();
+    encode(f.k_cache0, k.data());
+    encode(f.v_cache0, v.data());
+  }
+  float* mins(uint8_t* blob) const {
+    return reinterpret_cast<float*>(blob + view.rows() * static_cast<size_t>(view.head_dim) / 2);
+  }
+  void encode(const std::vector<float>& x, uint8_t* blob) const {
+    float* mn = mins(blob);
+    float* sc = mn + view.groups();
+    const auto g = static_cast<size_t>(view.group);
+    for (size_t gi = 0; gi < view.groups(); ++gi) {
+      const float* xg = x.data() + gi * g;
+      const auto [lo, hi] = std::minmax_element(xg, xg + g);
+      mn[gi] = std::isnan(xg[0]) ? nan_f32() : *lo;
+      sc[gi] = std::isnan(xg[0]) ? nan_f32() : (*hi - *lo) / 15.0f;
+      for (size_t i = 0; i < g; ++i) {
+        const float c = std::isnan(xg[0]) ? 0.0f : std::nearbyint((xg[i] - mn[gi]) / sc[gi]);
+        uint8_t& byte = blob[(gi * g + i) / 2];
+        const auto code = static_cast<uint8_t>(c);
+        byte = (i % 2 == 0) ? static_cast<uint8_t>((byte & 0xF0) | code)
+                            : static_cast<uint8_t>((byte & 0x0F) | (code << 4));
+      }
+    }
+  }
+  // Element i as the blob holds it: code * scale + min.
+  float decoded(const uint8_t* blob, size_t i) const {
+    const float* mn = mins(const_cast<uint8_t*>(blob));
+    const size_t gi = i / static_cast<size_t>(view.group);
+    const int code = (i % 2 == 0) ? (blob[i / 2] & 0x0F) : (blob[i / 2] >> 4);
+    return static_cast<float>(code) * mn[view.groups() + gi] + mn[gi];
+  }
+  ::testing::AssertionResult holds(const uint8_t* blob, const std::vector<float>& want) const {
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float got = decoded(blob, i);
+      if (std::isnan(want[i]) ? !std::isnan(got) : bits_of(got) != bits_of(want[i]))
+        return ::testing::AssertionFailure()
+               << "element " << i << ": holds " << got << ", want " << want[i];
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+void check_q4_store_then_attention(const AttnFixture& f, CpuIsa isa) {
+  const AttnCase& c = f.c;
+  CpuBackend cpu(c.threads, isa);
+  const KvQ4LayerView shape{nullptr,
+                            nullptr,
+                            c.n_slots,
+                            c.capacity,
+                            c.n_kv_heads,
+                            c.head_dim,
+                            KvQ4LayerView::group_for(c.head_dim)};
+  Q4CacheUnderTest cache(f, shape);
+  Guarded<float> k_new(f.k_new.size()), v_new(f.v_new.size()), q(f.q.size());
+  k_new.assign(f.k_new);
+  v_new.assign(f.v_new);
+  q.assign(f.q);
+  cpu.kv_store_q4(k_new.data(), v_new.data(), c.seqs, cache.view);
+  EXPECT_TRUE(cache.holds(cache.k.data(), f.k_expect)) << "K cache";
+  EXPECT_TRUE(cache.holds(cache.v.data(), f.v_expect)) << "V cache";
+  EXPECT_TRUE(cache.k.guards_intact());
+  EXPECT_TRUE(cache.v.guards_intact());
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Guarded<float> out(f.q.size(), kUntouched);
+    cpu.attention_q4(q.data(), c.seqs, cache.view, attn_dims(c), out.data());
+    expect_attention_output(f, out);
+    EXPECT_TRUE(cache.holds(cache.k.data(), f.k_expect));
   }
 }
 
@@ -902,7 +1025,9 @@ TEST_P(AttentionTest, KvStoreThenAttentionMatchReference) {
   for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     if (isa > detected_cpu_isa()) continue;
     SCOPED_TRACE(cpu_isa_name(isa));
-    if (f.c.dtype == DType::kF16) {
+    if (f.c.dtype == DType::kQ4) {
+      check_q4_store_then_attention(f, isa);
+    } else if (f.c.dtype == DType::kF16) {
       check_kv_store_then_attention<uint16_t>(f, isa);
     } else {
       check_kv_store_then_attention<float>(f, isa);
@@ -912,6 +1037,19 @@ TEST_P(AttentionTest, KvStoreThenAttentionMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, AttentionTest, ::testing::ValuesIn(attn_cases()),
                          [](const auto& tp) { return tp.param.name; });
+
+// By hand: 64 where head_dim is a multiple of 64, else its largest even divisor up to 64.
+// Before, head_dim 80 got groups of 64 and each row's last 16 values were never stored.
+TEST(KvQ4Layout, GroupsAreWholeEvenDivisorsOfTheHeadDim) {
+  const std::vector<std::pair<int32_t, int32_t>> by_hand = {
+      {2, 2},   {6, 6},   {8, 8},    {16, 16},  {64, 64},  {66, 22},
+      {80, 40}, {96, 48}, {100, 50}, {128, 64}, {256, 64}, {272, 34}};
+  for (const auto& [hd, group] : by_hand) EXPECT_EQ(KvQ4LayerView::group_for(hd), group) << hd;
+  for (int32_t hd = 2; hd <= 600; hd += 2) {
+    const int32_t g = KvQ4LayerView::group_for(hd);
+    EXPECT_TRUE(g % 2 == 0 && g <= 64 && hd % g == 0) << "head_dim " << hd << ": group " << g;
+  }
+}
 
 TEST(CpuBackendKvStore, RejectsACacheOfAnotherElementType) {
   CpuBackend cpu(1);

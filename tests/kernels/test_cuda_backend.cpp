@@ -1201,6 +1201,59 @@ TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
   }
 }
 
+// A 4-bit cache read as stored (attention_q4, policy cc=1). The CPU stores each sequence's
+// history (a prefill of its n_past rows) and then the step's rows; the device attends over a
+// copy of those bytes and must give the CPU's attention_q4 output, itself checked against a
+// double-precision reference in test_cpu_backend. Rows of one to eight groups (head_dim 160
+// takes four of 40, 512 eight of 64), so a min and scale taken from the wrong group or row
+// shows; positions past a sequence's context hold zeros.
+TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
+  const AttnCase& c = GetParam();
+  if (c.head_dim % 2 != 0) GTEST_SKIP() << "a 4-bit cache needs an even head_dim";
+  const AttnInputs in = attn_inputs(c);
+  KvQ4LayerView view{nullptr,
+                     nullptr,
+                     c.n_slots,
+                     c.capacity,
+                     c.n_kv_heads,
+                     c.head_dim,
+                     KvQ4LayerView::group_for(c.head_dim)};
+  std::vector<uint8_t> kb(view.tensor_bytes(), 0), vb(kb.size(), 0);
+  view.k = kb.data();
+  view.v = vb.data();
+  const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  std::vector<SeqSlice> history;
+  std::vector<float> hk, hv;
+  for (const SeqSlice& s : c.seqs) {
+    history.push_back({static_cast<int32_t>(hk.size() / kv_width), s.n_past, 0, s.slot});
+    for (int32_t p = 0; p < s.n_past; ++p)
+      for (int32_t h = 0; h < c.n_kv_heads; ++h) {
+        const size_t at =
+            ((static_cast<size_t>(s.slot) * c.n_kv_heads + h) * c.capacity + p) * c.head_dim;
+        hk.insert(hk.end(), in.kc.begin() + at, in.kc.begin() + at + c.head_dim);
+        hv.insert(hv.end(), in.vc.begin() + at, in.vc.begin() + at + c.head_dim);
+      }
+  }
+  cpu().kv_store_q4(hk.data(), hv.data(), history, view);
+  cpu().kv_store_q4(in.k_new.data(), in.v_new.data(), c.seqs, view);
+  const AttentionDims dims = attn_dims(c);
+  std::vector<float> want(in.q.size(), kUntouched);
+  cpu().attention_q4(in.q.data(), c.seqs, view, dims, want.data());
+
+  DeviceGuarded<uint8_t> dkb(gpu(), kb), dvb(gpu(), vb);
+  DeviceGuarded<float> dq(gpu(), in.q), dout(gpu(), std::vector<float>(in.q.size(), kUntouched));
+  KvQ4LayerView dev = view;
+  dev.k = dkb.data();
+  dev.v = dvb.data();
+  gpu().attention_q4(dq.data(), c.seqs, dev, dims, dout.data());
+  expect_attention_rows(c, dout.download(), want);
+  EXPECT_TRUE(dkb.download() == kb) << "attention modified the K cache";
+  EXPECT_TRUE(dvb.download() == vb) << "attention modified the V cache";
+  EXPECT_TRUE(dkb.guards_intact());
+  EXPECT_TRUE(dvb.guards_intact());
+  EXPECT_TRUE(dout.guards_intact());
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttentionTest, ::testing::ValuesIn(attn_cases()),
                          [](const auto& tp) { return tp.param.name; });
 

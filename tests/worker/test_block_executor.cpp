@@ -50,8 +50,11 @@ class CountingBackend final : public testing::ForwardingBackend {
     check_table(rows);
     inner_.kv_store_q4(k, v, rows, c);
   }
-  void kv_dequantize(const KvQ4LayerView& c, const KvLayerView& out) override {
-    inner_.kv_dequantize(c, out);
+  void attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& c,
+                    const AttentionDims& d, float* out) override {
+    ++attentions;
+    check_table(rows);
+    inner_.attention_q4(q, rows, c, d, out);
   }
   void attention(const float* q, const StepRows& rows, const KvLayerView& c, const AttentionDims& d,
                  float* out) override {
