@@ -746,6 +746,28 @@ HeadTask head_task(const float* q, float* out, const SeqSlice& s, int32_t kvh, c
   return HeadTask{q + at, out + at, k, v, dtype, &s, group, dims.head_dim, width, dims.scale};
 }
 
+#if STRATA_X86_KERNELS
+// One kv head of a 4-bit cache from its first blob row, as the AVX-512 passes read it.
+attention_detail::Q4Rows q4_rows(const KvQ4LayerView& c, Q4Blob b, size_t first) {
+  const size_t gpr = static_cast<size_t>(c.head_dim / c.group);
+  return {b.codes + first * static_cast<size_t>(c.head_dim) / 2, b.mins + first * gpr,
+          b.scales + first * gpr, c.group};
+}
+
+// A decode row of the group's query heads over a 4-bit cache, scored and weighted straight
+// from the codes.
+void attend_decode_q4_avx512(const HeadTask& t, const attention_detail::Q4Rows& k,
+                             const attention_detail::Q4Rows& v, float* scores) {
+  const int32_t ctx = t.seq->n_past + 1;
+  for (int32_t g = 0; g < t.group; ++g) {
+    float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
+    attention_detail::decode_scores_q4_avx512(t.q + g * t.hd, k, ctx, t.hd, t.scale, row);
+    causal_softmax_row(row, ctx, ctx);
+    attention_detail::decode_values_q4_avx512(row, v, ctx, t.hd, t.out + g * t.hd);
+  }
+}
+#endif
+
 // Rows [row, row + n) of one blob of a 4-bit cache, dequantised into out[n, head_dim].
 void dequantize_q4_rows(const KvQ4LayerView& c, Q4Blob b, size_t row, int32_t n, float* out) {
   const auto gpr = static_cast<size_t>(c.head_dim / c.group);
@@ -787,9 +809,11 @@ void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerVi
       });
 }
 
-// The same over a 4-bit cache. Each task dequantises only its own kv head's positions
-// 0 .. ctx into its scratch (a few hundred KiB at most, so they stay in the core's cache)
-// and attends over them as over an f32 cache: the cache's bytes are read once, as 4-bit.
+// The same over a 4-bit cache, whose bytes are read once, as 4-bit. A decode row on AVX-512
+// (head_dim a multiple of 32 up to 256) is scored and weighted straight from the codes.
+// Otherwise each task dequantises only its own kv head's positions 0 .. ctx into its
+// scratch (a few hundred KiB at most, so they stay in the core's cache) and attends over
+// them as over an f32 cache.
 void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4LayerView& cache,
                               const AttentionDims& dims, float* out) {
   STRATA_CHECK(dims.n_kv_heads == cache.n_kv_heads && dims.head_dim == cache.head_dim,
@@ -800,6 +824,10 @@ void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4La
   const int32_t group = dims.n_heads / dims.n_kv_heads;
   const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
   const CpuIsa isa = isa_;
+#if STRATA_X86_KERNELS
+  const bool from_codes =
+      isa == CpuIsa::kAvx512 && attention_detail::avx512_q4_decode_fits(hd, cache.group);
+#endif
   auto rows_of = [hd](const SeqSlice& s) {
     return static_cast<size_t>(s.n_past + s.n_new) * static_cast<size_t>(hd);
   };
@@ -812,6 +840,13 @@ void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4La
         const size_t first =
             (static_cast<size_t>(s.slot) * cache.n_kv_heads + static_cast<size_t>(kvh)) *
             static_cast<size_t>(cache.capacity);
+#if STRATA_X86_KERNELS
+        if (from_codes && s.n_new == 1) {
+          attend_decode_q4_avx512(head_task(q, out, s, kvh, nullptr, nullptr, DType::kQ4, dims),
+                                  q4_rows(cache, kb, first), q4_rows(cache, vb, first), scratch);
+          return;
+        }
+#endif
         float* k = scratch;
         float* v = scratch + rows_of(s);
         dequantize_q4_rows(cache, kb, first, s.n_past + s.n_new, k);

@@ -1,6 +1,7 @@
 // Decode attention's two passes for AVX-512F (decode_attention_simd.h).
 #include <immintrin.h>
 
+#include <cstring>
 #include <utility>
 
 #include "kernels/decode_attention_simd.h"
@@ -85,7 +86,186 @@ void values_any(const float* w, const void* v, int32_t ctx, int32_t hd, float* o
   values_of<DT>(hd / kLanes, w, v, ctx, out, std::make_integer_sequence<int, kMaxChunks>{});
 }
 
+// ---- a 4-bit cache, straight from its codes ----
+constexpr int kCodeChunk = 32;     // the elements of 16 code bytes: one vpmovzxbd each
+constexpr int kMaxCodeChunks = 8;  // head_dim <= 256
+
+// The 32 elements of a 16-byte code chunk as two vectors: the even elements (low nibbles)
+// and the odd ones (high nibbles), each in byte order.
+inline void codes32(const uint8_t* p, __m512& even, __m512& odd) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  even = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));
+  odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+
+// x[0..32) split as codes32 splits a chunk: even = x[0], x[2], ..., odd = x[1], x[3], ...
+inline void deinterleave32(const float* x, __m512& even, __m512& odd) {
+  const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + kLanes);
+  even = _mm512_permutex2var_ps(a, ie, b);
+  odd = _mm512_permutex2var_ps(a, io, b);
+}
+
+// Positions p .. p + 3's dot products with q (split by deinterleave32), before the scale:
+// four vectors whose lanes sum to sum_g scale_g (q_g . codes_g), and mterm[i] = sum_g min_g
+// sum(q_g). Unrolled at compile time, with the even and odd halves in separate chains, so
+// the four positions' FMAs overlap rather than wait on each other.
+template <int Chunks, int PerGroup>
+inline void q4_dot4(const __m512* qe, const __m512* qo, const float* qsum, const Q4Rows& k,
+                    int64_t p, __m512* acc, float* mterm) {
+  constexpr int kGroups = Chunks / PerGroup;
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* row = k.codes + (p + i) * Chunks * (kCodeChunk / 2);
+    acc[i] = _mm512_setzero_ps();
+    mterm[i] = 0.0f;
+    for (int g = 0; g < kGroups; ++g) {
+      __m512 ge = _mm512_setzero_ps(), go = _mm512_setzero_ps();
+      for (int c = g * PerGroup; c < (g + 1) * PerGroup; ++c) {
+        __m512 even, odd;
+        codes32(row + c * (kCodeChunk / 2), even, odd);
+        ge = _mm512_fmadd_ps(qe[c], even, ge);
+        go = _mm512_fmadd_ps(qo[c], odd, go);
+      }
+      const int64_t gi = (p + i) * kGroups + g;
+      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(k.scales[gi]), _mm512_add_ps(ge, go), acc[i]);
+      mterm[i] += k.mins[gi] * qsum[g];
+    }
+  }
+}
+
+template <int Chunks, int PerGroup>
+void scores_q4(const float* q, const Q4Rows& k, int32_t ctx, float scale, float* out) {
+  __m512 qe[Chunks], qo[Chunks];
+  float qsum[Chunks / PerGroup] = {};
+  for (int c = 0; c < Chunks; ++c) {
+    deinterleave32(q + c * kCodeChunk, qe[c], qo[c]);
+    qsum[c / PerGroup] += _mm512_reduce_add_ps(_mm512_add_ps(qe[c], qo[c]));
+  }
+  const int32_t whole = ctx / 4 * 4;
+  for (int32_t p = 0; p < whole; p += 4) {
+    __m512 acc[4];
+    float mt[4];
+    q4_dot4<Chunks, PerGroup>(qe, qo, qsum, k, p, acc, mt);
+    const __m128 dots = _mm_add_ps(sum4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(mt));
+    _mm_storeu_ps(out + p, _mm_mul_ps(dots, _mm_set1_ps(scale)));
+  }
+  if (whole == ctx) return;
+  // The last 1-3 positions: four computed from a padded copy of their rows.
+  alignas(64) uint8_t codes[4 * Chunks * (kCodeChunk / 2)] = {};
+  float mins[4 * (Chunks / PerGroup)] = {}, scales[4 * (Chunks / PerGroup)] = {};
+  const int rest = ctx - whole;
+  std::memcpy(codes, k.codes + int64_t{whole} * Chunks * (kCodeChunk / 2),
+              static_cast<size_t>(rest) * Chunks * (kCodeChunk / 2));
+  std::memcpy(mins, k.mins + int64_t{whole} * (Chunks / PerGroup),
+              static_cast<size_t>(rest) * (Chunks / PerGroup) * sizeof(float));
+  std::memcpy(scales, k.scales + int64_t{whole} * (Chunks / PerGroup),
+              static_cast<size_t>(rest) * (Chunks / PerGroup) * sizeof(float));
+  __m512 acc[4];
+  float mt[4];
+  q4_dot4<Chunks, PerGroup>(qe, qo, qsum, Q4Rows{codes, mins, scales, k.group}, 0, acc, mt);
+  alignas(16) float dots[4];
+  _mm_store_ps(dots, _mm_add_ps(sum4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(mt)));
+  for (int i = 0; i < rest; ++i) out[whole + i] = dots[i] * scale;
+}
+
+// Position p's term of P V added into ae / ao (even / odd elements of each code chunk, as
+// codes32 splits them), its groups' w_p min into mterm.
+template <int Chunks, int PerGroup>
+inline void q4_weigh(float wp, const Q4Rows& v, int64_t p, __m512* ae, __m512* ao, float* mterm) {
+  constexpr int kGroups = Chunks / PerGroup;
+  const uint8_t* row = v.codes + p * Chunks * (kCodeChunk / 2);
+  for (int g = 0; g < kGroups; ++g) {
+    const int64_t gi = p * kGroups + g;
+    const __m512 ws = _mm512_set1_ps(wp * v.scales[gi]);
+    mterm[g] += wp * v.mins[gi];
+    for (int c = g * PerGroup; c < (g + 1) * PerGroup; ++c) {
+      __m512 even, odd;
+      codes32(row + c * (kCodeChunk / 2), even, odd);
+      ae[c] = _mm512_fmadd_ps(ws, even, ae[c]);
+      ao[c] = _mm512_fmadd_ps(ws, odd, ao[c]);
+    }
+  }
+}
+
+// P V with the accumulators split even / odd as the codes are, interleaved back once at the
+// end, each group's sum_p w_p min added to all its elements. Heads of up to 4 chunks take
+// even and odd positions into two sets of accumulators: one set's FMA chains alone would
+// wait on their latency.
+template <int Chunks, int PerGroup>
+void values_q4(const float* w, const Q4Rows& v, int32_t ctx, float* out) {
+  constexpr int kSets = Chunks <= 4 ? 2 : 1;
+  constexpr int kGroups = Chunks / PerGroup;
+  __m512 ae[kSets][Chunks], ao[kSets][Chunks];
+  for (int s = 0; s < kSets; ++s)
+    for (int c = 0; c < Chunks; ++c) ae[s][c] = ao[s][c] = _mm512_setzero_ps();
+  float mterm[kGroups] = {};
+  int32_t p = 0;
+  for (; p + kSets <= ctx; p += kSets)
+    for (int s = 0; s < kSets; ++s)
+      q4_weigh<Chunks, PerGroup>(w[p + s], v, p + s, ae[s], ao[s], mterm);
+  for (; p < ctx; ++p) q4_weigh<Chunks, PerGroup>(w[p], v, p, ae[0], ao[0], mterm);
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int c = 0; c < Chunks; ++c) {
+    __m512 e = ae[0][c], o = ao[0][c];
+    if constexpr (kSets == 2) {
+      e = _mm512_add_ps(e, ae[1][c]);
+      o = _mm512_add_ps(o, ao[1][c]);
+    }
+    const __m512 m = _mm512_set1_ps(mterm[c / PerGroup]);
+    _mm512_storeu_ps(out + c * kCodeChunk, _mm512_add_ps(_mm512_permutex2var_ps(e, lo, o), m));
+    _mm512_storeu_ps(out + c * kCodeChunk + kLanes,
+                     _mm512_add_ps(_mm512_permutex2var_ps(e, hi, o), m));
+  }
+}
+
+// Both passes for a head of Chunks code chunks in groups of PerGroup (1: groups of 32, 2:
+// of 64), their loops unrolled at compile time.
+template <int Chunks, int PerGroup>
+struct Q4Passes {
+  static void scores(const float* q, const Q4Rows& k, int32_t ctx, float scale, float* out) {
+    scores_q4<Chunks, PerGroup>(q, k, ctx, scale, out);
+  }
+  static void values(const float* w, const Q4Rows& v, int32_t ctx, float* out) {
+    values_q4<Chunks, PerGroup>(w, v, ctx, out);
+  }
+};
+
+// Calls F<Chunks, PerGroup>::run-like `call` for the head's shape (checked by
+// avx512_q4_decode_fits).
+template <class Call, int... N>
+void with_q4_shape(int chunks, int per_group, Call call, std::integer_sequence<int, N...>) {
+  const bool done =
+      ((chunks == N + 1 && per_group == 1 && (call(Q4Passes<N + 1, 1>{}), true)) || ...) ||
+      ((chunks == N + 1 && per_group == 2 && (N + 1) % 2 == 0 &&
+        (call(Q4Passes < (N + 1) % 2 == 0 ? N + 1 : 2, 2 > {}), true)) ||
+       ...);
+  (void)done;
+}
+
 }  // namespace
+
+bool avx512_q4_decode_fits(int32_t head_dim, int32_t group) {
+  return head_dim > 0 && head_dim % kCodeChunk == 0 && head_dim <= kCodeChunk * kMaxCodeChunks &&
+         (group == kCodeChunk || group == 2 * kCodeChunk) && head_dim % group == 0;
+}
+
+void decode_scores_q4_avx512(const float* q, const Q4Rows& k, int32_t ctx, int32_t head_dim,
+                             float scale, float* out) {
+  with_q4_shape(
+      head_dim / kCodeChunk, k.group / kCodeChunk,
+      [&](auto passes) { passes.scores(q, k, ctx, scale, out); },
+      std::make_integer_sequence<int, kMaxCodeChunks>{});
+}
+
+void decode_values_q4_avx512(const float* w, const Q4Rows& v, int32_t ctx, int32_t head_dim,
+                             float* out) {
+  with_q4_shape(
+      head_dim / kCodeChunk, v.group / kCodeChunk,
+      [&](auto passes) { passes.values(w, v, ctx, out); },
+      std::make_integer_sequence<int, kMaxCodeChunks>{});
+}
 
 bool avx512_decode_fits(int32_t head_dim, DType dtype) {
   return head_dim > 0 && head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks &&

@@ -24,6 +24,25 @@ void decode_scores_avx512(const float* q, const void* k, DType dtype, int32_t ct
 void decode_values_avx512(const float* w, const void* v, DType dtype, int32_t ctx, int32_t head_dim,
                           float* out);
 
+// One kv head's rows of a 4-bit cache as stored (KvQ4LayerView): position p's codes at
+// codes + p * head_dim / 2 (two a byte, the even element in the low nibble), its groups'
+// mins and scales at mins / scales + p * head_dim / group; element = code * scale + min.
+struct Q4Rows {
+  const uint8_t* codes;
+  const float* mins;
+  const float* scales;
+  int32_t group;
+};
+
+// The passes straight from the codes, never writing a decoded row: per group,
+// q . k = scale (q . codes) + min sum(q), and sum_p w_p v_p = sum_p (w_p scale) codes_p +
+// sum_p w_p min. head_dim a multiple of 32, at most 256; groups of whole 32s that divide it.
+bool avx512_q4_decode_fits(int32_t head_dim, int32_t group);
+void decode_scores_q4_avx512(const float* q, const Q4Rows& k, int32_t ctx, int32_t head_dim,
+                             float scale, float* scores);
+void decode_values_q4_avx512(const float* w, const Q4Rows& v, int32_t ctx, int32_t head_dim,
+                             float* out);
+
 // AVX2: head_dim a multiple of 8, any size (P·V runs over column blocks). Elements kF32 or
 // kF16.
 bool avx2_decode_fits(int32_t head_dim, DType dtype);
