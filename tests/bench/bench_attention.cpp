@@ -29,6 +29,27 @@ int bench_threads() {
   return t != nullptr ? std::atoi(t) : 2;
 }
 
+// Times `attend(layer)` once per iteration over the layers in turn, each between passes of
+// the read stream (StepPairing), and reports KV GB/s and the read-bound fraction of `bytes`
+// (a layer's K and V as stored).
+template <class Attend>
+void time_layers(benchmark::State& state, int32_t layers, double bytes, Attend attend) {
+  StepPairing pairing(size_t{64} << 20);
+  int32_t layer = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attend(layer);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    layer = (layer + 1) % layers;
+    state.PauseTiming();
+    pairing.after_step(s, bytes);
+    state.ResumeTiming();
+  }
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
+}
+
 // args: batch (sequences, one decode row each), context (positions read), layers, f16 (0:
 // an f32 cache, 1: f16, policy cf16)
 void BM_DecodeAttention(benchmark::State& state) {
@@ -60,25 +81,13 @@ void BM_DecodeAttention(benchmark::State& state) {
   std::vector<float> q(static_cast<size_t>(batch * width), 0.1f), out(q.size());
   std::vector<SeqSlice> seqs;
   for (int32_t b = 0; b < batch; ++b) seqs.push_back({b, 1, ctx - 1, b});
-  const double bytes = 2.0 * static_cast<double>(layer_bytes);
-  StepPairing pairing(size_t{64} << 20);
-  int32_t layer = 0;
-  for (auto _ : state) {
+  time_layers(state, layers, 2.0 * static_cast<double>(layer_bytes), [&](int32_t layer) {
     KvLayerView c = shape;
     c.k = k.data() + layer_bytes * static_cast<size_t>(layer);
     c.v = v.data() + layer_bytes * static_cast<size_t>(layer);
-    layer = (layer + 1) % layers;
-    const auto t0 = std::chrono::steady_clock::now();
     cpu.attention(q.data(), StepRows(seqs), c, dims, out.data());
     benchmark::DoNotOptimize(out.data());
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    state.PauseTiming();
-    pairing.after_step(s, bytes);
-    state.ResumeTiming();
-  }
-  state.counters["kv_GB/s"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
+  });
 }
 
 BENCHMARK(BM_DecodeAttention)
@@ -131,15 +140,10 @@ void BM_DecodeAttentionQ4(benchmark::State& state) {
   std::vector<float> q(static_cast<size_t>(batch * width), 0.1f), out(q.size());
   std::vector<SeqSlice> seqs;
   for (int32_t b = 0; b < batch; ++b) seqs.push_back({b, 1, ctx - 1, b});
-  const double bytes = 2.0 * static_cast<double>(layer_bytes);
-  StepPairing pairing(size_t{64} << 20);
-  int32_t layer = 0;
-  for (auto _ : state) {
+  time_layers(state, layers, 2.0 * static_cast<double>(layer_bytes), [&](int32_t layer) {
     KvQ4LayerView c = shape;
     c.k = k.data() + layer_bytes * static_cast<size_t>(layer);
     c.v = v.data() + layer_bytes * static_cast<size_t>(layer);
-    layer = (layer + 1) % layers;
-    const auto t0 = std::chrono::steady_clock::now();
     if (whole_layer) {
       KvLayerView w = f32;
       w.k = work_k.data();
@@ -150,14 +154,7 @@ void BM_DecodeAttentionQ4(benchmark::State& state) {
       cpu.attention_q4(q.data(), StepRows(seqs), c, dims, out.data());
     }
     benchmark::DoNotOptimize(out.data());
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    state.PauseTiming();
-    pairing.after_step(s, bytes);
-    state.ResumeTiming();
-  }
-  state.counters["kv_GB/s"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
+  });
 }
 
 BENCHMARK(BM_DecodeAttentionQ4)

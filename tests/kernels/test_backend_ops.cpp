@@ -513,6 +513,20 @@ StepRows step_rows(Backend& b, bool table, DeviceBuffer& holder) {
   return rows;
 }
 
+// Rows k, v ([rows, kKvW]) of each of `seqs` written into the reference caches rk, rv at
+// their positions, as kv_store defines it.
+template <class Rows>
+void place_rows(const std::vector<SeqSlice>& seqs, const Rows& k, const Rows& v, Ref& rk, Ref& rv) {
+  for (const SeqSlice& s : seqs)
+    for (int32_t t = 0; t < s.n_new; ++t)
+      for (int32_t h = 0; h < kKvHeads; ++h)
+        for (int32_t d = 0; d < kHd; ++d) {
+          const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
+          rk[cache_index(s.slot, h, s.n_past + t, d)] = k[src];
+          rv[cache_index(s.slot, h, s.n_past + t, d)] = v[src];
+        }
+}
+
 Outcome op_kv_store(Backend& b, bool table) {
   const std::vector<float> k = random_floats(kNewRows * kKvW, 19),
                            v = random_floats(kNewRows * kKvW, 20);
@@ -522,14 +536,7 @@ Outcome op_kv_store(Backend& b, bool table) {
   DeviceBuffer holder;
   b.kv_store(dk.data(), dv.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data()));
   Ref rk(k0.begin(), k0.end()), rv(v0.begin(), v0.end());
-  for (const SeqSlice& s : kSeqs)
-    for (int32_t t = 0; t < s.n_new; ++t)
-      for (int32_t h = 0; h < kKvHeads; ++h)
-        for (int32_t d = 0; d < kHd; ++d) {
-          const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
-          rk[cache_index(s.slot, h, s.n_past + t, d)] = k[src];
-          rv[cache_index(s.slot, h, s.n_past + t, d)] = v[src];
-        }
+  place_rows(kSeqs, k, v, rk, rv);
   const Outcome a = outcome(ck, rk), c = outcome(cv, rv);
   return {std::max(a.err, c.err), a.guards && c.guards};
 }
@@ -596,14 +603,7 @@ Outcome op_kv_q4(Backend& b, bool table) {
   const Ref nk = naive_q4(k, static_cast<size_t>(q.group)),
             nv = naive_q4(v, static_cast<size_t>(q.group));
   Ref rk(cache_elems(), 0.0), rv(cache_elems(), 0.0);
-  for (const SeqSlice& s : kSeqs)
-    for (int32_t t = 0; t < s.n_new; ++t)
-      for (int32_t h = 0; h < kKvHeads; ++h)
-        for (int32_t d = 0; d < kHd; ++d) {
-          const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
-          rk[cache_index(s.slot, h, s.n_past + t, d)] = nk[src];
-          rv[cache_index(s.slot, h, s.n_past + t, d)] = nv[src];
-        }
+  place_rows(kSeqs, nk, nv, rk, rv);
   const Outcome a = outcome(ok, rk), c = outcome(ov, rv);
   return {std::max(a.err, c.err), a.guards && c.guards};
 }
@@ -638,18 +638,8 @@ Outcome op_attention_q4(Backend& b, bool table) {
   const size_t g = static_cast<size_t>(q4.group);
   const Ref nhk = naive_q4(hk, g), nhv = naive_q4(hv, g), nk = naive_q4(k, g), nv = naive_q4(v, g);
   Ref rk(cache_elems(), 0.0), rv(cache_elems(), 0.0);
-  auto place = [&](const std::vector<SeqSlice>& seqs, const Ref& ks, const Ref& vs) {
-    for (const SeqSlice& s : seqs)
-      for (int32_t t = 0; t < s.n_new; ++t)
-        for (int32_t h = 0; h < kKvHeads; ++h)
-          for (int32_t d = 0; d < kHd; ++d) {
-            const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
-            rk[cache_index(s.slot, h, s.n_past + t, d)] = ks[src];
-            rv[cache_index(s.slot, h, s.n_past + t, d)] = vs[src];
-          }
-  };
-  place(history, nhk, nhv);
-  place(kSeqs, nk, nv);
+  place_rows(history, nhk, nhv, rk, rv);
+  place_rows(kSeqs, nk, nv, rk, rv);
   return outcome(dout, attention_ref(q, rk, rv, kAttnScale));
 }
 
