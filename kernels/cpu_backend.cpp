@@ -754,16 +754,33 @@ attention_detail::Q4Rows q4_rows(const KvQ4LayerView& c, Q4Blob b, size_t first)
           b.scales + first * gpr, c.group};
 }
 
+// decode_attention_simd.h's passes straight from a 4-bit cache's codes.
+struct Q4DecodePasses {
+  void (*scores)(const float*, const attention_detail::Q4Rows&, int32_t, int32_t, float, float*);
+  void (*values)(const float*, const attention_detail::Q4Rows&, int32_t, int32_t, float*);
+};
+
+// The widest such passes `isa` allows for this head size and group; none: the scratch path.
+std::optional<Q4DecodePasses> q4_decode_passes(CpuIsa isa, int32_t hd, int32_t group) {
+  using namespace attention_detail;
+  if (isa == CpuIsa::kAvx512 && avx512_q4_decode_fits(hd, group))
+    return Q4DecodePasses{decode_scores_q4_avx512, decode_values_q4_avx512};
+  if (isa >= CpuIsa::kAvx2 && avx2_q4_decode_fits(hd, group))
+    return Q4DecodePasses{decode_scores_q4_avx2, decode_values_q4_avx2};
+  return std::nullopt;
+}
+
 // A decode row of the group's query heads over a 4-bit cache, scored and weighted straight
 // from the codes.
-void attend_decode_q4_avx512(const HeadTask& t, const attention_detail::Q4Rows& k,
-                             const attention_detail::Q4Rows& v, float* scores) {
+void attend_decode_q4(const HeadTask& t, const Q4DecodePasses& passes,
+                      const attention_detail::Q4Rows& k, const attention_detail::Q4Rows& v,
+                      float* scores) {
   const int32_t ctx = t.seq->n_past + 1;
   for (int32_t g = 0; g < t.group; ++g) {
     float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
-    attention_detail::decode_scores_q4_avx512(t.q + g * t.hd, k, ctx, t.hd, t.scale, row);
+    passes.scores(t.q + g * t.hd, k, ctx, t.hd, t.scale, row);
     causal_softmax_row(row, ctx, ctx);
-    attention_detail::decode_values_q4_avx512(row, v, ctx, t.hd, t.out + g * t.hd);
+    passes.values(row, v, ctx, t.hd, t.out + g * t.hd);
   }
 }
 #endif
@@ -810,7 +827,8 @@ void CpuBackend::attention(const float* q, const StepRows& rows, const KvLayerVi
 }
 
 // The same over a 4-bit cache, whose bytes are read once, as 4-bit. A decode row on AVX-512
-// (head_dim a multiple of 32 up to 256) is scored and weighted straight from the codes.
+// (head_dim a multiple of 32 up to 256) or AVX2 (of 16 up to 128) is scored and weighted
+// straight from the codes.
 // Otherwise each task dequantises only its own kv head's positions 0 .. ctx into its
 // scratch (a few hundred KiB at most, so they stay in the core's cache) and attends over
 // them as over an f32 cache.
@@ -825,8 +843,7 @@ void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4La
   const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
   const CpuIsa isa = isa_;
 #if STRATA_X86_KERNELS
-  const bool from_codes =
-      isa == CpuIsa::kAvx512 && attention_detail::avx512_q4_decode_fits(hd, cache.group);
+  const std::optional<Q4DecodePasses> from_codes = q4_decode_passes(isa, hd, cache.group);
 #endif
   auto rows_of = [hd](const SeqSlice& s) {
     return static_cast<size_t>(s.n_past + s.n_new) * static_cast<size_t>(hd);
@@ -842,8 +859,9 @@ void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4La
             static_cast<size_t>(cache.capacity);
 #if STRATA_X86_KERNELS
         if (from_codes && s.n_new == 1) {
-          attend_decode_q4_avx512(head_task(q, out, s, kvh, nullptr, nullptr, DType::kQ4, dims),
-                                  q4_rows(cache, kb, first), q4_rows(cache, vb, first), scratch);
+          attend_decode_q4(head_task(q, out, s, kvh, nullptr, nullptr, DType::kQ4, dims),
+                           *from_codes, q4_rows(cache, kb, first), q4_rows(cache, vb, first),
+                           scratch);
           return;
         }
 #endif

@@ -42,6 +42,12 @@ void decode_scores_q4_avx512(const float* q, const Q4Rows& k, int32_t ctx, int32
                              float scale, float* scores);
 void decode_values_q4_avx512(const float* w, const Q4Rows& v, int32_t ctx, int32_t head_dim,
                              float* out);
+// The same for AVX2: head_dim a multiple of 16, at most 128; groups of 16, 32 or 64.
+bool avx2_q4_decode_fits(int32_t head_dim, int32_t group);
+void decode_scores_q4_avx2(const float* q, const Q4Rows& k, int32_t ctx, int32_t head_dim,
+                           float scale, float* scores);
+void decode_values_q4_avx2(const float* w, const Q4Rows& v, int32_t ctx, int32_t head_dim,
+                           float* out);
 
 // AVX2: head_dim a multiple of 8, any size (P·V runs over column blocks). Elements kF32 or
 // kF16.
