@@ -838,30 +838,34 @@ void CpuBackend::attention_q4(const float* q, const StepRows& rows, const KvQ4La
                "attention: dims (kv heads {}, head_dim {}) vs 4-bit cache (kv heads {}, "
                "head_dim {})",
                dims.n_kv_heads, dims.head_dim, cache.n_kv_heads, cache.head_dim);
+  STRATA_CHECK(cache.group > 0 && cache.group % 2 == 0 && cache.head_dim % cache.group == 0,
+               "attention: a 4-bit cache's groups of {} do not divide head_dim {} into whole bytes",
+               cache.group, cache.head_dim);
   const int32_t hd = dims.head_dim;
   const int32_t group = dims.n_heads / dims.n_kv_heads;
   const Q4Blob kb = q4_blob(cache.k, cache), vb = q4_blob(cache.v, cache);
   const CpuIsa isa = isa_;
+  bool from_codes = false;  // decode rows: the passes straight from the codes
 #if STRATA_X86_KERNELS
-  const std::optional<Q4DecodePasses> from_codes = q4_decode_passes(isa, hd, cache.group);
+  const std::optional<Q4DecodePasses> passes = q4_decode_passes(isa, hd, cache.group);
+  from_codes = passes.has_value();
 #endif
   auto rows_of = [hd](const SeqSlice& s) {
     return static_cast<size_t>(s.n_past + s.n_new) * static_cast<size_t>(hd);
   };
+  // The decoded K and V rows only where the task dequantises them.
+  auto decoded = [&](const SeqSlice& s) { return from_codes && s.n_new == 1 ? 0 : 2 * rows_of(s); };
   each_head_task(
       rows.seqs, dims, cache.n_slots, cache.capacity, attn_scratch_,
-      [&](const SeqSlice& s) {
-        return attention_scratch(s, hd, group, DType::kF32) + 2 * rows_of(s);
-      },
+      [&](const SeqSlice& s) { return attention_scratch(s, hd, group, DType::kF32) + decoded(s); },
       [&](const SeqSlice& s, int32_t kvh, float* scratch) {
         const size_t first =
             (static_cast<size_t>(s.slot) * cache.n_kv_heads + static_cast<size_t>(kvh)) *
             static_cast<size_t>(cache.capacity);
 #if STRATA_X86_KERNELS
-        if (from_codes && s.n_new == 1) {
-          attend_decode_q4(head_task(q, out, s, kvh, nullptr, nullptr, DType::kQ4, dims),
-                           *from_codes, q4_rows(cache, kb, first), q4_rows(cache, vb, first),
-                           scratch);
+        if (decoded(s) == 0) {
+          attend_decode_q4(head_task(q, out, s, kvh, nullptr, nullptr, DType::kQ4, dims), *passes,
+                           q4_rows(cache, kb, first), q4_rows(cache, vb, first), scratch);
           return;
         }
 #endif

@@ -112,7 +112,7 @@ inline void deinterleave16(const float* x, __m256& even, __m256& odd) {
   odd = in_order(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Positions p .. p + N - 1 as the AVX-512 q4_dot4: vectors whose lanes sum to
+// Positions p .. p + N - 1 as the AVX-512 q4_dot: vectors whose lanes sum to
 // sum_g scale_g (q_g . codes_g), and mterm[i] = sum_g min_g sum(q_g).
 template <int N, int Chunks, int PerGroup>
 inline void q4_dot(const __m256* qe, const __m256* qo, const float* qsum, const Q4Rows& k,

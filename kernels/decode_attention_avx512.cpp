@@ -1,7 +1,6 @@
 // Decode attention's two passes for AVX-512F (decode_attention_simd.h).
 #include <immintrin.h>
 
-#include <cstring>
 #include <utility>
 
 #include "kernels/decode_attention_simd.h"
@@ -107,15 +106,15 @@ inline void deinterleave32(const float* x, __m512& even, __m512& odd) {
   odd = _mm512_permutex2var_ps(a, io, b);
 }
 
-// Positions p .. p + 3's dot products with q (split by deinterleave32), before the scale:
-// four vectors whose lanes sum to sum_g scale_g (q_g . codes_g), and mterm[i] = sum_g min_g
-// sum(q_g). Unrolled at compile time, with the even and odd halves in separate chains, so
-// the four positions' FMAs overlap rather than wait on each other.
-template <int Chunks, int PerGroup>
-inline void q4_dot4(const __m512* qe, const __m512* qo, const float* qsum, const Q4Rows& k,
-                    int64_t p, __m512* acc, float* mterm) {
+// Positions p .. p + N - 1's dot products with q (split by deinterleave32), before the
+// scale: vectors whose lanes sum to sum_g scale_g (q_g . codes_g), and mterm[i] = sum_g
+// min_g sum(q_g). Unrolled at compile time, with the even and odd halves in separate chains,
+// so the positions' FMAs overlap rather than wait on each other.
+template <int N, int Chunks, int PerGroup>
+inline void q4_dot(const __m512* qe, const __m512* qo, const float* qsum, const Q4Rows& k,
+                   int64_t p, __m512* acc, float* mterm) {
   constexpr int kGroups = Chunks / PerGroup;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N; ++i) {
     const uint8_t* row = k.codes + (p + i) * Chunks * (kCodeChunk / 2);
     acc[i] = _mm512_setzero_ps();
     mterm[i] = 0.0f;
@@ -142,31 +141,20 @@ void scores_q4(const float* q, const Q4Rows& k, int32_t ctx, float scale, float*
     deinterleave32(q + c * kCodeChunk, qe[c], qo[c]);
     qsum[c / PerGroup] += _mm512_reduce_add_ps(_mm512_add_ps(qe[c], qo[c]));
   }
-  const int32_t whole = ctx / 4 * 4;
-  for (int32_t p = 0; p < whole; p += 4) {
+  int32_t p = 0;
+  for (; p + 4 <= ctx; p += 4) {
     __m512 acc[4];
     float mt[4];
-    q4_dot4<Chunks, PerGroup>(qe, qo, qsum, k, p, acc, mt);
+    q4_dot<4, Chunks, PerGroup>(qe, qo, qsum, k, p, acc, mt);
     const __m128 dots = _mm_add_ps(sum4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(mt));
     _mm_storeu_ps(out + p, _mm_mul_ps(dots, _mm_set1_ps(scale)));
   }
-  if (whole == ctx) return;
-  // The last 1-3 positions: four computed from a padded copy of their rows.
-  alignas(64) uint8_t codes[4 * Chunks * (kCodeChunk / 2)] = {};
-  float mins[4 * (Chunks / PerGroup)] = {}, scales[4 * (Chunks / PerGroup)] = {};
-  const int rest = ctx - whole;
-  std::memcpy(codes, k.codes + int64_t{whole} * Chunks * (kCodeChunk / 2),
-              static_cast<size_t>(rest) * Chunks * (kCodeChunk / 2));
-  std::memcpy(mins, k.mins + int64_t{whole} * (Chunks / PerGroup),
-              static_cast<size_t>(rest) * (Chunks / PerGroup) * sizeof(float));
-  std::memcpy(scales, k.scales + int64_t{whole} * (Chunks / PerGroup),
-              static_cast<size_t>(rest) * (Chunks / PerGroup) * sizeof(float));
-  __m512 acc[4];
-  float mt[4];
-  q4_dot4<Chunks, PerGroup>(qe, qo, qsum, Q4Rows{codes, mins, scales, k.group}, 0, acc, mt);
-  alignas(16) float dots[4];
-  _mm_store_ps(dots, _mm_add_ps(sum4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(mt)));
-  for (int i = 0; i < rest; ++i) out[whole + i] = dots[i] * scale;
+  for (; p < ctx; ++p) {
+    __m512 acc;
+    float mt;
+    q4_dot<1, Chunks, PerGroup>(qe, qo, qsum, k, p, &acc, &mt);
+    out[p] = (_mm512_reduce_add_ps(acc) + mt) * scale;
+  }
 }
 
 // Position p's term of P V added into ae / ao (even / odd elements of each code chunk, as

@@ -130,10 +130,6 @@ KvQ4LayerView KvCache::q4_layer_shape() const {
   return v;
 }
 
-KvLayerView KvCache::f32_shape() const {
-  return {nullptr, nullptr, n_slots_, capacity_, n_kv_heads_, head_dim_, DType::kF32};
-}
-
 KvQ4LayerView KvCache::q4_layer(int32_t i) const {
   STRATA_CHECK(compress_, "q4_layer of an uncompressed cache");
   const Layer& L = tier(i) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(i)];

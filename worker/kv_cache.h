@@ -56,10 +56,8 @@ class KvCache {
   bool compressed() const { return compress_; }
   DType dtype() const { return dtype_; }    // elements of an uncompressed cache
   KvQ4LayerView q4_layer(int32_t i) const;  // the same, for a compressed cache
-  // The f32 shape of one layer (pointers null): what a compressed layer dequantises into.
-  KvLayerView f32_shape() const;
-  void load(int32_t i);   // disk tier: file -> staging
-  void store(int32_t i);  // disk tier: staging -> file
+  void load(int32_t i);                     // disk tier: file -> staging
+  void store(int32_t i);                    // disk tier: staging -> file
   // The block executor's hooks around a step's layers: before layer i is computed (Pie
   // starts its swaps and waits for layer i's swap-in), and after the last one.
   void before_layer(int32_t i) {

@@ -1051,6 +1051,23 @@ TEST(KvQ4Layout, GroupsAreWholeEvenDivisorsOfTheHeadDim) {
   }
 }
 
+// A 4-bit view whose groups do not divide head_dim is refused before anything is read.
+TEST(KvQ4Layout, AttentionRefusesGroupsThatDoNotDivideTheHeadDim) {
+  CpuBackend cpu(1);
+  std::vector<uint8_t> blob(1024);
+  const KvQ4LayerView view{blob.data(), blob.data(), 1, 4, 1, 64, 48};
+  std::vector<float> q(64), out(64);
+  const std::vector<SeqSlice> seqs{{0, 1, 0, 0}};
+  try {
+    cpu.attention_q4(q.data(), seqs, view, {1, 1, 64, 0.125f}, out.data());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("groups of 48 do not divide head_dim 64"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CpuBackendKvStore, RejectsACacheOfAnotherElementType) {
   CpuBackend cpu(1);
   std::vector<float> kc(8, 0.0f), vc(8, 0.0f), k(2, 1.0f), v(2, 1.0f), q(2, 1.0f), out(2);

@@ -148,7 +148,7 @@ TEST(KvCacheTiers, FourBitRowsComeBackWithinHalfAScale) {
                                    {2, 1, 0, 0}};  // rows 0-1 -> slot 1 @3, row 2 -> slot 0 @0
   const KvQ4LayerView q = cache.q4_layer(0);
   backend.kv_store_q4(k.data(), v.data(), seqs, q);
-  KvLayerView out = cache.f32_shape();
+  KvLayerView out{nullptr, nullptr, 2, 8, c.n_kv_heads, c.head_dim, DType::kF32};
   std::vector<float> ko(out.slot_stride() * 2), vo(ko.size());
   out.k = ko.data();
   out.v = vo.data();
