@@ -28,8 +28,8 @@ struct Policy {
   bool compress_weight = false;
   bool compress_cache = false;
   // The cache's elements in f16 rather than f32 (FlexGen's and llama.cpp's cache): half the
-  // bytes to hold and for decode attention to read. Attended on the host only (the CUDA
-  // kernels read f32): host compute, or the CPU tier with cpu_attn. Not with cc.
+  // bytes to hold and for decode attention to read, in any tier, attended wherever an f32
+  // cache would be. Not with cc.
   bool cache_f16 = false;
   bool cpu_cache_compute = false;  // attention on the CPU for the cache kept off the GPU
   bool overlap = true;

@@ -253,10 +253,6 @@ void validate_options(const SearchOptions& o) {
   if (!(o.tie_tolerance >= 0 && o.tie_tolerance < 1))
     fail_input("search: tie_tolerance={} must be in [0, 1)", o.tie_tolerance);
   schedule_of(1, 1, o).validate();  // e.g. compress_cache with cpu_attention, or with cache_f16
-  if (o.cache_f16 && !o.cpu_attention)
-    fail_input(
-        "search: cache_f16 needs cpu_attention: the CUDA kernels read an f32 cache, so an f16 "
-        "one lives off the GPU and is attended on the CPU");
 }
 
 std::optional<CostEstimate> best_rounding(const ModelShape& shape, const Workload& w,
@@ -282,7 +278,7 @@ std::vector<Policy> variants_of(const ModelShape& shape, const Workload& w, cons
     alpha = std::clamp(int(std::lround(a * 100)), 1, 100);
     if (alpha < 100) out.push_back(schedule), out.back().hetegen_alpha_percent = alpha;
   }
-  if (!o.pie || schedule.cache_f16 || shape.n_layers < 4) return out;
+  if (!o.pie || shape.n_layers < 4) return out;
   const int most =
       std::min<int>(estimate_pie(shape, w, schedule, hw).host_layers, int(shape.n_layers) - 3);
   std::vector<int> host_layers = {most};
@@ -316,7 +312,6 @@ std::optional<PlacementLp> solve_placement_lp(const ModelShape& shape, const Wor
     lp.column(kCc, 0, 0, 0);
     lp.column(kCd, 0, 0, 0);
   }
-  if (schedule.cache_f16) lp.column(kCg, 0, 0, 0);  // the CUDA kernels read f32 caches only
   if (!lp.solve()) return std::nullopt;
   PlacementLp out;
   for (int v = 0; v < kNumPlacementVars; ++v) out.placement[v] = std::clamp(lp.value(v), 0.0, 1.0);

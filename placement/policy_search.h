@@ -30,9 +30,8 @@ struct SearchOptions {
   // default (its cost model assumes it).
   bool compress_weight = false;
   bool compress_cache = false;
-  // An f16 KV cache (policy cf16), as FlexGen's own. The CUDA kernels read an f32 cache, so
-  // the search keeps an f16 one off the GPU tier, attended on the CPU (cpu_attention), and
-  // tries no Pie variant (Pie swaps a GPU-tier cache).
+  // An f16 KV cache (policy cf16), as FlexGen's own: half the bytes of an f32 one in every
+  // tier, for the cost model, the placement LP and Pie's swaps alike.
   bool cache_f16 = false;
   bool cpu_attention = true;
   bool overlap = true;

@@ -216,22 +216,6 @@ void check_weight_budget(const char* option, int64_t budget, int64_t need, const
       option, mib(budget), what, mib(need), mib(need - budget), p.str());
 }
 
-// With device compute an f16 cache must be attended on the host (the device's kernels read
-// f32): no layer on the GPU tier, and CPU attention for the rest (as worker/kv_cache.cpp and
-// kv_attention.cpp refuse it).
-void check_f16_cache_on_host(const Policy& policy, const KvPlacement& kv) {
-  if (kv.count(Tier::kGpu) > 0)
-    fail_input(
-        "policy '{}': an f16 KV cache (cf16=1) is attended on the host, but c= puts {} of {} "
-        "layers on the GPU, whose kernels read f32; set c=0/... or cf16=0",
-        policy.compact(), kv.count(Tier::kGpu), kv.tiers.size());
-  if (!policy.cpu_cache_compute)
-    fail_input(
-        "policy '{}': an f16 KV cache (cf16=1) off the GPU is attended on the host; set "
-        "cpu_attn=1 or cf16=0",
-        policy.compact());
-}
-
 }  // namespace
 
 int64_t WeightPlacement::gpu_bytes() const {
@@ -389,7 +373,6 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
       kv.layer_bytes = rows * s.head_dim * (policy.cache_f16 ? 2 : kF32);
     }
     kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
-    if (policy.cache_f16 && r.device_compute) check_f16_cache_on_host(policy, kv);
     if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
     if (r.pie) {  // as worker/kv_cache.cpp refuses and allocates it
       if (!r.device_compute)

@@ -91,7 +91,9 @@ if step engine; then
   for variant in ${ENGINE_VARIANTS:-fused before}; do
     for run in "b1 --batch 1" "b16 --batch 16" "q4-b1 --batch 1 --policy w=100/0/0,cw=1" \
                "q4-b16 --batch 16 --policy w=100/0/0,cw=1" \
-               "cc-b16 --batch 16 --policy w=100/0/0,c=100/0/0,cc=1"; do
+               "cc-b16 --batch 16 --policy w=100/0/0,c=100/0/0,cc=1" \
+               "kv16-b1 --batch 1 --policy w=100/0/0,c=100/0/0,cf16=1" \
+               "kv16-b16 --batch 16 --policy w=100/0/0,c=100/0/0,cf16=1"; do
       name=${run%% *}
       if [ -n "${ENGINE_RUNS:-}" ] && [[ " $ENGINE_RUNS " != *" $name "* ]]; then continue; fi
       env $(variant_env "$variant") timeout 200 "$STRATA" bench --model dummy:opt-6.7b \

@@ -37,11 +37,6 @@ void KvAttention::reserve(const KvCache& cache) {
     if (b.size() < bytes)
       b = host ? DeviceBuffer::host(backend_, bytes) : DeviceBuffer(backend_, bytes);
   };
-  if (off_device && !delegated && cache.dtype() != DType::kF32)
-    fail_input(
-        "an {} KV cache off the device is attended on the host: the device's kernels read f32, "
-        "so staging it there needs cpu_attn=1",
-        dtype_name(cache.dtype()));
   if (off_device && !delegated) {
     grow(staged_k_, cache.layer_bytes(), false);
     grow(staged_v_, cache.layer_bytes(), false);
@@ -109,8 +104,8 @@ void KvAttention::delegated(const float* q, const float* k, const float* v, cons
   backend_.copy(out, ho, q_bytes, CopyKind::kHostToDevice);
 }
 
-// The layer's cache (as stored: f32 or 4-bit; f16 is refused by reserve()) copied to the device and
-// back around the attention.
+// The layer's cache (as stored: f32, f16 or 4-bit) copied to the device and back around the
+// attention.
 void KvAttention::staged(const float* q, const float* k, const float* v, const StepRows& rows,
                          const LayerKv& kv, const KvCache& cache, float* out) {
   const size_t bytes = cache.layer_bytes();

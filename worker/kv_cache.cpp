@@ -44,11 +44,6 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_
   if (tiers_.size() != static_cast<size_t>(c.n_layers))
     fail_input("the plan places {} KV-cache layers but the model has {}", tiers_.size(),
                c.n_layers);
-  if (on_device_ && dtype_ != DType::kF32 && count_tier(tiers_, Tier::kGpu) > 0)
-    fail_input(
-        "{}: an {} KV cache is attended on the host, but the cache placement {} puts {} layers "
-        "on the device, whose kernels read f32",
-        c.source, dtype_name(dtype_), placement.str(), count_tier(tiers_, Tier::kGpu));
   const size_t bytes = layer_bytes();
   layers_.resize(tiers_.size());
   if (placement.pie.enabled()) {

@@ -31,8 +31,8 @@ struct CachePlacement {
   // just before attention.
   bool compress = false;
   // The elements of an uncompressed cache: kF32, or kF16 (half the bytes to hold and for
-  // attention to read; what FlexGen and llama.cpp keep). The CUDA kernels read f32 only, so
-  // an f16 cache is the host's: host compute, or the CPU tier with delegated attention.
+  // attention to read; what FlexGen and llama.cpp keep), in any tier: every backend's
+  // kv_store and attention take both.
   DType dtype = DType::kF32;
   // Per-layer tiers decided elsewhere (a cluster plan's placement); empty: from the shares.
   std::vector<Tier> tiers;

@@ -735,17 +735,15 @@ void CudaBackend::softmax(float* x, int64_t m, int64_t n) {
 }
 
 cuda_kernels::KvCacheDesc CudaBackend::cache_desc(const KvLayerView& cache) {
-  if (cache.dtype != DType::kF32)
-    fail(ErrorKind::kUnimplemented,
-         "the CUDA kernels read an f32 KV cache, not {}: an f16 cache (policy cf16=1) is "
-         "attended on the CPU (cache on the CPU tier with cpu_attn=1)",
-         dtype_name(cache.dtype));
-  return cuda_kernels::KvCacheDesc{static_cast<float*>(cache.k),
-                                   static_cast<float*>(cache.v),
+  STRATA_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kF16,
+               "the CUDA kernels read an f32 or f16 KV cache, not {}", dtype_name(cache.dtype));
+  return cuda_kernels::KvCacheDesc{cache.k,
+                                   cache.v,
                                    cache.n_kv_heads,
                                    cache.head_dim,
                                    static_cast<int64_t>(cache.slot_stride()),
-                                   static_cast<int64_t>(cache.head_stride())};
+                                   static_cast<int64_t>(cache.head_stride()),
+                                   elem_type(cache.dtype)};
 }
 
 // A table for one call whose caller brought none (a test calling the op directly); the
@@ -912,8 +910,23 @@ void CudaBackend::attention_q4(const float* q, const StepRows& step, const KvQ4L
   int64_t n_rows = 0;
   const RowDesc* rows = rows_of(step, shape_of(cache), n_rows);
   if (n_rows == 0) return;
-  STRATA_CUDA_CHECK(cuda_kernels::attention_q4(q, rows, n_rows, q4_desc(cache), dims.n_heads,
-                                               dims.scale, out, stream()));
+  const cuda_kernels::KvQ4Desc desc = q4_desc(cache);
+  // Decode rows by warps over keys where that kernel has the shape (as attention's), split
+  // results in linear's x scratch; anything else one block per (row, head).
+  if (!simple_attention_ && decode_warps_) {
+    const int32_t max_context = longest_context(step);
+    const cuda_kernels::AttentionTiling t = cuda_kernels::plan_attention(
+        n_rows, static_cast<int64_t>(step.seqs.size()), max_context, dims.n_heads, dims.n_kv_heads,
+        dims.head_dim, sm_count_, half_x_bytes_);
+    if (cuda_kernels::takes_q4_decode_kernel(t, q, desc, dims.n_heads)) {
+      STRATA_CUDA_CHECK(cuda_kernels::attention_q4_decode(
+          q, rows, n_rows, desc, dims.n_heads, dims.scale, max_context, t,
+          static_cast<float*>(half_x_.get()), out, stream(), overlap_all_));
+      return;
+    }
+  }
+  STRATA_CUDA_CHECK(
+      cuda_kernels::attention_q4(q, rows, n_rows, desc, dims.n_heads, dims.scale, out, stream()));
 }
 
 void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerView& cache,

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kv_elems.cuh"
 #include "kernels/cuda/cuda_launch.cuh"
 
 namespace strata::cuda_kernels {
@@ -419,22 +420,26 @@ size_t tile_shared_bytes(int qr, int key_tile, int hd) {
           static_cast<size_t>(qr) * key_tile + 3 * static_cast<size_t>(qr));
 }
 
-// A K or V tile (key_tile * head_dim <= kTileElems floats) in flight in registers: every
+// A K or V tile (key_tile * head_dim <= kTileElems elements) in flight in registers: every
 // thread issues all its loads before any is needed, so a tile costs one memory latency, and
-// the next tile loads while this one is computed on.
+// the next tile loads while this one is computed on. kVec: head_dim % 4 == 0 and rows
+// aligned for 4-element loads, each held as loaded (4 floats, or 4 halves of an f16 cache)
+// and widened when the tile is stored to shared memory; else one element per lane of each
+// float4, widened as it is loaded.
 constexpr int kTileElems = 4096;
-constexpr int kTileVecsPerThread = kTileElems / 4 / kTileThreads;  // float4 each
+constexpr int kTileVecsPerThread = kTileElems / 4 / kTileThreads;
+template <typename T, bool kVec>
 struct TileRegs {
-  float4 v[kTileVecsPerThread];
+  std::conditional_t<kVec, Lane<T, 4>, float4> v[kTileVecsPerThread];
 };
 
-// Loads nk keys of one (slot, kv head) -- contiguous in the cache -- into registers. kVec:
-// head_dim % 4 == 0 and 16-byte aligned rows; else one float per lane of each float4.
-template <bool kVec>
-__device__ void fetch_tile(const float* __restrict__ src, int32_t nk, int32_t hd, TileRegs& r) {
+// Loads nk keys of one (slot, kv head) -- contiguous in the cache -- into registers.
+template <typename T, bool kVec>
+__device__ void fetch_tile(const T* __restrict__ src, int32_t nk, int32_t hd,
+                           TileRegs<T, kVec>& r) {
   if constexpr (kVec) {
     const int32_t n4 = nk * hd / 4;
-    const float4* s4 = reinterpret_cast<const float4*>(src);
+    const auto* s4 = reinterpret_cast<const Lane<T, 4>*>(src);
 #pragma unroll
     for (int u = 0; u < kTileVecsPerThread; ++u) {
       const int32_t e = static_cast<int32_t>(threadIdx.x) + u * kTileThreads;
@@ -445,16 +450,16 @@ __device__ void fetch_tile(const float* __restrict__ src, int32_t nk, int32_t hd
 #pragma unroll
     for (int u = 0; u < kTileVecsPerThread; ++u) {
       const int32_t e = static_cast<int32_t>(threadIdx.x) + 4 * u * kTileThreads;
-      if (e < n) r.v[u].x = src[e];
-      if (e + kTileThreads < n) r.v[u].y = src[e + kTileThreads];
-      if (e + 2 * kTileThreads < n) r.v[u].z = src[e + 2 * kTileThreads];
-      if (e + 3 * kTileThreads < n) r.v[u].w = src[e + 3 * kTileThreads];
+      if (e < n) r.v[u].x = widen(src[e]);
+      if (e + kTileThreads < n) r.v[u].y = widen(src[e + kTileThreads]);
+      if (e + 2 * kTileThreads < n) r.v[u].z = widen(src[e + 2 * kTileThreads]);
+      if (e + 3 * kTileThreads < n) r.v[u].w = widen(src[e + 3 * kTileThreads]);
     }
   }
 }
 
-template <bool kVec>
-__device__ void store_tile(const TileRegs& r, int32_t nk, int32_t hd, float* tile) {
+template <typename T, bool kVec>
+__device__ void store_tile(const TileRegs<T, kVec>& r, int32_t nk, int32_t hd, float* tile) {
   const int32_t n = nk * hd;
 #pragma unroll
   for (int u = 0; u < kTileVecsPerThread; ++u) {
@@ -463,10 +468,12 @@ __device__ void store_tile(const TileRegs& r, int32_t nk, int32_t hd, float* til
       if (i < n) {
         const int32_t j = i / hd;  // the 4 values stay in one key's row (hd % 4 == 0)
         float* t = tile + j * (hd + 1) + (i - j * hd);
-        t[0] = r.v[u].x;
-        t[1] = r.v[u].y;
-        t[2] = r.v[u].z;
-        t[3] = r.v[u].w;
+        float f[4];
+        widen_lane<T, 4>(r.v[u], f);
+        t[0] = f[0];
+        t[1] = f[1];
+        t[2] = f[2];
+        t[3] = f[3];
       }
     } else {
       const float vals[4] = {r.v[u].x, r.v[u].y, r.v[u].z, r.v[u].w};
@@ -485,7 +492,7 @@ __device__ void store_tile(const TileRegs& r, int32_t nk, int32_t hd, float* til
 // One block: up to rows_per_tile consecutive token rows, heads_per_block query heads of one
 // kv head, keys of one split. Consecutive rows of the same KV slot (a prefill chunk) share
 // every K/V tile; rows of different slots are taken one slot-run after another.
-template <bool kVec>
+template <typename T, bool kVec>
 __global__ void __launch_bounds__(kTileThreads)
     attention_tiled_kernel(const float* q, const RowDesc* rows, int64_t n_rows, KvCacheDesc c,
                            TileArgs a, float* __restrict__ out, float* __restrict__ partial) {
@@ -516,7 +523,9 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t width = static_cast<int64_t>(a.n_heads) * hd;
   const unsigned lane = threadIdx.x & 31u;
   const int32_t warp = static_cast<int32_t>(threadIdx.x >> 5);
-  TileRegs kr, vr;
+  const T* ck = static_cast<const T*>(c.k);
+  const T* cv = static_cast<const T*>(c.v);
+  TileRegs<T, kVec> kr, vr;
 
   for (int32_t g0 = 0; g0 < nr;) {
     const int32_t slot = s_rows[g0].slot;
@@ -529,8 +538,8 @@ __global__ void __launch_bounds__(kTileThreads)
     const int64_t base =
         static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
     if (key_begin < key_end)
-      fetch_tile<kVec>(c.k + base + static_cast<int64_t>(key_begin) * hd,
-                       min(tk, key_end - key_begin), hd, kr);
+      fetch_tile<T, kVec>(ck + base + static_cast<int64_t>(key_begin) * hd,
+                          min(tk, key_end - key_begin), hd, kr);
 
     for (int32_t e = threadIdx.x; e < nq * hd; e += blockDim.x) {
       const int32_t qi = e / hd;
@@ -548,8 +557,8 @@ __global__ void __launch_bounds__(kTileThreads)
 
     for (int32_t t0 = key_begin; t0 < key_end; t0 += tk) {
       const int32_t nk = min(tk, key_end - t0);
-      store_tile<kVec>(kr, nk, hd, s_k);
-      fetch_tile<kVec>(c.v + base + static_cast<int64_t>(t0) * hd, nk, hd, vr);
+      store_tile<T, kVec>(kr, nk, hd, s_k);
+      fetch_tile<T, kVec>(cv + base + static_cast<int64_t>(t0) * hd, nk, hd, vr);
       __syncthreads();
       // Scores: thread (j, qg) takes key j against query rows qg, qg + stride, ...
       const int32_t stride = kTileThreads / tk;
@@ -581,10 +590,10 @@ __global__ void __launch_bounds__(kTileThreads)
           s_m[qi] = m_new;
         }
       }
-      store_tile<kVec>(vr, nk, hd, s_v);
+      store_tile<T, kVec>(vr, nk, hd, s_v);
       if (t0 + tk < key_end)
-        fetch_tile<kVec>(c.k + base + static_cast<int64_t>(t0 + tk) * hd,
-                         min(tk, key_end - t0 - tk), hd, kr);
+        fetch_tile<T, kVec>(ck + base + static_cast<int64_t>(t0 + tk) * hd,
+                            min(tk, key_end - t0 - tk), hd, kr);
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < kMaxOutPerThread; ++i) {
@@ -684,7 +693,8 @@ __global__ void attention_combine_kernel(const float* partial, const RowDesc* ro
 // block's warps take chunks of consecutive keys, a lane holding V of head_dim = 32 * V
 // dimensions. A warp issues the loads of a whole chunk's keys and values before it needs
 // any (values do not wait for the scores), so a lane has 2 * kChunk * 16 bytes in flight
-// and the step's cache reads are in flight together rather than tile after tile. Warps
+// (half that of an f16 cache, whose chunk is then half the bytes too) and the step's cache
+// reads are in flight together rather than tile after tile. Warps
 // keep their own online softmax; the block joins them in shared memory at the end.
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
@@ -722,15 +732,6 @@ __device__ void softmax_chunk(const float (&s)[kChunk], const float (&vr)[kChunk
     for (int v = 0; v < V; ++v) o[v] += p * vr[j][v];
   }
   m = m_new;
-}
-
-template <int V>
-__device__ void store_lane(float* p, const float (&r)[V]) {
-  if constexpr (V == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-  } else {
-    *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
-  }
 }
 
 // A row of the step's table, read after wait_for_inputs() through L2 (ld.cg, not the
@@ -805,10 +806,90 @@ __device__ void join_if_last(unsigned* arrivals, const float* partial, int64_t e
   }
 }
 
-template <int V, int G>
+// How the decode kernel reads one (slot, kv head)'s keys and values, a lane's V elements of
+// position t at a time: key(t) / value(t) load them as stored (Bits), widen() makes them f32
+// once a chunk's loads are all out. Position t's elements are 32 Bits on from t - 1's.
+// An f32 or f16 cache (T = float or __half).
+template <typename T, int V>
+struct ElemRows {
+  using Desc = KvCacheDesc;
+  using Bits = Lane<T, V>;
+  static constexpr bool kStores = true;  // takes kv_store folded in (DecodeFusion)
+  const Bits* k;
+  const Bits* v;
+  int64_t at;  // the lane's first Bits of position 0, from the cache's start
+  __device__ ElemRows(const KvCacheDesc& c, int32_t slot, int32_t kvh, int32_t lane)
+      : at((static_cast<int64_t>(slot) * c.slot_stride +
+            static_cast<int64_t>(kvh) * c.head_stride) /
+               V +
+           lane) {
+    k = static_cast<const Bits*>(c.k) + at;
+    v = static_cast<const Bits*>(c.v) + at;
+  }
+  __device__ Bits key(int32_t t) const { return k[static_cast<int64_t>(t) * 32]; }
+  __device__ Bits value(int32_t t) const { return v[static_cast<int64_t>(t) * 32]; }
+  __device__ static void widen(const Bits& b, float (&r)[V]) { widen_lane<T, V>(b, r); }
+  // New rows as the cache stores them (rounded to its element), and stored at position t.
+  __device__ static Bits narrow(const float (&r)[V]) { return narrow_lane<T, V>(r); }
+  __device__ void put(const KvCacheDesc& c, int32_t t, const Bits& kb, const Bits& vb) const {
+    static_cast<Bits*>(c.k)[at + static_cast<int64_t>(t) * 32] = kb;
+    static_cast<Bits*>(c.v)[at + static_cast<int64_t>(t) * 32] = vb;
+  }
+};
+template <int V>
+using F32Rows = ElemRows<float, V>;
+template <int V>
+using F16Rows = ElemRows<__half, V>;
+
+// A 4-bit cache read as stored (policy cc): a lane's V codes (V / 2 bytes) and its group's
+// min and scale; widen() decodes each element as code * scale + min with one rounding
+// (fmaf), as the CPU does. The lane's elements lie in one group (group % V == 0).
+template <int V>
+struct Q4Rows {
+  using Desc = KvQ4Desc;
+  using Codes = std::conditional_t<V == 4, unsigned short, unsigned char>;
+  struct Bits {
+    Codes codes;
+    float mn, sc;
+  };
+  static constexpr bool kStores = false;
+  const Codes* kc;
+  const Codes* vc;
+  const float *kmin, *kscale, *vmin, *vscale;
+  int32_t gpr;  // groups a row
+  __device__ Q4Rows(const KvQ4Desc& c, int32_t slot, int32_t kvh, int32_t lane)
+      : gpr(c.head_dim / c.group) {
+    const int64_t first = (static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity;
+    const Q4Ptrs kb = q4_ptrs(c.k, c), vb = q4_ptrs(c.v, c);
+    kc = reinterpret_cast<const Codes*>(kb.codes + first * c.head_dim / 2) + lane;
+    vc = reinterpret_cast<const Codes*>(vb.codes + first * c.head_dim / 2) + lane;
+    const int64_t g = first * gpr + lane * V / c.group;
+    kmin = kb.mins + g, kscale = kb.scales + g;
+    vmin = vb.mins + g, vscale = vb.scales + g;
+  }
+  __device__ Bits key(int32_t t) const {
+    const int64_t g = static_cast<int64_t>(t) * gpr;
+    return {kc[static_cast<int64_t>(t) * 32], kmin[g], kscale[g]};
+  }
+  __device__ Bits value(int32_t t) const {
+    const int64_t g = static_cast<int64_t>(t) * gpr;
+    return {vc[static_cast<int64_t>(t) * 32], vmin[g], vscale[g]};
+  }
+  __device__ static void widen(const Bits& b, float (&r)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      r[i] = fmaf(static_cast<float>((b.codes >> (4 * i)) & 0xF), b.sc, b.mn);
+  }
+};
+
+// Rows: how the cache is read (F32Rows, F16Rows, Q4Rows).
+template <template <int> class RowsOf, int V, int G>
 __global__ void __launch_bounds__(kDecodeThreads)
-    attention_decode_kernel(const float* q, const RowDesc* rows, KvCacheDesc c, TileArgs a,
-                            DecodeFusion f, float* __restrict__ out, float* __restrict__ partial) {
+    attention_decode_kernel(const float* q, const RowDesc* rows, typename RowsOf<V>::Desc c,
+                            TileArgs a, DecodeFusion f, float* __restrict__ out,
+                            float* __restrict__ partial) {
+  using Rows = RowsOf<V>;
+  using Bits = typename Rows::Bits;
   constexpr int kHd = 32 * V;
   constexpr int kChunk = G <= 2 ? 8 : 4;  // keys a warp has in flight (registers: G x kChunk)
   __shared__ float s_o[kDecodeWarps * G * kHd];
@@ -832,36 +913,45 @@ __global__ void __launch_bounds__(kDecodeThreads)
     m[g] = -INFINITY;
     l[g] = 0.0f;
   }
-  const int64_t base =
-      static_cast<int64_t>(d.slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
-  const float* kb = c.k + base + lane * V;
-  const float* vb = c.v + base + lane * V;
-  // kv_store folded in: the new key and value come from the step's rows, and the split that
-  // holds position pos writes them to the cache (no block reads them from there).
-  const int32_t new_pos = f.k_new != nullptr ? d.pos : -1;
-  const int64_t new_at = static_cast<int64_t>(d.row) * c.n_kv_heads * kHd + kvh * kHd + lane * V;
-  if (new_pos >= key_begin && new_pos < key_end && warp == 0) {
-    float kr[V], vr[V];
-    load_lane<V>(f.k_new + new_at, kr);
-    load_lane<V>(f.v_new + new_at, vr);
-    store_lane<V>(c.k + base + static_cast<int64_t>(new_pos) * kHd + lane * V, kr);
-    store_lane<V>(c.v + base + static_cast<int64_t>(new_pos) * kHd + lane * V, vr);
+  const Rows kv(c, d.slot, kvh, lane);
+  // kv_store folded in (an f32 or f16 cache): the new key and value come from the step's
+  // rows, rounded as the cache stores them, and the split that holds position pos writes
+  // them to the cache (no block reads them from there).
+  int32_t new_pos = -1;
+  Bits k_new{}, v_new{};
+  if constexpr (Rows::kStores) {
+    new_pos = f.k_new != nullptr ? d.pos : -1;
+    if (new_pos >= key_begin && new_pos < key_end) {
+      const int64_t at = static_cast<int64_t>(d.row) * c.n_kv_heads * kHd + kvh * kHd + lane * V;
+      float kr[V], vr[V];
+      load_lane<V>(f.k_new + at, kr);
+      load_lane<V>(f.v_new + at, vr);
+      k_new = Rows::narrow(kr);
+      v_new = Rows::narrow(vr);
+      if (warp == 0) kv.put(c, new_pos, k_new, v_new);
+    }
   }
   for (int32_t t0 = key_begin + warp * kChunk; t0 < key_end; t0 += kDecodeWarps * kChunk) {
-    float kr[kChunk][V], vr[kChunk][V];
+    Bits kl[kChunk], vl[kChunk];  // loaded as stored; widened below, once all are out
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
       const int32_t t = t0 + j;
       if (t == new_pos) {
-        load_lane<V>(f.k_new + new_at, kr[j]);
-        load_lane<V>(f.v_new + new_at, vr[j]);
+        kl[j] = k_new;
+        vl[j] = v_new;
       } else if (t < key_end) {
-        load_lane<V>(kb + static_cast<int64_t>(t) * kHd, kr[j]);
-        load_lane<V>(vb + static_cast<int64_t>(t) * kHd, vr[j]);
+        kl[j] = kv.key(t);
+        vl[j] = kv.value(t);
       } else {
-#pragma unroll
-        for (int v = 0; v < V; ++v) kr[j][v] = vr[j][v] = 0.0f;
+        kl[j] = Bits{};  // all-zero bits: 0.0 in f32, f16 and 4-bit
+        vl[j] = Bits{};
       }
+    }
+    float kr[kChunk][V], vr[kChunk][V];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      Rows::widen(kl[j], kr[j]);
+      Rows::widen(vl[j], vr[j]);
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -908,29 +998,38 @@ __global__ void __launch_bounds__(kDecodeThreads)
     join_if_last<G, kHd>(f.arrivals, partial, entry, kvh, a, out + d.row * width);
 }
 
-using DecodeKernel = void (*)(const float*, const RowDesc*, KvCacheDesc, TileArgs, DecodeFusion,
-                              float*, float*);
+template <class Desc>
+using DecodeKernel = void (*)(const float*, const RowDesc*, Desc, TileArgs, DecodeFusion, float*,
+                              float*);
 
-template <int V>
-DecodeKernel decode_kernel_for_group(int32_t group) {
+template <template <int> class RowsOf, int V>
+DecodeKernel<typename RowsOf<V>::Desc> decode_kernel_for_group(int32_t group) {
   switch (group) {
     case 1:
-      return attention_decode_kernel<V, 1>;
+      return attention_decode_kernel<RowsOf, V, 1>;
     case 2:
-      return attention_decode_kernel<V, 2>;
+      return attention_decode_kernel<RowsOf, V, 2>;
     case 4:
-      return attention_decode_kernel<V, 4>;
+      return attention_decode_kernel<RowsOf, V, 4>;
     case 8:
-      return attention_decode_kernel<V, 8>;
+      return attention_decode_kernel<RowsOf, V, 8>;
     default:
       return nullptr;
   }
 }
 
-// The warps-over-keys kernel for this head_dim and group, or null where it has none.
-DecodeKernel decode_kernel_for(int32_t head_dim, int32_t group) {
-  if (head_dim == 64) return decode_kernel_for_group<2>(group);
-  if (head_dim == 128) return decode_kernel_for_group<4>(group);
+template <template <int> class RowsOf>
+DecodeKernel<typename RowsOf<2>::Desc> decode_kernel_for_head_dim(int32_t head_dim, int32_t group) {
+  if (head_dim == 64) return decode_kernel_for_group<RowsOf, 2>(group);
+  if (head_dim == 128) return decode_kernel_for_group<RowsOf, 4>(group);
+  return nullptr;
+}
+
+// The warps-over-keys kernel for this cache element, head_dim and group, or null where it
+// has none.
+DecodeKernel<KvCacheDesc> decode_kernel_for(ElemType elem, int32_t head_dim, int32_t group) {
+  if (elem == ElemType::kF32) return decode_kernel_for_head_dim<F32Rows>(head_dim, group);
+  if (elem == ElemType::kF16) return decode_kernel_for_head_dim<F16Rows>(head_dim, group);
   return nullptr;
 }
 
@@ -941,11 +1040,59 @@ bool takes_decode_kernel(const AttentionTiling& t, const float* q, const KvCache
                          int32_t n_heads) {
   return t.decode_warps && t.rows_per_tile == 1 && c.n_kv_heads > 0 &&
          n_heads % c.n_kv_heads == 0 && t.heads_per_block == n_heads / c.n_kv_heads &&
-         decode_kernel_for(c.head_dim, t.heads_per_block) != nullptr && aligned16(q) &&
+         decode_kernel_for(c.elem, c.head_dim, t.heads_per_block) != nullptr && aligned16(q) &&
          aligned16(c.k) && aligned16(c.v);
 }
 
+// What one launch does under the tiling `t`.
+TileArgs tile_args(const AttentionTiling& t, int32_t n_heads, int32_t n_kv_heads, float scale,
+                   int32_t max_context) {
+  TileArgs a;
+  a.n_heads = n_heads;
+  a.group = n_heads / n_kv_heads;
+  a.heads_per_block = t.heads_per_block;
+  a.blocks_per_kv = (a.group + t.heads_per_block - 1) / t.heads_per_block;
+  a.rows_per_tile = t.rows_per_tile;
+  a.key_tile = t.key_tile;
+  a.splits = t.splits;
+  const int32_t ctx = max_context > 0 ? max_context : 1;
+  a.keys_per_split = t.splits == 1 ? INT32_MAX : split_keys(ctx, t.splits, t.key_tile);
+  a.scale = scale;
+  return a;
+}
+
 }  // namespace
+
+bool takes_q4_decode_kernel(const AttentionTiling& t, const float* q, const KvQ4Desc& c,
+                            int32_t n_heads) {
+  const int32_t lane_elems = c.head_dim / 32;
+  return t.decode_warps && t.rows_per_tile == 1 && t.splits >= 1 && t.splits <= kMaxSplits &&
+         c.n_kv_heads > 0 && n_heads % c.n_kv_heads == 0 &&
+         t.heads_per_block == n_heads / c.n_kv_heads &&
+         decode_kernel_for_head_dim<Q4Rows>(c.head_dim, t.heads_per_block) != nullptr &&
+         c.group > 0 && c.head_dim % c.group == 0 && c.group % lane_elems == 0 && aligned16(q) &&
+         aligned16(c.k) && aligned16(c.v);
+}
+
+KernelStatus attention_q4_decode(const float* q, const RowDesc* rows, int64_t n_rows,
+                                 const KvQ4Desc& cache, int32_t n_heads, float scale,
+                                 int32_t max_context, const AttentionTiling& t, float* partial,
+                                 float* out, StreamHandle stream, bool overlap) {
+  if (n_rows <= 0 || n_heads <= 0) return {};
+  if (!takes_q4_decode_kernel(t, q, cache, n_heads) || (t.splits > 1 && partial == nullptr))
+    return invalid();
+  const TileArgs a = tile_args(t, n_heads, cache.n_kv_heads, scale, max_context);
+  const cudaStream_t s = as_stream(stream);
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
+                  static_cast<unsigned>(t.splits));
+  launch(decode_kernel_for_head_dim<Q4Rows>(cache.head_dim, a.group), grid, kDecodeThreads, 0,
+         overlap, s, q, rows, cache, a, DecodeFusion{}, out, partial);
+  if (t.splits > 1) {
+    launch(attention_combine_kernel, dim3(static_cast<unsigned>(n_rows * n_heads)), 128, 0, overlap,
+           s, partial, rows, n_heads, cache.head_dim, t.splits, out);
+  }
+  return last_status();
+}
 
 bool decode_fusion_fits(const AttentionTiling& t, const float* q, const KvCacheDesc& cache,
                         int32_t n_heads, const DecodeFusion& f) {
@@ -1018,7 +1165,9 @@ AttentionTiling plan_attention(int64_t n_rows, int64_t n_seqs, int32_t max_conte
   // prefill chunk share their slot's tiles, so a block takes as many as fit.
   const bool decode = n_rows <= 2 * n_seqs;
   t.rows_per_tile = decode ? 1 : std::max(1, qr_max / t.heads_per_block);
-  t.decode_warps = allow_decode_warps && decode && decode_kernel_for(head_dim, group) != nullptr;
+  // Both cache elements have the same kernels (decode_kernel_for).
+  t.decode_warps =
+      allow_decode_warps && decode && decode_kernel_for(ElemType::kF32, head_dim, group) != nullptr;
   if (t.decode_warps) t.heads_per_block = group;
   const int64_t blocks = (n_rows + t.rows_per_tile - 1) / t.rows_per_tile * n_kv_heads *
                          ((group + t.heads_per_block - 1) / t.heads_per_block);
@@ -1062,35 +1211,29 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
       t.rows_per_tile * t.heads_per_block * hd > kMaxOutputs || kTileThreads % t.key_tile != 0 ||
       t.splits <= 0 || t.splits > kMaxSplits ||
       (t.splits > 1 && (partial == nullptr || t.rows_per_tile != 1)) ||
-      (t.decode_warps && t.rows_per_tile != 1))
+      (t.decode_warps && t.rows_per_tile != 1) ||
+      (cache.elem != ElemType::kF32 && cache.elem != ElemType::kF16))
     return invalid();
-  TileArgs a;
-  a.n_heads = n_heads;
-  a.group = n_heads / cache.n_kv_heads;
-  a.heads_per_block = t.heads_per_block;
-  a.blocks_per_kv = (a.group + t.heads_per_block - 1) / t.heads_per_block;
-  a.rows_per_tile = t.rows_per_tile;
-  a.key_tile = t.key_tile;
-  a.splits = t.splits;
-  const int32_t ctx = max_context > 0 ? max_context : 1;
-  a.keys_per_split = t.splits == 1 ? INT32_MAX : split_keys(ctx, t.splits, t.key_tile);
-  a.scale = scale;
+  const TileArgs a = tile_args(t, n_heads, cache.n_kv_heads, scale, max_context);
   const dim3 grid(static_cast<unsigned>((n_rows + t.rows_per_tile - 1) / t.rows_per_tile),
                   static_cast<unsigned>(cache.n_kv_heads * a.blocks_per_kv),
                   static_cast<unsigned>(t.splits));
   const size_t shared = attention_tiled_shared_bytes(t, hd);
   const cudaStream_t s = as_stream(stream);
   const bool vec = hd % 4 == 0 && aligned16(cache.k) && aligned16(cache.v);
+  const bool half = cache.elem == ElemType::kF16;
   if (fusion.any() && !decode_fusion_fits(t, q, cache, n_heads, fusion)) return invalid();
   if (takes_decode_kernel(t, q, cache, n_heads)) {
-    const DecodeKernel decode = decode_kernel_for(hd, a.group);
+    const DecodeKernel<KvCacheDesc> decode = decode_kernel_for(cache.elem, hd, a.group);
     const dim3 grid_d(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
                       static_cast<unsigned>(t.splits));
     launch(decode, grid_d, kDecodeThreads, 0, overlap, s, q, rows, cache, a, fusion, out, partial);
     if (t.splits > 1 && fusion.arrivals != nullptr) return last_status();
   } else {
-    launch(vec ? attention_tiled_kernel<true> : attention_tiled_kernel<false>, grid, kTileThreads,
-           shared, overlap, s, q, rows, n_rows, cache, a, out, partial);
+    const auto tiled =
+        half ? (vec ? attention_tiled_kernel<__half, true> : attention_tiled_kernel<__half, false>)
+             : (vec ? attention_tiled_kernel<float, true> : attention_tiled_kernel<float, false>);
+    launch(tiled, grid, kTileThreads, shared, overlap, s, q, rows, n_rows, cache, a, out, partial);
   }
   if (t.splits > 1) {
     launch(attention_combine_kernel, dim3(static_cast<unsigned>(n_rows * n_heads)), 128, 0, overlap,

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kv_elems.cuh"
 #include "kernels/cuda/cuda_launch.cuh"
 
 namespace strata::cuda_kernels {
@@ -318,7 +319,8 @@ __global__ void softmax_kernel(float* x, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
 }
 
-// Grid (flat row, kv head); threads over head_dim.
+// Grid (flat row, kv head); threads over head_dim. T: the cache's element (float or __half).
+template <typename T>
 __global__ void kv_store_kernel(const float* k, const float* v, const RowDesc* rows,
                                 KvCacheDesc c) {
   let_dependents_launch();
@@ -330,25 +332,32 @@ __global__ void kv_store_kernel(const float* k, const float* v, const RowDesc* r
   const int64_t dst = static_cast<int64_t>(d.slot) * c.slot_stride +
                       static_cast<int64_t>(h) * c.head_stride +
                       static_cast<int64_t>(d.pos) * c.head_dim;
+  T* kc = static_cast<T*>(c.k) + dst;
+  T* vc = static_cast<T*>(c.v) + dst;
   for (int32_t i = threadIdx.x; i < c.head_dim; i += blockDim.x) {
-    c.k[dst + i] = k[src + i];
-    c.v[dst + i] = v[src + i];
+    kc[i] = narrow<T>(k[src + i]);
+    vc[i] = narrow<T>(v[src + i]);
   }
 }
 
-// The key and value rows of one (slot, kv head) of an f32 cache, [capacity, head_dim].
-struct F32HeadRows {
-  const float* k;
-  const float* v;
+// The key and value rows of one (slot, kv head) of an f32 or f16 cache, [capacity, head_dim].
+template <typename T>
+struct HeadRows {
+  const T* k;
+  const T* v;
   int32_t hd;
-  __device__ F32HeadRows(const KvCacheDesc& c, int32_t slot, int32_t kvh) : hd(c.head_dim) {
+  __device__ HeadRows(const KvCacheDesc& c, int32_t slot, int32_t kvh) : hd(c.head_dim) {
     const int64_t base =
         static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
-    k = c.k + base;
-    v = c.v + base;
+    k = static_cast<const T*>(c.k) + base;
+    v = static_cast<const T*>(c.v) + base;
   }
-  __device__ float key(int32_t p, int32_t i) const { return k[static_cast<int64_t>(p) * hd + i]; }
-  __device__ float value(int32_t p, int32_t i) const { return v[static_cast<int64_t>(p) * hd + i]; }
+  __device__ float key(int32_t p, int32_t i) const {
+    return widen(k[static_cast<int64_t>(p) * hd + i]);
+  }
+  __device__ float value(int32_t p, int32_t i) const {
+    return widen(v[static_cast<int64_t>(p) * hd + i]);
+  }
 };
 
 // Grid (flat row, query head), kAttnThreads threads. The keys 0 .. pos are visited in tiles
@@ -356,7 +365,7 @@ struct F32HeadRows {
 // the running denominator l and the output accumulators are rescaled by exp(m_old - m_new)
 // whenever a tile raises the maximum, so any context length fits in fixed shared memory.
 // Each thread owns output dimensions tid, tid + kAttnThreads, ... (< head_dim). HeadRows
-// reads one (slot, kv head)'s keys and values from a Cache (F32HeadRows, Q4HeadRows).
+// reads one (slot, kv head)'s keys and values from a Cache (HeadRows<T>, Q4HeadRows).
 template <class Cache, class HeadRows>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, const RowDesc* rows, Cache c, int32_t n_heads, int32_t group,
@@ -438,18 +447,6 @@ KernelStatus f32_to_half(const float* src, void* dst, ElemType dst_type, int64_t
 }
 
 namespace {
-
-struct Q4Ptrs {
-  unsigned char* codes;
-  float* mins;
-  float* scales;
-};
-
-__device__ Q4Ptrs q4_ptrs(void* blob, const KvQ4Desc& c) {
-  auto* codes = static_cast<unsigned char*>(blob);
-  auto* mins = reinterpret_cast<float*>(codes + c.rows * c.head_dim / 2);
-  return {codes, mins, mins + c.rows * (c.head_dim / c.group)};
-}
 
 // One group of `n` values: min/scale as kernels/quant.cpp computes them (non-finite: zeros).
 __device__ void quantize_group_dev(const float* x, int n, unsigned char* codes, float* min_out,
@@ -636,9 +633,11 @@ KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream) {
 KernelStatus kv_store(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,
                       const KvCacheDesc& cache, StreamHandle stream, bool overlap) {
   if (n_rows <= 0 || cache.n_kv_heads <= 0 || cache.head_dim <= 0) return {};
+  if (cache.elem != ElemType::kF32 && cache.elem != ElemType::kF16)
+    return KernelStatus{static_cast<int>(cudaErrorInvalidValue)};
   const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads));
-  launch(kv_store_kernel, grid, row_threads(cache.head_dim), 0, overlap, as_stream(stream), k, v,
-         rows, cache);
+  launch(cache.elem == ElemType::kF16 ? kv_store_kernel<__half> : kv_store_kernel<float>, grid,
+         row_threads(cache.head_dim), 0, overlap, as_stream(stream), k, v, rows, cache);
   return last_status();
 }
 
@@ -647,12 +646,15 @@ KernelStatus attention(const float* q, const RowDesc* rows, int64_t n_rows,
                        StreamHandle stream) {
   if (n_rows <= 0 || n_heads <= 0) return {};
   if (cache.head_dim <= 0 || cache.head_dim > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
-      n_heads % cache.n_kv_heads != 0)
+      n_heads % cache.n_kv_heads != 0 ||
+      (cache.elem != ElemType::kF32 && cache.elem != ElemType::kF16))
     return KernelStatus{static_cast<int>(cudaErrorInvalidValue)};
   const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(n_heads));
   const size_t shared = static_cast<size_t>(cache.head_dim + kAttnThreads) * sizeof(float);
-  attention_kernel<KvCacheDesc, F32HeadRows><<<grid, kAttnThreads, shared, as_stream(stream)>>>(
-      q, rows, cache, n_heads, n_heads / cache.n_kv_heads, scale, out);
+  const auto kernel = cache.elem == ElemType::kF16 ? attention_kernel<KvCacheDesc, HeadRows<__half>>
+                                                   : attention_kernel<KvCacheDesc, HeadRows<float>>;
+  kernel<<<grid, kAttnThreads, shared, as_stream(stream)>>>(q, rows, cache, n_heads,
+                                                            n_heads / cache.n_kv_heads, scale, out);
   return last_status();
 }
 

@@ -70,14 +70,16 @@ KernelStatus relu(float* x, int64_t n, StreamHandle stream);
 KernelStatus add(float* y, const float* x, int64_t n, StreamHandle stream);
 KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream);
 
-// Cache layout as KvLayerView: [slot][kv_head][capacity][head_dim].
+// Cache layout as KvLayerView: [slot][kv_head][capacity][head_dim], elements f32 or f16
+// (policy cf16: stored rounded to nearest even, read widened to f32).
 struct KvCacheDesc {
-  float* k;
-  float* v;
+  void* k;
+  void* v;
   int32_t n_kv_heads;
   int32_t head_dim;
-  int64_t slot_stride;  // elements
-  int64_t head_stride;  // elements
+  int64_t slot_stride;             // elements
+  int64_t head_stride;             // elements
+  ElemType elem = ElemType::kF32;  // kF32 or kF16
 };
 
 // Writes k/v rows ([*, n_kv_heads * head_dim]) of every RowDesc into the cache.
@@ -222,5 +224,19 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
                              int32_t max_context, const AttentionTiling& t, float* partial,
                              float* out, StreamHandle stream, bool overlap = false,
                              const DecodeFusion& fusion = {});
+// Whether the warps-over-keys kernel takes a step over a 4-bit cache tiled by `t`
+// (t.decode_warps, head_dim 64 or 128, a whole group of 1, 2, 4 or 8 query heads a block, a
+// lane's head_dim / 32 elements within one of the cache's groups, q and the blobs 16-byte
+// aligned). Else attention_q4's kernel takes it.
+bool takes_q4_decode_kernel(const AttentionTiling& t, const float* q, const KvQ4Desc& cache,
+                            int32_t n_heads);
+// attention_q4 (same contract) by that kernel: each key and value decoded in registers from
+// its codes and its group's min and scale, a chunk's loads all in flight; splits joined by
+// the combine kernel (`partial` as attention_tiled's). cudaErrorInvalidValue, nothing
+// launched, where takes_q4_decode_kernel does not hold.
+KernelStatus attention_q4_decode(const float* q, const RowDesc* rows, int64_t n_rows,
+                                 const KvQ4Desc& cache, int32_t n_heads, float scale,
+                                 int32_t max_context, const AttentionTiling& t, float* partial,
+                                 float* out, StreamHandle stream, bool overlap = false);
 
 }  // namespace strata::cuda_kernels

@@ -173,5 +173,46 @@ TEST(AttentionPlan, DecodeFusionFitsOnlyTheWarpsOverKeysKernel) {
   EXPECT_FALSE(decode_fusion_fits(opt, at(0x50000), cache, 64, both));
 }
 
+// Which steps over a 4-bit cache the warps-over-keys kernel takes (takes_q4_decode_kernel,
+// host code): decode rows of head_dim 64 or 128 and a group it has, a lane's head_dim / 32
+// elements inside one of the cache's groups, q and both blobs 16-byte aligned.
+TEST(AttentionPlan, FourBitDecodeKernelTakesWhatItsLanesCanRead) {
+  const auto at = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  const float* q = reinterpret_cast<const float*>(uintptr_t{0x50000});
+  // OPT-6.7B's decode step: head_dim 128, groups of 64 (KvQ4LayerView::group_for).
+  const KvQ4Desc cache{at(0x10000), at(0x20000), 32 * 544, 32, 544, 128, 64};
+  const AttentionTiling decode = plan_attention(1, 1, 528, 32, 32, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_TRUE(takes_q4_decode_kernel(decode, q, cache, 32));
+  KvQ4Desc g = cache;
+  for (int32_t group : {4, 8, 32, 128}) {
+    g.group = group;
+    EXPECT_TRUE(takes_q4_decode_kernel(decode, q, g, 32)) << group;
+  }
+  g.group = 2;  // a lane's 4 elements would span two groups
+  EXPECT_FALSE(takes_q4_decode_kernel(decode, q, g, 32));
+  g.group = 6;  // does not divide head_dim
+  EXPECT_FALSE(takes_q4_decode_kernel(decode, q, g, 32));
+  KvQ4Desc hd64 = cache;  // two elements a lane: groups of 2 are whole
+  hd64.head_dim = 64;
+  hd64.group = 2;
+  const AttentionTiling t64 = plan_attention(1, 1, 528, 32, 32, 64, kSms, 4 * kKiB * kKiB);
+  EXPECT_TRUE(takes_q4_decode_kernel(t64, q, hd64, 32));
+  KvQ4Desc hd96 = cache;
+  hd96.head_dim = 96;
+  hd96.group = 48;
+  const AttentionTiling t96 = plan_attention(1, 1, 528, 32, 32, 96, kSms, 4 * kKiB * kKiB);
+  EXPECT_FALSE(takes_q4_decode_kernel(t96, q, hd96, 32));
+  // Prefill rows, the benchmark switch, another step's heads, misaligned pointers: not.
+  const AttentionTiling prefill = plan_attention(40, 2, 528, 32, 32, 128, kSms, 4 * kKiB * kKiB);
+  EXPECT_FALSE(takes_q4_decode_kernel(prefill, q, cache, 32));
+  const AttentionTiling tiled = plan_attention(1, 1, 528, 32, 32, 128, kSms, 4 * kKiB, false);
+  EXPECT_FALSE(takes_q4_decode_kernel(tiled, q, cache, 32));
+  EXPECT_FALSE(takes_q4_decode_kernel(decode, q, cache, 64));
+  EXPECT_FALSE(takes_q4_decode_kernel(decode, q + 1, cache, 32));
+  KvQ4Desc off = cache;
+  off.v = at(0x20008);
+  EXPECT_FALSE(takes_q4_decode_kernel(decode, q, off, 32));
+}
+
 }  // namespace
 }  // namespace strata::cuda_kernels

@@ -490,8 +490,8 @@ constexpr int32_t kHeads = 4, kKvHeads = 2, kHd = 16, kSlots = 2, kCap = 12;
 const std::vector<SeqSlice> kSeqs = {{0, 3, 5, 1}, {3, 1, 8, 0}};
 constexpr int64_t kNewRows = 4, kKvW = kKvHeads * kHd;
 
-KvLayerView view_of(float* k, float* v) {
-  return {k, v, kSlots, kCap, kKvHeads, kHd};
+KvLayerView view_of(void* k, void* v, DType dtype = DType::kF32) {
+  return {k, v, kSlots, kCap, kKvHeads, kHd, dtype};
 }
 size_t cache_elems() {
   return static_cast<size_t>(kSlots) * kKvHeads * kCap * kHd;
@@ -580,6 +580,55 @@ Outcome op_attention(Backend& b, bool table) {
   b.attention(dq.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data()),
               {kHeads, kKvHeads, kHd, kAttnScale}, dout.data());
   return outcome(dout, attention_ref(q, kc, vc, kAttnScale));
+}
+
+// An f16 cache (policy cf16) holds each element rounded to nearest even (f32_to_f16, checked
+// against the format's definition in test_cpu_backend); the reference reads those values.
+std::vector<uint16_t> as_f16(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_f16(x[i]);
+  return h;
+}
+Ref f16_values(const std::vector<uint16_t>& h) {
+  Ref r(h.size());
+  for (size_t i = 0; i < h.size(); ++i) r[i] = f16_to_f32(h[i]);
+  return r;
+}
+Outcome outcome(const DevVec<uint16_t>& out, const Ref& ref) {
+  const std::vector<uint16_t> h = out.download();
+  std::vector<float> got(h.size());
+  for (size_t i = 0; i < h.size(); ++i) got[i] = f16_to_f32(h[i]);
+  return {norm_err(got, ref), out.guards_intact()};
+}
+
+// kv_store into an f16 cache: the new rows rounded, every other element as it was.
+Outcome op_kv_store_f16(Backend& b, bool table) {
+  const std::vector<float> k = random_floats(kNewRows * kKvW, 33, -3, 3),
+                           v = random_floats(kNewRows * kKvW, 34);
+  const std::vector<uint16_t> k0 = as_f16(random_floats(cache_elems(), 35)),
+                              v0 = as_f16(random_floats(cache_elems(), 36));
+  DevVec<float> dk(b, k), dv(b, v);
+  DevVec<uint16_t> ck(b, k0), cv(b, v0);
+  DeviceBuffer holder;
+  b.kv_store(dk.data(), dv.data(), step_rows(b, table, holder),
+             view_of(ck.data(), cv.data(), DType::kF16));
+  Ref rk = f16_values(k0), rv = f16_values(v0);
+  place_rows(kSeqs, f16_values(as_f16(k)), f16_values(as_f16(v)), rk, rv);
+  const Outcome a = outcome(ck, rk), c = outcome(cv, rv);
+  return {std::max(a.err, c.err), a.guards && c.guards};
+}
+
+// Attention over an f16 cache: the definition over the values the cache holds.
+Outcome op_attention_f16(Backend& b, bool table) {
+  const std::vector<uint16_t> kc = as_f16(random_floats(cache_elems(), 37, -3, 3)),
+                              vc = as_f16(random_floats(cache_elems(), 38));
+  const std::vector<float> q = random_floats(kNewRows * kHeads * kHd, 39, -2, 2);
+  DevVec<float> dq(b, q), dout(b, std::vector<float>(q.size()));
+  DevVec<uint16_t> ck(b, kc), cv(b, vc);
+  DeviceBuffer holder;
+  b.attention(dq.data(), step_rows(b, table, holder), view_of(ck.data(), cv.data(), DType::kF16),
+              {kHeads, kKvHeads, kHd, kAttnScale}, dout.data());
+  return outcome(dout, attention_ref(q, f16_values(kc), f16_values(vc), kAttnScale));
 }
 
 // kv_store_q4 then kv_dequantize: the stored rows come back as the naive round trip of
@@ -692,11 +741,15 @@ const std::vector<OpCase>& op_table() {
       {"softmax", op_softmax, 1e-5, 1e-5},
       {"kv_store", [](Backend& b) { return op_kv_store(b, false); }, 0, 0},
       {"attention", [](Backend& b) { return op_attention(b, false); }, 1e-5, 1e-4},
+      {"kv_store_f16", [](Backend& b) { return op_kv_store_f16(b, false); }, 0, 0},
+      {"attention_f16", [](Backend& b) { return op_attention_f16(b, false); }, 1e-5, 1e-4},
       {"kv_store_q4+kv_dequantize", [](Backend& b) { return op_kv_q4(b, false); }, 1e-5, 1e-5},
       {"attention_q4", [](Backend& b) { return op_attention_q4(b, false); }, 1e-5, 1e-4},
       // The same with the step's row table in the backend's memory (the engine's path).
       {"kv_store_table", [](Backend& b) { return op_kv_store(b, true); }, 0, 0},
       {"attention_table", [](Backend& b) { return op_attention(b, true); }, 1e-5, 1e-4},
+      {"kv_store_f16_table", [](Backend& b) { return op_kv_store_f16(b, true); }, 0, 0},
+      {"attention_f16_table", [](Backend& b) { return op_attention_f16(b, true); }, 1e-5, 1e-4},
       {"kv_store_q4+kv_dequantize_table", [](Backend& b) { return op_kv_q4(b, true); }, 1e-5, 1e-5},
       {"attention_q4_table", [](Backend& b) { return op_attention_q4(b, true); }, 1e-5, 1e-4},
   };

@@ -1050,10 +1050,28 @@ using CudaAttentionTest = CudaParamTest<AttnCase>;
 // output) around random histories, the step's new k and v rows, and q.
 struct AttnInputs {
   std::vector<float> kc, vc, k_new, v_new, q;
-  KvLayerView view(float* k, float* v, const AttnCase& c) const {
-    return KvLayerView{k, v, c.n_slots, c.capacity, c.n_kv_heads, c.head_dim};
+  KvLayerView view(void* k, void* v, const AttnCase& c, DType dtype = DType::kF32) const {
+    return KvLayerView{k, v, c.n_slots, c.capacity, c.n_kv_heads, c.head_dim, dtype};
   }
 };
+
+// A cache's elements as stored in a cache of `dtype`: f32 as they are, or f16 rounded to
+// nearest even (NaN stays NaN), as kernels/dtype.h's f32_to_f16 rounds.
+std::vector<uint8_t> cache_bytes(const std::vector<float>& elems, DType dtype) {
+  std::vector<uint8_t> out(elems.size() * dtype_size(dtype));
+  for (size_t i = 0; i < elems.size(); ++i) {
+    if (dtype == DType::kF16) {
+      const uint16_t h = f32_to_f16(elems[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(out.data() + 4 * i, &elems[i], 4);
+    }
+  }
+  return out;
+}
+
+// Both element types of an uncompressed cache: f32, and f16 (policy cf16).
+constexpr DType kCacheTypes[] = {DType::kF32, DType::kF16};
 
 AttnInputs attn_inputs(const AttnCase& c) {
   AttnInputs in;
@@ -1119,85 +1137,102 @@ void reserve_split_scratch(Backend& b) {
   b.reserve(bounds);
 }
 
+// kv_store and attention over an f32 and an f16 cache: the device's cache bytes equal the
+// CPU's (f16 rounded to nearest even by both), and the attention of each of its kernels the
+// CPU's over them.
 TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
   const AttnCase& c = GetParam();
-  AttnInputs in = attn_inputs(c);
-  std::vector<float>& kc = in.kc;
-  std::vector<float>& vc = in.vc;
-  const std::vector<float>& q = in.q;
-  DeviceGuarded<float> dkc(gpu(), kc), dvc(gpu(), vc), dk(gpu(), in.k_new), dv(gpu(), in.v_new),
-      dq(gpu(), q);
-  const KvLayerView host_view = in.view(kc.data(), vc.data(), c);
-  const KvLayerView dev_view = in.view(dkc.data(), dvc.data(), c);
-
-  cpu().kv_store(in.k_new.data(), in.v_new.data(), c.seqs, host_view);
-  gpu().kv_store(dk.data(), dv.data(), c.seqs, dev_view);
-  EXPECT_TRUE(same_bits(dkc.download(), kc)) << "K cache";
-  EXPECT_TRUE(same_bits(dvc.download(), vc)) << "V cache";
-  EXPECT_TRUE(dkc.guards_intact());
-  EXPECT_TRUE(dvc.guards_intact());
-
+  const AttnInputs in = attn_inputs(c);
+  DeviceGuarded<float> dk(gpu(), in.k_new), dv(gpu(), in.v_new), dq(gpu(), in.q);
   const AttentionDims dims = attn_dims(c);
-  std::vector<float> want(q.size(), kUntouched);
-  cpu().attention(q.data(), c.seqs, host_view, dims, want.data());
-  for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
-    SCOPED_TRACE("round " + std::to_string(round));
-    if (round == 1) reserve_split_scratch(gpu());
-    DeviceGuarded<float> dout(gpu(), std::vector<float>(q.size(), kUntouched));
-    gpu().attention(dq.data(), c.seqs, dev_view, dims, dout.data());
-    expect_attention_rows(c, dout.download(), want);
-    EXPECT_TRUE(dout.guards_intact());
+  for (const DType dtype : kCacheTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<uint8_t> kc = cache_bytes(in.kc, dtype), vc = cache_bytes(in.vc, dtype);
+    DeviceGuarded<uint8_t> dkc(gpu(), kc), dvc(gpu(), vc);
+    const KvLayerView host_view = in.view(kc.data(), vc.data(), c, dtype);
+    const KvLayerView dev_view = in.view(dkc.data(), dvc.data(), c, dtype);
+
+    cpu().kv_store(in.k_new.data(), in.v_new.data(), c.seqs, host_view);
+    gpu().kv_store(dk.data(), dv.data(), c.seqs, dev_view);
+    EXPECT_TRUE(dkc.download() == kc) << "K cache";
+    EXPECT_TRUE(dvc.download() == vc) << "V cache";
+    EXPECT_TRUE(dkc.guards_intact());
+    EXPECT_TRUE(dvc.guards_intact());
+
+    std::vector<float> want(in.q.size(), kUntouched);
+    cpu().attention(in.q.data(), c.seqs, host_view, dims, want.data());
+    // Each of the three attention kernels (STRATA_CUDA_ATTENTION) that can take the step.
+    for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kTiled,
+                            CudaOptions::Attention::kSimple}) {
+      SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
+      CudaOptions options;
+      options.attention = kind;
+      const std::unique_ptr<Backend> b = make_cuda_backend(0, options);
+      for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
+        SCOPED_TRACE("round " + std::to_string(round));
+        if (round == 1) reserve_split_scratch(*b);
+        DeviceGuarded<float> dout(*b, std::vector<float>(in.q.size(), kUntouched));
+        b->attention(dq.data(), c.seqs, dev_view, dims, dout.data());
+        expect_attention_rows(c, dout.download(), want);
+        EXPECT_TRUE(dout.guards_intact());
+      }
+    }
+    EXPECT_TRUE(dkc.download() == kc) << "attention modified the cache";
   }
-  EXPECT_TRUE(same_bits(dkc.download(), kc)) << "attention modified the cache";
 }
 
 // The decode step's kv_store, attention and split combine as one kernel
 // (CudaOptions::fuse_decode_attention): it stores the new rows, attends to them from the
-// step's rows, and the last split to finish joins the others. Taken exactly where every
-// sequence has one new row and the warps-over-keys kernel has the shape (head_dim 64 or 128,
-// a group of 1, 2, 4 or 8): then the cache equals the CPU's kv_store bit for bit and the
-// output the CPU's attention. Anywhere else the call declines and writes nothing. Three
-// rounds: no split scratch (one split); splits joined in the kernel; again on the same
-// counters, which the joins before must have left at zero.
+// step's rows (rounded as the cache stores them), and the last split to finish joins the
+// others. Taken exactly where every sequence has one new row and the warps-over-keys kernel
+// has the shape (head_dim 64 or 128, a group of 1, 2, 4 or 8): then the cache equals the
+// CPU's kv_store bit for bit and the output the CPU's attention. Anywhere else the call
+// declines and writes nothing. Three rounds: no split scratch (one split); splits joined in
+// the kernel; again on the same counters, which the joins before must have left at zero.
+// For an f32 and an f16 cache.
 TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
   const AttnCase& c = GetParam();
   CudaOptions options;
   options.fuse_decode_attention = true;
   std::unique_ptr<Backend> fused = make_cuda_backend(0, options);
-  AttnInputs in = attn_inputs(c);
-  const std::vector<float> kc0 = in.kc, vc0 = in.vc;
-  cpu().kv_store(in.k_new.data(), in.v_new.data(), c.seqs, in.view(in.kc.data(), in.vc.data(), c));
+  const AttnInputs in = attn_inputs(c);
   const AttentionDims dims = attn_dims(c);
-  std::vector<float> want(in.q.size(), kUntouched);
-  cpu().attention(in.q.data(), c.seqs, in.view(in.kc.data(), in.vc.data(), c), dims, want.data());
-
   bool one_new = true;
   for (const SeqSlice& s : c.seqs) one_new = one_new && s.n_new == 1;
   const int32_t group = c.n_heads / c.n_kv_heads;
   const bool has_kernel = (c.head_dim == 64 || c.head_dim == 128) &&
                           (group == 1 || group == 2 || group == 4 || group == 8);
   DeviceGuarded<float> dk(*fused, in.k_new), dv(*fused, in.v_new), dq(*fused, in.q);
-  for (int round = 0; round < 3; ++round) {
-    SCOPED_TRACE("round " + std::to_string(round));
-    if (round == 1) reserve_split_scratch(*fused);
-    DeviceGuarded<float> dkc(*fused, kc0), dvc(*fused, vc0);
-    DeviceGuarded<float> dout(*fused, std::vector<float>(in.q.size(), kUntouched));
-    const bool took =
-        fused->store_and_attend(dq.data(), dk.data(), dv.data(), c.seqs,
-                                in.view(dkc.data(), dvc.data(), c), dims, dout.data());
-    ASSERT_EQ(took, one_new && has_kernel);
-    if (took) {
-      EXPECT_TRUE(same_bits(dkc.download(), in.kc)) << "K cache";
-      EXPECT_TRUE(same_bits(dvc.download(), in.vc)) << "V cache";
-      expect_attention_rows(c, dout.download(), want);
-    } else {
-      EXPECT_TRUE(same_bits(dkc.download(), kc0)) << "a declined call wrote the K cache";
-      EXPECT_TRUE(same_bits(dvc.download(), vc0)) << "a declined call wrote the V cache";
-      for (float v : dout.download()) ASSERT_EQ(bits_of(v), bits_of(kUntouched));
+  for (const DType dtype : kCacheTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::vector<uint8_t> kc0 = cache_bytes(in.kc, dtype), vc0 = cache_bytes(in.vc, dtype);
+    std::vector<uint8_t> kc = kc0, vc = vc0;
+    const KvLayerView host_view = in.view(kc.data(), vc.data(), c, dtype);
+    cpu().kv_store(in.k_new.data(), in.v_new.data(), c.seqs, host_view);
+    std::vector<float> want(in.q.size(), kUntouched);
+    cpu().attention(in.q.data(), c.seqs, host_view, dims, want.data());
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      if (round == 1) reserve_split_scratch(*fused);
+      DeviceGuarded<uint8_t> dkc(*fused, kc0), dvc(*fused, vc0);
+      DeviceGuarded<float> dout(*fused, std::vector<float>(in.q.size(), kUntouched));
+      const bool took =
+          fused->store_and_attend(dq.data(), dk.data(), dv.data(), c.seqs,
+                                  in.view(dkc.data(), dvc.data(), c, dtype), dims, dout.data());
+      ASSERT_EQ(took, one_new && has_kernel);
+      if (took) {
+        EXPECT_TRUE(dkc.download() == kc) << "K cache";
+        EXPECT_TRUE(dvc.download() == vc) << "V cache";
+        expect_attention_rows(c, dout.download(), want);
+      } else {
+        EXPECT_TRUE(dkc.download() == kc0) << "a declined call wrote the K cache";
+        EXPECT_TRUE(dvc.download() == vc0) << "a declined call wrote the V cache";
+        for (float v : dout.download()) ASSERT_EQ(bits_of(v), bits_of(kUntouched));
+      }
+      EXPECT_TRUE(dkc.guards_intact());
+      EXPECT_TRUE(dvc.guards_intact());
+      EXPECT_TRUE(dout.guards_intact());
     }
-    EXPECT_TRUE(dkc.guards_intact());
-    EXPECT_TRUE(dvc.guards_intact());
-    EXPECT_TRUE(dout.guards_intact());
   }
 }
 
@@ -1206,21 +1241,13 @@ TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
 // copy of those bytes and must give the CPU's attention_q4 output, itself checked against a
 // double-precision reference in test_cpu_backend. Rows of one to eight groups (head_dim 160
 // takes four of 40, 512 eight of 64), so a min and scale taken from the wrong group or row
-// shows; positions past a sequence's context hold zeros.
+// shows; positions past a sequence's context hold zeros. Through both kernels that read it:
+// warps over keys for decode rows of head_dim 64 or 128, one block per (row, head) for the
+// rest.
 TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
   const AttnCase& c = GetParam();
   if (c.head_dim % 2 != 0) GTEST_SKIP() << "a 4-bit cache needs an even head_dim";
   const AttnInputs in = attn_inputs(c);
-  KvQ4LayerView view{nullptr,
-                     nullptr,
-                     c.n_slots,
-                     c.capacity,
-                     c.n_kv_heads,
-                     c.head_dim,
-                     KvQ4LayerView::group_for(c.head_dim)};
-  std::vector<uint8_t> kb(view.tensor_bytes(), 0), vb(kb.size(), 0);
-  view.k = kb.data();
-  view.v = vb.data();
   const size_t kv_width = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
   std::vector<SeqSlice> history;
   std::vector<float> hk, hv;
@@ -1234,24 +1261,48 @@ TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
         hv.insert(hv.end(), in.vc.begin() + at, in.vc.begin() + at + c.head_dim);
       }
   }
-  cpu().kv_store_q4(hk.data(), hv.data(), history, view);
-  cpu().kv_store_q4(in.k_new.data(), in.v_new.data(), c.seqs, view);
   const AttentionDims dims = attn_dims(c);
-  std::vector<float> want(in.q.size(), kUntouched);
-  cpu().attention_q4(in.q.data(), c.seqs, view, dims, want.data());
+  DeviceGuarded<float> dq(gpu(), in.q);
+  // The engine's groups, and groups of 8 where they divide head_dim: two lanes a group for
+  // head_dim 128 in the warps-over-keys kernel, so a lane's group index must be right.
+  std::vector<int32_t> groups = {KvQ4LayerView::group_for(c.head_dim)};
+  if (c.head_dim % 8 == 0 && groups[0] != 8) groups.push_back(8);
+  for (const int32_t group : groups) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    KvQ4LayerView view{nullptr, nullptr, c.n_slots, c.capacity, c.n_kv_heads, c.head_dim, group};
+    std::vector<uint8_t> kb(view.tensor_bytes(), 0), vb(kb.size(), 0);
+    view.k = kb.data();
+    view.v = vb.data();
+    cpu().kv_store_q4(hk.data(), hv.data(), history, view);
+    cpu().kv_store_q4(in.k_new.data(), in.v_new.data(), c.seqs, view);
+    std::vector<float> want(in.q.size(), kUntouched);
+    cpu().attention_q4(in.q.data(), c.seqs, view, dims, want.data());
 
-  DeviceGuarded<uint8_t> dkb(gpu(), kb), dvb(gpu(), vb);
-  DeviceGuarded<float> dq(gpu(), in.q), dout(gpu(), std::vector<float>(in.q.size(), kUntouched));
-  KvQ4LayerView dev = view;
-  dev.k = dkb.data();
-  dev.v = dvb.data();
-  gpu().attention_q4(dq.data(), c.seqs, dev, dims, dout.data());
-  expect_attention_rows(c, dout.download(), want);
-  EXPECT_TRUE(dkb.download() == kb) << "attention modified the K cache";
-  EXPECT_TRUE(dvb.download() == vb) << "attention modified the V cache";
-  EXPECT_TRUE(dkb.guards_intact());
-  EXPECT_TRUE(dvb.guards_intact());
-  EXPECT_TRUE(dout.guards_intact());
+    DeviceGuarded<uint8_t> dkb(gpu(), kb), dvb(gpu(), vb);
+    KvQ4LayerView dev = view;
+    dev.k = dkb.data();
+    dev.v = dvb.data();
+    // Decode rows by warps over keys where that kernel has the shape, with and without
+    // splits; and every row by one block per (row, head).
+    for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kSimple}) {
+      SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
+      CudaOptions options;
+      options.attention = kind;
+      const std::unique_ptr<Backend> b = make_cuda_backend(0, options);
+      for (int round = 0; round < 2; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        if (round == 1) reserve_split_scratch(*b);
+        DeviceGuarded<float> dout(*b, std::vector<float>(in.q.size(), kUntouched));
+        b->attention_q4(dq.data(), c.seqs, dev, dims, dout.data());
+        expect_attention_rows(c, dout.download(), want);
+        EXPECT_TRUE(dout.guards_intact());
+      }
+    }
+    EXPECT_TRUE(dkb.download() == kb) << "attention modified the K cache";
+    EXPECT_TRUE(dvb.download() == vb) << "attention modified the V cache";
+    EXPECT_TRUE(dkb.guards_intact());
+    EXPECT_TRUE(dvb.guards_intact());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttentionTest, ::testing::ValuesIn(attn_cases()),
@@ -1444,20 +1495,49 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     for (int32_t s = 0; s < batch; ++s)
       seqs.push_back(SeqSlice{s * new_rows, new_rows, ctx - new_rows, s});
     const AttentionDims dims{n_heads, n_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-    gpu().attention(q.f32(), seqs, view, dims, out.f32());
-    gpu().synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kIters; ++i) gpu().attention(q.f32(), seqs, view, dims, out.f32());
-    gpu().synchronize();
-    const double sec =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
-    std::printf(
-        "{\"bench\": \"cuda_attention\", \"batch\": %d, \"new_rows\": %d, \"ctx\": %d, "
-        "\"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"us_per_call\": %.1f, "
-        "\"kv_gb_per_s\": %.1f}\n",
-        batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
-        2.0 * static_cast<double>(cache_bytes) / sec / 1e9);
-    std::fflush(stdout);
+    // The f32 cache, then the same buffers read as an f16 cache (half the bytes a call).
+    for (const DType dtype : kCacheTypes) {
+      KvLayerView as = view;
+      as.dtype = dtype;
+      gpu().attention(q.f32(), seqs, as, dims, out.f32());
+      gpu().synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kIters; ++i) gpu().attention(q.f32(), seqs, as, dims, out.f32());
+      gpu().synchronize();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+      std::printf(
+          "{\"bench\": \"cuda_attention\", \"cache\": \"%s\", \"batch\": %d, \"new_rows\": "
+          "%d, \"ctx\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+          "\"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
+          dtype_name(dtype), batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
+          2.0 * static_cast<double>(as.tensor_bytes()) / sec / 1e9);
+      std::fflush(stdout);
+    }
+    {
+      // The same positions as a 4-bit cache (policy cc), zeros: codes, mins and scales.
+      KvQ4LayerView q4{nullptr, nullptr, batch, ctx, n_kv, hd, KvQ4LayerView::group_for(hd)};
+      DeviceBuffer qk(gpu(), q4.tensor_bytes()), qv(gpu(), q4.tensor_bytes());
+      const std::vector<uint8_t> zeros(q4.tensor_bytes(), 0);
+      gpu().copy(qk.data(), zeros.data(), zeros.size(), CopyKind::kHostToDevice);
+      gpu().copy(qv.data(), zeros.data(), zeros.size(), CopyKind::kHostToDevice);
+      q4.k = qk.data();
+      q4.v = qv.data();
+      gpu().attention_q4(q.f32(), seqs, q4, dims, out.f32());
+      gpu().synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kIters; ++i) gpu().attention_q4(q.f32(), seqs, q4, dims, out.f32());
+      gpu().synchronize();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+      std::printf(
+          "{\"bench\": \"cuda_attention\", \"cache\": \"q4\", \"batch\": %d, \"new_rows\": "
+          "%d, \"ctx\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+          "\"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
+          batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
+          2.0 * static_cast<double>(q4.tensor_bytes()) / sec / 1e9);
+      std::fflush(stdout);
+    }
     if (new_rows == 1) {
       // A decode step's whole attention: kv_store, attention and combine as the engine runs
       // them by default, against store_and_attend's one kernel.

@@ -335,35 +335,39 @@ TEST(PolicySearch, ThePlacementLpOfAPieScheduleKeepsTheCacheOnTheGpuTier) {
   EXPECT_EQ(b->placement[kCc] + b->placement[kCd], 0);
 }
 
-// FlexGen keeps OPT-6.7B's cache on the T4 (AModelThatFitsOnTheGpuStaysThere). An f16 cache
-// is read by no CUDA kernel yet, so the search keeps it off the GPU tier, attended on the
-// CPU, and tries no Pie variant (Pie swaps a GPU-tier cache).
-TEST(PolicySearch, AnF16CacheStaysOffTheGpuTier) {
+// An f16 cache (cf16) is FlexGen's own cache: for OPT's f16 weights the cost model counts 2
+// bytes an element either way, so the LP places it as it places the default one (mostly on
+// the T4 for OPT-6.7B, AModelThatFitsOnTheGpuStaysThere), with or without CPU attention, and
+// the search tries Pie's variants for it as for any cache on the GPU tier.
+TEST(PolicySearch, AnF16CacheIsPlacedAsFlexGensCache) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
   Policy schedule = Policy::parse("gbs=2,ngb=1,cpu_attn=1");
   const auto f32 = solve_placement_lp(opt_6_7b(), kWorkload, schedule, hw);
   schedule.cache_f16 = true;
   const auto f16 = solve_placement_lp(opt_6_7b(), kWorkload, schedule, hw);
   ASSERT_TRUE(f32 && f16);
-  EXPECT_GT(f32->placement[kCg], 0.5);
-  EXPECT_EQ(f16->placement[kCg], 0);
+  EXPECT_GT(f16->placement[kCg], 0.5);
+  for (int v = 0; v < kNumPlacementVars; ++v)
+    EXPECT_NEAR(f16->placement[v], f32->placement[v], 1e-9) << "variable " << v;
 
   SearchOptions o;
   o.cache_f16 = true;
   const SearchResult r = search_policy(opt_6_7b(), kWorkload, hw, o);
   EXPECT_TRUE(r.policy.cache_f16);
-  EXPECT_TRUE(r.policy.cpu_cache_compute);
-  EXPECT_EQ(r.policy.cache_gpu_percent, 0);
-  // Where Pie has variants to try (its f32-cache search solves more LPs), none with cf16.
+  EXPECT_GT(r.policy.cache_gpu_percent, 50);
+  o.cpu_attention = false;  // attended on the GPU, whatever tier holds it
+  EXPECT_TRUE(search_policy(opt_6_7b(), kWorkload, hw, o).policy.cache_f16);
+  // Pie's variants (more LPs than the plain search) with the f16 cache as with the default.
   const HardwareSpec fast = grace_hopper_like();
   SearchOptions pie;
   pie.pie = true;
-  const SearchResult plain = search_policy(opt_6_7b(), kWorkload, fast, o);
-  EXPECT_GT(search_policy(opt_6_7b(), kWorkload, fast, pie).schedules_tried, plain.schedules_tried);
+  const SearchResult plain = search_policy(opt_6_7b(), kWorkload, fast, SearchOptions{});
+  const SearchResult f32_pie = search_policy(opt_6_7b(), kWorkload, fast, pie);
+  EXPECT_GT(f32_pie.schedules_tried, plain.schedules_tried);
   pie.cache_f16 = true;
   const SearchResult f16_pie = search_policy(opt_6_7b(), kWorkload, fast, pie);
-  EXPECT_EQ(f16_pie.schedules_tried, plain.schedules_tried);
-  EXPECT_EQ(f16_pie.policy.pie_host_layers, 0);
+  EXPECT_EQ(f16_pie.schedules_tried, f32_pie.schedules_tried);
+  EXPECT_EQ(f16_pie.policy.pie_host_layers, f32_pie.policy.pie_host_layers);
 }
 
 TEST(PolicySearch, RejectsBadOptions) {
@@ -383,10 +387,6 @@ TEST(PolicySearch, RejectsBadOptions) {
   o = SearchOptions{};
   o.compress_cache = true;  // with cpu_attention, which FlexGen turns off for it
   EXPECT_NE(search_error(hw, o).find("compress_cache=1 with cpu_attention=1"), std::string::npos);
-  o = SearchOptions{};
-  o.cache_f16 = true;
-  o.cpu_attention = false;
-  EXPECT_NE(search_error(hw, o).find("cache_f16 needs cpu_attention"), std::string::npos);
 }
 
 TEST(PolicySearch, TooLittleGpuMemorySaysHowMuchIsMissing) {

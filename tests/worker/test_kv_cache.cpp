@@ -283,7 +283,7 @@ TEST(KvCacheTiers, HalfCacheComputesTheNaiveRoundTripInEveryTier) {
   expect_naive_round_trip_logits(naive_backend, backend, f16, 1e-5, 1e-3);
 }
 
-TEST(KvCacheTiers, HalfCacheHoldsHalfTheBytesAndSaysWhereItCannotGo) {
+TEST(KvCacheTiers, HalfCacheHoldsHalfTheBytesInEveryTier) {
   CpuBackend backend(1);
   ModelConfig c = load_model_config(testing::stories_dir());
   CachePlacement half;
@@ -305,18 +305,20 @@ TEST(KvCacheTiers, HalfCacheHoldsHalfTheBytesAndSaysWhereItCannotGo) {
   CachePlacement both = half;
   both.compress = true;
   refused(both, "either 4-bit or f16");
-  CachePlacement device = half;  // the GPU tier of device compute: its kernels read f32
-  device.device_tier = true;
-  refused(device, "on the device, whose kernels read f32");
   CachePlacement bf16;
   bf16.dtype = DType::kBF16;
   refused(bf16, "bf16");
-  // Off the device tier (delegated attention on the host), an f16 cache is fine.
-  CachePlacement host = half;
-  host.device_tier = true;
-  host.gpu_percent = 0;
-  host.cpu_percent = 100;
-  EXPECT_NO_THROW(KvCache(backend, c, 1, 4, host));
+  // The GPU tier of device compute (whose kernels read f16 as the host's do), and host memory
+  // beside it: half the bytes in each.
+  CachePlacement device = half;
+  device.device_tier = true;
+  device.gpu_percent = 50;
+  device.cpu_percent = 50;
+  const KvCache split(backend, c, 3, 10, device);
+  EXPECT_EQ(split.bytes(), f16.bytes());
+  EXPECT_EQ(split.tier(0), Tier::kGpu);
+  EXPECT_EQ(split.tier(c.n_layers - 1), Tier::kCpu);
+  EXPECT_EQ(split.layer(0).dtype, DType::kF16);
 }
 
 TEST(KvCacheTiers, MissingDiskDirIsAnInputError) {

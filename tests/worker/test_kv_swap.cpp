@@ -138,6 +138,7 @@ struct Workload {
   int decode_steps = 6;
   int32_t capacity = 64;
   bool compress = false;
+  DType cache_dtype = DType::kF32;  // of an uncompressed cache: f32 or f16 (policy cf16)
   int32_t gpu_batch_size = 0;
 };
 
@@ -159,6 +160,7 @@ Outcome greedy(Model& model, Backend& device, const Workload& s, const PieOption
   CacheOptions co;
   co.placement.pie = pie;
   co.placement.compress = s.compress;
+  co.placement.dtype = s.cache_dtype;
   model.set_cache_options(co);
   model.set_gpu_batch_size(s.gpu_batch_size);
   const auto n = static_cast<int32_t>(s.prompts.size());
@@ -326,6 +328,20 @@ TEST_F(KvSwapOnDevice, DummyLlamaGreedyIdsEqualTheResidentRun) {
   const Outcome q4_pie = greedy(*model, device, s, fixed(3));
   EXPECT_EQ(q4_pie.ids, q4.ids);
   EXPECT_EQ(q4_pie.slot0, q4.slot0);
+  // So does an f16 one: half the bytes a swap, the same rows as the resident f16 cache.
+  s.compress = false;
+  s.cache_dtype = DType::kF16;
+  const Outcome f16 = greedy(*model, device, s, PieOptions{});
+  const Outcome f16_pie = greedy(*model, device, s, fixed(3));
+  EXPECT_EQ(f16_pie.ids, f16.ids);
+  EXPECT_EQ(f16_pie.slot0, f16.slot0);
+  Workload f32 = s;
+  f32.cache_dtype = DType::kF32;
+  const KvSwapStats f32_pie = greedy(*model, device, f32, fixed(3)).stats;
+  ASSERT_GT(f16_pie.stats.swap_ins, 0);
+  ASSERT_GT(f32_pie.swap_ins, 0);
+  EXPECT_EQ(2 * f16_pie.stats.bytes_in / f16_pie.stats.swap_ins,
+            f32_pie.bytes_in / f32_pie.swap_ins);
 }
 
 // The mapping table's two phases against copies that only end when waited on (or after a
