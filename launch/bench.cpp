@@ -33,6 +33,9 @@ struct BenchOptions {
   bool measure_limits = true;
   int warmup = 1;
   std::string hardware;  // HardwareSpec JSON for --policy auto (default: FlexGen's T4 figures)
+  // What the search of --policy auto may use (as `strata plan`'s flags): fixed for the whole
+  // search, like FlexGen's --compress-w.
+  bool compress_weight = false, compress_cache = false, cache_f16 = false, cpu_attention = true;
 };
 
 // --policy auto: FlexGen's LP search (placement/policy_search.h) over this model, workload
@@ -53,6 +56,10 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   hw.validate(o.hardware.empty() ? "the T4 preset with the given budgets" : o.hardware);
   SearchOptions so;
   so.overlap = o.engine.overlap;
+  so.compress_weight = o.compress_weight;
+  so.compress_cache = o.compress_cache;
+  so.cache_f16 = o.cache_f16;
+  so.cpu_attention = o.cpu_attention;
   // Pie and HeteGen need a device to swap to and split with.
   so.pie = so.hetegen = device_compute;
   so.on_progress = progress_callback("policy search: GPU batch sizes");
@@ -293,6 +300,12 @@ long peak_rss_bytes() {
 int run_bench(BenchOptions o) {
   if (o.batch <= 0 || o.prompt_len <= 0 || o.gen_len <= 0)
     fail_input("--batch, --prompt-len and --gen-len must be positive");
+  const bool search_flags =
+      o.compress_weight || o.compress_cache || o.cache_f16 || !o.cpu_attention;
+  if (search_flags && !o.engine.policy_auto)
+    fail_input(
+        "--compress-weight, --compress-cache, --cache-f16 and --no-cpu-attention shape the search "
+        "of --policy auto; a given policy says them itself (cw=1, cc=1, cf16=1, cpu_attn=0)");
   nlohmann::json searched;
   if (o.engine.policy_auto)
     searched = choose_policy(o, o.engine.device == "host" ||
@@ -429,6 +442,13 @@ Command add_bench(CLI::App& app) {
   cmd->add_option(
       "--hardware", o->hardware,
       "HardwareSpec JSON for --policy auto (from `strata profile`; default: FlexGen's T4 figures)");
+  cmd->add_flag("--compress-weight", o->compress_weight,
+                "--policy auto: search with 4-bit weights");
+  cmd->add_flag("--compress-cache", o->compress_cache,
+                "--policy auto: search with a 4-bit KV cache (attended on the GPU)");
+  cmd->add_flag("--cache-f16", o->cache_f16, "--policy auto: search with an f16 KV cache");
+  cmd->add_flag("!--no-cpu-attention", o->cpu_attention,
+                "--policy auto: search without CPU attention");
   return {cmd, [o] { return run_bench(*o); }};
 }
 

@@ -209,9 +209,8 @@ Command add_plan(CLI::App& app) {
       ->default_str("pie,hetegen");
   cmd->add_flag("--compress-weight", o->compress_weight, "Search with 4-bit weights");
   cmd->add_flag("--compress-cache", o->compress_cache, "Search with a 4-bit KV cache");
-  cmd->add_flag(
-      "--cache-f16", o->cache_f16,
-      "Search with an f16 KV cache (FlexGen's; kept off the GPU and attended on the CPU)");
+  cmd->add_flag("--cache-f16", o->cache_f16,
+                "Search with an f16 KV cache (FlexGen's: 2 bytes an element in every tier)");
   cmd->add_flag("!--no-cpu-attention", o->cpu_attention, "Search without CPU attention");
   cmd->add_option("--workers", o->workers,
                   "Pipeline stages to place (worker ranks; each stage's placement is printed)")

@@ -454,6 +454,25 @@ then
 else
   echo "FAIL bench-policy-auto"; cat "$TMP/err"; failures=$((failures + 1))
 fi
+# The search's own switches (as `strata plan`'s): 4-bit weights and an f16 cache are fixed for
+# the whole search, so the policy that ran carries both; without --policy auto they are refused.
+if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
+  --compress-weight --cache-f16 --prompt-len 8 --gen-len 2 --no-limits --threads 2 \
+  >"$TMP/auto-flags.json" 2>"$TMP/err" &&
+  python3 - "$TMP/auto-flags.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ran = dict(kv.split("=") for kv in d["policy"].split(","))
+assert ran.get("cw") == "1" and ran.get("cf16") == "1", d["policy"]
+assert d["policy_search"]["running"] == d["policy"], d
+PY
+then
+  echo "ok   bench-policy-auto-search-flags"; passes=$((passes + 1))
+else
+  echo "FAIL bench-policy-auto-search-flags"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error bench-search-flags-need-auto "shape the search of --policy auto" \
+  bench --model "$MODEL" --policy w=100/0/0 --cache-f16 --no-limits
 
 # Issue 10: bounded reads (failure 4), results never lost to one bad prompt (5), a bench that
 # reports only what it did (6), sizes and threads that must make sense (6), limits printed (3).
