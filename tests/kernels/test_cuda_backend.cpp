@@ -1495,14 +1495,12 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     for (int32_t s = 0; s < batch; ++s)
       seqs.push_back(SeqSlice{s * new_rows, new_rows, ctx - new_rows, s});
     const AttentionDims dims{n_heads, n_kv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-    // The f32 cache, then the same buffers read as an f16 cache (half the bytes a call).
-    for (const DType dtype : kCacheTypes) {
-      KvLayerView as = view;
-      as.dtype = dtype;
-      gpu().attention(q.f32(), seqs, as, dims, out.f32());
+    // Seconds a call of `attend` takes, and its line: K and V's bytes over that time.
+    const auto time_attention = [&](const char* cache, size_t kv_bytes, const auto& attend) {
+      attend();
       gpu().synchronize();
       const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < kIters; ++i) gpu().attention(q.f32(), seqs, as, dims, out.f32());
+      for (int i = 0; i < kIters; ++i) attend();
       gpu().synchronize();
       const double sec =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
@@ -1510,9 +1508,16 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
           "{\"bench\": \"cuda_attention\", \"cache\": \"%s\", \"batch\": %d, \"new_rows\": "
           "%d, \"ctx\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
           "\"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
-          dtype_name(dtype), batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
-          2.0 * static_cast<double>(as.tensor_bytes()) / sec / 1e9);
+          cache, batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
+          2.0 * static_cast<double>(kv_bytes) / sec / 1e9);
       std::fflush(stdout);
+    };
+    // The f32 cache, then the same buffers read as an f16 cache (half the bytes a call).
+    for (const DType dtype : kCacheTypes) {
+      KvLayerView as = view;
+      as.dtype = dtype;
+      time_attention(dtype_name(dtype), as.tensor_bytes(),
+                     [&] { gpu().attention(q.f32(), seqs, as, dims, out.f32()); });
     }
     {
       // The same positions as a 4-bit cache (policy cc), zeros: codes, mins and scales.
@@ -1523,20 +1528,8 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
       gpu().copy(qv.data(), zeros.data(), zeros.size(), CopyKind::kHostToDevice);
       q4.k = qk.data();
       q4.v = qv.data();
-      gpu().attention_q4(q.f32(), seqs, q4, dims, out.f32());
-      gpu().synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < kIters; ++i) gpu().attention_q4(q.f32(), seqs, q4, dims, out.f32());
-      gpu().synchronize();
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
-      std::printf(
-          "{\"bench\": \"cuda_attention\", \"cache\": \"q4\", \"batch\": %d, \"new_rows\": "
-          "%d, \"ctx\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
-          "\"us_per_call\": %.1f, \"kv_gb_per_s\": %.1f}\n",
-          batch, new_rows, ctx, n_heads, n_kv, hd, sec * 1e6,
-          2.0 * static_cast<double>(q4.tensor_bytes()) / sec / 1e9);
-      std::fflush(stdout);
+      time_attention("q4", q4.tensor_bytes(),
+                     [&] { gpu().attention_q4(q.f32(), seqs, q4, dims, out.f32()); });
     }
     if (new_rows == 1) {
       // A decode step's whole attention: kv_store, attention and combine as the engine runs
