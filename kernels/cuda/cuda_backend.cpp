@@ -911,15 +911,17 @@ void CudaBackend::attention_q4(const float* q, const StepRows& step, const KvQ4L
   const RowDesc* rows = rows_of(step, shape_of(cache), n_rows);
   if (n_rows == 0) return;
   const cuda_kernels::KvQ4Desc desc = q4_desc(cache);
-  // Decode rows by warps over keys where that kernel has the shape (as attention's), split
-  // results in linear's x scratch; anything else one block per (row, head).
-  if (!simple_attention_ && decode_warps_) {
+  // As attention's kernels: decode rows by warps over keys where that kernel has the shape,
+  // the rest tiled, split results in linear's x scratch; one block per (row, head) where
+  // neither reads this cache's groups (or STRATA_CUDA_ATTENTION=simple).
+  if (!simple_attention_) {
     const int32_t max_context = longest_context(step);
     const cuda_kernels::AttentionTiling t = cuda_kernels::plan_attention(
         n_rows, static_cast<int64_t>(step.seqs.size()), max_context, dims.n_heads, dims.n_kv_heads,
-        dims.head_dim, sm_count_, half_x_bytes_);
-    if (cuda_kernels::takes_q4_decode_kernel(t, q, desc, dims.n_heads)) {
-      STRATA_CUDA_CHECK(cuda_kernels::attention_q4_decode(
+        dims.head_dim, sm_count_, half_x_bytes_, decode_warps_);
+    if (cuda_kernels::takes_q4_decode_kernel(t, q, desc, dims.n_heads) ||
+        cuda_kernels::q4_tiles_fit(desc)) {
+      STRATA_CUDA_CHECK(cuda_kernels::attention_q4_tiled(
           q, rows, n_rows, desc, dims.n_heads, dims.scale, max_context, t,
           static_cast<float*>(half_x_.get()), out, stream(), overlap_all_));
       return;

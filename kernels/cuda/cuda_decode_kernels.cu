@@ -4,8 +4,9 @@
 // a tiled attention that reads a sequence's keys and values once per block of query rows (a
 // GQA group's heads together) in coalesced tiles through shared memory; and for decode rows
 // an attention whose warps take chunks of keys with all their loads in flight. Both split
-// the context when the batch alone cannot fill the GPU (flash-decoding). Arithmetic is f32
-// with IEEE exp, as in cuda_kernels.cu.
+// the context when the batch alone cannot fill the GPU (flash-decoding), and both read an
+// f32, f16 or 4-bit cache as stored (cuda_kv_elems.cuh), widening in registers. Arithmetic
+// is f32 with IEEE exp, as in cuda_kernels.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -489,13 +490,100 @@ __device__ void store_tile(const TileRegs<T, kVec>& r, int32_t nk, int32_t hd, f
   }
 }
 
+// Where the tiled kernel's tiles come from: one (slot, kv head) of the cache. fetch_keys /
+// fetch_values load nk positions from key0 on into a thread's registers (Regs) as stored;
+// store() widens them into a shared-memory tile [nk][hd + 1].
+// An f32 or f16 cache (T = float or __half).
+template <typename T, bool kVec>
+struct ElemTiles {
+  using Desc = KvCacheDesc;
+  using Regs = TileRegs<T, kVec>;
+  const T* k;
+  const T* v;
+  int32_t hd;
+  __device__ ElemTiles(const KvCacheDesc& c, int32_t slot, int32_t kvh) : hd(c.head_dim) {
+    const int64_t base =
+        static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
+    k = static_cast<const T*>(c.k) + base;
+    v = static_cast<const T*>(c.v) + base;
+  }
+  __device__ void fetch_keys(int32_t key0, int32_t nk, Regs& r) const {
+    fetch_tile<T, kVec>(k + static_cast<int64_t>(key0) * hd, nk, hd, r);
+  }
+  __device__ void fetch_values(int32_t key0, int32_t nk, Regs& r) const {
+    fetch_tile<T, kVec>(v + static_cast<int64_t>(key0) * hd, nk, hd, r);
+  }
+  __device__ void store(const Regs& r, int32_t nk, float* tile) const {
+    store_tile<T, kVec>(r, nk, hd, tile);
+  }
+};
+
+// A 4-bit cache (policy cc), read as stored: each 4 elements of a tile are 2 bytes of codes
+// and their group's min and scale (head_dim and the group multiples of 4), decoded with one
+// rounding (fmaf) as the CPU decodes them.
+struct Q4Quad {
+  unsigned short codes;
+  float mn, sc;
+};
+struct Q4TileRegs {
+  Q4Quad v[kTileVecsPerThread];
+};
+struct Q4Tiles {
+  using Desc = KvQ4Desc;
+  using Regs = Q4TileRegs;
+  Q4Ptrs kb, vb;
+  int64_t first;  // the blob row of position 0
+  int32_t hd, group;
+  __device__ Q4Tiles(const KvQ4Desc& c, int32_t slot, int32_t kvh)
+      : kb(q4_ptrs(c.k, c)),
+        vb(q4_ptrs(c.v, c)),
+        first((static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity),
+        hd(c.head_dim),
+        group(c.group) {}
+  __device__ void fetch(const Q4Ptrs& b, int32_t key0, int32_t nk, Regs& r) const {
+    const int32_t n4 = nk * hd / 4;
+    const int64_t e0 = (first + key0) * hd;  // the tile's first element in the blob
+    const auto* quads = reinterpret_cast<const unsigned short*>(b.codes);
+#pragma unroll
+    for (int u = 0; u < kTileVecsPerThread; ++u) {
+      const int32_t e = static_cast<int32_t>(threadIdx.x) + u * kTileThreads;
+      if (e < n4) {
+        const int64_t at = e0 + 4 * static_cast<int64_t>(e);
+        r.v[u] = {quads[at / 4], b.mins[at / group], b.scales[at / group]};
+      }
+    }
+  }
+  __device__ void fetch_keys(int32_t key0, int32_t nk, Regs& r) const {
+    fetch(kb, key0, nk, r);
+  }
+  __device__ void fetch_values(int32_t key0, int32_t nk, Regs& r) const {
+    fetch(vb, key0, nk, r);
+  }
+  __device__ void store(const Regs& r, int32_t nk, float* tile) const {
+    const int32_t n = nk * hd;
+#pragma unroll
+    for (int u = 0; u < kTileVecsPerThread; ++u) {
+      const int32_t i = 4 * (static_cast<int32_t>(threadIdx.x) + u * kTileThreads);
+      if (i < n) {
+        const int32_t j = i / hd;  // the 4 values stay in one key's row (hd % 4 == 0)
+        float* t = tile + j * (hd + 1) + (i - j * hd);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          t[q] = fmaf(static_cast<float>((r.v[u].codes >> (4 * q)) & 0xF), r.v[u].sc, r.v[u].mn);
+      }
+    }
+  }
+};
+
 // One block: up to rows_per_tile consecutive token rows, heads_per_block query heads of one
 // kv head, keys of one split. Consecutive rows of the same KV slot (a prefill chunk) share
-// every K/V tile; rows of different slots are taken one slot-run after another.
-template <typename T, bool kVec>
+// every K/V tile; rows of different slots are taken one slot-run after another. Tiles: where
+// the tiles come from (ElemTiles, Q4Tiles).
+template <class Tiles>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_tiled_kernel(const float* q, const RowDesc* rows, int64_t n_rows, KvCacheDesc c,
-                           TileArgs a, float* __restrict__ out, float* __restrict__ partial) {
+    attention_tiled_kernel(const float* q, const RowDesc* rows, int64_t n_rows,
+                           typename Tiles::Desc c, TileArgs a, float* __restrict__ out,
+                           float* __restrict__ partial) {
   extern __shared__ float smem[];
   __shared__ RowDesc s_rows[kMaxQueryRows];
   let_dependents_launch();
@@ -523,9 +611,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t width = static_cast<int64_t>(a.n_heads) * hd;
   const unsigned lane = threadIdx.x & 31u;
   const int32_t warp = static_cast<int32_t>(threadIdx.x >> 5);
-  const T* ck = static_cast<const T*>(c.k);
-  const T* cv = static_cast<const T*>(c.v);
-  TileRegs<T, kVec> kr, vr;
+  typename Tiles::Regs kr, vr;
 
   for (int32_t g0 = 0; g0 < nr;) {
     const int32_t slot = s_rows[g0].slot;
@@ -535,11 +621,8 @@ __global__ void __launch_bounds__(kTileThreads)
     const int32_t nq = (g1 - g0) * gb;
     const int32_t key_begin = static_cast<int32_t>(blockIdx.z) * a.keys_per_split;
     const int32_t key_end = min(max_pos + 1, key_begin + a.keys_per_split);
-    const int64_t base =
-        static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
-    if (key_begin < key_end)
-      fetch_tile<T, kVec>(ck + base + static_cast<int64_t>(key_begin) * hd,
-                          min(tk, key_end - key_begin), hd, kr);
+    const Tiles src(c, slot, kvh);
+    if (key_begin < key_end) src.fetch_keys(key_begin, min(tk, key_end - key_begin), kr);
 
     for (int32_t e = threadIdx.x; e < nq * hd; e += blockDim.x) {
       const int32_t qi = e / hd;
@@ -557,8 +640,8 @@ __global__ void __launch_bounds__(kTileThreads)
 
     for (int32_t t0 = key_begin; t0 < key_end; t0 += tk) {
       const int32_t nk = min(tk, key_end - t0);
-      store_tile<T, kVec>(kr, nk, hd, s_k);
-      fetch_tile<T, kVec>(cv + base + static_cast<int64_t>(t0) * hd, nk, hd, vr);
+      src.store(kr, nk, s_k);
+      src.fetch_values(t0, nk, vr);
       __syncthreads();
       // Scores: thread (j, qg) takes key j against query rows qg, qg + stride, ...
       const int32_t stride = kTileThreads / tk;
@@ -590,10 +673,8 @@ __global__ void __launch_bounds__(kTileThreads)
           s_m[qi] = m_new;
         }
       }
-      store_tile<T, kVec>(vr, nk, hd, s_v);
-      if (t0 + tk < key_end)
-        fetch_tile<T, kVec>(ck + base + static_cast<int64_t>(t0 + tk) * hd,
-                            min(tk, key_end - t0 - tk), hd, kr);
+      src.store(vr, nk, s_v);
+      if (t0 + tk < key_end) src.fetch_keys(t0 + tk, min(tk, key_end - t0 - tk), kr);
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < kMaxOutPerThread; ++i) {
@@ -1061,6 +1142,33 @@ TileArgs tile_args(const AttentionTiling& t, int32_t n_heads, int32_t n_kv_heads
   return a;
 }
 
+// Whether `t` is a tiling both attention entries can launch over head_dim hd, n_kv kv heads
+// and n_heads query heads, with `partial` for its splits.
+bool tiling_fits(const AttentionTiling& t, int32_t hd, int32_t n_kv, int32_t n_heads,
+                 const float* partial) {
+  return hd > 0 && hd <= kMaxAttentionHeadDim && n_kv > 0 && n_heads % n_kv == 0 &&
+         t.key_tile > 0 && t.key_tile <= 32 && t.key_tile * hd <= kTileElems &&
+         t.heads_per_block > 0 && t.rows_per_tile > 0 &&
+         t.rows_per_tile * t.heads_per_block <= kMaxQueryRows &&
+         t.rows_per_tile * t.heads_per_block * hd <= kMaxOutputs &&
+         kTileThreads % t.key_tile == 0 && t.splits > 0 && t.splits <= kMaxSplits &&
+         !(t.splits > 1 && (partial == nullptr || t.rows_per_tile != 1)) &&
+         !(t.decode_warps && t.rows_per_tile != 1);
+}
+
+// The tiled kernel's grid under `t`.
+dim3 tiled_grid(const AttentionTiling& t, const TileArgs& a, int64_t n_rows, int32_t n_kv) {
+  return dim3(static_cast<unsigned>((n_rows + t.rows_per_tile - 1) / t.rows_per_tile),
+              static_cast<unsigned>(n_kv * a.blocks_per_kv), static_cast<unsigned>(t.splits));
+}
+
+// The split combine after a launch of `splits` blocks over each context.
+void combine_splits(const float* partial, const RowDesc* rows, int64_t n_rows, int32_t n_heads,
+                    int32_t hd, int32_t splits, bool overlap, cudaStream_t s, float* out) {
+  launch(attention_combine_kernel, dim3(static_cast<unsigned>(n_rows * n_heads)), 128, 0, overlap,
+         s, partial, rows, n_heads, hd, splits, out);
+}
+
 }  // namespace
 
 bool takes_q4_decode_kernel(const AttentionTiling& t, const float* q, const KvQ4Desc& c,
@@ -1074,23 +1182,33 @@ bool takes_q4_decode_kernel(const AttentionTiling& t, const float* q, const KvQ4
          aligned16(c.k) && aligned16(c.v);
 }
 
-KernelStatus attention_q4_decode(const float* q, const RowDesc* rows, int64_t n_rows,
-                                 const KvQ4Desc& cache, int32_t n_heads, float scale,
-                                 int32_t max_context, const AttentionTiling& t, float* partial,
-                                 float* out, StreamHandle stream, bool overlap) {
+bool q4_tiles_fit(const KvQ4Desc& c) {
+  return c.head_dim % 4 == 0 && c.group > 0 && c.group % 4 == 0 && c.head_dim % c.group == 0 &&
+         aligned16(c.k) && aligned16(c.v);
+}
+
+KernelStatus attention_q4_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
+                                const KvQ4Desc& cache, int32_t n_heads, float scale,
+                                int32_t max_context, const AttentionTiling& t, float* partial,
+                                float* out, StreamHandle stream, bool overlap) {
   if (n_rows <= 0 || n_heads <= 0) return {};
-  if (!takes_q4_decode_kernel(t, q, cache, n_heads) || (t.splits > 1 && partial == nullptr))
+  const int32_t hd = cache.head_dim;
+  const bool warps = takes_q4_decode_kernel(t, q, cache, n_heads);
+  if (!tiling_fits(t, hd, cache.n_kv_heads, n_heads, partial) || (!warps && !q4_tiles_fit(cache)))
     return invalid();
   const TileArgs a = tile_args(t, n_heads, cache.n_kv_heads, scale, max_context);
   const cudaStream_t s = as_stream(stream);
-  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
-                  static_cast<unsigned>(t.splits));
-  launch(decode_kernel_for_head_dim<Q4Rows>(cache.head_dim, a.group), grid, kDecodeThreads, 0,
-         overlap, s, q, rows, cache, a, DecodeFusion{}, out, partial);
-  if (t.splits > 1) {
-    launch(attention_combine_kernel, dim3(static_cast<unsigned>(n_rows * n_heads)), 128, 0, overlap,
-           s, partial, rows, n_heads, cache.head_dim, t.splits, out);
+  if (warps) {
+    const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
+                    static_cast<unsigned>(t.splits));
+    launch(decode_kernel_for_head_dim<Q4Rows>(hd, a.group), grid, kDecodeThreads, 0, overlap, s, q,
+           rows, cache, a, DecodeFusion{}, out, partial);
+  } else {
+    launch(attention_tiled_kernel<Q4Tiles>, tiled_grid(t, a, n_rows, cache.n_kv_heads),
+           kTileThreads, attention_tiled_shared_bytes(t, hd), overlap, s, q, rows, n_rows, cache, a,
+           out, partial);
   }
+  if (t.splits > 1) combine_splits(partial, rows, n_rows, n_heads, hd, t.splits, overlap, s, out);
   return last_status();
 }
 
@@ -1204,41 +1322,30 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
                              const DecodeFusion& fusion) {
   if (n_rows <= 0 || n_heads <= 0) return {};
   const int32_t hd = cache.head_dim;
-  if (hd <= 0 || hd > kMaxAttentionHeadDim || cache.n_kv_heads <= 0 ||
-      n_heads % cache.n_kv_heads != 0 || t.key_tile <= 0 || t.key_tile > 32 ||
-      t.key_tile * hd > kTileElems || t.heads_per_block <= 0 || t.rows_per_tile <= 0 ||
-      t.rows_per_tile * t.heads_per_block > kMaxQueryRows ||
-      t.rows_per_tile * t.heads_per_block * hd > kMaxOutputs || kTileThreads % t.key_tile != 0 ||
-      t.splits <= 0 || t.splits > kMaxSplits ||
-      (t.splits > 1 && (partial == nullptr || t.rows_per_tile != 1)) ||
-      (t.decode_warps && t.rows_per_tile != 1) ||
+  if (!tiling_fits(t, hd, cache.n_kv_heads, n_heads, partial) ||
       (cache.elem != ElemType::kF32 && cache.elem != ElemType::kF16))
     return invalid();
   const TileArgs a = tile_args(t, n_heads, cache.n_kv_heads, scale, max_context);
-  const dim3 grid(static_cast<unsigned>((n_rows + t.rows_per_tile - 1) / t.rows_per_tile),
-                  static_cast<unsigned>(cache.n_kv_heads * a.blocks_per_kv),
-                  static_cast<unsigned>(t.splits));
-  const size_t shared = attention_tiled_shared_bytes(t, hd);
   const cudaStream_t s = as_stream(stream);
   const bool vec = hd % 4 == 0 && aligned16(cache.k) && aligned16(cache.v);
   const bool half = cache.elem == ElemType::kF16;
   if (fusion.any() && !decode_fusion_fits(t, q, cache, n_heads, fusion)) return invalid();
   if (takes_decode_kernel(t, q, cache, n_heads)) {
     const DecodeKernel<KvCacheDesc> decode = decode_kernel_for(cache.elem, hd, a.group);
-    const dim3 grid_d(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
-                      static_cast<unsigned>(t.splits));
-    launch(decode, grid_d, kDecodeThreads, 0, overlap, s, q, rows, cache, a, fusion, out, partial);
+    const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(cache.n_kv_heads),
+                    static_cast<unsigned>(t.splits));
+    launch(decode, grid, kDecodeThreads, 0, overlap, s, q, rows, cache, a, fusion, out, partial);
     if (t.splits > 1 && fusion.arrivals != nullptr) return last_status();
   } else {
-    const auto tiled =
-        half ? (vec ? attention_tiled_kernel<__half, true> : attention_tiled_kernel<__half, false>)
-             : (vec ? attention_tiled_kernel<float, true> : attention_tiled_kernel<float, false>);
-    launch(tiled, grid, kTileThreads, shared, overlap, s, q, rows, n_rows, cache, a, out, partial);
+    const auto tiled = half ? (vec ? attention_tiled_kernel<ElemTiles<__half, true>>
+                                   : attention_tiled_kernel<ElemTiles<__half, false>>)
+                            : (vec ? attention_tiled_kernel<ElemTiles<float, true>>
+                                   : attention_tiled_kernel<ElemTiles<float, false>>);
+    launch(tiled, tiled_grid(t, a, n_rows, cache.n_kv_heads), kTileThreads,
+           attention_tiled_shared_bytes(t, hd), overlap, s, q, rows, n_rows, cache, a, out,
+           partial);
   }
-  if (t.splits > 1) {
-    launch(attention_combine_kernel, dim3(static_cast<unsigned>(n_rows * n_heads)), 128, 0, overlap,
-           s, partial, rows, n_heads, hd, t.splits, out);
-  }
+  if (t.splits > 1) combine_splits(partial, rows, n_rows, n_heads, hd, t.splits, overlap, s, out);
   return last_status();
 }
 

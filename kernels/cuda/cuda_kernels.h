@@ -230,13 +230,17 @@ KernelStatus attention_tiled(const float* q, const RowDesc* rows, int64_t n_rows
 // aligned). Else attention_q4's kernel takes it.
 bool takes_q4_decode_kernel(const AttentionTiling& t, const float* q, const KvQ4Desc& cache,
                             int32_t n_heads);
-// attention_q4 (same contract) by that kernel: each key and value decoded in registers from
-// its codes and its group's min and scale, a chunk's loads all in flight; splits joined by
-// the combine kernel (`partial` as attention_tiled's). cudaErrorInvalidValue, nothing
-// launched, where takes_q4_decode_kernel does not hold.
-KernelStatus attention_q4_decode(const float* q, const RowDesc* rows, int64_t n_rows,
-                                 const KvQ4Desc& cache, int32_t n_heads, float scale,
-                                 int32_t max_context, const AttentionTiling& t, float* partial,
-                                 float* out, StreamHandle stream, bool overlap = false);
+// Whether the tiled kernel reads a 4-bit cache: head_dim and the group multiples of 4 (each
+// 4 elements of a tile one 2-byte load and one group), the blobs 16-byte aligned.
+bool q4_tiles_fit(const KvQ4Desc& cache);
+// attention_q4 (same contract) by the tiling `t`: decode rows by warps over keys where
+// takes_q4_decode_kernel holds, else the tiled kernel (q4_tiles_fit), each key and value
+// decoded in registers from its codes and its group's min and scale; splits joined by the
+// combine kernel (`partial` as attention_tiled's). cudaErrorInvalidValue, nothing launched,
+// where neither takes the step: attention_q4's kernel then does.
+KernelStatus attention_q4_tiled(const float* q, const RowDesc* rows, int64_t n_rows,
+                                const KvQ4Desc& cache, int32_t n_heads, float scale,
+                                int32_t max_context, const AttentionTiling& t, float* partial,
+                                float* out, StreamHandle stream, bool overlap = false);
 
 }  // namespace strata::cuda_kernels

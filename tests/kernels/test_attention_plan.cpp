@@ -214,5 +214,26 @@ TEST(AttentionPlan, FourBitDecodeKernelTakesWhatItsLanesCanRead) {
   EXPECT_FALSE(takes_q4_decode_kernel(decode, q, off, 32));
 }
 
+// Which 4-bit caches the tiled kernel reads (q4_tiles_fit): each 4 elements of a tile one
+// 2-byte load inside one group, so head_dim and the group multiples of 4; aligned blobs.
+TEST(AttentionPlan, FourBitTilesNeedQuadsInsideAGroup) {
+  const auto at = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  const KvQ4Desc c{at(0x10000), at(0x20000), 64, 2, 32, 160, 40};
+  EXPECT_TRUE(q4_tiles_fit(c));
+  KvQ4Desc d = c;
+  d.group = 2;
+  EXPECT_FALSE(q4_tiles_fit(d));
+  d = c;
+  d.head_dim = 34;  // group_for(34) = 34: quads would cross rows
+  d.group = 34;
+  EXPECT_FALSE(q4_tiles_fit(d));
+  d = c;
+  d.group = 12;  // does not divide 160
+  EXPECT_FALSE(q4_tiles_fit(d));
+  d = c;
+  d.k = at(0x10008);
+  EXPECT_FALSE(q4_tiles_fit(d));
+}
+
 }  // namespace
 }  // namespace strata::cuda_kernels

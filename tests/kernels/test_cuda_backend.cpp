@@ -1241,9 +1241,8 @@ TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
 // copy of those bytes and must give the CPU's attention_q4 output, itself checked against a
 // double-precision reference in test_cpu_backend. Rows of one to eight groups (head_dim 160
 // takes four of 40, 512 eight of 64), so a min and scale taken from the wrong group or row
-// shows; positions past a sequence's context hold zeros. Through both kernels that read it:
-// warps over keys for decode rows of head_dim 64 or 128, one block per (row, head) for the
-// rest.
+// shows; positions past a sequence's context hold zeros. Through each kernel that reads it:
+// warps over keys (decode rows of head_dim 64 or 128), tiled, one block per (row, head).
 TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
   const AttnCase& c = GetParam();
   if (c.head_dim % 2 != 0) GTEST_SKIP() << "a 4-bit cache needs an even head_dim";
@@ -1263,10 +1262,13 @@ TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
   }
   const AttentionDims dims = attn_dims(c);
   DeviceGuarded<float> dq(gpu(), in.q);
-  // The engine's groups, and groups of 8 where they divide head_dim: two lanes a group for
-  // head_dim 128 in the warps-over-keys kernel, so a lane's group index must be right.
+  // The engine's groups; groups of 8 where they divide head_dim (two lanes a group for
+  // head_dim 128 in the warps-over-keys kernel, two quads of a tile in the tiled one, so a
+  // lane's or a quad's group index must be right); and groups of 2, which neither reads at
+  // head_dim 128 (the simple kernel then takes every row) but warps over keys do at 64.
   std::vector<int32_t> groups = {KvQ4LayerView::group_for(c.head_dim)};
-  if (c.head_dim % 8 == 0 && groups[0] != 8) groups.push_back(8);
+  for (const int32_t g : {8, 2})
+    if (c.head_dim % g == 0 && groups[0] != g) groups.push_back(g);
   for (const int32_t group : groups) {
     SCOPED_TRACE("group " + std::to_string(group));
     KvQ4LayerView view{nullptr, nullptr, c.n_slots, c.capacity, c.n_kv_heads, c.head_dim, group};
@@ -1282,9 +1284,10 @@ TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
     KvQ4LayerView dev = view;
     dev.k = dkb.data();
     dev.v = dvb.data();
-    // Decode rows by warps over keys where that kernel has the shape, with and without
-    // splits; and every row by one block per (row, head).
-    for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kSimple}) {
+    // Each of the three kernels that can take the step (STRATA_CUDA_ATTENTION), with and
+    // without splits.
+    for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kTiled,
+                            CudaOptions::Attention::kSimple}) {
       SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
       CudaOptions options;
       options.attention = kind;
