@@ -528,18 +528,10 @@ struct Q4Quad {
 struct Q4TileRegs {
   Q4Quad v[kTileVecsPerThread];
 };
-struct Q4Tiles {
+struct Q4Tiles : Q4Head {
   using Desc = KvQ4Desc;
   using Regs = Q4TileRegs;
-  Q4Ptrs kb, vb;
-  int64_t first;  // the blob row of position 0
-  int32_t hd, group;
-  __device__ Q4Tiles(const KvQ4Desc& c, int32_t slot, int32_t kvh)
-      : kb(q4_ptrs(c.k, c)),
-        vb(q4_ptrs(c.v, c)),
-        first((static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity),
-        hd(c.head_dim),
-        group(c.group) {}
+  using Q4Head::Q4Head;
   __device__ void fetch(const Q4Ptrs& b, int32_t key0, int32_t nk, Regs& r) const {
     const int32_t n4 = nk * hd / 4;
     const int64_t e0 = (first + key0) * hd;  // the tile's first element in the blob
@@ -940,13 +932,12 @@ struct Q4Rows {
   int32_t gpr;  // groups a row
   __device__ Q4Rows(const KvQ4Desc& c, int32_t slot, int32_t kvh, int32_t lane)
       : gpr(c.head_dim / c.group) {
-    const int64_t first = (static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity;
-    const Q4Ptrs kb = q4_ptrs(c.k, c), vb = q4_ptrs(c.v, c);
-    kc = reinterpret_cast<const Codes*>(kb.codes + first * c.head_dim / 2) + lane;
-    vc = reinterpret_cast<const Codes*>(vb.codes + first * c.head_dim / 2) + lane;
-    const int64_t g = first * gpr + lane * V / c.group;
-    kmin = kb.mins + g, kscale = kb.scales + g;
-    vmin = vb.mins + g, vscale = vb.scales + g;
+    const Q4Head h(c, slot, kvh);
+    kc = reinterpret_cast<const Codes*>(h.kb.codes + h.first * h.hd / 2) + lane;
+    vc = reinterpret_cast<const Codes*>(h.vb.codes + h.first * h.hd / 2) + lane;
+    const int64_t g = h.first * gpr + lane * V / h.group;
+    kmin = h.kb.mins + g, kscale = h.kb.scales + g;
+    vmin = h.vb.mins + g, vscale = h.vb.scales + g;
   }
   __device__ Bits key(int32_t t) const {
     const int64_t g = static_cast<int64_t>(t) * gpr;

@@ -510,16 +510,8 @@ __global__ void kv_dequantize_kernel(KvQ4Desc c, float* k_out, float* v_out) {
 
 // The key and value rows of one (slot, kv head) of a 4-bit cache, read as stored: each
 // element is code * scale + min of its group, one rounding (fmaf) as the CPU decodes it.
-struct Q4HeadRows {
-  Q4Ptrs kb, vb;
-  int64_t first;  // the blob row of position 0
-  int32_t hd, group;
-  __device__ Q4HeadRows(const KvQ4Desc& c, int32_t slot, int32_t kvh)
-      : kb(q4_ptrs(c.k, c)),
-        vb(q4_ptrs(c.v, c)),
-        first((static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity),
-        hd(c.head_dim),
-        group(c.group) {}
+struct Q4HeadRows : Q4Head {
+  using Q4Head::Q4Head;
   __device__ float at(const Q4Ptrs& b, int32_t p, int32_t i) const {
     const int64_t e = (first + p) * hd + i;
     const unsigned char byte = b.codes[e / 2];

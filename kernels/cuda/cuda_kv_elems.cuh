@@ -28,6 +28,19 @@ __device__ Q4Ptrs q4_ptrs(void* blob, const KvQ4Desc& c) {
   return {codes, mins, mins + c.rows * (c.head_dim / c.group)};
 }
 
+// One (slot, kv head) of a 4-bit cache: both blobs, and the blob row of its position 0.
+struct Q4Head {
+  Q4Ptrs kb, vb;
+  int64_t first;
+  int32_t hd, group;
+  __device__ Q4Head(const KvQ4Desc& c, int32_t slot, int32_t kvh)
+      : kb(q4_ptrs(c.k, c)),
+        vb(q4_ptrs(c.v, c)),
+        first((static_cast<int64_t>(slot) * c.n_kv_heads + kvh) * c.capacity),
+        hd(c.head_dim),
+        group(c.group) {}
+};
+
 __device__ float widen(float x) {
   return x;
 }
