@@ -495,26 +495,18 @@ __device__ void store_tile(const TileRegs<T, kVec>& r, int32_t nk, int32_t hd, f
 // store() widens them into a shared-memory tile [nk][hd + 1].
 // An f32 or f16 cache (T = float or __half).
 template <typename T, bool kVec>
-struct ElemTiles {
+struct ElemTiles : ElemHead<T> {
   using Desc = KvCacheDesc;
   using Regs = TileRegs<T, kVec>;
-  const T* k;
-  const T* v;
-  int32_t hd;
-  __device__ ElemTiles(const KvCacheDesc& c, int32_t slot, int32_t kvh) : hd(c.head_dim) {
-    const int64_t base =
-        static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
-    k = static_cast<const T*>(c.k) + base;
-    v = static_cast<const T*>(c.v) + base;
-  }
+  using ElemHead<T>::ElemHead;
   __device__ void fetch_keys(int32_t key0, int32_t nk, Regs& r) const {
-    fetch_tile<T, kVec>(k + static_cast<int64_t>(key0) * hd, nk, hd, r);
+    fetch_tile<T, kVec>(this->k + static_cast<int64_t>(key0) * this->hd, nk, this->hd, r);
   }
   __device__ void fetch_values(int32_t key0, int32_t nk, Regs& r) const {
-    fetch_tile<T, kVec>(v + static_cast<int64_t>(key0) * hd, nk, hd, r);
+    fetch_tile<T, kVec>(this->v + static_cast<int64_t>(key0) * this->hd, nk, this->hd, r);
   }
   __device__ void store(const Regs& r, int32_t nk, float* tile) const {
-    store_tile<T, kVec>(r, nk, hd, tile);
+    store_tile<T, kVec>(r, nk, this->hd, tile);
   }
 };
 
@@ -892,10 +884,7 @@ struct ElemRows {
   const Bits* v;
   int64_t at;  // the lane's first Bits of position 0, from the cache's start
   __device__ ElemRows(const KvCacheDesc& c, int32_t slot, int32_t kvh, int32_t lane)
-      : at((static_cast<int64_t>(slot) * c.slot_stride +
-            static_cast<int64_t>(kvh) * c.head_stride) /
-               V +
-           lane) {
+      : at(head_offset(c, slot, kvh) / V + lane) {
     k = static_cast<const Bits*>(c.k) + at;
     v = static_cast<const Bits*>(c.v) + at;
   }

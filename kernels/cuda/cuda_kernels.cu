@@ -342,21 +342,13 @@ __global__ void kv_store_kernel(const float* k, const float* v, const RowDesc* r
 
 // The key and value rows of one (slot, kv head) of an f32 or f16 cache, [capacity, head_dim].
 template <typename T>
-struct HeadRows {
-  const T* k;
-  const T* v;
-  int32_t hd;
-  __device__ HeadRows(const KvCacheDesc& c, int32_t slot, int32_t kvh) : hd(c.head_dim) {
-    const int64_t base =
-        static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
-    k = static_cast<const T*>(c.k) + base;
-    v = static_cast<const T*>(c.v) + base;
-  }
+struct HeadRows : ElemHead<T> {
+  using ElemHead<T>::ElemHead;
   __device__ float key(int32_t p, int32_t i) const {
-    return widen(k[static_cast<int64_t>(p) * hd + i]);
+    return widen(this->k[static_cast<int64_t>(p) * this->hd + i]);
   }
   __device__ float value(int32_t p, int32_t i) const {
-    return widen(v[static_cast<int64_t>(p) * hd + i]);
+    return widen(this->v[static_cast<int64_t>(p) * this->hd + i]);
   }
 };
 

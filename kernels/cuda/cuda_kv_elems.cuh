@@ -14,6 +14,23 @@
 namespace strata::cuda_kernels {
 namespace {
 
+// Where one (slot, kv head) of an f32 or f16 cache starts, in elements.
+__device__ int64_t head_offset(const KvCacheDesc& c, int32_t slot, int32_t kvh) {
+  return static_cast<int64_t>(slot) * c.slot_stride + static_cast<int64_t>(kvh) * c.head_stride;
+}
+
+// The keys and values of one (slot, kv head) of an f32 or f16 cache, [capacity, head_dim].
+template <typename T>
+struct ElemHead {
+  const T* k;
+  const T* v;
+  int32_t hd;
+  __device__ ElemHead(const KvCacheDesc& c, int32_t slot, int32_t kvh)
+      : k(static_cast<const T*>(c.k) + head_offset(c, slot, kvh)),
+        v(static_cast<const T*>(c.v) + head_offset(c, slot, kvh)),
+        hd(c.head_dim) {}
+};
+
 // One blob of a 4-bit cache (KvQ4Desc): codes [rows * head_dim / 2] bytes, two a byte (even
 // index in the low nibble), then mins, then scales [rows * head_dim / group] f32.
 struct Q4Ptrs {

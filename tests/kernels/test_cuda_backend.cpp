@@ -1137,6 +1137,25 @@ void reserve_split_scratch(Backend& b) {
   b.reserve(bounds);
 }
 
+// Runs `attend` on a backend of each attention kernel (STRATA_CUDA_ATTENTION: warps over keys
+// where a decode kernel has the shape, tiled, one block per (row, head)), twice: without split
+// scratch (one split), then with it (long contexts split, the splits joined).
+template <class Attend>
+void on_each_attention_kernel(const Attend& attend) {
+  for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kTiled,
+                          CudaOptions::Attention::kSimple}) {
+    SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
+    CudaOptions options;
+    options.attention = kind;
+    const std::unique_ptr<Backend> b = make_cuda_backend(0, options);
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      if (round == 1) reserve_split_scratch(*b);
+      attend(*b);
+    }
+  }
+}
+
 // kv_store and attention over an f32 and an f16 cache: the device's cache bytes equal the
 // CPU's (f16 rounded to nearest even by both), and the attention of each of its kernels the
 // CPU's over them.
@@ -1161,22 +1180,12 @@ TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
 
     std::vector<float> want(in.q.size(), kUntouched);
     cpu().attention(in.q.data(), c.seqs, host_view, dims, want.data());
-    // Each of the three attention kernels (STRATA_CUDA_ATTENTION) that can take the step.
-    for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kTiled,
-                            CudaOptions::Attention::kSimple}) {
-      SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
-      CudaOptions options;
-      options.attention = kind;
-      const std::unique_ptr<Backend> b = make_cuda_backend(0, options);
-      for (int round = 0; round < 2; ++round) {  // the second call reuses the backend's scratch
-        SCOPED_TRACE("round " + std::to_string(round));
-        if (round == 1) reserve_split_scratch(*b);
-        DeviceGuarded<float> dout(*b, std::vector<float>(in.q.size(), kUntouched));
-        b->attention(dq.data(), c.seqs, dev_view, dims, dout.data());
-        expect_attention_rows(c, dout.download(), want);
-        EXPECT_TRUE(dout.guards_intact());
-      }
-    }
+    on_each_attention_kernel([&](Backend& b) {
+      DeviceGuarded<float> dout(b, std::vector<float>(in.q.size(), kUntouched));
+      b.attention(dq.data(), c.seqs, dev_view, dims, dout.data());
+      expect_attention_rows(c, dout.download(), want);
+      EXPECT_TRUE(dout.guards_intact());
+    });
     EXPECT_TRUE(dkc.download() == kc) << "attention modified the cache";
   }
 }
@@ -1284,23 +1293,12 @@ TEST_P(CudaAttentionTest, FourBitCacheReadAsStoredMatchesCpu) {
     KvQ4LayerView dev = view;
     dev.k = dkb.data();
     dev.v = dvb.data();
-    // Each of the three kernels that can take the step (STRATA_CUDA_ATTENTION), with and
-    // without splits.
-    for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kTiled,
-                            CudaOptions::Attention::kSimple}) {
-      SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
-      CudaOptions options;
-      options.attention = kind;
-      const std::unique_ptr<Backend> b = make_cuda_backend(0, options);
-      for (int round = 0; round < 2; ++round) {
-        SCOPED_TRACE("round " + std::to_string(round));
-        if (round == 1) reserve_split_scratch(*b);
-        DeviceGuarded<float> dout(*b, std::vector<float>(in.q.size(), kUntouched));
-        b->attention_q4(dq.data(), c.seqs, dev, dims, dout.data());
-        expect_attention_rows(c, dout.download(), want);
-        EXPECT_TRUE(dout.guards_intact());
-      }
-    }
+    on_each_attention_kernel([&](Backend& b) {
+      DeviceGuarded<float> dout(b, std::vector<float>(in.q.size(), kUntouched));
+      b.attention_q4(dq.data(), c.seqs, dev, dims, dout.data());
+      expect_attention_rows(c, dout.download(), want);
+      EXPECT_TRUE(dout.guards_intact());
+    });
     EXPECT_TRUE(dkb.download() == kb) << "attention modified the K cache";
     EXPECT_TRUE(dvb.download() == vb) << "attention modified the V cache";
     EXPECT_TRUE(dkb.guards_intact());
