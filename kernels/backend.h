@@ -53,7 +53,9 @@ struct KvLayerView {
 // One layer's KV cache stored 4-bit (FlexGen §5, groups along the hidden dimension): each
 // cached row (head_dim values: one position of one kv head, in KvLayerView's order) is
 // head_dim / group groups with an f32 min and scale each. One blob per K and per V:
-// codes [rows * head_dim / 2] bytes, then mins, then scales [rows * head_dim / group] f32.
+// codes [rows * head_dim / 2] bytes padded to a multiple of 4 (codes_bytes()), then mins,
+// then scales [rows * head_dim / group] f32. The padding keeps the mins f32-aligned where
+// head_dim is not a multiple of 8 (head_dim 12 over 5 rows: 30 bytes of codes, mins at 32).
 struct KvQ4LayerView {
   void* k = nullptr;
   void* v = nullptr;
@@ -65,9 +67,10 @@ struct KvQ4LayerView {
 
   size_t rows() const { return static_cast<size_t>(n_slots) * n_kv_heads * capacity; }
   size_t groups() const { return rows() * static_cast<size_t>(head_dim / group); }
-  size_t tensor_bytes() const {
-    return rows() * static_cast<size_t>(head_dim) / 2 + 2 * sizeof(float) * groups();
+  size_t codes_bytes() const {
+    return (rows() * static_cast<size_t>(head_dim) / 2 + 3) & ~size_t{3};
   }
+  size_t tensor_bytes() const { return codes_bytes() + 2 * sizeof(float) * groups(); }
   // Groups of 64 along head_dim where it is a multiple of 64, else the largest even divisor
   // of head_dim below 64 (40 for 80, 48 for 96), so every row is whole groups.
   static int32_t group_for(int32_t head_dim) {

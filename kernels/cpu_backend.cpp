@@ -512,7 +512,7 @@ struct Q4Blob {
 };
 Q4Blob q4_blob(void* blob, const KvQ4LayerView& c) {
   auto* codes = static_cast<uint8_t*>(blob);
-  auto* mins = reinterpret_cast<float*>(codes + c.rows() * static_cast<size_t>(c.head_dim) / 2);
+  auto* mins = reinterpret_cast<float*>(codes + c.codes_bytes());
   return {codes, mins, mins + c.groups()};
 }
 

@@ -178,7 +178,7 @@ void KvCache::for_each_slot_range(int32_t slot, int32_t positions, F&& f) const 
     }
     const KvQ4LayerView q = q4_layer_shape();
     const size_t per_row = hd / static_cast<size_t>(q.group);
-    const size_t codes = q.rows() * hd / 2;
+    const size_t codes = q.codes_bytes();
     f(r0 * hd / 2, n * hd / 2);
     f(codes + r0 * per_row * sizeof(float), n * per_row * sizeof(float));
     f(codes + (q.groups() + r0 * per_row) * sizeof(float), n * per_row * sizeof(float));

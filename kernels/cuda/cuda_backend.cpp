@@ -320,7 +320,8 @@ CudaBackend::CudaBackend(int device_index, const CudaOptions& options) : device_
   sm_count_ = prop.multiProcessorCount;
   fused_gemv_ = options.fused_gemv;
   fuse_epilogues_ = options.fuse_epilogues;
-  gemv_overlap_ = options.pdl != CudaOptions::Pdl::kOff && prop.major >= 9;
+  gemv_overlap_ = options.pdl != CudaOptions::Pdl::kOff && prop.major >= 9 &&
+                  cuda_kernels::kernels_wait_for_inputs();
   gemv_early_weights_ = options.pdl == CudaOptions::Pdl::kEarly;
   overlap_all_ = gemv_overlap_ && options.pdl == CudaOptions::Pdl::kAll;
   fuse_norms_ = options.fuse_norms;

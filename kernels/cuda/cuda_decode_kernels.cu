@@ -614,6 +614,8 @@ __global__ void __launch_bounds__(kTileThreads)
       s_q[e] = q[static_cast<int64_t>(d.row) * width + static_cast<int64_t>(h0 + qi % gb) * hd +
                  (e - qi * hd)];
     }
+    // Read after the key loop's barriers. A split past a slot-run's last key runs no loop,
+    // and its result is written from key_begin < key_end below, never from these.
     for (int32_t qi = threadIdx.x; qi < nq; qi += blockDim.x) {
       s_m[qi] = -INFINITY;
       s_l[qi] = 0.0f;
@@ -690,10 +692,11 @@ __global__ void __launch_bounds__(kTileThreads)
           // Indexed by the row's entry in the table (activation rows may have gaps).
           const int64_t entry = r_begin + g0 + qi / gb;
           float* pr = partial + ((entry * a.n_heads + h) * a.splits + blockIdx.z) * (hd + 2);
+          const bool any_key = key_begin < key_end;
           pr[dd] = o[i];
           if (dd == 0) {
-            pr[hd] = s_m[qi];
-            pr[hd + 1] = s_l[qi];
+            pr[hd] = any_key ? s_m[qi] : -INFINITY;
+            pr[hd + 1] = any_key ? s_l[qi] : 0.0f;
           }
         }
       }
@@ -1055,6 +1058,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
   }
+  // Every block gets here, an empty split too (it writes m = -inf, l = 0): the counter
+  // reaches a.splits only so, and only then goes back to zero for the next launch. Hence no
+  // early return anywhere above.
   if (a.splits > 1 && f.arrivals != nullptr)
     join_if_last<G, kHd>(f.arrivals, partial, entry, kvh, a, out + d.row * width);
 }

@@ -656,4 +656,13 @@ KernelStatus attention_q4(const float* q, const RowDesc* rows, int64_t n_rows,
   return last_status();
 }
 
+bool kernels_wait_for_inputs() {
+  cudaFuncAttributes a{};
+  if (cudaFuncGetAttributes(&a, rms_norm_kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.ptxVersion >= 90;  // every kernel file is built for the same architectures
+}
+
 }  // namespace strata::cuda_kernels

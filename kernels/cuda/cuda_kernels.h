@@ -32,6 +32,12 @@ struct RowDesc {
   int32_t pos;
 };
 
+// Whether the kernels the current device runs were built with programmatic dependent launch's
+// waits (wait_for_inputs(), PTX for compute capability 9.0 on). A build for sm_80 only runs on
+// an H100 from compute_80 PTX, whose kernels do not wait: launched with PDL they would read
+// what the kernel before them is still writing. False where the runtime cannot say.
+bool kernels_wait_for_inputs();
+
 // Largest head_dim the attention kernel accepts (its per-thread accumulators are fixed).
 constexpr int kMaxAttentionHeadDim = 512;
 

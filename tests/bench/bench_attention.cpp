@@ -127,7 +127,7 @@ void BM_DecodeAttentionQ4(benchmark::State& state) {
     }
     for (auto [x, blob] : {std::pair{&kf, &k}, std::pair{&vf, &v}}) {
       uint8_t* codes = blob->data() + layer_bytes * static_cast<size_t>(l);
-      auto* mins = reinterpret_cast<float*>(codes + n / 2);
+      auto* mins = reinterpret_cast<float*>(codes + shape.codes_bytes());
       float* scales = mins + shape.groups();
       for (size_t g = 0; g < shape.groups(); ++g)
         quantize_group(x->data() + g * static_cast<size_t>(shape.group), shape.group,

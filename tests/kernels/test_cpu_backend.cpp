@@ -707,6 +707,8 @@ std::vector<AttnCase> attn_cases() {
       {"decode_hd80", 2, 2, 80, 4, 40, decode_batch(), 4, 2},
       {"decode_hd272", 2, 1, 272, 4, 40, decode_batch(), 4, 2},
       {"decode_gqa8_hd128", 8, 1, 128, 4, 40, decode_batch(), 4, 2},
+      // head_dim 12 over 7 rows: a 4-bit cache's codes are 42 bytes, its mins start at 44.
+      {"hd12_odd_rows", 2, 1, 12, 1, 7, {SeqSlice{0, 2, 4, 0}}, 2, 1},
   };
   // The same over an f16 cache (policy cf16) and a 4-bit one (policy cc: attention_q4).
   const size_t n = cases.size();
@@ -936,9 +938,10 @@ void check_kv_store_then_attention(const AttnFixture& f, CpuIsa isa) {
   }
 }
 
-// A 4-bit cache blob (KvQ4LayerView's layout: codes, then every group's min, then its
-// scale) written and read by the test's own naive quantiser. Rows that hold NaN (unwritten
-// positions) get a NaN min and scale, so reading one poisons the output as it does above.
+// A 4-bit cache blob (KvQ4LayerView's layout: codes, padded up to a multiple of 4 bytes,
+// then every group's min, then its scale) written and read by the test's own naive quantiser. Rows
+// that hold NaN (unwritten positions) get a NaN min and scale, so reading one poisons the output as
+// it does above.
 struct Q4CacheUnderTest {
   KvQ4LayerView view;
   Guarded<uint8_t> k, v;
@@ -950,7 +953,8 @@ struct Q4CacheUnderTest {
     encode(f.v_cache0, v.data());
   }
   float* mins(uint8_t* blob) const {
-    return reinterpret_cast<float*>(blob + view.rows() * static_cast<size_t>(view.head_dim) / 2);
+    const size_t codes = view.rows() * static_cast<size_t>(view.head_dim) / 2;
+    return reinterpret_cast<float*>(blob + (codes + 3) / 4 * 4);
   }
   void encode(const std::vector<float>& x, uint8_t* blob) const {
     float* mn = mins(blob);
@@ -1049,6 +1053,17 @@ TEST(KvQ4Layout, GroupsAreWholeEvenDivisorsOfTheHeadDim) {
     const int32_t g = KvQ4LayerView::group_for(hd);
     EXPECT_TRUE(g % 2 == 0 && g <= 64 && hd % g == 0) << "head_dim " << hd << ": group " << g;
   }
+}
+
+// By hand: head_dim 12 over 5 rows is 30 bytes of codes, padded to 32 so the mins are f32
+// aligned, then 5 groups' mins and scales (40 bytes). head_dim 64 over 3 rows needs no pad.
+TEST(KvQ4Layout, MinsStartFourByteAligned) {
+  const KvQ4LayerView odd{nullptr, nullptr, 1, 5, 1, 12, 12};
+  EXPECT_EQ(odd.codes_bytes(), 32u);
+  EXPECT_EQ(odd.tensor_bytes(), 72u);
+  const KvQ4LayerView even{nullptr, nullptr, 1, 3, 1, 64, 64};
+  EXPECT_EQ(even.codes_bytes(), 96u);
+  EXPECT_EQ(even.tensor_bytes(), 120u);
 }
 
 // A 4-bit view whose groups do not divide head_dim is refused before anything is read.

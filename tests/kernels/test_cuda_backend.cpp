@@ -14,8 +14,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -212,12 +214,40 @@ TEST(CudaAvailability, ProbeAndFactoryFailCleanlyWithoutDevice) {
   }
 }
 
+// The named environment variables as they were, put back on destruction: gpu-run.sh runs this
+// binary once with the STRATA_CUDA_* switches unset and once with them set, and a test that
+// changes them must leave the tests after it the run's own.
+class EnvRestore {
+ public:
+  explicit EnvRestore(std::initializer_list<const char*> names) {
+    for (const char* n : names) {
+      const char* v = std::getenv(n);
+      saved_.emplace_back(n, v != nullptr ? std::optional<std::string>(v) : std::nullopt);
+    }
+  }
+  EnvRestore(const EnvRestore&) = delete;
+  EnvRestore& operator=(const EnvRestore&) = delete;
+  ~EnvRestore() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        unsetenv(name.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
 // The benchmark switches as CudaOptions reads them: unset is the measured default, each
 // documented value sets its field, and a value outside the list is an input error that
 // names the variable and the values it takes.
 TEST(CudaAvailability, OptionsFromTheEnvironment) {
-  const char* const vars[] = {"STRATA_CUDA_GEMV", "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
-                              "STRATA_CUDA_NORM", "STRATA_CUDA_ATTENTION", "STRATA_CUDA_DECODE"};
+  const auto vars = {"STRATA_CUDA_GEMV", "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
+                     "STRATA_CUDA_NORM", "STRATA_CUDA_ATTENTION", "STRATA_CUDA_DECODE"};
+  const EnvRestore restore(vars);
   for (const char* v : vars) unsetenv(v);
   using Pdl = CudaOptions::Pdl;
   using Attention = CudaOptions::Attention;
@@ -250,7 +280,6 @@ TEST(CudaAvailability, OptionsFromTheEnvironment) {
     EXPECT_NE(what.find("STRATA_CUDA_DECODE=yes"), std::string::npos) << what;
     EXPECT_NE(what.find("apart, fused"), std::string::npos) << what;
   }
-  for (const char* v : vars) unsetenv(v);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -854,12 +883,11 @@ using NormLinearsParam =
     std::tuple<DType, bool /*layer*/, int64_t /*k*/, int /*parts*/, bool /*relu*/>;
 using CudaNormLinearsTest = CudaParamTest<NormLinearsParam>;
 
-// A CUDA backend made with STRATA_CUDA_NORM=fused, the variable unset again after.
-std::unique_ptr<Backend> backend_folding_norms() {
-  setenv("STRATA_CUDA_NORM", "fused", 1);
-  auto b = make_cuda_backend(0);
-  unsetenv("STRATA_CUDA_NORM");
-  return b;
+// A CUDA backend with the run's switches (STRATA_CUDA_*) but the norm folded or not.
+std::unique_ptr<Backend> backend_folding_norms(bool fold = true) {
+  CudaOptions options = CudaOptions::from_env();
+  options.fuse_norms = fold;
+  return make_cuda_backend(0, options);
 }
 
 TEST_P(CudaNormLinearsTest, EveryPartMatchesNormThenLinear) {
@@ -916,7 +944,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The norm folds in only where the kernel takes it: one row, at most 8192 wide, and only with
-// STRATA_CUDA_NORM=fused (the fixture's backend has it off); declined sets write nothing.
+// STRATA_CUDA_NORM=fused; declined sets write nothing.
 TEST_F(CudaTest, NormLinearsDeclineWhatTheKernelCannotTake) {
   const std::vector<float> x = random_floats(2 * 8256, 65);
   const std::vector<float> nw = random_floats(8256, 66, 0.5f, 1.5f);
@@ -927,13 +955,15 @@ TEST_F(CudaTest, NormLinearsDeclineWhatTheKernelCannotTake) {
   const NormSpec rms{false, dnw.data(), nullptr, 1e-5f};
   const LinearOut on_narrow[] = {{&narrow.device, nullptr, dy.data()}};
   const LinearOut on_wide[] = {{&wide.device, nullptr, dy.data()}};
-  EXPECT_FALSE(gpu().linears(dx.data(), 1, on_narrow, LinearsFold{&rms, false}));
-  gpu_ = backend_folding_norms();
-  EXPECT_FALSE(gpu().linears(dx.data(), 2, on_narrow, LinearsFold{&rms, false}));  // half: m 1
-  EXPECT_FALSE(gpu().linears(dx.data(), 1, on_wide, LinearsFold{&rms, false}));    // 8256 wide
-  EXPECT_FALSE(gpu().linears(dx.data(), 2, on_wide, LinearsFold{&rms, false}));
+  // Backends beside the fixture's, which owns the buffers above and must outlive them.
+  EXPECT_FALSE(
+      backend_folding_norms(false)->linears(dx.data(), 1, on_narrow, LinearsFold{&rms, false}));
+  const std::unique_ptr<Backend> folding = backend_folding_norms();
+  EXPECT_FALSE(folding->linears(dx.data(), 2, on_narrow, LinearsFold{&rms, false}));  // m 1
+  EXPECT_FALSE(folding->linears(dx.data(), 1, on_wide, LinearsFold{&rms, false}));    // 8256 wide
+  EXPECT_FALSE(folding->linears(dx.data(), 2, on_wide, LinearsFold{&rms, false}));
   EXPECT_EQ(dy.download(), y0);
-  EXPECT_TRUE(gpu().linears(dx.data(), 1, on_narrow, LinearsFold{&rms, false}));
+  EXPECT_TRUE(folding->linears(dx.data(), 1, on_narrow, LinearsFold{&rms, false}));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -984,6 +1014,8 @@ std::vector<AttnCase> attn_cases() {
       // The largest head_dim the kernel takes, and an odd one.
       {"mha_hd512", 2, 2, 512, 2, 300, {SeqSlice{0, 3, 200, 1}, SeqSlice{3, 1, 0, 0}}, 4},
       {"gqa_hd33", 6, 3, 33, 2, 300, {SeqSlice{0, 5, 250, 0}, SeqSlice{5, 1, 17, 1}}, 6},
+      // head_dim 12 over 7 rows: a 4-bit cache's mins start past 2 bytes of padding.
+      {"hd12_odd_rows", 2, 1, 12, 1, 7, {SeqSlice{0, 2, 4, 0}}, 2},
       // Decode rows the tiled kernel splits over the context (flash-decoding) once the
       // backend has split scratch: one long row; rows of very different lengths, some shorter
       // than a split; 32 query heads on one kv head (two blocks per group); head_dim 512.
@@ -1021,7 +1053,8 @@ std::vector<AttnCase> attn_cases() {
        4},
       {"decode_warps_gqa4_hd64_one_kv", 4, 1, 64, 2, 200, {SeqSlice{0, 1, 77, 1}}, 1},
       // Groups of 8, one new row a sequence: a first token (its own key the only one), a
-      // context ending on a tile's last key, and one of 34 splits.
+      // context ending on a tile's last key, and a long one split many ways (17 splits on an H200
+      // with the scratch reserve_split_scratch gives), so the short rows' later splits are empty.
       {"decode_warps_gqa8_hd128_one_new",
        16,
        2,
@@ -1145,7 +1178,7 @@ void on_each_attention_kernel(const Attend& attend) {
   for (const auto kind : {CudaOptions::Attention::kWarps, CudaOptions::Attention::kTiled,
                           CudaOptions::Attention::kSimple}) {
     SCOPED_TRACE("attention kernel " + std::to_string(static_cast<int>(kind)));
-    CudaOptions options;
+    CudaOptions options = CudaOptions::from_env();  // the run's PDL
     options.attention = kind;
     const std::unique_ptr<Backend> b = make_cuda_backend(0, options);
     for (int round = 0; round < 2; ++round) {
@@ -1201,9 +1234,9 @@ TEST_P(CudaAttentionTest, KvStoreThenAttentionMatchCpu) {
 // For an f32 and an f16 cache.
 TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
   const AttnCase& c = GetParam();
-  CudaOptions options;
+  CudaOptions options = CudaOptions::from_env();  // the run's PDL
+  options.attention = CudaOptions::Attention::kWarps;
   options.fuse_decode_attention = true;
-  std::unique_ptr<Backend> fused = make_cuda_backend(0, options);
   const AttnInputs in = attn_inputs(c);
   const AttentionDims dims = attn_dims(c);
   bool one_new = true;
@@ -1211,9 +1244,11 @@ TEST_P(CudaAttentionTest, StoreAndAttendAsOneKernelMatchCpu) {
   const int32_t group = c.n_heads / c.n_kv_heads;
   const bool has_kernel = (c.head_dim == 64 || c.head_dim == 128) &&
                           (group == 1 || group == 2 || group == 4 || group == 8);
-  DeviceGuarded<float> dk(*fused, in.k_new), dv(*fused, in.v_new), dq(*fused, in.q);
+  DeviceGuarded<float> dk(gpu(), in.k_new), dv(gpu(), in.v_new), dq(gpu(), in.q);
   for (const DType dtype : kCacheTypes) {
     SCOPED_TRACE(dtype_name(dtype));
+    // A backend for each cache, so that round 0 runs without split scratch for both.
+    const std::unique_ptr<Backend> fused = make_cuda_backend(0, options);
     const std::vector<uint8_t> kc0 = cache_bytes(in.kc, dtype), vc0 = cache_bytes(in.vc, dtype);
     std::vector<uint8_t> kc = kc0, vc = vc0;
     const KvLayerView host_view = in.view(kc.data(), vc.data(), c, dtype);
