@@ -17,6 +17,7 @@
 #include "kernels/log.h"
 #include "kernels/quant.h"
 #include "launch/engine.h"
+#include "launch/openmp_wait.h"
 #include "launch/progress.h"
 #include "placement/policy_search.h"
 #include "worker/dummy.h"
@@ -349,6 +350,7 @@ int run_bench(BenchOptions o) {
   j["prompt_len"] = o.prompt_len;
   j["gen_len"] = o.gen_len;
   j["threads"] = e.cpu->threads();
+  j["openmp_wait"] = openmp_wait_json();
   j["backend"] = e.backend->name();
   j["weight_placement"] = e.placement.str();
   if (o.engine.policy) j["policy"] = o.engine.policy->compact();

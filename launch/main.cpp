@@ -9,6 +9,7 @@
 
 #include "kernels/error.h"
 #include "launch/commands.h"
+#include "launch/openmp_wait.h"
 
 namespace {
 
@@ -65,5 +66,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  strata::cli::settle_openmp_wait(argv);  // may run this binary again, with GOMP_SPINCOUNT set
   return leave_status(run(argc, argv));
 }

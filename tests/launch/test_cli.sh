@@ -474,6 +474,21 @@ fi
 expect_error bench-search-flags-need-auto "shape the search of --policy auto" \
   bench --model "$MODEL" --policy w=100/0/0 --cache-f16 --no-limits
 
+# OpenMP's idle spin (launch/openmp_wait.h): with neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY
+# set, strata runs (the same process, executed again) with GOMP_SPINCOUNT=1000; a count or a
+# policy the user set is left as it is, and the bench records what the run had.
+omp_wait() {
+  env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY "$@" "$STRATA" bench --model "$MODEL" --prompt-len 4 \
+    --gen-len 2 --no-limits --threads 1 2>"$TMP/err" |
+    python3 -c "import json, sys; w = json.load(sys.stdin)['openmp_wait']; print(w['GOMP_SPINCOUNT'], w['OMP_WAIT_POLICY'])"
+}
+got="$(omp_wait) / $(omp_wait GOMP_SPINCOUNT=5000) / $(omp_wait OMP_WAIT_POLICY=active)"
+if [ "$got" = "1000 None / 5000 None / None active" ]; then
+  echo "ok   openmp-spin-count: $got"; passes=$((passes + 1))
+else
+  echo "FAIL openmp-spin-count: $got"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+
 # Issue 10: bounded reads (failure 4), results never lost to one bad prompt (5), a bench that
 # reports only what it did (6), sizes and threads that must make sense (6), limits printed (3).
 expect_error prompt-file-dev-zero "input limit prompt_bytes" generate --model "$MODEL" --prompt-file /dev/zero
