@@ -27,7 +27,8 @@ struct FeedRun {
   std::vector<std::vector<int32_t>> outputs;
   FeedStats feed;
   WeightPlacement placement;
-  int64_t layer_bytes = 0;  // as the feeder packs it
+  int64_t layer_bytes = 0;       // as the feeder packs it
+  size_t kv_position_bytes = 0;  // one position of one sequence, every layer's K and V, as stored
 };
 
 std::vector<GenerationRequest> requests_for(const std::string& model, int32_t vocab) {
@@ -74,12 +75,14 @@ FeedRun run_with(Backend& device, const std::string& model, const LoadOptions& l
   engine.set_cache_options(cache);
   engine.set_gpu_batch_size(gpu_batch_size);
   LocalCluster gen(engine, LocalOptions{gpu_batch_size > 0 ? 4 : 3, kMaxRows, 0});
-  for (const auto& res : gen.run(requests_for(model, m.config.vocab))) {
+  GenerationStats stats;
+  for (const auto& res : gen.run(requests_for(model, m.config.vocab), &stats)) {
     EXPECT_TRUE(res.error.empty()) << res.error;
     run.outputs.push_back(res.output_ids);
   }
   run.feed = engine.feeder()->stats();
   run.layer_bytes = static_cast<int64_t>(engine.feeder()->layer_bytes());
+  run.kv_position_bytes = stats.kv_position_bytes;
   return run;
 }
 
@@ -237,8 +240,12 @@ TEST_P(LayerFeederTest, HalfCacheGivesTheSameOutputWhereverItLives) {
     c.cpu_attention = cpu_attention;
     return c;
   };
+  // By hand from stories260K's config.json: K and V of 5 layers x 4 kv heads x head_dim 8,
+  // 2 bytes each in f16 (1280 in f32), so every run below holds the cache it was asked for.
+  constexpr size_t kHalfPositionBytes = 2 * 5 * 4 * 8 * 2;
   // stories260K's greedy ids survive the rounding: all 320 equal llama2.c's (f32).
   const FeedRun ref = generate(*device_, model, 100, 0, true, half(0, 100, true));
+  EXPECT_EQ(ref.kv_position_bytes, kHalfPositionBytes);
   const auto refs = testing::load_stories_references();
   for (size_t i = 0; i < refs.size(); ++i)
     EXPECT_EQ(ref.outputs[i], refs[i].output_ids) << refs[i].name;
@@ -252,6 +259,7 @@ TEST_P(LayerFeederTest, HalfCacheGivesTheSameOutputWhereverItLives) {
     const CacheOptions c = half(w.cg, w.cc, w.cpu_attention);
     const FeedRun r = generate(*device_, model, 100, 0, true, c);
     EXPECT_EQ(r.outputs, ref.outputs) << c.placement.str() << " cpu attention " << w.cpu_attention;
+    EXPECT_EQ(r.kv_position_bytes, kHalfPositionBytes) << c.placement.str();
   }
 }
 
