@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -191,14 +192,15 @@ struct LinearInputs {
   std::vector<uint8_t> blob;
 };
 
-LinearInputs linear_inputs(DType dtype, int64_t m) {
+LinearInputs linear_inputs(DType dtype, int64_t m, uint32_t w_seed = 4) {
   LinearInputs in;
   in.x = random_floats(static_cast<size_t>(m * kK), 3);
   // On the k / 256 grid (exact in f16 / bf16), except for 4-bit: there grid values would
   // put codes on rounding ties, which f32 and double break differently.
-  const std::vector<float> w = dtype == DType::kQ4 ? random_floats(static_cast<size_t>(kN * kK), 4)
-                                                   : grid_floats(static_cast<size_t>(kN * kK), 4);
-  in.bias = random_floats(static_cast<size_t>(kN), 5);
+  const auto nk = static_cast<size_t>(kN * kK);
+  const std::vector<float> w =
+      dtype == DType::kQ4 ? random_floats(nk, w_seed) : grid_floats(nk, w_seed);
+  in.bias = random_floats(static_cast<size_t>(kN), w_seed + 1);
   in.wref = Ref(w.begin(), w.end());
   if (dtype == DType::kF32) {
     in.blob.resize(w.size() * 4);
@@ -255,6 +257,58 @@ Outcome linear_then_case(Backend& b, DType dtype, int64_t m, LinearThen then) {
   for (size_t i = 0; i < ref.size(); ++i)
     ref[i] = then == LinearThen::kRelu ? std::max(ref[i], 0.0) : ref[i] + y0[i];
   return outcome(dy, ref);
+}
+
+// linears as the transformer calls it: three matrices of one width over the same x (q, k
+// and v), with Llama's pre-norm (RMS) and OPT's ReLU where asked. Where the backend takes
+// the set in one pass (true), each y is [relu](norm(x) w^T + b); where it declines, nothing
+// is written and the caller's rms_norm, linear and relu give the same.
+Outcome linears_case(Backend& b, DType dtype, int64_t m, bool norm, bool relu) {
+  constexpr int kParts = 3;
+  constexpr float kEps = 1e-5f;
+  std::vector<LinearInputs> in;
+  std::vector<std::unique_ptr<DevTensor>> dw;
+  std::vector<std::unique_ptr<DevVec<float>>> db, dy;
+  std::vector<LinearOut> outs;
+  const std::vector<float> y0(static_cast<size_t>(m * kN), 12345.0f);
+  for (int p = 0; p < kParts; ++p) {
+    in.push_back(linear_inputs(dtype, m, 40 + 2 * static_cast<uint32_t>(p)));
+    dw.push_back(std::make_unique<DevTensor>(b, dtype, Shape{kN, kK}, in.back().blob.data(),
+                                             in.back().blob.size()));
+    db.push_back(std::make_unique<DevVec<float>>(b, in.back().bias));
+    dy.push_back(std::make_unique<DevVec<float>>(b, y0));
+    outs.push_back({&dw.back()->t, db.back()->data(), dy.back()->data()});
+  }
+  const std::vector<float>& x = in[0].x;  // the same x for every part
+  const std::vector<float> nw = random_floats(static_cast<size_t>(kK), 46, 0.5f, 1.5f);
+  DevVec<float> dx(b, x), dnw(b, nw), dn(b, std::vector<float>(x.size()));
+  const NormSpec spec{false, dnw.data(), nullptr, kEps};
+  if (!b.linears(dx.data(), m, outs, LinearsFold{norm ? &spec : nullptr, relu})) {
+    for (const auto& y : dy)
+      if (y->download() != y0) return {};  // declined but wrote
+    if (norm) b.rms_norm(dx.data(), m, kK, dnw.data(), kEps, dn.data());
+    for (int p = 0; p < kParts; ++p) {
+      b.linear(norm ? dn.data() : dx.data(), m, dw[p]->t, db[p]->data(), dy[p]->data());
+      if (relu) b.relu(dy[p]->data(), m * kN);
+    }
+  }
+  std::vector<float> xn = x;  // rms_norm's definition, in double
+  for (int64_t r = 0; norm && r < m; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < kK; ++c) ss += double(x[r * kK + c]) * x[r * kK + c];
+    const double inv = 1.0 / std::sqrt(ss / kK + kEps);
+    for (int64_t c = 0; c < kK; ++c)
+      xn[r * kK + c] = static_cast<float>(x[r * kK + c] * inv * nw[c]);
+  }
+  Outcome all{0.0, true};
+  for (int p = 0; p < kParts; ++p) {
+    Ref ref = linear_ref(xn, m, kK, kN, &in[p].bias, [&](size_t j) { return in[p].wref[j]; });
+    if (relu)
+      for (double& r : ref) r = std::max(r, 0.0);
+    const Outcome o = outcome(*dy[p], ref);
+    all = {std::max(all.err, o.err), all.guards && o.guards};
+  }
+  return all;
 }
 
 Outcome embedding_case(Backend& b, DType dtype) {
@@ -692,6 +746,86 @@ Outcome op_attention_q4(Backend& b, bool table) {
   return outcome(dout, attention_ref(q, rk, rv, kAttnScale));
 }
 
+// store_and_attend as the transformer calls it at a decode step: one new row a sequence, at
+// head_dim 64 with 4 query heads a kv head (the shapes the CUDA one-kernel decode takes).
+// Where a backend takes it, the cache holds the new rows (rounded as it stores them) and out
+// their attention over it; where it declines, nothing is written and the caller's kv_store
+// and attention give the same.
+Outcome store_and_attend_case(Backend& b, DType cache_dtype) {
+  constexpr int32_t heads = 8, kv = 2, hd = 64, slots = 2, cap = 40;
+  const std::vector<SeqSlice> seqs = {{0, 1, 20, 1}, {1, 1, 33, 0}};
+  const auto rows = static_cast<int64_t>(seqs.size());
+  const auto elems = static_cast<size_t>(slots) * kv * cap * hd;
+  const auto at = [&](int32_t slot, int32_t h, int32_t pos, int32_t d) {
+    return ((static_cast<size_t>(slot) * kv + h) * cap + pos) * hd + d;
+  };
+  const bool half = cache_dtype == DType::kF16;
+  const auto stored = [&](const std::vector<float>& x) {  // the values the cache holds
+    return half ? f16_values(as_f16(x)) : Ref(x.begin(), x.end());
+  };
+  const std::vector<float> k0 = random_floats(elems, 47, -2, 2), v0 = random_floats(elems, 48),
+                           k = random_floats(static_cast<size_t>(rows * kv * hd), 49, -2, 2),
+                           v = random_floats(static_cast<size_t>(rows * kv * hd), 50),
+                           q = random_floats(static_cast<size_t>(rows * heads * hd), 51, -2, 2);
+  DevVec<float> dk(b, k), dv(b, v), dq(b, q), dout(b, std::vector<float>(q.size(), 7.0f));
+  // The caches, as stored: f32 values, or their f16 bits.
+  DevVec<float> fk(b, half ? std::vector<float>() : k0), fv(b, half ? std::vector<float>() : v0);
+  DevVec<uint16_t> hk(b, half ? as_f16(k0) : std::vector<uint16_t>()),
+      hv(b, half ? as_f16(v0) : std::vector<uint16_t>());
+  const KvLayerView view{half ? static_cast<void*>(hk.data()) : fk.data(),
+                         half ? static_cast<void*>(hv.data()) : fv.data(),
+                         slots,
+                         cap,
+                         kv,
+                         hd,
+                         cache_dtype};
+  const AttentionDims dims{heads, kv, hd, 0.125f};
+  if (!b.store_and_attend(dq.data(), dk.data(), dv.data(), StepRows(seqs), view, dims,
+                          dout.data())) {
+    if (dout.download() != std::vector<float>(q.size(), 7.0f)) return {};  // declined but wrote
+    b.kv_store(dk.data(), dv.data(), StepRows(seqs), view);
+    b.attention(dq.data(), StepRows(seqs), view, dims, dout.data());
+  }
+  Ref rk = stored(k0), rv = stored(v0);
+  const Ref nk = stored(k), nv = stored(v);
+  for (const SeqSlice& s : seqs)
+    for (int32_t h = 0; h < kv; ++h)
+      for (int32_t d = 0; d < hd; ++d) {
+        const auto src = static_cast<size_t>((s.row_begin * kv + h) * hd + d);
+        rk[at(s.slot, h, s.n_past, d)] = nk[src];
+        rv[at(s.slot, h, s.n_past, d)] = nv[src];
+      }
+  Ref ref(q.size());
+  for (const SeqSlice& s : seqs)
+    for (int32_t h = 0; h < heads; ++h) {
+      const int32_t kh = h / (heads / kv), n = s.n_past + 1;
+      const float* qr = q.data() + (s.row_begin * heads + h) * hd;
+      std::vector<double> p(static_cast<size_t>(n));
+      double mx = -1e300, sum = 0;
+      for (int32_t u = 0; u < n; ++u) {
+        double dot = 0;
+        for (int32_t j = 0; j < hd; ++j) dot += double(qr[j]) * rk[at(s.slot, kh, u, j)];
+        p[static_cast<size_t>(u)] = dot * dims.scale;
+        mx = std::max(mx, dot * dims.scale);
+      }
+      for (double& e : p) sum += (e = std::exp(e - mx));
+      for (int32_t j = 0; j < hd; ++j) {
+        double o = 0;
+        for (int32_t u = 0; u < n; ++u)
+          o += p[static_cast<size_t>(u)] / sum * rv[at(s.slot, kh, u, j)];
+        ref[static_cast<size_t>((s.row_begin * heads + h) * hd + j)] = o;
+      }
+    }
+  Outcome caches{0.0, true};
+  for (const auto& [got_f32, got_f16, want] :
+       {std::tuple{&fk, &hk, &rk}, std::tuple{&fv, &hv, &rv}}) {
+    const Outcome c = half ? outcome(*got_f16, *want) : outcome(*got_f32, *want);
+    caches = {std::max(caches.err, c.err), caches.guards && c.guards};
+  }
+  const Outcome o = outcome(dout, ref);
+  return {std::max(o.err, caches.err), o.guards && caches.guards};
+}
+
 // ---- the table -------------------------------------------------------------------------
 
 struct OpCase {
@@ -724,6 +858,16 @@ const std::vector<OpCase>& op_table() {
       {"linear_then_f32_relu",
        [](Backend& b) { return linear_then_case(b, DType::kF32, kM, LinearThen::kRelu); }, 1e-5,
        1e-3},
+      // Three matrices over one x in one pass where a backend has the kernel (the CUDA GEMV;
+      // the norm folded in with STRATA_CUDA_NORM=fused), declined elsewhere.
+      {"linears_f16", [](Backend& b) { return linears_case(b, DType::kF16, 1, false, false); },
+       1e-5, 1e-4},
+      {"linears_q4", [](Backend& b) { return linears_case(b, DType::kQ4, 3, false, false); }, 1e-4,
+       1e-4},
+      {"linears_bf16_norm_relu",
+       [](Backend& b) { return linears_case(b, DType::kBF16, 1, true, true); }, 1e-5, 1e-4},
+      {"linears_q4_norm", [](Backend& b) { return linears_case(b, DType::kQ4, 1, true, false); },
+       1e-4, 1e-4},
       {"embedding_f32", [](Backend& b) { return embedding_case(b, DType::kF32); }, 0, 0},
       {"embedding_f16", [](Backend& b) { return embedding_case(b, DType::kF16); }, 0, 0},
       {"embedding_bf16", [](Backend& b) { return embedding_case(b, DType::kBF16); }, 0, 0},
@@ -745,6 +889,12 @@ const std::vector<OpCase>& op_table() {
       {"attention_f16", [](Backend& b) { return op_attention_f16(b, false); }, 1e-5, 1e-4},
       {"kv_store_q4+kv_dequantize", [](Backend& b) { return op_kv_q4(b, false); }, 1e-5, 1e-5},
       {"attention_q4", [](Backend& b) { return op_attention_q4(b, false); }, 1e-5, 1e-4},
+      // kv_store, attention and the split combine as one kernel where a backend has it (CUDA
+      // with STRATA_CUDA_DECODE=fused), the two ops elsewhere.
+      {"store_and_attend_f32", [](Backend& b) { return store_and_attend_case(b, DType::kF32); },
+       1e-5, 1e-4},
+      {"store_and_attend_f16", [](Backend& b) { return store_and_attend_case(b, DType::kF16); },
+       1e-5, 1e-4},
       // The same with the step's row table in the backend's memory (the engine's path).
       {"kv_store_table", [](Backend& b) { return op_kv_store(b, true); }, 0, 0},
       {"attention_table", [](Backend& b) { return op_attention(b, true); }, 1e-5, 1e-4},
@@ -760,15 +910,17 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   // Backend's compute and memory ops as backend.h declares them (allocate, deallocate,
   // allocate_host, compute_waits, host_waits, synchronize run inside the cases above).
   const std::set<std::string> interface = {
-      "copy",       "transfer",    "linear",        "linear_then", "embedding",   "rms_norm",
-      "layer_norm", "rope",        "silu_mul",      "relu",        "add",         "softmax",
-      "kv_store",   "kv_store_q4", "kv_dequantize", "attention",   "attention_q4"};
+      "copy",      "transfer",     "linear",   "linear_then",     "embedding",
+      "rms_norm",  "layer_norm",   "rope",     "silu_mul",        "relu",
+      "add",       "softmax",      "kv_store", "kv_store_q4",     "kv_dequantize",
+      "attention", "attention_q4", "linears",  "store_and_attend"};
   std::set<std::string> covered;
   for (const OpCase& c : op_table()) {
     std::string n = c.name;
     if (n.ends_with("_table")) n = n.substr(0, n.size() - std::strlen("_table"));
-    for (const char* variant : {"_row_blocks", "_rows", "_relu", "_accumulate"})
-      if (n.ends_with(variant)) n = n.substr(0, n.size() - std::strlen(variant));
+    for (const char* variant : {"_row_blocks", "_rows", "_relu", "_norm", "_accumulate"})
+      if (n.ends_with(variant) && !interface.contains(n))
+        n = n.substr(0, n.size() - std::strlen(variant));
     for (const char* suffix : {"_f32", "_f16", "_bf16", "_q4_panel", "_q4"})
       if (n.size() > std::strlen(suffix) && n.ends_with(suffix) && !interface.contains(n))
         n = n.substr(0, n.size() - std::strlen(suffix));
