@@ -817,7 +817,8 @@ void CudaBackend::kv_store(const float* k, const float* v, const StepRows& step,
 
 namespace {
 cuda_kernels::KvQ4Desc q4_desc(const KvQ4LayerView& c) {
-  return {c.k, c.v, static_cast<int64_t>(c.rows()), c.n_kv_heads, c.capacity, c.head_dim, c.group};
+  return {c.k,        c.v,     static_cast<int64_t>(c.rows()),       c.n_kv_heads, c.capacity,
+          c.head_dim, c.group, static_cast<int64_t>(c.codes_bytes())};
 }
 // The attention kernels' limits, against the cache's kv heads and head_dim.
 void check_attention_dims(const AttentionDims& dims, int32_t n_kv_heads, int32_t head_dim) {

@@ -100,6 +100,7 @@ struct KvQ4Desc {
   int32_t capacity;
   int32_t head_dim;
   int32_t group;
+  int64_t codes_bytes;  // KvQ4LayerView::codes_bytes(): where the mins begin
 };
 // Quantises the k/v rows of every RowDesc into the 4-bit cache (one thread per group).
 KernelStatus kv_store_q4(const float* k, const float* v, const RowDesc* rows, int64_t n_rows,

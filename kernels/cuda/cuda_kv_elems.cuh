@@ -33,7 +33,7 @@ struct ElemHead {
 
 // One blob of a 4-bit cache (KvQ4Desc): codes [rows * head_dim / 2] bytes, two a byte (even
 // index in the low nibble), padded to a multiple of 4, then mins, then scales
-// [rows * head_dim / group] f32 (KvQ4LayerView::codes_bytes).
+// [rows * head_dim / group] f32 (KvQ4Desc::codes_bytes, from KvQ4LayerView's).
 struct Q4Ptrs {
   unsigned char* codes;
   float* mins;
@@ -42,7 +42,7 @@ struct Q4Ptrs {
 
 __device__ Q4Ptrs q4_ptrs(void* blob, const KvQ4Desc& c) {
   auto* codes = static_cast<unsigned char*>(blob);
-  auto* mins = reinterpret_cast<float*>(codes + ((c.rows * c.head_dim / 2 + 3) & ~int64_t{3}));
+  auto* mins = reinterpret_cast<float*>(codes + c.codes_bytes);
   return {codes, mins, mins + c.rows * (c.head_dim / c.group)};
 }
 

@@ -180,7 +180,7 @@ TEST(AttentionPlan, FourBitDecodeKernelTakesWhatItsLanesCanRead) {
   const auto at = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   const float* q = reinterpret_cast<const float*>(uintptr_t{0x50000});
   // OPT-6.7B's decode step: head_dim 128, groups of 64 (KvQ4LayerView::group_for).
-  const KvQ4Desc cache{at(0x10000), at(0x20000), 32 * 544, 32, 544, 128, 64};
+  const KvQ4Desc cache{at(0x10000), at(0x20000), 32 * 544, 32, 544, 128, 64, 32 * 544 * 64};
   const AttentionTiling decode = plan_attention(1, 1, 528, 32, 32, 128, kSms, 4 * kKiB * kKiB);
   EXPECT_TRUE(takes_q4_decode_kernel(decode, q, cache, 32));
   KvQ4Desc g = cache;
@@ -218,7 +218,7 @@ TEST(AttentionPlan, FourBitDecodeKernelTakesWhatItsLanesCanRead) {
 // 2-byte load inside one group, so head_dim and the group multiples of 4; aligned blobs.
 TEST(AttentionPlan, FourBitTilesNeedQuadsInsideAGroup) {
   const auto at = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
-  const KvQ4Desc c{at(0x10000), at(0x20000), 64, 2, 32, 160, 40};
+  const KvQ4Desc c{at(0x10000), at(0x20000), 64, 2, 32, 160, 40, 64 * 80};
   EXPECT_TRUE(q4_tiles_fit(c));
   KvQ4Desc d = c;
   d.group = 2;
