@@ -17,14 +17,15 @@ ALL_GPU_TESTS+=" test_kv_swap_cuda test_tensor_parallel_cuda test_kv_handover_cu
 # The environment of gpu-run.sh for part $1, into the array `vars`.
 part_vars() {
   case $1 in
-    engine-b1) vars=(ENGINE_RUNS=b1 "ENGINE_VARIANTS=fused norm decode fewest pdlall" STEPS=engine) ;;
+    engine-b1) vars=(ENGINE_RUNS=b1 "ENGINE_VARIANTS=fused norm norm4 decode fewest fewest4 pdlall"
+      STEPS=engine) ;;
     tests) vars=(STEPS=tests "TESTS=$ALL_GPU_TESTS") ;;
-    tests-opt-in) vars=(STRATA_CUDA_PDL=all STRATA_CUDA_NORM=fused STRATA_CUDA_DECODE=fused
-      STEPS=tests "TESTS=test_cuda_backend test_backend_ops test_layer_feeder_cuda test_stage_cuda") ;;
-    engine-q4-b1) vars=(ENGINE_RUNS=q4-b1 "ENGINE_VARIANTS=fused fewest" STEPS=engine) ;;
+    tests-opt-in) vars=(STRATA_CUDA_PDL=all STRATA_CUDA_NORM=fused STRATA_CUDA_NORM_ROWS=4
+      STRATA_CUDA_DECODE=fused STEPS=tests "TESTS=test_cuda_backend test_backend_ops test_layer_feeder_cuda test_stage_cuda") ;;
+    engine-q4-b1) vars=(ENGINE_RUNS=q4-b1 "ENGINE_VARIANTS=fused fewest fewest4" STEPS=engine) ;;
     engine-caches) vars=("ENGINE_RUNS=b16 kv16-b1 kv16-b16 cc-b16" ENGINE_VARIANTS=fused STEPS=engine) ;;
-    kernels) vars=("KERNEL_FILTER=*DISABLED_AttentionDecodeThroughput*" KERNEL_VARIANTS=fused
-      STEPS=kernels) ;;
+    kernels) vars=("KERNEL_FILTER=*DISABLED_NormLinearsThroughput*:*DISABLED_AttentionDecodeThroughput*"
+      KERNEL_VARIANTS=fused STEPS=kernels) ;;
     *) return 1 ;;
   esac
 }

@@ -20,6 +20,8 @@ STEPS=${STEPS:-tests}
 #   decode: as fused, a decode step's kv_store, attention and split combine as one kernel,
 #           launched with programmatic dependent launch (opt-in)
 #   fewest: norm and decode together: five kernels an OPT layer (opt-in)
+#   norm4, fewest4: as norm and fewest, each warp of a GEMV with the norm taking 4 weight
+#           rows, so a block's norm prologue serves 16 rows, not 4 (opt-in)
 #   pdlall: as fused, the norms, kv_store and attention's kernels launched with programmatic
 #           dependent launch too (opt-in): nine kernels a layer, all overlapping
 variant_env() {
@@ -33,15 +35,18 @@ variant_env() {
     norm) echo STRATA_CUDA_NORM=fused ;;
     decode) echo STRATA_CUDA_DECODE=fused ;;
     fewest) echo STRATA_CUDA_NORM=fused STRATA_CUDA_DECODE=fused ;;
+    norm4) echo STRATA_CUDA_NORM=fused STRATA_CUDA_NORM_ROWS=4 ;;
+    fewest4) echo STRATA_CUDA_NORM=fused STRATA_CUDA_NORM_ROWS=4 STRATA_CUDA_DECODE=fused ;;
     pdlall) echo STRATA_CUDA_PDL=all ;;
   esac
 }
 # A mistyped variant would run the default under another name: refuse it before any step.
 for v in ${KERNEL_VARIANTS:-} ${ENGINE_VARIANTS:-} ${NCU_VARIANT:-}; do
   case $v in
-    before | plain | fused | tiled | nopdl | early | norm | decode | fewest | pdlall) ;;
+    before | plain | fused | tiled | nopdl | early | norm | decode | fewest | norm4 | fewest4 | \
+      pdlall) ;;
     *) echo "gpu-run.sh: unknown variant '$v' (before, plain, fused, tiled, nopdl, early, norm," \
-      "decode, fewest, pdlall)" >&2
+      "decode, fewest, norm4, fewest4, pdlall)" >&2
       exit 2 ;;
   esac
 done

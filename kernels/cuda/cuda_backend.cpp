@@ -37,6 +37,7 @@ CudaOptions CudaOptions::from_env() {
   o.fuse_epilogues = env_choice("STRATA_CUDA_EPILOGUE", {"on", "off"}) == 0;
   o.pdl = static_cast<Pdl>(env_choice("STRATA_CUDA_PDL", {"on", "off", "early", "all"}));
   o.fuse_norms = env_choice("STRATA_CUDA_NORM", {"kernel", "fused"}) == 1;
+  o.norm_warp_rows = 1 << env_choice("STRATA_CUDA_NORM_ROWS", {"1", "2", "4"});
   o.attention =
       static_cast<Attention>(env_choice("STRATA_CUDA_ATTENTION", {"warps", "tiled", "simple"}));
   o.fuse_decode_attention = env_choice("STRATA_CUDA_DECODE", {"apart", "fused"}) == 1;
@@ -45,6 +46,11 @@ CudaOptions CudaOptions::from_env() {
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) {
   return make_cuda_backend(device_index, CudaOptions::from_env());
+}
+
+void CudaOptions::check() const {
+  if (norm_warp_rows != 1 && norm_warp_rows != 2 && norm_warp_rows != 4)
+    fail_input("CudaOptions::norm_warp_rows {}: expected 1, 2 or 4", norm_warp_rows);
 }
 
 }  // namespace strata
@@ -275,6 +281,7 @@ class CudaBackend final : public Backend {
   bool fused_gemv_ = true;
   bool fuse_epilogues_ = true;
   bool fuse_norms_ = false;
+  int norm_warp_rows_ = 1;  // CudaOptions::norm_warp_rows
   bool gemv_overlap_ = false;
   bool gemv_early_weights_ = false;
   bool overlap_all_ = false;  // the norms, kv_store and attention with PDL too
@@ -325,6 +332,7 @@ CudaBackend::CudaBackend(int device_index, const CudaOptions& options) : device_
   gemv_early_weights_ = options.pdl == CudaOptions::Pdl::kEarly;
   overlap_all_ = gemv_overlap_ && options.pdl == CudaOptions::Pdl::kAll;
   fuse_norms_ = options.fuse_norms;
+  norm_warp_rows_ = options.norm_warp_rows;
   simple_attention_ = options.attention == CudaOptions::Attention::kSimple;
   decode_warps_ = options.attention == CudaOptions::Attention::kWarps;
   fuse_decode_attention_ = options.fuse_decode_attention && decode_warps_;
@@ -594,7 +602,8 @@ void CudaBackend::launch_gemv(const float* x, int m, DType dtype, int64_t k,
                               cuda_kernels::GemvEpilogue epilogue,
                               const cuda_kernels::GemvNorm& norm) {
   const int count = static_cast<int>(parts.size());
-  const cuda_kernels::GemvMode mode{epilogue, gemv_overlap_, gemv_early_weights_, norm};
+  const int warp_rows = norm.kind == cuda_kernels::GemvNormKind::kNone ? 1 : norm_warp_rows_;
+  const cuda_kernels::GemvMode mode{epilogue, gemv_overlap_, gemv_early_weights_, norm, warp_rows};
   if (dtype == DType::kQ4) {
     STRATA_CUDA_CHECK(cuda_kernels::gemv_q4_parts(x, m, parts.data(), count, k, mode, stream()));
   } else {
@@ -959,6 +968,7 @@ void CudaBackend::attention(const float* q, const StepRows& step, const KvLayerV
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
+  options.check();
   return std::make_unique<CudaBackend>(device_index, options);
 }
 
@@ -969,7 +979,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& 
 namespace strata {
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index, const CudaOptions& options) {
-  (void)options;
+  options.check();
   fail(ErrorKind::kUnimplemented, "cuda:{}: this binary was built without the CUDA backend",
        device_index);
 }

@@ -38,6 +38,9 @@ struct CudaOptions {
   Pdl pdl = Pdl::kOn;
   // STRATA_CUDA_NORM=fused: linears folds a pre-norm layer's norm into its GEMV.
   bool fuse_norms = false;
+  // STRATA_CUDA_NORM_ROWS=1|2|4: weight rows a warp of such a GEMV takes, so that 4, 8 or 16
+  // rows share a block's norm prologue (GemvMode::warp_rows).
+  int norm_warp_rows = 1;
   // STRATA_CUDA_ATTENTION: decode rows by warps over keys where a kernel fits (warps), the
   // tiled kernel for every row (tiled), or one block per (row, head) (simple).
   enum class Attention { kWarps, kTiled, kSimple };
@@ -47,6 +50,8 @@ struct CudaOptions {
   bool fuse_decode_attention = false;
 
   static CudaOptions from_env();
+  // Throws Error(kInvalidInput) naming a field whose value no kernel takes.
+  void check() const;
 };
 
 // A backend on CUDA device `device_index`, with CudaOptions::from_env() or `options`. Throws

@@ -203,52 +203,84 @@ struct GemvLaunch {
   GemvNorm norm;       // GemvMode::norm
 };
 
-// The part this block's rows lie in, and this warp's row of it. Selected rather than
-// indexed, so the launch's parameters are read where they are and not copied to local memory.
+// The part this block's rows lie in, and the first of this warp's R rows of it. Selected
+// rather than indexed, so the launch's parameters are read where they are and not copied to
+// local memory.
+template <int R>
 __device__ GemvPart part_of(const GemvLaunch& l, int64_t& row) {
   const unsigned b = blockIdx.x;
   const int i = (l.count > 1 && b >= l.first_block[1] ? 1 : 0) +
                 (l.count > 2 && b >= l.first_block[2] ? 1 : 0);
   const GemvPart p = i == 0 ? l.part[0] : i == 1 ? l.part[1] : l.part[2];
   const unsigned first = i == 0 ? l.first_block[0] : i == 1 ? l.first_block[1] : l.first_block[2];
-  row = static_cast<int64_t>(b - first) * kGemvWarps + (threadIdx.x >> 5);
+  row = (static_cast<int64_t>(b - first) * kGemvWarps + (threadIdx.x >> 5)) * R;
   return p;
+}
+
+// Row j of a warp's R rows that start at `row`, clamped into the part: a row past n reads
+// the part's last row (its loads hit what another warp reads) and stores nothing.
+__device__ int64_t clamped_row(int64_t row, int j, int64_t n) {
+  return row + j < n ? row + j : n - 1;
 }
 
 // y = x w[n, k]^T for one activation row x: each lane reads 8 weights (16 bytes) of its
 // warp's row per chunk, streamed past L1 (__ldcs) so x stays cached there. With kNorm every
-// warp of the block, rows past n included, joins the prologue that normalises x.
-template <typename T, bool kOverlap, bool kNorm>
+// warp of the block, rows past n included, joins the prologue that normalises x, and a warp
+// may take R rows at once (GemvMode::warp_rows) so that fewer blocks redo that prologue.
+template <typename T, bool kOverlap, bool kNorm, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_half_kernel(const float* x, GemvLaunch launch, int64_t k, GemvEpilogue epilogue) {
+  static_assert(R == 1 || kNorm, "more rows a warp only where a norm prologue is shared");
   let_dependents_launch();
   int64_t row = 0;
-  const GemvPart part = part_of(launch, row);
+  const GemvPart part = part_of<R>(launch, row);
   const bool valid = row < part.n;
   if (!kNorm && !valid) return;
   const unsigned lane = threadIdx.x & 31u;
-  const uint4* wr =
-      reinterpret_cast<const uint4*>(static_cast<const T*>(part.w) + (valid ? row : 0) * k);
+  const uint4* wr[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+    wr[j] = reinterpret_cast<const uint4*>(static_cast<const T*>(part.w) +
+                                           (valid ? clamped_row(row, j, part.n) : 0) * k);
   const int64_t chunks = valid ? k / 8 : 0;
   if (!launch.early_weights) wait_for_inputs();
-  uint4 first[kGemvPrefetch];
+  uint4 first[R][kGemvPrefetch];
 #pragma unroll
   for (int d = 0; d < kGemvPrefetch; ++d)
-    if (lane + 32 * d < chunks) first[d] = __ldcs(wr + lane + 32 * d);
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (lane + 32 * d < chunks) first[j][d] = __ldcs(wr[j] + lane + 32 * d);
   wait_for_inputs();
   const float* xs = gemv_input<kNorm>(x, k, launch.norm);
   if (!valid) return;
-  float acc[1] = {0.0f};
-  const auto dot = [&](int64_t c, const uint4& wv) {
-    acc[0] += dot8(x4<kOverlap, kNorm>(xs, 8 * c), x4<kOverlap, kNorm>(xs, 8 * c + 4),
-                   halves_to_float2<T>(wv.x), halves_to_float2<T>(wv.y), halves_to_float2<T>(wv.z),
-                   halves_to_float2<T>(wv.w));
+  float acc[R] = {};
+  const auto dot = [&](int64_t c, const uint4(&wv)[R]) {
+    const float4 a = x4<kOverlap, kNorm>(xs, 8 * c);
+    const float4 b = x4<kOverlap, kNorm>(xs, 8 * c + 4);
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      acc[j] += dot8(a, b, halves_to_float2<T>(wv[j].x), halves_to_float2<T>(wv[j].y),
+                     halves_to_float2<T>(wv[j].z), halves_to_float2<T>(wv[j].w));
   };
 #pragma unroll
-  for (int d = 0; d < kGemvPrefetch; ++d)
-    if (lane + 32 * d < chunks) dot(lane + 32 * d, first[d]);
-  for (int64_t c = lane + 32 * kGemvPrefetch; c < chunks; c += 32) dot(c, __ldcs(wr + c));
-  gemv_store<1>(acc, row, part.n, part.bias, epilogue, part.y);
+  for (int d = 0; d < kGemvPrefetch; ++d) {
+    if (lane + 32 * d >= chunks) continue;
+    uint4 wv[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) wv[j] = first[j][d];
+    dot(lane + 32 * d, wv);
+  }
+  for (int64_t c = lane + 32 * kGemvPrefetch; c < chunks; c += 32) {
+    uint4 wv[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) wv[j] = __ldcs(wr[j] + c);
+    dot(c, wv);
+  }
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const float one[1] = {acc[j]};
+    if (row + j < part.n) gemv_store<1>(one, row + j, part.n, part.bias, epilogue, part.y);
+  }
 }
 
 // Code j (0..7) of a 32-bit word of codes (even index in the low nibble) as a float, exactly:
@@ -298,53 +330,72 @@ __device__ void q4_word_dot(const float* x, int64_t k, int64_t e, const Q4Word& 
 // weights), so a warp's loads of codes (128 bytes) and of activations (two 512-byte runs per
 // row) are contiguous; the codes are decoded once and serve every activation row. Two words
 // a lane are in flight, the next pair loading while this one is dotted (the first pair as
-// kGemvPrefetch).
-template <int M, bool kOverlap, bool kNorm>
+// kGemvPrefetch). With kNorm a warp may take R weight rows at once, as the half kernel.
+template <int M, bool kOverlap, bool kNorm, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_q4_kernel(const float* x, GemvLaunch launch, int64_t k, GemvEpilogue epilogue) {
+  static_assert(R == 1 || kNorm, "more rows a warp only where a norm prologue is shared");
   let_dependents_launch();
   int64_t row = 0;
-  const GemvPart part = part_of(launch, row);
+  const GemvPart part = part_of<R>(launch, row);
   const bool valid = row < part.n;
   if (!kNorm && !valid) return;
-  const int64_t r = valid ? row : 0;
-  const Q4Row w{
-      reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(part.w) + r * (k / 2)),
-      part.mins + r * (k / 64), part.scales + r * (k / 64)};
+  Q4Row w[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const int64_t r = valid ? clamped_row(row, j, part.n) : 0;
+    w[j] = Q4Row{
+        reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(part.w) + r * (k / 2)),
+        part.mins + r * (k / 64), part.scales + r * (k / 64)};
+  }
   constexpr int64_t kStride = 256;
   const int64_t e0 = 8 * static_cast<int64_t>(threadIdx.x & 31u);
   const int64_t end = valid ? k : 0;  // a row past n loads nothing
   if (!launch.early_weights) wait_for_inputs();
-  Q4Word a, b;
-  if (e0 < end) a = w.at(e0);
-  if (e0 + kStride < end) b = w.at(e0 + kStride);
+  Q4Word a[R], b[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    if (e0 < end) a[j] = w[j].at(e0);
+    if (e0 + kStride < end) b[j] = w[j].at(e0 + kStride);
+  }
   wait_for_inputs();
   const float* xs = gemv_input<kNorm>(x, k, launch.norm);
   if (!valid) return;
-  float acc[M] = {};
+  float acc[R][M] = {};
   for (int64_t e = e0; e < k; e += 2 * kStride) {
-    Q4Word next_a, next_b;
-    if (e + 2 * kStride < k) next_a = w.at(e + 2 * kStride);
-    if (e + 3 * kStride < k) next_b = w.at(e + 3 * kStride);
-    q4_word_dot<M, kOverlap, kNorm>(xs, k, e, a, acc);
-    if (e + kStride < k) q4_word_dot<M, kOverlap, kNorm>(xs, k, e + kStride, b, acc);
-    a = next_a;
-    b = next_b;
+    Q4Word next_a[R], next_b[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (e + 2 * kStride < k) next_a[j] = w[j].at(e + 2 * kStride);
+      if (e + 3 * kStride < k) next_b[j] = w[j].at(e + 3 * kStride);
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      q4_word_dot<M, kOverlap, kNorm>(xs, k, e, a[j], acc[j]);
+      if (e + kStride < k) q4_word_dot<M, kOverlap, kNorm>(xs, k, e + kStride, b[j], acc[j]);
+      a[j] = next_a[j];
+      b[j] = next_b[j];
+    }
   }
-  gemv_store<M>(acc, row, part.n, part.bias, epilogue, part.y);
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+    if (row + j < part.n) gemv_store<M>(acc[j], row + j, part.n, part.bias, epilogue, part.y);
 }
 
-unsigned gemv_blocks(int64_t n) {
-  return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps);
+unsigned gemv_blocks(int64_t n, int warp_rows) {
+  const int64_t rows = int64_t{kGemvWarps} * warp_rows;
+  return static_cast<unsigned>((n + rows - 1) / rows);
 }
 
 // The launch's parts and the first block of each; false where one is empty, there are too
-// many, or the norm does not suit the kernel (one row of at most kMaxGemvNormWidth, aligned
-// weight and bias).
+// many, the norm does not suit the kernel (one row of at most kMaxGemvNormWidth, aligned
+// weight and bias), or warp_rows is not 1, or 2 or 4 with a norm.
 bool gemv_launch(const GemvPart* parts, int count, int m, int64_t k, const GemvMode& mode,
                  GemvLaunch& l, unsigned& blocks) {
   if (count <= 0 || count > kMaxGemvParts) return false;
-  if (mode.norm.kind != GemvNormKind::kNone && !gemv_norm_fits(m, k, mode.norm)) return false;
+  const bool norm = mode.norm.kind != GemvNormKind::kNone;
+  if (norm && !gemv_norm_fits(m, k, mode.norm)) return false;
+  if (mode.warp_rows != 1 && !(norm && (mode.warp_rows == 2 || mode.warp_rows == 4))) return false;
   l = GemvLaunch{};
   l.count = count;
   l.early_weights = mode.early_weights;
@@ -354,12 +405,12 @@ bool gemv_launch(const GemvPart* parts, int count, int m, int64_t k, const GemvM
     if (parts[i].n <= 0 || parts[i].w == nullptr || parts[i].y == nullptr) return false;
     l.part[i] = parts[i];
     l.first_block[i] = blocks;
-    blocks += gemv_blocks(parts[i].n);
+    blocks += gemv_blocks(parts[i].n, mode.warp_rows);
   }
   return true;
 }
 
-// A GEMV launch: kGemvWarps warps a block, one block per kGemvWarps output rows.
+// A GEMV launch: kGemvWarps warps a block, one block per kGemvWarps × warp_rows output rows.
 template <typename... Params, typename... Args>
 void launch_gemv(void (*kernel)(Params...), unsigned blocks, size_t shared, bool overlap,
                  cudaStream_t s, Args... args) {
@@ -371,18 +422,33 @@ size_t gemv_shared_bytes(const GemvMode& mode, int64_t k) {
   return mode.norm.kind == GemvNormKind::kNone ? 0 : static_cast<size_t>(k) * sizeof(float);
 }
 
-template <int M, bool kNorm>
+// A GEMV launcher: the kernel instantiation for a launch's x, parts and mode.
+using GemvLauncher = void (*)(const float*, const GemvLaunch&, unsigned, int64_t, const GemvMode&,
+                              cudaStream_t);
+
+template <int M, bool kNorm, int R = 1>
 void launch_gemv_q4(const float* x, const GemvLaunch& l, unsigned blocks, int64_t k,
                     const GemvMode& mode, cudaStream_t s) {
-  launch_gemv(mode.overlap ? gemv_q4_kernel<M, true, kNorm> : gemv_q4_kernel<M, false, kNorm>,
+  launch_gemv(mode.overlap ? gemv_q4_kernel<M, true, kNorm, R> : gemv_q4_kernel<M, false, kNorm, R>,
               blocks, gemv_shared_bytes(mode, k), mode.overlap, s, x, l, k, mode.epilogue);
 }
 
-template <typename T, bool kNorm>
+template <typename T, bool kNorm, int R = 1>
 void launch_gemv_half(const float* x, const GemvLaunch& l, unsigned blocks, int64_t k,
                       const GemvMode& mode, cudaStream_t s) {
-  launch_gemv(mode.overlap ? gemv_half_kernel<T, true, kNorm> : gemv_half_kernel<T, false, kNorm>,
-              blocks, gemv_shared_bytes(mode, k), mode.overlap, s, x, l, k, mode.epilogue);
+  launch_gemv(
+      mode.overlap ? gemv_half_kernel<T, true, kNorm, R> : gemv_half_kernel<T, false, kNorm, R>,
+      blocks, gemv_shared_bytes(mode, k), mode.overlap, s, x, l, k, mode.epilogue);
+}
+
+// The half launcher for weights of type T, with or without the norm and its rows a warp
+// (gemv_launch has checked them).
+template <typename T>
+GemvLauncher half_launcher(const GemvMode& mode) {
+  if (mode.norm.kind == GemvNormKind::kNone) return launch_gemv_half<T, false>;
+  return mode.warp_rows == 4   ? launch_gemv_half<T, true, 4>
+         : mode.warp_rows == 2 ? launch_gemv_half<T, true, 2>
+                               : launch_gemv_half<T, true, 1>;
 }
 
 // Keys of one split of a context into `splits`: the even share rounded up to whole tiles.
@@ -1219,13 +1285,8 @@ KernelStatus gemv_half_parts(const float* x, int m, const GemvPart* parts, int c
     return invalid();
   for (int i = 0; i < count; ++i)
     if (!aligned16(parts[i].w)) return invalid();
-  using Launcher =
-      void (*)(const float*, const GemvLaunch&, unsigned, int64_t, const GemvMode&, cudaStream_t);
-  const bool norm = mode.norm.kind != GemvNormKind::kNone;
-  const Launcher launch =
-      type == ElemType::kF16
-          ? (norm ? launch_gemv_half<__half, true> : launch_gemv_half<__half, false>)
-          : (norm ? launch_gemv_half<__nv_bfloat16, true> : launch_gemv_half<__nv_bfloat16, false>);
+  const GemvLauncher launch =
+      type == ElemType::kF16 ? half_launcher<__half>(mode) : half_launcher<__nv_bfloat16>(mode);
   launch(x, l, blocks, k, mode, as_stream(stream));
   return last_status();
 }
@@ -1242,15 +1303,15 @@ KernelStatus gemv_q4_parts(const float* x, int m, const GemvPart* parts, int cou
     if (!aligned16(parts[i].w) || parts[i].mins == nullptr || parts[i].scales == nullptr)
       return invalid();
   // One instantiation per row count, so each keeps its accumulators in registers; the norm
-  // takes one row (gemv_launch).
-  using Launcher =
-      void (*)(const float*, const GemvLaunch&, unsigned, int64_t, const GemvMode&, cudaStream_t);
-  constexpr Launcher kLaunchers[kMaxGemvRowsQ4] = {
+  // takes one row (gemv_launch), and its warps 1, 2 or 4 weight rows.
+  constexpr GemvLauncher kLaunchers[kMaxGemvRowsQ4] = {
       launch_gemv_q4<1, false>, launch_gemv_q4<2, false>, launch_gemv_q4<3, false>,
       launch_gemv_q4<4, false>, launch_gemv_q4<5, false>, launch_gemv_q4<6, false>,
       launch_gemv_q4<7, false>, launch_gemv_q4<8, false>};
-  const Launcher launch =
-      mode.norm.kind != GemvNormKind::kNone ? launch_gemv_q4<1, true> : kLaunchers[m - 1];
+  const GemvLauncher launch = mode.norm.kind == GemvNormKind::kNone ? kLaunchers[m - 1]
+                              : mode.warp_rows == 4                 ? launch_gemv_q4<1, true, 4>
+                              : mode.warp_rows == 2                 ? launch_gemv_q4<1, true, 2>
+                                                                    : launch_gemv_q4<1, true, 1>;
   launch(x, l, blocks, k, mode, as_stream(stream));
   return last_status();
 }

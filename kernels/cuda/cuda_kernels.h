@@ -166,11 +166,14 @@ struct GemvMode {
   // its launch overlaps.
   bool early_weights = false;
   GemvNorm norm;  // m == 1 and k <= kMaxGemvNormWidth where kind is not kNone
+  // Weight rows each warp takes at once: 1, or with a norm 2 or 4, so that a launch has
+  // that many times fewer blocks to redo the norm's prologue (STRATA_CUDA_NORM_ROWS).
+  int warp_rows = 1;
 };
 // y = epilogue(x w^T + bias) for each part, over one row x (m <= kMaxGemvRowsHalf): w [n, k]
 // f16 or bf16, read once from memory; x f32 as it is (not rounded to w's type). k % 8 == 0;
-// every w and x 16-byte aligned; every part has n > 0, w and y; count <= kMaxGemvParts (else
-// cudaErrorInvalidValue and nothing is launched).
+// every w and x 16-byte aligned; every part has n > 0, w and y; count <= kMaxGemvParts; the
+// norm and warp_rows as GemvMode says (else cudaErrorInvalidValue and nothing is launched).
 KernelStatus gemv_half_parts(const float* x, int m, const GemvPart* parts, int count, ElemType type,
                              int64_t k, const GemvMode& mode, StreamHandle stream);
 // The same for y[i, :] with i < m <= kMaxGemvRowsQ4 over kQ4 matrices [n, k] grouped along

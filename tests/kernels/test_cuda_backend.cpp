@@ -245,30 +245,42 @@ class EnvRestore {
 // documented value sets its field, and a value outside the list is an input error that
 // names the variable and the values it takes.
 TEST(CudaAvailability, OptionsFromTheEnvironment) {
-  const auto vars = {"STRATA_CUDA_GEMV", "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
-                     "STRATA_CUDA_NORM", "STRATA_CUDA_ATTENTION", "STRATA_CUDA_DECODE"};
+  const auto vars = {"STRATA_CUDA_GEMV",  "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
+                     "STRATA_CUDA_NORM",  "STRATA_CUDA_NORM_ROWS", "STRATA_CUDA_ATTENTION",
+                     "STRATA_CUDA_DECODE"};
   const EnvRestore restore(vars);
   for (const char* v : vars) unsetenv(v);
   using Pdl = CudaOptions::Pdl;
   using Attention = CudaOptions::Attention;
   const auto fields = [](const CudaOptions& o) {
-    return std::tuple(o.fused_gemv, o.fuse_epilogues, o.pdl, o.fuse_norms, o.attention,
-                      o.fuse_decode_attention);
+    return std::tuple(o.fused_gemv, o.fuse_epilogues, o.pdl, o.fuse_norms, o.norm_warp_rows,
+                      o.attention, o.fuse_decode_attention);
   };
   EXPECT_EQ(fields(CudaOptions::from_env()),
-            std::tuple(true, true, Pdl::kOn, false, Attention::kWarps, false));
+            std::tuple(true, true, Pdl::kOn, false, 1, Attention::kWarps, false));
   setenv("STRATA_CUDA_GEMV", "off", 1);
   setenv("STRATA_CUDA_EPILOGUE", "off", 1);
   setenv("STRATA_CUDA_PDL", "all", 1);
   setenv("STRATA_CUDA_NORM", "fused", 1);
+  setenv("STRATA_CUDA_NORM_ROWS", "4", 1);
   setenv("STRATA_CUDA_ATTENTION", "tiled", 1);
   setenv("STRATA_CUDA_DECODE", "fused", 1);
   EXPECT_EQ(fields(CudaOptions::from_env()),
-            std::tuple(false, false, Pdl::kAll, true, Attention::kTiled, true));
+            std::tuple(false, false, Pdl::kAll, true, 4, Attention::kTiled, true));
   setenv("STRATA_CUDA_PDL", "early", 1);
+  setenv("STRATA_CUDA_NORM_ROWS", "2", 1);
   setenv("STRATA_CUDA_ATTENTION", "simple", 1);
   EXPECT_EQ(CudaOptions::from_env().pdl, Pdl::kEarly);
+  EXPECT_EQ(CudaOptions::from_env().norm_warp_rows, 2);
   EXPECT_EQ(CudaOptions::from_env().attention, Attention::kSimple);
+  setenv("STRATA_CUDA_NORM_ROWS", "3", 1);
+  try {
+    (void)CudaOptions::from_env();
+    ADD_FAILURE() << "STRATA_CUDA_NORM_ROWS=3 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("STRATA_CUDA_NORM_ROWS=3"), std::string::npos) << e.what();
+  }
+  unsetenv("STRATA_CUDA_NORM_ROWS");
 
   setenv("STRATA_CUDA_DECODE", "yes", 1);
   try {
@@ -279,6 +291,25 @@ TEST(CudaAvailability, OptionsFromTheEnvironment) {
     const std::string what = e.what();
     EXPECT_NE(what.find("STRATA_CUDA_DECODE=yes"), std::string::npos) << what;
     EXPECT_NE(what.find("apart, fused"), std::string::npos) << what;
+  }
+}
+
+// Rows a warp takes under a folded norm other than 1, 2 or 4 is refused before any device
+// is touched (so this runs on every machine), naming the field and the value.
+TEST(CudaAvailability, NormWarpRowsOutsideOneTwoFourIsAnInputError) {
+  for (const int rows : {0, 3, 8}) {
+    CudaOptions options;
+    options.fuse_norms = true;
+    options.norm_warp_rows = rows;
+    try {
+      (void)make_cuda_backend(0, options);
+      ADD_FAILURE() << "norm_warp_rows " << rows << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find("norm_warp_rows " + std::to_string(rows)),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
@@ -879,20 +910,22 @@ TEST_F(CudaTest, LinearsDeclineWhatOneLaunchCannotTake) {
 // linears with the pre-norm layer's norm folded in (STRATA_CUDA_NORM=fused): each part
 // against the CPU backend's layer or RMS norm, then its linear (and ReLU). x is offset from
 // zero so a norm that skipped the mean would show; widths from 320 to the kernel's 8192.
-using NormLinearsParam =
-    std::tuple<DType, bool /*layer*/, int64_t /*k*/, int /*parts*/, bool /*relu*/>;
+using NormLinearsParam = std::tuple<DType, bool /*layer*/, int64_t /*k*/, int /*parts*/,
+                                    bool /*relu*/, int /*warp rows*/>;
 using CudaNormLinearsTest = CudaParamTest<NormLinearsParam>;
 
-// A CUDA backend with the run's switches (STRATA_CUDA_*) but the norm folded or not.
-std::unique_ptr<Backend> backend_folding_norms(bool fold = true) {
+// A CUDA backend with the run's switches (STRATA_CUDA_*) but the norm folded or not, and
+// where given, the weight rows a warp of such a GEMV takes.
+std::unique_ptr<Backend> backend_folding_norms(bool fold = true, int warp_rows = 0) {
   CudaOptions options = CudaOptions::from_env();
   options.fuse_norms = fold;
+  if (warp_rows > 0) options.norm_warp_rows = warp_rows;
   return make_cuda_backend(0, options);
 }
 
 TEST_P(CudaNormLinearsTest, EveryPartMatchesNormThenLinear) {
-  const auto [dtype, layer, k, count, relu] = GetParam();
-  gpu_ = backend_folding_norms();
+  const auto [dtype, layer, k, count, relu, warp_rows] = GetParam();
+  gpu_ = backend_folding_norms(true, warp_rows);
   const int64_t rows[] = {37, 300, 5};
   const std::vector<float> x = random_floats(static_cast<size_t>(k), 61, 0.5f, 2.5f);
   const std::vector<float> nw = random_floats(static_cast<size_t>(k), 62, 0.5f, 1.5f);
@@ -935,12 +968,13 @@ INSTANTIATE_TEST_SUITE_P(
     Cuda, CudaNormLinearsTest,
     ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16, DType::kQ4), ::testing::Bool(),
                        ::testing::Values(int64_t{320}, int64_t{4096}, int64_t{8192}),
-                       ::testing::Values(1, 3), ::testing::Bool()),
+                       ::testing::Values(1, 3), ::testing::Bool(), ::testing::Values(1, 2, 4)),
     [](const auto& tp) {
       return std::string(dtype_name(std::get<0>(tp.param))) +
              (std::get<1>(tp.param) ? "_layer" : "_rms") + "_k" +
              std::to_string(std::get<2>(tp.param)) + "_parts" +
-             std::to_string(std::get<3>(tp.param)) + (std::get<4>(tp.param) ? "_relu" : "");
+             std::to_string(std::get<3>(tp.param)) + (std::get<4>(tp.param) ? "_relu" : "") +
+             "_rows" + std::to_string(std::get<5>(tp.param));
     });
 
 // The norm folds in only where the kernel takes it: one row, at most 8192 wide, and only with
@@ -1470,6 +1504,78 @@ TEST_F(CudaTest, DISABLED_DecodeLinearShapesThroughput) {
             "\"accumulate\": %s, \"us_per_call\": %.2f, \"gb_per_s\": %.1f}\n",
             std::string(dtype_name(dtype)).c_str(), static_cast<long long>(sh.n),
             static_cast<long long>(sh.k), accumulate ? "true" : "false", sec * 1e6,
+            bytes / sec / 1e9);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+// A pre-norm layer's layer norm and the GEMVs that read it, at one decode row, in OPT-6.7B's
+// shapes: q/k/v (three [4096, 4096] in one launch) and fc1 ([16384, 4096] with its ReLU),
+// f16 and 4-bit. "apart" is the norm kernel and then the linears' launch; "folded_rowsR" is
+// one launch with the norm in its prologue, each warp taking R weight rows
+// (STRATA_CUDA_NORM_ROWS), so a block's prologue serves 4R rows. JSON lines on stdout; the
+// copies of each set of weights pass 256 MiB, so every call reads device memory.
+TEST_F(CudaTest, DISABLED_NormLinearsThroughput) {
+  constexpr int64_t k = 4096;
+  constexpr int kIters = 100;
+  struct Set {
+    const char* name;
+    int64_t n;
+    int parts;
+    bool relu;
+  };
+  const std::vector<float> x = random_floats(static_cast<size_t>(k), 211, 0.5f, 2.5f);
+  DeviceGuarded<float> dx(gpu(), x), normed(gpu(), static_cast<size_t>(k));
+  DeviceGuarded<float> dnw(gpu(), random_floats(static_cast<size_t>(k), 212, 0.5f, 1.5f));
+  DeviceGuarded<float> dnb(gpu(), random_floats(static_cast<size_t>(k), 213, -0.5f, 0.5f));
+  const NormSpec norm{true, dnw.data(), dnb.data(), 1e-5f};
+  // Backends beside the fixture's, which owns the buffers and outlives them.
+  std::vector<std::pair<std::string, std::unique_ptr<Backend>>> ways;
+  ways.emplace_back("apart", backend_folding_norms(false));
+  for (const int rows : {1, 2, 4})
+    ways.emplace_back("folded_rows" + std::to_string(rows), backend_folding_norms(true, rows));
+  for (const DType dtype : {DType::kF16, DType::kQ4}) {
+    for (const Set set : {Set{"qkv", 4096, 3, false}, Set{"fc1", 16384, 1, true}}) {
+      const AnyWeight first(gpu(), dtype, set.n, k,
+                            random_floats(static_cast<size_t>(set.n * k), 214, -0.05f, 0.05f));
+      const size_t wbytes = first.blob.size();
+      std::vector<std::unique_ptr<DeviceGuarded<uint8_t>>> copies;
+      std::vector<Tensor> ws = {first.device};
+      while (ws.size() * wbytes < (size_t{256} << 20) ||
+             ws.size() < 2 * static_cast<size_t>(set.parts)) {
+        copies.push_back(std::make_unique<DeviceGuarded<uint8_t>>(gpu(), first.blob));
+        ws.push_back(first.device);
+        ws.back().data = copies.back()->data();
+      }
+      DeviceGuarded<float> dy(gpu(), static_cast<size_t>(set.n * set.parts));
+      gpu().synchronize();
+      for (const auto& [way, backend] : ways) {
+        const bool folded = way != "apart";
+        const auto call = [&, &b = *backend](int i) {
+          std::vector<LinearOut> outs;
+          for (int p = 0; p < set.parts; ++p)
+            outs.push_back({&ws[static_cast<size_t>(i * set.parts + p) % ws.size()], nullptr,
+                            dy.data() + p * set.n});
+          if (!folded)
+            b.layer_norm(dx.data(), 1, k, dnw.data(), dnb.data(), norm.eps, normed.data());
+          const bool taken = b.linears(folded ? dx.data() : normed.data(), 1, outs,
+                                       LinearsFold{folded ? &norm : nullptr, set.relu});
+          ASSERT_TRUE(taken) << way << " " << set.name << " declined";
+        };
+        for (int i = 0; i < 2 * static_cast<int>(ws.size()); ++i) call(i);
+        backend->synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kIters; ++i) call(i);
+        backend->synchronize();
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+        const double bytes = static_cast<double>(wbytes) * set.parts;
+        std::printf(
+            "{\"bench\": \"cuda_norm_linears\", \"dtype\": \"%s\", \"set\": \"%s\", "
+            "\"way\": \"%s\", \"us_per_call\": %.2f, \"weight_gb_per_s\": %.1f}\n",
+            std::string(dtype_name(dtype)).c_str(), set.name, way.c_str(), sec * 1e6,
             bytes / sec / 1e9);
         std::fflush(stdout);
       }
