@@ -2,6 +2,7 @@
 # Sets up this machine (Debian packages), builds Strata and runs the test suite.
 #   scripts/test.sh              Release build in build/, all tests (GPU tests skip without a GPU)
 #   scripts/test.sh --sanitize   ASan + UBSan build in build-asan/
+#   scripts/test.sh --tsan       ThreadSanitizer build in build-tsan/ (no CUDA; OpenMP serial)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,12 @@ if [ "${1:-}" = "--sanitize" ]; then
     -DSTRATA_BUILD_TESTS=ON)
   # OpenMP's runtime keeps thread-local state that LeakSanitizer reports at exit.
   export ASAN_OPTIONS=detect_leaks=0
+elif [ "${1:-}" = "--tsan" ]; then
+  BUILD_DIR=build-tsan
+  # No CUDA: nvcc's objects would not be instrumented, and the build takes half as long.
+  CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON -DSTRATA_ENABLE_CUDA=OFF
+    -DSTRATA_WERROR=ON -DSTRATA_BUILD_TESTS=ON)
+  export TSAN_OPTIONS="second_deadlock_stack=1 suppressions=$PWD/tests/support/tsan.supp"
 fi
 
 bash scripts/install-deps.sh

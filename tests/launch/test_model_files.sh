@@ -11,9 +11,10 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 failures=0
 passes=0
-# ASan reserves terabytes of address space: no ulimit -v under it, and no out-of-memory case.
-ASAN=0
-if ldd "$STRATA" 2>/dev/null | grep -q libasan; then ASAN=1; fi
+# ASan and TSan reserve terabytes of address space: no ulimit -v under them, and no
+# out-of-memory case.
+SANITIZED=0
+if ldd "$STRATA" 2>/dev/null | grep -qE 'lib(asan|tsan)'; then SANITIZED=1; fi
 CAP_KB=4000000  # 4 GB: far above what stories260K needs, far below what the configs ask for
 
 python3 - "$MODEL" "$TMP" <<'PY'
@@ -79,7 +80,7 @@ expect() {
   local name=$1 want_rc=$2 pattern=$3
   shift 3
   (
-    [ "$ASAN" -eq 1 ] || ulimit -v "$CAP_KB"
+    [ "$SANITIZED" -eq 1 ] || ulimit -v "$CAP_KB"
     exec timeout 60 "$STRATA" generate --model "$TMP/$name" --prompt "Once upon a time" \
       --max-new-tokens 4 --threads 1 "$@"
   ) >"$TMP/out" 2>"$TMP/err"
@@ -109,7 +110,7 @@ expect model-type-number 2 "config.json: field 'model_type' must be a string, go
 expect corrupt-tokenizer 2 "tokenizer.model: cannot load sentencepiece model"
 expect sharded-corrupt-shard 2 "model-00001-of-00001.safetensors: the data section is 1171201 bytes"
 expect sharded-escaping-shard 2 "is not a file name in the model directory"
-if [ "$ASAN" -eq 0 ]; then
+if [ "$SANITIZED" -eq 0 ]; then
   # Raised past its limit, the context runs out of the capped memory: the error says where.
   expect max-positions-2e8 1 "out of memory while building the rotary tables of 200000000 positions" \
     --limit context=200000000
