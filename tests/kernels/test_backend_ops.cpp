@@ -550,9 +550,14 @@ KvLayerView view_of(void* k, void* v, DType dtype = DType::kF32) {
 size_t cache_elems() {
   return static_cast<size_t>(kSlots) * kKvHeads * kCap * kHd;
 }
-size_t cache_index(int32_t slot, int32_t head, int32_t pos, int32_t d) {
-  return ((static_cast<size_t>(slot) * kKvHeads + head) * kCap + pos) * kHd + d;
-}
+// The references' view of a cache layer: kv heads, head_dim and capacity (the cases' own
+// shape above, or a decode kernel's), indexed as KvLayerView lays it out.
+struct RefCache {
+  int32_t kv_heads = kKvHeads, hd = kHd, cap = kCap;
+  size_t index(int32_t slot, int32_t head, int32_t pos, int32_t d) const {
+    return ((static_cast<size_t>(slot) * kv_heads + head) * cap + pos) * hd + d;
+  }
+};
 
 // The step's rows as the engine hands them over: the slices and, with `table`, the row
 // table filled on the host and copied into the backend's memory (`holder` keeps it).
@@ -567,17 +572,18 @@ StepRows step_rows(Backend& b, bool table, DeviceBuffer& holder) {
   return rows;
 }
 
-// Rows k, v ([rows, kKvW]) of each of `seqs` written into the reference caches rk, rv at
-// their positions, as kv_store defines it.
+// Rows k, v ([rows, kv_heads * hd]) of each of `seqs` written into the reference caches rk,
+// rv at their positions, as kv_store defines it.
 template <class Rows>
-void place_rows(const std::vector<SeqSlice>& seqs, const Rows& k, const Rows& v, Ref& rk, Ref& rv) {
+void place_rows(const std::vector<SeqSlice>& seqs, const Rows& k, const Rows& v, Ref& rk, Ref& rv,
+                const RefCache& c = {}) {
   for (const SeqSlice& s : seqs)
     for (int32_t t = 0; t < s.n_new; ++t)
-      for (int32_t h = 0; h < kKvHeads; ++h)
-        for (int32_t d = 0; d < kHd; ++d) {
-          const size_t src = static_cast<size_t>((s.row_begin + t) * kKvW + h * kHd + d);
-          rk[cache_index(s.slot, h, s.n_past + t, d)] = k[src];
-          rv[cache_index(s.slot, h, s.n_past + t, d)] = v[src];
+      for (int32_t h = 0; h < c.kv_heads; ++h)
+        for (int32_t d = 0; d < c.hd; ++d) {
+          const auto src = static_cast<size_t>(((s.row_begin + t) * c.kv_heads + h) * c.hd + d);
+          rk[c.index(s.slot, h, s.n_past + t, d)] = k[src];
+          rv[c.index(s.slot, h, s.n_past + t, d)] = v[src];
         }
 }
 
@@ -595,29 +601,32 @@ Outcome op_kv_store(Backend& b, bool table) {
   return {std::max(a.err, c.err), a.guards && c.guards};
 }
 
-// Causal attention of kSeqs' new rows by its definition, over caches kc, vc (cache_index).
+// Causal attention of the new rows of `seqs` (kSeqs unless given) by its definition, with
+// `heads` query heads over caches kc, vc laid out as `c`.
 template <class Cache>
-Ref attention_ref(const std::vector<float>& q, const Cache& kc, const Cache& vc, float scale) {
+Ref attention_ref(const std::vector<float>& q, const Cache& kc, const Cache& vc, float scale,
+                  const std::vector<SeqSlice>& seqs = kSeqs, int32_t heads = kHeads,
+                  const RefCache& c = {}) {
   Ref ref(q.size());
-  for (const SeqSlice& s : kSeqs)
+  for (const SeqSlice& s : seqs)
     for (int32_t t = 0; t < s.n_new; ++t)
-      for (int32_t h = 0; h < kHeads; ++h) {
-        const int32_t kh = h / (kHeads / kKvHeads), n = s.n_past + t + 1;  // causal
-        const float* qr = q.data() + ((s.row_begin + t) * kHeads + h) * kHd;
+      for (int32_t h = 0; h < heads; ++h) {
+        const int32_t kh = h / (heads / c.kv_heads), n = s.n_past + t + 1;  // causal
+        const float* qr = q.data() + ((s.row_begin + t) * heads + h) * c.hd;
         std::vector<double> p(static_cast<size_t>(n));
         double mx = -1e300, sum = 0;
         for (int32_t u = 0; u < n; ++u) {
           double d = 0;
-          for (int32_t j = 0; j < kHd; ++j) d += double(qr[j]) * kc[cache_index(s.slot, kh, u, j)];
+          for (int32_t j = 0; j < c.hd; ++j) d += double(qr[j]) * kc[c.index(s.slot, kh, u, j)];
           p[static_cast<size_t>(u)] = d * scale;
           mx = std::max(mx, d * scale);
         }
         for (double& e : p) sum += (e = std::exp(e - mx));
-        for (int32_t j = 0; j < kHd; ++j) {
+        for (int32_t j = 0; j < c.hd; ++j) {
           double o = 0;
           for (int32_t u = 0; u < n; ++u)
-            o += p[static_cast<size_t>(u)] / sum * vc[cache_index(s.slot, kh, u, j)];
-          ref[static_cast<size_t>(((s.row_begin + t) * kHeads + h) * kHd + j)] = o;
+            o += p[static_cast<size_t>(u)] / sum * vc[c.index(s.slot, kh, u, j)];
+          ref[static_cast<size_t>(((s.row_begin + t) * heads + h) * c.hd + j)] = o;
         }
       }
   return ref;
@@ -756,9 +765,7 @@ Outcome store_and_attend_case(Backend& b, DType cache_dtype) {
   const std::vector<SeqSlice> seqs = {{0, 1, 20, 1}, {1, 1, 33, 0}};
   const auto rows = static_cast<int64_t>(seqs.size());
   const auto elems = static_cast<size_t>(slots) * kv * cap * hd;
-  const auto at = [&](int32_t slot, int32_t h, int32_t pos, int32_t d) {
-    return ((static_cast<size_t>(slot) * kv + h) * cap + pos) * hd + d;
-  };
+  const RefCache layout{kv, hd, cap};
   const bool half = cache_dtype == DType::kF16;
   const auto stored = [&](const std::vector<float>& x) {  // the values the cache holds
     return half ? f16_values(as_f16(x)) : Ref(x.begin(), x.end());
@@ -787,35 +794,8 @@ Outcome store_and_attend_case(Backend& b, DType cache_dtype) {
     b.attention(dq.data(), StepRows(seqs), view, dims, dout.data());
   }
   Ref rk = stored(k0), rv = stored(v0);
-  const Ref nk = stored(k), nv = stored(v);
-  for (const SeqSlice& s : seqs)
-    for (int32_t h = 0; h < kv; ++h)
-      for (int32_t d = 0; d < hd; ++d) {
-        const auto src = static_cast<size_t>((s.row_begin * kv + h) * hd + d);
-        rk[at(s.slot, h, s.n_past, d)] = nk[src];
-        rv[at(s.slot, h, s.n_past, d)] = nv[src];
-      }
-  Ref ref(q.size());
-  for (const SeqSlice& s : seqs)
-    for (int32_t h = 0; h < heads; ++h) {
-      const int32_t kh = h / (heads / kv), n = s.n_past + 1;
-      const float* qr = q.data() + (s.row_begin * heads + h) * hd;
-      std::vector<double> p(static_cast<size_t>(n));
-      double mx = -1e300, sum = 0;
-      for (int32_t u = 0; u < n; ++u) {
-        double dot = 0;
-        for (int32_t j = 0; j < hd; ++j) dot += double(qr[j]) * rk[at(s.slot, kh, u, j)];
-        p[static_cast<size_t>(u)] = dot * dims.scale;
-        mx = std::max(mx, dot * dims.scale);
-      }
-      for (double& e : p) sum += (e = std::exp(e - mx));
-      for (int32_t j = 0; j < hd; ++j) {
-        double o = 0;
-        for (int32_t u = 0; u < n; ++u)
-          o += p[static_cast<size_t>(u)] / sum * rv[at(s.slot, kh, u, j)];
-        ref[static_cast<size_t>((s.row_begin * heads + h) * hd + j)] = o;
-      }
-    }
+  place_rows(seqs, stored(k), stored(v), rk, rv, layout);
+  const Ref ref = attention_ref(q, rk, rv, dims.scale, seqs, heads, layout);
   Outcome caches{0.0, true};
   for (const auto& [got_f32, got_f16, want] :
        {std::tuple{&fk, &hk, &rk}, std::tuple{&fv, &hv, &rv}}) {

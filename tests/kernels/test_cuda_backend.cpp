@@ -1456,6 +1456,20 @@ TEST_F(CudaTest, DISABLED_LinearThroughput) {
   }
 }
 
+// Copies of one weight in device memory, at least `at_least` and together past 256 MiB
+// (several times the L2), so a benchmark that rotates over them reads device memory.
+struct WeightCopies {
+  std::vector<std::unique_ptr<DeviceGuarded<uint8_t>>> buffers;
+  std::vector<Tensor> tensors;
+  WeightCopies(Backend& gpu, const AnyWeight& first, size_t at_least) : tensors{first.device} {
+    while (tensors.size() * first.blob.size() < (size_t{256} << 20) || tensors.size() < at_least) {
+      buffers.push_back(std::make_unique<DeviceGuarded<uint8_t>>(gpu, first.blob));
+      tensors.push_back(first.device);
+      tensors.back().data = buffers.back()->data();
+    }
+  }
+};
+
 // One decode row (m = 1) through the weight shapes of a 7B-class decode step: OPT-6.7B's
 // q/k/v/o [4096, 4096], fc1 [16384, 4096], fc2 [4096, 16384] and its LM head [50272, 4096],
 // f16 and 4-bit, stored and with the residual add folded in (linear_then). JSON lines on
@@ -1472,13 +1486,8 @@ TEST_F(CudaTest, DISABLED_DecodeLinearShapesThroughput) {
           random_floats(static_cast<size_t>(sh.n * sh.k), 203, -0.05f, 0.05f);
       const AnyWeight first(gpu(), dtype, sh.n, sh.k, wf);
       const size_t wbytes = first.blob.size();
-      std::vector<std::unique_ptr<DeviceGuarded<uint8_t>>> copies;
-      std::vector<Tensor> ws = {first.device};
-      while (ws.size() * wbytes < (size_t{256} << 20) || ws.size() < 2) {
-        copies.push_back(std::make_unique<DeviceGuarded<uint8_t>>(gpu(), first.blob));
-        ws.push_back(first.device);
-        ws.back().data = copies.back()->data();
-      }
+      const WeightCopies copies(gpu(), first, 2);
+      const std::vector<Tensor>& ws = copies.tensors;
       const std::vector<float> x = random_floats(static_cast<size_t>(sh.k), 204);
       DeviceBuffer dx(gpu(), x.size() * 4), dy(gpu(), static_cast<size_t>(sh.n) * 4);
       gpu().copy(dx.data(), x.data(), x.size() * 4, CopyKind::kHostToDevice);
@@ -1541,14 +1550,8 @@ TEST_F(CudaTest, DISABLED_NormLinearsThroughput) {
       const AnyWeight first(gpu(), dtype, set.n, k,
                             random_floats(static_cast<size_t>(set.n * k), 214, -0.05f, 0.05f));
       const size_t wbytes = first.blob.size();
-      std::vector<std::unique_ptr<DeviceGuarded<uint8_t>>> copies;
-      std::vector<Tensor> ws = {first.device};
-      while (ws.size() * wbytes < (size_t{256} << 20) ||
-             ws.size() < 2 * static_cast<size_t>(set.parts)) {
-        copies.push_back(std::make_unique<DeviceGuarded<uint8_t>>(gpu(), first.blob));
-        ws.push_back(first.device);
-        ws.back().data = copies.back()->data();
-      }
+      const WeightCopies copies(gpu(), first, 2 * static_cast<size_t>(set.parts));
+      const std::vector<Tensor>& ws = copies.tensors;
       DeviceGuarded<float> dy(gpu(), static_cast<size_t>(set.n * set.parts));
       gpu().synchronize();
       for (const auto& [way, backend] : ways) {
