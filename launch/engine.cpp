@@ -146,15 +146,53 @@ void check_pie(const EngineOptions& o, const PieOptions& pie, const ModelConfig&
   }
 }
 
-// With a policy (FlexGen's shares of the device's memory), --gpu-mem bounds the device's
-// weights, KV cache (Pie's buffers where on) and step buffers together, counted as
-// placement/ counts them; checked when a run sizes its cache. Without one, --gpu-mem bounds
-// the weights alone: they fill it first.
-void check_device_memory(const EngineOptions& o, const ComputeSetup& c, Model& model) {
+// What each memory budget bounds, said once. With a policy (FlexGen's shares of each tier),
+// --gpu-mem, --cpu-mem and --disk-mem each bound everything the engine keeps on their tier --
+// weights, KV cache (Pie's buffers where on) and step buffers -- counted as placement/ counts
+// them. Without one they bound the weights alone, which fill them first; the cache and the
+// buffers then come on top, and the run says so.
+struct TierBudget {
+  Tier tier;
+  const char* option;
+  const char* where;
+  const char* hint;  // how to make the KV cache need less of this tier
+};
+constexpr TierBudget kTierBudgets[] = {
+    {Tier::kGpu, "--gpu-mem", "the device",
+     "keep KV layers in host memory (--pie-host-layers, or the policy's c=)"},
+    {Tier::kCpu, "--cpu-mem", "host memory", "move KV layers to disk (the policy's c=)"},
+    {Tier::kDisk, "--disk-mem", "the disk", "keep more KV layers in memory (the policy's c=)"},
+};
+
+// What a tier holds, the device's kernel scratch included (held by the backend, not the engine).
+int64_t tier_need(const StagePlacement& p, Tier t) {
+  return p.total()[t] + (t == Tier::kGpu ? p.kernel_scratch_bytes : 0);
+}
+
+// "host memory needs 3.1 MiB (weights 1.0, KV cache 1.0, buffers 1.1)"
+std::string tier_need_str(const StagePlacement& p, const TierBudget& t) {
+  const double mib = 1 << 20;
+  const int64_t need = tier_need(p, t.tier);
+  const int64_t weights = p.weight_bytes()[t.tier], kv = p.cache_bytes()[t.tier];
+  return fmt::format("{} needs {:.1f} MiB (weights {:.1f}, KV cache {:.1f}{}, buffers {:.1f})",
+                     t.where, static_cast<double>(need) / mib, static_cast<double>(weights) / mib,
+                     static_cast<double>(kv) / mib,
+                     t.tier == Tier::kGpu && p.cache.pie_host_layers
+                         ? fmt::format(" in Pie's {} of {} layer buffers", p.cache.pie.device,
+                                       p.cache.tiers.size())
+                         : std::string(),
+                     static_cast<double>(need - weights - kv) / mib);
+}
+
+// Checked when a run sizes its cache (Model::make_cache), before anything of it is allocated.
+void check_stage_memory(const EngineOptions& o, const ComputeSetup& c, Model& model,
+                        const KvPackingOptions& packing) {
   // c.load.device, not c.device_compute(): the engine has taken the backends by now.
-  if (c.load.device == nullptr || c.load.gpu_mem < 0 || !o.policy) return;
+  const bool device = c.load.device != nullptr;
   StageRequest base = weight_request(c.load);
-  base.policy = *o.policy;
+  if (!device) base.budgets.gpu = -1;  // ignored on the host, with a warning
+  if (base.budgets.gpu < 0 && base.budgets.cpu < 0 && base.budgets.disk < 0) return;
+  if (o.policy) base.policy = *o.policy;
   base.max_rows = model.max_rows();
   if (c.cache.placement.pie.enabled()) {
     const PieOptions& pie = c.cache.placement.pie;
@@ -162,28 +200,32 @@ void check_device_memory(const EngineOptions& o, const ComputeSetup& c, Model& m
         PieHostLayers{pie.lowest_host_layers(), pie.highest_host_layers(model.config().n_layers)};
   }
   const ModelShape shape = model.config().shape();
-  const std::string policy = o.policy->compact();
-  model.set_cache_check([base, shape, policy](int32_t slots, int32_t capacity) {
+  const std::string policy = o.policy ? o.policy->compact() : std::string();
+  const int64_t packed = device ? 0 : packing.budget;  // S3 commits host pages as it fills them
+  model.set_cache_check([base, shape, policy, packed](int32_t slots, int32_t capacity) {
     StageRequest r = base;
     r.kv_slots = slots;
     r.kv_capacity = capacity;
+    if (packed > 0 && packed < int64_t{slots} * capacity) r.kv_positions = packed;
     const StagePlacement p = place_stage(shape, r);
-    const int64_t need = p.total().gpu + p.kernel_scratch_bytes;
-    const int64_t budget = r.budgets.gpu;
-    if (need <= budget) return;
     const double mib = 1 << 20;
-    const int64_t kv = p.cache_bytes().gpu, weights = p.weights.gpu_bytes();
-    fail_input(
-        "--gpu-mem {:.1f} MiB is too small for the KV cache of {} sequences x {} positions "
-        "under --policy '{}': the device needs {:.1f} MiB (weights {:.1f}, KV cache {:.1f}{}, "
-        "buffers {:.1f}), short by {:.1f} MiB; lower --max-batch or keep KV layers in host "
-        "memory (--pie-host-layers, or the policy's c=)",
-        static_cast<double>(budget) / mib, slots, capacity, policy, static_cast<double>(need) / mib,
-        static_cast<double>(weights) / mib, static_cast<double>(kv) / mib,
-        p.cache.pie_host_layers ? fmt::format(" in Pie's {} of {} layer buffers",
-                                              p.cache.pie.device, p.cache.tiers.size())
-                                : std::string(),
-        static_cast<double>(need - weights - kv) / mib, static_cast<double>(need - budget) / mib);
+    for (const TierBudget& t : kTierBudgets) {
+      const int64_t budget = r.budgets[t.tier];
+      const int64_t need = tier_need(p, t.tier);
+      if (budget < 0 || need <= budget) continue;
+      if (policy.empty()) {
+        log::get("launch")->warn(
+            "{} {:.1f} MiB bounds the weights alone (no --policy); with the KV cache of {} "
+            "sequences x {} positions {}: give a policy to bound them all",
+            t.option, static_cast<double>(budget) / mib, slots, capacity, tier_need_str(p, t));
+        continue;
+      }
+      fail_input(
+          "{} {:.1f} MiB is too small for the KV cache of {} sequences x {} positions under "
+          "--policy '{}': {}, short by {:.1f} MiB; lower --max-batch or {}",
+          t.option, static_cast<double>(budget) / mib, slots, capacity, policy, tier_need_str(p, t),
+          static_cast<double>(need - budget) / mib, t.hint);
+    }
   });
 }
 
@@ -317,12 +359,15 @@ Engine make_engine(const EngineOptions& o) {
                                     std::move(m.streamer), std::move(m.feeder));
   e.model->set_cache_options(c.cache);
   e.model->set_gpu_batch_size(c.gpu_batch_size);
-  check_device_memory(o, c, *e.model);
+  check_stage_memory(o, c, *e.model, e.local.packing);
   if (c.cache.placement.pie.enabled())
     log->info("Pie: {} over {} KV-cache layers", c.cache.placement.pie.str(), e.config.n_layers);
   if (o.policy)
-    log->info("block: {} GPU batch(es) of {} sequences; kv cache {}{}",
-              c.max_batch / std::max(1, c.gpu_batch_size), c.gpu_batch_size,
+    log->info("{}; kv cache {}{}",
+              c.gpu_batch_size > 0
+                  ? fmt::format("block: {} GPU batch(es) of {} sequences",
+                                c.max_batch / c.gpu_batch_size, c.gpu_batch_size)
+                  : fmt::format("block: one GPU batch of --max-batch {}", e.local.max_batch),
               c.cache.placement.str(), c.cache.cpu_attention ? ", attention on the CPU" : "");
   return e;
 }

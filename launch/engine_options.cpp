@@ -176,7 +176,8 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
   add_packing_options(cmd, o);
   cmd.add_flag("--profile", o.profile, "Time every backend operation and report the totals");
   cmd.add_option("--cpu-mem", o.cpu_mem,
-                 "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir");
+                 "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir. "
+                 "Under --policy: for everything the engine keeps in host memory");
   cmd.add_option("--disk-dir", o.disk_dir, "Where layers that do not fit --cpu-mem are kept");
   cmd.add_flag("!--no-overlap", o.overlap, "Load streamed layers only when needed (no prefetch)");
   cmd.add_option(
@@ -185,9 +186,11 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
       "for a device (offloading mechanics without a GPU)");
   cmd.add_option(
       "--gpu-mem", o.gpu_mem,
-      "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory");
+      "Accelerator memory for weights (e.g. 20GiB); layers beyond it stream from host memory. "
+      "Under --policy: for everything the engine keeps on the device");
   cmd.add_option("--disk-mem", o.disk_mem,
-                 "Disk space under --disk-dir the weights may take (e.g. 100GiB)");
+                 "Disk space under --disk-dir the weights may take (e.g. 100GiB). Under "
+                 "--policy: the weights and the KV cache's disk layers");
   cmd.add_option_function<std::string>(
          "--hetegen-alpha",
          [&o](const std::string& text) {

@@ -364,6 +364,34 @@ if [ -s "$TMP/pie-mem-plain.json" ] && cmp -s "$TMP/pie-mem-plain.json" "$TMP/pi
 else
   echo "FAIL pie-memory-fits-with-pie"; cat "$TMP/err"; failures=$((failures + 1))
 fi
+# Under a policy --cpu-mem and --disk-mem bound everything on their tier too. By hand: the
+# cache of 8 x 106 positions over 4 KV heads of 8 floats is 8*106*4*8*4 = 108544 bytes for
+# K or V of a layer, 5 layers: 1085440 bytes (1.0 MiB) in memory; on disk each is padded to
+# 27 pages (110592), 5 * 2 * 110592 = 1105920 bytes (1.1 MiB). f32 weights of ~260K
+# parameters take 1.0 MiB, so at 2 MiB the host cannot hold the cache beside them.
+EXPECT_RC=2 expect_error cpu-mem-bounds-the-cache \
+  "--cpu-mem 2.0 MiB is too small for the KV cache of 8 sequences x 106 positions .*host memory needs .*(weights 1.0, KV cache 1.0," \
+  "${pie_mem[@]}" --device cpu --policy w=100/0/0,c=100/0/0 --cpu-mem 2MiB
+EXPECT_RC=2 expect_error disk-mem-bounds-the-cache \
+  "--disk-mem 0.5 MiB is too small for the KV cache of 8 sequences x 106 positions .*the disk needs 1.1 MiB (weights 0.0, KV cache 1.1," \
+  "${pie_mem[@]}" --device cpu --policy w=100/0/0,c=0/0/100 --cpu-mem 2MiB --disk-mem 0.5MiB \
+  --disk-dir "$TMP"
+# The cache moved to disk as the message says: the same 2 MiB then suffices, same output.
+"$STRATA" "${pie_mem[@]}" --device cpu --policy w=100/0/0,c=0/0/100 --cpu-mem 2MiB \
+  --disk-dir "$TMP" >"$TMP/cache-on-disk.json" 2>"$TMP/err"
+if [ -s "$TMP/pie-mem-plain.json" ] && cmp -s "$TMP/pie-mem-plain.json" "$TMP/cache-on-disk.json"; then
+  echo "ok   cpu-mem-fits-with-cache-on-disk"; passes=$((passes + 1))
+else
+  echo "FAIL cpu-mem-fits-with-cache-on-disk"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+# Without a policy --cpu-mem bounds the weights alone; the run goes on and says so.
+"$STRATA" "${pie_mem[@]}" --device cpu --cpu-mem 2MiB >"$TMP/out" 2>"$TMP/err"
+if cmp -s "$TMP/pie-mem-plain.json" "$TMP/out" &&
+  grep -q -- "--cpu-mem 2.0 MiB bounds the weights alone (no --policy)" "$TMP/err"; then
+  echo "ok   cpu-mem-without-policy-warns"; passes=$((passes + 1))
+else
+  echo "FAIL cpu-mem-without-policy-warns"; cat "$TMP/err"; failures=$((failures + 1))
+fi
 # Bad Pie options are bad input naming the option and the value; on an engine computing on
 # the CPU they are ignored with a warning, as --gpu-mem is.
 for m in -1 abc 1.5; do
