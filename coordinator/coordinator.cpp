@@ -279,13 +279,11 @@ void Coordinator::size_run() {
 }
 
 void Coordinator::steady_window() {
-  stats_.steady_from_s = std::max(first_finish_s_, 0.0);
-  stats_.steady_to_s =
-      admissions_end_s_ > stats_.steady_from_s ? admissions_end_s_ : stats_.seconds;
-  stats_.steady_tokens = 0;
-  for (const auto& [t, n] : token_log_)
-    if (t > stats_.steady_from_s && t <= stats_.steady_to_s)
-      stats_.steady_tokens += static_cast<int64_t>(n);
+  const SteadyWindow w =
+      strata::steady_window(first_finish_s_, admissions_end_s_, stats_.seconds, token_log_);
+  stats_.steady_from_s = w.from_s;
+  stats_.steady_to_s = w.to_s;
+  stats_.steady_tokens = w.tokens;
 }
 
 // ExeGPT at start: the profile of the stages just started (uniform), the best schedule under
@@ -651,6 +649,16 @@ double StageReport::bubble_fraction() const {
 
 double ClusterStats::tokens_per_second() const {
   return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0;
+}
+
+SteadyWindow steady_window(double first_finish_s, double admissions_end_s, double last_result_s,
+                           const std::vector<std::pair<double, size_t>>& token_log) {
+  SteadyWindow w;
+  w.from_s = std::max(first_finish_s, 0.0);
+  w.to_s = admissions_end_s > w.from_s ? std::min(admissions_end_s, last_result_s) : last_result_s;
+  for (const auto& [t, n] : token_log)
+    if (t > w.from_s && t <= w.to_s) w.tokens += static_cast<int64_t>(n);
+  return w;
 }
 
 double ClusterStats::steady_tokens_per_second() const {

@@ -87,6 +87,19 @@ struct CoordinatorOptions {
   KvPackingOptions packing;
 };
 
+// The steady part of a run (a batch job fills the cluster, runs, then drains), in run
+// seconds: from the first request finished to the last admission (the source empty, nothing
+// waiting), or to the last result when admissions never stopped. It never ends after the
+// last result: a queue-fed run's source empties only when the job is stopped, which may be
+// long after its last result. `first_finish_s`, `admissions_end_s` < 0: never happened.
+// `token_log`: (run seconds, tokens) per step result, the tokens counted in (from, to].
+struct SteadyWindow {
+  double from_s = 0, to_s = 0;
+  int64_t tokens = 0;
+};
+SteadyWindow steady_window(double first_finish_s, double admissions_end_s, double last_result_s,
+                           const std::vector<std::pair<double, size_t>>& token_log);
+
 // Percentiles of one latency over the requests that finished (seconds; 0 when none did).
 struct LatencySummary {
   int64_t count = 0;
@@ -111,9 +124,7 @@ struct ClusterStats {
   int64_t prefill_steps = 0;
   int64_t decode_steps = 0;
   double seconds = 0;  // first step sent to last result in
-  // The steady part of the run (a batch job fills the cluster, runs, then drains): from the
-  // first request finished to the last admission (the source empty, nothing waiting), or
-  // to the end when admissions never stopped; the tokens generated in it.
+  // The steady part of the run (steady_window above) and the tokens generated in it.
   double steady_from_s = 0, steady_to_s = 0;
   int64_t steady_tokens = 0;
   // The coordinator's own cost per request: reading and parsing, validating and queueing

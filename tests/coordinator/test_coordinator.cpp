@@ -165,6 +165,37 @@ struct LoopRun {
   }
 };
 
+// Step results at 0.1 .. 0.5 s (4, 4, 4, 2, 1 tokens); the window counts those in (from, to].
+const std::vector<std::pair<double, size_t>> kTokenLog = {
+    {0.1, 4}, {0.2, 4}, {0.3, 4}, {0.4, 2}, {0.5, 1}};
+
+TEST(SteadyWindow, ABatchRunFromTheFirstFinishToTheLastAdmission) {
+  const SteadyWindow w = steady_window(0.2, 0.4, 0.5, kTokenLog);
+  EXPECT_DOUBLE_EQ(w.from_s, 0.2);
+  EXPECT_DOUBLE_EQ(w.to_s, 0.4);
+  EXPECT_EQ(w.tokens, 4 + 2);
+}
+
+TEST(SteadyWindow, AQueueStoppedLongAfterItsLastResultEndsAtThatResult) {
+  // A stream source empties only at the stop, 9 s in: the window still ends at 0.5 s, or a
+  // quickstart's 238 tokens read as ~500 tok/s instead of thousands.
+  const SteadyWindow w = steady_window(0.2, 9.0, 0.5, kTokenLog);
+  EXPECT_DOUBLE_EQ(w.to_s, 0.5);
+  EXPECT_EQ(w.tokens, 4 + 2 + 1);
+}
+
+TEST(SteadyWindow, AdmissionsThatNeverStopOrStoppedBeforeTheFirstFinishRunToTheEnd) {
+  for (double end : {-1.0, 0.05}) {
+    const SteadyWindow w = steady_window(0.2, end, 0.5, kTokenLog);
+    EXPECT_DOUBLE_EQ(w.from_s, 0.2) << end;
+    EXPECT_DOUBLE_EQ(w.to_s, 0.5) << end;
+    EXPECT_EQ(w.tokens, 7) << end;
+  }
+  const SteadyWindow none = steady_window(-1, -1, 0.5, kTokenLog);  // nothing finished
+  EXPECT_DOUBLE_EQ(none.from_s, 0);
+  EXPECT_EQ(none.tokens, 4 + 4 + 4 + 2 + 1);
+}
+
 TEST(CoordinatorLoop, EveryRequestFinishesOnceOverHealthyStages) {
   LoopRun run(requests(10, 5));
   FaultyStages stages;
