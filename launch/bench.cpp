@@ -42,8 +42,17 @@ struct BenchOptions {
 // --policy auto: FlexGen's LP search (placement/policy_search.h) over this model, workload
 // and the --gpu-mem / --cpu-mem budgets, with the hardware figures of --hardware (what
 // `strata profile` measured) or, without one, the T4 machine's. Activations stay on the
-// compute tier (the engine keeps them there).
+// compute tier (the engine keeps them there). FlexGen's cost model is a GPU node's: on an
+// engine computing on the CPU its GPU and CPU tiers would both be host memory, and its
+// choice could need twice --cpu-mem, so there it is refused.
 nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
+  if (!device_compute)
+    fail_input(
+        "--policy auto: FlexGen's search places weights and KV cache for a GPU node, and this "
+        "run computes on the CPU (--device {}). On a CPU-only node give --cpu-mem (the weights "
+        "fill it, the rest stream from --disk-dir) or a policy; --device host runs the search's "
+        "choice with the CPU standing in for the GPU",
+        o.engine.device);
   const ModelConfig c = is_dummy_model(o.engine.model)
                             ? dummy_model_config(o.engine.model.substr(6),
                                                  parse_dtype(o.engine.dtype).value_or(DType::kF32))
@@ -62,12 +71,12 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   so.cache_f16 = o.cache_f16;
   so.cpu_attention = o.cpu_attention;
   // Pie and HeteGen need a device to swap to and split with.
-  so.pie = so.hetegen = device_compute;
+  so.pie = so.hetegen = true;
   so.on_progress = progress_callback("policy search: GPU batch sizes");
   const SearchResult r = search_policy(c.shape(), Workload{o.prompt_len, o.gen_len}, hw, so);
   Policy p = r.policy;
-  p.act_gpu_percent = device_compute ? 100 : 0;
-  p.act_cpu_percent = device_compute ? 0 : 100;
+  p.act_gpu_percent = 100;  // the engine keeps activations on the compute tier
+  p.act_cpu_percent = 0;
   o.engine.policy = p;
   o.engine.policy_auto = false;
   o.batch = static_cast<int>(p.block_size());

@@ -453,12 +453,13 @@ else
 fi
 EXPECT_RC=2 expect_error policy-hetegen-twice "give alpha once" \
   generate --model "$MODEL" --prompt hi --device host --policy w=0/100/0,hetegen=30 --hetegen-alpha 0.5
-if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
+if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device host --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
   --prompt-len 8 --gen-len 2 --no-limits --threads 2 >"$TMP/auto.json" 2>"$TMP/err" &&
   python3 - "$TMP/auto.json" <<'PY'
 import json, sys
-# What ran must be the searched placement with the activations moved to the compute tier
-# (the CPU here), at the block size it chose; parsed here, not taken from the program.
+# What ran must be the searched placement with the activations on the compute tier (the
+# device the CPU stands in for), at the block size it chose; parsed here, not taken from
+# the program.
 d = json.load(open(sys.argv[1]))
 def fields(text):
     f = dict(kv.split("=") for kv in text.split(","))
@@ -470,7 +471,7 @@ def fields(text):
 searched = fields(d["policy_search"]["policy"])
 ran = fields(d["policy"])
 assert d["policy_search"]["running"] == d["policy"], d
-assert ran["h"] == [0, 100, 0], ran
+assert ran["h"] == [100, 0, 0], ran
 for k in ("gbs", "ngb", "w", "c"):
     assert ran[k] == searched[k], (k, ran, searched)
 block = int(ran["gbs"]) * int(ran["ngb"])
@@ -482,9 +483,14 @@ then
 else
   echo "FAIL bench-policy-auto"; cat "$TMP/err"; failures=$((failures + 1))
 fi
+# On an engine computing on the CPU the search (a GPU node's cost model) is refused: its GPU
+# and CPU tiers would both be host memory (opt-1.3b in f32 at 2 GiB needed 5 GiB there).
+EXPECT_RC=2 expect_error bench-policy-auto-on-the-cpu \
+  "--policy auto: FlexGen's search places weights and KV cache for a GPU node, and this run computes on the CPU (--device cpu)" \
+  bench --model dummy:opt-125m --device cpu --policy auto --cpu-mem 2GiB --no-limits
 # The search's own switches (as `strata plan`'s): 4-bit weights and an f16 cache are fixed for
 # the whole search, so the policy that ran carries both; without --policy auto they are refused.
-if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device cpu --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
+if "$STRATA" bench --model dummy:opt-125m --dtype f16 --device host --policy auto --gpu-mem 1GiB --cpu-mem 4GiB \
   --compress-weight --cache-f16 --prompt-len 8 --gen-len 2 --no-limits --threads 2 \
   >"$TMP/auto-flags.json" 2>"$TMP/err" &&
   python3 - "$TMP/auto-flags.json" <<'PY'
