@@ -234,8 +234,7 @@ void Coordinator::use_packing(SchedulerOptions& so) {
   so.reserve = [this](const GenerationRequest& r) { return reserver_->reserve(r); };
   so.kv_admission = options_.packing.admission;
   so.outlook = [this](const GenerationRequest& r) { return reserver_->outlook(r); };
-  // Confidence 1 would admit nothing beside a sequence whose length is uncertain.
-  so.pooled_z = normal_quantile(std::min(options_.packing.confidence, 1 - 1e-6));
+  so.pooled_z = pooled_margin(options_.packing.confidence);
   log::get("coordinator")->info("{}", options_.packing.str());
 }
 

@@ -71,15 +71,15 @@ UsageProfile::UsageProfile(int32_t points, int32_t stride_)
   STRATA_CHECK(points > 0 && stride > 0, "a usage profile of {} points {} apart", points, stride);
 }
 
+UsageProfile UsageProfile::over_context(int32_t context) {
+  constexpr int32_t kPoints = 64;
+  return UsageProfile(kPoints, std::max(1, (context + kPoints - 1) / kPoints));
+}
+
 void UsageProfile::add(const LengthOutlook& outlook, int32_t made, int64_t next) {
-  for (size_t k = 0; k < mean.size(); ++k) {
-    const double t = static_cast<double>(k) * stride;
-    const double alive = outlook.survival(made, made + t);
-    if (alive <= 0) break;  // survival only falls
-    const double positions = static_cast<double>(next) + t + stride - 1;
-    mean[k] += alive * positions;
-    var[k] += alive * (1 - alive) * positions * positions;
-  }
+  add_alike(
+      1.0, static_cast<double>(next),
+      [&](int32_t t) { return outlook.survival(made, made + static_cast<double>(t)); }, false);
   used += next;
 }
 
@@ -98,6 +98,10 @@ double UsageProfile::need(double z) const {
   for (size_t k = 0; k < mean.size(); ++k)
     most = std::max(most, mean[k] + z * std::sqrt(std::max(0.0, var[k])));
   return most;
+}
+
+double pooled_margin(double confidence) {
+  return normal_quantile(std::min(confidence, 1 - 1e-6));
 }
 
 double normal_quantile(double p) {
@@ -176,8 +180,10 @@ std::optional<ReservationModel> reservation_model(KvReserve rule, const std::str
 }
 
 std::string ReservationModel::str() const {
-  if (reserve != KvReserve::kPredicted) return kv_reserve_name(reserve);
-  return fmt::format("predicted ({} buckets, measured in {})", buckets, source);
+  const std::string pooled =
+      admission == KvAdmission::kPooled ? fmt::format(", pooled at {}", confidence) : "";
+  if (reserve != KvReserve::kPredicted) return kv_reserve_name(reserve) + pooled;
+  return fmt::format("predicted ({} buckets, measured in {}){}", buckets, source, pooled);
 }
 
 namespace {
@@ -239,6 +245,41 @@ std::vector<double> held_positions(const ReservationModel& model, double input,
     }
   }
   return held;
+}
+
+UsageProfile pooled_usage(KvReserve rule, double input, const LengthDistribution& output,
+                          const LengthDistribution& held, double members, double prefill_only,
+                          int32_t context) {
+  STRATA_CHECK(rule != KvReserve::kContext, "the context rule packs nothing to profile");
+  UsageProfile profile = UsageProfile::over_context(context);
+  const int32_t max_d = held.max();
+  // T(j) for j = 0 .. max_d + 1 (T(0) unused), and P(S > x) for x = 0 .. output.max().
+  std::vector<double> made(static_cast<size_t>(max_d) + 2, 0.0);
+  for (int32_t j = max_d; j >= 1; --j)
+    made[static_cast<size_t>(j)] = made[static_cast<size_t>(j) + 1] + held.p(j) / j;
+  std::vector<double> longer(static_cast<size_t>(output.max()) + 1, 0.0);
+  for (int32_t x = output.max() - 1; x >= 0; --x)
+    longer[static_cast<size_t>(x)] = longer[static_cast<size_t>(x) + 1] + output.p(x + 1);
+  auto tail = [](const std::vector<double>& v, int32_t x) {
+    return x < static_cast<int32_t>(v.size()) ? v[static_cast<size_t>(x)] : 0.0;
+  };
+  const bool known = rule == KvReserve::kMaxNew;
+  for (int32_t j = 1; j <= max_d; ++j) {
+    const double share = made[static_cast<size_t>(j)];
+    if (share <= 0) continue;
+    const double from = known ? share : tail(longer, j);
+    if (from <= 0) continue;
+    profile.add_alike(
+        members * share, input + j,
+        [&](int32_t t) { return tail(known ? made : longer, j + t) / from; }, known);
+  }
+  if (prefill_only > 0) {  // S = 1: known, alive at point 0 only; predicted, P(S > t)
+    const double from = tail(longer, 0);
+    profile.add_alike(
+        prefill_only, input + 1,
+        [&](int32_t t) { return known ? (t == 0 ? 1.0 : 0.0) : tail(longer, t) / from; }, known);
+  }
+  return profile;
 }
 
 void KvPackingOptions::validate() const {

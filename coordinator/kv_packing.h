@@ -83,8 +83,24 @@ struct UsageProfile {
   int64_t used = 0;  // positions filled at the next step, exactly
 
   UsageProfile(int32_t points, int32_t stride);
+  // What pooled admission looks at: a context ahead, in 64 points.
+  static UsageProfile over_context(int32_t context);
   // A sequence that fills `next` positions at its next step and has made `made` tokens.
   void add(const LengthOutlook& outlook, int32_t made, int64_t next);
+  // `count` sequences alike (a simulator's mean field: count may be fractional) that fill
+  // `next` positions at their next step, alive(t) of them still running t steps later. Each
+  // is independent with that chance, or, `known` (their lengths known), alive(t) of them
+  // certainly are: no variance. `used` is left alone (what it counts is exact).
+  template <class Alive>
+  void add_alike(double count, double next, Alive alive, bool known) {
+    for (size_t k = 0; k < mean.size(); ++k) {
+      const double a = alive(static_cast<int32_t>(k) * stride);
+      if (a <= 0) break;  // survival only falls
+      const double positions = next + static_cast<double>(k) * stride + stride - 1;
+      mean[k] += count * a * positions;
+      if (!known) var[k] += count * a * (1 - a) * positions * positions;
+    }
+  }
   void add(const UsageProfile& other);
   // The most positions at confidence z over the points.
   double need(double z) const;
@@ -93,6 +109,9 @@ struct UsageProfile {
 // z such that P(N(0, 1) <= z) = p, p in (0, 1): the pooled admission's margin in standard
 // deviations for a confidence (Acklam's rational approximation, |error| < 1.2e-9).
 double normal_quantile(double p);
+// Pooled admission's z for a confidence in (0, 1]: 1 is taken as 1 - 1e-6, since a certain
+// bound would admit nothing beside a sequence whose length is uncertain.
+double pooled_margin(double confidence);
 
 struct KvPackingOptions {
   // KV positions over all micro-batches (each gets an equal share); 0: no budget, the KV
@@ -145,6 +164,10 @@ struct ReservationModel {
   int32_t buckets = 0;
   std::vector<double> reserved_given_true;  // buckets x buckets, row = true bucket, sums to 1
   std::string source;                       // the file it came from
+  // How the run fits the sequences into its budget (--kv-admission, --predict-confidence):
+  // pooled plans with pooled_usage below instead of the reservations held.
+  KvAdmission admission = KvAdmission::kReserved;
+  double confidence = 0.9;
 
   // The "reservation_matrix" (or, from an older file, the argmax "confusion") of an
   // evaluation JSON; a true bucket never seen reserves its own bucket. InputError naming
@@ -168,6 +191,20 @@ std::optional<ReservationModel> reservation_model(KvReserve rule, const std::str
 std::vector<double> held_positions(const ReservationModel& model, double input,
                                    const LengthDistribution& output, int32_t capacity,
                                    std::vector<double>* exceeded = nullptr);
+
+// Pooled admission in a simulator's mean field: the usage profile over `context`
+// (UsageProfile::over_context, add_alike) of `members` decode-batch sequences whose
+// decode-iteration counts D are `held`, each at a uniform one of its D iterations j (it has
+// made j tokens and fills input + j positions: a member has made j with chance
+// T(j) = sum over D >= j of P(D) / D), plus `prefill_only` sequences that end at their
+// prefill (made 0, input + 1 positions, as the run counts one being prefilled). Each is seen
+// as the run's admission sees it. Under max-new its length is known: a share T(j + t) / T(j)
+// of those that made j certainly still runs t steps later. Under predicted (no request's
+// features here) its length is the workload's output given what it has made, alive with
+// chance P(S > j + t) / P(S > j), independently. The context rule has no profile.
+UsageProfile pooled_usage(KvReserve rule, double input, const LengthDistribution& output,
+                          const LengthDistribution& held, double members, double prefill_only,
+                          int32_t context);
 
 // What packing did over a run.
 struct PackingCounters {

@@ -375,10 +375,8 @@ void RraScheduler::preempt(int32_t m, uint64_t id, int32_t reserve) {
   waiting_.push_front(id);
 }
 
-// Pooled admission looks a context ahead in 64 points.
 UsageProfile RraScheduler::usage_profile() const {
-  constexpr int32_t kPoints = 64;
-  return UsageProfile(kPoints, std::max(1, (options_.kv_capacity + kPoints - 1) / kPoints));
+  return UsageProfile::over_context(options_.kv_capacity);
 }
 
 // What micro-batch m's sequences fill at their next step and are expected to fill later.

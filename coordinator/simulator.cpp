@@ -206,6 +206,7 @@ json Prediction::to_json() const {
          {"kv_slots", kv_slots},
          {"kv_positions", kv_positions},
          {"reservations_exceeded", reservations_exceeded},
+         {"kv_packing", kv_packing},
          {"allocation", allocation.layers},
          {"allocation_text", allocation.str()},
          {"stages", stages_j},
@@ -282,6 +283,26 @@ Simulator::Simulator(SimulatorInputs inputs) : in_(std::move(inputs)) {
   }
 }
 
+// What one micro-batch's share of the KV budget must hold: n0 decode-batch members whose
+// decode iterations are d's held in the batch, and `prefill_only` sequences ending at their
+// prefill. Reserved admission (S3): each member holds its reservation, the prefill-only ones
+// the first. Pooled: the most the run's admission expects them to fill at its confidence.
+double Simulator::packed_positions(const LengthDistribution& d, int32_t decode_iters, double n0,
+                                   double prefill_only) const {
+  const bool decoding = d.p(0) < 1;
+  const LengthDistribution held = decoding ? in_batch(d, decode_iters) : LengthDistribution{};
+  const ReservationModel& m = *in_.packing;
+  if (m.admission == KvAdmission::kPooled) {
+    const UsageProfile u = pooled_usage(m.reserve, in_.workload.input.mean(), in_.workload.output,
+                                        held, decoding ? n0 : 0, prefill_only, capacity_);
+    return u.need(pooled_margin(m.confidence));
+  }
+  double member = 0;
+  for (int32_t D = 1; decoding && D <= held.max(); ++D)
+    member += held.p(D) * held_[static_cast<size_t>(D)];
+  return n0 * member + prefill_only * held_[0];
+}
+
 Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
   if (v.encode_batch < 1 || v.decode_iters < 1 || v.micro_batches < 1)
     fail_input("RRA needs B_E, N_D and micro-batches >= 1 ({})", v.str());
@@ -325,14 +346,9 @@ Simulator::Phases Simulator::rra_phases(const ScheduleVars& v) const {
   ph.decode_batch = n0 * v.micro_batches;
   ph.kv_slots = static_cast<int32_t>(std::ceil(v.micro_batches * (n0 + a * z) - 1e-9));
   ph.kv_slots = std::max(ph.kv_slots, v.micro_batches);
-  if (!held_.empty()) {  // S3: members hold their reservations, the prefill-only ones the first
-    double member = 0;
-    if (z < 1) {
-      const LengthDistribution held = in_batch(d, v.decode_iters);
-      for (int32_t D = 1; D <= held.max(); ++D) member += held.p(D) * held_[static_cast<size_t>(D)];
-    }
-    ph.kv_positions =
-        static_cast<int64_t>(std::ceil(v.micro_batches * (n0 * member + a * z * held_[0]) - 1e-9));
+  if (!held_.empty()) {
+    ph.kv_positions = static_cast<int64_t>(
+        std::ceil(v.micro_batches * packed_positions(d, v.decode_iters, n0, a * z) - 1e-9));
     // The run gives each micro-batch an equal share of these positions and caps a sequence's
     // context at that share: below the context, a request the run admits would be cut short
     // by the plan. So a share holds at least one sequence of the whole context.
@@ -572,7 +588,10 @@ Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
   const std::vector<int32_t> degrees =
       fixed != nullptr ? degrees_of(*fixed) : v.stage_degrees(workers());
   p.kv_positions = ph.kv_positions;
-  if (ph.kv_positions > 0) p.reservations_exceeded = exceeded_;
+  if (ph.kv_positions > 0) {
+    p.reservations_exceeded = exceeded_;
+    p.kv_packing = in_.packing->str();
+  }
   p.allocation = fixed != nullptr ? *fixed : balance(ph, degrees);
   if (fixed != nullptr && !fixed->tp_degrees.empty()) {  // the groups are the allocation's
     p.vars.tp_degree = *std::max_element(degrees.begin(), degrees.end());

@@ -119,6 +119,7 @@ struct Prediction {
   // first reservation (each an extension in place or a preemption). 0: every slot whole.
   int64_t kv_positions = 0;
   double reservations_exceeded = 0;
+  std::string kv_packing;  // how kv_positions was planned (ReservationModel::str)
   int32_t p99_output = 0;  // the output length the latency is for
   Allocation allocation;
   std::vector<StageEstimate> stages;
@@ -169,6 +170,8 @@ class Simulator {
  private:
   struct Phases;  // one micro-batch's steady cycle: its steps and their sizes
   Phases rra_phases(const ScheduleVars& v) const;
+  double packed_positions(const LengthDistribution& d, int32_t decode_iters, double n0,
+                          double prefill_only) const;
   Phases baseline_phases(const ScheduleVars& v) const;
   Prediction pipeline(const ScheduleVars& v, const Phases& ph, const Allocation* fixed) const;
   Prediction waa(const ScheduleVars& v) const;

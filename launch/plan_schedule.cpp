@@ -70,7 +70,19 @@ std::string schedule_table(const ScheduleChoice& c, const SchedulePlanOptions& o
 
 // The packing model --kv-reserve and --predict-eval ask for; nullopt: plan without.
 std::optional<ReservationModel> packing_model(const ScheduleCliOptions& o) {
-  return reservation_model(parse_kv_reserve(o.kv_reserve), o.predict_eval);
+  std::optional<ReservationModel> m =
+      reservation_model(parse_kv_reserve(o.kv_reserve), o.predict_eval);
+  const KvAdmission admission = parse_kv_admission(o.kv_admission);
+  if (!m && admission != KvAdmission::kReserved)
+    fail_input("--kv-admission {} plans packing: give --kv-reserve max-new or predicted",
+               o.kv_admission);
+  if (!(o.confidence > 0 && o.confidence <= 1))
+    fail_input("--predict-confidence must be in (0, 1], got {}", o.confidence);
+  if (m) {
+    m->admission = admission;
+    m->confidence = o.confidence;
+  }
+  return m;
 }
 
 // What packing changed: the chosen schedules' decode batches, memory and throughput.
@@ -87,10 +99,13 @@ std::string packing_line(const ScheduleChoice& whole, const ScheduleChoice& pack
       for (int32_t d : b.allocation.tp_degrees) tp += fmt::format("{}{}", tp.empty() ? "" : ",", d);
     out += fmt::format(
         "\n  run it: strata serve --micro-batches {} --decode-iters {} --max-batch {}{} "
-        "--kv-budget {} --kv-reserve {}{}",
+        "--kv-budget {} --kv-reserve {}{}{}",
         b.vars.micro_batches, b.vars.decode_iters, b.kv_slots,
         tp.empty() ? "" : " --tensor-parallel " + tp, b.kv_positions, kv_reserve_name(m.reserve),
-        m.reserve == KvReserve::kPredicted ? " --predictor MODEL_FILE" : "");
+        m.reserve == KvReserve::kPredicted ? " --predictor MODEL_FILE" : "",
+        m.admission == KvAdmission::kPooled
+            ? fmt::format(" --kv-admission pooled --predict-confidence {}", m.confidence)
+            : std::string());
   }
   if (!whole.feasible) return out + "\n  (without packing no schedule meets the bound)";
   const Prediction& a = whole.best;
@@ -142,6 +157,13 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
   cmd->add_option("--predict-eval", o.predict_eval,
                   "The predictor's evaluation (strata predict eval --json) for --kv-reserve "
                   "predicted");
+  cmd->add_option("--kv-admission", o.kv_admission,
+                  "How the run fits them (as serve's): reserved (S3) or pooled (the summed "
+                  "positions' quantile at --predict-confidence)")
+      ->check(CLI::IsMember({"reserved", "pooled"}));
+  cmd->add_option("--predict-confidence", o.confidence,
+                  "The confidence the run packs at (as serve's)")
+      ->capture_default_str();
   cmd->add_flag(
       "--paper-bounds", o.paper_bounds,
       "Plan at the paper's four bounds: the baseline's bottom 10/30/70% latencies and inf");
@@ -208,6 +230,8 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
     if (cp) {
       const ReservationModel& m = *packed_sim->inputs().packing;
       j["packing"] = {{"reserve", kv_reserve_name(m.reserve)},
+                      {"admission", kv_admission_name(m.admission)},
+                      {"confidence", m.confidence},
                       {"model", m.str()},
                       {"kv_capacity", sim.kv_capacity()},
                       {"choice", cp->to_json()}};

@@ -23,6 +23,9 @@ struct ScheduleCliOptions {
   // without; `predict_eval` is `strata predict eval --json`'s output for "predicted".
   std::string kv_reserve = "context";
   std::string predict_eval;
+  // How the run would fit them (serve's --kv-admission, --predict-confidence).
+  std::string kv_admission = "reserved";
+  double confidence = 0.9;
 };
 
 // What plan's other options say.

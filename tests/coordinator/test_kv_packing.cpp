@@ -513,6 +513,51 @@ LengthDistribution up_to_20() {
   return LengthDistribution::from_samples(s, "1..20");
 }
 
+// Pooled admission planned in a mean field. Outputs of 2 or 4 tokens, half each; decode-batch
+// members with D = 1 or 3 iterations, half each; input 10. A member has made j = 1 with
+// chance T(1) = 1/2 + 1/6 = 2/3, j = 2 or 3 with 1/6 each, filling 10 + j positions now and
+// one more each step it runs. Worked by hand:
+// - max-new (lengths known): of those that made 1, T(2)/T(1) = 1/4 run a step later and
+//   T(3)/T(1) = 1/4 two steps later; all that made 2 run one more step; none that made 3.
+//   Means 11.5, 2/3*1/4*12 + 1/6*13 = 25/6, 2/3*1/4*13 = 13/6, then 0; no variance.
+// - predicted (the workload's lengths given what was made): made 1 runs on with P(S > 2) = 1/2
+//   and P(S > 3) = 1/2; made 2 runs one more step surely (S > 2 means S = 4), made 3 none.
+//   Means 11.5, 2/3*1/2*12 + 1/6*13 = 37/6, 2/3*1/2*13 = 13/3; variances 0,
+//   2/3*1/4*144 = 24, 2/3*1/4*169 = 169/6.
+TEST(PooledUsage, MeanFieldProfilesByHand) {
+  const LengthDistribution output = LengthDistribution::from_weights({0, 0, 1, 0, 1}, "output");
+  const LengthDistribution held = LengthDistribution::from_weights({0, 1, 0, 1}, "held");
+  const UsageProfile known = pooled_usage(KvReserve::kMaxNew, 10, output, held, 1, 0, 20);
+  ASSERT_EQ(known.stride, 1);
+  const std::vector<double> known_mean{11.5, 25.0 / 6, 13.0 / 6, 0};
+  const std::vector<double> guessed_mean{11.5, 37.0 / 6, 13.0 / 3, 0};
+  const std::vector<double> guessed_var{0, 24, 169.0 / 6, 0};
+  const UsageProfile guessed = pooled_usage(KvReserve::kPredicted, 10, output, held, 1, 0, 20);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_NEAR(known.mean[k], known_mean[k], 1e-12) << k;
+    EXPECT_EQ(known.var[k], 0) << k;
+    EXPECT_NEAR(guessed.mean[k], guessed_mean[k], 1e-12) << k;
+    EXPECT_NEAR(guessed.var[k], guessed_var[k], 1e-12) << k;
+  }
+  // At 0.9 the margin is z = 1.2816 sd: one step ahead binds, 37/6 + z * sqrt(24) = 12.44.
+  EXPECT_NEAR(guessed.need(pooled_margin(0.9)), 37.0 / 6 + 1.2815516 * std::sqrt(24.0), 1e-6);
+  EXPECT_DOUBLE_EQ(known.need(pooled_margin(0.9)), 11.5);
+  // Ten members: the means ten times, the spread only sqrt(10) times -- the sum's quantile.
+  const UsageProfile ten = pooled_usage(KvReserve::kPredicted, 10, output, held, 10, 0, 20);
+  EXPECT_NEAR(ten.need(pooled_margin(0.9)), 115, 1e-9);
+  // Two that end at their prefill (input + 1 = 11 positions): known, only now; predicted, as
+  // any new sequence: alive with P(S > t) = 1, 1, 1/2, 1/2 at 11 + t positions.
+  const UsageProfile known2 = pooled_usage(KvReserve::kMaxNew, 10, output, held, 1, 2, 20);
+  EXPECT_NEAR(known2.mean[0], 11.5 + 22, 1e-12);
+  EXPECT_NEAR(known2.mean[1], 25.0 / 6, 1e-12);
+  const UsageProfile guessed2 = pooled_usage(KvReserve::kPredicted, 10, output, held, 1, 2, 20);
+  const std::vector<double> add_mean{22, 24, 13, 14}, add_var{0, 0, 84.5, 98};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_NEAR(guessed2.mean[k], guessed_mean[k] + add_mean[k], 1e-12) << k;
+    EXPECT_NEAR(guessed2.var[k], guessed_var[k] + add_var[k], 1e-12) << k;
+  }
+}
+
 TEST(HeldPositions, ContextAndMaxNewByHand) {
   ReservationModel m;
   std::vector<double> held = held_positions(m, 4, up_to_20(), 64);

@@ -353,9 +353,9 @@ struct HandPacking {
     in.workload = TaskWorkload{"hand", lengths({10}), lengths({5})};
     in.kv_capacity = context;
   }
-  Prediction predict(bool packing) {
+  Prediction predict(bool packing, KvAdmission admission = KvAdmission::kReserved) {
     in.packing.reset();
-    if (packing) in.packing = ReservationModel{KvReserve::kMaxNew, 0, {}, ""};
+    if (packing) in.packing = ReservationModel{KvReserve::kMaxNew, 0, {}, "", admission};
     return Simulator(in).predict(v);
   }
   static int64_t stage_bytes(const Prediction& p) {
@@ -382,6 +382,101 @@ TEST(Simulator, PackingBoundsMemoryByTheReservedPositions) {
   h.in.budgets = TierBudgets{-1, HandPacking::stage_bytes(packed), -1, true};
   EXPECT_TRUE(h.predict(true).feasible);
   EXPECT_FALSE(h.predict(false).feasible);
+}
+
+// Pooled admission counts what the members fill, not what they reserve: each of the B_D = 2
+// runs its 4 decode iterations at 11, 12, 13 and 14 positions, 12.5 on average, and with
+// known lengths nothing is uncertain -- 25 positions where reservations take 30.
+TEST(Simulator, PooledPackingPlansThePositionsFilled) {
+  HandPacking h(20);
+  const Prediction reserved = h.predict(true);
+  const Prediction pooled = h.predict(true, KvAdmission::kPooled);
+  ASSERT_TRUE(reserved.feasible && pooled.feasible);
+  EXPECT_EQ(reserved.kv_positions, 30);
+  EXPECT_EQ(pooled.kv_positions, 25);
+  EXPECT_DOUBLE_EQ(pooled.decode_batch, reserved.decode_batch);
+  EXPECT_DOUBLE_EQ(pooled.throughput_tok_s, reserved.throughput_tok_s);  // same compute
+}
+
+// The plan against the real scheduler: outputs 3, 3, 7, 10 after a 3-token prompt, arriving in
+// that order as they are taken (a backlog would let first-fit decreasing take the longest
+// first and skew the batch), B_E = 8, N_D = 4, lengths known (max-new outlooks), admission
+// pooled and bounded by memory alone (slots to spare). At the planned budget (92 positions)
+// the run admits what the plan assumed, B_E a phase, and preempts nothing; at 3/4 of it memory
+// binds and fewer are admitted (80 already admits 7). So the plan's positions are what pooled
+// admission needs, not far more or less. The same with predicted outlooks (the workload's
+// lengths, as the plan assumes): there the positions filled now bind, as with known ones.
+struct PooledRun {
+  double admitted_per_phase = 0;
+  int64_t preemptions = 0;
+};
+PooledRun run_pooled(int64_t budget, bool known = true) {
+  SchedulerOptions so;
+  so.decode_iters = 4;
+  so.encode_batch = 8;
+  so.kv_slots = 64;
+  so.kv_capacity = 13;
+  so.kv_budget = budget;
+  so.kv_admission = KvAdmission::kPooled;
+  so.reserve = [](const GenerationRequest& r) {
+    return static_cast<int32_t>(r.prompt_ids.size()) + r.max_new_tokens;
+  };
+  so.outlook = [known](const GenerationRequest& r) {
+    LengthOutlook l;
+    l.point = l.cap = r.max_new_tokens;
+    if (known) return l;
+    l.cap = 10;  // the workload's lengths: bucket b holds length b + 1
+    l.bucket_width = 1;
+    l.bucket_probs = {0, 0, 0.5, 0, 0, 0, 0.25, 0, 0, 0.25};
+    return l;
+  };
+  so.clock = [] { return 0.0; };
+  RraScheduler sched(so);
+  const int32_t outputs[] = {3, 3, 7, 10};
+  uint64_t next = 0;
+  std::vector<size_t> admitted;  // per prefill phase
+  while (admitted.size() < 600) {
+    for (; sched.waiting() < 8; ++next)  // requests arrive as they are taken, in order
+      sched.submit(GenerationRequest{std::to_string(next), {1, 2, 3}, outputs[next % 4], {}, true},
+                   next, 0.0);
+    std::optional<ScheduledStep> s = sched.next_step(0);
+    if (!s) break;
+    if (s->command.phase == Phase::kPrefill) admitted.push_back(s->joins.size());
+    StepResult r{s->command.step_id, 0, {}};
+    for (const SeqStep& q : s->command.seqs)
+      if (q.sample) r.tokens.push_back({q.seq_id, 5});
+    sched.apply(r);
+  }
+  PooledRun out;
+  if (admitted.size() < 500) return out;
+  double sum = 0;
+  for (size_t i = 100; i < 500; ++i) sum += static_cast<double>(admitted[i]);
+  out.admitted_per_phase = sum / 400;
+  out.preemptions = sched.packing()->preemptions;
+  return out;
+}
+
+TEST(Simulator, PooledPlanHoldsWhatTheRealSchedulerAdmits) {
+  for (const bool known : {true, false}) {
+    SimulatorInputs in;
+    in.profile = constant_profile(1);
+    in.shape = tiny_shape(1);
+    in.workload = TaskWorkload{"hand", lengths({3}), lengths({3, 3, 7, 10})};
+    // predicted: the reservation matrix only says who outgrows; the plan reads the workload.
+    in.packing = known ? ReservationModel{KvReserve::kMaxNew, 0, {}, "", KvAdmission::kPooled}
+                       : ReservationModel{
+                             KvReserve::kPredicted, 2, {1, 0, 0, 1}, "hand", KvAdmission::kPooled};
+    const ScheduleVars v{SchedulePolicy::kRra, 8, 4, 1, 1};
+    const Prediction p = Simulator(in).predict(v);
+    ASSERT_TRUE(p.feasible) << p.infeasible_reason;
+    in.packing->admission = KvAdmission::kReserved;
+    EXPECT_LT(p.kv_positions, Simulator(in).predict(v).kv_positions) << known;
+    const PooledRun planned = run_pooled(p.kv_positions, known);
+    EXPECT_NEAR(planned.admitted_per_phase, 8, 0.25) << p.kv_positions << " positions, " << known;
+    EXPECT_EQ(planned.preemptions, 0) << known;
+    const PooledRun short_run = run_pooled(p.kv_positions * 3 / 4, known);
+    EXPECT_LT(short_run.admitted_per_phase, 7.5) << p.kv_positions * 3 / 4 << " positions";
+  }
 }
 
 // The run caps a sequence's context at its micro-batch's share of the planned positions, so

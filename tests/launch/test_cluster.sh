@@ -247,6 +247,14 @@ case $case_name in
     jq -e '.schedule.kv_positions > 0 and .packing.budget == .schedule.kv_positions
         and .packing.reserve == "max-new" and .packing.counters.admitted > 0' "$tmp/s1.json" >/dev/null ||
       fail "stats: $(jq -c '{schedule, packing}' "$tmp/s1.json")"
+    # Planned for pooled admission, the run packs pooled into the budget its plan sized.
+    cluster "$np" --model "$stories" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r4.jsonl" \
+      "${plan[@]}" --kv-reserve max-new --kv-admission pooled --stats-out "$tmp/s4.json"
+    check_equal "$stories" "$tmp/req.jsonl" "$tmp/r4.jsonl"
+    jq -e '.schedule.kv_positions > 0 and .packing.budget == .schedule.kv_positions
+        and .packing.admission == "pooled" and (.schedule.kv_packing | test("pooled at 0.9"))
+        and .packing.counters.admitted > 0' "$tmp/s4.json" \
+      >/dev/null || fail "pooled stats: $(jq -c '{schedule, packing}' "$tmp/s4.json")"
     # A profile whose decode cost grows with the square of the batch: the search picks a
     # one-sequence batch and a small packed plan. Its share must still hold the whole context
     # (--max-context 128) -- a smaller one cut requests a, c and f short with "context".

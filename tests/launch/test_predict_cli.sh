@@ -147,7 +147,32 @@ PY
   else
     bad "plan-packing-$reserve"
   fi
+  # Planned for pooled admission (what the members fill, the sum's quantile), the same memory
+  # holds a decode batch at least as large, and the command it prints runs it so.
+  if "$STRATA" plan --model "$MODEL" --workload "$DATA" --host-compute --nodes 2 --stage-mem 0.002 \
+      --rra-only --kv-reserve "$reserve" "${extra[@]}" --kv-admission pooled --format json \
+      >"$TMP/pooled.json" 2>"$TMP/err" &&
+    "$STRATA" plan --model "$MODEL" --workload "$DATA" --host-compute --nodes 2 --stage-mem 0.002 \
+      --rra-only --kv-reserve "$reserve" "${extra[@]}" --kv-admission pooled 2>/dev/null |
+      grep -q -- "--kv-admission pooled --predict-confidence 0.9" &&
+    python3 - "$TMP/plan.json" "$TMP/pooled.json" <<'PY'
+import json, sys
+reserved = json.load(open(sys.argv[1]))["packing"]
+pooled = json.load(open(sys.argv[2]))["packing"]
+assert reserved["admission"] == "reserved" and pooled["admission"] == "pooled", pooled
+assert pooled["confidence"] == 0.9, pooled
+r, p = reserved["choice"]["schedule"], pooled["choice"]["schedule"]
+assert p["decode_batch"] >= r["decode_batch"], (p["decode_batch"], r["decode_batch"])
+assert 0 < p["kv_positions"] < p["kv_slots"] * 399, p
+PY
+  then
+    ok "plan-packing-$reserve-pooled"
+  else
+    bad "plan-packing-$reserve-pooled"
+  fi
 done
+expect_error plan-pooled-without-packing "--kv-admission pooled plans packing" \
+  plan --model "$MODEL" --workload S --length-scale 0.1 --host-compute --kv-admission pooled
 expect_error plan-predicted-without-eval "--kv-reserve predicted needs --predict-eval" \
   plan --model "$MODEL" --workload S --length-scale 0.1 --host-compute --kv-reserve predicted
 echo '{"accuracy": 1}' >"$TMP/noeval.json"
