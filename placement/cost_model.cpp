@@ -73,7 +73,7 @@ Sizes sizes_of(const ModelShape& m, const Workload& w, const Policy& p) {
   z.w = z.w_fp * (p.compress_weight ? packed : 1.0);
   z.w_dequant = p.compress_weight ? z.w_fp : 0.0;
   z.kv_dim = double(m.n_kv_heads * m.head_dim);
-  z.kv = 2 * z.kv_dim * kv_cache_elem_bytes(m, p);
+  z.kv = 2 * z.kv_dim * kv_cache_elem_bytes(p);
   z.h1 = double(m.hidden);
   z.h2 = double(m.intermediate);
   z.q_dim = double(m.n_heads * m.head_dim);
@@ -347,9 +347,8 @@ double compressed_fraction(int64_t elem_bytes) {
   return per_elem / double(elem_bytes);
 }
 
-double kv_cache_elem_bytes(const ModelShape& m, const Policy& p) {
-  // An f16 cache (cf16) is 2 bytes an element whatever the weights are (FlexGen's cache).
-  const int64_t e = p.cache_f16 ? 2 : m.weight_bytes_per_elem;
+double kv_cache_elem_bytes(const Policy& p) {
+  const int64_t e = p.cache_f16 ? 2 : 4;
   return static_cast<double>(e) * (p.compress_cache ? compressed_fraction(e) : 1.0);
 }
 

@@ -12,7 +12,8 @@
 //
 // FlexGen counts fp16 (2 bytes per element: weights 8h1^2 + 4h1h2 bytes per layer, KV cache
 // 4h1 bytes per token per layer, activations 2h1); here the element size is the model's
-// weight_bytes_per_elem, so an fp16 ModelShape gives FlexGen's numbers exactly. Weights per
+// weight_bytes_per_elem, except the KV cache's (kv_cache_elem_bytes: f32 as the engine keeps
+// it, f16 under cf16), so an fp16 ModelShape under cf16=1 gives FlexGen's numbers. Weights per
 // layer are the layer's parameters (q/k/v/o and MLP, biases and norms too; FlexGen's
 // 4h1^2 + 2h1h2 for OPT without the small vectors); K/V use n_kv_heads * head_dim (= h1 in
 // OPT). Embeddings and the LM head are ignored, as FlexGen does (§4, footnote 1).
@@ -22,7 +23,8 @@
 //    whatever the cache placement; the decode activation buffer is 2 h1 gbs, not 2 s h1 gbs;
 //  - without CPU attention (A.3 only covers the case with it) the off-GPU cache crosses
 //    CPU->GPU to be attended, the new token's K/V go back, and the GPU double-buffers it;
-//  - an f16 cache (policy cf16) is 2 bytes an element whatever the weights' type;
+//  - the KV cache is 4 bytes an element (the engine's f32 cache) whatever the weights' type,
+//    2 under cf16 (FlexGen's f16 cache);
 //  - compression (§5) scales stored weights / cache by compressed_fraction() in every
 //    transfer and home, and the GPU holds one layer dequantised; (de)quantisation time is
 //    not modelled, as in FlexGen's own cost model;
@@ -65,10 +67,11 @@ inline constexpr int kCompressBits = 4;
 inline constexpr int kCompressGroup = 64;
 double compressed_fraction(int64_t elem_bytes);
 
-// Bytes a KV-cache element takes under `p` as the model counts it: 2 with an f16 cache
-// (policy cf16) whatever the weights, else the model's element size (FlexGen's fp16), times
-// compressed_fraction with a 4-bit cache. The cost model and the Pie estimate both use it.
-double kv_cache_elem_bytes(const ModelShape& m, const Policy& p);
+// Bytes a KV-cache element takes under `p` as the engine stores it, whatever the weights: f32
+// (4), or 2 with an f16 cache (policy cf16, FlexGen's own), times compressed_fraction with a
+// 4-bit cache. The cost model and the Pie estimate both use it, so a policy the search finds
+// holds in the memory the engine allocates (placement/stage_placement.h counts the same).
+double kv_cache_elem_bytes(const Policy& p);
 
 // The LP's variables, in the order FlexGen lists them: percentages / 100.
 enum PlacementVar : int { kWg, kWc, kWd, kCg, kCc, kCd, kHg, kHc, kHd, kNumPlacementVars };

@@ -37,7 +37,7 @@ PieEstimate estimate_pie(const ModelShape& shape, const Workload& w, const Polic
   const CostEstimate cost = estimate_cost(shape, w, policy, hw);
   PieEstimate e;
   e.n_layers = static_cast<int32_t>(shape.n_layers);
-  const double elem = kv_cache_elem_bytes(shape, policy);
+  const double elem = kv_cache_elem_bytes(policy);
   e.layer_cache_bytes = static_cast<int64_t>(static_cast<double>(policy.block_size()) *
                                              static_cast<double>(w.prompt_len + w.gen_len) * 2 *
                                              static_cast<double>(shape.kv_width()) * elem);

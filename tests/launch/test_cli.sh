@@ -109,8 +109,9 @@ else
 fi
 expect_error score-no-text "no text to score" score --model "$MODEL"
 
-# plan: FlexGen's OPT-30B / T4 example picks the paper's placement; a tiny budget is refused.
-if "$STRATA" plan --model dummy:opt-30b --gpu-mem 16 --cpu-mem 208 --disk-mem 1500 \
+# plan: FlexGen's OPT-30B / T4 example (its f16 cache) picks the paper's placement; a tiny
+# budget is refused.
+if "$STRATA" plan --model dummy:opt-30b --gpu-mem 16 --cpu-mem 208 --disk-mem 1500 --cache-f16 \
     --prompt-len 512 --gen-len 32 --format json >"$TMP/plan.json" 2>"$TMP/err" &&
   python3 - "$TMP/plan.json" <<'PY'
 import json, sys

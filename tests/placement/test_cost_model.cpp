@@ -59,7 +59,7 @@ HardwareSpec round_hardware(OverlapModel model) {
 }
 
 Policy tiny_policy() {
-  return Policy::parse("gbs=2,ngb=3,w=30/50/20,c=20/70/10,h=40/40/20,cpu_attn=1");
+  return Policy::parse("gbs=2,ngb=3,w=30/50/20,c=20/70/10,h=40/40/20,cpu_attn=1,cf16=1");
 }
 
 void expect_rel(double actual, double expected, const char* what) {
@@ -181,7 +181,7 @@ TEST(CostModel, PieMovesMLayersOfCacheToTheHostAndBoundsTheStepBySwaps) {
   shape.n_layers = 8;
   const HardwareSpec hw = round_hardware(OverlapModel::kPaper);
   // Weights on the GPU, so the swaps are what bounds a decode step.
-  const Policy flexgen = Policy::parse("gbs=2,ngb=3,w=100/0/0,c=100/0/0,h=40/40/20");
+  const Policy flexgen = Policy::parse("gbs=2,ngb=3,w=100/0/0,c=100/0/0,h=40/40/20,cf16=1");
   const Tiny t;
   const double layer = 4 * t.h1 * (t.s + t.n) * t.bls;  // K and V, s + n positions, block
   for (int m : {1, 2, 5}) {
@@ -250,7 +250,7 @@ TEST(CostModel, HeteGenAtEquationFiveAlphaBalancesTheCpuAgainstTheLinkAndGpu) {
   const HardwareSpec hw = round_hardware(OverlapModel::kFitted);
   const double alpha = 1 / ((1e9 / 2) / (1e9 / 2) + (1e9 / 2) / (5e11 / 2) + 1);
   EXPECT_NEAR(alpha, 0.4995, 1e-4);
-  Policy streamed = Policy::parse("gbs=1,ngb=1,w=0/100/0,c=100/0/0,h=100/0/0,cpu_attn=0");
+  Policy streamed = Policy::parse("gbs=1,ngb=1,w=0/100/0,c=100/0/0,h=100/0/0,cpu_attn=0,cf16=1");
   Policy split = streamed;
   split.hetegen_alpha_percent = 50;
   const CostEstimate a = estimate_cost(tiny_shape(), {16, 8}, streamed, hw);
@@ -282,24 +282,25 @@ TEST(CostModel, CompressingWeightsScalesTheirTrafficAndHomes) {
   EXPECT_LT(packed.peak.cpu(), plain.peak.cpu());
 }
 
-// An f16 cache (policy cf16) is FlexGen's 4 h1 bytes a token whatever the weights: for an
-// f32 model it halves the cache's homes (disk: cd x 4 (s+n) h1 bls l of the 8 (s+n) h1 bls l
-// an f32 cache holds); for an fp16 model it is what the model already assumed.
-TEST(CostModel, HalfCacheIsTwoBytesAnElementWhateverTheWeights) {
+// The KV cache is the engine's: f32 (8 h1 bytes a token, K and V) whatever the weights,
+// unless the policy says cf16, FlexGen's 4 h1. For an fp16 model as for an f32 one, cf16
+// halves the cache's homes (disk: cd x 4 (s+n) h1 bls l of the 8 (s+n) h1 bls l an f32 cache
+// holds) -- the same bytes for both, so the weights' type does not size the cache.
+TEST(CostModel, TheCacheIsF32UnlessThePolicySaysF16WhateverTheWeights) {
   const Tiny t;
   ModelShape f32 = tiny_shape();
   f32.weight_bytes_per_elem = 4;
-  Policy half = tiny_policy();
-  half.cache_f16 = true;
+  Policy plain = tiny_policy();
+  plain.cache_f16 = false;
+  const Policy half = tiny_policy();
+  ASSERT_TRUE(half.cache_f16);
   const HardwareSpec hw = round_hardware(OverlapModel::kPaper);
-  const CostEstimate plain = estimate_cost(f32, {16, 8}, tiny_policy(), hw);
-  const CostEstimate packed = estimate_cost(f32, {16, 8}, half, hw);
   const double f16_cache_all = 4 * (t.s + t.n) * t.h1 * t.bls * t.l;
-  expect_rel(plain.peak.disk - packed.peak.disk, t.cd * f16_cache_all, "disk");
-  const CostEstimate fp16 = estimate_cost(tiny_shape(), {16, 8}, tiny_policy(), hw);
-  const CostEstimate fp16_half = estimate_cost(tiny_shape(), {16, 8}, half, hw);
-  EXPECT_DOUBLE_EQ(fp16.peak.disk, fp16_half.peak.disk);
-  EXPECT_DOUBLE_EQ(fp16.decode.time, fp16_half.decode.time);
+  for (const ModelShape& shape : {f32, tiny_shape()}) {
+    const CostEstimate whole = estimate_cost(shape, {16, 8}, plain, hw);
+    const CostEstimate halved = estimate_cost(shape, {16, 8}, half, hw);
+    expect_rel(whole.peak.disk - halved.peak.disk, t.cd * f16_cache_all, "disk");
+  }
 }
 
 TEST(CostModel, CompressionNeverGrowsMemory) {
@@ -379,7 +380,7 @@ TEST(CostModel, PerfectOverlapIsNeverSlowerThanFittedOrSerial) {
 
 TEST(CostModel, CpuAttentionKeepsTheCacheOffTheLink) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
-  const Policy on = Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1");
+  const Policy on = Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1");
   Policy off = on;
   off.cpu_cache_compute = false;
   const CostEstimate a = estimate_cost(opt_30b(), {512, 32}, on, hw);
@@ -406,8 +407,8 @@ TEST(CostModel, CpuFlopsSlowDownForSmallGpuBatchesAsFlexGenFitted) {
 }
 
 // FlexGen's Table 21 / 23 (T4, OPT-30B, prompt 512, 32 tokens), the runs that keep
-// everything in CPU memory; the disk rows ran under pagecache management and the model's
-// fitted disk bandwidth does not reproduce them.
+// everything in CPU memory, with FlexGen's f16 cache (cf16=1); the disk rows ran under
+// pagecache management and the model's fitted disk bandwidth does not reproduce them.
 TEST(CostModel, ReproducesFlexGensMeasuredOpt30bRuns) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
   struct Row {
@@ -416,10 +417,10 @@ TEST(CostModel, ReproducesFlexGensMeasuredOpt30bRuns) {
     double tolerance;
   };
   const Row rows[] = {
-      {"gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1", 7.32, 0.05},
-      {"gbs=48,ngb=3,w=0/100/0,c=0/100/0,h=0/100/0,cpu_attn=1", 7.26, 0.10},
-      {"gbs=48,ngb=1,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1", 5.40, 0.05},
-      {"gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,overlap=0", 5.86, 0.05},
+      {"gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1", 7.32, 0.05},
+      {"gbs=48,ngb=3,w=0/100/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1", 7.26, 0.10},
+      {"gbs=48,ngb=1,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1", 5.40, 0.05},
+      {"gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1,overlap=0", 5.86, 0.05},
   };
   double predicted[4];
   for (int i = 0; i < 4; ++i) {
@@ -438,9 +439,10 @@ TEST(CostModel, ReproducesFlexGensMeasuredOpt30bRuns) {
 }
 
 TEST(CostModel, Opt30bPaperPolicyIsComputeBound) {
-  const CostEstimate c = estimate_cost(
-      opt_30b(), {512, 32}, Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1"),
-      HardwareSpec::flexgen_t4());
+  const CostEstimate c =
+      estimate_cost(opt_30b(), {512, 32},
+                    Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1"),
+                    HardwareSpec::flexgen_t4());
   EXPECT_EQ(c.prefill.bottleneck, "comp");
   EXPECT_EQ(c.prefill.binding, "comp");
   EXPECT_EQ(c.decode.bottleneck, "comp");
@@ -454,9 +456,9 @@ TEST(CostModel, Opt30bPaperPolicyIsComputeBound) {
 TEST(CostModel, ShortfallsNameTheTierAndTheBudget) {
   HardwareSpec hw = HardwareSpec::flexgen_t4();
   hw.cpu_mem = 100 * kGiB;
-  const CostEstimate c =
-      estimate_cost(opt_30b(), {512, 32},
-                    Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1"), hw);
+  const CostEstimate c = estimate_cost(
+      opt_30b(), {512, 32},
+      Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1"), hw);
   const auto lines = c.memory_shortfalls(hw);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0], fmt::format("CPU memory: needs {} (prefill) but cpu_mem is 100.0 GiB "
@@ -466,7 +468,7 @@ TEST(CostModel, ShortfallsNameTheTierAndTheBudget) {
 }
 
 TEST(CostModel, PrintsItselfAndConvertsToJson) {
-  const Policy p = Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1");
+  const Policy p = Policy::parse("gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1");
   const CostEstimate c = estimate_cost(opt_30b(), {512, 32}, p, HardwareSpec::flexgen_t4());
   const nlohmann::json j = c.to_json();
   EXPECT_EQ(j["policy"], p.compact());

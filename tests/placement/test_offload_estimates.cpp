@@ -36,9 +36,9 @@ TEST(PieEstimate, LayerCacheAndSwapTimeByHand) {
   const ModelShape s = opt_30b();  // h1 7168, 48 layers, fp16
   HardwareSpec hw = HardwareSpec::flexgen_t4();
   const Workload w{512, 32};
-  const Policy p = Policy::parse("gbs=8,ngb=4,w=0/100/0,c=100/0/0,h=100/0/0");
+  const Policy p = Policy::parse("gbs=8,ngb=4,w=0/100/0,c=100/0/0,h=100/0/0,cf16=1");
   const PieEstimate e = estimate_pie(s, w, p, hw);
-  // 32 sequences x 544 positions x K and V x 7168 x 2 bytes.
+  // 32 sequences x 544 positions x K and V x 7168 x 2 bytes (FlexGen's f16 cache).
   EXPECT_EQ(e.layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 2);
   // GPU -> CPU for the cache (0.97 GiB/s) is the slower way on the T4.
   EXPECT_DOUBLE_EQ(e.swap_s, static_cast<double>(e.layer_cache_bytes) / hw.gtoc_bdw_cache);
@@ -51,17 +51,19 @@ TEST(PieEstimate, LayerCacheAndSwapTimeByHand) {
   EXPECT_GT(estimate_pie(s, w, p, hw).host_layers, e.host_layers);
 }
 
-// Pie swaps the cache the policy stores: an f32 model's cache is 4 bytes an element, 2 with
+// Pie swaps the cache the engine stores: 4 bytes an element (f32) whatever the weights, 2 with
 // cf16 (as the cost model counts it).
 TEST(PieEstimate, SwapsTheCacheInItsOwnElementSize) {
-  ModelShape s = opt_30b();
-  s.weight_bytes_per_elem = 4;
-  const HardwareSpec hw = HardwareSpec::flexgen_t4();
-  const Workload w{512, 32};
-  Policy p = Policy::parse("gbs=8,ngb=4,w=0/100/0,c=100/0/0,h=100/0/0");
-  EXPECT_EQ(estimate_pie(s, w, p, hw).layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 4);
-  p.cache_f16 = true;
-  EXPECT_EQ(estimate_pie(s, w, p, hw).layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 2);
+  for (const int64_t weight_bytes : {2, 4}) {
+    ModelShape s = opt_30b();
+    s.weight_bytes_per_elem = weight_bytes;
+    const HardwareSpec hw = HardwareSpec::flexgen_t4();
+    const Workload w{512, 32};
+    Policy p = Policy::parse("gbs=8,ngb=4,w=0/100/0,c=100/0/0,h=100/0/0");
+    EXPECT_EQ(estimate_pie(s, w, p, hw).layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 4);
+    p.cache_f16 = true;
+    EXPECT_EQ(estimate_pie(s, w, p, hw).layer_cache_bytes, int64_t{32} * 544 * 2 * 7168 * 2);
+  }
 }
 
 TEST(HeteGenEstimate, AlphaAndTimesByHand) {

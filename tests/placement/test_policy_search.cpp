@@ -28,9 +28,19 @@ ModelShape opt_6_7b() {
   return opt(4096, 16384, 32, 32);
 }
 
-// FlexGen's policy for OPT-30B on the T4 (Table 4, 15, 21, 23): 7.32 token/s measured.
-const char* kPaperOpt30b = "gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1";
+// FlexGen's policy for OPT-30B on the T4 (Table 4, 15, 21, 23), its f16 cache: 7.32 token/s
+// measured.
+const char* kPaperOpt30b = "gbs=48,ngb=3,w=20/80/0,c=0/100/0,h=0/100/0,cpu_attn=1,cf16=1";
 constexpr double kPaperOpt30bThroughput = 7.32;
+
+// FlexGen's own setting: its f16 KV cache (cf16). Strata's engine keeps an f32 cache unless
+// told otherwise, and the search plans what the engine runs; the cases that reproduce
+// FlexGen's paper search as FlexGen did.
+SearchOptions flexgens() {
+  SearchOptions o;
+  o.cache_f16 = true;
+  return o;
+}
 
 std::string search_error(const HardwareSpec& hw, const SearchOptions& o = {}) {
   try {
@@ -43,7 +53,7 @@ std::string search_error(const HardwareSpec& hw, const SearchOptions& o = {}) {
 
 TEST(PolicySearch, Opt30bOnT4LandsInThePapersRegion) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
-  const SearchResult r = search_policy(opt_30b(), kWorkload, hw);
+  const SearchResult r = search_policy(opt_30b(), kWorkload, hw, flexgens());
   const CostEstimate paper = estimate_cost(opt_30b(), kWorkload, Policy::parse(kPaperOpt30b), hw);
   fmt::print("  FlexGen (Tables 15/21): {} -> {:.2f} token/s measured, {:.3f} predicted here\n",
              Policy::parse(kPaperOpt30b).str(), kPaperOpt30bThroughput, paper.throughput);
@@ -100,6 +110,7 @@ BruteForce brute_force(const ModelShape& shape, const HardwareSpec& hw,
             p.cache_gpu_percent = cg, p.cache_cpu_percent = cc;
             p.act_gpu_percent = hg, p.act_cpu_percent = hc;
             p.cpu_cache_compute = true;
+            p.cache_f16 = true;  // as flexgens() searches
             const CostEstimate c = estimate_cost(shape, kWorkload, p, hw);
             ++out.evaluated;
             if (c.throughput > out.throughput && c.fits(hw)) {
@@ -116,7 +127,7 @@ BruteForce brute_force(const ModelShape& shape, const HardwareSpec& hw,
 
 void expect_search_agrees_with_brute_force(const ModelShape& shape, const HardwareSpec& hw,
                                            const char* what) {
-  SearchOptions o;
+  SearchOptions o = flexgens();
   o.gpu_batch_sizes = {8, 32, 48};
   o.max_num_gpu_batches = 4;
   o.weight_step_percent = 10;
@@ -153,10 +164,10 @@ TEST(PolicySearch, Opt6_7bOnT4AgreesWithBruteForce) {
 
 TEST(PolicySearch, TiesWithinTheToleranceGoToTheSmallestBlock) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
-  SearchOptions exact;
+  SearchOptions exact = flexgens();
   exact.tie_tolerance = 0;
   const SearchResult fastest = search_policy(opt_30b(), kWorkload, hw, exact);
-  const SearchResult chosen = search_policy(opt_30b(), kWorkload, hw);
+  const SearchResult chosen = search_policy(opt_30b(), kWorkload, hw, flexgens());
   const CostEstimate paper = estimate_cost(opt_30b(), kWorkload, Policy::parse(kPaperOpt30b), hw);
   fmt::print("  highest predicted throughput: {} -> {:.3f} token/s\n", fastest.policy.str(),
              fastest.cost.throughput);
@@ -306,10 +317,10 @@ TEST(PolicySearch, ChoosesPieWhenTheLinkHidesTheSwaps) {
   const HardwareSpec hw = grace_hopper_like();
   const ModelShape opt_66b = opt(9216, 36864, 64, 72);
   const Workload w{512, 256};
-  SearchOptions o;
+  SearchOptions o = flexgens();
   o.pie = true;
   const SearchResult pie = search_policy(opt_66b, w, hw, o);
-  const SearchResult flexgen = search_policy(opt_66b, w, hw);
+  const SearchResult flexgen = search_policy(opt_66b, w, hw, flexgens());
   fmt::print("  FlexGen: {} -> {:.2f} token/s\n  Pie:     {} -> {:.2f} token/s\n",
              flexgen.policy.compact(), flexgen.cost.throughput, pie.policy.compact(),
              pie.cost.throughput);
@@ -324,7 +335,7 @@ TEST(PolicySearch, ChoosesPieWhenTheLinkHidesTheSwaps) {
 // attention needs no link); with Pie the cache must stay on the GPU tier.
 TEST(PolicySearch, ThePlacementLpOfAPieScheduleKeepsTheCacheOnTheGpuTier) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
-  const Policy flexgen = Policy::parse("gbs=8,ngb=2,cpu_attn=1");
+  const Policy flexgen = Policy::parse("gbs=8,ngb=2,cpu_attn=1,cf16=1");
   Policy pie = flexgen;
   pie.pie_host_layers = 2;
   const auto a = solve_placement_lp(opt_30b(), kWorkload, flexgen, hw);
@@ -335,10 +346,10 @@ TEST(PolicySearch, ThePlacementLpOfAPieScheduleKeepsTheCacheOnTheGpuTier) {
   EXPECT_EQ(b->placement[kCc] + b->placement[kCd], 0);
 }
 
-// An f16 cache (cf16) is FlexGen's own cache: for OPT's f16 weights the cost model counts 2
-// bytes an element either way, so the LP places it as it places the default one (mostly on
-// the T4 for OPT-6.7B, AModelThatFitsOnTheGpuStaysThere), with or without CPU attention, and
-// the search tries Pie's variants for it as for any cache on the GPU tier.
+// An f16 cache (cf16) is FlexGen's own: half the bytes of the engine's default f32 cache. On
+// the T4, OPT-6.7B's placement LP keeps at least as much of it on the GPU as of the f32 one,
+// and most of it (AModelThatFitsOnTheGpuStaysThere), at no greater cost; the search keeps cf16
+// with or without CPU attention, and tries Pie's variants for it as for the default cache.
 TEST(PolicySearch, AnF16CacheIsPlacedAsFlexGensCache) {
   const HardwareSpec hw = HardwareSpec::flexgen_t4();
   Policy schedule = Policy::parse("gbs=2,ngb=1,cpu_attn=1");
@@ -347,11 +358,10 @@ TEST(PolicySearch, AnF16CacheIsPlacedAsFlexGensCache) {
   const auto f16 = solve_placement_lp(opt_6_7b(), kWorkload, schedule, hw);
   ASSERT_TRUE(f32 && f16);
   EXPECT_GT(f16->placement[kCg], 0.5);
-  for (int v = 0; v < kNumPlacementVars; ++v)
-    EXPECT_NEAR(f16->placement[v], f32->placement[v], 1e-9) << "variable " << v;
+  EXPECT_GE(f16->placement[kCg], f32->placement[kCg] - 1e-9);
+  EXPECT_LE(f16->time_per_sequence, f32->time_per_sequence * (1 + 1e-9));
 
-  SearchOptions o;
-  o.cache_f16 = true;
+  SearchOptions o = flexgens();
   const SearchResult r = search_policy(opt_6_7b(), kWorkload, hw, o);
   EXPECT_TRUE(r.policy.cache_f16);
   EXPECT_GT(r.policy.cache_gpu_percent, 50);
@@ -362,12 +372,12 @@ TEST(PolicySearch, AnF16CacheIsPlacedAsFlexGensCache) {
   SearchOptions pie;
   pie.pie = true;
   const SearchResult plain = search_policy(opt_6_7b(), kWorkload, fast, SearchOptions{});
-  const SearchResult f32_pie = search_policy(opt_6_7b(), kWorkload, fast, pie);
-  EXPECT_GT(f32_pie.schedules_tried, plain.schedules_tried);
+  EXPECT_GT(search_policy(opt_6_7b(), kWorkload, fast, pie).schedules_tried, plain.schedules_tried);
   pie.cache_f16 = true;
+  const SearchResult f16_plain = search_policy(opt_6_7b(), kWorkload, fast, flexgens());
   const SearchResult f16_pie = search_policy(opt_6_7b(), kWorkload, fast, pie);
-  EXPECT_EQ(f16_pie.schedules_tried, f32_pie.schedules_tried);
-  EXPECT_EQ(f16_pie.policy.pie_host_layers, f32_pie.policy.pie_host_layers);
+  EXPECT_TRUE(f16_pie.policy.cache_f16);
+  EXPECT_GT(f16_pie.schedules_tried, f16_plain.schedules_tried);
 }
 
 TEST(PolicySearch, RejectsBadOptions) {
