@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <utility>
 
 #include "kernels/accelerator.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -202,7 +204,9 @@ void check_stage_memory(const EngineOptions& o, const ComputeSetup& c, Model& mo
   const ModelShape shape = model.config().shape();
   const std::string policy = o.policy ? o.policy->compact() : std::string();
   const int64_t packed = device ? 0 : packing.budget;  // S3 commits host pages as it fills them
-  model.set_cache_check([base, shape, policy, packed](int32_t slots, int32_t capacity) {
+  // Scoring sizes a cache per text: the warning without a policy is said once.
+  auto warned = std::make_shared<bool>(false);
+  model.set_cache_check([base, shape, policy, packed, warned](int32_t slots, int32_t capacity) {
     StageRequest r = base;
     r.kv_slots = slots;
     r.kv_capacity = capacity;
@@ -214,6 +218,7 @@ void check_stage_memory(const EngineOptions& o, const ComputeSetup& c, Model& mo
       const int64_t need = tier_need(p, t.tier);
       if (budget < 0 || need <= budget) continue;
       if (policy.empty()) {
+        if (std::exchange(*warned, true)) continue;
         log::get("launch")->warn(
             "{} {:.1f} MiB bounds the weights alone (no --policy); with the KV cache of {} "
             "sequences x {} positions {}: give a policy to bound them all",
