@@ -169,14 +169,19 @@ ReservationModel ReservationModel::from_eval_json(const std::string& path) {
   return m;
 }
 
-std::optional<ReservationModel> reservation_model(KvReserve rule, const std::string& predict_eval) {
+std::optional<ReservationModel> reservation_model(const KvPackingOptions& packing,
+                                                  const std::string& predict_eval) {
+  const KvReserve rule = packing.reserve;
   if (rule != KvReserve::kPredicted && !predict_eval.empty())
     fail_input("--predict-eval needs --kv-reserve predicted (got {})", kv_reserve_name(rule));
   if (rule == KvReserve::kContext) return std::nullopt;
-  if (rule == KvReserve::kMaxNew) return ReservationModel{rule, 0, {}, ""};
-  if (predict_eval.empty())
+  if (rule == KvReserve::kPredicted && predict_eval.empty())
     fail_input("--kv-reserve predicted needs --predict-eval (strata predict eval --json's file)");
-  return ReservationModel::from_eval_json(predict_eval);
+  ReservationModel m = rule == KvReserve::kMaxNew ? ReservationModel{rule, 0, {}, ""}
+                                                  : ReservationModel::from_eval_json(predict_eval);
+  m.admission = packing.admission;
+  m.confidence = packing.confidence;
+  return m;
 }
 
 std::string ReservationModel::str() const {

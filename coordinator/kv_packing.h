@@ -176,10 +176,12 @@ struct ReservationModel {
   std::string str() const;
 };
 
-// The model a reservation rule plans with: none for the context (whole slots), the true
-// lengths for max-new, `predict_eval`'s matrix for predicted. InputError when predicted has
-// no evaluation file, or another rule has one.
-std::optional<ReservationModel> reservation_model(KvReserve rule, const std::string& predict_eval);
+// The model the run's packing plans with: none for the context rule (whole slots), the true
+// lengths for max-new, `predict_eval`'s matrix for predicted; admitted as `packing` admits
+// (its admission and confidence). InputError when predicted has no evaluation file, or
+// another rule has one.
+std::optional<ReservationModel> reservation_model(const KvPackingOptions& packing,
+                                                  const std::string& predict_eval);
 
 // What a sequence holds reserved while it decodes, per decode-iteration count D = 0..max
 // (index D; a sequence of S output tokens decodes S - 1 times, iteration j needing input + j

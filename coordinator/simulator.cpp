@@ -294,7 +294,7 @@ double Simulator::packed_positions(const LengthDistribution& d, int32_t decode_i
   const ReservationModel& m = *in_.packing;
   if (m.admission == KvAdmission::kPooled) {
     const UsageProfile u = pooled_usage(m.reserve, in_.workload.input.mean(), in_.workload.output,
-                                        held, decoding ? n0 : 0, prefill_only, capacity_);
+                                        held, n0, prefill_only, capacity_);
     return u.need(pooled_margin(m.confidence));
   }
   double member = 0;

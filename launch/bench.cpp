@@ -70,8 +70,7 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   so.compress_cache = o.compress_cache;
   so.cache_f16 = o.cache_f16;
   so.cpu_attention = o.cpu_attention;
-  // Pie and HeteGen need a device to swap to and split with.
-  so.pie = so.hetegen = true;
+  so.pie = so.hetegen = true;  // the engine computes on a device: they have one to use
   so.on_progress = progress_callback("policy search: GPU batch sizes");
   const SearchResult r = search_policy(c.shape(), Workload{o.prompt_len, o.gen_len}, hw, so);
   Policy p = r.policy;

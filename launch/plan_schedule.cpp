@@ -70,18 +70,16 @@ std::string schedule_table(const ScheduleChoice& c, const SchedulePlanOptions& o
 
 // The packing model --kv-reserve and --predict-eval ask for; nullopt: plan without.
 std::optional<ReservationModel> packing_model(const ScheduleCliOptions& o) {
-  std::optional<ReservationModel> m =
-      reservation_model(parse_kv_reserve(o.kv_reserve), o.predict_eval);
-  const KvAdmission admission = parse_kv_admission(o.kv_admission);
-  if (!m && admission != KvAdmission::kReserved)
+  KvPackingOptions p;  // as serve's, the budget the search's to size
+  p.reserve = parse_kv_reserve(o.kv_reserve);
+  p.admission = parse_kv_admission(o.kv_admission);
+  p.confidence = o.confidence;
+  p.budget_from_schedule = true;
+  p.validate();
+  std::optional<ReservationModel> m = reservation_model(p, o.predict_eval);
+  if (!m && p.admission != KvAdmission::kReserved)
     fail_input("--kv-admission {} plans packing: give --kv-reserve max-new or predicted",
                o.kv_admission);
-  if (!(o.confidence > 0 && o.confidence <= 1))
-    fail_input("--predict-confidence must be in (0, 1], got {}", o.confidence);
-  if (m) {
-    m->admission = admission;
-    m->confidence = o.confidence;
-  }
   return m;
 }
 

@@ -142,13 +142,7 @@ std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const Coord
     t.policies.push_back(p == "rra"     ? SchedulePolicy::kRra
                          : p == "waa-c" ? SchedulePolicy::kWaaC
                                         : SchedulePolicy::kWaaM);
-  if (c.packing.budget_from_schedule) {
-    t.packing = reservation_model(c.packing.reserve, o.predict_eval);
-    if (t.packing) {  // planned as the run admits
-      t.packing->admission = c.packing.admission;
-      t.packing->confidence = c.packing.confidence;
-    }
-  }
+  if (c.packing.budget_from_schedule) t.packing = reservation_model(c.packing, o.predict_eval);
   const std::string placement = c.placement.policy ? c.placement.policy->str() : "budgets";
   t.profile_path =
       profile_path(o, ProfileKey{o.engine.model, dtype_name(config.dtype), placement, t.hosts});

@@ -485,13 +485,21 @@ TEST(KvPackingOptions, TheScheduleMaySizeTheBudget) {
   EXPECT_THROW(o.validate(), InputError);
   o.budget_from_schedule = true;
   EXPECT_NO_THROW(o.validate());
-  EXPECT_FALSE(reservation_model(KvReserve::kContext, ""));
-  EXPECT_EQ(reservation_model(KvReserve::kMaxNew, "")->reserve, KvReserve::kMaxNew);
-  const std::string e1 = testing::input_error([] { reservation_model(KvReserve::kPredicted, ""); });
-  EXPECT_NE(e1.find("--predict-eval"), std::string::npos) << e1;
-  const std::string e2 =
-      testing::input_error([] { reservation_model(KvReserve::kMaxNew, "eval.json"); });
+  o.reserve = KvReserve::kContext;
+  EXPECT_FALSE(reservation_model(o, ""));
+  o.reserve = KvReserve::kMaxNew;
+  o.admission = KvAdmission::kPooled;
+  o.confidence = 0.8;
+  const std::optional<ReservationModel> m = reservation_model(o, "");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->reserve, KvReserve::kMaxNew);
+  EXPECT_EQ(m->admission, KvAdmission::kPooled);  // planned as the run admits
+  EXPECT_EQ(m->confidence, 0.8);
+  const std::string e2 = testing::input_error([&] { reservation_model(o, "eval.json"); });
   EXPECT_NE(e2.find("needs --kv-reserve predicted"), std::string::npos) << e2;
+  o.reserve = KvReserve::kPredicted;
+  const std::string e1 = testing::input_error([&] { reservation_model(o, ""); });
+  EXPECT_NE(e1.find("--predict-eval"), std::string::npos) << e1;
 }
 
 // ---- the simulator's packing model (held_positions), worked by hand ------------------------
