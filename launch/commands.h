@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/kv_packing.h"
+#include "coordinator/s3/kv_packing.h"
 #include "placement/policy.h"
 #include "worker/input_limits.h"
 
@@ -77,7 +77,7 @@ struct EngineOptions {
   bool policy_auto = false;
   std::vector<std::string> limits;  // --limit NAME=N overrides of the input limits
   bool check_weights = false;       // scan every weight for NaN / infinity at load
-  // S3's packing (coordinator/kv_packing.h): --kv-budget and what sequences reserve in it.
+  // S3's packing (coordinator/s3/kv_packing.h): --kv-budget and what sequences reserve in it.
   KvPackingOptions packing;
   std::string kv_reserve;    // --kv-reserve; empty: predicted with a --predictor, else context
   std::string kv_admission;  // --kv-admission; empty: reserved

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "coordinator/local_stages.h"
+#include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/profiling_backend.h"
 #include "launch/commands.h"

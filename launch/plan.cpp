@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/planner.h"
+#include "coordinator/plan/cluster_plan.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
 #include "launch/plan_schedule.h"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "coordinator/schedule_planner.h"
+#include "coordinator/exegpt/schedule_choice.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
 #include "launch/progress.h"

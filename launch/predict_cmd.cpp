@@ -1,4 +1,4 @@
-// strata predict: S3's output-length predictor (coordinator/length_predictor.h,
+// strata predict: S3's output-length predictor (coordinator/s3/length_predictor.h,
 // docs/S3.md). `train` fits one on JSONL rows, `eval` measures it on rows it has not seen,
 // `online` replays rows in order predicting each before learning it (the supervisor's
 // retraining, evaluated prequentially).
@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/length_predictor.h"
+#include "coordinator/s3/length_predictor.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
 #include "worker/input_limits.h"

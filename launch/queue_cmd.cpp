@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "coordinator/redis_queue.h"
-#include "coordinator/request_format.h"
+#include "coordinator/intake/redis_queue.h"
+#include "coordinator/intake/request_format.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
 #include "launch/progress.h"

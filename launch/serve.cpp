@@ -12,12 +12,12 @@
 #include <functional>
 #include <thread>
 
-#include "coordinator/coordinator.h"
-#include "coordinator/intake.h"
-#include "coordinator/local_stages.h"
-#include "coordinator/mpi_stages.h"
-#include "coordinator/profiler.h"
-#include "coordinator/redis_queue.h"
+#include "coordinator/run/coordinator.h"
+#include "coordinator/intake/intake.h"
+#include "coordinator/run/local_stages.h"
+#include "coordinator/run/mpi_stages.h"
+#include "coordinator/exegpt/profiler.h"
+#include "coordinator/intake/redis_queue.h"
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
@@ -380,7 +380,7 @@ int run_serve(const ServeOptions& options) {
 }
 
 // strata profile-layers: the stages of the uniform plan time their parts (ExeGPT's
-// XProfiler; coordinator/profiler.h) and the profile goes to --out.
+// XProfiler; coordinator/exegpt/profiler.h) and the profile goes to --out.
 int profile_stages(const ServeOptions& o, Stages& stages, const ModelConfig& config,
                    std::vector<std::string> hosts) {
   const CoordinatorOptions c = coordinator_options(o);

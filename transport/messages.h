@@ -235,7 +235,7 @@ struct Heartbeat {
 };
 
 // The coordinator asks every stage to time its part (ExeGPT's XProfiler,
-// coordinator/profiler.h): its layers on synthetic prefill steps (each of prefill_rows x
+// coordinator/exegpt/profiler.h): its layers on synthetic prefill steps (each of prefill_rows x
 // prefill_lengths) and decode steps (decode_seqs x decode_contexts), its embedding
 // (embed_rows) and head (head_rows) where it holds them, and sending transfer_rows rows of
 // activations to the next stage; the fastest of `repeats` runs each.

@@ -48,7 +48,7 @@ class PipelineStage {
                 StageOptions options);
   // A stage over a model already loaded (its layers are the stage's, its workspace holds
   // plan.max_batch_rows rows; its cache options are kept): a one-stage cluster in one
-  // process (coordinator/local_stages.h). `model` outlives the stage.
+  // process (coordinator/run/local_stages.h). `model` outlives the stage.
   PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Model& model);
 
   // The plan's stage as this rank runs it (a tensor-parallel shard other than 0: no head).
@@ -91,7 +91,7 @@ class PipelineStage {
   std::vector<SeqToken> run(const StepCommand& command, std::span<const float> in,
                             std::span<float> out, bool in_device = false, bool out_device = false);
 
-  // The profiler's measurement (coordinator/profiler.h): the median of `repeats` runs of
+  // The profiler's measurement (coordinator/exegpt/profiler.h): the median of `repeats` runs of
   // this stage's layers on a synthetic step of `seqs` sequences, each `n_new` new rows
   // after `n_past` cached positions (KV slots 0..seqs-1, as they are), under the stage's
   // real placement. `embed` (the first stage) takes token ids instead of activations in,

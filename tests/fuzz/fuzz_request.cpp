@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include "coordinator/request_format.h"
-#include "coordinator/request_rules.h"
+#include "coordinator/intake/request_format.h"
+#include "coordinator/intake/request_rules.h"
 #include "fuzz_common.h"
 #include "worker/config.h"
 #include "worker/text.h"

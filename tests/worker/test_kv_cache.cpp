@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "coordinator/local_stages.h"
+#include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"

@@ -7,7 +7,7 @@
 // what placement/ counts.
 #include <gtest/gtest.h>
 
-#include "coordinator/local_stages.h"
+#include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "support/stories_reference.h"

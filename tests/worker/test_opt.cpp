@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "coordinator/local_stages.h"
+#include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "support/folding_backend.h"
 #include "worker/loader.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/local_stages.h"
+#include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "kernels/gemv.h"

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "coordinator/local_stages.h"
+#include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "support/folding_backend.h"
 #include "support/stories_reference.h"
@@ -155,7 +155,7 @@ TEST_F(Stories260K, BatchedEqualsOneAtATimeWithMixedLengths) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(got[i].output_ids, (*refs_)[i].output_ids);
 }
 
-// S3 (coordinator/kv_packing.h): a KV budget where reservations of prompt + 4 tokens are far
+// S3 (coordinator/s3/kv_packing.h): a KV budget where reservations of prompt + 4 tokens are far
 // too short, so sequences grow in place or are preempted and recomputed many times; greedy
 // ids stay llama2.c's, and sampled ids what the run without packing sampled.
 TEST_F(Stories260K, PreemptedSequencesEndWithTheOutputsTheyWouldHaveHad) {

@@ -1,0 +1,692 @@
+#include "coordinator/intake/redis_queue.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <ctime>
+
+#include "kernels/log.h"
+
+namespace strata {
+namespace {
+
+using Clock = Deadline::Clock;
+
+// Stores a result, marks its request id done and acknowledges its entries, atomically; an
+// id that already has a result is only acknowledged. Returns the result's entry id.
+// KEYS: results, done hash, requests. ARGV: group, request id, n, n entry ids, fields...
+constexpr const char* kFinishScript = R"lua(
+local n = tonumber(ARGV[3])
+local done = redis.call('HGET', KEYS[2], ARGV[2])
+if not done then
+  local fields = {}
+  for i = 4 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
+  done = redis.call('XADD', KEYS[1], '*', unpack(fields))
+  redis.call('HSET', KEYS[2], ARGV[2], done)
+end
+for i = 4, 3 + n do redis.call('XACK', KEYS[3], ARGV[1], ARGV[i]) end
+return done
+)lua";
+
+// Moves an entry to the dead-letter stream and stores its error result, atomically.
+// KEYS: dead letters, results, done hash, requests.
+// ARGV: group, request id, entry id, n, n dead-letter fields, result fields...
+constexpr const char* kDeadLetterScript = R"lua(
+local n = tonumber(ARGV[4])
+local dead = {}
+for i = 5, 4 + n do dead[#dead + 1] = ARGV[i] end
+redis.call('XADD', KEYS[1], '*', unpack(dead))
+local done = redis.call('HGET', KEYS[3], ARGV[2])
+if not done then
+  local fields = {}
+  for i = 5 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
+  done = redis.call('XADD', KEYS[2], '*', unpack(fields))
+  redis.call('HSET', KEYS[3], ARGV[2], done)
+end
+redis.call('XACK', KEYS[4], ARGV[1], ARGV[3])
+return done
+)lua";
+
+// Error replies that pass (a server loading its data, out of memory for a moment, a
+// replica promoted): retried like a lost connection.
+bool transient(const std::string& prefix) {
+  for (const char* p : {"LOADING", "BUSY", "TRYAGAIN", "OOM", "MASTERDOWN", "READONLY",
+                        "CLUSTERDOWN", "NOREPLICAS"})
+    if (prefix == p) return true;
+  return false;
+}
+
+double entry_seconds(const std::string& entry_id) {
+  int64_t ms = 0;
+  std::from_chars(entry_id.data(), entry_id.data() + entry_id.find('-'), ms);
+  return static_cast<double>(ms) / 1000.0;
+}
+
+std::string ms_text(double seconds) {
+  return std::to_string(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+FieldList flat_fields(const nlohmann::ordered_json& object) {
+  FieldList out;
+  for (const auto& [key, value] : object.items())
+    out.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
+  return out;
+}
+
+void append(RedisArgs& args, const FieldList& fields) {
+  for (const auto& [k, v] : fields) {
+    args.push_back(k);
+    args.push_back(v);
+  }
+}
+
+}  // namespace
+
+std::string RedisQueueOptions::dead_letters() const {
+  return dead_letter_stream.empty() ? request_stream + ":dead" : dead_letter_stream;
+}
+
+void RedisQueueOptions::validate() const {
+  const std::pair<const char*, const std::string*> names[] = {{"--request-stream", &request_stream},
+                                                              {"--result-stream", &result_stream},
+                                                              {"--group", &group},
+                                                              {"--consumer", &consumer}};
+  for (const auto& [option, value] : names)
+    if (value->empty()) fail_input("{} must not be empty", option);
+  if (request_stream == result_stream || request_stream == dead_letters() ||
+      result_stream == dead_letters())
+    fail_input("the request, result and dead-letter streams must differ, got '{}', '{}', '{}'",
+               request_stream, result_stream, dead_letters());
+  if (!(claim_idle_s > 0)) fail_input("--claim-idle must be > 0 seconds, got {}", claim_idle_s);
+  if (max_deliveries < 1) fail_input("--max-deliveries must be >= 1, got {}", max_deliveries);
+  if (prefetch < 1) fail_input("the queue's prefetch must be >= 1, got {}", prefetch);
+  if (!(retry_timeout_s >= 0))
+    fail_input("--redis-timeout must be >= 0 seconds, got {}", retry_timeout_s);
+}
+
+std::string RedisQueueOptions::str() const {
+  return fmt::format(
+      "{} requests '{}' results '{}' dead letters '{}' group '{}' consumer '{}' claim idle {} s, "
+      "{} deliveries at most{}",
+      endpoint.str(), request_stream, result_stream, dead_letters(), group, consumer, claim_idle_s,
+      max_deliveries, exit_when_drained ? ", exits when drained" : "");
+}
+
+std::string QueueStats::json() const {
+  return fmt::format(R"({{"delivered": {}, "results": {}, "duplicates": {}, "dead_lettered": {}, )"
+                     R"("handed_back": {}, "reconnects": {}, "reader_cpu_seconds": {:.6f}, )"
+                     R"("writer_cpu_seconds": {:.6f}}})",
+                     delivered, results, duplicates, dead_lettered, handed_back, reconnects,
+                     reader_cpu_seconds, writer_cpu_seconds);
+}
+
+RedisQueue::RedisQueue(const RedisQueueOptions& options, const Tokenizer& tokenizer)
+    : options_(options),
+      tokenizer_(tokenizer),
+      finish_script_(kFinishScript),
+      dead_letter_script_(kDeadLetterScript) {
+  options_.validate();
+  log::get("coordinator")->info("queue: {}", options_.str());
+  // The first connection, before anything is served: an unreachable server is retried
+  // until the retry budget runs out, then the job ends saying so.
+  std::optional<RedisConnection> first;
+  while (connection(first, "start") == nullptr) {
+    std::lock_guard lock(mutex_);
+    if (fatal_) fail(ErrorKind::kFailed, "{}", *fatal_);
+  }
+  first.reset();
+  reader_ = std::thread([this] { read_loop(); });
+  writer_ = std::thread([this] { write_loop(); });
+}
+
+RedisQueue::~RedisQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    quit_ = true;
+  }
+  wake_.notify_all();
+  if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
+}
+
+Deadline RedisQueue::command_deadline() const {
+  return Deadline::after_seconds(options_.command_timeout_s);
+}
+
+// ---- connections ------------------------------------------------------------------------
+
+RedisConnection* RedisQueue::connection(std::optional<RedisConnection>& slot, const char* role) {
+  if (slot && !slot->broken()) return &*slot;
+  slot.reset();
+  try {
+    RedisConnection c = RedisConnection::open(options_.endpoint, command_deadline());
+    setup(c);
+    slot = std::move(c);
+  } catch (const Error& e) {
+    on_redis_error(slot, e, role);
+    return nullptr;
+  }
+  std::lock_guard lock(mutex_);
+  if (unreachable_since_) {
+    const double away = std::chrono::duration<double>(Clock::now() - *unreachable_since_).count();
+    log::get("coordinator")
+        ->warn("queue: Redis {} is back after {:.1f} s ({})", options_.endpoint.str(), away, role);
+    ++stats_.reconnects;
+    unreachable_since_.reset();
+  }
+  return &*slot;
+}
+
+// A lost or unreachable server is retried with capped backoff; a group that vanished is
+// created again; anything else ends the run (poll throws it).
+void RedisQueue::on_redis_error(std::optional<RedisConnection>& slot, const Error& e,
+                                const char* role) {
+  auto log = log::get("coordinator");
+  slot.reset();
+  const auto* reply = dynamic_cast<const RedisError*>(&e);
+  std::unique_lock lock(mutex_);
+  if (reply != nullptr && !transient(reply->prefix()) && reply->prefix() != "NOGROUP") {
+    if (!fatal_) fatal_ = fmt::format("Redis {}: {}", options_.endpoint.str(), e.what());
+    log->error("queue: {} ({}); the run cannot go on", *fatal_, role);
+    wake_.notify_all();
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  if (!unreachable_since_) {
+    unreachable_since_ = now;
+    log->warn(
+        "queue: {} ({}); retrying with backoff up to 2 s, finished results wait in memory, "
+        "nothing is acknowledged without its result",
+        e.what(), role);
+  }
+  const double away = std::chrono::duration<double>(now - *unreachable_since_).count();
+  if (options_.retry_timeout_s > 0 && away > options_.retry_timeout_s && !fatal_) {
+    fatal_ = fmt::format("Redis {} unreachable for {:.0f} s (--redis-timeout {} s): {}",
+                         options_.endpoint.str(), away, options_.retry_timeout_s, e.what());
+    log->error("queue: {}", *fatal_);
+    wake_.notify_all();
+    return;
+  }
+  // Capped exponential backoff, cut short when the queue is destroyed.
+  const double pause = std::min(2.0, 0.05 * std::pow(2.0, std::min(away, 10.0)));
+  wake_.wait_for(lock, std::chrono::duration<double>(pause), [this] { return quit_; });
+}
+
+void RedisQueue::setup(RedisConnection& c) {
+  try {
+    c.command({"XGROUP", "CREATE", options_.request_stream, options_.group, "0", "MKSTREAM"},
+              command_deadline());
+    log::get("coordinator")
+        ->info("queue: created group '{}' on '{}' from the stream's start", options_.group,
+               options_.request_stream);
+  } catch (const RedisError& e) {
+    if (e.prefix() != "BUSYGROUP") throw;  // BUSYGROUP: it exists, as on every restart
+  }
+  std::call_once(durability_checked_, [&] { warn_about_durability(c); });
+}
+
+// Acknowledged work survives a restart of Redis only with an append-only file, and stream
+// entries survive memory pressure only without eviction.
+void RedisQueue::warn_about_durability(RedisConnection& c) {
+  auto log = log::get("coordinator");
+  try {
+    const RedisReply aof = c.command({"CONFIG", "GET", "appendonly"}, command_deadline());
+    const RedisReply policy = c.command({"CONFIG", "GET", "maxmemory-policy"}, command_deadline());
+    if (aof.size() == 2 && aof.elements[1].str == "no")
+      log->warn(
+          "queue: Redis {} runs with appendonly no: if it restarts, queued requests, results "
+          "and acknowledgements since its last snapshot are lost (set appendonly yes)",
+          options_.endpoint.str());
+    if (policy.size() == 2 && policy.elements[1].str != "noeviction")
+      log->warn(
+          "queue: Redis {} has maxmemory-policy {}: under memory pressure it may evict the "
+          "streams (set noeviction)",
+          options_.endpoint.str(), policy.elements[1].str);
+  } catch (const RedisError& e) {
+    log->warn("queue: cannot check Redis's persistence settings ({})", e.what());
+  }
+}
+
+// ---- the reader: own pending entries, idle entries of others, new entries -------------------
+
+void RedisQueue::read_loop() {
+  std::optional<RedisConnection> slot;
+  Clock::time_point next_claim = Clock::now();
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      stats_.reader_cpu_seconds = thread_cpu_seconds();
+      if (quit_) return;
+      if (fatal_ || stopped_ || drained_) {
+        wake_.wait_for(lock, std::chrono::milliseconds(100));
+        continue;
+      }
+    }
+    RedisConnection* c = connection(slot, "reader");
+    if (c == nullptr) continue;
+    try {
+      if (Clock::now() >= next_claim) {
+        claim_idle(*c);
+        next_claim = Clock::now() +
+                     std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                         std::clamp(options_.claim_idle_s / 2, 0.05, 5.0)));
+      }
+      read_once(*c);
+    } catch (const Error& e) {
+      on_redis_error(slot, e, "reader");
+    }
+  }
+}
+
+void RedisQueue::read_once(RedisConnection& c) {
+  if (recover(c)) return;
+  read_new(c);
+}
+
+// Own pending entries not held by this run: entries of an earlier run under this consumer
+// name, or claimed from a dead consumer. Those handed back whole (deliveries 0: never run
+// to a failure) come back together; the others one at a time and only when nothing else
+// is held, each then running alone, so that the one that fails a run is the only one
+// whose delivery count grows.
+bool RedisQueue::recover(RedisConnection& c) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!recovering_) return false;
+  }
+  std::vector<std::string> innocent;
+  std::optional<std::pair<std::string, int64_t>> suspect;
+  std::string start = "-";
+  while (innocent.empty() && !suspect) {
+    const RedisReply page = c.command(
+        {"XPENDING", options_.request_stream, options_.group, start, "+", "256", options_.consumer},
+        command_deadline());
+    if (page.size() == 0) break;
+    std::lock_guard lock(mutex_);
+    for (const RedisReply& row : page.elements) {
+      const std::string& id = row.at(0, "XPENDING id").as_string("XPENDING id");
+      const int64_t count = row.at(3, "XPENDING deliveries").as_integer("XPENDING deliveries");
+      if (held_entries_.contains(id)) continue;
+      if (count == 0) {
+        innocent.push_back(id);
+      } else if (!suspect) {
+        suspect.emplace(id, count);
+      }
+    }
+    start = "(" + page.elements.back().elements[0].str;
+  }
+  if (innocent.empty() && !suspect) {
+    std::lock_guard lock(mutex_);
+    recovering_ = false;
+    return false;
+  }
+  if (!innocent.empty()) {
+    RedisArgs claim{"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0"};
+    claim.insert(claim.end(), innocent.begin(), innocent.end());
+    std::vector<Entry> entries = entries_of(c.command(claim, command_deadline()));
+    for (Entry& e : entries) e.deliveries = 1;
+    deliver(c, std::move(entries));
+    return true;
+  }
+  {
+    std::unique_lock lock(mutex_);
+    // A suspect that failed this run while XPENDING was on the wire is no longer held and
+    // looks like one to take; claiming it would count a delivery that never runs.
+    if (stopped_ || fatal_) return true;
+    if (!held_.empty() || !buffer_.empty()) {
+      wake_.wait_for(lock, std::chrono::milliseconds(20));
+      return true;
+    }
+  }
+  std::vector<Entry> entries = entries_of(c.command(
+      {"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0", suspect->first},
+      command_deadline()));
+  for (Entry& e : entries) e.deliveries = suspect->second + 1;
+  // An entry deleted from the stream leaves the pending list on XCLAIM and comes back empty.
+  deliver(c, std::move(entries));
+  return true;
+}
+
+// Entries another consumer has held longer than claim_idle_s (it died or hangs) become
+// this consumer's, without counting a delivery (JUSTID); recover() then takes them.
+void RedisQueue::claim_idle(RedisConnection& c) {
+  std::string cursor = "0-0";
+  bool claimed = false;
+  for (int round = 0; round < 16; ++round) {
+    const RedisReply r =
+        c.command({"XAUTOCLAIM", options_.request_stream, options_.group, options_.consumer,
+                   ms_text(options_.claim_idle_s), cursor, "COUNT", "256", "JUSTID"},
+                  command_deadline());
+    cursor = r.at(0, "XAUTOCLAIM cursor").as_string("XAUTOCLAIM cursor");
+    {
+      std::lock_guard lock(mutex_);
+      for (const RedisReply& id : r.at(1, "XAUTOCLAIM ids").elements)
+        claimed = claimed || !held_entries_.contains(id.str);
+    }
+    if (cursor == "0-0") break;
+  }
+  if (!claimed) return;
+  log::get("coordinator")
+      ->warn("queue: took over entries idle for more than {} s on other consumers",
+             options_.claim_idle_s);
+  std::lock_guard lock(mutex_);
+  recovering_ = true;
+}
+
+void RedisQueue::read_new(RedisConnection& c) {
+  size_t room = 0;
+  {
+    std::unique_lock lock(mutex_);
+    // While a redelivered entry runs alone, nothing new is read: if it fails this run too,
+    // no other entry's delivery count grows with it.
+    const bool suspect_held = std::any_of(held_.begin(), held_.end(),
+                                          [](const auto& h) { return h.second.deliveries > 1; });
+    room = suspect_held ? 0 : options_.prefetch - std::min(options_.prefetch, buffer_.size());
+    if (room == 0) {  // poll() wakes this when the coordinator takes entries
+      wake_.wait_for(lock, std::chrono::milliseconds(100));
+      return;
+    }
+  }
+  const auto block_ms = static_cast<int64_t>(options_.block_s * 1000);
+  const RedisReply r = c.command(
+      {"XREADGROUP", "GROUP", options_.group, options_.consumer, "COUNT", std::to_string(room),
+       "BLOCK", std::to_string(block_ms), "STREAMS", options_.request_stream, ">"},
+      Deadline::after_seconds(options_.block_s + options_.command_timeout_s));
+  if (r.is_nil() || r.size() == 0) {
+    if (options_.exit_when_drained) check_drained(c);
+    return;
+  }
+  deliver(c, entries_of(r.at(0, "XREADGROUP stream").at(1, "XREADGROUP entries")));
+}
+
+// Drained: nothing new, nothing pending anywhere in the group, nothing held here.
+void RedisQueue::check_drained(RedisConnection& c) {
+  {
+    std::lock_guard lock(mutex_);
+    if (recovering_ || !held_.empty() || !buffer_.empty() || !outbox_.empty()) return;
+  }
+  const RedisReply summary =
+      c.command({"XPENDING", options_.request_stream, options_.group}, command_deadline());
+  if (summary.at(0, "XPENDING count").as_integer("XPENDING count") != 0) return;
+  std::lock_guard lock(mutex_);
+  drained_ = true;
+  log::get("coordinator")->info("queue: '{}' is drained", options_.request_stream);
+}
+
+std::vector<RedisQueue::Entry> RedisQueue::entries_of(const RedisReply& list) const {
+  std::vector<Entry> out;
+  for (const RedisReply& e : list.elements) {
+    Entry entry;
+    entry.id = e.at(0, "entry id").as_string("entry id");
+    const RedisReply& fields = e.at(1, "entry fields");
+    if (fields.is_nil()) continue;  // deleted from the stream while pending
+    for (size_t i = 0; i + 1 < fields.size(); i += 2)
+      entry.fields.emplace_back(fields.elements[i].str, fields.elements[i + 1].str);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+// Parses entries and hands them to the coordinator, except those whose id already has a
+// result (acknowledged), those delivered too often (dead letters) and repeats of an id
+// this run holds (acknowledged with it).
+void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
+  if (entries.empty()) return;
+  std::vector<IncomingRequest> requests;
+  RedisArgs lookup{"HMGET", options_.done_hash()};
+  for (const Entry& e : entries) {
+    requests.push_back(parse_request_fields(
+        e.fields, e.id, fmt::format("{} entry {}", options_.request_stream, e.id),
+        options_.limits));
+    requests.back().arrival = entry_seconds(e.id);
+    requests.back().deliveries = e.deliveries;
+    lookup.push_back(requests.back().request.id);
+  }
+  const RedisReply done = c.command(lookup, command_deadline());
+  std::vector<const Entry*> not_taken;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string& id = requests[i].request.id;
+    if (!done.at(i, "HMGET").is_nil()) {
+      c.command({"XACK", options_.request_stream, options_.group, entries[i].id},
+                command_deadline());
+      std::lock_guard lock(mutex_);
+      ++stats_.duplicates;
+      continue;
+    }
+    if (entries[i].deliveries > options_.max_deliveries) {
+      dead_letter(c, entries[i], requests[i]);
+      continue;
+    }
+    std::lock_guard lock(mutex_);
+    if (stopped_) {  // read while the run stopped or failed: it will not run here
+      not_taken.push_back(&entries[i]);
+      continue;
+    }
+    held_entries_.insert(entries[i].id);
+    auto [held, fresh] = held_.try_emplace(id, Held{{entries[i].id}, entries[i].deliveries});
+    if (!fresh) {  // the same id again while it runs: answered together
+      held->second.entries.push_back(entries[i].id);
+      ++stats_.duplicates;
+      continue;
+    }
+    ++stats_.delivered;
+    buffer_.push_back(std::move(requests[i]));
+  }
+  for (const Entry* e : not_taken) hand_back(c, {e->id}, e->deliveries);
+}
+
+// Entries this run took and will not finish go back with the delivery count they had
+// before it took them and their lease expired, so the next consumer takes them at once.
+void RedisQueue::hand_back(RedisConnection& c, const std::vector<std::string>& entries,
+                           int64_t deliveries) {
+  RedisArgs claim{"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0"};
+  claim.insert(claim.end(), entries.begin(), entries.end());
+  claim.insert(claim.end(), {"IDLE", ms_text(options_.claim_idle_s), "RETRYCOUNT",
+                             std::to_string(std::max<int64_t>(0, deliveries - 1)), "JUSTID"});
+  c.command(claim, command_deadline());
+}
+
+void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& r) {
+  GenerationResult result;
+  result.id = r.request.id;
+  result.prompt_ids = r.request.prompt_ids;
+  result.stop_reason = StopReason::kError;
+  result.error = fmt::format(
+      "dead-lettered: delivered {} times (limit {}), and each run that took it ended before it "
+      "finished, so it is taken to be what failed them; the entry is kept in '{}'",
+      entry.deliveries, options_.max_deliveries, options_.dead_letters());
+  FieldList dead = entry.fields;
+  dead.emplace_back("dead_letter_entry", entry.id);
+  dead.emplace_back("dead_letter_deliveries", std::to_string(entry.deliveries));
+  dead.emplace_back("dead_letter_consumer", options_.consumer);
+  RedisArgs args{options_.group, r.request.id, entry.id, std::to_string(2 * dead.size())};
+  append(args, dead);
+  FieldList fields = flat_fields(result_object(result, tokenizer_));
+  fields.emplace_back("entry", entry.id);
+  append(args, fields);
+  dead_letter_script_.run(c,
+                          {options_.dead_letters(), options_.result_stream, options_.done_hash(),
+                           options_.request_stream},
+                          args, command_deadline());
+  log::get("coordinator")
+      ->error("queue: request {} (entry {}) dead-lettered after {} deliveries", r.request.id,
+              entry.id, entry.deliveries);
+  std::lock_guard lock(mutex_);
+  ++stats_.dead_lettered;
+}
+
+// ---- the coordinator's side ---------------------------------------------------------------
+
+std::vector<IncomingRequest> RedisQueue::poll(size_t max) {
+  std::lock_guard lock(mutex_);
+  if (fatal_) fail(ErrorKind::kDisconnected, "{}", *fatal_);
+  std::vector<IncomingRequest> out;
+  while (!buffer_.empty() && out.size() < max) {
+    out.push_back(std::move(buffer_.front()));
+    buffer_.pop_front();
+  }
+  if (!out.empty()) wake_.notify_all();  // room to read ahead again
+  return out;
+}
+
+bool RedisQueue::exhausted() const {
+  std::lock_guard lock(mutex_);
+  return (drained_ || stopped_) && buffer_.empty();
+}
+
+std::vector<IncomingRequest> RedisQueue::stop() {
+  std::lock_guard lock(mutex_);
+  stopped_ = true;
+  std::vector<IncomingRequest> rest(std::make_move_iterator(buffer_.begin()),
+                                    std::make_move_iterator(buffer_.end()));
+  buffer_.clear();
+  return rest;
+}
+
+void RedisQueue::write(const GenerationResult& result) {
+  FieldList fields = flat_fields(result_object(result, tokenizer_));
+  std::lock_guard lock(mutex_);
+  STRATA_CHECK(held_.contains(result.id), "result for request {}, which the queue does not hold",
+               result.id);
+  if (outbox_.size() >= options_.max_waiting_results)
+    fail(ErrorKind::kOverloaded, "{} results are waiting for Redis {}; no room for more",
+         outbox_.size(), options_.endpoint.str());
+  outbox_.push_back(Outgoing{result.id, std::move(fields)});
+  wake_.notify_all();
+}
+
+// A request that may have failed the run stays pending as it is (its delivery count says
+// so); any other goes back with its count restored and its lease expired, so this or
+// another consumer takes it at once.
+void RedisQueue::unfinished(const GenerationResult& partial, bool suspect) {
+  std::lock_guard lock(mutex_);
+  auto it = held_.find(partial.id);
+  if (it == held_.end()) return;
+  if (suspect) {
+    // The run is failing: nothing more is read or recovered, or the reader would take this
+    // very entry back (own pending, no longer held) and count a delivery that never ran.
+    stopped_ = true;
+    for (const std::string& e : it->second.entries) held_entries_.erase(e);
+    held_.erase(it);
+    return;
+  }
+  outbox_.push_back(Outgoing{partial.id, {}});
+  wake_.notify_all();
+}
+
+bool RedisQueue::flush(const Deadline& deadline) {
+  std::unique_lock lock(mutex_);
+  wake_.wait_until(lock, deadline.at(), [this] { return outbox_.empty() || fatal_.has_value(); });
+  return outbox_.empty();
+}
+
+QueueStats RedisQueue::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+// ---- the writer: results, hand-backs, leases ---------------------------------------------
+
+void RedisQueue::write_loop() {
+  std::optional<RedisConnection> slot;
+  const auto lease_every = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::clamp(options_.claim_idle_s / 3, 0.05, 10.0)));
+  Clock::time_point next_lease = Clock::now() + lease_every;
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait_until(lock, next_lease, [this] { return quit_ || (!outbox_.empty() && !fatal_); });
+      stats_.writer_cpu_seconds = thread_cpu_seconds();
+      if (quit_) return;
+      if (fatal_) continue;
+    }
+    RedisConnection* c = connection(slot, "writer");
+    if (c == nullptr) continue;
+    try {
+      write_once(*c);
+      if (Clock::now() >= next_lease) {
+        renew_leases(*c);
+        next_lease = Clock::now() + lease_every;
+      }
+    } catch (const Error& e) {
+      on_redis_error(slot, e, "writer");
+    }
+  }
+}
+
+void RedisQueue::write_once(RedisConnection& c) {
+  while (true) {
+    Outgoing out;
+    {
+      std::lock_guard lock(mutex_);
+      if (outbox_.empty()) return;
+      out = outbox_.front();
+    }
+    store(c, out);  // throws on a Redis failure: the item stays first in line
+    std::lock_guard lock(mutex_);
+    outbox_.pop_front();
+    wake_.notify_all();  // flush() waits for an empty outbox
+  }
+}
+
+// One result (or hand-back) for every entry held under its id, including repeats of the
+// id that arrive while it is being stored.
+void RedisQueue::store(RedisConnection& c, const Outgoing& out) {
+  size_t done_entries = 0;
+  while (true) {
+    Held held;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = held_.find(out.request_id);
+      if (it == held_.end() || it->second.entries.size() == done_entries) {
+        if (it != held_.end()) {
+          for (const std::string& e : it->second.entries) held_entries_.erase(e);
+          held_.erase(it);
+          ++(out.fields.empty() ? stats_.handed_back : stats_.results);
+        }
+        return;
+      }
+      held = it->second;
+    }
+    const std::vector<std::string> entries(
+        held.entries.begin() + static_cast<ptrdiff_t>(done_entries), held.entries.end());
+    if (out.fields.empty()) {
+      hand_back(c, entries, held.deliveries);
+    } else {
+      RedisArgs args{options_.group, out.request_id, std::to_string(entries.size())};
+      args.insert(args.end(), entries.begin(), entries.end());
+      append(args, out.fields);
+      args.push_back("entry");
+      args.push_back(held.entries.front());
+      finish_script_.run(c, {options_.result_stream, options_.done_hash(), options_.request_stream},
+                         args, command_deadline());
+    }
+    done_entries = held.entries.size();
+  }
+}
+
+// Keeps every held entry's idle time low, so no other consumer takes it over while this
+// run works on it (XCLAIM with JUSTID does not count a delivery).
+void RedisQueue::renew_leases(RedisConnection& c) {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(mutex_);
+    ids.assign(held_entries_.begin(), held_entries_.end());
+  }
+  constexpr size_t kChunk = 512;
+  for (size_t i = 0; i < ids.size(); i += kChunk) {
+    RedisArgs claim{"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0"};
+    const size_t end = std::min(ids.size(), i + kChunk);
+    claim.insert(claim.end(), ids.begin() + static_cast<ptrdiff_t>(i),
+                 ids.begin() + static_cast<ptrdiff_t>(end));
+    claim.emplace_back("JUSTID");
+    c.command(claim, command_deadline());
+  }
+}
+
+}  // namespace strata

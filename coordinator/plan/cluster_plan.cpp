@@ -1,0 +1,205 @@
+#include "coordinator/plan/cluster_plan.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <numeric>
+#include <sstream>
+
+#include "kernels/error.h"
+
+namespace strata {
+
+StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
+                           const StagePlacementOptions& o, int64_t stage_mem) {
+  StageRequest r;
+  r.layer_begin = stage.layer_begin;
+  r.layer_end = stage.layer_end;
+  r.embedding = stage.has_embedding;
+  r.head = stage.has_head;
+  r.device_compute = o.device_compute;
+  r.max_rows = plan.max_batch_rows;
+  r.kv_slots = plan.kv_slots_of(stage);
+  r.kv_capacity = plan.kv_capacity;
+  r.host_logit_rows = stage.has_head ? r.kv_slots : 0;  // PipelineStage's logits
+  r.host_token_rows = plan.max_batch_rows;              // its token ids of a middle stage
+  r.policy = o.policy;
+  r.budgets = o.budgets;
+  r.budgets.whole_stage = true;
+  int64_t& compute = o.device_compute ? r.budgets.gpu : r.budgets.cpu;
+  if (compute < 0) compute = stage_mem;
+  // The link buffers are the worker's, counted against the same budgets.
+  const TierBytes links = link_buffer_bytes(stage, plan);
+  for (Tier t : kTiers) {
+    int64_t& b = t == Tier::kGpu ? r.budgets.gpu : t == Tier::kCpu ? r.budgets.cpu : r.budgets.disk;
+    if (b >= 0) b = std::max<int64_t>(b - links[t], 0);
+  }
+  return r;
+}
+
+TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan) {
+  const int64_t one = int64_t{plan.max_batch_rows} * plan.hidden_size * 4;
+  const int64_t n = (stage.has_embedding ? 0 : 1) + (stage.has_head ? 0 : 2);
+  TierBytes b;
+  (stage.use_gpu ? b.gpu : b.cpu) = n * one;
+  return b;
+}
+
+int32_t PlanOptions::stages() const {
+  return tp_degrees.empty() ? workers : static_cast<int32_t>(tp_degrees.size());
+}
+
+std::vector<int32_t> parse_tp_degrees(const std::string& text, int32_t workers) {
+  std::vector<int32_t> degrees;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    int32_t d = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), d);
+    if (ec != std::errc() || end != item.data() + item.size() || d < 1)
+      fail_input("--tensor-parallel '{}': '{}' is not a degree (a whole number, 1 or more)", text,
+                 item);
+    degrees.push_back(d);
+  }
+  if (degrees.empty()) fail_input("--tensor-parallel '{}': no degrees", text);
+  if (degrees.size() == 1) {  // one degree for every stage
+    const int32_t d = degrees[0];
+    if (workers % d != 0)
+      fail_input("--tensor-parallel {}: {} worker ranks do not split into groups of {}", text,
+                 workers, d);
+    degrees.assign(static_cast<size_t>(workers / d), d);
+  }
+  const int32_t sum = std::accumulate(degrees.begin(), degrees.end(), 0);
+  if (sum != workers)
+    fail_input(
+        "--tensor-parallel {}: the stages take {} worker ranks but the job has {} "
+        "(mpirun -np {})",
+        text, sum, workers, sum + 1);
+  return degrees;
+}
+
+std::vector<int32_t> uniform_layers(int32_t layers, int32_t stages) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < stages; ++i)
+    out.push_back(layers / stages + (i < layers % stages ? 1 : 0));
+  return out;
+}
+
+ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
+  const int32_t n = config.n_layers, s = o.stages();
+  if (o.workers < 1)
+    fail_input(
+        "a cluster needs at least one worker rank besides the coordinator (mpirun -np 2 or more)");
+  if (!o.tp_degrees.empty() && s > n)
+    fail_input("{} tensor-parallel pipeline stages but {} has only {} layers", s, o.model_spec, n);
+  const int32_t e = o.encoder_stages;
+  if (e < 0 || (e > 0 && e >= s))
+    fail_input("WAA with {} prefill stages of {} worker ranks: each side needs at least one", e, s);
+  if (e == 0 && s > n)
+    fail_input(
+        "{} worker ranks but {} has only {} layers: each pipeline stage needs at least one layer; "
+        "run at most mpirun -np {}",
+        s, o.model_spec, n, n + 1);
+  if (e > 0 && std::max(e, s - e) > n)
+    fail_input(
+        "WAA with {} prefill and {} decode ranks but {} has only {} layers: each stage of a "
+        "pipeline needs at least one layer",
+        e, s - e, o.model_spec, n);
+  if (e == 0) return make_plan(config, o, uniform_layers(n, s));
+  std::vector<int32_t> layers = uniform_layers(n, e);
+  for (int32_t c : uniform_layers(n, s - e)) layers.push_back(c);
+  return make_plan(config, o, layers);
+}
+
+ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
+                      const std::vector<int32_t>& layers) {
+  const int32_t n = config.n_layers;
+  const auto s = static_cast<int32_t>(layers.size());
+  if (s != o.stages())
+    fail_input("an allocation of {} stages for {} pipeline stages", layers.size(), o.stages());
+  if (!o.tp_degrees.empty() &&
+      std::accumulate(o.tp_degrees.begin(), o.tp_degrees.end(), 0) != o.workers)
+    fail_input("tensor-parallel degrees [{}] for {} worker ranks", fmt::join(o.tp_degrees, ", "),
+               o.workers);
+  ClusterPlan plan;
+  plan.plan_id = 1;
+  plan.model_spec = o.model_spec;
+  plan.num_layers = n;
+  plan.hidden_size = config.hidden;
+  plan.max_batch_rows = o.max_batch_rows;
+  plan.micro_batches = o.micro_batches;
+  plan.kv_slots = o.kv_slots;
+  plan.kv_capacity = o.kv_capacity;
+  plan.encoder_stages = o.encoder_stages;
+  plan.encoder_kv_slots = o.encoder_stages > 0 ? o.encoder_kv_slots : 0;
+  int32_t begin = 0;
+  int32_t rank = 1;
+  for (int32_t i = 0; i < s; ++i) {
+    // A WAA plan starts its decode pipeline at layer 0 again.
+    const bool first = i == 0 || i == o.encoder_stages;
+    const bool last = i == s - 1 || i + 1 == o.encoder_stages;
+    if (first) begin = 0;
+    StagePlan st;
+    st.rank = rank;
+    const int32_t degree = o.tp_degrees.empty() ? 1 : o.tp_degrees[static_cast<size_t>(i)];
+    for (int32_t k = 0; k < degree && degree > 1; ++k) st.tp_ranks.push_back(rank + k);
+    rank += degree;
+    st.layer_begin = begin;
+    st.layer_end = begin + layers[static_cast<size_t>(i)];
+    st.has_embedding = first;
+    st.has_head = last;
+    st.use_gpu = o.placement.device_compute;
+    begin = st.layer_end;
+    plan.stages.push_back(st);
+  }
+  plan.validate();
+  std::string refused;
+  for (StagePlan& st : plan.stages) {
+    // A tensor-parallel stage is placed as its leader's shard (the other members hold the
+    // same without the head).
+    const ModelShape shape = tensor_parallel_shard(config, st.tp_degree()).shape();
+    const StageRequest r = stage_request(st, plan, o.placement, o.stage_mem);
+    const StagePlacement p = place_stage(shape, r);
+    const TierBytes links = link_buffer_bytes(st, plan);
+    TierBudgets whole = r.budgets;  // shortfalls against the stage's budgets, links included
+    for (Tier t : kTiers) {
+      int64_t& b = t == Tier::kGpu ? whole.gpu : t == Tier::kCpu ? whole.cpu : whole.disk;
+      if (b >= 0) b += links[t];
+    }
+    StagePlacement with_links = p;
+    with_links.host_workspace_bytes += links.cpu;
+    with_links.activation_bytes += links.gpu;
+    for (const std::string& line : shortfalls(with_links, whole))
+      refused += fmt::format("{}stage {} (layers [{}, {})): {}", refused.empty() ? "" : "; ",
+                             st.rank, st.layer_begin, st.layer_end, line);
+    auto to_wire = [](const std::vector<Tier>& tiers) {
+      std::vector<uint8_t> out;
+      for (Tier t : tiers) out.push_back(static_cast<uint8_t>(t));
+      return out;
+    };
+    st.gpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.gpu, 0));
+    st.cpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.cpu, 0));
+    st.disk_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.disk, 0));
+    st.weight_tiers = to_wire(p.weights.tiers);
+    st.cache_tiers = to_wire(p.cache.tiers);
+    const Policy policy = o.placement.policy.value_or(Policy{});
+    st.compress_weight = policy.compress_weight;
+    st.compress_cache = policy.compress_cache;
+    st.cache_f16 = policy.cache_f16;
+    st.cpu_attention = policy.cpu_cache_compute;
+    st.gpu_batch_size = p.gpu_batch_size;
+    const TierBytes total = with_links.total();
+    st.placed_gpu_bytes = static_cast<uint64_t>(total.gpu);
+    st.placed_cpu_bytes = static_cast<uint64_t>(total.cpu);
+    st.placed_disk_bytes = static_cast<uint64_t>(total.disk);
+  }
+  if (!refused.empty())
+    fail_input(
+        "{} does not fit: {}; run more ranks (mpirun -np), fewer KV slots (--max-batch), a "
+        "policy that streams more (--policy w=, c=) or a larger --stage-mem",
+        o.model_spec, refused);
+  plan.validate();
+  return plan;
+}
+
+}  // namespace strata

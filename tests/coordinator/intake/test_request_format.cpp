@@ -1,0 +1,242 @@
+// The wire format (docs/QUEUE.md): Strata request lines, OpenAI batch lines, flat queue
+// fields; bad input of every kind becomes an error naming the field and the problem,
+// inputs past their limits are refused before they are parsed; results print in the
+// documented order and read back typed.
+#include <gtest/gtest.h>
+
+#include "coordinator/intake/request_format.h"
+#include "worker/dummy.h"
+
+namespace strata {
+namespace {
+
+void expect_error(const IncomingRequest& r, const std::string& want, const std::string& what) {
+  EXPECT_NE(r.error.find(want), std::string::npos) << what << " -> '" << r.error << "'";
+}
+
+TEST(RequestFormat, StrataLineWithEveryField) {
+  const IncomingRequest r = parse_request_line(
+      R"({"id": "q1", "prompt": "hi", "max_new_tokens": 9, "temperature": 0.5, "top_k": 4,)"
+      R"( "top_p": 0.9, "seed": 11, "ignore_eos": true, "stop": ["\n\n", "END"],)"
+      R"( "latency_class": "interactive"})",
+      "f:1");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.request.id, "q1");
+  EXPECT_EQ(*r.prompt, "hi");
+  EXPECT_EQ(r.request.max_new_tokens, 9);
+  EXPECT_FLOAT_EQ(r.request.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.request.sampling.top_k, 4);
+  EXPECT_FLOAT_EQ(r.request.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.request.sampling.seed, 11u);
+  EXPECT_TRUE(r.request.ignore_eos);
+  EXPECT_EQ(r.request.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(r.request.latency_class, "interactive");
+  EXPECT_EQ(parse_request_line(R"({"prompt": "a", "stop": "."})", "f:2").request.stop,
+            std::vector<std::string>{"."});
+}
+
+// The OpenAI Batch API's input line: custom_id names it, body.max_tokens defaults to 16
+// and body.temperature to 1 as the completions API does.
+TEST(RequestFormat, OpenAiBatchLine) {
+  const IncomingRequest r = parse_request_line(
+      R"({"custom_id": "req-7", "method": "POST", "url": "/v1/completions", "body": {"model": "m",)"
+      R"( "prompt": "Say hi", "max_tokens": 12, "temperature": 0, "top_p": 0.5, "seed": 3,)"
+      R"( "stop": ["\n"], "n": 1, "stream": false, "user": "u"}})",
+      "b:1");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.request.id, "req-7");
+  EXPECT_EQ(*r.prompt, "Say hi");
+  EXPECT_EQ(r.request.max_new_tokens, 12);
+  EXPECT_FLOAT_EQ(r.request.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(r.request.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.request.sampling.seed, 3u);
+  EXPECT_EQ(r.request.stop, std::vector<std::string>{"\n"});
+  const IncomingRequest d =
+      parse_request_line(R"({"custom_id": "d", "body": {"prompt": [[1, 2, 3]]}})", "b:2");
+  ASSERT_TRUE(d.error.empty()) << d.error;
+  EXPECT_EQ(d.request.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(d.request.max_new_tokens, 16);
+  EXPECT_FLOAT_EQ(d.request.sampling.temperature, 1.0f);
+}
+
+TEST(RequestFormat, MalformedLinesNameTheFieldAndTheProblem) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"not json", "not valid JSON"},
+      {"[1, 2]", "must be a JSON object"},
+      {R"({"id": "x"})", "exactly one of 'prompt'"},
+      {R"({"prompt": "a", "prompt_ids": [1]})", "exactly one of 'prompt'"},
+      {R"({"prompt": 5})", "field 'prompt' must be a string"},
+      {R"({"prompt_ids": [1, "b"]})", "prompt_ids[1]"},
+      {R"({"prompt_ids": [1, 4294967296]})", "prompt_ids[1] must be a 32-bit integer"},
+      {R"({"prompt_ids": [1], "max_new_tokens": -3})", "max_new_tokens"},
+      {R"({"prompt_ids": [1], "max_new_tokens": 1e12})", "max_new_tokens"},
+      {R"({"prompt_ids": [1], "max_new_tokens": "5"})", "max_new_tokens"},
+      {R"({"prompt_ids": [1], "max_tokens": 5})", "unknown field 'max_tokens'"},
+      {R"({"prompt_ids": [1], "top_p": 0})", "top_p"},
+      {R"({"prompt_ids": [1], "temperature": "hot"})", "field 'temperature' must be a number"},
+      {R"({"prompt_ids": [1], "seed": -1})", "seed"},
+      {R"({"prompt_ids": [1], "id": [1]})", "'id'"},
+      {R"({"prompt_ids": [1], "id": ""})", "'id' must have 1 to"},
+      {R"({"prompt_ids": [1], "stop": [1]})", "stop[0] must be a string"},
+      {R"({"prompt_ids": [1], "ignore_eos": 1})", "ignore_eos"},
+      {"{\"prompt\": \"\xff\xfe\"}", "not valid JSON"},  // invalid UTF-8
+      {R"({"custom_id": "c", "body": {"prompt": "a", "logprobs": 5}})", "body.logprobs"},
+      {R"({"custom_id": "c", "body": {"prompt": "a", "n": 2}})", "body.n must be 1"},
+      {R"({"custom_id": "c", "body": {"prompt": ["a", "b"]}})", "exactly one"},
+      {R"({"custom_id": "c", "body": {"prompt": "a", "frequency_penalty": 1}})",
+       "body.frequency_penalty is not supported"},
+      {R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {"prompt": "a"}})",
+       "url must be"},
+      {R"({"custom_id": "c"})", "'body' must be the request object"},
+      {R"({"body": {"prompt": "a"}})", "'custom_id' is missing"},
+  };
+  for (const auto& [line, want] : cases) {
+    const IncomingRequest r = parse_request_line(line, "req.jsonl:3");
+    expect_error(r, want, line);
+    expect_error(r, "req.jsonl:3", line);
+  }
+}
+
+// The id is known even when the rest is wrong, so the error result carries it.
+TEST(RequestFormat, ErrorResultsKeepTheRequestsId) {
+  EXPECT_EQ(parse_request_line(R"({"id": "k", "max_tokens": 1})", "f:1").request.id, "k");
+  EXPECT_EQ(parse_request_line(R"({"custom_id": "c", "body": 3})", "f:1").request.id, "c");
+  EXPECT_EQ(parse_request_line("nonsense", "f:9").request.id, "f:9");
+}
+
+// Nesting and size are refused before the parser runs: a line of 100,000 nested arrays
+// (which took rank 0 down with a stack overflow) is one error like any other.
+TEST(RequestFormat, NestingAndSizeLimitsComeBeforeParsing) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_error(parse_request_line(deep, "f:1"), "nested deeper than 16 levels", "deep");
+  const std::string deep_field =
+      R"({"prompt": "a", "stop": )" + std::string(50, '[') + std::string(50, ']') + "}";
+  expect_error(parse_request_line(deep_field, "f:2"), "nested deeper", "deep field");
+  // Brackets inside strings do not count.
+  EXPECT_TRUE(
+      parse_request_line(R"({"prompt": "[[[[[[[[[[[[[[[[[[[[[[[[["})", "f:3").error.empty());
+  InputLimits small;
+  small.request_bytes = 64;
+  const std::string big = R"({"prompt": ")" + std::string(100, 'a') + "\"}";
+  expect_error(parse_request_line(big, "f:4", small),
+               "request: bytes = 114 is above the limit of 64", "big");
+  expect_error(parse_request_fields({{"prompt", std::string(100, 'a')}}, "e", "s e", small),
+               "request: bytes = 106 is above the limit of 64", "big fields");
+}
+
+TEST(RequestFormat, FlatQueueFields) {
+  const IncomingRequest r = parse_request_fields({{"prompt", "Once"},
+                                                  {"max_new_tokens", "7"},
+                                                  {"temperature", "0.25"},
+                                                  {"top_k", "3"},
+                                                  {"top_p", "0.5"},
+                                                  {"seed", "18446744073709551615"},
+                                                  {"ignore_eos", "1"},
+                                                  {"stop", R"([".", "!"])"},
+                                                  {"latency_class", "batch"}},
+                                                 "1-0", "s 1-0");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.request.id, "1-0");  // no id field: the entry id names it
+  EXPECT_EQ(r.request.max_new_tokens, 7);
+  EXPECT_FLOAT_EQ(r.request.sampling.temperature, 0.25f);
+  EXPECT_EQ(r.request.sampling.top_k, 3);
+  EXPECT_EQ(r.request.sampling.seed, UINT64_MAX);
+  EXPECT_TRUE(r.request.ignore_eos);
+  EXPECT_EQ(r.request.stop, (std::vector<std::string>{".", "!"}));
+  EXPECT_EQ(r.request.latency_class, "batch");
+  // prompt_ids as JSON or as space/comma separated ids; stop not starting with '[' is one
+  // string, brackets and all.
+  EXPECT_EQ(parse_request_fields({{"prompt_ids", "1 2,3"}}, "e", "w").request.prompt_ids,
+            (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(parse_request_fields({{"prompt_ids", "[4, 5]"}}, "e", "w").request.prompt_ids,
+            (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(parse_request_fields({{"prompt", "a"}, {"stop", "end]"}}, "e", "w").request.stop,
+            std::vector<std::string>{"end]"});
+  // A whole line in one field.
+  const IncomingRequest j =
+      parse_request_fields({{"json", R"({"id": "x", "prompt": "p"})"}}, "e", "w");
+  EXPECT_TRUE(j.error.empty()) << j.error;
+  EXPECT_EQ(j.request.id, "x");
+  const IncomingRequest o = parse_request_fields(
+      {{"openai", R"({"custom_id": "y", "body": {"prompt": "p", "max_tokens": 2}})"}}, "e", "w");
+  EXPECT_TRUE(o.error.empty()) << o.error;
+  EXPECT_EQ(o.request.id, "y");
+  EXPECT_EQ(o.request.max_new_tokens, 2);
+}
+
+TEST(RequestFormat, BadFlatFieldsNameTheFieldAndTheProblem) {
+  const std::pair<FieldList, const char*> cases[] = {
+      {{{"prompt", "a"}, {"max_new_tokens", "lots"}},
+       "field 'max_new_tokens' must be an integer, got 'lots'"},
+      {{{"prompt", "a"}, {"max_new_tokens", "1e3"}}, "must be an integer"},
+      {{{"prompt", "a"}, {"temperature", "nan"}}, "field 'temperature' must be a number"},
+      {{{"prompt", "a"}, {"seed", "-1"}}, "field 'seed'"},
+      {{{"prompt", "a"}, {"ignore_eos", "yes"}}, "ignore_eos"},
+      {{{"prompt", "a"}, {"colour", "red"}}, "unknown field 'colour'"},
+      {{{"prompt", "a"}, {"prompt", "b"}}, "field 'prompt' appears twice"},
+      {{{"prompt", "\xc3\x28"}}, "field 'prompt' is not valid UTF-8"},
+      {{{"prompt_ids", "1 two"}}, "field 'prompt_ids' must be an integer, got 'two'"},
+      {{{"prompt", "a"}, {"stop", "[1"}}, "field 'stop' is not a valid JSON array"},
+      {{{"json", "{}"}, {"prompt", "a"}}, "comes alone"},
+      {{{"openai", R"({"id": "x", "prompt": "p"})"}},
+       "field 'openai' must hold an OpenAI batch line"},
+      {{}, "exactly one of 'prompt'"},
+  };
+  for (const auto& [fields, want] : cases) {
+    const IncomingRequest r = parse_request_fields(fields, "9-0", "strata:requests entry 9-0");
+    expect_error(r, want, fields.empty() ? "(no fields)" : fields[0].first);
+    expect_error(r, "strata:requests entry 9-0", want);
+  }
+}
+
+// The UTF-8 rules themselves are worker/text's (tests/worker/test_text.cpp); here, that a
+// request's text fields and a result's text go through them.
+TEST(RequestFormat, InvalidUtf8IsRefusedInFieldsAndReplacedInResults) {
+  const IncomingRequest r = parse_request_fields({{"prompt", "caf\xc3\x28"}}, "u", "s 1-0");
+  EXPECT_NE(r.error.find("field 'prompt' is not valid UTF-8"), std::string::npos) << r.error;
+  const IncomingRequest overlong = parse_request_fields({{"id", "\xc0\xaf"}}, "u", "s 1-0");
+  EXPECT_NE(overlong.error.find("field 'id' is not valid UTF-8"), std::string::npos);
+  const auto tok = Tokenizer::ids_only(dummy_model_config("opt-125m"));
+  GenerationResult bad{"id\xed\xa0\x80", {}, {}, StopReason::kError, "bad \xff byte"};
+  const auto j = result_object(bad, *tok);
+  EXPECT_EQ(j["id"], "id\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate: 3 maximal subparts
+  EXPECT_EQ(j["error"], "bad \xef\xbf\xbd byte");
+  EXPECT_NO_THROW((void)j.dump());
+}
+
+TEST(RequestFormat, ResultsPrintInTheDocumentedOrderAndReadBackTyped) {
+  const auto tok = Tokenizer::ids_only(dummy_model_config("opt-125m"));
+  GenerationResult ok{"a", {2, 3}, {9, 10}, StopReason::kLength, {}};
+  ok.times = RequestTimes{0.5, 0.75, 1.25};
+  EXPECT_EQ(result_object(ok, *tok).dump(),
+            R"({"id":"a","status":"ok","text":"9 10","output_ids":[9,10],"stop_reason":"length",)"
+            R"("prompt_tokens":2,"completion_tokens":2,"queue_wait_s":0.5,"first_token_s":0.75,)"
+            R"("total_s":1.25,"prompt_ids":[2,3]})");
+  GenerationResult bad{"b", {}, {}, StopReason::kError, "field 'x'", ErrorKind::kInvalidInput};
+  const auto e = result_object(bad, *tok);
+  EXPECT_EQ(e["status"], "error");
+  EXPECT_EQ(e["error"], "field 'x'");
+  EXPECT_EQ(e["error_type"], "invalid_request");
+  EXPECT_FALSE(e.contains("queue_wait_s"));  // unknown times are left out
+  GenerationResult cut{"c", {2}, {1}, StopReason::kError, "the cluster failed"};
+  EXPECT_EQ(result_object(cut, *tok)["error_type"], "server_error");
+  GenerationResult stopped{"d", {2}, {5, 6}, StopReason::kStop, {}};
+  stopped.text = "cut";
+  EXPECT_EQ(result_object(stopped, *tok)["text"], "cut");
+  EXPECT_EQ(result_object(stopped, *tok)["stop_reason"], "stop");
+
+  FieldList flat;
+  const nlohmann::ordered_json object = result_object(ok, *tok);
+  for (const auto& [k, v] : object.items())
+    flat.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
+  flat.emplace_back("entry", "5-0");
+  const auto back = result_from_fields(flat);
+  EXPECT_EQ(back["output_ids"], nlohmann::json::parse("[9, 10]"));
+  EXPECT_EQ(back["completion_tokens"], 2);
+  EXPECT_DOUBLE_EQ(back["total_s"].get<double>(), 1.25);
+  EXPECT_EQ(back["text"], "9 10");
+  EXPECT_EQ(back["entry"], "5-0");
+}
+
+}  // namespace
+}  // namespace strata
