@@ -12,12 +12,12 @@
 #include <functional>
 #include <thread>
 
-#include "coordinator/run/coordinator.h"
+#include "coordinator/exegpt/profiler.h"
 #include "coordinator/intake/intake.h"
+#include "coordinator/intake/redis_queue.h"
+#include "coordinator/run/coordinator.h"
 #include "coordinator/run/local_stages.h"
 #include "coordinator/run/mpi_stages.h"
-#include "coordinator/exegpt/profiler.h"
-#include "coordinator/intake/redis_queue.h"
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/log.h"

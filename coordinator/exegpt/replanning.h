@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/plan/cluster_plan.h"
 #include "coordinator/exegpt/schedule_choice.h"
+#include "coordinator/plan/cluster_plan.h"
 #include "coordinator/plan/stages.h"
 #include "coordinator/plan/workload.h"
 #include "worker/config.h"

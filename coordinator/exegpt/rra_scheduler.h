@@ -23,9 +23,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "coordinator/s3/kv_packing.h"
 #include "coordinator/intake/request.h"
 #include "coordinator/plan/scheduled_step.h"
+#include "coordinator/s3/kv_packing.h"
 #include "transport/messages.h"
 #include "worker/tokenizer.h"
 

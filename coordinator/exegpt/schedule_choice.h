@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "coordinator/exegpt/layer_profile.h"
-#include "coordinator/plan/cluster_plan.h"
 #include "coordinator/exegpt/schedule_search.h"
 #include "coordinator/exegpt/simulator.h"
+#include "coordinator/plan/cluster_plan.h"
 #include "coordinator/plan/workload.h"
 #include "worker/config.h"
 

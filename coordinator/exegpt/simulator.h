@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/s3/kv_packing.h"
 #include "coordinator/exegpt/layer_profile.h"
 #include "coordinator/plan/workload.h"
+#include "coordinator/s3/kv_packing.h"
 #include "placement/stage_placement.h"
 
 namespace strata {

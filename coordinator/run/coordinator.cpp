@@ -13,10 +13,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "coordinator/plan/cluster_plan.h"
-#include "coordinator/intake/request_rules.h"
 #include "coordinator/exegpt/rra_scheduler.h"
 #include "coordinator/exegpt/simulator.h"
+#include "coordinator/intake/request_rules.h"
+#include "coordinator/plan/cluster_plan.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "worker/dummy.h"

@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/intake/intake.h"
-#include "coordinator/s3/kv_packing.h"
-#include "coordinator/run/metrics.h"
-#include "coordinator/plan/cluster_plan.h"
 #include "coordinator/exegpt/replanning.h"
-#include "coordinator/plan/stages.h"
 #include "coordinator/exegpt/waa_scheduler.h"
+#include "coordinator/intake/intake.h"
+#include "coordinator/plan/cluster_plan.h"
+#include "coordinator/plan/stages.h"
+#include "coordinator/run/metrics.h"
+#include "coordinator/s3/kv_packing.h"
 #include "transport/messages.h"
 #include "worker/config.h"
 #include "worker/tokenizer.h"

@@ -12,8 +12,8 @@
 #include <optional>
 #include <vector>
 
-#include "coordinator/run/coordinator.h"
 #include "coordinator/plan/stages.h"
+#include "coordinator/run/coordinator.h"
 #include "worker/model.h"
 #include "worker/stage.h"
 

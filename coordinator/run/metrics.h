@@ -14,9 +14,9 @@
 #include <tuple>
 #include <vector>
 
-#include "coordinator/s3/kv_packing.h"
 #include "coordinator/intake/request.h"
 #include "coordinator/plan/stages.h"
+#include "coordinator/s3/kv_packing.h"
 #include "worker/kv_swap.h"
 
 namespace strata {

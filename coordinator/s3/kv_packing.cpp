@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "coordinator/s3/length_predictor.h"
 #include "coordinator/plan/workload.h"
+#include "coordinator/s3/length_predictor.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 

@@ -1,7 +1,7 @@
-// Layer profiles (coordinator/exegpt/layer_profile.h, profiler.h): interpolation worked by hand, the
-// roofline a node model gives, JSON that round-trips and refuses what is not a profile, and
-// the profiler's conversion of stage reports -- grids per layer, the embedding and head
-// carried to every rank, the link as the least-squares line of the transfers.
+// Layer profiles (coordinator/exegpt/layer_profile.h, profiler.h): interpolation worked by hand,
+// the roofline a node model gives, JSON that round-trips and refuses what is not a profile, and the
+// profiler's conversion of stage reports -- grids per layer, the embedding and head carried to
+// every rank, the link as the least-squares line of the transfers.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

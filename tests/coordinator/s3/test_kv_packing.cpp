@@ -7,9 +7,9 @@
 #include <fstream>
 #include <map>
 
-#include "coordinator/s3/kv_packing.h"
 #include "coordinator/exegpt/rra_scheduler.h"
 #include "coordinator/plan/workload.h"
+#include "coordinator/s3/kv_packing.h"
 #include "kernels/error.h"
 #include "support/input_error.h"
 #include "support/test_device.h"
