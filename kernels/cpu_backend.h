@@ -30,7 +30,7 @@ class CpuBackend final : public Backend {
   // the positions filled (S3's packing; discard() gives a finished slot's pages back). Small
   // pages on purpose: on huge pages the first writes of a prefill cost 3-4x the faults'
   // time (2 MiB zeroed and compacted per fault) and decode attention gained nothing
-  // measurable (docs/BENCHMARKS.md, "Panel GEMM").
+  // measurable (docs/journal/benchmarks-history.md, "Panel GEMM, huge pages").
   void* allocate(size_t bytes) override;
   void deallocate(void* p) override;
   void discard(void* p, size_t offset, size_t bytes) override;

@@ -1,4 +1,4 @@
-// Errors: three kinds of failure, three mechanisms (docs/NAMING.md, "Errors").
+// Errors: three kinds of failure, three mechanisms (docs/CONVENTIONS.md, "Errors").
 //  - STRATA_CHECK: a bug or broken precondition; records file, line, expression, values.
 //  - check_status-style helpers in each backend for foreign status codes (CUDA, BLAS, ...).
 //  - InputError: bad input a user or request can reach; never a crash, always a message

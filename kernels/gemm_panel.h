@@ -4,11 +4,11 @@
 // A row-major weight [n, k] is read by a decode GEMV one output row at a time, but a GEMM
 // wants a few output columns side by side for each k, so OpenBLAS packs every call's
 // weights into panels before multiplying (at m = 32 that packing and its small-m kernels
-// leave it at 60% of the machine's GEMM peak: docs/BENCHMARKS.md). Weights do not change,
-// so Strata packs them once, at load: rows [32p, 32p + 32) of the matrix become panel p,
-// stored k-major as [k][32]. A micro-kernel then keeps MR x 32 outputs in registers, and
-// for each k loads 32 weights once and broadcasts one activation per row: no packing per
-// call, no horizontal sums, and the weights still stream once per call at any m.
+// leave it at 60% of the machine's GEMM peak: docs/journal/benchmarks-history.md). Weights
+// do not change, so Strata packs them once, at load: rows [32p, 32p + 32) of the matrix
+// become panel p, stored k-major as [k][32]. A micro-kernel then keeps MR x 32 outputs in
+// registers, and for each k loads 32 weights once and broadcasts one activation per row: no
+// packing per call, no horizontal sums, and the weights still stream once per call at any m.
 //
 // Layout of a [n, k] kF32Panel tensor (n * k floats, as many bytes as f32):
 //   panels:    floor(n / 32) blocks of k * 32 floats, element (32p + j, c) at (p * k + c) * 32 + j
@@ -27,7 +27,7 @@ constexpr int64_t kPanelRows = 32;
 // every row tile of x passes over it); each further slice adds to the outputs stored by the
 // one before. 1024 rather than 256: the outputs are stored once per slice, and at batch 32
 // a 32000-row head's 4 MB of them no longer make three round trips through memory
-// (docs/BENCHMARKS.md, 2026-11-28).
+// (docs/BENCHMARKS.md, "Panel GEMM").
 constexpr int64_t kPanelKSlice = 1024;
 
 // Whole panels of an [n, k] matrix, and the index of its first tail row.

@@ -82,7 +82,7 @@ void micro_rows(const PanelArgs& a, int64_t p, int64_t i, int64_t rows, int64_t 
 // The output columns of panels [p0, p1) for every activation row. One panel streams at a
 // time: a decode GEMV (m = 1) reads weights at the machine's read bandwidth with one stream
 // a thread, and loses 10-25% with several panels' streams interleaved or with software
-// prefetch (docs/BENCHMARKS.md, "Panel GEMM").
+// prefetch (docs/journal/benchmarks-history.md, "Panel GEMM, huge pages").
 template <class V>
 void panel_gemm(const PanelArgs& a, int64_t p0, int64_t p1) {
   for (int64_t i0 = 0; i0 < a.m; i0 += kMc) {

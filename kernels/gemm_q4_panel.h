@@ -4,12 +4,12 @@
 //
 // A kQ4 matrix stores each row's codes together and its f32 mins and scales in two other
 // arrays, so a kernel reading it keeps one row in a vector's lanes and pays, per row and
-// group, for a horizontal reduction and a scale (docs/BENCHMARKS.md: 8 products an
-// instruction at decode, and prefill had to dequantise into f32 panels). Repacked, a
-// vector's 16 lanes are 16 output rows: lane r of one 64-byte load holds 8 consecutive
-// codes of row r, and one VNNI byte dot product multiplies them with 4 activation bytes
-// broadcast to every lane. Scales and mins then apply once per group to 16 rows at once,
-// and each activation row reuses every load of codes (MR rows a tile).
+// group, for a horizontal reduction and a scale (docs/journal/benchmarks-history.md: 8
+// products an instruction at decode, and prefill had to dequantise into f32 panels).
+// Repacked, a vector's 16 lanes are 16 output rows: lane r of one 64-byte load holds 8
+// consecutive codes of row r, and one VNNI byte dot product multiplies them with 4
+// activation bytes broadcast to every lane. Scales and mins then apply once per group to 16
+// rows at once, and each activation row reuses every load of codes (MR rows a tile).
 //
 // Layout of an [n, k] kQ4Panel tensor (k a multiple of 64), as many bytes as kQ4 (40 a row
 // and group: 5 bits a weight), in one stream a panel: panel p holds rows [16p, 16p + R),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every device check that the stops since the last GPU session left ready (docs/GPU.md:
-# "The decode attention as one kernel", "The 4-bit cache read as stored", "An f16 KV cache on
-# the device ..."), over the archive scripts/gpu-bundle.sh made. Each part runs
+# Every device check that the stops since the last GPU session left ready (docs/GPU.md,
+# "Built, not yet run on a GPU"; each stop's entry in docs/journal/gpu-history.md), over the
+# archive scripts/gpu-bundle.sh made. Each part runs
 # scripts/gpu-run.sh into OUT_DIR/<part>; a failing part is reported and the next runs.
 # Issue 14's open item first: batch-1 decode of OPT-6.7B with each kernel variant.
 #   scripts/gpu-pending.sh BUNDLE.tgz OUT_DIR            every part (about 12 minutes)

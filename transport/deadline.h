@@ -1,4 +1,4 @@
-// Deadlines for every wait in transport/ (STYLE.md 7: no wait without a deadline). A wait
+// Deadlines for every wait in transport/: no wait without a deadline. A wait
 // polls a completion test with a short backoff instead of blocking inside MPI or NCCL, so a
 // dead or silent peer becomes an Error of kind kDisconnected that names it, never a hang.
 #pragma once

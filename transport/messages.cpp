@@ -14,7 +14,8 @@
 
 namespace strata {
 
-// Enum values cross the wire as numbers: the C++ and schema enums must agree (STYLE.md 8).
+// Enum values cross the wire as numbers: the C++ and schema enums must agree, or the
+// protocol changes without its version (docs/TRANSPORT.md, "Messages").
 static_assert(static_cast<int>(wire::Phase::PREFILL) == static_cast<int>(Phase::kPrefill));
 static_assert(static_cast<int>(wire::Phase::DECODE) == static_cast<int>(Phase::kDecode));
 static_assert(static_cast<int>(wire::ErrorKind::FAILED) == static_cast<int>(ErrorKind::kFailed));

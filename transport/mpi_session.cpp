@@ -12,7 +12,7 @@
 namespace strata {
 namespace {
 
-// Map MPI error classes to what a caller can do about them (STYLE.md 6).
+// Map MPI error classes to what a caller can do about them (docs/CONVENTIONS.md, "Errors").
 ErrorKind kind_of_mpi_error(int error_class) {
   switch (error_class) {
     case MPI_ERR_NO_MEM:

@@ -1,8 +1,9 @@
 // MPI bootstrap: one RAII MpiSession per process (MPI_Init_thread .. MPI_Finalize) and
 // Communicator, an RAII MPI_Comm. No singletons: main() owns the session and hands out
-// references, so MPI is finalized after every communicator is freed (STYLE.md 15).
+// references, so MPI is finalized after every communicator is freed (RAII for every
+// handle: docs/CONVENTIONS.md, "Structure").
 // Every MPI status code goes through check_mpi, which throws strata::Error with the MPI
-// error string and a kind the caller can act on (STYLE.md 5, 6).
+// error string and a kind the caller can act on (docs/CONVENTIONS.md, "Errors").
 #pragma once
 
 #include <mpi.h>

@@ -24,7 +24,7 @@ namespace {
 // is enqueued; NCCL needs this only for connection set-up on first use of a peer.
 constexpr double kEnqueueSeconds = 60.0;
 
-// NCCL's own classes, mapped to what the caller can do (STYLE.md 6).
+// NCCL's own classes, mapped to what the caller can do (docs/CONVENTIONS.md, "Errors").
 ErrorKind kind_of_nccl(ncclResult_t rc) {
   switch (rc) {
     case ncclSystemError:

@@ -1,9 +1,10 @@
 // A Redis client over hiredis's synchronous API (Debian's hiredis 0.14): one connection per
 // RedisConnection, owned (RAII), used from one thread at a time. Every command has a
 // deadline (the socket's read/write timeout is set from it), so a server that stops
-// answering becomes an Error, never a hang (STYLE.md 7). Failures are classified at this
-// boundary (STYLE.md 6): a lost or unreachable server is kDisconnected (reconnect and
-// retry), an error reply is RedisError (kFailed, with Redis's own message and prefix).
+// answering becomes an Error, never a hang. Failures are classified at this boundary, by
+// what the caller can do (docs/CONVENTIONS.md, "Errors"): a lost or unreachable server is
+// kDisconnected (reconnect and retry), an error reply is RedisError (kFailed, with Redis's
+// own message and prefix).
 #pragma once
 
 #include <cstdint>

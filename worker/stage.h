@@ -66,7 +66,8 @@ class PipelineStage {
   WeightTraffic weight_traffic() const { return model_->weight_traffic(); }
 
   // Sampling state of a sequence (the last stage samples): its params and its RNG, seeded
-  // as the single-process generator seeds it, so seeded sampling gives the same tokens.
+  // from the request's seed alone, so seeded sampling gives the same tokens whatever the
+  // cluster's shape or the rest of the batch.
   void join(const SeqJoin& seq);
   void leave(uint64_t seq_id);
   // WAA's decode side: a sequence whose first token the prefill side sampled joins with

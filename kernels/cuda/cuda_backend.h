@@ -24,7 +24,7 @@
 
 namespace strata {
 
-// The CUDA backend's kernel choices: the benchmark switches of docs/GPU.md, so that one
+// The CUDA backend's kernel choices (docs/GPU.md, "Switches"), so that one
 // build measures each fused kernel against what it replaced. from_env() reads them from
 // STRATA_CUDA_*; a value it does not know is an input error naming the variable.
 struct CudaOptions {

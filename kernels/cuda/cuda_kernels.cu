@@ -187,7 +187,8 @@ __global__ void layer_norm_kernel(const float* x, int64_t h, const float* weight
 // The same norms with the row held in registers, kVec float4s a thread: x is read once, with
 // all of a thread's loads in flight together, then both reductions and the write work from
 // registers. The loops above wait on each load in turn, three passes over x: 15.7 us for one
-// 4096-wide row on an H200, where the row's bytes take well under a microsecond (docs/GPU.md).
+// 4096-wide row on an H200, where the row's bytes take well under a microsecond
+// (docs/journal/gpu-history.md).
 // In place (x == y) is fine: a thread writes only what it read, after the reductions.
 constexpr int kNormThreads = 256;
 constexpr int kMaxNormVec = 8;  // rows up to 4 * 8 * 256 = 8192 wide

@@ -121,7 +121,7 @@ KernelStatus attention_q4(const float* q, const RowDesc* rows, int64_t n_rows,
 // ---- Decode-path kernels (cuda_decode_kernels.cu) ----
 
 // Most activation rows the fused GEMVs take; more rows go to cuBLAS's tensor-core GEMM (for
-// half weights cuBLAS was as fast or faster from 4 rows on, measured in docs/GPU.md).
+// half weights cuBLAS was as fast or faster from 4 rows on: docs/journal/gpu-history.md).
 constexpr int kMaxGemvRowsHalf = 1;
 constexpr int kMaxGemvRowsQ4 = 8;
 // What a fused GEMV does with x w^T + bias: store it, store its ReLU (OPT's fc1), or add it

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The one-way house (docs/CONVENTIONS.md, "Folders"): a source file may include headers of its
+"""The one-way house (docs/CONVENTIONS.md, "Structure"): a source file may include headers of its
 own folder and of the folders beneath it, never of one above. Run over the tree:
 
     tests/layering/check_layering.py ROOT        exit 1 listing every include that runs up

@@ -211,7 +211,8 @@ TEST_P(LayerFeederTest, CompressedCacheGivesTheSameOutputWhereverItLives) {
     // CPU attention is another implementation of the same arithmetic (its own exp and
     // order of sums). stories260K, a trained model, gives the same ids either way; a
     // random-weight model's logits are too flat for that: on an H200 the dummy model's
-    // first id changed with every layer's attention on the host (docs/GPU.md, 2026-11-28).
+    // first id changed with every layer's attention on the host (docs/journal/gpu-history.md,
+    // 2026-11-28).
     if (s.cpu_attention && s.cc == 100 && model != testing::stories_dir()) continue;
     CacheOptions cache;
     cache.placement.gpu_percent = s.cg;

@@ -1,6 +1,7 @@
 # The control plane between the coordinator (rank 0) and the pipeline-stage workers.
-# Rules (STYLE.md 8): this schema only grows -- a new field takes the next ordinal, no field
-# is renumbered or removed -- and bulk tensors never go here (they go through TensorChannel).
+# Rules (a versioned protocol, docs/TRANSPORT.md): this schema only grows -- a new field takes
+# the next ordinal, no field is renumbered or removed -- and bulk tensors never go here (they
+# go through TensorChannel).
 # Enums crossing the wire are mirrored in transport/messages.h and checked there with
 # static_assert, so a reordering breaks the build instead of the protocol.
 @0xfdb15e4bf9359fd1;

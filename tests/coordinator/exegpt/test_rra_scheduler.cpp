@@ -188,7 +188,7 @@ TEST(RraScheduler, APrefillPhaseAdmitsItsShareOfTheEncodeBatch) {
   EXPECT_THROW(s.reschedule(1, -1, 16), Error);
 }
 
-TEST(RraScheduler, ContextLimitStopsAsTheGeneratorDoes) {
+TEST(RraScheduler, ContextLimitStopsAsTheRequestRulesSay) {
   SchedulerOptions o = options(1, 8, 1);
   o.kv_capacity = 5;
   RraScheduler s(o);
@@ -255,9 +255,10 @@ TEST(RraScheduler, TimesCountFromArrival) {
   EXPECT_DOUBLE_EQ(done[0].result.times.total_s, 6.0);
 }
 
-// A stop string ends the sequence at the token that completes it, as the generator's rule
-// does, and the text is cut before it. With the id-only tokenizer the completion of tokens
-// 7, 8, 9 reads "7 8 9", so the stop string "8 9" ends it after the third token.
+// A stop string ends the sequence at the token that completes it, by the request rules'
+// finish_if_done (coordinator/intake/request_rules.h), and the text is cut before it. With the
+// id-only tokenizer the completion of tokens 7, 8, 9 reads "7 8 9", so the stop string "8 9" ends
+// it after the third token.
 TEST(RraScheduler, StopStringEndsTheSequenceAndCutsTheText) {
   const ModelConfig config = [] {
     ModelConfig c;
