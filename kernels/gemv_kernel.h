@@ -6,10 +6,10 @@
 // fma(a, b, c), sum(v).
 //
 // One activation row: kRowsOne weight rows stream side by side, one accumulator each. On
-// the 2-core EPYC, 16 rows of AVX-512 reach 63 GB/s over a decode step's matrices where 4
-// rows reach 48 (docs/BENCHMARKS.md, "CPU GEMV"): more rows in flight keep more cache-line
-// misses outstanding. Several activation rows: kRowsMany weight rows stay in L1 while each
-// 4-row tile of x passes over them, so each weight byte is read once for all rows.
+// the 2-core EPYC, 16 rows of AVX-512 stream a decode step's matrices faster than 4 rows
+// (docs/journal/benchmarks-history.md, "CPU GEMV: rows in flight ..."): more rows in flight
+// keep more cache-line misses outstanding. Several activation rows: kRowsMany weight rows stay in
+// L1 while each 4-row tile of x passes over them, so each weight byte is read once for all rows.
 #pragma once
 
 #include <cstddef>

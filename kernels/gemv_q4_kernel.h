@@ -46,7 +46,8 @@ struct Q4Args {
 constexpr int64_t kQ4Group = 64;
 // How far ahead of a row's codes the kernel asks for them: the byte products keep too few
 // loads in flight for the hardware prefetcher alone (a decode step's 4-bit GEMVs streamed
-// at 10 GB/s without, 14 with, on the 2-core VM: docs/journal/benchmarks-history.md).
+// measurably faster with it when the kernel was written; `strata bench` with
+// STRATA_CPU_ISA shows the kernel's rate).
 constexpr int64_t kQ4PrefetchBytes = 2048;
 // Codes one load covers (V::kBlock): k must be a multiple of the kernel's.
 constexpr int64_t kQ4BlockAvx2 = 64;

@@ -49,8 +49,8 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // 64-byte aligned, zero-initialised host memory. From kHugePageBytes on it is mapped on its
 // own, starting on a 2 MiB boundary and advised onto transparent huge pages: a decode step
-// streams its weights from such buffers, 30% faster than from 4 KiB pages on the
-// development VM (docs/journal/benchmarks-history.md, "Panel GEMM, huge pages").
+// streams its weights from such buffers, faster than from 4 KiB pages (measured while the
+// panel GEMM was built; docs/journal/benchmarks-history.md, "Panel GEMM, huge pages").
 class Buffer {
  public:
   Buffer() = default;

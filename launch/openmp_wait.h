@@ -7,9 +7,9 @@ namespace strata::cli {
 
 // GOMP_SPINCOUNT where the user set neither it nor OMP_WAIT_POLICY. libgomp's own default
 // (300000 spins, milliseconds) holds a core at every barrier: on a node where anything else
-// runs, the spinning thread takes the core its peer needs, and a decode step of 17-20 ms
-// took up to 780 (docs/BENCHMARKS.md, "OpenMP threads on a shared node"). 1000 is libgomp's
-// own count for oversubscribed teams, and costs nothing measurable on an idle node.
+// runs, the spinning thread takes the core its peer needs, and a 2-thread decode step
+// took many times its idle time (docs/BENCHMARKS.md, "OpenMP threads on a shared node"). 1000 is
+// libgomp's own count for oversubscribed teams, and costs nothing measurable on an idle node.
 inline constexpr const char* kOpenmpSpinCount = "1000";
 
 // libgomp reads its environment once, as it loads, before main. So where neither variable is
