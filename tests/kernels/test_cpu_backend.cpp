@@ -1369,30 +1369,49 @@ int32_t ref_argmax(const std::vector<float>& x) {
   return best;
 }
 
-std::vector<double> ref_softmax(const std::vector<float>& logits, double temperature) {
-  double mx = -INFINITY;
-  for (float l : logits) mx = std::max(mx, l / temperature);
-  std::vector<double> p(logits.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::exp(logits[i] / temperature - mx));
-  for (auto& v : p) v /= sum;
-  return p;
-}
-
-std::vector<double> frequencies(const std::vector<float>& logits, const SamplingParams& params,
-                                int draws) {
+// Draws of each token over `draws` samples.
+std::vector<int64_t> draw_counts(const std::vector<float>& logits, const SamplingParams& params,
+                                 int64_t draws) {
   Sampler sampler;
   Rng rng(params.seed);
-  std::vector<double> freq(logits.size(), 0.0);
-  for (int i = 0; i < draws; ++i) {
+  std::vector<int64_t> counts(logits.size(), 0);
+  for (int64_t i = 0; i < draws; ++i) {
     const int32_t t =
         sampler.sample(logits.data(), static_cast<int32_t>(logits.size()), params, rng);
     EXPECT_GE(t, 0);
     EXPECT_LT(t, static_cast<int32_t>(logits.size()));
-    freq[static_cast<size_t>(t)] += 1.0 / draws;
+    ++counts[static_cast<size_t>(t)];
   }
-  return freq;
+  return counts;
 }
+
+// Each token's count against its probability p: a token the filter forbids (p = 0) is drawn
+// exactly never; any other within 4.5 binomial standard deviations of n p, a bound a correct
+// sampler leaves about once in 150,000 tokens checked, whatever the seed.
+void expect_binomial(const std::vector<int64_t>& counts, int64_t draws,
+                     const std::vector<double>& p, const std::string& what) {
+  ASSERT_EQ(counts.size(), p.size());
+  const auto n = static_cast<double>(draws);
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == 0.0) {
+      EXPECT_EQ(counts[i], 0) << what << ": forbidden token " << i << " drawn " << counts[i]
+                              << " times";
+      continue;
+    }
+    const double sd = std::sqrt(n * p[i] * (1 - p[i]));
+    EXPECT_LE(std::abs(static_cast<double>(counts[i]) - n * p[i]), 4.5 * sd)
+        << what << ": token " << i << " drawn " << counts[i] << " times of " << draws
+        << ", expected " << n * p[i] << " +- " << 4.5 * sd;
+  }
+}
+
+// The logits of the sampling tests and their softmax by hand (six digits):
+//   T = 1:   e^1, e^2, e^0.5, e^-1, e^1.5, e^0 = 2.718282, 7.389056, 1.648721, 0.367879,
+//            4.481689, 1; sum 17.605628.
+//   T = 0.5: e^(2 l) = 7.389056, 54.598150, 2.718282, 0.135335, 20.085537, 1; sum 85.926360.
+// Sorted by logit the ids are 1 (2.0), 4 (1.5), 0 (1.0), 2 (0.5), 5 (0.0), 3 (-1.0).
+const std::vector<float> kSamplingLogits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
+constexpr int64_t kSamplingDraws = 100000;
 
 TEST(Sampling, GreedyIsArgmaxWithTiesToLowestId) {
   Sampler sampler;
@@ -1515,49 +1534,49 @@ TEST(Sampling, TinyTopPIsGreedy) {
 }
 
 TEST(Sampling, FrequenciesMatchSoftmax) {
-  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
   SamplingParams p;
   p.temperature = 1.0f;
   p.seed = 2024;
-  const std::vector<double> want = ref_softmax(logits, 1.0);
-  const std::vector<double> got = frequencies(logits, p, 20000);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 0.02) << "token " << i;
-
-  p.temperature = 0.5f;  // sharper
-  const std::vector<double> want_cold = ref_softmax(logits, 0.5);
-  const std::vector<double> got_cold = frequencies(logits, p, 20000);
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_NEAR(got_cold[i], want_cold[i], 0.02) << "token " << i;
+  // 2.718282 / 17.605628, 7.389056 / 17.605628, ... (the hand softmax above).
+  expect_binomial(draw_counts(kSamplingLogits, p, kSamplingDraws), kSamplingDraws,
+                  {0.154398, 0.419699, 0.093647, 0.020896, 0.254560, 0.056800}, "T=1");
+  p.temperature = 0.5f;  // sharper: 7.389056 / 85.926360, ...
+  expect_binomial(draw_counts(kSamplingLogits, p, kSamplingDraws), kSamplingDraws,
+                  {0.085993, 0.635406, 0.031635, 0.001575, 0.233753, 0.011638}, "T=0.5");
 }
 
 TEST(Sampling, TopKAndTopPRenormaliseTheKeptTokens) {
-  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
-  const std::vector<double> full = ref_softmax(logits, 1.0);
-  // Sorted: 1 (2.0), 4 (1.5), 0 (1.0), 2 (0.5), 5 (0.0), 3 (-1.0).
-  SamplingParams k3;
-  k3.temperature = 1.0f;
-  k3.top_k = 3;
-  k3.seed = 7;
-  {
-    const double z = full[1] + full[4] + full[0];
-    const std::vector<double> got = frequencies(logits, k3, 20000);
-    const std::vector<double> want = {full[0] / z, full[1] / z, 0.0, 0.0, full[4] / z, 0.0};
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], 0.02) << "top_k token " << i;
-  }
-  // Nucleus: smallest prefix reaching p. full[1] + full[4] is about 0.58, + full[0] about 0.79.
-  SamplingParams p7;
-  p7.temperature = 1.0f;
-  p7.top_p = 0.7f;
-  p7.seed = 8;
-  ASSERT_LT(full[1] + full[4], 0.7);
-  ASSERT_GT(full[1] + full[4] + full[0], 0.7);
-  {
-    const double z = full[1] + full[4] + full[0];
-    const std::vector<double> got = frequencies(logits, p7, 20000);
-    const std::vector<double> want = {full[0] / z, full[1] / z, 0.0, 0.0, full[4] / z, 0.0};
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], 0.02) << "top_p token " << i;
+  struct Case {
+    const char* what;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    uint64_t seed;
+    std::vector<double> p;  // by hand; 0 for what the filter must never draw
+  };
+  // T = 1, the three highest kept (ids 1, 4, 0): z = 7.389056 + 4.481689 + 2.718282 =
+  // 14.589027. The nucleus at 0.7 keeps the same three: 0.419699 + 0.254560 = 0.674 < 0.7,
+  // + 0.154398 = 0.829 >= 0.7.
+  const std::vector<double> three = {
+      2.718282 / 14.589027, 7.389056 / 14.589027, 0, 0, 4.481689 / 14.589027, 0};
+  // T = 0.5, all but id 3 kept: z = 85.926360 - 0.135335 = 85.791025. The nucleus at 0.99
+  // keeps the same five: the cumulative softmax 0.635406, 0.869159, 0.955152, 0.986787 < 0.99,
+  // 0.998425 >= 0.99. The one left out is 0.16% of the mass: 157 draws in 100,000 if a filter
+  // kept one token too many.
+  const std::vector<double> five = {7.389056 / 85.791025,  54.598150 / 85.791025,
+                                    2.718282 / 85.791025,  0,
+                                    20.085537 / 85.791025, 1 / 85.791025};
+  const Case cases[] = {{"top_k=3", 1.0f, 3, 1.0f, 7, three},
+                        {"top_p=0.7", 1.0f, 0, 0.7f, 8, three},
+                        {"T=0.5 top_k=5", 0.5f, 5, 1.0f, 9, five},
+                        {"T=0.5 top_p=0.99", 0.5f, 0, 0.99f, 10, five}};
+  for (const Case& c : cases) {
+    SamplingParams p;
+    p.temperature = c.temperature;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.seed = c.seed;
+    expect_binomial(draw_counts(kSamplingLogits, p, kSamplingDraws), kSamplingDraws, c.p, c.what);
   }
 }
 

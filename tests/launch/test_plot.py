@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""scripts/plot.py on hand-made JSON of every kind it reads: the figures are valid PNGs of a
-sensible size, the Pareto frontier is the hand-computed one (and the brute-force one on random
+"""scripts/plot.py on hand-made JSON of every kind it reads: the figures are valid PNGs that
+draw the hand-made numbers (read back from matplotlib's objects), the Pareto frontier is the hand-computed one (and the brute-force one on random
 points), each kind's numbers are the fields the docs name, and bad input exits 2 with the file
 and the field named, never a traceback.
 
@@ -159,8 +159,41 @@ class Plot(unittest.TestCase):
         self.assertGreaterEqual(w, min_w)
         self.assertGreaterEqual(h, min_h)
         self.assertLessEqual(max(w, h), 3000)
-        self.assertGreater(os.path.getsize(out), 5_000)  # more than an empty canvas
-        self.assertLess(os.path.getsize(out), 400_000)
+
+    def figure(self, *args):
+        """plot.py run in this process on ARGS (a command, its output, its inputs): the
+        figure it wrote, so the test reads back what was drawn."""
+        figs = []
+        real = plot.write
+
+        def keep(fig, out):
+            figs.append(fig)
+            real(fig, out)
+
+        plot.write = keep
+        try:
+            self.assertEqual(plot.main(list(args)), 0)
+        finally:
+            plot.write = real
+        self.assertEqual(len(figs), 1)
+        self.assert_png(args[1])
+        self.addCleanup(plot.pyplot().close, figs[0])
+        return figs[0]
+
+    @staticmethod
+    def bars(ax):
+        """{legend label: [(left, width), ...]} of each bar series, in draw order."""
+        return {c.get_label(): [(round(r.get_x(), 9), round(r.get_width(), 9)) for r in c]
+                for c in ax.containers}
+
+    @staticmethod
+    def intervals(collection):
+        """A broken_barh's rectangles as (start, end, lane) with the lane their y centre."""
+        out = []
+        for p in collection.get_paths():
+            xs, ys = p.vertices[:, 0], p.vertices[:, 1]
+            out.append((round(xs.min(), 9), round(xs.max(), 9), round((ys.min() + ys.max()) / 2)))
+        return out
 
     # ---- the frontier ----
 
@@ -300,16 +333,86 @@ class Plot(unittest.TestCase):
                 r = self.run_plot("timeline", out, *args, "--title", "test timeline")
                 self.assertEqual(r.returncode, 0, r.stderr)
                 self.assert_png(out)
-                self.assertLess(os.path.getsize(out), 150_000)
-        # A run with more steps than TIMELINE_SPANS per lane still makes a small figure.
+        # A run with more steps than TIMELINE_SPANS per lane: only the steps that start in the
+        # first TIMELINE_FIRST_S seconds are drawn.
         lanes = [[[k * 0.001, k * 0.001 + 0.0006] for k in range(3000)],
                  [[k * 0.001 + 0.0005, k * 0.001 + 0.0009] for k in range(3000)]]
         f = self.write("timeline-crowded", timeline_stats("x", lanes)[1])
-        out = os.path.join(self.dir, "crowded.png")
-        r = self.run_plot("timeline", out, f)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assert_png(out)
-        self.assertLess(os.path.getsize(out), 150_000)
+        fig = self.figure("timeline", os.path.join(self.dir, "crowded.png"), f)
+        ax = fig.axes[0]
+        self.assertEqual(ax.get_xlim(), (0.0, plot.TIMELINE_FIRST_S))
+        for lane, spans in enumerate(lanes):
+            want = sum(1 for a, _ in spans if a < plot.TIMELINE_FIRST_S)
+            self.assertLessEqual(want, plot.TIMELINE_SPANS)
+            self.assertEqual(len(self.intervals(ax.collections[2 * lane + 1])), want)
+
+    # ---- what the figures draw ----
+
+    def test_pareto_draws_every_point_and_the_frontier_through_the_best(self):
+        # sim: WAA-C (4, 500) and RRA (12, 900) searched, the FT baselines (4.5, 20) and
+        # (9, 450) slower and less than WAA-C; the frontier is WAA-C then RRA.
+        ax, = [a for a in self.figure("pareto", os.path.join(self.dir, "p1.png"),
+                                      self.path("sim")).axes if a.get_visible()]
+        self.assertEqual({c.get_label(): c.get_offsets().tolist() for c in ax.collections},
+                         {"WAA-C": [[4.0, 500.0]], "RRA": [[12.0, 900.0]],
+                          "FT baseline": [[4.5, 20.0], [9.0, 450.0]]})
+        line, = ax.lines
+        self.assertEqual((line.get_label(), list(line.get_xdata()), list(line.get_ydata())),
+                         ("Pareto frontier", [4.0, 12.0], [500.0, 900.0]))
+        # The five bench runs, one model and workload: latency prefill + decode, a series per
+        # batch. (0.4, 10) and (0.8, 40) are the frontier; (0.5, 8), (2.0, 16) and (4.0, 2)
+        # are each slower and less than one of them.
+        benches = ["gpu-resident-b1", "gpu-resident-b8", "gpu-stream-b8", "cpu-disk-b2",
+                   "cpu-plain-b1"]
+        ax, = [a for a in self.figure("pareto", os.path.join(self.dir, "p2.png"),
+                                      *[self.path(n) for n in benches]).axes if a.get_visible()]
+        got = {c.get_label(): sorted((round(x, 9), y) for x, y in c.get_offsets().tolist())
+               for c in ax.collections}
+        self.assertEqual(got, {"batch 1": [(0.4, 10.0), (0.5, 8.0)],
+                               "batch 8": [(0.8, 40.0), (2.0, 16.0)], "batch 2": [(4.0, 2.0)]})
+        line, = ax.lines
+        self.assertEqual([round(x, 9) for x in line.get_xdata()], [0.4, 0.8])
+        self.assertEqual(list(line.get_ydata()), [10.0, 40.0])
+
+    def test_stages_draw_busy_then_idle_stacked(self):
+        fig = self.figure("stages", os.path.join(self.dir, "s.png"), self.path("cluster-mb1"),
+                          self.path("cluster-mb2"))
+        mb1, mb2 = [a for a in fig.axes if a.get_visible()]
+        # (busy, idle) per rank: mb1 (1.0, 1.5), (1.6, 0.9); mb2 (1.1, 0.8), (1.8, 0.1).
+        self.assertEqual(self.bars(mb1), {"busy": [(0, 1.0), (0, 1.6)],
+                                          "idle (bubble)": [(1.0, 1.5), (1.6, 0.9)]})
+        self.assertEqual(self.bars(mb2), {"busy": [(0, 1.1), (0, 1.8)],
+                                          "idle (bubble)": [(1.1, 0.8), (1.8, 0.1)]})
+        # Bubbles idle / (busy + idle): 1.5 / 2.5, 0.9 / 2.5; 0.8 / 1.9, 0.1 / 1.9.
+        self.assertEqual([t.get_text() for t in mb1.texts], [" 60%", " 36%"])
+        self.assertEqual([t.get_text() for t in mb2.texts], [" 42%", " 5%"])
+
+    def test_tiers_draw_the_bytes_moved_and_held(self):
+        fig = self.figure("tiers", os.path.join(self.dir, "t.png"),
+                          *[self.path(n) for n in ("gpu-resident-b1", "gpu-stream-b8",
+                                                   "cpu-disk-b2")])
+        moved, held = fig.axes
+        # GB per run (gpu-resident-b1, gpu-stream-b8, cpu-disk-b2): 5e10 B CPU -> GPU in the
+        # second, 7e9 B disk -> CPU in the third; disk -> CPU -> GPU is 0 in all, only named.
+        self.assertEqual({k: [w for _, w in v] for k, v in self.bars(moved).items()},
+                         {"disk \u2192 CPU": [0, 0, 7.0], "CPU \u2192 GPU": [0, 50.0, 0]})
+        self.assertIn("disk \u2192 CPU \u2192 GPU: 0 in every run", moved.get_xlabel())
+        # Held, stacked: 2 GB GPU then 1 GB CPU in the two runs with a feed, none in the third.
+        self.assertEqual(self.bars(held), {"GPU": [(0, 2.0), (0, 2.0), (0, 0)],
+                                           "CPU": [(2.0, 1.0), (2.0, 1.0), (0, 0)],
+                                           "disk": [(3.0, 0), (3.0, 0), (0, 0)]})
+
+    def test_timeline_draws_the_steps_inside_the_window(self):
+        fig = self.figure("timeline", os.path.join(self.dir, "tl.png"), self.path("timeline-mb1"),
+                          "--from", "0.5", "--to", "3.5")
+        ax, = fig.axes
+        self.assertEqual(ax.get_xlim(), (0.5, 3.5))
+        # Per lane: the window's background, then its steps cut to the window. Rank 1 computed
+        # [0, 1] and [2, 3], rank 2 [1, 2] and [3, 4]; each busy 1.5 s of the 3.
+        got = [self.intervals(c) for c in ax.collections]
+        self.assertEqual(got, [[(0.5, 3.5, 0)], [(0.5, 1.0, 0), (2.0, 3.0, 0)],
+                               [(0.5, 3.5, 1)], [(1.0, 2.0, 1), (3.0, 3.5, 1)]])
+        self.assertEqual([t.get_text() for t in ax.texts], [" busy 50%", " busy 50%"])
 
     def test_help(self):
         r = self.run_plot("--help")

@@ -14,20 +14,36 @@ namespace {
 TEST(Intake, ParsesEveryField) {
   const IncomingRequest r = parse_request_line(
       R"({"id": "q1", "prompt_ids": [2, 5], "max_new_tokens": 9, "temperature": 0.5, "top_k": 4,)"
-      R"( "top_p": 0.9, "seed": 11, "ignore_eos": true})",
+      R"( "top_p": 0.9, "seed": 11, "ignore_eos": true, "stop": ["The end", "!"],)"
+      R"( "latency_class": "interactive"})",
       "f:1");
   EXPECT_TRUE(r.error.empty()) << r.error;
   EXPECT_EQ(r.request.id, "q1");
+  EXPECT_EQ(r.where, "f:1");
+  EXPECT_FALSE(r.prompt.has_value());
   EXPECT_EQ(r.request.prompt_ids, (std::vector<int32_t>{2, 5}));
   EXPECT_EQ(r.request.max_new_tokens, 9);
   EXPECT_FLOAT_EQ(r.request.sampling.temperature, 0.5f);
   EXPECT_EQ(r.request.sampling.top_k, 4);
+  EXPECT_FLOAT_EQ(r.request.sampling.top_p, 0.9f);
   EXPECT_EQ(r.request.sampling.seed, 11u);
   EXPECT_TRUE(r.request.ignore_eos);
+  EXPECT_EQ(r.request.stop, (std::vector<std::string>{"The end", "!"}));
+  EXPECT_EQ(r.request.latency_class, "interactive");
+  // Everything left out takes the documented default: greedy, 64 tokens, no stop strings.
   const IncomingRequest t = parse_request_line(R"({"id": 7, "prompt": "hi"})", "f:2");
+  EXPECT_TRUE(t.error.empty()) << t.error;
   EXPECT_EQ(t.request.id, "7");
   EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_TRUE(t.request.prompt_ids.empty());
   EXPECT_EQ(t.request.max_new_tokens, 64);
+  EXPECT_FLOAT_EQ(t.request.sampling.temperature, 0.0f);
+  EXPECT_EQ(t.request.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(t.request.sampling.top_p, 1.0f);
+  EXPECT_EQ(t.request.sampling.seed, 0u);
+  EXPECT_FALSE(t.request.ignore_eos);
+  EXPECT_TRUE(t.request.stop.empty());
+  EXPECT_TRUE(t.request.latency_class.empty());
 }
 
 TEST(Intake, MalformedLinesBecomeErrorsNamingTheProblem) {
