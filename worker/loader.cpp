@@ -162,6 +162,107 @@ StageRequest weight_request(const LoadOptions& o) {
 
 namespace {
 
+// The plan decided each weight layer's tier: the placement executes it (its disk layers and
+// staging buffers follow from the tiers).
+void follow_planned_tiers(WeightPlacement& p, const std::vector<Tier>& planned, int32_t n_layers,
+                          const std::string& source) {
+  if (planned.size() != static_cast<size_t>(n_layers))
+    fail_input("{}: the plan places {} weight layers but the stage has {}", source, planned.size(),
+               n_layers);
+  p.tiers = planned;
+  p.disk_layers.clear();
+  for (int32_t i = 0; i < n_layers; ++i)
+    if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
+  p.device_staging_bytes = p.streamed_layers() > 0 ? 2 * p.layer_bytes : 0;
+  p.staging_bytes = p.disk_layers.empty() ? 0 : 2 * (p.layer_bytes + kPageBytes);
+}
+
+// A device stage's feeder: each layer to its tier, HeteGen's CPU share split off (α).
+std::unique_ptr<LayerFeeder> device_feeder(const LoadOptions& options,
+                                           const std::vector<Tier>& tiers) {
+  if (options.hetegen_alpha != 0 && (options.device == nullptr || options.hetegen_cpu == nullptr))
+    fail_input("HeteGen (alpha {}) needs a device to compute on and a CPU backend for its share",
+               options.hetegen_alpha);
+  if (options.device == nullptr) return nullptr;
+  const LayerSplit split{options.hetegen_alpha,
+                         options.hetegen_alpha != 0 ? options.hetegen_cpu : nullptr,
+                         options.hetegen_slot_alpha, options.hetegen_whole};
+  return std::make_unique<LayerFeeder>(*options.device, tiers, options.overlap, split);
+}
+
+// Where each loaded layer goes: its disk file, or the device feeder; none (an empty sink)
+// when every layer stays in host memory.
+LayerSink placement_sink(LoadedModel& m, LayerOffloader& offloader) {
+  if (m.feeder != nullptr) {
+    return [m = &m, offloader = &offloader](int32_t i, LayerWeights& w) {
+      if (m->placement.tiers[static_cast<size_t>(i)] == Tier::kDisk) {
+        (*offloader)(i, w);
+      } else {
+        m->feeder->take(i, w);
+      }
+    };
+  }
+  if (!m.placement.disk_layers.empty())
+    return [offloader = &offloader](int32_t i, LayerWeights& w) { (*offloader)(i, w); };
+  return {};
+}
+
+// kQ4 and panel storage of a layer before it is placed. 4-bit first: a matrix it leaves f32
+// (rows that are not whole groups) is still packed for the host's GEMM. The copies of the
+// layers that stay resident are kept in `converted`.
+LayerSink converting_sink(LayerSink place, bool compress, bool pack,
+                          std::vector<std::unique_ptr<OwnedTensor>>& converted) {
+  return
+      [place = std::move(place), compress, pack, store = &converted](int32_t i, LayerWeights& w) {
+        const size_t mark = store->size();
+        if (compress) compress_layer(w, *store);
+        if (pack) pack_layer(w, *store);
+        if (place) place(i, w);
+        if (w.q.data == nullptr) store->resize(mark);  // stored elsewhere: the copy is spent
+      };
+}
+
+// Reports each layer loaded (of n_layers) after placing it.
+LayerSink reporting_sink(LayerSink place, const LoadOptions& options, int32_t n_layers) {
+  return [place = std::move(place), on_layer = &options.on_layer, n_layers, loaded = int32_t{0}](
+             int32_t i, LayerWeights& w) mutable {
+    if (place) place(i, w);
+    (*on_layer)(++loaded, n_layers);
+  };
+}
+
+// The stage's weights and the tokenizer, from a checkpoint or generated for a dummy model.
+void load_weights(LoadedModel& m, const std::string& spec, const ModelConfig& full,
+                  const LoadOptions& options, const LayerSink& sink, const WeightParts& parts,
+                  bool host_resident) {
+  if (is_dummy_model(spec)) {
+    m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts, host_resident);
+    m.tokenizer = Tokenizer::ids_only(m.config);
+  } else {
+    m.weights = load_checkpoint_weights(full, spec, sink, parts,
+                                        CheckpointOptions{options.limits, options.check_weights});
+    m.tokenizer = Tokenizer::load(spec, m.config, options.limits);
+  }
+}
+
+// The layers' converted copies join the weights, the embedding and head are converted as
+// the layers were, and the streamed layers go to the feeder (a device stage, which also
+// takes the embedding and head) or to the host's streamer.
+void finish_loading(LoadedModel& m, const LoadOptions& options, bool pack,
+                    std::vector<std::unique_ptr<OwnedTensor>> converted,
+                    LayerOffloader& offloader) {
+  for (auto& t : converted) m.weights.owned.push_back(std::move(t));
+  if (options.compress_weight) compress_fixed(m.weights);
+  if (pack) pack_fixed(m.weights);
+  auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
+  if (m.feeder != nullptr) {
+    m.feeder->finish(std::move(streamer));
+    upload_fixed_weights(*options.device, m.weights);
+  } else {
+    m.streamer = std::move(streamer);
+  }
+}
+
 LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options) {
   LoadedModel m;
   const bool dummy = is_dummy_model(spec);
@@ -173,80 +274,20 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   m.config.n_layers = parts.n_layers;
   m.layer_begin = parts.layer_begin;
   m.placement = place_weights(shard.shape(), weight_request(options));
-  if (!options.weight_tiers.empty()) {  // decided by the plan: execute it
-    if (options.weight_tiers.size() != static_cast<size_t>(parts.n_layers))
-      fail_input("{}: the plan places {} weight layers but the stage has {}", full.source,
-                 options.weight_tiers.size(), parts.n_layers);
-    WeightPlacement& p = m.placement;
-    p.tiers = options.weight_tiers;
-    p.disk_layers.clear();
-    for (int32_t i = 0; i < parts.n_layers; ++i)
-      if (p.tiers[static_cast<size_t>(i)] == Tier::kDisk) p.disk_layers.push_back(i);
-    p.device_staging_bytes = p.streamed_layers() > 0 ? 2 * p.layer_bytes : 0;
-    p.staging_bytes = p.disk_layers.empty() ? 0 : 2 * (p.layer_bytes + kPageBytes);
-  }
+  if (!options.weight_tiers.empty())
+    follow_planned_tiers(m.placement, options.weight_tiers, parts.n_layers, full.source);
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
-  if (options.hetegen_alpha != 0 && (options.device == nullptr || options.hetegen_cpu == nullptr))
-    fail_input("HeteGen (alpha {}) needs a device to compute on and a CPU backend for its share",
-               options.hetegen_alpha);
-  if (options.device != nullptr) {
-    const LayerSplit split{options.hetegen_alpha,
-                           options.hetegen_alpha != 0 ? options.hetegen_cpu : nullptr,
-                           options.hetegen_slot_alpha, options.hetegen_whole};
-    m.feeder =
-        std::make_unique<LayerFeeder>(*options.device, m.placement.tiers, options.overlap, split);
-  }
-  LayerSink sink;
-  if (m.feeder != nullptr) {
-    sink = [&](int32_t i, LayerWeights& w) {
-      if (m.placement.tiers[static_cast<size_t>(i)] == Tier::kDisk) {
-        offloader(i, w);
-      } else {
-        m.feeder->take(i, w);
-      }
-    };
-  } else if (!m.placement.disk_layers.empty()) {
-    sink = [&](int32_t i, LayerWeights& w) { offloader(i, w); };
-  }
+  m.feeder = device_feeder(options, m.placement.tiers);
+  LayerSink sink = placement_sink(m, offloader);
   // Nothing places a layer elsewhere: it stays in host memory (packing keeps its size).
   const bool host_resident = !sink && !options.compress_weight;
-  // kQ4 and panel storage of resident layers. 4-bit first: a matrix it leaves f32 (rows
-  // that are not whole groups) is still packed for the host's GEMM.
   const bool pack = options.device == nullptr && options.cpu_panels && cpu_panels_enabled();
   std::vector<std::unique_ptr<OwnedTensor>> converted;
-  if (options.compress_weight || pack) {
-    sink = [&, place = sink](int32_t i, LayerWeights& w) {
-      const size_t mark = converted.size();
-      if (options.compress_weight) compress_layer(w, converted);
-      if (pack) pack_layer(w, converted);
-      if (place) place(i, w);
-      if (w.q.data == nullptr) converted.resize(mark);  // stored elsewhere: the copy is spent
-    };
-  }
-  if (options.on_layer) {
-    sink = [&, place = sink, loaded = int32_t{0}](int32_t i, LayerWeights& w) mutable {
-      if (place) place(i, w);
-      options.on_layer(++loaded, parts.n_layers);
-    };
-  }
-  if (dummy) {
-    m.weights = make_dummy_weights(full, options.dummy_seed, sink, parts, host_resident);
-    m.tokenizer = Tokenizer::ids_only(m.config);
-  } else {
-    m.weights = load_checkpoint_weights(full, spec, sink, parts,
-                                        CheckpointOptions{options.limits, options.check_weights});
-    m.tokenizer = Tokenizer::load(spec, m.config, options.limits);
-  }
-  for (auto& t : converted) m.weights.owned.push_back(std::move(t));
-  if (options.compress_weight) compress_fixed(m.weights);
-  if (pack) pack_fixed(m.weights);
-  auto streamer = offloader.finish(m.weights.layers.size(), options.overlap);
-  if (m.feeder != nullptr) {
-    m.feeder->finish(std::move(streamer));
-    upload_fixed_weights(*options.device, m.weights);
-  } else {
-    m.streamer = std::move(streamer);
-  }
+  if (options.compress_weight || pack)
+    sink = converting_sink(std::move(sink), options.compress_weight, pack, converted);
+  if (options.on_layer) sink = reporting_sink(std::move(sink), options, parts.n_layers);
+  load_weights(m, spec, full, options, sink, parts, host_resident);
+  finish_loading(m, options, pack, std::move(converted), offloader);
   return m;
 }
 

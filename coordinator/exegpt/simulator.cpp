@@ -460,6 +460,11 @@ std::span<const RankProfile> group_profiles(const ClusterProfile& profile,
       .subspan(static_cast<size_t>(leaders[si]), static_cast<size_t>(degrees[si]));
 }
 
+// The bytes of one activation row crossing a link (f32 hidden states).
+double activation_row_bytes(const ModelShape& shape) {
+  return static_cast<double>(shape.hidden) * kF32;
+}
+
 std::vector<int32_t> degrees_of(const Allocation& a) {
   return a.tp_degrees.empty() ? std::vector<int32_t>(a.layers.size(), 1) : a.tp_degrees;
 }
@@ -513,7 +518,7 @@ Allocation Simulator::balance(const Phases& ph, const std::vector<int32_t>& degr
   const auto S = static_cast<int32_t>(degrees.size());
   const std::vector<int32_t> room = max_layers(ph.kv_slots, ph.kv_positions, degrees);
   const std::vector<int32_t> leaders = stage_leaders(degrees);
-  const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
+  const double row_bytes = activation_row_bytes(in_.shape);
   std::vector<StageCost> costs;
   bool outside = false;
   for (int32_t s = 0; s < S; ++s) {
@@ -574,284 +579,480 @@ void Simulator::check_memory(Prediction& p, int32_t kv_slots, int64_t kv_positio
   }
 }
 
+// ---- RRA and the baseline: the pipeline timeline -----------------------------------------
+
+namespace {
+
+// A fixed allocation's tensor-parallel groups are the schedule's (partial TP, §4.2).
+void take_tp_groups(ScheduleVars& v, const std::vector<int32_t>& degrees) {
+  v.tp_degree = *std::max_element(degrees.begin(), degrees.end());
+  v.tp_groups = static_cast<int32_t>(
+      std::count_if(degrees.begin(), degrees.end(), [](int32_t d) { return d > 1; }));
+}
+
+// Each pipeline stage runs both phases over its consecutive layers; its rank is its leader's.
+void add_pipeline_stages(Prediction& p, const std::vector<int32_t>& leaders) {
+  int32_t begin = 0;
+  for (size_t s = 0; s < leaders.size(); ++s) {
+    const int32_t n = p.allocation.layers[s];
+    p.stages.push_back({leaders[s] + 1, begin, begin + n, true, true, 0, {}, {}});
+    begin += n;
+  }
+}
+
+}  // namespace
+
+// What each step of a cycle costs in one case -- expected (a step that may not run counts
+// its chance), or in the phases the p99 sequence is in (it runs every iteration up to its
+// last): its time on each stage, its activations' time on the link after each stage, and
+// half the coordinator's turn around it (the command out, the result back).
+struct Simulator::StepCosts {
+  std::vector<std::vector<double>> stage;  // per stage, per step
+  std::vector<double> link;                // per step
+  std::vector<double> half_turn;           // per step
+};
+
+// The cycles a timeline runs: a warm-up, then enough for the p99 sequence to finish after
+// the prefill of cycle `warmup`, which it joins; the steady state is read over cycles
+// warmup .. total - 1.
+struct Simulator::Cycles {
+  int32_t warmup = 0;    // c0
+  int32_t p99_span = 0;  // the cycles after c0 the p99 sequence decodes in
+  int32_t total = 0;
+  int32_t measured() const { return total - 1 - warmup; }
+};
+
+// One run of the timeline.
+struct Simulator::Timeline {
+  std::vector<std::vector<double>> cycle_start;  // per micro-batch, per cycle
+  std::vector<double> results;                   // micro-batch 0's steps from cycle c0 on
+  std::vector<double> busy;                      // per stage over the steady cycles
+};
+
 // The steady state of K micro-batches cycling through the pipeline: each stage serves steps
 // in the order they reach it, a step's activations cross the link to the next stage, and a
 // micro-batch's next step is dispatched once its previous result is back.
 Prediction Simulator::pipeline(const ScheduleVars& v, const Phases& ph,
                                const Allocation* fixed) const {
+  Prediction p = phases_prediction(v, ph);
+  const std::vector<int32_t> degrees =
+      fixed != nullptr ? degrees_of(*fixed) : v.stage_degrees(workers());
+  p.allocation = fixed != nullptr ? *fixed : balance(ph, degrees);
+  if (fixed != nullptr && !fixed->tp_degrees.empty()) take_tp_groups(p.vars, degrees);
+  check_workers(p.allocation, degrees);
+  const std::vector<int32_t> leaders = stage_leaders(degrees);
+  StepCosts expected, with_p99;
+  stage_costs(ph, p.allocation.layers, degrees, leaders, &p.outside_profile, expected, with_p99);
+  add_pipeline_stages(p, leaders);
+  check_memory(p, ph.kv_slots, ph.kv_positions);
+  check_kv_slots(p, ph.kv_slots);
+  if (!p.feasible) {
+    p.p99_latency_s = std::numeric_limits<double>::infinity();
+    return p;
+  }
+  link_costs(ph, expected, with_p99);
+  const Cycles cycles = timeline_cycles(ph);
+  const Timeline expected_run = run_timeline(ph, expected, with_p99, cycles, false);
+  const Timeline p99_run = run_timeline(ph, expected, with_p99, cycles, true);
+  p.throughput_tok_s = steady_throughput(ph, expected_run, cycles);
+  for (size_t s = 0; s < p.stages.size(); ++s)  // one cycle of every micro-batch
+    p.stages[s].busy_seconds_per_cycle = expected_run.busy[s] / cycles.measured();
+  p.p99_latency_s = p99_latency(ph, p99_run, cycles);
+  return p;
+}
+
+// What a prediction takes from the phases before any timing: B_D, the KV it reserves.
+Prediction Simulator::phases_prediction(const ScheduleVars& v, const Phases& ph) const {
   Prediction p;
   p.vars = v;
   p.feasible = true;
   p.decode_batch = ph.decode_batch;
   p.kv_slots = ph.kv_slots;
   p.p99_output = ph.p99_output;
-  const std::vector<int32_t> degrees =
-      fixed != nullptr ? degrees_of(*fixed) : v.stage_degrees(workers());
   p.kv_positions = ph.kv_positions;
   if (ph.kv_positions > 0) {
     p.reservations_exceeded = exceeded_;
     p.kv_packing = in_.packing->str();
   }
-  p.allocation = fixed != nullptr ? *fixed : balance(ph, degrees);
-  if (fixed != nullptr && !fixed->tp_degrees.empty()) {  // the groups are the allocation's
-    p.vars.tp_degree = *std::max_element(degrees.begin(), degrees.end());
-    p.vars.tp_groups = static_cast<int32_t>(
-        std::count_if(degrees.begin(), degrees.end(), [](int32_t d) { return d > 1; }));
-  }
-  const auto S = static_cast<int32_t>(degrees.size());
+  return p;
+}
+
+void Simulator::check_workers(const Allocation& a, const std::vector<int32_t>& degrees) const {
   const int32_t used = std::accumulate(degrees.begin(), degrees.end(), 0);
-  if (static_cast<int32_t>(p.allocation.layers.size()) != S || used != workers())
-    fail_input("an allocation of {} stages over {} workers for {} workers",
-               p.allocation.layers.size(), used, workers());
-  const std::vector<int32_t> leaders = stage_leaders(degrees);
-  const double row_bytes = static_cast<double>(in_.shape.hidden) * kF32;
-  // Each stage's time for each step of the cycle, and each step's link time and the
-  // coordinator's turn around it: expected (a step that may not run counts its chance), and
-  // for the phases the p99 sequence is in (it runs every iteration up to its last).
+  if (a.layers.size() != degrees.size() || used != workers())
+    fail_input("an allocation of {} stages over {} workers for {} workers", a.layers.size(), used,
+               workers());
+}
+
+// Each stage's time for each step of the cycle, expected and with the p99 sequence.
+void Simulator::stage_costs(const Phases& ph, const std::vector<int32_t>& layers,
+                            const std::vector<int32_t>& degrees,
+                            const std::vector<int32_t>& leaders, bool* outside, StepCosts& expected,
+                            StepCosts& with_p99) const {
+  const auto S = static_cast<int32_t>(degrees.size());
   const size_t n_steps = ph.steps.size();
-  const auto S_ = static_cast<size_t>(S);
-  std::vector<std::vector<double>> t(S_, std::vector<double>(n_steps)), t_one = t;
-  std::vector<double> link(n_steps), link_one(n_steps), half(n_steps), half_one(n_steps);
-  int32_t begin = 0;
+  expected.stage.assign(degrees.size(), std::vector<double>(n_steps));
+  with_p99.stage = expected.stage;
   for (int32_t s = 0; s < S; ++s) {
-    const int32_t n = p.allocation.layers[static_cast<size_t>(s)];
     const auto si = static_cast<size_t>(s);
     const StepTimer timer{group_profiles(in_.profile, leaders, degrees, s),
-                          n,
+                          layers[si],
                           s == 0,
                           s == S - 1,
-                          &p.outside_profile,
+                          outside,
                           &in_.profile.link,
-                          row_bytes};
+                          activation_row_bytes(in_.shape)};
     for (size_t k = 0; k < n_steps; ++k) {
       const Phases::Step& st = ph.steps[k];
       const double mean = timer(st.prefill, st.rows, st.length, st.samples);
-      t[static_cast<size_t>(s)][k] = st.chance * mean;
+      expected.stage[si][k] = st.chance * mean;
       // The p99 sequence's prefill phase is a heavier one of the same chunks (more rows would
       // be more chunks, not longer ones): its time scaled by the rows, within the profile.
-      t_one[static_cast<size_t>(s)][k] =
-          st.prefill ? mean * st.rows_with_one / std::max(st.rows, 1e-9)
-                     : timer(false, st.rows_with_one, st.length, st.rows_with_one);
+      with_p99.stage[si][k] = st.prefill
+                                  ? mean * st.rows_with_one / std::max(st.rows, 1e-9)
+                                  : timer(false, st.rows_with_one, st.length, st.rows_with_one);
     }
-    p.stages.push_back({leaders[si] + 1, begin, begin + n, true, true, 0, {}, {}});
-    begin += n;
   }
-  check_memory(p, ph.kv_slots, ph.kv_positions);
-  if (p.feasible && in_.max_kv_slots > 0 && ph.kv_slots > in_.max_kv_slots) {
+}
+
+// The run's --max-batch caps the KV slots a stage allocates.
+void Simulator::check_kv_slots(Prediction& p, int32_t kv_slots) const {
+  if (p.feasible && in_.max_kv_slots > 0 && kv_slots > in_.max_kv_slots) {
     p.feasible = false;
-    p.infeasible_reason = fmt::format("{} KV slots, more than the run's {} (--max-batch)",
-                                      ph.kv_slots, in_.max_kv_slots);
+    p.infeasible_reason = fmt::format("{} KV slots, more than the run's {} (--max-batch)", kv_slots,
+                                      in_.max_kv_slots);
   }
-  if (!p.feasible) {
-    p.p99_latency_s = std::numeric_limits<double>::infinity();
-    return p;
-  }
+}
+
+// Each step's link time and the coordinator's turn around it, expected and with the p99
+// sequence.
+void Simulator::link_costs(const Phases& ph, StepCosts& expected, StepCosts& with_p99) const {
+  const size_t n_steps = ph.steps.size();
+  const double row_bytes = activation_row_bytes(in_.shape);
+  expected.link.assign(n_steps, 0.0);
+  expected.half_turn.assign(n_steps, 0.0);
+  with_p99.link.assign(n_steps, 0.0);
+  with_p99.half_turn.assign(n_steps, 0.0);
   for (size_t k = 0; k < n_steps; ++k) {
     const Phases::Step& st = ph.steps[k];
-    link[k] = st.chance * in_.profile.link.time(st.rows * row_bytes);
-    link_one[k] = in_.profile.link.time(st.rows_with_one * row_bytes);
-    half[k] = st.chance * in_.profile.step_overhead(st.rows) / 2;
-    half_one[k] = in_.profile.step_overhead(st.rows_with_one) / 2;
+    expected.link[k] = st.chance * in_.profile.link.time(st.rows * row_bytes);
+    with_p99.link[k] = in_.profile.link.time(st.rows_with_one * row_bytes);
+    expected.half_turn[k] = st.chance * in_.profile.step_overhead(st.rows) / 2;
+    with_p99.half_turn[k] = in_.profile.step_overhead(st.rows_with_one) / 2;
   }
-  // Cycles: a warm-up, then enough for the p99 sequence to finish after its prefill.
-  const int32_t K = ph.micro_batches;
-  const int32_t c0 = 2 + K;
-  const int32_t span =
+}
+
+Simulator::Cycles Simulator::timeline_cycles(const Phases& ph) {
+  Cycles c;
+  c.warmup = 2 + ph.micro_batches;
+  c.p99_span =
       ph.decode_steps > 0 ? (std::max(ph.latency_decode_steps, 1) - 1) / ph.decode_steps : 0;
-  const int32_t cycles = c0 + span + 2;
-  // The timeline, run twice: with expected step times (throughput, stage busy time), and
-  // with micro-batch 0 holding the p99 sequence from cycle c0 until it ends (its latency).
-  struct Timeline {
-    std::vector<std::vector<double>> cycle_start;  // per micro-batch, per cycle
-    std::vector<double> results;                   // micro-batch 0's steps from cycle c0 on
-    std::vector<double> busy;                      // per stage over the steady cycles
-  };
-  auto run = [&](bool track_one) {
-    Timeline tl;
-    tl.cycle_start.assign(static_cast<size_t>(K),
-                          std::vector<double>(static_cast<size_t>(cycles) + 1, 0));
-    tl.busy.assign(S_, 0.0);
-    std::vector<double> free(S_, 0.0);
-    using Ready = std::pair<double, int32_t>;  // (dispatch time, micro-batch)
-    std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
-    std::vector<int32_t> cycle(static_cast<size_t>(K), 0), step(static_cast<size_t>(K), 0);
-    for (int32_t m = 0; m < K; ++m) ready.push({0.0, m});
-    while (!ready.empty()) {
-      const auto [dispatch, m] = ready.top();
-      ready.pop();
-      const auto mi = static_cast<size_t>(m);
-      const auto k = static_cast<size_t>(step[mi]);
-      if (k == 0) tl.cycle_start[mi][static_cast<size_t>(cycle[mi])] = dispatch;
-      if (cycle[mi] == cycles) continue;
-      // The p99 sequence's own prefill phase is the heavy one; later phases admit others.
-      const bool one = track_one && m == 0 && cycle[mi] >= c0 && cycle[mi] <= c0 + span &&
-                       (cycle[mi] == c0 || !ph.steps[k].prefill);
-      const auto& ts = one ? t_one : t;
-      double at = dispatch + (one ? half_one : half)[k];
-      for (int32_t s = 0; s < S; ++s) {
-        const auto si = static_cast<size_t>(s);
-        const double begin_at = std::max(at, free[si]);
-        free[si] = begin_at + ts[si][k];
-        if (cycle[mi] >= c0 && cycle[mi] < cycles - 1) tl.busy[si] += ts[si][k];
-        at = free[si] + (s + 1 < S ? (one ? link_one : link)[k] : 0.0);
-      }
-      const double result = at + (one ? half_one : half)[k];
-      if (m == 0 && cycle[mi] >= c0) tl.results.push_back(result);
-      if (++step[mi] == static_cast<int32_t>(n_steps)) {
-        step[mi] = 0;
-        ++cycle[mi];
-      }
-      ready.push({result, m});
+  c.total = c.warmup + c.p99_span + 2;
+  return c;
+}
+
+// The timeline of the micro-batches' steps, with expected step times (throughput, stage busy
+// time) or, `track_p99`, with micro-batch 0 holding the p99 sequence from cycle c0 until it
+// ends (its latency).
+Simulator::Timeline Simulator::run_timeline(const Phases& ph, const StepCosts& expected,
+                                            const StepCosts& with_p99, const Cycles& cycles,
+                                            bool track_p99) {
+  const int32_t K = ph.micro_batches;
+  const int32_t c0 = cycles.warmup;
+  Timeline tl;
+  tl.cycle_start.assign(static_cast<size_t>(K),
+                        std::vector<double>(static_cast<size_t>(cycles.total) + 1, 0));
+  tl.busy.assign(expected.stage.size(), 0.0);
+  std::vector<double> free(expected.stage.size(), 0.0);
+  using Ready = std::pair<double, int32_t>;  // (dispatch time, micro-batch)
+  std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+  std::vector<int32_t> cycle(static_cast<size_t>(K), 0), step(static_cast<size_t>(K), 0);
+  for (int32_t m = 0; m < K; ++m) ready.push({0.0, m});
+  while (!ready.empty()) {
+    const auto [dispatch, m] = ready.top();
+    ready.pop();
+    const auto mi = static_cast<size_t>(m);
+    const auto k = static_cast<size_t>(step[mi]);
+    const int32_t c = cycle[mi];
+    if (k == 0) tl.cycle_start[mi][static_cast<size_t>(c)] = dispatch;
+    if (c == cycles.total) continue;
+    // The p99 sequence's own prefill phase is the heavy one; later phases admit others.
+    const bool one = track_p99 && m == 0 && c >= c0 && c <= c0 + cycles.p99_span &&
+                     (c == c0 || !ph.steps[k].prefill);
+    const bool steady = c >= c0 && c < cycles.total - 1;
+    const double result =
+        through_stages(one ? with_p99 : expected, k, dispatch, free, steady ? &tl.busy : nullptr);
+    if (m == 0 && c >= c0) tl.results.push_back(result);
+    if (++step[mi] == static_cast<int32_t>(ph.steps.size())) {
+      step[mi] = 0;
+      ++cycle[mi];
     }
-    return tl;
-  };
-  const Timeline expected = run(false), with_p99 = run(true);
-  // Steady cycle time per micro-batch, over cycles c0 .. cycles - 1.
-  const int32_t measured = cycles - 1 - c0;
+    ready.push({result, m});
+  }
+  return tl;
+}
+
+// Step k dispatched at `dispatch` through the stages in order, each starting it once it has
+// arrived and the stage is free (`free`: when each stage is next free); the time its result
+// is back. `busy`, when given, accumulates each stage's time.
+double Simulator::through_stages(const StepCosts& c, size_t k, double dispatch,
+                                 std::vector<double>& free, std::vector<double>* busy) {
+  const size_t S = c.stage.size();
+  double at = dispatch + c.half_turn[k];
+  for (size_t s = 0; s < S; ++s) {
+    const double begin_at = std::max(at, free[s]);
+    free[s] = begin_at + c.stage[s][k];
+    if (busy != nullptr) (*busy)[s] += c.stage[s][k];
+    at = free[s] + (s + 1 < S ? c.link[k] : 0.0);
+  }
+  return at + c.half_turn[k];
+}
+
+// Generated tokens per second: each micro-batch's tokens per cycle over its steady cycle
+// time.
+double Simulator::steady_throughput(const Phases& ph, const Timeline& expected,
+                                    const Cycles& cycles) {
   double tokens_per_s = 0;
-  for (int32_t m = 0; m < K; ++m) {
+  for (int32_t m = 0; m < ph.micro_batches; ++m) {
     const auto& cs = expected.cycle_start[static_cast<size_t>(m)];
     const double cycle_s =
-        (cs[static_cast<size_t>(cycles - 1)] - cs[static_cast<size_t>(c0)]) / measured;
+        (cs[static_cast<size_t>(cycles.total - 1)] - cs[static_cast<size_t>(cycles.warmup)]) /
+        cycles.measured();
     tokens_per_s += ph.tokens_per_cycle / cycle_s;
   }
-  p.throughput_tok_s = tokens_per_s;
-  for (int32_t s = 0; s < S; ++s)  // one cycle of every micro-batch
-    p.stages[static_cast<size_t>(s)].busy_seconds_per_cycle =
-        expected.busy[static_cast<size_t>(s)] / measured;
-  // The p99 sequence joins at cycle c0's prefill and ends with its last decode iteration
-  // (or the prefill, when it has none).
+  return tokens_per_s;
+}
+
+// The p99 sequence joins at cycle c0's prefill and ends with its last decode iteration (or
+// the prefill, when it has none).
+double Simulator::p99_latency(const Phases& ph, const Timeline& with_p99, const Cycles& cycles) {
   const int32_t D = ph.latency_decode_steps;
   size_t last;
   if (D <= 0) {
     last = static_cast<size_t>(ph.prefill_steps) - 1;
   } else {
     const int32_t c = (D - 1) / ph.decode_steps, u = (D - 1) % ph.decode_steps;
-    last = static_cast<size_t>(c) * n_steps + static_cast<size_t>(ph.prefill_steps + u);
+    last = static_cast<size_t>(c) * ph.steps.size() + static_cast<size_t>(ph.prefill_steps + u);
   }
   STRATA_CHECK(last < with_p99.results.size(), "latency step {} of {} simulated", last,
                with_p99.results.size());
-  p.p99_latency_s = with_p99.results[last] - with_p99.cycle_start[0][static_cast<size_t>(c0)];
-  return p;
+  return with_p99.results[last] - with_p99.cycle_start[0][static_cast<size_t>(cycles.warmup)];
 }
 
-Prediction Simulator::waa(const ScheduleVars& v) const {
-  if (v.encode_batch < 1 || v.micro_batches < 1)
-    fail_input("WAA needs B_E and B_m >= 1 ({})", v.str());
-  const int32_t N = workers();
-  Prediction p;
-  p.vars = v;
-  p.feasible = true;
-  const TaskWorkload& w = in_.workload;
+// ---- WAA: encoder and decoder pipelines ----------------------------------------------------
+
+namespace {
+
+// WAA's batches (§4.1, §6): an encode of B_E sequences, B_D = B_E * S_D decoding (S_D: the
+// decode iterations per sequence), at the decode batch's mean context.
+struct WaaBatches {
+  double encode = 0;       // B_E
+  double decode = 0;       // B_D
+  double context = 0;      // a decode row's mean context
+  double encode_rows = 0;  // B_E's prompt rows
+  int64_t chunks = 1;      // the prefill steps of an encode (--max-step-tokens)
+  double chunk_rows() const { return encode_rows / chunks; }
+};
+
+WaaBatches waa_batches(const SimulatorInputs& in, int32_t encode_batch) {
+  const TaskWorkload& w = in.workload;
   const LengthDistribution d = decode_iterations(w.output);
-  const double b_e = v.encode_batch;
-  const double b_d = b_e * d.mean();  // B_D = B_E * S_D (S_D: decode iterations per sequence)
-  p.decode_batch = b_d;
-  p.kv_slots = std::max(static_cast<int32_t>(std::ceil(b_d - 1e-9)), 1);
-  p.p99_output = w.output.percentile(in_.percentile);
-  const int32_t L = static_cast<int32_t>(in_.shape.n_layers);
-  const double ctx = w.input.mean() + d.mean() / 2;
-  const double rows_e = b_e * w.input.mean();
-  const int64_t chunks =
-      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(rows_e / in_.max_step_tokens)));
-  const RankProfile& r0 = in_.profile.ranks.front();
-  bool& out = p.outside_profile;
-  // The whole model on one worker: an encode of B_E sequences, a decode iteration of B_D.
-  const double enc_layer =
-      chunks * r0.prefill.at(rows_e / chunks, row_weighted_length(w.input), &out);
-  const double enc_fixed = chunks * r0.embed.at(rows_e / chunks, &out) + r0.head.at(b_e, &out);
-  const double dec_layer = r0.decode.at(b_d, ctx, &out);
-  const double dec_fixed = r0.embed.at(b_d, &out) + r0.head.at(b_d, &out);
-  WaaSplit split;
-  if (v.policy == SchedulePolicy::kWaaC) {
-    split = waa_split(N, L * enc_layer + enc_fixed, L * dec_layer + dec_fixed);
-  } else {
-    auto whole = [&](int32_t slots) {
-      StageRequest r;
-      r.device_compute = in_.device_compute;
-      r.max_rows = std::max(in_.max_step_tokens, slots);
-      r.kv_slots = slots;
-      r.kv_capacity = capacity_;
-      r.policy = in_.policy;
-      const TierBytes b = place_stage(in_.shape, r).total();
-      return static_cast<double>(b.gpu + b.cpu);
-    };
-    split = waa_split(N, whole(v.encode_batch), whole(p.kv_slots));
-  }
-  // Fewer decoder micro-batches than decoder stages leave stages idle every iteration, and
-  // in this cost model more only repeat each stage's weight reads (the period B_m * t grows
-  // with B_m): one micro-batch per decoder stage dominates, so B_m is at least that.
-  const int32_t micro = std::max(v.micro_batches, split.decoders);
-  p.vars.micro_batches = micro;
-  // Each side's layers balanced over its stages.
+  WaaBatches b;
+  b.encode = encode_batch;
+  b.decode = b.encode * d.mean();
+  b.context = w.input.mean() + d.mean() / 2;
+  b.encode_rows = b.encode * w.input.mean();
+  b.chunks =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(b.encode_rows / in.max_step_tokens)));
+  return b;
+}
+
+// The whole model on one worker (the first's profile): an encode of B_E sequences and a
+// decode iteration of B_D, per layer and for the embedding and head.
+struct WholeModelTimes {
+  double encode_layer = 0, encode_fixed = 0;
+  double decode_layer = 0, decode_fixed = 0;
+};
+
+WholeModelTimes whole_model_times(const SimulatorInputs& in, const WaaBatches& b, bool* out) {
+  const RankProfile& r0 = in.profile.ranks.front();
+  const double rows = b.chunk_rows();
+  WholeModelTimes t;
+  t.encode_layer = b.chunks * r0.prefill.at(rows, row_weighted_length(in.workload.input), out);
+  t.encode_fixed = b.chunks * r0.embed.at(rows, out) + r0.head.at(b.encode, out);
+  t.decode_layer = r0.decode.at(b.decode, b.context, out);
+  t.decode_fixed = r0.embed.at(b.decode, out) + r0.head.at(b.decode, out);
+  return t;
+}
+
+// The whole model's bytes on one worker holding `slots` KV slots (WAA-M's measure).
+double whole_model_bytes(const SimulatorInputs& in, int32_t kv_capacity, int32_t slots) {
+  StageRequest r;
+  r.device_compute = in.device_compute;
+  r.max_rows = std::max(in.max_step_tokens, slots);
+  r.kv_slots = slots;
+  r.kv_capacity = kv_capacity;
+  r.policy = in.policy;
+  const TierBytes bytes = place_stage(in.shape, r).total();
+  return static_cast<double>(bytes.gpu + bytes.cpu);
+}
+
+// WAA-C splits the workers by the whole model's encode and decode times on one worker,
+// WAA-M by the memory each side holds (an encode batch's KV slots, the decode batch's).
+WaaSplit waa_workers(const SimulatorInputs& in, int32_t kv_capacity, const ScheduleVars& v,
+                     const WholeModelTimes& t, int32_t decode_slots) {
+  const int32_t N = in.profile.workers();
+  const int32_t L = static_cast<int32_t>(in.shape.n_layers);
+  if (v.policy == SchedulePolicy::kWaaC)
+    return waa_split(N, L * t.encode_layer + t.encode_fixed, L * t.decode_layer + t.decode_fixed);
+  return waa_split(N, whole_model_bytes(in, kv_capacity, v.encode_batch),
+                   whole_model_bytes(in, kv_capacity, decode_slots));
+}
+
+// Fewer decoder micro-batches than decoder stages leave stages idle every iteration, and in
+// this cost model more only repeat each stage's weight reads (the period B_m * t grows with
+// B_m): one micro-batch per decoder stage dominates, so B_m is at least that.
+int32_t decoder_micro_batches(int32_t requested, const WaaSplit& split) {
+  return std::max(requested, split.decoders);
+}
+
+// Each side's layers balanced over its stages: the encoders' by an encode of B_E, the
+// decoders' by a decode step of one micro-batch (b_m rows).
+Allocation waa_allocation(const SimulatorInputs& in, const WaaSplit& split,
+                          const WholeModelTimes& t, const WaaBatches& b, double b_m, bool* out) {
+  const int32_t L = static_cast<int32_t>(in.shape.n_layers);
+  const RankProfile& r0 = in.profile.ranks.front();
   auto side = [&](int32_t stages, double per_layer, double embed, double head) {
     std::vector<StageCost> c(static_cast<size_t>(stages), StageCost{per_layer, 0});
     c.front().fixed += embed;
     c.back().fixed += head;
     return balance_layers(L, c);
   };
-  const double b_m = b_d / micro;
-  const double dec_mb = r0.decode.at(b_m, ctx, &out);
+  const double dec_mb = r0.decode.at(b_m, b.context, out);
   const std::vector<int32_t> enc =
-      side(split.encoders, enc_layer, enc_fixed - r0.head.at(b_e, &out), r0.head.at(b_e, &out));
+      side(split.encoders, t.encode_layer, t.encode_fixed - r0.head.at(b.encode, out),
+           r0.head.at(b.encode, out));
   const std::vector<int32_t> dec =
-      side(split.decoders, dec_mb, r0.embed.at(b_m, &out), r0.head.at(b_m, &out));
-  p.allocation.layers = enc;
-  p.allocation.layers.insert(p.allocation.layers.end(), dec.begin(), dec.end());
-  p.allocation.encoder_stages = split.encoders;
-  const double act_e = in_.profile.link.time(rows_e / chunks * in_.shape.hidden * kF32);
+      side(split.decoders, dec_mb, r0.embed.at(b_m, out), r0.head.at(b_m, out));
+  Allocation a;
+  a.layers = enc;
+  a.layers.insert(a.layers.end(), dec.begin(), dec.end());
+  a.encoder_stages = split.encoders;
+  return a;
+}
+
+// The encoder side's pace: one encode's latency through it, and the period it sets.
+struct EncodeSide {
+  double latency = 0, period = 0;
+};
+
+// Encoder stages: an encode of B_E sequences, then the KV of their layers to the decoders.
+// Adds each encoder stage to `stages`.
+EncodeSide encode_side(const SimulatorInputs& in, const WaaBatches& b, const Allocation& a,
+                       bool* out, std::vector<StageEstimate>& stages) {
+  const int32_t encoders = a.encoder_stages;
+  const double act_e = in.profile.link.time(b.chunk_rows() * in.shape.hidden * kF32);
   const double kv_per_layer =
-      b_e * w.input.mean() * 2 * static_cast<double>(in_.shape.kv_width()) * kF32;
-  // Encoder stages: an encode of B_E sequences, then the KV of their layers to the decoders.
-  double enc_latency = 0, enc_period = 0;
-  for (int32_t s = 0; s < split.encoders; ++s) {
-    const RankProfile& r = in_.profile.ranks[static_cast<size_t>(s)];
-    const int32_t n = enc[static_cast<size_t>(s)];
-    double ts = chunks * n * r.prefill.at(rows_e / chunks, row_weighted_length(w.input), &out);
-    if (s == 0) ts += chunks * r.embed.at(rows_e / chunks, &out);
-    if (s == split.encoders - 1) ts += r.head.at(b_e, &out);
-    ts += in_.profile.link.time(kv_per_layer * n);
-    enc_period = std::max(enc_period, ts);
-    enc_latency += ts + (s + 1 < split.encoders ? chunks * act_e : 0.0);
-    p.stages.push_back({s + 1, 0, 0, true, false, ts, {}, {}});
+      b.encode * in.workload.input.mean() * 2 * static_cast<double>(in.shape.kv_width()) * kF32;
+  EncodeSide e;
+  for (int32_t s = 0; s < encoders; ++s) {
+    const RankProfile& r = in.profile.ranks[static_cast<size_t>(s)];
+    const int32_t n = a.layers[static_cast<size_t>(s)];
+    double ts =
+        b.chunks * n * r.prefill.at(b.chunk_rows(), row_weighted_length(in.workload.input), out);
+    if (s == 0) ts += b.chunks * r.embed.at(b.chunk_rows(), out);
+    if (s == encoders - 1) ts += r.head.at(b.encode, out);
+    ts += in.profile.link.time(kv_per_layer * n);
+    e.period = std::max(e.period, ts);
+    e.latency += ts + (s + 1 < encoders ? b.chunks * act_e : 0.0);
+    stages.push_back({s + 1, 0, 0, true, false, ts, {}, {}});
   }
   // The coordinator turns every encode step (the command out, the first tokens back) as it
   // turns a decode step. With one encoder batch in flight per encoder stage, an encode comes
   // out every slowest stage or every trip shared by the batches, whichever is longer.
-  enc_latency += chunks * in_.profile.step_overhead(rows_e / chunks);
-  enc_period = std::max(enc_period, enc_latency / split.encoders);
-  // Decoder stages: B_m micro-batches of B_D / B_m; a micro-batch gets a token per trip
-  // through all of them, and the stages are shared by the micro-batches.
+  e.latency += b.chunks * in.profile.step_overhead(b.chunk_rows());
+  e.period = std::max(e.period, e.latency / encoders);
+  return e;
+}
+
+// The decoder side's pace: a micro-batch's trip through all decoder stages, and the slowest
+// stage's step.
+struct DecodeSide {
   double trip = 0, widest = 0;
-  for (int32_t s = 0; s < split.decoders; ++s) {
-    const RankProfile& r = in_.profile.ranks[static_cast<size_t>(split.encoders + s)];
-    const int32_t n = dec[static_cast<size_t>(s)];
-    double ts = n * r.decode.at(b_m, ctx, &out);
-    if (s == 0) ts += r.embed.at(b_m, &out);
-    if (s == split.decoders - 1) ts += r.head.at(b_m, &out);
-    widest = std::max(widest, ts);
-    trip +=
-        ts + (s + 1 < split.decoders ? in_.profile.link.time(b_m * in_.shape.hidden * kF32) : 0.0);
-    p.stages.push_back({split.encoders + s + 1, 0, 0, false, true, ts * micro, {}, {}});
+};
+
+// Decoder stages: B_m micro-batches of B_D / B_m (b_m rows); a micro-batch gets a token per
+// trip through all of them, and the stages are shared by the micro-batches. Adds each
+// decoder stage to `stages`.
+DecodeSide decode_side(const SimulatorInputs& in, const WaaBatches& b, const Allocation& a,
+                       int32_t micro, double b_m, bool* out, std::vector<StageEstimate>& stages) {
+  const int32_t encoders = a.encoder_stages;
+  const auto decoders = static_cast<int32_t>(a.layers.size()) - encoders;
+  DecodeSide d;
+  for (int32_t s = 0; s < decoders; ++s) {
+    const RankProfile& r = in.profile.ranks[static_cast<size_t>(encoders + s)];
+    const int32_t n = a.layers[static_cast<size_t>(encoders + s)];
+    double ts = n * r.decode.at(b_m, b.context, out);
+    if (s == 0) ts += r.embed.at(b_m, out);
+    if (s == decoders - 1) ts += r.head.at(b_m, out);
+    d.widest = std::max(d.widest, ts);
+    d.trip += ts + (s + 1 < decoders ? in.profile.link.time(b_m * in.shape.hidden * kF32) : 0.0);
+    stages.push_back({encoders + s + 1, 0, 0, false, true, ts * micro, {}, {}});
   }
-  trip += in_.profile.step_overhead(b_m);
-  const double period = std::max({trip, micro * widest, enc_period});
-  p.throughput_tok_s = b_e * w.output.mean() / period;
-  // The p99 sequence's encode at the quantile of its batch's prompt rows (its time scaled by
-  // the rows: the encode's layers are linear in them to within the chunking).
-  enc_latency *= phase_rows_at(w.input, b_e, in_.percentile) / rows_e;
+  d.trip += in.profile.step_overhead(b_m);
+  return d;
+}
+
+// The p99 sequence: its encode at the quantile of its batch's prompt rows (its time scaled
+// by the rows: the encode's layers are linear in them to within the chunking), the
+// hand-over, then a token every period.
+double waa_p99_latency(const SimulatorInputs& in, const WaaBatches& b, const EncodeSide& e,
+                       const DecodeSide& d, double period, int32_t p99_output) {
+  const double encode =
+      e.latency * (phase_rows_at(in.workload.input, b.encode, in.percentile) / b.encode_rows);
   // The hand-over (docs/CLUSTER.md): two control messages through the coordinator, and the
   // decode stage's next pause between steps (half its step on average) before it stores the
   // KV; the bytes themselves are in the encoder stages' times above.
-  const double handover = 2 * in_.profile.step_overhead(0) + widest / 2;
-  p.p99_latency_s = enc_latency + handover + period / 2 + std::max(p.p99_output - 1, 0) * period;
+  const double handover = 2 * in.profile.step_overhead(0) + d.widest / 2;
+  return encode + handover + period / 2 + std::max(p99_output - 1, 0) * period;
+}
+
+// Each side's stages hold consecutive layers from layer 0: encoders, then decoders.
+void set_waa_layer_ranges(Prediction& p) {
   int32_t begin = 0;
   for (size_t s = 0; s < p.stages.size(); ++s) {
-    if (static_cast<int32_t>(s) == split.encoders) begin = 0;
+    if (static_cast<int32_t>(s) == p.allocation.encoder_stages) begin = 0;
     p.stages[s].layer_begin = begin;
     p.stages[s].layer_end = begin + p.allocation.layers[s];
     begin += p.allocation.layers[s];
   }
+}
+
+}  // namespace
+
+Prediction Simulator::waa(const ScheduleVars& v) const {
+  if (v.encode_batch < 1 || v.micro_batches < 1)
+    fail_input("WAA needs B_E and B_m >= 1 ({})", v.str());
+  const WaaBatches b = waa_batches(in_, v.encode_batch);
+  Prediction p;
+  p.vars = v;
+  p.feasible = true;
+  p.decode_batch = b.decode;
+  p.kv_slots = std::max(static_cast<int32_t>(std::ceil(b.decode - 1e-9)), 1);
+  p.p99_output = in_.workload.output.percentile(in_.percentile);
+  bool* out = &p.outside_profile;
+  const WholeModelTimes t = whole_model_times(in_, b, out);
+  const WaaSplit split = waa_workers(in_, capacity_, v, t, p.kv_slots);
+  const int32_t micro = decoder_micro_batches(v.micro_batches, split);
+  p.vars.micro_batches = micro;
+  const double b_m = b.decode / micro;
+  p.allocation = waa_allocation(in_, split, t, b, b_m, out);
+  const EncodeSide e = encode_side(in_, b, p.allocation, out, p.stages);
+  const DecodeSide d = decode_side(in_, b, p.allocation, micro, b_m, out, p.stages);
+  const double period = std::max({d.trip, micro * d.widest, e.period});
+  p.throughput_tok_s = b.encode * in_.workload.output.mean() / period;
+  p.p99_latency_s = waa_p99_latency(in_, b, e, d, period, p.p99_output);
+  set_waa_layer_ranges(p);
   check_memory(p, p.kv_slots);
   // The decode side holds ceil(B_D) slots, each a row of its decode step: no more than the
   // run has (--max-batch), as for RRA.
@@ -860,7 +1061,7 @@ Prediction Simulator::waa(const ScheduleVars& v) const {
     p.infeasible_reason = fmt::format(
         "{} decode KV slots (B_D {:.1f}), more than the run's {} "
         "(--max-batch)",
-        p.kv_slots, b_d, in_.max_kv_slots);
+        p.kv_slots, b.decode, in_.max_kv_slots);
   }
   if (!p.feasible) p.p99_latency_s = std::numeric_limits<double>::infinity();
   return p;

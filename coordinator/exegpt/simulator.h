@@ -173,7 +173,26 @@ class Simulator {
   double packed_positions(const LengthDistribution& d, int32_t decode_iters, double n0,
                           double prefill_only) const;
   Phases baseline_phases(const ScheduleVars& v) const;
+  // RRA and the baseline: the micro-batches' phases on one pipeline's timeline.
+  struct StepCosts;  // each step's time on each stage and link, and the coordinator's turn
+  struct Cycles;     // the cycles a timeline runs, its warm-up and its steady state
+  struct Timeline;   // one run of it
   Prediction pipeline(const ScheduleVars& v, const Phases& ph, const Allocation* fixed) const;
+  Prediction phases_prediction(const ScheduleVars& v, const Phases& ph) const;
+  void check_workers(const Allocation& a, const std::vector<int32_t>& degrees) const;
+  void stage_costs(const Phases& ph, const std::vector<int32_t>& layers,
+                   const std::vector<int32_t>& degrees, const std::vector<int32_t>& leaders,
+                   bool* outside, StepCosts& expected, StepCosts& with_p99) const;
+  void link_costs(const Phases& ph, StepCosts& expected, StepCosts& with_p99) const;
+  void check_kv_slots(Prediction& p, int32_t kv_slots) const;
+  static Cycles timeline_cycles(const Phases& ph);
+  static Timeline run_timeline(const Phases& ph, const StepCosts& expected,
+                               const StepCosts& with_p99, const Cycles& cycles, bool track_p99);
+  static double through_stages(const StepCosts& c, size_t k, double dispatch,
+                               std::vector<double>& free, std::vector<double>* busy);
+  static double steady_throughput(const Phases& ph, const Timeline& expected, const Cycles& cycles);
+  static double p99_latency(const Phases& ph, const Timeline& with_p99, const Cycles& cycles);
+  // WAA: an encoder pipeline and a decoder pipeline.
   Prediction waa(const ScheduleVars& v) const;
   Allocation balance(const Phases& ph, const std::vector<int32_t>& degrees) const;
   std::vector<int32_t> max_layers(int32_t kv_slots, int64_t kv_positions,

@@ -111,20 +111,26 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
   return make_plan(config, o, layers);
 }
 
-ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
-                      const std::vector<int32_t>& layers) {
-  const int32_t n = config.n_layers;
-  const auto s = static_cast<int32_t>(layers.size());
-  if (s != o.stages())
+namespace {
+
+// The allocation names a layer count for each pipeline stage, and the tensor-parallel
+// degrees cover the worker ranks.
+void check_allocation(const PlanOptions& o, const std::vector<int32_t>& layers) {
+  if (static_cast<int32_t>(layers.size()) != o.stages())
     fail_input("an allocation of {} stages for {} pipeline stages", layers.size(), o.stages());
   if (!o.tp_degrees.empty() &&
       std::accumulate(o.tp_degrees.begin(), o.tp_degrees.end(), 0) != o.workers)
     fail_input("tensor-parallel degrees [{}] for {} worker ranks", fmt::join(o.tp_degrees, ", "),
                o.workers);
+}
+
+// What the stages share: the model, the batch and KV sizes, the micro-batches and WAA's
+// encoder side.
+ClusterPlan shared_plan(const ModelConfig& config, const PlanOptions& o) {
   ClusterPlan plan;
   plan.plan_id = 1;
   plan.model_spec = o.model_spec;
-  plan.num_layers = n;
+  plan.num_layers = config.n_layers;
   plan.hidden_size = config.hidden;
   plan.max_batch_rows = o.max_batch_rows;
   plan.micro_batches = o.micro_batches;
@@ -132,6 +138,15 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
   plan.kv_capacity = o.kv_capacity;
   plan.encoder_stages = o.encoder_stages;
   plan.encoder_kv_slots = o.encoder_stages > 0 ? o.encoder_kv_slots : 0;
+  return plan;
+}
+
+// The stages in rank order, each over the next `layers[i]` layers; a tensor-parallel stage
+// takes its degree's consecutive ranks, its leader's first. The first stage of a pipeline
+// embeds, its last holds the head.
+std::vector<StagePlan> lay_out_stages(const PlanOptions& o, const std::vector<int32_t>& layers) {
+  const auto s = static_cast<int32_t>(layers.size());
+  std::vector<StagePlan> stages;
   int32_t begin = 0;
   int32_t rank = 1;
   for (int32_t i = 0; i < s; ++i) {
@@ -150,25 +165,66 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     st.has_head = last;
     st.use_gpu = o.placement.device_compute;
     begin = st.layer_end;
-    plan.stages.push_back(st);
+    stages.push_back(st);
   }
+  return stages;
+}
+
+// A stage as placement/ places it, and with the worker's link buffers added, to be checked
+// against the stage's budgets with the links included.
+struct PlacedStage {
+  StagePlacement placed;
+  StagePlacement with_links;
+  TierBudgets whole;
+};
+
+PlacedStage place_with_links(const ModelConfig& config, const ClusterPlan& plan,
+                             const StagePlan& st, const PlanOptions& o) {
+  // A tensor-parallel stage is placed as its leader's shard (the other members hold the
+  // same without the head).
+  const ModelShape shape = tensor_parallel_shard(config, st.tp_degree()).shape();
+  const StageRequest r = stage_request(st, plan, o.placement, o.stage_mem);
+  const StagePlacement p = place_stage(shape, r);
+  const TierBytes links = link_buffer_bytes(st, plan);
+  TierBudgets whole = r.budgets;  // shortfalls against the stage's budgets, links included
+  for (Tier t : kTiers) {
+    int64_t& b = t == Tier::kGpu ? whole.gpu : t == Tier::kCpu ? whole.cpu : whole.disk;
+    if (b >= 0) b += links[t];
+  }
+  StagePlacement with_links = p;
+  with_links.host_workspace_bytes += links.cpu;
+  with_links.activation_bytes += links.gpu;
+  return {p, with_links, whole};
+}
+
+// The policy's switches the stage's worker applies.
+void set_policy(StagePlan& st, const std::optional<Policy>& placement_policy) {
+  const Policy policy = placement_policy.value_or(Policy{});
+  st.compress_weight = policy.compress_weight;
+  st.compress_cache = policy.compress_cache;
+  st.cache_f16 = policy.cache_f16;
+  st.cpu_attention = policy.cpu_cache_compute;
+}
+
+// What the stage holds in each tier as placed, link buffers included.
+void set_placed_bytes(StagePlan& st, const TierBytes& total) {
+  st.placed_gpu_bytes = static_cast<uint64_t>(total.gpu);
+  st.placed_cpu_bytes = static_cast<uint64_t>(total.cpu);
+  st.placed_disk_bytes = static_cast<uint64_t>(total.disk);
+}
+
+}  // namespace
+
+ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
+                      const std::vector<int32_t>& layers) {
+  check_allocation(o, layers);
+  ClusterPlan plan = shared_plan(config, o);
+  plan.stages = lay_out_stages(o, layers);
   plan.validate();
   std::string refused;
   for (StagePlan& st : plan.stages) {
-    // A tensor-parallel stage is placed as its leader's shard (the other members hold the
-    // same without the head).
-    const ModelShape shape = tensor_parallel_shard(config, st.tp_degree()).shape();
-    const StageRequest r = stage_request(st, plan, o.placement, o.stage_mem);
-    const StagePlacement p = place_stage(shape, r);
-    const TierBytes links = link_buffer_bytes(st, plan);
-    TierBudgets whole = r.budgets;  // shortfalls against the stage's budgets, links included
-    for (Tier t : kTiers) {
-      int64_t& b = t == Tier::kGpu ? whole.gpu : t == Tier::kCpu ? whole.cpu : whole.disk;
-      if (b >= 0) b += links[t];
-    }
-    StagePlacement with_links = p;
-    with_links.host_workspace_bytes += links.cpu;
-    with_links.activation_bytes += links.gpu;
+    const PlacedStage placed = place_with_links(config, plan, st, o);
+    const auto& [p, with_links, whole] = placed;
     for (const std::string& line : shortfalls(with_links, whole))
       refused += fmt::format("{}stage {} (layers [{}, {})): {}", refused.empty() ? "" : "; ",
                              st.rank, st.layer_begin, st.layer_end, line);
@@ -182,16 +238,9 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     st.disk_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.disk, 0));
     st.weight_tiers = to_wire(p.weights.tiers);
     st.cache_tiers = to_wire(p.cache.tiers);
-    const Policy policy = o.placement.policy.value_or(Policy{});
-    st.compress_weight = policy.compress_weight;
-    st.compress_cache = policy.compress_cache;
-    st.cache_f16 = policy.cache_f16;
-    st.cpu_attention = policy.cpu_cache_compute;
+    set_policy(st, o.placement.policy);
     st.gpu_batch_size = p.gpu_batch_size;
-    const TierBytes total = with_links.total();
-    st.placed_gpu_bytes = static_cast<uint64_t>(total.gpu);
-    st.placed_cpu_bytes = static_cast<uint64_t>(total.cpu);
-    st.placed_disk_bytes = static_cast<uint64_t>(total.disk);
+    set_placed_bytes(st, with_links.total());
   }
   if (!refused.empty())
     fail_input(
