@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/intake/intake.h"
-#include "coordinator/s3/kv_packing.h"
-#include "coordinator/run/metrics.h"
-#include "coordinator/plan/cluster_plan.h"
 #include "coordinator/exegpt/replanning.h"
-#include "coordinator/plan/stages.h"
 #include "coordinator/exegpt/waa_scheduler.h"
+#include "coordinator/intake/intake.h"
+#include "coordinator/plan/cluster_plan.h"
+#include "coordinator/plan/stages.h"
+#include "coordinator/run/metrics.h"
+#include "coordinator/s3/kv_packing.h"
 #include "transport/messages.h"
 #include "worker/config.h"
 #include "worker/tokenizer.h"
@@ -152,9 +152,6 @@ struct ClusterStats {
   std::string json(bool timeline = false) const;
   std::string table() const;  // the human summary printed at the end
 };
-
-// The model's config as the workers will load it (a folder or dummy:NAME).
-ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype);
 
 // Runs the whole job over `stages`. On any failure the stages are aborted, every request
 // taken from `source` and not finished is handed to `sink.unfinished`, and the error
