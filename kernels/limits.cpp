@@ -8,7 +8,9 @@
 #include <chrono>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/dtype.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 
@@ -155,6 +157,56 @@ MachineLimits measure_machine_limits(int threads, int gemm_n, size_t triad_mib) 
   m.gemm_n = gemm_n;
   m.gemm_gflops = measure_gemm_gflops(gemm_n);
   return m;
+}
+
+namespace {
+
+// Best of three timed copies of `bytes` (after one warm-up), in GB/s.
+double copy_gbs(Backend& b, void* dst, const void* src, size_t bytes, CopyKind kind) {
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    b.synchronize();
+    const double t0 = now_s();
+    b.copy(dst, src, bytes, kind);
+    b.synchronize();
+    if (i > 0) best = std::max(best, static_cast<double>(bytes) / (now_s() - t0) / 1e9);
+  }
+  return best;
+}
+
+// The backend's linear over f16 weights [n, n] with m rows, best of five (after one
+// warm-up), in TFLOP/s. The weights go into `weights` (device memory of n * n * 2 bytes or
+// more): their values do not matter for timing, zeros excepted.
+double linear_f16_tflops(Backend& b, void* weights, int64_t n, int64_t m) {
+  std::vector<uint16_t> values(static_cast<size_t>(n * n), f32_to_f16(0.001f));
+  b.copy(weights, values.data(), values.size() * 2, CopyKind::kHostToDevice);
+  const Tensor w{weights, DType::kF16, {n, n}, b.device()};
+  std::vector<float> xs(static_cast<size_t>(m * n), 0.5f);
+  DeviceBuffer x(b, xs.size() * 4), y(b, static_cast<size_t>(m * n) * 4);
+  b.copy(x.data(), xs.data(), xs.size() * 4, CopyKind::kHostToDevice);
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    b.synchronize();
+    const double t0 = now_s();
+    b.linear(x.f32(), m, w, nullptr, y.f32());
+    b.synchronize();
+    if (i > 0) best = std::max(best, 2.0 * m * n * n / (now_s() - t0) / 1e12);
+  }
+  return best;
+}
+
+}  // namespace
+
+DeviceLimits measure_device_limits(Backend& b) {
+  const size_t bytes = size_t{512} << 20;
+  DeviceBuffer host = DeviceBuffer::host(b, bytes);
+  DeviceBuffer d1(b, bytes), d2(b, bytes);
+  DeviceLimits l;
+  l.host_to_device_gbs = copy_gbs(b, d1.data(), host.data(), bytes, CopyKind::kHostToDevice);
+  l.device_memory_gbs = 2 * copy_gbs(b, d2.data(), d1.data(), bytes, CopyKind::kDeviceToDevice);
+  // A GEMM's shape: f16 weights [8192, 8192] (in d1, reused), 1024 rows.
+  l.linear_f16_tflops = linear_f16_tflops(b, d1.data(), 8192, 1024);
+  return l;
 }
 
 }  // namespace strata

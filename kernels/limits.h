@@ -82,4 +82,19 @@ class StepPairing {
 // Runs both measurements with `threads` threads (OpenMP + OpenBLAS). Takes about a second.
 MachineLimits measure_machine_limits(int threads, int gemm_n = 2048, size_t triad_mib = 256);
 
+class Backend;
+
+// An accelerator's side of the bounds, measured through its backend: host -> device over
+// page-locked memory (what the layer feeder's transfers use), device memory bandwidth (read
+// plus write of a device copy) and the peak of the backend's own linear over f16 weights.
+struct DeviceLimits {
+  double host_to_device_gbs = 0;
+  double device_memory_gbs = 0;
+  double linear_f16_tflops = 0;
+};
+
+// Allocates 512 MiB twice on the device, once page-locked on the host, and the linear's
+// operands; takes a few seconds.
+DeviceLimits measure_device_limits(Backend& backend);
+
 }  // namespace strata

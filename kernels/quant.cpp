@@ -352,6 +352,11 @@ size_t quantized_bytes(const QuantLayout& l) {
   return static_cast<size_t>(l.numel() / 2) + 2 * sizeof(float) * static_cast<size_t>(l.n_groups());
 }
 
+double quantized_bytes_per_element(int64_t group_size) {
+  const QuantLayout one_group{1, group_size, group_size, QuantAxis::kAlongRow};
+  return static_cast<double>(quantized_bytes(one_group)) / static_cast<double>(group_size);
+}
+
 QuantizedTensor allocate_quantized(const QuantLayout& l) {
   check_quant_layout(l);
   QuantizedTensor t;

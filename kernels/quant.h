@@ -72,6 +72,9 @@ void dequantize_group(const uint8_t* codes, int64_t n, float min, float scale, f
 
 // Bytes a tensor of this layout occupies: numel / 2 codes + 8 per group. For the planner.
 size_t quantized_bytes(const QuantLayout& layout);
+// The bytes of one element on average, codes and its share of its group's min and scale
+// (0.625 for groups of 64): a matrix of whole groups takes numel times this.
+double quantized_bytes_per_element(int64_t group_size = kQuantGroupSize);
 
 // A non-owning view of quantised storage (e.g. a kQ4 tensor inside a packed layer).
 struct QuantView {

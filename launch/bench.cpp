@@ -4,7 +4,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -40,8 +39,8 @@ struct BenchOptions {
 };
 
 // --policy auto: FlexGen's LP search (placement/policy_search.h) over this model, workload
-// and the --gpu-mem / --cpu-mem budgets, with the hardware figures of --hardware (what
-// `strata profile` measured) or, without one, the T4 machine's. Activations stay on the
+// and the --gpu-mem / --cpu-mem budgets, with the hardware figures of --hardware (a
+// HardwareSpec file) or, without one, the T4 machine's. Activations stay on the
 // compute tier (the engine keeps them there). FlexGen's cost model is a GPU node's: on an
 // engine computing on the CPU its GPU and CPU tiers would both be host memory, and its
 // choice could need twice --cpu-mem, so there it is refused.
@@ -53,10 +52,8 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
         "fill it, the rest stream from --disk-dir) or a policy; --device host runs the search's "
         "choice with the CPU standing in for the GPU",
         o.engine.device);
-  const ModelConfig c = is_dummy_model(o.engine.model)
-                            ? dummy_model_config(o.engine.model.substr(6),
-                                                 parse_dtype(o.engine.dtype).value_or(DType::kF32))
-                            : load_model_config(o.engine.model);
+  const ModelConfig c =
+      load_spec_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
   HardwareSpec hw =
       o.hardware.empty() ? HardwareSpec::flexgen_t4() : HardwareSpec::load(o.hardware);
   if (!o.engine.gpu_mem.empty())
@@ -98,18 +95,6 @@ std::vector<GenerationRequest> synthetic_requests(const ModelConfig& c, const Be
   return reqs;
 }
 
-// FLOPs one sequence executed: every prompt row goes through the layers, but only the last
-// prompt row and each decode row go through the LM head. `generated` is what it really
-// produced, which is what the FLOP/s are computed from.
-double executed_flops(const ModelShape& s, int64_t prompt_len, int64_t generated) {
-  if (generated <= 0) return 0;
-  double flops = s.head_flops();
-  for (int64_t p = 1; p <= prompt_len; ++p) flops += s.layer_flops_per_token(p);
-  for (int64_t g = 1; g < generated; ++g)
-    flops += s.layer_flops_per_token(prompt_len + g) + s.head_flops();
-  return flops;
-}
-
 // A bench reports only what it ran: a workload the model's context cannot hold is refused,
 // not cut short and reported as asked. The last generated token is never fed back, so a
 // sequence needs prompt_len + gen_len - 1 positions.
@@ -146,51 +131,6 @@ MachineLimits measure_limits_in_child(int threads) {
   m.gemm_gflops = j["gemm_gflops"];
   m.gemm_n = j["gemm_n"];
   return m;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Best of three timed copies of `bytes` (after one warm-up), in GB/s.
-double copy_gbs(Backend& b, void* dst, const void* src, size_t bytes, CopyKind kind) {
-  double best = 0;
-  for (int i = 0; i < 4; ++i) {
-    b.synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    b.copy(dst, src, bytes, kind);
-    b.synchronize();
-    if (i > 0) best = std::max(best, static_cast<double>(bytes) / seconds_since(t0) / 1e9);
-  }
-  return best;
-}
-
-// The accelerator's side of the bounds: host->device over page-locked memory (what the
-// feeder's transfers use) and device memory bandwidth (read + write of a device copy).
-nlohmann::json device_limits(Backend& b) {
-  const size_t bytes = size_t{512} << 20;
-  DeviceBuffer host = DeviceBuffer::host(b, bytes);
-  DeviceBuffer d1(b, bytes), d2(b, bytes);
-  const double h2d = copy_gbs(b, d1.data(), host.data(), bytes, CopyKind::kHostToDevice);
-  const double d2d = 2 * copy_gbs(b, d2.data(), d1.data(), bytes, CopyKind::kDeviceToDevice);
-  // GEMM peak through the backend's own linear: f16 weights [8192, 8192], 1024 rows (the
-  // memory above is reused; its contents do not matter for timing, zeros excepted).
-  const int64_t n = 8192, m = 1024;
-  std::vector<uint16_t> ones(static_cast<size_t>(n * n), f32_to_f16(0.001f));
-  b.copy(d1.data(), ones.data(), ones.size() * 2, CopyKind::kHostToDevice);
-  const Tensor w{d1.data(), DType::kF16, {n, n}, b.device()};
-  std::vector<float> xs(static_cast<size_t>(m * n), 0.5f);
-  DeviceBuffer x(b, xs.size() * 4), y(b, static_cast<size_t>(m * n) * 4);
-  b.copy(x.data(), xs.data(), xs.size() * 4, CopyKind::kHostToDevice);
-  double best = 0;
-  for (int i = 0; i < 6; ++i) {
-    b.synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    b.linear(x.f32(), m, w, nullptr, y.f32());
-    b.synchronize();
-    if (i > 0) best = std::max(best, 2.0 * m * n * n / seconds_since(t0) / 1e12);
-  }
-  return {{"host_to_device_gbs", h2d}, {"device_memory_gbs", d2d}, {"linear_f16_tflops", best}};
 }
 
 // Bytes per tier and what streaming them costs at the measured rates (FlexGen's I/O terms).
@@ -306,7 +246,8 @@ long peak_rss_bytes() {
   return ru.ru_maxrss * 1024L;
 }
 
-int run_bench(BenchOptions o) {
+// The flags that shape --policy auto's search belong to it alone.
+void check_bench_options(const BenchOptions& o) {
   if (o.batch <= 0 || o.prompt_len <= 0 || o.gen_len <= 0)
     fail_input("--batch, --prompt-len and --gen-len must be positive");
   const bool search_flags =
@@ -315,40 +256,50 @@ int run_bench(BenchOptions o) {
     fail_input(
         "--compress-weight, --compress-cache, --cache-f16 and --no-cpu-attention shape the search "
         "of --policy auto; a given policy says them itself (cw=1, cc=1, cf16=1, cpu_attn=0)");
-  nlohmann::json searched;
-  if (o.engine.policy_auto)
-    searched = choose_policy(o, o.engine.device == "host" ||
-                                    (o.engine.device != "cpu" && probe_accelerators().available()));
-  o.engine.max_batch = o.batch;
-  Engine e = make_engine(o.engine);
-  check_workload(o, e.config);
-  const ModelShape shape = e.config.shape();
+}
+
+// Touches weights and scratch once per --warmup with a short run.
+void warm_up(const Engine& e, const BenchOptions& o) {
   LocalCluster gen(*e.model, e.local);
-  for (int w = 0; w < o.warmup; ++w) {  // touch weights and scratch once
+  for (int w = 0; w < o.warmup; ++w) {
     BenchOptions small = o;
     small.batch = 1;
     small.prompt_len = std::min(o.prompt_len, 8);
     small.gen_len = 2;
     gen.run(synthetic_requests(e.config, small));
   }
-  const bool on_device = e.model->feeder() != nullptr;
-  MachineLimits before;
-  if (o.measure_limits && !on_device) before = measure_limits_in_child(e.cpu->threads());
+}
+
+// The measured run: what it produced, its statistics, and the FLOPs it executed.
+struct MeasuredRun {
   GenerationStats stats;
-  LocalOptions measured_options = e.local;
+  double flops = 0;
+  double decode_step_s = 0;  // the mean decode step
+};
+
+MeasuredRun measured_run(const Engine& e, const BenchOptions& o) {
+  MeasuredRun run;
+  LocalOptions options = e.local;
   const auto total = static_cast<size_t>(o.batch) * static_cast<size_t>(o.gen_len);
   auto progress = std::make_shared<Progress>("generating tokens", total);
-  measured_options.on_tokens = [progress](int64_t tokens) {
-    progress->update(static_cast<size_t>(tokens));
-  };
-  LocalCluster measured(*e.model, measured_options);
+  options.on_tokens = [progress](int64_t tokens) { progress->update(static_cast<size_t>(tokens)); };
+  LocalCluster measured(*e.model, options);
   const std::vector<GenerationResult> results =
-      measured.run(synthetic_requests(e.config, o), &stats);
+      measured.run(synthetic_requests(e.config, o), &run.stats);
   progress->finish(total);
-  double flops = 0;
+  const ModelShape shape = e.config.shape();
   for (const GenerationResult& r : results)
-    flops += executed_flops(shape, o.prompt_len, static_cast<int64_t>(r.output_ids.size()));
+    run.flops += shape.sequence_flops(o.prompt_len, static_cast<int64_t>(r.output_ids.size()));
+  const GenerationStats& st = run.stats;
+  run.decode_step_s =
+      st.decode_steps > 0 ? st.decode_seconds / static_cast<double>(st.decode_steps) : 0;
+  return run;
+}
 
+// What ran, next to what was asked: every sequence should have produced gen_len tokens.
+nlohmann::json run_json(const Engine& e, const BenchOptions& o, const MeasuredRun& run) {
+  const ModelShape shape = e.config.shape();
+  const GenerationStats& stats = run.stats;
   nlohmann::json j;
   j["model"] = o.engine.model;
   j["shape"] = shape.str();
@@ -362,73 +313,108 @@ int run_bench(BenchOptions o) {
   j["backend"] = e.backend->name();
   j["weight_placement"] = e.placement.str();
   if (o.engine.policy) j["policy"] = o.engine.policy->compact();
-  if (!searched.is_null()) j["policy_search"] = searched;
   if (e.profiler) j["profile"] = nlohmann::json::parse(e.profiler->json());
   j["result"] = nlohmann::json::parse(stats.json());
   if (stats.pie) {
     j["pie"] = pie_report(*stats.pie, e.model->cache_options().placement.pie, stats);
     log::get("launch")->info("{}", stats.pie->str());
   }
-  j["peak_rss_bytes"] = peak_rss_bytes();
-  const double step_s =
-      stats.decode_steps > 0 ? stats.decode_seconds / static_cast<double>(stats.decode_steps) : 0;
-  // What ran, next to what was asked: every sequence should have produced gen_len tokens.
   j["generated_tokens"] = stats.generated_tokens;
   j["generated_tokens_expected"] = int64_t{o.batch} * o.gen_len;
-  j["executed_gflop"] = flops / 1e9;
-  j["decode_step_seconds"] = step_s;
-  if (const LayerStreamer* st = e.model->streamer()) {
-    const StreamStats ss = st->stats();
-    j["disk_stream"] = {
-        {"layers_read", ss.layers_read},
-        {"bytes_read", ss.bytes_read},
-        {"read_seconds", ss.read_seconds},
-        {"compute_wait_seconds", ss.wait_seconds},
-        {"read_gbs",
-         ss.read_seconds > 0 ? static_cast<double>(ss.bytes_read) / ss.read_seconds / 1e9 : 0.0},
-        {"overlap", o.engine.overlap}};
-  }
-  // What a decode step streams: 4-bit codes plus an f32 min and scale per 64 weights
-  // under cw=1 (kernels/quant.h; a matrix whose rows are not whole groups stays as stored and
-  // reads more, so there the fraction below is understated).
-  const bool compressed = o.engine.policy && o.engine.policy->compress_weight;
-  const double decode_bytes =
-      static_cast<double>(shape.decode_weight_bytes()) *
-      (compressed ? (0.5 + 8.0 / kQuantGroupSize) / static_cast<double>(shape.weight_bytes_per_elem)
-                  : 1.0);
+  j["executed_gflop"] = run.flops / 1e9;
+  j["decode_step_seconds"] = run.decode_step_s;
+  j["achieved_gflops"] = run.flops / stats.total_seconds() / 1e9;
+  return j;
+}
+
+nlohmann::json disk_stream_json(const StreamStats& ss, bool overlap) {
+  return {{"layers_read", ss.layers_read},
+          {"bytes_read", ss.bytes_read},
+          {"read_seconds", ss.read_seconds},
+          {"compute_wait_seconds", ss.wait_seconds},
+          {"read_gbs",
+           ss.read_seconds > 0 ? static_cast<double>(ss.bytes_read) / ss.read_seconds / 1e9 : 0.0},
+          {"overlap", overlap}};
+}
+
+// What a decode step streams: under cw=1 each weight as the 4-bit layout stores it
+// (kernels/quant.h; a matrix whose rows are not whole groups stays as stored and reads
+// more, so there the fractions of its bound are understated).
+double decode_weight_bytes(const ModelShape& shape, const std::optional<Policy>& policy) {
+  const bool compressed = policy && policy->compress_weight;
+  return static_cast<double>(shape.decode_weight_bytes()) *
+         (compressed
+              ? quantized_bytes_per_element() / static_cast<double>(shape.weight_bytes_per_elem)
+              : 1.0);
+}
+
+// On an accelerator: its limits measured after the run, the feeder's I/O against them and
+// the floors of compute and of a decode step.
+void add_device_bounds(nlohmann::json& j, const Engine& e, const BenchOptions& o,
+                       const MeasuredRun& run, double decode_bytes) {
+  const DeviceLimits dev = measure_device_limits(*e.backend);
+  j["device_limits"] = {{"host_to_device_gbs", dev.host_to_device_gbs},
+                        {"device_memory_gbs", dev.device_memory_gbs},
+                        {"linear_f16_tflops", dev.linear_f16_tflops}};
+  j["feed"] = feed_report(*e.model->feeder(), e.placement, dev.host_to_device_gbs,
+                          run.stats.total_seconds());
+  const double peak = dev.linear_f16_tflops;
+  j["compute_bound_seconds"] = peak > 0 ? run.flops / (peak * 1e12) : 0;
+  j["decode_device_bound"] =
+      device_decode_bound(o, run.stats, e.model->cache_options(), decode_bytes,
+                          dev.device_memory_gbs, run.decode_step_s);
+}
+
+// On the host: its limits measured again after the run (shared machines are noisy: the
+// better of the two, so a slow moment never makes the achieved fraction look better than it
+// is), and the run's fractions of the bandwidth and GEMM bounds.
+void add_host_bounds(nlohmann::json& j, const Engine& e, const BenchOptions& o,
+                     const MeasuredRun& run, const MachineLimits& before, double decode_bytes) {
+  MachineLimits lim = measure_limits_in_child(e.cpu->threads());
+  lim.memory_bandwidth_gbs = std::max(lim.memory_bandwidth_gbs, before.memory_bandwidth_gbs);
+  lim.memory_read_gbs = std::max(lim.memory_read_gbs, before.memory_read_gbs);
+  lim.gemm_gflops = std::max(lim.gemm_gflops, before.gemm_gflops);
+  j["limits"] = nlohmann::json::parse(lim.json());
+  // A decode step must read every weight once: bytes / bandwidth is its floor. Triad is
+  // the conventional figure; the read-only stream is the pattern a GEMV actually has.
+  const double step_s = run.decode_step_s;
+  const double triad_bound_s = decode_bytes / (lim.memory_bandwidth_gbs * 1e9);
+  const double read_bound_s = decode_bytes / (lim.memory_read_gbs * 1e9);
+  j["decode_bandwidth_bound_step_seconds"] = triad_bound_s;
+  j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? triad_bound_s / step_s : 0;
+  j["decode_read_bound_step_seconds"] = read_bound_s;
+  j["decode_fraction_of_read_bound"] = step_s > 0 ? read_bound_s / step_s : 0;
+  j["decode_read_bound_paired"] =
+      paired_decode_read_bound(*e.model, e.local, synthetic_requests(e.config, o), decode_bytes);
+  const double total_s = run.stats.total_seconds();
+  j["generation_fraction_of_gemm_peak"] = run.flops / total_s / 1e9 / lim.gemm_gflops;
+  j["compute_bound_seconds"] = run.flops / (lim.gemm_gflops * 1e9);
+}
+
+int run_bench(BenchOptions o) {
+  check_bench_options(o);
+  nlohmann::json searched;
+  if (o.engine.policy_auto)
+    searched = choose_policy(o, o.engine.device == "host" ||
+                                    (o.engine.device != "cpu" && probe_accelerators().available()));
+  o.engine.max_batch = o.batch;
+  const Engine e = make_engine(o.engine);
+  check_workload(o, e.config);
+  warm_up(e, o);
+  const bool on_device = e.model->feeder() != nullptr;
+  const bool host_limits = o.measure_limits && !on_device;
+  MachineLimits before;
+  if (host_limits) before = measure_limits_in_child(e.cpu->threads());
+  const MeasuredRun run = measured_run(e, o);
+  nlohmann::json j = run_json(e, o, run);
+  if (!searched.is_null()) j["policy_search"] = searched;
+  j["peak_rss_bytes"] = peak_rss_bytes();  // before the probes below allocate
+  if (const LayerStreamer* st = e.model->streamer())
+    j["disk_stream"] = disk_stream_json(st->stats(), o.engine.overlap);
+  const double decode_bytes = decode_weight_bytes(e.config.shape(), o.engine.policy);
   j["decode_weight_bytes_per_step"] = decode_bytes;
-  j["achieved_gflops"] = flops / stats.total_seconds() / 1e9;
-  if (on_device) {
-    const nlohmann::json dev = device_limits(*e.backend);
-    j["device_limits"] = dev;
-    j["feed"] = feed_report(*e.model->feeder(), e.placement, dev["host_to_device_gbs"],
-                            stats.total_seconds());
-    const double peak = dev["linear_f16_tflops"];
-    j["compute_bound_seconds"] = peak > 0 ? flops / (peak * 1e12) : 0;
-    j["decode_device_bound"] = device_decode_bound(o, stats, e.model->cache_options(), decode_bytes,
-                                                   dev["device_memory_gbs"], step_s);
-  }
-  if (o.measure_limits && !on_device) {
-    // Shared machines are noisy: take the better of a measurement before and after the run,
-    // so a slow moment never makes the achieved fraction look better than it is.
-    MachineLimits lim = measure_limits_in_child(e.cpu->threads());
-    lim.memory_bandwidth_gbs = std::max(lim.memory_bandwidth_gbs, before.memory_bandwidth_gbs);
-    lim.memory_read_gbs = std::max(lim.memory_read_gbs, before.memory_read_gbs);
-    lim.gemm_gflops = std::max(lim.gemm_gflops, before.gemm_gflops);
-    j["limits"] = nlohmann::json::parse(lim.json());
-    // A decode step must read every weight once: bytes / bandwidth is its floor. Triad is
-    // the conventional figure; the read-only stream is the pattern a GEMV actually has.
-    const double triad_bound_s = decode_bytes / (lim.memory_bandwidth_gbs * 1e9);
-    const double read_bound_s = decode_bytes / (lim.memory_read_gbs * 1e9);
-    j["decode_bandwidth_bound_step_seconds"] = triad_bound_s;
-    j["decode_fraction_of_bandwidth_bound"] = step_s > 0 ? triad_bound_s / step_s : 0;
-    j["decode_read_bound_step_seconds"] = read_bound_s;
-    j["decode_fraction_of_read_bound"] = step_s > 0 ? read_bound_s / step_s : 0;
-    j["decode_read_bound_paired"] =
-        paired_decode_read_bound(*e.model, e.local, synthetic_requests(e.config, o), decode_bytes);
-    j["generation_fraction_of_gemm_peak"] = flops / stats.total_seconds() / 1e9 / lim.gemm_gflops;
-    j["compute_bound_seconds"] = flops / (lim.gemm_gflops * 1e9);
-  }
+  if (on_device) add_device_bounds(j, e, o, run, decode_bytes);
+  if (host_limits) add_host_bounds(j, e, o, run, before, decode_bytes);
   std::printf("%s\n", j.dump(2).c_str());
   return 0;
 }
@@ -451,7 +437,8 @@ Command add_bench(CLI::App& app) {
                 "decode step between passes of the read stream");
   cmd->add_option(
       "--hardware", o->hardware,
-      "HardwareSpec JSON for --policy auto (from `strata profile`; default: FlexGen's T4 figures)");
+      "HardwareSpec JSON for --policy auto (the fields of `strata plan --format json`'s "
+      "\"hardware\"; default: FlexGen's T4 figures)");
   cmd->add_flag("--compress-weight", o->compress_weight,
                 "--policy auto: search with 4-bit weights");
   cmd->add_flag("--compress-cache", o->compress_cache,

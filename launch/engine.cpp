@@ -13,6 +13,7 @@
 #include "launch/progress.h"
 #include "placement/policy.h"
 #include "placement/stage_placement.h"
+#include "worker/dummy.h"
 
 namespace strata::cli {
 
@@ -344,9 +345,9 @@ Engine make_engine(const EngineOptions& o) {
     if (c.load.device != nullptr) c.load.device = e.backend;
   }
   if (c.cache.placement.pie.enabled())  // refused before the weights load
-    check_pie(o, c.cache.placement.pie, load_plan_config(o.model, c.load.dummy_dtype));
+    check_pie(o, c.cache.placement.pie, load_spec_config(o.model, c.load.dummy_dtype));
   if (c.load.hetegen_cpu != nullptr) {  // alpha benchmark, module scheduler (HeteGen's Fig. 4)
-    plan_hetegen(o, c.load, load_plan_config(o.model, c.load.dummy_dtype));
+    plan_hetegen(o, c.load, load_spec_config(o.model, c.load.dummy_dtype));
     e.cpu->bind_thread();  // the benchmark's CPU backend set this thread's OpenMP count
   }
   LoadedModel m = load_model(o.model, c.load);

@@ -21,9 +21,9 @@ namespace {
 
 struct PlanOptions {
   std::string model;
-  std::string dtype = "f16";  // FlexGen plans fp16 weights
-  std::string hardware;       // JSON file (HardwareSpec); empty: FlexGen's T4 machine
-  double gpu_mem_gib = -1, cpu_mem_gib = -1, disk_mem_gib = -1;
+  std::string dtype = "f16";               // FlexGen plans fp16 weights
+  std::string hardware;                    // JSON file (HardwareSpec); empty: FlexGen's T4 machine
+  std::string gpu_mem, cpu_mem, disk_mem;  // sizes (parse_size); empty: the hardware's
   int64_t prompt_len = 512, gen_len = 32;
   std::string policy;
   bool compress_weight = false, compress_cache = false, cache_f16 = false, cpu_attention = true;
@@ -40,8 +40,7 @@ struct PlanOptions {
 
 ModelConfig plan_config(const PlanOptions& o) {
   const DType dt = parse_dtype(o.dtype).value_or(DType::kF16);
-  ModelConfig c = is_dummy_model(o.model) ? dummy_model_config(o.model.substr(6), dt)
-                                          : load_model_config(o.model);
+  ModelConfig c = load_spec_config(o.model, dt);
   c.dtype = dt;
   return c;
 }
@@ -120,10 +119,9 @@ ModelShape plan_shape(const PlanOptions& o) {
 HardwareSpec plan_hardware(const PlanOptions& o) {
   HardwareSpec hw =
       o.hardware.empty() ? HardwareSpec::flexgen_t4() : HardwareSpec::load(o.hardware);
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  if (o.gpu_mem_gib >= 0) hw.gpu_mem = o.gpu_mem_gib * kGiB;
-  if (o.cpu_mem_gib >= 0) hw.cpu_mem = o.cpu_mem_gib * kGiB;
-  if (o.disk_mem_gib >= 0) hw.disk_mem = o.disk_mem_gib * kGiB;
+  if (!o.gpu_mem.empty()) hw.gpu_mem = static_cast<double>(parse_size(o.gpu_mem, "--gpu-mem"));
+  if (!o.cpu_mem.empty()) hw.cpu_mem = static_cast<double>(parse_size(o.cpu_mem, "--cpu-mem"));
+  if (!o.disk_mem.empty()) hw.disk_mem = static_cast<double>(parse_size(o.disk_mem, "--disk-mem"));
   hw.validate(o.hardware.empty() ? "the T4 preset with the given budgets" : o.hardware);
   return hw;
 }
@@ -193,9 +191,10 @@ Command add_plan(CLI::App& app) {
   cmd->add_option("--hardware", o->hardware,
                   "HardwareSpec JSON (default: FlexGen's T4 machine, Table 1); with --workload a "
                   "node: a40, a100, h100 or a JSON node description (default: this machine)");
-  cmd->add_option("--gpu-mem", o->gpu_mem_gib, "GPU memory budget, GiB")->check(non_negative());
-  cmd->add_option("--cpu-mem", o->cpu_mem_gib, "CPU memory budget, GiB")->check(non_negative());
-  cmd->add_option("--disk-mem", o->disk_mem_gib, "Disk budget, GiB")->check(non_negative());
+  cmd->add_option("--gpu-mem", o->gpu_mem,
+                  "GPU memory budget, e.g. 16GiB or 800MiB (a bare number is GiB)");
+  cmd->add_option("--cpu-mem", o->cpu_mem, "CPU memory budget (a size, as --gpu-mem)");
+  cmd->add_option("--disk-mem", o->disk_mem, "Disk budget (a size, as --gpu-mem)");
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens (s)")->check(positive());
   cmd->add_option("--gen-len", o->gen_len, "Generated tokens (n)")->check(positive());
   cmd->add_option(

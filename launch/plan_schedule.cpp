@@ -14,6 +14,7 @@
 #include "coordinator/exegpt/schedule_choice.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
+#include "launch/commands.h"
 #include "launch/progress.h"
 #include "worker/dummy.h"
 
@@ -22,20 +23,10 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// A worker like this machine: its GEMM FLOP/s and read bandwidth measured now, its memory,
-// and a link as fast as Open MPI's shared memory on it (ENVIRONMENT.md: 5-6 GB/s).
+// A host worker like this machine: its GEMM FLOP/s and read bandwidth measured now.
 NodeModel this_machine() {
   const MachineLimits l = measure_machine_limits(0);
-  NodeModel n;
-  n.name = "this machine";
-  n.flops = l.gemm_gflops * 1e9;
-  n.memory_bandwidth = l.memory_read_gbs * 1e9;
-  n.memory_bytes = 16.0 * (1 << 30);
-  n.link_bandwidth = 5e9;
-  n.link_latency_s = 20e-6;
-  n.layer_overhead_s = 50e-6;  // OpenMP fork / join of a layer's ops
-  n.device = false;
-  return n;
+  return NodeModel::host_worker("this machine", l.gemm_gflops * 1e9, l.memory_read_gbs * 1e9);
 }
 
 std::string seconds(double s) {
@@ -116,6 +107,108 @@ std::string packing_line(const ScheduleChoice& whole, const ScheduleChoice& pack
                    100 * b.reservations_exceeded);
 }
 
+// The search's options from plan's; the profile's compute tier and memory come with it.
+SchedulePlanOptions schedule_plan_options(const ScheduleCliInputs& in,
+                                          const ScheduleCliOptions& o) {
+  SchedulePlanOptions po;
+  po.model_spec = in.model;
+  po.workload = TaskWorkload::parse(o.workload).scaled(o.length_scale);
+  po.latency_bound = parse_latency_bound(o.latency_bound);
+  po.max_step_tokens = in.max_step_tokens;
+  po.max_encode_batch = o.max_encode_batch;
+  po.exhaustive = o.exhaustive;
+  if (o.rra_only) po.policies = {SchedulePolicy::kRra};
+  if (!in.policy.empty()) po.placement.policy = Policy::parse(in.policy);
+  return po;
+}
+
+// The workers planned for: --profile's, or --nodes modelled workers of a node (--hardware,
+// or this machine), whose compute tier, memory and policy (by default everything on the
+// compute tier) the search's options take.
+struct PlannedCluster {
+  ClusterProfile profile;
+  NodeModel node;  // the modelled workers' (profile.modelled)
+};
+
+PlannedCluster planned_cluster(const ScheduleCliInputs& in, const ScheduleCliOptions& o,
+                               const ModelConfig& config, SchedulePlanOptions& po) {
+  PlannedCluster c;
+  if (!o.profile.empty()) {
+    c.profile = ClusterProfile::load(o.profile);
+    po.placement.device_compute = !in.host_compute;
+  } else {
+    c.node = in.hardware.empty() ? this_machine() : NodeModel::parse(in.hardware);
+    po.placement.device_compute = c.node.device && !in.host_compute;
+    if (!po.placement.policy) po.placement.policy = Policy::parse("w=100/0/0,c=100/0/0");
+    const int32_t context = po.workload.input.max() + po.workload.output.max();
+    c.profile = modelled_profile(
+        config.shape(), in.model, c.node, o.nodes,
+        ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch * 8, context));
+    po.stage_mem = static_cast<int64_t>(c.node.memory_bytes);
+  }
+  if (!o.stage_mem.empty()) po.stage_mem = parse_size(o.stage_mem, "--stage-mem");
+  return c;
+}
+
+// The simulator of the plan with S3's packing, beside the one without; nullopt: no packing.
+std::optional<Simulator> packed_simulator(const ModelConfig& config, const ClusterProfile& profile,
+                                          const SchedulePlanOptions& po,
+                                          const std::optional<ReservationModel>& packing,
+                                          const std::string& kv_reserve) {
+  if (!packing) return std::nullopt;
+  if (po.placement.device_compute)
+    fail_input(
+        "--kv-reserve {}: packing plans host-compute workers (--host-compute); a device "
+        "allocates its KV cache slot by slot",
+        kv_reserve);
+  SchedulePlanOptions packed = po;
+  packed.packing = packing;
+  return Simulator(simulator_inputs(config, profile, packed));
+}
+
+// One bound's choices: without packing, and with it when planned.
+struct BoundPlan {
+  ScheduleChoice whole;
+  std::optional<ScheduleChoice> packed;
+  const ScheduleChoice& last() const { return packed ? *packed : whole; }
+};
+
+BoundPlan plan_at_bound(const Simulator& sim, const std::optional<Simulator>& packed_sim,
+                        const SchedulePlanOptions& po) {
+  BoundPlan b{search_schedule(sim, search_options(sim, po)), std::nullopt};
+  if (packed_sim) b.packed = search_schedule(*packed_sim, search_options(*packed_sim, po));
+  return b;
+}
+
+nlohmann::json bound_json(const BoundPlan& b, const Simulator& sim,
+                          const std::optional<Simulator>& packed_sim, const std::string& model,
+                          const ClusterProfile& profile, const TaskWorkload& workload) {
+  nlohmann::json j = b.whole.to_json();
+  if (b.packed) {
+    const ReservationModel& m = *packed_sim->inputs().packing;
+    j["packing"] = {{"reserve", kv_reserve_name(m.reserve)},
+                    {"admission", kv_admission_name(m.admission)},
+                    {"confidence", m.confidence},
+                    {"model", m.str()},
+                    {"kv_capacity", sim.kv_capacity()},
+                    {"choice", b.packed->to_json()}};
+  }
+  j["model"] = model;
+  j["workers"] = profile.workers();
+  j["workload"] = workload.to_json();
+  j["profile"] = profile.source;
+  return j;
+}
+
+std::string bound_text(const BoundPlan& b, const Simulator& sim,
+                       const std::optional<Simulator>& packed_sim, const SchedulePlanOptions& po) {
+  std::string text = schedule_table(b.whole, po);
+  if (b.packed)
+    text +=
+        "\n" + packing_line(b.whole, *b.packed, *packed_sim->inputs().packing, sim.kv_capacity());
+  return text;
+}
+
 }  // namespace
 
 double parse_latency_bound(const std::string& text) {
@@ -144,9 +237,9 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
                   "A layer profile JSON (strata profile-layers) instead of a modelled cluster");
   cmd->add_option("--max-batch", o.max_encode_batch, "The largest encode batch B_E to try")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--stage-mem", o.stage_mem_gib,
-                  "Memory per worker, GiB, on its compute tier (default: the node's)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--stage-mem", o.stage_mem,
+                  "Memory per worker on its compute tier, e.g. 16GiB or 800MiB (a bare number "
+                  "is GiB; default: the node's)");
   cmd->add_flag("--exhaustive", o.exhaustive, "Evaluate every grid point (to compare)");
   cmd->add_flag("--rra-only", o.rra_only, "Only RRA schedules (one pipeline running both phases)");
   cmd->add_option("--kv-reserve", o.kv_reserve,
@@ -169,78 +262,28 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
 
 int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) {
   const std::optional<ReservationModel> packing = packing_model(o);  // refused before any work
-  ModelConfig config = is_dummy_model(in.model) ? dummy_model_config(in.model.substr(6), in.dtype)
-                                                : load_model_config(in.model);
+  ModelConfig config = load_spec_config(in.model, in.dtype);
   config.dtype = in.dtype;
-  SchedulePlanOptions po;
-  po.model_spec = in.model;
-  po.workload = TaskWorkload::parse(o.workload).scaled(o.length_scale);
-  po.latency_bound = parse_latency_bound(o.latency_bound);
-  po.max_step_tokens = in.max_step_tokens;
-  po.max_encode_batch = o.max_encode_batch;
-  po.exhaustive = o.exhaustive;
-  if (o.rra_only) po.policies = {SchedulePolicy::kRra};
-  if (!in.policy.empty()) po.placement.policy = Policy::parse(in.policy);
-  ClusterProfile profile;
-  NodeModel node;
-  if (!o.profile.empty()) {
-    profile = ClusterProfile::load(o.profile);
-    po.placement.device_compute = !in.host_compute;
-  } else {
-    node = in.hardware.empty() ? this_machine() : NodeModel::parse(in.hardware);
-    po.placement.device_compute = node.device && !in.host_compute;
-    if (!po.placement.policy) po.placement.policy = Policy::parse("w=100/0/0,c=100/0/0");
-    const int32_t context = po.workload.input.max() + po.workload.output.max();
-    profile = modelled_profile(
-        config.shape(), in.model, node, o.nodes,
-        ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch * 8, context));
-    po.stage_mem = static_cast<int64_t>(node.memory_bytes);
-  }
-  if (o.stage_mem_gib >= 0) po.stage_mem = static_cast<int64_t>(o.stage_mem_gib * (1 << 30));
-  const Simulator sim(simulator_inputs(config, profile, po));
-  std::optional<Simulator> packed_sim;
-  if (packing) {
-    if (po.placement.device_compute)
-      fail_input(
-          "--kv-reserve {}: packing plans host-compute workers (--host-compute); a device "
-          "allocates its KV cache slot by slot",
-          o.kv_reserve);
-    SchedulePlanOptions packed = po;
-    packed.packing = packing;
-    packed_sim.emplace(simulator_inputs(config, profile, packed));
-  }
+  SchedulePlanOptions po = schedule_plan_options(in, o);
+  const PlannedCluster cluster = planned_cluster(in, o, config, po);
+  const Simulator sim(simulator_inputs(config, cluster.profile, po));
+  const std::optional<Simulator> packed_sim =
+      packed_simulator(config, cluster.profile, po, packing, o.kv_reserve);
   std::vector<double> bounds{po.latency_bound};
   if (o.paper_bounds) bounds = paper_bounds(sim, search_options(sim, po));
   nlohmann::json runs = nlohmann::json::array();
-  std::string text = fmt::format("{}\n{}\nworkload {}\n", config.shape().str(),
-                                 profile.modelled ? node.str() : profile.str(), po.workload.str());
+  std::string text = fmt::format(
+      "{}\n{}\nworkload {}\n", config.shape().str(),
+      cluster.profile.modelled ? cluster.node.str() : cluster.profile.str(), po.workload.str());
   std::optional<ScheduleChoice> refused;
   Progress progress("schedule searches", bounds.size());
   for (double bound : bounds) {
     progress.update(static_cast<size_t>(runs.size()));
     po.latency_bound = bound;
-    const ScheduleChoice c = search_schedule(sim, search_options(sim, po));
-    std::optional<ScheduleChoice> cp;
-    if (packed_sim) cp = search_schedule(*packed_sim, search_options(*packed_sim, po));
-    const ScheduleChoice& last = cp ? *cp : c;
-    if (!last.feasible && !refused) refused = last;
-    nlohmann::json j = c.to_json();
-    if (cp) {
-      const ReservationModel& m = *packed_sim->inputs().packing;
-      j["packing"] = {{"reserve", kv_reserve_name(m.reserve)},
-                      {"admission", kv_admission_name(m.admission)},
-                      {"confidence", m.confidence},
-                      {"model", m.str()},
-                      {"kv_capacity", sim.kv_capacity()},
-                      {"choice", cp->to_json()}};
-    }
-    j["model"] = in.model;
-    j["workers"] = profile.workers();
-    j["workload"] = po.workload.to_json();
-    j["profile"] = profile.source;
-    runs.push_back(j);
-    text += "\n" + schedule_table(c, po) + "\n";
-    if (cp) text += packing_line(c, *cp, *packed_sim->inputs().packing, sim.kv_capacity()) + "\n";
+    const BoundPlan b = plan_at_bound(sim, packed_sim, po);
+    if (!b.last().feasible && !refused) refused = b.last();
+    runs.push_back(bound_json(b, sim, packed_sim, in.model, cluster.profile, po.workload));
+    text += "\n" + bound_text(b, sim, packed_sim, po) + "\n";
   }
   progress.finish(bounds.size());
   if (in.format == "json") {
@@ -248,14 +291,12 @@ int run_schedule_plan(const ScheduleCliInputs& in, const ScheduleCliOptions& o) 
   } else {
     std::printf("%s", text.c_str());
   }
-  if (refused) {
-    std::fprintf(stderr,
-                 "strata: --latency-bound %s cannot be met for workload %s on %d workers: %s\n",
-                 seconds(refused->latency_bound).c_str(), po.workload.name.c_str(),
-                 profile.workers(), refused->why_none().c_str());
-    return 1;
-  }
-  return 0;
+  if (!refused) return 0;
+  std::fprintf(stderr,
+               "strata: --latency-bound %s cannot be met for workload %s on %d workers: %s\n",
+               seconds(refused->latency_bound).c_str(), po.workload.name.c_str(),
+               cluster.profile.workers(), refused->why_none().c_str());
+  return 1;
 }
 
 }  // namespace strata::cli

@@ -15,7 +15,7 @@ struct ScheduleCliOptions {
   int32_t nodes = 1;
   std::string profile;
   int32_t max_encode_batch = 256;
-  double stage_mem_gib = -1;
+  std::string stage_mem;  // a size (parse_size); empty: the node's memory
   bool exhaustive = false;
   bool rra_only = false;
   bool paper_bounds = false;

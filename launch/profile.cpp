@@ -1,7 +1,8 @@
 // strata profile: what the cost model needs to know about this node, measured: disk read
 // and write bandwidth around the page cache (O_DIRECT), host memory bandwidth, GEMM FLOP/s
 // at prefill and decode shapes, CPU attention throughput, and the accelerators present.
-// Saved as JSON. (Host<->device bandwidth is measured once the CUDA engine path exists.)
+// Saved as JSON. Host<->device bandwidth is not measured here: `strata bench` measures it on
+// the device the engine computes on (kernels/limits.h measure_device_limits).
 #include <unistd.h>
 
 #include <chrono>

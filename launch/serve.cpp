@@ -143,9 +143,8 @@ std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const Coord
                          : p == "waa-c" ? SchedulePolicy::kWaaC
                                         : SchedulePolicy::kWaaM);
   if (c.packing.budget_from_schedule) t.packing = reservation_model(c.packing, o.predict_eval);
-  const std::string placement = c.placement.policy ? c.placement.policy->str() : "budgets";
   t.profile_path =
-      profile_path(o, ProfileKey{o.engine.model, dtype_name(config.dtype), placement, t.hosts});
+      profile_path(o, profile_key(o.engine.model, config.dtype, c.placement.policy, t.hosts));
   return t;
 }
 
@@ -247,7 +246,7 @@ int serve_single(const ServeOptions& o) {
 int serve_coordinator(const ServeOptions& o, const Communicator& world,
                       std::vector<std::string> hosts) {
   const ModelConfig config =
-      load_plan_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
+      load_spec_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
   const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
                                                    ? Tokenizer::ids_only(config)
                                                    : Tokenizer::load(o.engine.model, config);
@@ -391,14 +390,10 @@ int profile_stages(const ServeOptions& o, Stages& stages, const ModelConfig& con
                        capacity,     max_rows,       c.stage_mem, c.placement};
   const ClusterPlan plan = make_uniform_plan(config, po);
   stages.start(plan);
-  const ProfileKey key{o.engine.model, dtype_name(config.dtype),
-                       c.placement.policy ? c.placement.policy->str() : "budgets",
-                       std::move(hosts)};
+  const ProfileKey key =
+      profile_key(o.engine.model, config.dtype, c.placement.policy, std::move(hosts));
   const ProfileGrid grid = ProfileGrid::for_limits(max_rows, c.kv_slots, capacity);
-  const ProfileRequest request = profile_request(grid, max_rows, 3);
-  ClusterProfile profile =
-      cluster_profile(key, grid, request, stages.profile(request), config.hidden);
-  measure_step_overhead(stages, plan, profile);
+  ClusterProfile profile = measure_profile(stages, plan, key, grid);
   profile.save(o.profile_out);
   stages.finish("profiled");
   std::printf("%s\n", profile.str().c_str());
@@ -426,7 +421,7 @@ int run_profile_layers(const ServeOptions& o) {
         return profile_stages(opts, stages, e.config, {processor_name()});
       },
       [](const ServeOptions& opts, const Communicator& world, std::vector<std::string> hosts) {
-        const ModelConfig config = load_plan_config(
+        const ModelConfig config = load_spec_config(
             opts.engine.model, parse_dtype(opts.engine.dtype).value_or(DType::kF32));
         MpiStages stages(world, MpiStagesOptions{opts.heartbeat_interval, opts.heartbeat_timeout,
                                                  opts.load_timeout, opts.step_timeout});

@@ -70,6 +70,15 @@ double ModelShape::head_flops() const {
   return 2.0 * static_cast<double>(vocab * hidden);
 }
 
+double ModelShape::sequence_flops(int64_t prompt_len, int64_t generated) const {
+  if (generated <= 0) return 0;
+  double flops = head_flops();
+  for (int64_t p = 1; p <= prompt_len; ++p) flops += layer_flops_per_token(p);
+  for (int64_t g = 1; g < generated; ++g)
+    flops += layer_flops_per_token(prompt_len + g) + head_flops();
+  return flops;
+}
+
 std::string ModelShape::str() const {
   return fmt::format(
       "ModelShape(h1={}, h2={}, layers={}, heads={}, kv_heads={}, head_dim={}, vocab={}, "

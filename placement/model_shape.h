@@ -54,6 +54,10 @@ struct ModelShape {
   // cached tokens included; and of one row through the LM head.
   double layer_flops_per_token(int64_t context) const;
   double head_flops() const;
+  // FLOPs one sequence executes when it has produced `generated` tokens: every prompt row
+  // goes through the layers, but only the last prompt row and each decode row (the last
+  // generated token is never fed back) go through the LM head. 0 before the first token.
+  double sequence_flops(int64_t prompt_len, int64_t generated) const;
 
   std::string str() const;
   // One shard of a tensor-parallel group of `degree` (worker/config.h's

@@ -8,6 +8,8 @@
 namespace strata {
 namespace {
 
+constexpr std::string_view kDummyPrefix = "dummy:";
+
 struct DummyShape {
   const char* name;
   ModelFamily family;
@@ -63,7 +65,14 @@ float unit(uint64_t key, int64_t i) {
 }  // namespace
 
 bool is_dummy_model(const std::string& spec) {
-  return spec.rfind("dummy:", 0) == 0;
+  return spec.starts_with(kDummyPrefix);
+}
+
+ModelConfig load_spec_config(const std::string& spec, DType dummy_dtype,
+                             const InputLimits& limits) {
+  if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
+  return is_dummy_model(spec) ? dummy_model_config(spec.substr(kDummyPrefix.size()), dummy_dtype)
+                              : load_model_config(spec, limits);
 }
 
 std::vector<std::string> dummy_model_names() {
@@ -77,7 +86,7 @@ ModelConfig dummy_model_config(const std::string& name, DType dtype) {
     if (name != s.name) continue;
     ModelConfig c;
     c.family = s.family;
-    c.source = "dummy:" + name;
+    c.source = std::string(kDummyPrefix) + name;
     c.hidden = s.hidden;
     c.intermediate = s.intermediate;
     c.n_layers = s.layers;

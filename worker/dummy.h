@@ -19,6 +19,11 @@ bool is_dummy_model(const std::string& spec);
 ModelConfig dummy_model_config(const std::string& name, DType dtype = DType::kF32);
 std::vector<std::string> dummy_model_names();
 
+// The config of a model spec as the loader reads it: a dummy shape (weights stored as
+// `dummy_dtype`) or a folder's config.json (read within `limits`). An empty spec is refused.
+ModelConfig load_spec_config(const std::string& spec, DType dummy_dtype,
+                             const InputLimits& limits = {});
+
 // Fills `out` (its dtype and shape already set) with the dummy values of tensor `name`.
 // `fan_in` scales a matrix's values to keep activations O(1); 0 means a norm weight (ones
 // plus small noise), -1 a bias or embedding (small values).

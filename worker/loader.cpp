@@ -266,8 +266,7 @@ void finish_loading(LoadedModel& m, const LoadOptions& options, bool pack,
 LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options) {
   LoadedModel m;
   const bool dummy = is_dummy_model(spec);
-  const ModelConfig full = dummy ? dummy_model_config(spec.substr(6), options.dummy_dtype)
-                                 : load_model_config(spec, options.limits);
+  const ModelConfig full = load_spec_config(spec, options.dummy_dtype, options.limits);
   const WeightParts parts = weight_parts(full, options);
   const ModelConfig shard = tensor_parallel_shard(full, options.tp_degree);
   m.config = shard;

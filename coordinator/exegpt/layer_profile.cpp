@@ -209,6 +209,11 @@ NodeModel NodeModel::preset(const std::string& name) {
   fail_input("node '{}': not a preset (a40, a100, h100) nor a JSON file", name);
 }
 
+NodeModel NodeModel::host_worker(const std::string& name, double flops, double memory_bandwidth) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  return {name, flops, memory_bandwidth, 16 * kGiB, 5e9, 20e-6, 50e-6, false};
+}
+
 NodeModel NodeModel::from_json(const json& j, const std::string& source) {
   NodeModel n;
   n.name = j.value("name", source);

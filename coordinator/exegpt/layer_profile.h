@@ -102,6 +102,11 @@ struct NodeModel {
 
   // "a40" (the paper's A40 cluster: PCIe 4.0 nodes, 100 Gb InfiniBand), "a100", "h100".
   static NodeModel preset(const std::string& name);
+  // A worker computing on the host at `flops` and `memory_bandwidth` (what `strata plan`
+  // measures on this machine): 16 GiB for its stage, a link as fast as Open MPI's shared
+  // memory on one machine (ENVIRONMENT.md: 5-6 GB/s) and OpenMP's fork and join of a
+  // layer's ops as its per-layer overhead.
+  static NodeModel host_worker(const std::string& name, double flops, double memory_bandwidth);
   static NodeModel from_json(const nlohmann::json& j, const std::string& source);
   // A preset name or a JSON file.
   static NodeModel parse(const std::string& spec);

@@ -52,6 +52,11 @@ std::string ProfileKey::str() const {
                      fmt::join(hosts, ", "));
 }
 
+ProfileKey profile_key(const std::string& model, DType dtype, const std::optional<Policy>& policy,
+                       std::vector<std::string> hosts) {
+  return {model, dtype_name(dtype), policy ? policy->str() : "budgets", std::move(hosts)};
+}
+
 ProfileRequest profile_request(const ProfileGrid& g, int32_t max_rows, int32_t repeats) {
   ProfileRequest r;
   r.prefill_rows = g.prefill_rows;
@@ -156,10 +161,18 @@ void measure_step_overhead(Stages& stages, const ClusterPlan& plan, ClusterProfi
              1e6 * p.step_overhead_per_row_s);
 }
 
+ClusterProfile measure_profile(Stages& stages, const ClusterPlan& plan, const ProfileKey& key,
+                               const ProfileGrid& grid) {
+  const ProfileRequest request = profile_request(grid, plan.max_batch_rows, 3);
+  ClusterProfile measured =
+      cluster_profile(key, grid, request, stages.profile(request), plan.hidden_size);
+  measure_step_overhead(stages, plan, measured);
+  return measured;
+}
+
 ClusterProfile load_or_measure_profile(Stages& stages, const ClusterPlan& plan,
                                        const ProfileKey& key, const ProfileGrid& grid,
                                        const std::string& path) {
-  const int32_t max_rows = plan.max_batch_rows, hidden = plan.hidden_size;
   auto log = log::get("coordinator");
   ClusterProfile want;
   want.model = key.model;
@@ -178,10 +191,8 @@ ClusterProfile load_or_measure_profile(Stages& stages, const ClusterPlan& plan,
     log->info("layer profile {} is for {}; measuring this run's ({})", path, saved.key(),
               want.key());
   }
-  const ProfileRequest request = profile_request(grid, max_rows, 3);
-  log->info("profiling the stages: {}", request.str());
-  ClusterProfile measured = cluster_profile(key, grid, request, stages.profile(request), hidden);
-  measure_step_overhead(stages, plan, measured);
+  log->info("profiling the stages: {}", profile_request(grid, plan.max_batch_rows, 3).str());
+  ClusterProfile measured = measure_profile(stages, plan, key, grid);
   if (!path.empty()) {
     measured.save(path);
     measured.source = path;

@@ -5,11 +5,14 @@
 // match (`strata profile-layers`, or `strata serve --latency-bound` at start).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "coordinator/exegpt/layer_profile.h"
 #include "coordinator/plan/stages.h"
+#include "kernels/dtype.h"
+#include "placement/policy.h"
 #include "transport/messages.h"
 
 namespace strata {
@@ -22,6 +25,11 @@ struct ProfileKey {
   std::vector<std::string> hosts;  // the workers', in rank order
   std::string str() const;
 };
+
+// A run's key: its model spec, the weights' dtype, its placement (the policy's text, or
+// "budgets" when the tiers' budgets place the weights) and its workers' hosts.
+ProfileKey profile_key(const std::string& model, DType dtype, const std::optional<Policy>& policy,
+                       std::vector<std::string> hosts);
 
 ProfileRequest profile_request(const ProfileGrid& grid, int32_t max_rows, int32_t repeats);
 
@@ -37,9 +45,13 @@ ClusterProfile cluster_profile(const ProfileKey& key, const ProfileGrid& grid,
 // compute and links the profile gives them. Sets the profile's step overhead.
 void measure_step_overhead(Stages& stages, const ClusterPlan& plan, ClusterProfile& profile);
 
+// The stages' profile measured through `stages` (started with `plan`): the grid's points
+// on every stage, then the coordinator's turn per step.
+ClusterProfile measure_profile(Stages& stages, const ClusterPlan& plan, const ProfileKey& key,
+                               const ProfileGrid& grid);
+
 // The stages' profile: loaded from `path` when it holds one of this key covering `grid`,
-// measured through `stages` (started with `plan`) otherwise, and saved to `path` when one
-// is given.
+// measured (measure_profile) otherwise, and saved to `path` when one is given.
 ClusterProfile load_or_measure_profile(Stages& stages, const ClusterPlan& plan,
                                        const ProfileKey& key, const ProfileGrid& grid,
                                        const std::string& path);

@@ -78,9 +78,8 @@ RunSchedule::RunSchedule(const ScheduleTarget& target, const ModelConfig& config
 
 const Prediction& RunSchedule::plan(Stages& stages, const ClusterPlan& started) {
   auto log = log::get("coordinator");
-  std::string placement = "budgets";
-  if (options_.placement.policy) placement = options_.placement.policy->str();
-  const ProfileKey key{options_.model_spec, dtype_name(config_.dtype), placement, target_.hosts};
+  const ProfileKey key =
+      profile_key(options_.model_spec, config_.dtype, options_.placement.policy, target_.hosts);
   const ProfileGrid grid =
       ProfileGrid::for_limits(started.max_batch_rows, started.kv_slots, started.kv_capacity);
   const ClusterProfile profile =

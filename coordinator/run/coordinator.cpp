@@ -19,7 +19,6 @@
 #include "coordinator/plan/cluster_plan.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
-#include "worker/dummy.h"
 
 namespace strata {
 namespace {
@@ -758,12 +757,6 @@ std::string ClusterStats::table() const {
   if (packing) out += packing->table();
   if (pie) out += "  " + pie->str() + "\n";
   return out;
-}
-
-ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype) {
-  if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
-  return is_dummy_model(spec) ? dummy_model_config(spec.substr(6), dummy_dtype)
-                              : load_model_config(spec);
 }
 
 ClusterStats run_coordinator(Stages& stages, const CoordinatorOptions& options,

@@ -153,9 +153,6 @@ struct ClusterStats {
   std::string table() const;  // the human summary printed at the end
 };
 
-// The model's config as the workers will load it (a folder or dummy:NAME).
-ModelConfig load_plan_config(const std::string& spec, DType dummy_dtype);
-
 // Runs the whole job over `stages`. On any failure the stages are aborted, every request
 // taken from `source` and not finished is handed to `sink.unfinished`, and the error
 // propagates. `tokenizer` may be null: requests must then carry prompt ids, and stop

@@ -278,6 +278,9 @@ TEST(QuantFormat, BytesAreHalfAByteAValuePlusEightPerGroup) {
   }
   // The planner's figure for a 4096 x 4096 weight: 8 MiB of codes + 2 MiB of metadata.
   EXPECT_EQ(quantized_bytes(QuantLayout{4096, 4096}), size_t{8 << 20} + size_t{2 << 20});
+  // Per element: half a byte, and 8 bytes of min and scale shared by 64 (or 2) values.
+  EXPECT_DOUBLE_EQ(quantized_bytes_per_element(), 0.5 + 8.0 / 64);
+  EXPECT_DOUBLE_EQ(quantized_bytes_per_element(2), 0.5 + 8.0 / 2);
 }
 
 TEST(QuantFormat, EvenIndexInLowNibble) {

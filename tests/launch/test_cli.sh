@@ -135,6 +135,23 @@ else
   echo "FAIL plan-opt30b-t4"; cat "$TMP/plan.json" "$TMP/err"; failures=$((failures + 1))
 fi
 expect_error plan-infeasible "short by" plan --model dummy:opt-175b --gpu-mem 1 --cpu-mem 2 --disk-mem 10
+# plan's budgets are sizes as the engine commands' are: units, or a bare number of GiB.
+if "$STRATA" plan --model dummy:opt-30b --gpu-mem 16GiB --cpu-mem 212992MiB --disk-mem 1500G \
+    --cache-f16 --prompt-len 512 --gen-len 32 --format json >"$TMP/plan-units.json" 2>"$TMP/err" &&
+  python3 - "$TMP/plan.json" "$TMP/plan-units.json" <<'PY'
+import json, sys
+bare, units = (json.load(open(f)) for f in sys.argv[1:3])
+hw = units["hardware"]
+assert hw["gpu_mem"] == 16 * 2**30 and hw["cpu_mem"] == 208 * 2**30, hw
+assert hw["disk_mem"] == 1500 * 2**30, hw
+assert units == bare, "plan with sizes in units differs from the bare GiB numbers"
+PY
+then
+  echo "ok   plan-size-units"; passes=$((passes + 1))
+else
+  echo "FAIL plan-size-units"; cat "$TMP/err"; failures=$((failures + 1))
+fi
+expect_error plan-bad-size "--gpu-mem: cannot read size '16GB'" plan --model dummy:opt-30b --gpu-mem 16GB
 # The search chooses HeteGen when the CPU can take a share (a 1.5 TFLOP/s CPU beside the T4's
 # link, decode-heavy work) and not with --search none; the alpha is eq. 5's for its block.
 python3 - "$TMP/plan.json" "$TMP/fastcpu.json" <<'PY'

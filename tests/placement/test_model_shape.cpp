@@ -42,5 +42,15 @@ TEST(ModelShape, FlopsByHand) {
   EXPECT_DOUBLE_EQ(s.head_flops(), 2.0 * 10 * 8);
 }
 
+TEST(ModelShape, SequenceFlopsByHand) {
+  const ModelShape s = tiny();
+  // A token through the layers at context c: 2 * 2 * 576 = 2304 + 64 c; the head: 160.
+  // Prompt 3: rows at contexts 1, 2, 3 (7296) and the head once for the first token; the
+  // second token's row at context 4 (2560) and the head again. The last token is not fed.
+  EXPECT_DOUBLE_EQ(s.sequence_flops(3, 0), 0.0);
+  EXPECT_DOUBLE_EQ(s.sequence_flops(3, 1), 7296.0 + 160);
+  EXPECT_DOUBLE_EQ(s.sequence_flops(3, 2), 7296.0 + 160 + 2560 + 160);
+}
+
 }  // namespace
 }  // namespace strata

@@ -426,9 +426,7 @@ TEST_P(LayerFeederTest, HeteGenStreamsTheAlphaSharesEveryStep) {
 // (place_stage: weights, the split layers' two sides and their staging, activations, cache).
 TEST_P(LayerFeederTest, HeteGenMemoryIsWhatPlacementCounts) {
   const std::string model = GetParam();
-  const ModelShape shape = model == testing::stories_dir()
-                               ? load_model_config(model).shape()
-                               : dummy_model_config(model.substr(6), DType::kF32).shape();
+  const ModelShape shape = load_spec_config(model, DType::kF32).shape();
   // 0: the streamed model, the anchor; 1: no CPU rows left. The dummy's loads are slow: two.
   const std::vector<double> alphas = model == testing::stories_dir()
                                          ? std::vector<double>{0.0, 0.3, 0.77, 1.0}

@@ -81,6 +81,20 @@ TEST(Config, ParsesStoriesLlamaConfig) {
   EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{2});
 }
 
+// A spec's config: a dummy's shape in the dtype asked for, a folder's config.json as stored.
+TEST(Config, SpecIsADummyOrAFolder) {
+  const ModelConfig dummy = load_spec_config("dummy:opt-125m", DType::kF16);
+  EXPECT_EQ(dummy.source, "dummy:opt-125m");
+  EXPECT_EQ(dummy.hidden, 768);
+  EXPECT_EQ(dummy.n_layers, 12);
+  EXPECT_EQ(dummy.dtype, DType::kF16);
+  const ModelConfig folder = load_spec_config(testing::stories_dir(), DType::kF16);
+  EXPECT_EQ(folder.hidden, 64);
+  EXPECT_EQ(folder.dtype, load_model_config(testing::stories_dir()).dtype);
+  EXPECT_NE(error_of([] { (void)load_spec_config("", DType::kF32); }).find("no model given"),
+            std::string::npos);
+}
+
 TEST(Config, LlamaDefaultsFollowHuggingFace) {
   json j = {{"model_type", "llama"},
             {"hidden_size", 32},

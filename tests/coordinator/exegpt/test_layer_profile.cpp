@@ -58,6 +58,33 @@ TEST(ModelledProfile, RooflineByHand) {
   EXPECT_TRUE(p.modelled);
 }
 
+// The host worker `strata plan` models this machine as: its measured rates, 16 GiB, and
+// Open MPI's shared-memory link (ENVIRONMENT.md: 5-6 GB/s).
+TEST(NodeModel, HostWorkerIsTheNamedDescription) {
+  const NodeModel n = NodeModel::host_worker("this machine", 2e11, 3e10);
+  EXPECT_EQ(n.name, "this machine");
+  EXPECT_EQ(n.flops, 2e11);
+  EXPECT_EQ(n.memory_bandwidth, 3e10);
+  EXPECT_EQ(n.memory_bytes, 16.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(n.link_bandwidth, 5e9);
+  EXPECT_EQ(n.link_latency_s, 20e-6);
+  EXPECT_EQ(n.layer_overhead_s, 50e-6);
+  EXPECT_FALSE(n.device);
+  const NodeModel back = NodeModel::from_json(n.to_json(), "round trip");
+  EXPECT_EQ(back.to_json(), n.to_json());
+}
+
+// A run's profile key: the policy's text, or "budgets" without one.
+TEST(Profiler, KeyNamesThePlacement) {
+  const ProfileKey budgets = profile_key("dummy:opt-125m", DType::kF16, std::nullopt, {"h1", "h2"});
+  EXPECT_EQ(budgets.model, "dummy:opt-125m");
+  EXPECT_EQ(budgets.dtype, "f16");
+  EXPECT_EQ(budgets.placement, "budgets");
+  EXPECT_EQ(budgets.hosts, (std::vector<std::string>{"h1", "h2"}));
+  const Policy policy = Policy::parse("w=100/0/0,c=100/0/0");
+  EXPECT_EQ(profile_key("m", DType::kF32, policy, {}).placement, policy.str());
+}
+
 TEST(ClusterProfile, JsonRoundTripsAndErrorsNameTheField) {
   const std::string dir = testing::test_tmp_dir("layer_profile");
   ProfileGrid g = ProfileGrid::for_limits(64, 8, 128);
