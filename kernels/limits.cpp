@@ -8,16 +8,13 @@
 #include <chrono>
 #include <vector>
 
+#include "kernels/clock.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "kernels/tensor.h"
 
 namespace strata {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double measure_triad_gbs(size_t bytes_total) {
   const size_t n = bytes_total / 3 / sizeof(float);

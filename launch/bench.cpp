@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/accelerator.h"
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
 #include "kernels/log.h"
@@ -146,10 +147,6 @@ MachineLimits measure_limits_in_child(int threads) {
   m.gemm_gflops = j["gemm_gflops"];
   m.gemm_n = j["gemm_n"];
   return m;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Best of three timed copies of `bytes` (after one warm-up), in GB/s.
