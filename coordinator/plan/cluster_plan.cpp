@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "placement/tier.h"
 
 namespace strata {
 
@@ -172,16 +173,11 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     for (const std::string& line : shortfalls(with_links, whole))
       refused += fmt::format("{}stage {} (layers [{}, {})): {}", refused.empty() ? "" : "; ",
                              st.rank, st.layer_begin, st.layer_end, line);
-    auto to_wire = [](const std::vector<Tier>& tiers) {
-      std::vector<uint8_t> out;
-      for (Tier t : tiers) out.push_back(static_cast<uint8_t>(t));
-      return out;
-    };
     st.gpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.gpu, 0));
     st.cpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.cpu, 0));
     st.disk_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.disk, 0));
-    st.weight_tiers = to_wire(p.weights.tiers);
-    st.cache_tiers = to_wire(p.cache.tiers);
+    st.weight_tiers = tiers_to_wire(p.weights.tiers);
+    st.cache_tiers = tiers_to_wire(p.cache.tiers);
     const Policy policy = o.placement.policy.value_or(Policy{});
     st.compress_weight = policy.compress_weight;
     st.compress_cache = policy.compress_cache;
