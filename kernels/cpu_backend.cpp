@@ -1,7 +1,6 @@
 #include "kernels/cpu_backend.h"
 
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -49,7 +48,7 @@ const float* rows_f32(const float* rows, int64_t at, int64_t, float*) {
   return rows + at;
 }
 const float* rows_f32(const uint16_t* rows, int64_t at, int64_t n, float* buf) {
-  row_to_f32(DType::kF16, rows + at, buf, n);
+  convert_to_f32(DType::kF16, rows + at, buf, static_cast<size_t>(n));
   return buf;
 }
 
@@ -92,45 +91,6 @@ void check_linear_args(int64_t m, const Tensor& w) {
   STRATA_CHECK(w.shape.rank == 2, "linear weight must be 2-D, got {}", w.describe());
   STRATA_CHECK(m >= 0, "linear rows {}", m);
 }
-
-}  // namespace
-
-void row_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(s[i]) << 16;
-        std::memcpy(&dst[i], &bits, 4);
-      }
-      return;
-    }
-    case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      int64_t i = 0;
-#if defined(__F16C__)
-      for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-      }
-#endif
-      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      return;
-    }
-    case DType::kI32:
-    case DType::kQ4:
-    case DType::kF32Panel:
-    case DType::kQ4Panel:
-      break;
-  }
-  STRATA_CHECK(false, "row_to_f32: {} is not a float type", dtype_name(dtype));
-}
-
-namespace {
 
 // MAX_THREADS=N from the OpenBLAS build configuration; 0 when it does not say.
 int openblas_max_threads() {
@@ -330,9 +290,9 @@ void CpuBackend::linear_half(const float* x, int64_t m, const Tensor& w, const f
       if (w.dtype == DType::kQ4) {
         dequantize_one_row(q4, r0 + j, out);
       } else {
-        row_to_f32(w.dtype,
-                   static_cast<const char*>(w.data) + static_cast<size_t>((r0 + j) * k) * elem, out,
-                   k);
+        convert_to_f32(w.dtype,
+                       static_cast<const char*>(w.data) + static_cast<size_t>((r0 + j) * k) * elem,
+                       out, static_cast<size_t>(k));
       }
       if (rows == kPanelRows)
         for (int64_t c = 0; c < k; ++c) panel[c * kPanelRows + j] = out[c];
@@ -364,7 +324,7 @@ void CpuBackend::embedding(const int32_t* ids, int64_t n, const Tensor& table, f
     } else {
       const auto* row = static_cast<const char*>(table.data) +
                         static_cast<size_t>(ids[i] * h) * dtype_size(table.dtype);
-      row_to_f32(table.dtype, row, out, h);
+      convert_to_f32(table.dtype, row, out, static_cast<size_t>(h));
     }
   }
 }

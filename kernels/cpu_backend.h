@@ -90,7 +90,4 @@ int max_cpu_threads();
 // saying both limits when `requested` is negative or above max_cpu_threads().
 int resolve_cpu_threads(int requested);
 
-// Converts one row of f32/f16/bf16 values to f32 (vectorised where the CPU allows).
-void row_to_f32(DType dtype, const void* src, float* dst, int64_t n);
-
 }  // namespace strata

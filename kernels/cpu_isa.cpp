@@ -1,9 +1,9 @@
 #include "kernels/cpu_isa.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/error.h"
+#include "kernels/tunables.h"
 
 namespace strata {
 
@@ -17,12 +17,6 @@ const char* cpu_isa_name(CpuIsa isa) {
       break;
   }
   return "portable";
-}
-
-CpuIsa parse_cpu_isa(const std::string& name) {
-  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512})
-    if (name == cpu_isa_name(isa)) return isa;
-  fail_input("STRATA_CPU_ISA='{}': expected portable, avx2 or avx512", name);
 }
 
 CpuIsa detected_cpu_isa() {
@@ -54,10 +48,11 @@ bool cpu_has_avx512_vnni() {
 
 CpuIsa active_cpu_isa() {
   static const CpuIsa active = [] {
-    const char* cap = std::getenv("STRATA_CPU_ISA");
+    // The table's choices are in CpuIsa's order.
+    const std::optional<int> cap = tunable_choice_if_set(TunableId::kCpuIsa);
     const CpuIsa detected = detected_cpu_isa();
-    if (cap == nullptr || *cap == '\0') return detected;
-    return std::min(detected, parse_cpu_isa(cap));
+    if (!cap) return detected;
+    return std::min(detected, static_cast<CpuIsa>(*cap));
   }();
   return active;
 }

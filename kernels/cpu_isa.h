@@ -23,7 +23,4 @@ bool cpu_has_avx512_vnni();
 // call (CpuBackend's constructor makes it, outside any parallel region).
 CpuIsa active_cpu_isa();
 
-// Parses "portable", "avx2" or "avx512"; throws InputError naming the value otherwise.
-CpuIsa parse_cpu_isa(const std::string& name);
-
 }  // namespace strata

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/clock.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"
@@ -16,10 +17,6 @@
 
 namespace strata {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double measure_triad_gbs(size_t bytes_total) {
   const size_t n = bytes_total / 3 / sizeof(float);

@@ -3,8 +3,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <mutex>
+
+#include "kernels/tunables.h"
 
 namespace strata::log {
 namespace {
@@ -24,9 +25,9 @@ std::string make_pattern() {
 }
 
 spdlog::level::level_enum level_from_env() {
-  const char* v = std::getenv("STRATA_LOG_LEVEL");
-  if (v == nullptr) return spdlog::level::info;
-  return spdlog::level::from_str(v);
+  const std::optional<std::string> v = tunable_text(TunableId::kLogLevel);
+  if (!v) return spdlog::level::info;
+  return spdlog::level::from_str(*v);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "kernels/clock.h"
+
 namespace strata {
 
 // Counted only where fn did the work (a fused op the inner backend may decline; the
@@ -13,7 +15,7 @@ bool ProfilingBackend::timed_if(Op op, long calls, Fn&& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!fn()) return false;
   inner_.synchronize();
-  seconds_[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  seconds_[op] += seconds_since(t0);
   calls_[op] += calls;
   return true;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/accelerator.h"
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
 #include "kernels/log.h"

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "kernels/tunables.h"
 #include "launch/hetegen_setup.h"
 #include "launch/progress.h"
 #include "placement/policy.h"
@@ -379,9 +380,9 @@ Engine make_engine(const EngineOptions& o) {
 }
 
 std::string profile_dir() {
-  if (const char* d = std::getenv("STRATA_PROFILE_DIR"); d != nullptr && *d != 0) return d;
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != 0)
-    return std::string(home) + "/.cache/strata/profiles";
+  if (const auto d = tunable_text(TunableId::kProfileDir)) return *d;
+  if (const auto home = foreign_variable("HOME"); home && !home->empty())
+    return *home + "/.cache/strata/profiles";
   return "/tmp/strata-profiles";
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "kernels/tunables.h"
 #include "launch/commands.h"
 #include "launch/openmp_wait.h"
 
@@ -18,10 +19,10 @@ namespace {
 // returned. A failure after MPI starts ends the job through MPI_Abort; one before it (a bad
 // option) leaves its status here, in STRATA_RANK_STATUS_DIR, for the script to read.
 int leave_status(int code) {
-  const char* dir = std::getenv("STRATA_RANK_STATUS_DIR");
-  if (code == 0 || dir == nullptr || *dir == '\0') return code;
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  std::ofstream(std::string(dir) + "/rank." + (rank != nullptr ? rank : "0")) << code << '\n';
+  const std::optional<std::string> dir = strata::tunable_text(strata::TunableId::kRankStatusDir);
+  if (code == 0 || !dir) return code;
+  const std::optional<std::string> rank = strata::foreign_variable("OMPI_COMM_WORLD_RANK");
+  std::ofstream(*dir + "/rank." + rank.value_or("0")) << code << '\n';
   return code;
 }
 

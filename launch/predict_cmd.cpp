@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/s3/length_predictor.h"
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
 #include "worker/input_limits.h"
@@ -75,10 +76,6 @@ void write_json(const std::string& path, const std::string& json) {
   f << json << '\n';
   f.close();
   if (!f) fail_input("--json {}: cannot write", path);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void add_data_options(CLI::App* cmd, DataOptions& d) {

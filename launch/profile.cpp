@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "kernels/accelerator.h"
+#include "kernels/clock.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "kernels/limits.h"
@@ -29,10 +30,6 @@ struct ProfileOptions {
   int disk_mib = 512;
   std::string out;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Sequential O_DIRECT write then read of `mib` MiB in 64 MiB requests; GB/s each way.
 nlohmann::json measure_disk(const std::string& dir, int mib) {

@@ -21,6 +21,7 @@
 #include "kernels/accelerator.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "kernels/tunables.h"
 #include "launch/engine.h"
 #include "launch/metrics_server.h"
 #include "launch/plan_schedule.h"
@@ -98,8 +99,8 @@ std::string default_consumer() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   for (const char* var : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
-    if (const char* v = std::getenv(var); v != nullptr && *v != 0)
-      return fmt::format("{}:{}", host, v);
+    if (const auto v = foreign_variable(var); v && !v->empty())
+      return fmt::format("{}:{}", host, *v);
   return fmt::format("{}:{}", host, getpid());
 }
 

@@ -1,9 +1,9 @@
 #include "launch/slurm_env.h"
 
 #include <charconv>
-#include <cstdlib>
 
 #include "kernels/error.h"
+#include "kernels/tunables.h"
 
 namespace strata::cli {
 namespace {
@@ -20,12 +20,6 @@ std::optional<long> count(const std::optional<std::string>& value) {
   const auto [ptr, ec] = std::from_chars(value->data(), end, n);
   if (ec != std::errc{} || ptr != end || n < 1) return std::nullopt;
   return n;
-}
-
-std::optional<std::string> variable(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
 }
 
 }  // namespace
@@ -49,8 +43,8 @@ std::optional<std::string> slurm_world_size_error(const LaunchEnv& env, int worl
 }
 
 LaunchEnv launch_env() {
-  return LaunchEnv{variable("SLURM_STEP_NUM_TASKS"), variable("SLURM_JOB_ID"),
-                   variable("OMPI_COMM_WORLD_SIZE")};
+  return LaunchEnv{foreign_variable("SLURM_STEP_NUM_TASKS"), foreign_variable("SLURM_JOB_ID"),
+                   foreign_variable("OMPI_COMM_WORLD_SIZE")};
 }
 
 void check_slurm_world_size(int world_size) {

@@ -20,8 +20,6 @@ int64_t committed_positions(const StageRequest& r) {
 
 constexpr int64_t kF32 = 4;
 constexpr int64_t kI32 = 4;
-// worker/transformer.h: logits are computed this many rows at a time.
-constexpr int64_t kLogitChunk = 64;
 
 double mib(int64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
@@ -393,7 +391,7 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     const int64_t wide = std::max({s.hidden, s.q_width(), s.embed_width()});
     int64_t a = rows * kF32 *
                 (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // h sel ..
-    if (r.head) a += std::min(rows, kLogitChunk) * s.vocab * kF32;
+    if (r.head) a += std::min<int64_t>(rows, kLogitChunk) * s.vocab * kF32;
     if (!s.learned_positions) a += 2 * s.max_positions * (s.head_dim / 2) * kF32;  // rotary
     // Each GPU batch of a block keeps its residual stream and its step ids: tokens,
     // positions and the row table (RowEntry per row). One GPU batch at least.

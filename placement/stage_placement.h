@@ -22,6 +22,10 @@
 
 namespace strata {
 
+// Rows of logits the LM head computes at a time (worker/transformer.cpp), so that its buffer
+// (and the step's memory planned here) is this many rows of the vocabulary, not max_rows.
+inline constexpr int32_t kLogitChunk = 64;
+
 // Memory per tier in bytes (< 0: no limit).
 struct TierBudgets {
   int64_t gpu = -1;

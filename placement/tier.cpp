@@ -73,4 +73,20 @@ int32_t count_tier(const std::vector<Tier>& tiers, Tier t) {
   return static_cast<int32_t>(std::count(tiers.begin(), tiers.end(), t));
 }
 
+std::vector<uint8_t> tiers_to_wire(const std::vector<Tier>& tiers) {
+  std::vector<uint8_t> out;
+  for (Tier t : tiers) out.push_back(static_cast<uint8_t>(t));
+  return out;
+}
+
+std::vector<Tier> tiers_from_wire(const std::vector<uint8_t>& wire, std::string_view what) {
+  std::vector<Tier> out;
+  for (uint8_t t : wire) {
+    if (t > static_cast<uint8_t>(Tier::kDisk))
+      fail(ErrorKind::kFailed, "{}: tier {} is not 0-2", what, t);
+    out.push_back(static_cast<Tier>(t));
+  }
+  return out;
+}
+
 }  // namespace strata

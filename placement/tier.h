@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace strata {
@@ -48,5 +49,11 @@ std::vector<Tier> spread_tiers(int32_t n_layers, int32_t n_gpu, int32_t n_cpu);
 std::vector<Tier> tiers_from_shares(int32_t n_layers, int gpu_percent, int cpu_percent,
                                     const char* what);
 int32_t count_tier(const std::vector<Tier>& tiers, Tier t);
+
+// Per-layer tiers as a stage plan carries them (transport/messages.h StagePlan: one byte a
+// layer, the Tier's value), and back. A byte that is no tier is Error(kFailed) naming `what`
+// (a plan's sender and receiver disagree).
+std::vector<uint8_t> tiers_to_wire(const std::vector<Tier>& tiers);
+std::vector<Tier> tiers_from_wire(const std::vector<uint8_t>& wire, std::string_view what);
 
 }  // namespace strata

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/quant.h"
 #include "worker/split_linear.h"
@@ -20,10 +21,6 @@ std::string ModuleShapeKey::str() const {
 }
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // What one measurement reuses: the module's weights and bias on the host, its bytes again in
 // page-locked memory (the transfer's source) and a device buffer (its destination), x and y.

@@ -6,12 +6,12 @@
 
 #include <cerrno>
 #include <charconv>
-#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "kernels/error.h"
+#include "kernels/tunables.h"
 
 namespace strata {
 namespace {
@@ -36,9 +36,7 @@ const InputLimits::Field& field_of(InputLimits::Member m) {
 }
 
 std::string env_name(std::string_view name) {
-  std::string s = "STRATA_LIMIT_";
-  for (char c : name) s += static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
-  return s;
+  return tunable(TunableId::kInputLimit).variable(name);
 }
 
 std::string known_names() {
@@ -90,12 +88,8 @@ void InputLimits::set_from_text(std::string_view assignment, std::string_view or
 InputLimits InputLimits::from_env() {
   InputLimits l;
   for (const auto& f : kFields) {
-    const std::string var = env_name(f.name);
-    const char* v = std::getenv(var.c_str());
-    if (v == nullptr || *v == 0) continue;
-    const auto value = parse_int(v);
-    if (!value) fail_input("{}: '{}' is not a whole number", var, v);
-    l.set(f.name, *value, var);
+    if (const auto value = tunable_int_if_set(TunableId::kInputLimit, f.name))
+      l.set(f.name, *value, env_name(f.name));
   }
   return l;
 }

@@ -5,14 +5,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 
 namespace strata {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // A device view of a host tensor's bytes, copied now (load time, not the hot path).
 Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 
@@ -32,10 +33,6 @@ constexpr Tensor LayerWeights::*kMembers[] = {
 
 // How long compute waits for a layer before calling the disk dead.
 constexpr auto kReadDeadline = std::chrono::seconds(120);
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void* aligned_in(Buffer& b) {
   return reinterpret_cast<void*>(align_up(reinterpret_cast<uintptr_t>(b.data())));

@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cpu_isa.h"
 #include "kernels/error.h"
 #include "kernels/gemm_panel.h"
 #include "kernels/gemm_q4_panel.h"
 #include "kernels/quant.h"
+#include "kernels/tunables.h"
 #include "worker/dummy.h"
 
 namespace strata {
@@ -128,12 +127,7 @@ int pack_fixed(ModelWeights& w) {
 }
 
 bool cpu_panels_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("STRATA_CPU_WEIGHTS");
-    if (v == nullptr || *v == '\0' || std::strcmp(v, "panels") == 0) return true;
-    if (std::strcmp(v, "rows") == 0) return false;
-    fail_input("STRATA_CPU_WEIGHTS='{}': expected panels or rows", v);
-  }();
+  static const bool enabled = tunable_choice(TunableId::kCpuWeights) == 0;
   return enabled;
 }
 
@@ -265,7 +259,6 @@ void finish_loading(LoadedModel& m, const LoadOptions& options, bool pack,
 
 LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options) {
   LoadedModel m;
-  const bool dummy = is_dummy_model(spec);
   const ModelConfig full = load_spec_config(spec, options.dummy_dtype, options.limits);
   const WeightParts parts = weight_parts(full, options);
   const ModelConfig shard = tensor_parallel_shard(full, options.tp_degree);

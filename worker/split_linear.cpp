@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/quant.h"
 
@@ -267,7 +268,7 @@ void split_linear(const SplitLinearWeights& w, const float* x, int64_t m, float*
   cpu.bind_thread();
   const auto t0 = std::chrono::steady_clock::now();
   cpu.linear(x_host, m, w.cpu_weight(), w.cpu_bias(), y_host);
-  s.cpu_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.cpu_seconds_ += seconds_since(t0);
   s.cpu_calls_ += 1;
   s.upload_ = gpu.transfer(y_cpu, y_host, static_cast<size_t>(m * c) * f, CopyKind::kHostToDevice);
   gpu.compute_waits(s.upload_);

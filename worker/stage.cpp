@@ -5,8 +5,10 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
+#include "placement/tier.h"
 
 namespace strata {
 
@@ -23,20 +25,12 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
           "stage {}: the plan placed it for {} compute but this rank computes on {}; give every "
           "rank the same --device",
           stage.str(), stage.use_gpu ? "device" : "host", backend.name());
-    auto tiers = [&](const std::vector<uint8_t>& wire) {
-      std::vector<Tier> out;
-      for (uint8_t t : wire) {
-        if (t > static_cast<uint8_t>(Tier::kDisk))
-          fail(ErrorKind::kFailed, "stage {}: tier {} is not 0-2", stage.str(), t);
-        out.push_back(static_cast<Tier>(t));
-      }
-      return out;
-    };
-    options.weight_tiers = tiers(stage.weight_tiers);
+    const std::string what = fmt::format("stage {}", stage.str());
+    options.weight_tiers = tiers_from_wire(stage.weight_tiers, what);
     options.compress_weight = stage.compress_weight;
     options.gpu_mem = options.cpu_mem = options.disk_mem = -1;  // the planner checked them
     options.w_gpu_percent = options.w_cpu_percent = -1;
-    so.cache.placement.tiers = tiers(stage.cache_tiers);
+    so.cache.placement.tiers = tiers_from_wire(stage.cache_tiers, what);
     so.cache.placement.compress = stage.compress_cache;
     so.cache.placement.dtype = stage.cache_f16 ? DType::kF16 : DType::kF32;
     so.cache.cpu_attention = stage.cpu_attention;
@@ -260,7 +254,7 @@ double PipelineStage::time_step(int32_t seqs, int32_t n_new, int32_t n_past, boo
     // The last stage samples every row it computed logits for, as a step does.
     for (int32_t s = 0; head && s < seqs; ++s)
       (void)argmax(logits_.data() + static_cast<size_t>(s) * vocab, model_->config().vocab);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    times.push_back(seconds_since(t0));
   }
   // The median: what a step of this size typically takes on this machine (the fastest run
   // would promise a throughput that a loaded host does not keep).

@@ -12,6 +12,7 @@
 #include <thread>
 #include <variant>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "transport/all_reduce.h"
@@ -24,10 +25,6 @@
 
 namespace strata {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The coordinator said stop while this worker was waiting inside a step.
 struct ShutdownRequested {};

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "placement/stage_placement.h"
 #include "worker/split_linear.h"
 #include "worker/tensor_parallel.h"
 

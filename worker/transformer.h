@@ -132,8 +132,6 @@ class Transformer {
                   float* logits);
   void build_rope_tables();
 
-  static constexpr int32_t kLogitChunk = 64;  // rows of logits computed at a time
-
   ModelConfig config_;
   Architecture arch_;
   const ModelWeights& fixed_;

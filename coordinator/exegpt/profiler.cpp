@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 #include "transport/deadline.h"
@@ -135,8 +136,7 @@ void measure_step_overhead(Stages& stages, const ClusterPlan& plan, ClusterProfi
       stages.dispatch(s);
       Backoff backoff;
       while (!stages.poll()) backoff.pause();
-      best = std::min(best,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best = std::min(best, seconds_since(t0));
     }
     return best;
   };

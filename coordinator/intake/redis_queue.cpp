@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <ctime>
+#include <string>
 
 #include "kernels/log.h"
 
@@ -12,18 +13,32 @@ namespace {
 
 using Clock = Deadline::Clock;
 
+// The fragment both scripts below begin with: stores the result made of ARGV[first ..] in
+// stream `results` and marks request `id` done with its entry id in hash `done_hash`, unless
+// the id already has a result (a retried or duplicate finish). Returns the result's entry id.
+constexpr const char* kStoreOnceLua = R"lua(
+local function store_once(results, done_hash, id, first)
+  local done = redis.call('HGET', done_hash, id)
+  if not done then
+    local fields = {}
+    for i = first, #ARGV do fields[#fields + 1] = ARGV[i] end
+    done = redis.call('XADD', results, '*', unpack(fields))
+    redis.call('HSET', done_hash, id, done)
+  end
+  return done
+end
+)lua";
+
+std::string with_store_once(const char* body) {
+  return std::string(kStoreOnceLua) + body;
+}
+
 // Stores a result, marks its request id done and acknowledges its entries, atomically; an
 // id that already has a result is only acknowledged. Returns the result's entry id.
 // KEYS: results, done hash, requests. ARGV: group, request id, n, n entry ids, fields...
-constexpr const char* kFinishScript = R"lua(
+constexpr const char* kFinishLua = R"lua(
 local n = tonumber(ARGV[3])
-local done = redis.call('HGET', KEYS[2], ARGV[2])
-if not done then
-  local fields = {}
-  for i = 4 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
-  done = redis.call('XADD', KEYS[1], '*', unpack(fields))
-  redis.call('HSET', KEYS[2], ARGV[2], done)
-end
+local done = store_once(KEYS[1], KEYS[2], ARGV[2], 4 + n)
 for i = 4, 3 + n do redis.call('XACK', KEYS[3], ARGV[1], ARGV[i]) end
 return done
 )lua";
@@ -31,18 +46,12 @@ return done
 // Moves an entry to the dead-letter stream and stores its error result, atomically.
 // KEYS: dead letters, results, done hash, requests.
 // ARGV: group, request id, entry id, n, n dead-letter fields, result fields...
-constexpr const char* kDeadLetterScript = R"lua(
+constexpr const char* kDeadLetterLua = R"lua(
 local n = tonumber(ARGV[4])
 local dead = {}
 for i = 5, 4 + n do dead[#dead + 1] = ARGV[i] end
 redis.call('XADD', KEYS[1], '*', unpack(dead))
-local done = redis.call('HGET', KEYS[3], ARGV[2])
-if not done then
-  local fields = {}
-  for i = 5 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
-  done = redis.call('XADD', KEYS[2], '*', unpack(fields))
-  redis.call('HSET', KEYS[3], ARGV[2], done)
-end
+local done = store_once(KEYS[2], KEYS[3], ARGV[2], 5 + n)
 redis.call('XACK', KEYS[4], ARGV[1], ARGV[3])
 return done
 )lua";
@@ -129,8 +138,8 @@ std::string QueueStats::json() const {
 RedisQueue::RedisQueue(const RedisQueueOptions& options, const Tokenizer& tokenizer)
     : options_(options),
       tokenizer_(tokenizer),
-      finish_script_(kFinishScript),
-      dead_letter_script_(kDeadLetterScript) {
+      finish_script_(with_store_once(kFinishLua)),
+      dead_letter_script_(with_store_once(kDeadLetterLua)) {
   options_.validate();
   log::get("coordinator")->info("queue: {}", options_.str());
   // The first connection, before anything is served: an unreachable server is retried

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "placement/tier.h"
 
 namespace strata {
 
@@ -228,16 +229,11 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     for (const std::string& line : shortfalls(with_links, whole))
       refused += fmt::format("{}stage {} (layers [{}, {})): {}", refused.empty() ? "" : "; ",
                              st.rank, st.layer_begin, st.layer_end, line);
-    auto to_wire = [](const std::vector<Tier>& tiers) {
-      std::vector<uint8_t> out;
-      for (Tier t : tiers) out.push_back(static_cast<uint8_t>(t));
-      return out;
-    };
     st.gpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.gpu, 0));
     st.cpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.cpu, 0));
     st.disk_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.disk, 0));
-    st.weight_tiers = to_wire(p.weights.tiers);
-    st.cache_tiers = to_wire(p.cache.tiers);
+    st.weight_tiers = tiers_to_wire(p.weights.tiers);
+    st.cache_tiers = tiers_to_wire(p.cache.tiers);
     set_policy(st, o.placement.policy);
     st.gpu_batch_size = p.gpu_batch_size;
     set_placed_bytes(st, with_links.total());

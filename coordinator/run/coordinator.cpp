@@ -17,6 +17,7 @@
 #include "coordinator/exegpt/simulator.h"
 #include "coordinator/intake/request_rules.h"
 #include "coordinator/plan/cluster_plan.h"
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 
@@ -24,10 +25,6 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 double process_cpu_seconds() {
   rusage u{};
@@ -101,7 +98,7 @@ class Coordinator {
   uint64_t next_seq_ = 0;
   std::optional<Clock::time_point> first_step_;  // the run's time: first step sent ...
   Clock::time_point last_result_;                // ... to the last result in (idle excluded)
-  double run_seconds() const { return first_step_ ? since(*first_step_) : 0.0; }
+  double run_seconds() const { return first_step_ ? seconds_since(*first_step_) : 0.0; }
   void steady_window();
   std::vector<std::pair<double, size_t>> token_log_;  // (run seconds, tokens) per result
   double first_finish_s_ = -1, admissions_end_s_ = -1;
@@ -443,7 +440,7 @@ void Coordinator::admit() {
   if (have >= window) return;
   const Clock::time_point t0 = Clock::now();
   for (IncomingRequest& r : source_.poll(window - have)) take(std::move(r));
-  stats_.intake_seconds += since(t0);
+  stats_.intake_seconds += seconds_since(t0);
 }
 
 // Validation (request_rules.h) and the scheduler's queue: the one way in for a request. A
@@ -514,7 +511,7 @@ bool Coordinator::hand_over() {
   for (const HandoverDone& done : stages_.handovers_done()) {
     scheduler_->handed_over(done.handover_id);
     h.bytes += done.bytes;
-    h.seconds += since(handovers_.at(done.handover_id));
+    h.seconds += seconds_since(handovers_.at(done.handover_id));
     handovers_.erase(done.handover_id);
     moved = true;
   }
@@ -564,7 +561,7 @@ void Coordinator::on_result(const StepResult& result) {
     observe(f);
     const Clock::time_point t0 = Clock::now();
     sink_.write(f.result);
-    stats_.result_seconds += since(t0);
+    stats_.result_seconds += seconds_since(t0);
   }
   stages_.leave(left);
 }

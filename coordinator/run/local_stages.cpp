@@ -6,14 +6,11 @@
 #include <charconv>
 #include <chrono>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 
 namespace strata {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The requests of a local run, all there from the start; each is named by its index (the
 // sink maps results back by it) and keeps its own id in its result.

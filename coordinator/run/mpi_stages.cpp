@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
 
@@ -99,9 +100,7 @@ std::optional<StepResult> MpiStages::poll() {
     on_message(*r);
     return std::exchange(result_, std::nullopt);
   }
-  if (std::chrono::duration<double>(Clock::now() - last_ping_).count() >=
-      options_.heartbeat_interval_s)
-    ping_workers();
+  if (seconds_since(last_ping_) >= options_.heartbeat_interval_s) ping_workers();
   check_alive();
   return std::nullopt;
 }
@@ -223,9 +222,7 @@ ProfileResult MpiStages::profile(const ProfileRequest& request) {
       backoff = Backoff();
       continue;
     }
-    if (std::chrono::duration<double>(Clock::now() - last_ping_).count() >=
-        options_.heartbeat_interval_s)
-      ping_workers();
+    if (seconds_since(last_ping_) >= options_.heartbeat_interval_s) ping_workers();
     check_alive();
     backoff.pause();
   }
@@ -249,7 +246,7 @@ ProfileResult MpiStages::profile(const ProfileRequest& request) {
       if (deadline.expired()) fail(ErrorKind::kDisconnected, "profiling: no ping reply in time");
       wait.pause();
     }
-    total += std::chrono::duration<double>(Clock::now() - t0).count();
+    total += seconds_since(t0);
   }
   out.round_trip_s = total / kTrips;
   last_ping_ = Clock::now();

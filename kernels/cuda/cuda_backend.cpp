@@ -4,43 +4,21 @@
 // CUDA only the make_cuda_backend() stub that reports kUnimplemented is compiled.
 #include "kernels/cuda/cuda_backend.h"
 
-#include <fmt/ranges.h>
-
-#include <cstdlib>
-#include <initializer_list>
-#include <string_view>
-
 #include "kernels/error.h"
+#include "kernels/tunables.h"
 
 namespace strata {
-namespace {
 
-// The index of the benchmark switch `var`'s value among `choices` (0 when unset); any other
-// value is an input error naming the variable, so a mistyped switch never measures the
-// wrong path.
-int env_choice(const char* var, std::initializer_list<std::string_view> choices) {
-  const char* e = std::getenv(var);
-  if (e == nullptr) return 0;
-  int i = 0;
-  for (const std::string_view c : choices) {
-    if (c == e) return i;
-    ++i;
-  }
-  fail_input("{}={}: expected one of {}", var, e, fmt::join(choices, ", "));
-}
-
-}  // namespace
-
+// Each switch's choices (kernels/tunables.h) are in the order of its enum, first the default.
 CudaOptions CudaOptions::from_env() {
   CudaOptions o;
-  o.fused_gemv = env_choice("STRATA_CUDA_GEMV", {"on", "off"}) == 0;
-  o.fuse_epilogues = env_choice("STRATA_CUDA_EPILOGUE", {"on", "off"}) == 0;
-  o.pdl = static_cast<Pdl>(env_choice("STRATA_CUDA_PDL", {"on", "off", "early", "all"}));
-  o.fuse_norms = env_choice("STRATA_CUDA_NORM", {"kernel", "fused"}) == 1;
-  o.norm_warp_rows = 1 << env_choice("STRATA_CUDA_NORM_ROWS", {"1", "2", "4"});
-  o.attention =
-      static_cast<Attention>(env_choice("STRATA_CUDA_ATTENTION", {"warps", "tiled", "simple"}));
-  o.fuse_decode_attention = env_choice("STRATA_CUDA_DECODE", {"apart", "fused"}) == 1;
+  o.fused_gemv = tunable_choice(TunableId::kCudaGemv) == 0;
+  o.fuse_epilogues = tunable_choice(TunableId::kCudaEpilogue) == 0;
+  o.pdl = static_cast<Pdl>(tunable_choice(TunableId::kCudaPdl));
+  o.fuse_norms = tunable_choice(TunableId::kCudaNorm) == 1;
+  o.norm_warp_rows = 1 << tunable_choice(TunableId::kCudaNormRows);
+  o.attention = static_cast<Attention>(tunable_choice(TunableId::kCudaAttention));
+  o.fuse_decode_attention = tunable_choice(TunableId::kCudaDecode) == 1;
   return o;
 }
 

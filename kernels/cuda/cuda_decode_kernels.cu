@@ -223,6 +223,29 @@ __device__ int64_t clamped_row(int64_t row, int j, int64_t n) {
   return row + j < n ? row + j : n - 1;
 }
 
+// The prologue of both GEMV kernels, then `body(part, row, xs)` for a warp with rows to
+// compute: this warp's part and first of R rows, the kernel's weight addresses
+// (`address(part, row, valid)`) and first loads (`load_first(valid)`) -- before waiting for the
+// kernel before where early_weights says so, after it otherwise -- then x as the dot products
+// read it. With kNorm every warp, rows past n included, joins the block's norm of x.
+template <bool kNorm, int R, class Address, class LoadFirst, class Body>
+__device__ void gemv_run(const float* x, const GemvLaunch& launch, int64_t k, Address&& address,
+                         LoadFirst&& load_first, Body&& body) {
+  static_assert(R == 1 || kNorm, "more rows a warp only where a norm prologue is shared");
+  let_dependents_launch();
+  int64_t row = 0;
+  const GemvPart part = part_of<R>(launch, row);
+  const bool valid = row < part.n;
+  if (!kNorm && !valid) return;
+  address(part, row, valid);
+  if (!launch.early_weights) wait_for_inputs();
+  load_first(valid);
+  wait_for_inputs();
+  const float* xs = gemv_input<kNorm>(x, k, launch.norm);
+  if (!valid) return;
+  body(part, row, xs);
+}
+
 // y = x w[n, k]^T for one activation row x: each lane reads 8 weights (16 bytes) of its
 // warp's row per chunk, streamed past L1 (__ldcs) so x stays cached there. With kNorm every
 // warp of the block, rows past n included, joins the prologue that normalises x, and a warp
@@ -230,57 +253,55 @@ __device__ int64_t clamped_row(int64_t row, int j, int64_t n) {
 template <typename T, bool kOverlap, bool kNorm, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_half_kernel(const float* x, GemvLaunch launch, int64_t k, GemvEpilogue epilogue) {
-  static_assert(R == 1 || kNorm, "more rows a warp only where a norm prologue is shared");
-  let_dependents_launch();
-  int64_t row = 0;
-  const GemvPart part = part_of<R>(launch, row);
-  const bool valid = row < part.n;
-  if (!kNorm && !valid) return;
   const unsigned lane = threadIdx.x & 31u;
   const uint4* wr[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j)
-    wr[j] = reinterpret_cast<const uint4*>(static_cast<const T*>(part.w) +
-                                           (valid ? clamped_row(row, j, part.n) : 0) * k);
-  const int64_t chunks = valid ? k / 8 : 0;
-  if (!launch.early_weights) wait_for_inputs();
+  int64_t chunks = 0;
   uint4 first[R][kGemvPrefetch];
-#pragma unroll
-  for (int d = 0; d < kGemvPrefetch; ++d)
-#pragma unroll
-    for (int j = 0; j < R; ++j)
-      if (lane + 32 * d < chunks) first[j][d] = __ldcs(wr[j] + lane + 32 * d);
-  wait_for_inputs();
-  const float* xs = gemv_input<kNorm>(x, k, launch.norm);
-  if (!valid) return;
-  float acc[R] = {};
-  const auto dot = [&](int64_t c, const uint4(&wv)[R]) {
-    const float4 a = x4<kOverlap, kNorm>(xs, 8 * c);
-    const float4 b = x4<kOverlap, kNorm>(xs, 8 * c + 4);
+  const auto address = [&](const GemvPart& part, int64_t row, bool valid) {
 #pragma unroll
     for (int j = 0; j < R; ++j)
-      acc[j] += dot8(a, b, halves_to_float2<T>(wv[j].x), halves_to_float2<T>(wv[j].y),
-                     halves_to_float2<T>(wv[j].z), halves_to_float2<T>(wv[j].w));
+      wr[j] = reinterpret_cast<const uint4*>(static_cast<const T*>(part.w) +
+                                             (valid ? clamped_row(row, j, part.n) : 0) * k);
+    chunks = valid ? k / 8 : 0;
   };
+  const auto load_first = [&](bool) {
 #pragma unroll
-  for (int d = 0; d < kGemvPrefetch; ++d) {
-    if (lane + 32 * d >= chunks) continue;
-    uint4 wv[R];
+    for (int d = 0; d < kGemvPrefetch; ++d)
 #pragma unroll
-    for (int j = 0; j < R; ++j) wv[j] = first[j][d];
-    dot(lane + 32 * d, wv);
-  }
-  for (int64_t c = lane + 32 * kGemvPrefetch; c < chunks; c += 32) {
-    uint4 wv[R];
+      for (int j = 0; j < R; ++j)
+        if (lane + 32 * d < chunks) first[j][d] = __ldcs(wr[j] + lane + 32 * d);
+  };
+  gemv_run<kNorm, R>(
+      x, launch, k, address, load_first, [&](const GemvPart& part, int64_t row, const float* xs) {
+        float acc[R] = {};
+        const auto dot = [&](int64_t c, const uint4(&wv)[R]) {
+          const float4 a = x4<kOverlap, kNorm>(xs, 8 * c);
+          const float4 b = x4<kOverlap, kNorm>(xs, 8 * c + 4);
 #pragma unroll
-    for (int j = 0; j < R; ++j) wv[j] = __ldcs(wr[j] + c);
-    dot(c, wv);
-  }
+          for (int j = 0; j < R; ++j)
+            acc[j] += dot8(a, b, halves_to_float2<T>(wv[j].x), halves_to_float2<T>(wv[j].y),
+                           halves_to_float2<T>(wv[j].z), halves_to_float2<T>(wv[j].w));
+        };
 #pragma unroll
-  for (int j = 0; j < R; ++j) {
-    const float one[1] = {acc[j]};
-    if (row + j < part.n) gemv_store<1>(one, row + j, part.n, part.bias, epilogue, part.y);
-  }
+        for (int d = 0; d < kGemvPrefetch; ++d) {
+          if (lane + 32 * d >= chunks) continue;
+          uint4 wv[R];
+#pragma unroll
+          for (int j = 0; j < R; ++j) wv[j] = first[j][d];
+          dot(lane + 32 * d, wv);
+        }
+        for (int64_t c = lane + 32 * kGemvPrefetch; c < chunks; c += 32) {
+          uint4 wv[R];
+#pragma unroll
+          for (int j = 0; j < R; ++j) wv[j] = __ldcs(wr[j] + c);
+          dot(c, wv);
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const float one[1] = {acc[j]};
+          if (row + j < part.n) gemv_store<1>(one, row + j, part.n, part.bias, epilogue, part.y);
+        }
+      });
 }
 
 // Code j (0..7) of a 32-bit word of codes (even index in the low nibble) as a float, exactly:
@@ -334,52 +355,51 @@ __device__ void q4_word_dot(const float* x, int64_t k, int64_t e, const Q4Word& 
 template <int M, bool kOverlap, bool kNorm, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_q4_kernel(const float* x, GemvLaunch launch, int64_t k, GemvEpilogue epilogue) {
-  static_assert(R == 1 || kNorm, "more rows a warp only where a norm prologue is shared");
-  let_dependents_launch();
-  int64_t row = 0;
-  const GemvPart part = part_of<R>(launch, row);
-  const bool valid = row < part.n;
-  if (!kNorm && !valid) return;
-  Q4Row w[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-    const int64_t r = valid ? clamped_row(row, j, part.n) : 0;
-    w[j] = Q4Row{
-        reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(part.w) + r * (k / 2)),
-        part.mins + r * (k / 64), part.scales + r * (k / 64)};
-  }
   constexpr int64_t kStride = 256;
   const int64_t e0 = 8 * static_cast<int64_t>(threadIdx.x & 31u);
-  const int64_t end = valid ? k : 0;  // a row past n loads nothing
-  if (!launch.early_weights) wait_for_inputs();
+  Q4Row w[R];
   Q4Word a[R], b[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-    if (e0 < end) a[j] = w[j].at(e0);
-    if (e0 + kStride < end) b[j] = w[j].at(e0 + kStride);
-  }
-  wait_for_inputs();
-  const float* xs = gemv_input<kNorm>(x, k, launch.norm);
-  if (!valid) return;
-  float acc[R][M] = {};
-  for (int64_t e = e0; e < k; e += 2 * kStride) {
-    Q4Word next_a[R], next_b[R];
+  const auto address = [&](const GemvPart& part, int64_t row, bool valid) {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
-      if (e + 2 * kStride < k) next_a[j] = w[j].at(e + 2 * kStride);
-      if (e + 3 * kStride < k) next_b[j] = w[j].at(e + 3 * kStride);
+      const int64_t r = valid ? clamped_row(row, j, part.n) : 0;
+      w[j] = Q4Row{reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(part.w) +
+                                                     r * (k / 2)),
+                   part.mins + r * (k / 64), part.scales + r * (k / 64)};
     }
+  };
+  const auto load_first = [&](bool valid) {
+    const int64_t end = valid ? k : 0;  // a row past n loads nothing
 #pragma unroll
     for (int j = 0; j < R; ++j) {
-      q4_word_dot<M, kOverlap, kNorm>(xs, k, e, a[j], acc[j]);
-      if (e + kStride < k) q4_word_dot<M, kOverlap, kNorm>(xs, k, e + kStride, b[j], acc[j]);
-      a[j] = next_a[j];
-      b[j] = next_b[j];
+      if (e0 < end) a[j] = w[j].at(e0);
+      if (e0 + kStride < end) b[j] = w[j].at(e0 + kStride);
     }
-  }
+  };
+  gemv_run<kNorm, R>(x, launch, k, address, load_first,
+                     [&](const GemvPart& part, int64_t row, const float* xs) {
+                       float acc[R][M] = {};
+                       for (int64_t e = e0; e < k; e += 2 * kStride) {
+                         Q4Word next_a[R], next_b[R];
 #pragma unroll
-  for (int j = 0; j < R; ++j)
-    if (row + j < part.n) gemv_store<M>(acc[j], row + j, part.n, part.bias, epilogue, part.y);
+                         for (int j = 0; j < R; ++j) {
+                           if (e + 2 * kStride < k) next_a[j] = w[j].at(e + 2 * kStride);
+                           if (e + 3 * kStride < k) next_b[j] = w[j].at(e + 3 * kStride);
+                         }
+#pragma unroll
+                         for (int j = 0; j < R; ++j) {
+                           q4_word_dot<M, kOverlap, kNorm>(xs, k, e, a[j], acc[j]);
+                           if (e + kStride < k)
+                             q4_word_dot<M, kOverlap, kNorm>(xs, k, e + kStride, b[j], acc[j]);
+                           a[j] = next_a[j];
+                           b[j] = next_b[j];
+                         }
+                       }
+#pragma unroll
+                       for (int j = 0; j < R; ++j)
+                         if (row + j < part.n)
+                           gemv_store<M>(acc[j], row + j, part.n, part.bias, epilogue, part.y);
+                     });
 }
 
 unsigned gemv_blocks(int64_t n, int warp_rows) {

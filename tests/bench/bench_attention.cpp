@@ -15,18 +15,19 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/clock.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/limits.h"
 #include "kernels/quant.h"
 #include "kernels/tensor.h"
+#include "kernels/tunables.h"
 
 namespace strata {
 namespace {
 
 int bench_threads() {
-  const char* t = std::getenv("STRATA_BENCH_THREADS");
-  return t != nullptr ? std::atoi(t) : 2;
+  return static_cast<int>(tunable_int(TunableId::kBenchThreads));
 }
 
 // Times `attend(layer)` once per iteration over the layers in turn, each between passes of
@@ -39,7 +40,7 @@ void time_layers(benchmark::State& state, int32_t layers, double bytes, Attend a
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     attend(layer);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = seconds_since(t0);
     layer = (layer + 1) % layers;
     state.PauseTiming();
     pairing.after_step(s, bytes);

@@ -16,19 +16,20 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/clock.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/gemm_panel.h"
 #include "kernels/gemm_q4_panel.h"
 #include "kernels/limits.h"
 #include "kernels/quant.h"
 #include "kernels/tensor.h"
+#include "kernels/tunables.h"
 
 namespace strata {
 namespace {
 
 int bench_threads() {
-  const char* t = std::getenv("STRATA_BENCH_THREADS");
-  return t != nullptr ? std::atoi(t) : 2;
+  return static_cast<int>(tunable_int(TunableId::kBenchThreads));
 }
 
 CpuBackend& backend() {
@@ -101,8 +102,7 @@ void BM_Step(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& w : ws) backend().linear(x.data(), m, w->view, nullptr, y.data());
     benchmark::DoNotOptimize(y.data());
-    const double step =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double step = seconds_since(t0);
     state.PauseTiming();
     pairing.after_step(step, bytes);
     state.ResumeTiming();

@@ -1317,8 +1317,6 @@ TEST(DtypeConvert, ArraysMatchScalarsAndRejectI32) {
     convert_from_f32(t, src.data(), packed.data(), src.size());
     Guarded<float> back(src.size(), nan_f32());
     convert_to_f32(t, packed.data(), back.data(), src.size());
-    Guarded<float> rows(src.size(), nan_f32());
-    row_to_f32(t, packed.data(), rows.data(), static_cast<int64_t>(src.size()));
     for (size_t i = 0; i < src.size(); ++i) {
       uint16_t h = 0;
       if (t != DType::kF32) std::memcpy(&h, packed.data() + 2 * i, 2);
@@ -1332,17 +1330,14 @@ TEST(DtypeConvert, ArraysMatchScalarsAndRejectI32) {
         ASSERT_EQ(h, ref_f32_to_bf16(src[i])) << i;
       }
       ASSERT_EQ(static_cast<double>(back[i]), want) << i;
-      ASSERT_EQ(static_cast<double>(rows[i]), want) << i;
     }
     EXPECT_TRUE(packed.guards_intact());
     EXPECT_TRUE(back.guards_intact());
-    EXPECT_TRUE(rows.guards_intact());
   }
   float f = 1.0f;
   int32_t i32 = 0;
   EXPECT_THROW(convert_to_f32(DType::kI32, &i32, &f, 1), Error);
   EXPECT_THROW(convert_from_f32(DType::kI32, &f, &i32, 1), Error);
-  EXPECT_THROW(row_to_f32(DType::kI32, &i32, &f, 1), Error);
 }
 
 TEST(DtypeNames, ParseAndSize) {

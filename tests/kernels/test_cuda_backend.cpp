@@ -27,6 +27,7 @@
 
 #include "kernels/accelerator.h"
 #include "kernels/backend.h"
+#include "kernels/clock.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -34,6 +35,7 @@
 #include "kernels/error.h"
 #include "kernels/quant.h"
 #include "kernels/tensor.h"
+#include "kernels/tunables.h"
 #include "support/guarded.h"
 
 namespace strata {
@@ -214,16 +216,13 @@ TEST(CudaAvailability, ProbeAndFactoryFailCleanlyWithoutDevice) {
   }
 }
 
-// The named environment variables as they were, put back on destruction: gpu-run.sh runs this
-// binary once with the STRATA_CUDA_* switches unset and once with them set, and a test that
-// changes them must leave the tests after it the run's own.
+// The named tunables as they were, put back on destruction: gpu-run.sh runs this binary once
+// with the STRATA_CUDA_* switches unset and once with them set, and a test that changes them
+// must leave the tests after it the run's own.
 class EnvRestore {
  public:
-  explicit EnvRestore(std::initializer_list<const char*> names) {
-    for (const char* n : names) {
-      const char* v = std::getenv(n);
-      saved_.emplace_back(n, v != nullptr ? std::optional<std::string>(v) : std::nullopt);
-    }
+  explicit EnvRestore(std::initializer_list<TunableId> ids) {
+    for (const TunableId id : ids) saved_.emplace_back(tunable(id).variable(), tunable_text(id));
   }
   EnvRestore(const EnvRestore&) = delete;
   EnvRestore& operator=(const EnvRestore&) = delete;
@@ -245,11 +244,11 @@ class EnvRestore {
 // documented value sets its field, and a value outside the list is an input error that
 // names the variable and the values it takes.
 TEST(CudaAvailability, OptionsFromTheEnvironment) {
-  const auto vars = {"STRATA_CUDA_GEMV",  "STRATA_CUDA_EPILOGUE",  "STRATA_CUDA_PDL",
-                     "STRATA_CUDA_NORM",  "STRATA_CUDA_NORM_ROWS", "STRATA_CUDA_ATTENTION",
-                     "STRATA_CUDA_DECODE"};
+  const auto vars = {TunableId::kCudaGemv,  TunableId::kCudaEpilogue, TunableId::kCudaPdl,
+                     TunableId::kCudaNorm,  TunableId::kCudaNormRows, TunableId::kCudaAttention,
+                     TunableId::kCudaDecode};
   const EnvRestore restore(vars);
-  for (const char* v : vars) unsetenv(v);
+  for (const TunableId v : vars) unsetenv(tunable(v).variable().c_str());
   using Pdl = CudaOptions::Pdl;
   using Attention = CudaOptions::Attention;
   const auto fields = [](const CudaOptions& o) {
@@ -278,7 +277,8 @@ TEST(CudaAvailability, OptionsFromTheEnvironment) {
     (void)CudaOptions::from_env();
     ADD_FAILURE() << "STRATA_CUDA_NORM_ROWS=3 was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("STRATA_CUDA_NORM_ROWS=3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("STRATA_CUDA_NORM_ROWS='3'"), std::string::npos)
+        << e.what();
   }
   unsetenv("STRATA_CUDA_NORM_ROWS");
 
@@ -289,8 +289,8 @@ TEST(CudaAvailability, OptionsFromTheEnvironment) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
     const std::string what = e.what();
-    EXPECT_NE(what.find("STRATA_CUDA_DECODE=yes"), std::string::npos) << what;
-    EXPECT_NE(what.find("apart, fused"), std::string::npos) << what;
+    EXPECT_NE(what.find("STRATA_CUDA_DECODE='yes'"), std::string::npos) << what;
+    EXPECT_NE(what.find("apart or fused"), std::string::npos) << what;
   }
 }
 
@@ -1440,8 +1440,7 @@ TEST_F(CudaTest, DISABLED_LinearThroughput) {
       for (int i = 0; i < kIters; ++i)
         gpu().linear(dx.f32(), m, ws[static_cast<size_t>(i % kCopies)], nullptr, dy.f32());
       gpu().synchronize();
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+      const double sec = seconds_since(t0) / kIters;
       const double bytes = static_cast<double>(wbytes) + static_cast<double>(m * k + m * n) * 4.0;
       const double flops = 2.0 * static_cast<double>(m) * n * k;
       std::printf(
@@ -1504,8 +1503,7 @@ TEST_F(CudaTest, DISABLED_DecodeLinearShapesThroughput) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < kIters; ++i) call(i);
         gpu().synchronize();
-        const double sec =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+        const double sec = seconds_since(t0) / kIters;
         const double bytes = static_cast<double>(wbytes) +
                              static_cast<double>(sh.k + (accumulate ? 2 : 1) * sh.n) * 4.0;
         std::printf(
@@ -1572,8 +1570,7 @@ TEST_F(CudaTest, DISABLED_NormLinearsThroughput) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < kIters; ++i) call(i);
         backend->synchronize();
-        const double sec =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+        const double sec = seconds_since(t0) / kIters;
         const double bytes = static_cast<double>(wbytes) * set.parts;
         std::printf(
             "{\"bench\": \"cuda_norm_linears\", \"dtype\": \"%s\", \"set\": \"%s\", "
@@ -1602,8 +1599,7 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
     for (int i = 0; i < kIters; ++i)
       gpu().copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice);
     gpu().synchronize();
-    const double sec =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+    const double sec = seconds_since(t0) / kIters;
     std::printf(
         "{\"bench\": \"cuda_copy_d2d\", \"bytes\": %zu, \"gb_per_s_read_plus_write\": %.1f}\n",
         bytes, 2.0 * static_cast<double>(bytes) / sec / 1e9);
@@ -1647,8 +1643,7 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < kIters; ++i) attend();
       gpu().synchronize();
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kIters;
+      const double sec = seconds_since(t0) / kIters;
       std::printf(
           "{\"bench\": \"cuda_attention\", \"cache\": \"%s\", \"batch\": %d, \"new_rows\": "
           "%d, \"ctx\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
@@ -1695,8 +1690,7 @@ TEST_F(CudaTest, DISABLED_AttentionDecodeThroughput) {
         const auto t1 = std::chrono::steady_clock::now();
         for (int i = 0; i < kIters; ++i) step();
         be.synchronize();
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() /
-               kIters;
+        return seconds_since(t1) / kIters;
       };
       const double apart = step_time(gpu(), false), one = step_time(*one_kernel, true);
       std::printf(

@@ -660,6 +660,30 @@ assert sorted(d) == ['gemm_gflops', 'gemm_n', 'memory_bandwidth_gbs', 'memory_re
 else
   echo "FAIL limits-input"; cat "$TMP/err" "$TMP/limits.json"; failures=$((failures + 1))
 fi
+# The table of tunables (kernels/tunables.h): every STRATA_* variable once, with its type,
+# default and the value this environment gives it.
+if env -u STRATA_CPU_WEIGHTS STRATA_CUDA_PDL=early STRATA_LIMIT_LAYERS=9 \
+  "$STRATA" limits --tunables >"$TMP/tunables.json" 2>"$TMP/err" &&
+  python3 -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))
+d = {r['name']: r for r in rows}
+assert len(d) == len(rows) == 15, sorted(d)
+for r in rows:
+    keys = ['name', 'type', 'default', 'current', 'description'] + (['choices'] if r['type'] == 'choice' else [])
+    assert list(r) == keys and r['description'], r
+pdl = d['STRATA_CUDA_PDL']
+assert pdl['current'] == 'early' and pdl['default'] == 'on' and pdl['choices'] == ['on', 'off', 'early', 'all'], pdl
+assert d['STRATA_CPU_WEIGHTS']['current'] is None and d['STRATA_CPU_WEIGHTS']['default'] == 'panels', d['STRATA_CPU_WEIGHTS']
+assert d['STRATA_LIMIT_<NAME>']['current'] == {'STRATA_LIMIT_LAYERS': '9'}, d['STRATA_LIMIT_<NAME>']
+assert d['STRATA_BENCH_THREADS']['type'] == 'int' and d['STRATA_BENCH_THREADS']['default'] == '2'
+assert d['STRATA_PROFILE_DIR']['type'] == 'path'
+" "$TMP/tunables.json"; then
+  echo "ok   limits-tunables"; passes=$((passes + 1))
+else
+  echo "FAIL limits-tunables"; cat "$TMP/err" "$TMP/tunables.json"; failures=$((failures + 1))
+fi
+expect_error limits-tunables-and-input "excludes" limits --tunables --input
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -12,7 +12,9 @@
 #include <string>
 #include <thread>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
+#include "kernels/tunables.h"
 #include "transport/all_reduce.h"
 #include "transport/control_channel.h"
 #include "transport/mpi_session.h"
@@ -27,10 +29,6 @@ using Clock = std::chrono::steady_clock;
 
 const MpiSession* g_session = nullptr;  // the process's one session, owned by main()
 std::string g_peer_loss;                // "finalize" or "crash" for the PeerLoss run
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 class Mpi : public ::testing::Test {
  protected:
@@ -407,8 +405,8 @@ int main(int argc, char** argv) {
     // forever, and mpirun calls any rank that skips it a failure: the survivor leaves its
     // verdict in STRATA_MPI_VERDICT for run_mpi.sh --verdict-file and ends here.
     if (strata::g_peer_loss == "crash" && session.rank() == 0) {
-      if (const char* path = std::getenv("STRATA_MPI_VERDICT")) {
-        if (std::FILE* f = std::fopen(path, "w")) {
+      if (const auto path = strata::tunable_text(strata::TunableId::kMpiVerdict)) {
+        if (std::FILE* f = std::fopen(path->c_str(), "w")) {
           std::fprintf(f, "%d\n", rc);
           std::fclose(f);
         }
