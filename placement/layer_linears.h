@@ -39,7 +39,8 @@ using LayerLinears = std::array<LayerLinear, kLinearSlots>;
 
 // The linears of one layer of `s`, indexed by slot (absent ones too, with present false).
 LayerLinears layer_linears(const ModelShape& s);
-inline const LayerLinear& linear_of(const LayerLinears& l, LinearSlot slot) {
+// By value: safe on the table a call to layer_linears returns.
+inline LayerLinear linear_of(const LayerLinears& l, LinearSlot slot) {
   return l[static_cast<size_t>(slot)];
 }
 

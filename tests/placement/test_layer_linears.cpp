@@ -84,8 +84,8 @@ TEST(LayerLinears, Llama3GroupedQueryByHand) {
 
 TEST(LayerLinears, StoredBytesByHand) {
   const ModelShape s = opt125m();
-  const LayerLinear& q = linear_of(layer_linears(s), LinearSlot::kQ);
-  const LayerLinear& down = linear_of(layer_linears(s), LinearSlot::kDown);
+  const LayerLinear q = linear_of(layer_linears(s), LinearSlot::kQ);
+  const LayerLinear down = linear_of(layer_linears(s), LinearSlot::kDown);
   // f16: 2 bytes an element.
   EXPECT_EQ(stored_weight_bytes(s, q, false), 768 * 768 * 2);
   EXPECT_EQ(stored_weight_bytes(s, down, false), 768 * 3072 * 2);
