@@ -71,9 +71,7 @@ nlohmann::json choose_policy(BenchOptions& o, bool device_compute) {
   so.pie = so.hetegen = true;  // the engine computes on a device: they have one to use
   so.on_progress = progress_callback("policy search: GPU batch sizes");
   const SearchResult r = search_policy(c.shape(), Workload{o.prompt_len, o.gen_len}, hw, so);
-  Policy p = r.policy;
-  p.act_gpu_percent = 100;  // the engine keeps activations on the compute tier
-  p.act_cpu_percent = 0;
+  const Policy p = with_engine_activations(r.policy, true);  // on the device's compute tier
   o.engine.policy = p;
   o.engine.policy_auto = false;
   o.batch = static_cast<int>(p.block_size());

@@ -12,7 +12,9 @@
 #include "kernels/tunables.h"
 #include "launch/hetegen_setup.h"
 #include "launch/progress.h"
+#include "placement/pie.h"
 #include "placement/policy.h"
+#include "placement/stage_budget.h"
 #include "placement/stage_placement.h"
 #include "worker/dummy.h"
 
@@ -63,12 +65,7 @@ PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compu
   if (!policy) return out;
   const Policy& p = *policy;
   p.validate();
-  // Activations are per-step scratch on the compute tier.
-  if (device_compute ? p.act_gpu_percent != 100 : p.act_disk_percent() != 0)
-    fail_input(
-        "--policy '{}': activations live on the compute tier ({}); h= other than that is not "
-        "implemented",
-        p.compact(), device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
+  check_engine_activations(p, device_compute);
   out.compress_weight = p.compress_weight;
   out.w_gpu = p.w_gpu_percent;
   out.w_cpu = p.w_cpu_percent;
@@ -87,108 +84,22 @@ PolicyChoice apply_policy(const std::optional<Policy>& policy, bool device_compu
   return out;
 }
 
-// The Pie options as the command line names them, for messages.
-std::string pie_option(const EngineOptions& o) {
-  if (o.pie_adaptive) return "--pie-adaptive";
-  if (o.pie_host_layers >= 0) return fmt::format("--pie-host-layers {}", o.pie_host_layers);
-  return fmt::format("--policy pie={}", o.policy ? o.policy->pie_host_layers : 0);
-}
-
-// Pie from --pie-* (or a policy's pie=), on a cache placed as `cache` says (off: default).
-PieOptions pie_options(const EngineOptions& o, const CacheOptions& cache) {
-  const int policy_m = o.policy ? o.policy->pie_host_layers : 0;
-  if (o.pie_host_layers >= 0 && policy_m > 0 && o.pie_host_layers != policy_m)
-    fail_input("--pie-host-layers {} and --policy pie={}: give the host layers once",
-               o.pie_host_layers, policy_m);
-  PieOptions pie;
-  pie.adaptive = o.pie_adaptive;
-  pie.min_host_layers = o.pie_min_host_layers;
-  pie.max_host_layers = o.pie_max_host_layers;
-  pie.host_layers = o.pie_host_layers >= 0 ? o.pie_host_layers
-                    : policy_m > 0         ? policy_m
-                                           : (o.pie_adaptive ? o.pie_min_host_layers : 0);
-  if (!pie.enabled()) return {};
-  // KvCache refuses it too, but only once the model is loaded and a run sizes its cache.
-  const CachePlacement& p = cache.placement;
-  if (p.gpu_percent != 100)
-    fail_input(
-        "{}: the policy '{}' puts {}% of the KV cache off the GPU tier; Pie swaps a cache that "
-        "lives wholly there (c=100/0/0)",
-        pie_option(o), o.policy ? o.policy->compact() : p.str(), 100 - p.gpu_percent);
-  return pie;
-}
-
-// Pie's host layers against the model's n, naming the option and its value.
-void check_pie(const EngineOptions& o, const PieOptions& pie, const ModelConfig& config) {
-  const int32_t n = config.n_layers;
-  const std::string m_option = o.pie_host_layers >= 0
-                                   ? fmt::format("--pie-host-layers {}", pie.host_layers)
-                                   : fmt::format("--policy pie={}", pie.host_layers);
-  if (!pie.adaptive && pie.host_layers >= n)
-    fail_input(
-        "{}: {} has {} KV-cache layers; at most {} can be in host memory (one stays on the "
-        "device)",
-        m_option, config.source, n, n - 1);
-  if (pie.adaptive) {
-    const int32_t hi = pie.highest_host_layers(n);
-    if (hi >= n)
-      fail_input(
-          "--pie-max-host-layers {}: {} has {} KV-cache layers; at most {} can be in host "
-          "memory",
-          pie.max_host_layers, config.source, n, n - 1);
-    if (pie.min_host_layers > hi)
-      fail_input("--pie-min-host-layers {}: above the most host layers, {}", pie.min_host_layers,
-                 hi);
-    if (pie.host_layers < pie.min_host_layers || pie.host_layers > hi)
-      fail_input("{}: adaptive expansion starts outside its bounds [{}, {}]", m_option,
-                 pie.min_host_layers, hi);
+// Pie as the command line asks for it (placement/pie.h decides).
+PieRequest pie_request(const EngineOptions& o) {
+  PieRequest q;
+  q.host_layers = o.pie_host_layers;
+  q.adaptive = o.pie_adaptive;
+  q.min_host_layers = o.pie_min_host_layers;
+  q.max_host_layers = o.pie_max_host_layers;
+  if (o.policy) {
+    q.policy_host_layers = o.policy->pie_host_layers;
+    q.policy = o.policy->compact();
   }
-  try {
-    pie.validate(n);
-  } catch (const InputError& e) {
-    fail_input("{}: {}", pie_option(o), e.what());
-  }
+  return q;
 }
 
-// What each memory budget bounds, said once. With a policy (FlexGen's shares of each tier),
-// --gpu-mem, --cpu-mem and --disk-mem each bound everything the engine keeps on their tier --
-// weights, KV cache (Pie's buffers where on) and step buffers -- counted as placement/ counts
-// them. Without one they bound the weights alone, which fill them first; the cache and the
-// buffers then come on top, and the run says so.
-struct TierBudget {
-  Tier tier;
-  const char* option;
-  const char* where;
-  const char* hint;  // how to make the KV cache need less of this tier
-};
-constexpr TierBudget kTierBudgets[] = {
-    {Tier::kGpu, "--gpu-mem", "the device",
-     "keep KV layers in host memory (--pie-host-layers, or the policy's c=)"},
-    {Tier::kCpu, "--cpu-mem", "host memory", "move KV layers to disk (the policy's c=)"},
-    {Tier::kDisk, "--disk-mem", "the disk", "keep more KV layers in memory (the policy's c=)"},
-};
-
-// What a tier holds, the device's kernel scratch included (held by the backend, not the engine).
-int64_t tier_need(const StagePlacement& p, Tier t) {
-  return p.total()[t] + (t == Tier::kGpu ? p.kernel_scratch_bytes : 0);
-}
-
-// "host memory needs 3.1 MiB (weights 1.0, KV cache 1.0, buffers 1.1)"
-std::string tier_need_str(const StagePlacement& p, const TierBudget& t) {
-  const double mib = 1 << 20;
-  const int64_t need = tier_need(p, t.tier);
-  const int64_t weights = p.weight_bytes()[t.tier], kv = p.cache_bytes()[t.tier];
-  return fmt::format("{} needs {:.1f} MiB (weights {:.1f}, KV cache {:.1f}{}, buffers {:.1f})",
-                     t.where, static_cast<double>(need) / mib, static_cast<double>(weights) / mib,
-                     static_cast<double>(kv) / mib,
-                     t.tier == Tier::kGpu && p.cache.pie_host_layers
-                         ? fmt::format(" in Pie's {} of {} layer buffers", p.cache.pie.device,
-                                       p.cache.tiers.size())
-                         : std::string(),
-                     static_cast<double>(need - weights - kv) / mib);
-}
-
-// Checked when a run sizes its cache (Model::make_cache), before anything of it is allocated.
+// Checked when a run sizes its cache (Model::make_cache), before anything of it is allocated:
+// the stage placed with that cache against the budgets (placement/stage_budget.h).
 void check_stage_memory(const EngineOptions& o, const ComputeSetup& c, Model& model,
                         const KvPackingOptions& packing) {
   // c.load.device, not c.device_compute(): the engine has taken the backends by now.
@@ -213,26 +124,10 @@ void check_stage_memory(const EngineOptions& o, const ComputeSetup& c, Model& mo
     r.kv_slots = slots;
     r.kv_capacity = capacity;
     if (packed > 0 && packed < int64_t{slots} * capacity) r.kv_positions = packed;
-    const StagePlacement p = place_stage(shape, r);
-    const double mib = 1 << 20;
-    for (const TierBudget& t : kTierBudgets) {
-      const int64_t budget = r.budgets[t.tier];
-      const int64_t need = tier_need(p, t.tier);
-      if (budget < 0 || need <= budget) continue;
-      if (policy.empty()) {
-        if (std::exchange(*warned, true)) continue;
-        log::get("launch")->warn(
-            "{} {:.1f} MiB bounds the weights alone (no --policy); with the KV cache of {} "
-            "sequences x {} positions {}: give a policy to bound them all",
-            t.option, static_cast<double>(budget) / mib, slots, capacity, tier_need_str(p, t));
-        continue;
-      }
-      fail_input(
-          "{} {:.1f} MiB is too small for the KV cache of {} sequences x {} positions under "
-          "--policy '{}': {}, short by {:.1f} MiB; lower --max-batch or {}",
-          t.option, static_cast<double>(budget) / mib, slots, capacity, policy, tier_need_str(p, t),
-          static_cast<double>(need - budget) / mib, t.hint);
-    }
+    const std::vector<std::string> warnings =
+        check_cache_budgets(place_stage(shape, r), r.budgets, policy, slots, capacity);
+    if (!warnings.empty() && !std::exchange(*warned, true))
+      log::get("launch")->warn("{}", warnings.front());
   });
 }
 
@@ -319,12 +214,11 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
   c.cache.host = c.cpu.get();
   // Pie swaps between a device and the host; where the CPU computes, there is no device
   // memory to expand, and like --gpu-mem the options are ignored, not refused.
-  const bool pie_asked =
-      o.pie_adaptive || o.pie_host_layers > 0 || (o.policy && o.policy->pie_host_layers > 0);
-  if (pie_asked && !c.device_compute()) {
-    log->warn("{} ignored: the engine computes on the CPU", pie_option(o));
-  } else if (pie_asked) {
-    c.cache.placement.pie = pie_options(o, c.cache);
+  const PieRequest pie = pie_request(o);
+  if (pie.asked() && !c.device_compute()) {
+    log->warn("{} ignored: the engine computes on the CPU", pie.option());
+  } else if (pie.asked()) {
+    c.cache.placement.pie = engine_pie(pie, c.cache.placement.gpu_percent, c.cache.placement.str());
   }
   c.max_batch = pc.max_batch;
   c.gpu_batch_size = pc.gpu_batch_size;
@@ -345,8 +239,10 @@ Engine make_engine(const EngineOptions& o) {
     e.backend = e.profiler.get();
     if (c.load.device != nullptr) c.load.device = e.backend;
   }
-  if (c.cache.placement.pie.enabled())  // refused before the weights load
-    check_pie(o, c.cache.placement.pie, load_spec_config(o.model, c.load.dummy_dtype));
+  if (c.cache.placement.pie.enabled()) {  // refused before the weights load
+    const ModelConfig config = load_spec_config(o.model, c.load.dummy_dtype);
+    check_pie_layers(pie_request(o), c.cache.placement.pie, config.n_layers, config.source);
+  }
   if (c.load.hetegen_cpu != nullptr) {  // alpha benchmark, module scheduler (HeteGen's Fig. 4)
     plan_hetegen(o, c.load, load_spec_config(o.model, c.load.dummy_dtype));
     e.cpu->bind_thread();  // the benchmark's CPU backend set this thread's OpenMP count

@@ -56,12 +56,8 @@ nlohmann::json stage_placements(const PlanOptions& o, const HardwareSpec& hw, co
   po.kv_slots = static_cast<int32_t>(policy.block_size());
   po.kv_capacity = static_cast<int32_t>(o.prompt_len + o.gen_len);
   po.max_batch_rows = std::max(po.kv_slots, o.max_step_tokens);
-  po.placement.policy = policy;
   po.placement.device_compute = !o.host_compute;
-  if (po.placement.device_compute) {
-    po.placement.policy->act_gpu_percent = 100;
-    po.placement.policy->act_cpu_percent = 0;
-  }
+  po.placement.policy = with_engine_activations(policy, po.placement.device_compute);
   po.placement.budgets =
       TierBudgets{static_cast<int64_t>(hw.gpu_mem), static_cast<int64_t>(hw.cpu_mem),
                   static_cast<int64_t>(hw.disk_mem), true};

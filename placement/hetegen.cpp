@@ -302,8 +302,7 @@ std::string HeteGenPlan::str() const {
 }
 
 const char* module_slot_name(int slot) {
-  static const char* const kNames[kModuleSlots] = {"q", "k", "v", "o", "gate", "up", "down"};
-  return slot >= 0 && slot < kModuleSlots ? kNames[slot] : "?";
+  return slot >= 0 && slot < kModuleSlots ? linear_slot_name(static_cast<LinearSlot>(slot)) : "?";
 }
 
 double module_alpha(double alpha, std::span<const double> slot_alpha, int slot) {
@@ -347,3 +346,89 @@ std::string HeteGenOptions::str() const {
 }
 
 }  // namespace strata::hetegen
+
+namespace strata::hetegen {
+
+std::string ModuleShapeKey::str() const {
+  return fmt::format("[{}, {}] {}{}", out, in, dtype_name(dtype), bias ? " +bias" : "");
+}
+
+SlotModules slot_modules(const ModelShape& shape, bool compress) {
+  SlotModules out;
+  for (const LayerLinear& l : layer_linears(shape)) {
+    if (!l.present) continue;
+    SlotModule& m = out[static_cast<size_t>(l.slot)];
+    m.present = true;
+    m.key = ModuleShapeKey{l.out, l.in, stored_dtype(shape.dtype, l.in, compress), l.bias};
+    m.bytes = stored_weight_bytes(shape, l, compress) + (l.bias ? l.out * 4 : 0);
+  }
+  return out;
+}
+
+SlotAlphas fixed_slot_alphas(const SlotModules& modules, double alpha) {
+  SlotAlphas out;
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = {alpha, (1 - alpha) * static_cast<double>(modules[i].bytes)};
+  return out;
+}
+
+double switch_alpha(const SlotAlphas& alphas) {
+  double top = 0;
+  for (const SlotAlpha& a : alphas) top = std::max(top, a.alpha);
+  return top > 0 ? top : 1.0;
+}
+
+namespace {
+
+size_t whole_flag(int32_t layer, int slot) {
+  return static_cast<size_t>(layer) * kModuleSlots + static_cast<size_t>(slot);
+}
+
+}  // namespace
+
+StageModuleSchedule schedule_stage_modules(const ModelShape& shape, StageRequest r, int64_t gpu_mem,
+                                           const SlotModules& modules, const SlotAlphas& alphas) {
+  StageModuleSchedule out;
+  out.fixed = place_weights(shape, r).gpu_bytes();
+  out.budget = gpu_mem - out.fixed;
+  if (out.budget < 0) return out;
+  std::vector<Module> list;
+  std::vector<std::pair<int32_t, int>> where;  // (layer, slot) of list[i]
+  for (int32_t l = 0; l < static_cast<int32_t>(shape.n_layers); ++l)
+    for (int i = 0; i < kModuleSlots; ++i) {
+      const SlotModule& m = modules[static_cast<size_t>(i)];
+      if (!m.present) continue;
+      const SlotAlpha& a = alphas[static_cast<size_t>(i)];
+      list.push_back(
+          {hetegen_module_name(l, static_cast<LinearSlot>(i)), m.bytes, a.t_cpu, a.alpha, 0});
+      where.emplace_back(l, i);
+    }
+  const HeteGenPlan plan = schedule_modules(list, out.budget, true);
+  r.hetegen_whole.assign(static_cast<size_t>(shape.n_layers) * kModuleSlots, 0);
+  std::vector<size_t> moved;  // in the order of gain they were moved in
+  for (size_t i = 0; i < list.size(); ++i)
+    if (plan.modules[i].placement == ModulePlacement::kGpu) moved.push_back(i);
+  std::stable_sort(moved.begin(), moved.end(),
+                   [&](size_t a, size_t b) { return list[a].gain() > list[b].gain(); });
+  for (size_t i : moved) r.hetegen_whole[whole_flag(where[i].first, where[i].second)] = 1;
+  while (!moved.empty() && place_weights(shape, r).gpu_bytes() > gpu_mem) {
+    r.hetegen_whole[whole_flag(where[moved.back()].first, where[moved.back()].second)] = 0;
+    moved.pop_back();
+  }
+  out.scheduled = true;
+  out.whole = r.hetegen_whole;
+  out.modules = list.size();
+  for (size_t i : moved) out.moved.push_back(list[i].name);
+  out.used = place_weights(shape, r).gpu_bytes() - out.fixed;
+  return out;
+}
+
+}  // namespace strata::hetegen
+
+namespace strata {
+
+std::string hetegen_module_name(int32_t layer, LinearSlot slot) {
+  return fmt::format("layer.{}.{}", layer, linear_slot_name(slot));
+}
+
+}  // namespace strata

@@ -14,11 +14,17 @@
 // alpha grows.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "kernels/tensor.h"
+#include "placement/layer_linears.h"
+#include "placement/model_shape.h"
+#include "placement/stage_placement.h"
 
 namespace strata::hetegen {
 
@@ -193,9 +199,9 @@ HeteGenPlan schedule_modules(std::span<const Module> modules, int64_t gpu_budget
 
 // --- what the engine carries ---------------------------------------------------------------
 
-// A layer's linear modules, in worker/split_linear.h LinearSlot's order: q, k, v, o, gate, up,
-// down (OPT's fc1 and fc2 are up and down). Per-module decisions are indexed by this slot.
-inline constexpr int kModuleSlots = 7;
+// A layer's linear modules, in LinearSlot's order (placement/layer_linears.h): q, k, v, o,
+// gate, up, down. Per-module decisions are indexed by this slot.
+inline constexpr int kModuleSlots = kLinearSlots;
 const char* module_slot_name(int slot);  // "q", ..., "down"
 
 // The split the engine runs on its CPU-tier layers, as the loader (worker/loader.h) and
@@ -223,4 +229,60 @@ struct HeteGenOptions {
   std::string str() const;  // "hetegen(alpha=0.700, cpu_threads=0)" or "hetegen(off)"
 };
 
+// --- the engine's stage: its modules, their alphas, the scheduler over every layer --------
+
+// One linear module as the engine stores it: the alpha benchmark's key (a module of this shape
+// is measured once) and its bytes.
+struct ModuleShapeKey {
+  int64_t out = 0, in = 0;
+  DType dtype = DType::kF32;  // as stored: kQ4 for 4-bit weights
+  bool bias = false;
+  std::string str() const;  // "[768, 3072] f16 +bias"
+};
+
+struct SlotModule {
+  bool present = false;
+  ModuleShapeKey key;
+  int64_t bytes = 0;  // weight and bias as stored
+};
+using SlotModules = std::array<SlotModule, kModuleSlots>;
+// A layer's modules of `shape` in slot order (layer_linears), as stored (compress: 4-bit).
+SlotModules slot_modules(const ModelShape& shape, bool compress);
+
+struct SlotAlpha {
+  double alpha = 0;
+  double t_cpu = 0;  // T-bar_cpu at alpha (eq. 11), seconds
+};
+using SlotAlphas = std::array<SlotAlpha, kModuleSlots>;
+
+// A fixed alpha: the CPU's time modelled as its share of the module's bytes, so every module
+// has the same gain and the scheduler fills the device in layer order.
+SlotAlphas fixed_slot_alphas(const SlotModules& modules, double alpha);
+// The alpha that switches HeteGen on when the modules take their own (the benchmark's): the
+// largest, or 1 when none is above 0. What the placement prints.
+double switch_alpha(const SlotAlphas& alphas);
+
+// Section 4.5 over every module of every layer of a stage whose layers are all split
+// (`request`: its weights all on the CPU tier), with `gpu_mem` the device's weight budget.
+struct StageModuleSchedule {
+  bool scheduled = false;      // false: the fixed parts alone exceed gpu_mem (the load refuses it)
+  std::vector<uint8_t> whole;  // kModuleSlots flags per layer (StageRequest::hetegen_whole)
+  std::vector<std::string> moved;  // the modules kept whole, in the order of gain moved in
+  size_t modules = 0;              // modules scheduled
+  int64_t fixed = 0;               // the device's bytes with every module split
+  int64_t budget = 0;              // gpu_mem - fixed
+  int64_t used = 0;                // of the budget, by the whole modules (page rounding too)
+};
+// Every module split to begin with; schedule_modules (streamed) moves modules whole by gain;
+// then, since the packed blobs round each layer to a page, the last moves are given back
+// until place_weights fits gpu_mem.
+StageModuleSchedule schedule_stage_modules(const ModelShape& shape, StageRequest request,
+                                           int64_t gpu_mem, const SlotModules& modules,
+                                           const SlotAlphas& alphas);
+
 }  // namespace strata::hetegen
+
+namespace strata {
+// The scheduler's name for a module (hetegen::Module::name): "layer.3.up".
+std::string hetegen_module_name(int32_t layer, LinearSlot slot);
+}  // namespace strata

@@ -444,4 +444,90 @@ std::string PieExpansionController::str() const {
                      expansion(), adjustments_, raises_, lowerings_);
 }
 
+int32_t PieOptions::highest_host_layers(int32_t n_layers) const {
+  if (!adaptive) return host_layers;
+  return max_host_layers < 0 ? n_layers - 1 : max_host_layers;
+}
+
+void PieOptions::validate(int32_t n_layers) const {
+  if (host_layers < 0 || host_layers >= n_layers)
+    fail_input(
+        "Pie: {} host layers of {} KV-cache layers: m must be in [0, {}] (at least one layer "
+        "stays on the device)",
+        host_layers, n_layers, n_layers - 1);
+  if (!adaptive) return;
+  const int32_t hi = max_host_layers < 0 ? n_layers - 1 : max_host_layers;
+  if (min_host_layers < 0 || hi >= n_layers || min_host_layers > hi)
+    fail_input("Pie: adaptive host layers [{}, {}] outside [0, {}] or out of order",
+               min_host_layers, max_host_layers, n_layers - 1);
+  if (host_layers < min_host_layers || host_layers > hi)
+    fail_input("Pie: adaptive expansion starts at {} host layers, outside [{}, {}]", host_layers,
+               min_host_layers, hi);
+}
+
+std::string PieOptions::str() const {
+  if (!enabled()) return "pie(off)";
+  if (!adaptive) return fmt::format("pie(m={})", host_layers);
+  return fmt::format("pie(adaptive, m={} in [{}, {}])", host_layers, min_host_layers,
+                     max_host_layers < 0 ? std::string("n-1") : std::to_string(max_host_layers));
+}
+
+std::string PieRequest::option() const {
+  if (adaptive) return "--pie-adaptive";
+  if (host_layers >= 0) return fmt::format("--pie-host-layers {}", host_layers);
+  return fmt::format("--policy pie={}", policy_host_layers);
+}
+
+PieOptions engine_pie(const PieRequest& q, int cache_gpu_percent, const std::string& cache) {
+  const int32_t policy_m = q.policy_host_layers;
+  if (q.host_layers >= 0 && policy_m > 0 && q.host_layers != policy_m)
+    fail_input("--pie-host-layers {} and --policy pie={}: give the host layers once", q.host_layers,
+               policy_m);
+  PieOptions pie;
+  pie.adaptive = q.adaptive;
+  pie.min_host_layers = q.min_host_layers;
+  pie.max_host_layers = q.max_host_layers;
+  pie.host_layers = q.host_layers >= 0 ? q.host_layers
+                    : policy_m > 0     ? policy_m
+                                       : (q.adaptive ? q.min_host_layers : 0);
+  if (!pie.enabled()) return {};
+  if (cache_gpu_percent != 100)
+    fail_input(
+        "{}: the policy '{}' puts {}% of the KV cache off the GPU tier; Pie swaps a cache that "
+        "lives wholly there (c=100/0/0)",
+        q.option(), q.policy.empty() ? cache : q.policy, 100 - cache_gpu_percent);
+  return pie;
+}
+
+void check_pie_layers(const PieRequest& q, const PieOptions& pie, int32_t n,
+                      const std::string& source) {
+  const std::string m_option = q.host_layers >= 0
+                                   ? fmt::format("--pie-host-layers {}", pie.host_layers)
+                                   : fmt::format("--policy pie={}", pie.host_layers);
+  if (!pie.adaptive && pie.host_layers >= n)
+    fail_input(
+        "{}: {} has {} KV-cache layers; at most {} can be in host memory (one stays on the "
+        "device)",
+        m_option, source, n, n - 1);
+  if (pie.adaptive) {
+    const int32_t hi = pie.highest_host_layers(n);
+    if (hi >= n)
+      fail_input(
+          "--pie-max-host-layers {}: {} has {} KV-cache layers; at most {} can be in host "
+          "memory",
+          pie.max_host_layers, source, n, n - 1);
+    if (pie.min_host_layers > hi)
+      fail_input("--pie-min-host-layers {}: above the most host layers, {}", pie.min_host_layers,
+                 hi);
+    if (pie.host_layers < pie.min_host_layers || pie.host_layers > hi)
+      fail_input("{}: adaptive expansion starts outside its bounds [{}, {}]", m_option,
+                 pie.min_host_layers, hi);
+  }
+  try {
+    pie.validate(n);
+  } catch (const InputError& e) {
+    fail_input("{}: {}", q.option(), e.what());
+  }
+}
+
 }  // namespace strata

@@ -276,4 +276,54 @@ class PieExpansionController {
   int64_t lowerings_ = 0;
 };
 
+// How an engine asks for Pie: on KvCache through CachePlacement::pie.
+struct PieOptions {
+  // m, the KV-cache layers kept in host memory (expansion n / (n - m)); with `adaptive`,
+  // where the controller starts. 0 and not adaptive: Pie is off.
+  int32_t host_layers = 0;
+  bool adaptive = false;
+  // Adaptive: the range the controller keeps m in (max -1: n - 1). The device keeps
+  // n - min_host_layers layer buffers, so a larger minimum saves device memory.
+  int32_t min_host_layers = 0;
+  int32_t max_host_layers = -1;
+  // The controller's tuning; its n_layers and m range are taken from the fields above.
+  PieControllerOptions controller;
+
+  bool enabled() const { return adaptive || host_layers > 0; }
+  // The range m stays in: fixed, m itself; adaptive, [min_host_layers, max_host_layers]
+  // (max -1: n - 1). The buffers follow from it (PieBuffers).
+  int32_t lowest_host_layers() const { return adaptive ? min_host_layers : host_layers; }
+  int32_t highest_host_layers(int32_t n_layers) const;
+  // InputError naming the field and value: m outside [0, n) or outside the adaptive range.
+  void validate(int32_t n_layers) const;
+  std::string str() const;  // "pie(m=2)" or "pie(adaptive, m=0 in [0, 4])"
+};
+
+// How the command line asks for Pie: --pie-host-layers (-1: not given), --pie-adaptive with
+// its bounds, and a policy's pie= (0: none).
+struct PieRequest {
+  int32_t host_layers = -1;
+  bool adaptive = false;
+  int32_t min_host_layers = 0;
+  int32_t max_host_layers = -1;
+  int32_t policy_host_layers = 0;
+  std::string policy;  // the policy's compact form, for messages ("": none given)
+
+  bool asked() const { return adaptive || host_layers > 0 || policy_host_layers > 0; }
+  // The option as the command line names it: "--pie-adaptive", "--pie-host-layers 2" or
+  // "--policy pie=2".
+  std::string option() const;
+};
+
+// The engine's Pie from `request` on a KV cache with `cache_gpu_percent` of its layers on the
+// GPU tier (`cache`: that placement in words, named when no policy is): off (default options)
+// when nothing asks for it. InputError for m given twice with different values, or a cache
+// not wholly on the GPU tier -- KvCache refuses it too, but only once the model is loaded and
+// a run sizes its cache.
+PieOptions engine_pie(const PieRequest& request, int cache_gpu_percent, const std::string& cache);
+// InputError naming the option and its value unless `pie`'s host layers fit a model `source`
+// of n_layers KV-cache layers (one stays on the device), before the weights load.
+void check_pie_layers(const PieRequest& request, const PieOptions& pie, int32_t n_layers,
+                      const std::string& source);
+
 }  // namespace strata

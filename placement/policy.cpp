@@ -202,4 +202,24 @@ Policy Policy::parse(std::string_view text) {
   return p;
 }
 
+bool activations_on_compute_tier(const Policy& p, bool device_compute) {
+  return device_compute ? p.act_gpu_percent == 100 : p.act_disk_percent() == 0;
+}
+
+void check_engine_activations(const Policy& p, bool device_compute) {
+  if (!activations_on_compute_tier(p, device_compute))
+    fail_input(
+        "--policy '{}': activations live on the compute tier ({}); h= other than that is not "
+        "implemented",
+        p.compact(), device_compute ? "h=100/0/0" : "h=0/100/0 on a CPU-only node");
+}
+
+Policy with_engine_activations(Policy p, bool device_compute) {
+  if (device_compute) {
+    p.act_gpu_percent = 100;
+    p.act_cpu_percent = 0;
+  }
+  return p;
+}
+
 }  // namespace strata

@@ -79,4 +79,15 @@ struct Policy {
   std::string extras(std::string_view sep, std::string_view style) const;
 };
 
+// The engine keeps activations as per-step scratch on its compute tier; FlexGen's h= has no
+// other place in it. That is h=100/0/0 with a device, and on a CPU-only node any h without a
+// disk share (both of the other tiers are the host's memory there). The one rule the engine,
+// the planner and the policy search follow.
+bool activations_on_compute_tier(const Policy& p, bool device_compute);
+// InputError naming the policy and the h= it must have unless activations_on_compute_tier.
+void check_engine_activations(const Policy& p, bool device_compute);
+// `p` with its activations where the engine keeps them: h=100/0/0 with a device (what a
+// searched or planned policy runs with); on a CPU-only node `p` as it is.
+Policy with_engine_activations(Policy p, bool device_compute);
+
 }  // namespace strata

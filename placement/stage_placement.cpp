@@ -6,8 +6,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/error.h"
-#include "kernels/quant.h"
 #include "placement/hetegen.h"
+#include "placement/layer_linears.h"
 
 namespace strata {
 namespace {
@@ -26,66 +26,42 @@ double mib(int64_t bytes) {
 }
 
 int64_t matrix_bytes(const ModelShape& s, int64_t rows, int64_t cols, bool compress) {
-  Tensor t{nullptr, s.dtype, {rows, cols}};
-  if (compress && cols % kQuantGroupSize == 0) t.dtype = DType::kQ4;
-  return static_cast<int64_t>(t.bytes());
+  return stored_matrix_bytes(s.dtype, rows, cols, compress);
 }
 
 // The largest linear calls a stage makes (worker/transformer.cpp kernel_bounds, from the
 // tensors themselves): every layer matrix, and project_in / project_out / lm_head where the
 // stage has them.
 KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, const Policy& policy) {
-  struct Matrix {
-    int64_t rows, cols;
-    bool layer = true;  // one of a layer's matrices (KernelBounds::add_weight)
-  };
   const int64_t e = s.embed_width();
-  std::vector<Matrix> m = {{s.q_width(), s.hidden},
-                           {s.kv_width(), s.hidden},
-                           {s.hidden, s.q_width()},
-                           {s.intermediate, s.hidden},
-                           {s.hidden, s.intermediate}};
-  if (r.embedding && e != s.hidden) m.push_back({s.hidden, e, false});
-  if (r.head && e != s.hidden) m.push_back({e, s.hidden, false});
-  if (r.head) m.push_back({s.vocab, e, false});
   KernelBounds b;
   b.max_rows = r.max_rows;
   b.max_positions = r.kv_capacity;
-  for (const Matrix& x : m) {  // stored as the loader leaves it (worker/loader.h)
-    const bool q4 = policy.compress_weight && x.cols % kQuantGroupSize == 0;
-    b.add_weight(x.rows, x.cols, q4 ? DType::kQ4 : s.dtype, x.layer);
-  }
+  // Stored as the loader leaves it (worker/loader.h).
+  auto add = [&](int64_t rows, int64_t cols, bool layer) {
+    b.add_weight(rows, cols, stored_dtype(s.dtype, cols, policy.compress_weight), layer);
+  };
+  for (const LayerLinear& l : layer_linears(s))
+    if (l.present) add(l.out, l.in, true);
+  if (r.embedding && e != s.hidden) add(s.hidden, e, false);
+  if (r.head && e != s.hidden) add(e, s.hidden, false);
+  if (r.head) add(s.vocab, e, false);
   return b;
 }
 
 // One layer's tensors in LayerLayout's order (worker/layer_store.cpp kMembers), bytes each.
 std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
-  const int64_t h = s.hidden, qw = s.q_width(), kvw = s.kv_width(), f = s.intermediate;
-  const bool ln = s.norm_bias;
+  const LayerLinears linears = layer_linears(s);
   std::vector<int64_t> t;
-  auto vec = [&](bool present, int64_t n) {
-    if (present) t.push_back(n * kF32);
-  };
-  auto mat = [&](bool present, int64_t rows, int64_t cols) {
-    if (present) t.push_back(matrix_bytes(s, rows, cols, compress));
-  };
-  vec(true, h);  // attn_norm
-  vec(ln, h);
-  mat(true, qw, h);
-  mat(true, kvw, h);
-  mat(true, kvw, h);
-  mat(true, h, qw);
-  vec(s.attention_bias, qw);
-  vec(s.attention_bias, kvw);
-  vec(s.attention_bias, kvw);
-  vec(s.attention_bias, h);
-  vec(true, h);  // mlp_norm
-  vec(ln, h);
-  mat(s.gated_mlp, f, h);
-  mat(true, f, h);
-  mat(true, h, f);
-  vec(s.mlp_bias, f);
-  vec(s.mlp_bias, h);
+  for (LinearBlock block : {LinearBlock::kAttention, LinearBlock::kMlp}) {
+    t.push_back(s.hidden * kF32);  // the block's norm (attn_norm, mlp_norm)
+    if (s.norm_bias) t.push_back(s.hidden * kF32);
+    for (const LayerLinear& l : linears)
+      if (l.present && linear_block(l.slot) == block)
+        t.push_back(stored_weight_bytes(s, l, compress));
+    for (const LayerLinear& l : linears)
+      if (l.present && l.bias && linear_block(l.slot) == block) t.push_back(l.out * kF32);
+  }
   return t;
 }
 
@@ -100,37 +76,29 @@ struct SplitLayer {
 };
 
 SplitLayer split_layer(const ModelShape& s, bool compress, const StageRequest& r, int32_t layer) {
-  const int64_t h = s.hidden, qw = s.q_width(), kvw = s.kv_width(), f = s.intermediate;
   SplitLayer out;
   int64_t resident = 0, stream = 0;  // packed, 64-byte aligned tensors
   auto pack = [](int64_t& blob, int64_t bytes) {
     if (bytes > 0) blob = align_bytes(blob + bytes, 64);
   };
-  int slot = 0;
-  auto linear = [&](bool present, int64_t rows, int64_t cols, bool bias) {
-    const int i = slot++;
-    if (!present) return;
+  for (const LayerLinear& l : layer_linears(s)) {
+    if (!l.present) continue;
+    const int i = static_cast<int>(l.slot);
+    const int64_t rows = l.out, cols = l.in;
     if (layer >= 0 && hetegen::module_whole(r.hetegen_whole, layer, i)) {
       pack(resident, matrix_bytes(s, rows, cols, compress));
-      if (bias) pack(resident, rows * kF32);
-      return;
+      if (l.bias) pack(resident, rows * kF32);
+      continue;
     }
     const double alpha = hetegen::module_alpha(r.hetegen_alpha, r.hetegen_slot_alpha, i);
     const int64_t g = hetegen::split_gpu_rows(alpha, rows);
     pack(stream, matrix_bytes(s, g, cols, compress));
-    if (bias) pack(stream, g * kF32);
-    out.host += matrix_bytes(s, rows - g, cols, compress) + (bias ? (rows - g) * kF32 : 0);
+    if (l.bias) pack(stream, g * kF32);
+    out.host += matrix_bytes(s, rows - g, cols, compress) + (l.bias ? (rows - g) * kF32 : 0);
     out.max_in = std::max(out.max_in, cols);
     out.max_out = std::max(out.max_out, rows);
-  };
-  linear(true, qw, h, s.attention_bias);
-  linear(true, kvw, h, s.attention_bias);
-  linear(true, kvw, h, s.attention_bias);
-  linear(true, h, qw, s.attention_bias);
-  linear(s.gated_mlp, f, h, false);
-  linear(true, f, h, s.mlp_bias);
-  linear(true, h, f, s.mlp_bias);
-  for (int i = 0; i < (s.norm_bias ? 4 : 2); ++i) pack(resident, h * kF32);  // the norms
+  }
+  for (int i = 0; i < (s.norm_bias ? 4 : 2); ++i) pack(resident, s.hidden * kF32);  // the norms
   out.gpu = align_bytes(resident);
   out.stream = stream > 0 ? align_bytes(stream) : 0;
   out.host += out.stream;  // the shares' pinned blob
@@ -323,81 +291,95 @@ std::string StagePlacement::str() const {
       cpu_attention ? ", attention on the CPU" : "");
 }
 
-StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
+namespace {
+
+// The stage's layers, [r.layer_begin, end), refused unless a non-empty part of the model.
+int32_t stage_layer_end(const ModelShape& s, const StageRequest& r) {
   const auto n_model = static_cast<int32_t>(s.n_layers);
   const int32_t end = r.layer_end < 0 ? n_model : r.layer_end;
   if (r.layer_begin < 0 || r.layer_begin >= end || end > n_model)
     fail_input("layer range [{}, {}) is not a non-empty part of the model's {} layers",
                r.layer_begin, end, n_model);
-  const int32_t n = end - r.layer_begin;
-  const Policy policy = r.policy.value_or(Policy{});
-  policy.validate();
-  if (r.hetegen_alpha != 0) {
-    hetegen::check_split(r.hetegen_alpha, r.hetegen_slot_alpha, r.hetegen_whole, n);
-    if (!r.device_compute)
-      fail_input("HeteGen splits layers between a device and the CPU: it needs device compute");
-  }
-  StagePlacement p;
-  p.layer_begin = r.layer_begin;
-  p.layer_end = end;
-  p.embedding = r.embedding;
-  p.head = r.head;
-  p.device_compute = r.device_compute;
-  p.gpu_batch_size = r.policy ? static_cast<int32_t>(r.policy->gpu_batch_size.value_or(0)) : 0;
-  p.cpu_attention = policy.cpu_cache_compute;
+  return end;
+}
 
-  // The KV cache: layer tiers from the cache shares, K and V per layer as stored.
-  KvPlacement& kv = p.cache;
-  if (r.kv_slots > 0) {
-    kv.compress = policy.compress_cache;
-    kv.f16 = policy.cache_f16;
-    if (kv.compress && s.head_dim % 2 != 0)
-      fail_input("head_dim {} is odd; the 4-bit KV cache packs two values per byte", s.head_dim);
-    if (r.kv_positions < 0 || (r.kv_positions > 0 && r.device_compute))
-      fail_input("{} packed KV positions with {} compute: packing commits host memory only",
-                 r.kv_positions, r.device_compute ? "device" : "host");
-    const int64_t positions = committed_positions(r);
-    const bool packed = positions < int64_t{r.kv_slots} * r.kv_capacity;
-    const int64_t rows = positions * s.n_kv_heads;
-    if (kv.compress) {
-      KvQ4LayerView v;  // its bytes are per position: one slot of them all says the same
-      v.n_slots = packed ? 1 : r.kv_slots;
-      v.capacity = packed ? static_cast<int32_t>(positions) : r.kv_capacity;
-      v.n_kv_heads = static_cast<int32_t>(s.n_kv_heads);
-      v.head_dim = static_cast<int32_t>(s.head_dim);
-      v.group = KvQ4LayerView::group_for(v.head_dim);
-      kv.layer_bytes = static_cast<int64_t>(v.tensor_bytes());
-    } else {
-      kv.layer_bytes = rows * s.head_dim * (policy.cache_f16 ? 2 : kF32);
-    }
-    kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
-    if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
-    if (r.pie) {  // as worker/kv_cache.cpp refuses and allocates it
-      if (!r.device_compute)
-        fail_input("Pie swaps the KV cache between a device and the host: it needs device compute");
-      if (kv.count(Tier::kGpu) != n)
-        fail_input(
-            "Pie swaps GPU-tier KV-cache layers; the policy '{}' puts {} of {} layers elsewhere",
-            policy.compact(), n - kv.count(Tier::kGpu), n);
-      kv.pie_host_layers = r.pie;
-      kv.pie = PieBuffers::of(n, r.pie->lowest, r.pie->highest, kv.layer_bytes);
-    }
-  }
+void check_hetegen(const StageRequest& r, int32_t n) {
+  if (r.hetegen_alpha == 0) return;
+  hetegen::check_split(r.hetegen_alpha, r.hetegen_slot_alpha, r.hetegen_whole, n);
+  if (!r.device_compute)
+    fail_input("HeteGen splits layers between a device and the CPU: it needs device compute");
+}
 
-  // The step's buffers (worker/transformer.h: one layer's temporaries; block_executor.h: a
-  // state per GPU batch; kv_attention.h: its workspaces).
+// K or V of one layer as stored: f32, f16 or 4-bit, for every committed position.
+int64_t kv_layer_bytes(const ModelShape& s, const StageRequest& r, const Policy& policy) {
+  const int64_t positions = committed_positions(r);
+  const bool packed = positions < int64_t{r.kv_slots} * r.kv_capacity;
+  if (!policy.compress_cache)
+    return positions * s.n_kv_heads * s.head_dim * (policy.cache_f16 ? 2 : kF32);
+  KvQ4LayerView v;  // its bytes are per position: one slot of them all says the same
+  v.n_slots = packed ? 1 : r.kv_slots;
+  v.capacity = packed ? static_cast<int32_t>(positions) : r.kv_capacity;
+  v.n_kv_heads = static_cast<int32_t>(s.n_kv_heads);
+  v.head_dim = static_cast<int32_t>(s.head_dim);
+  v.group = KvQ4LayerView::group_for(v.head_dim);
+  return static_cast<int64_t>(v.tensor_bytes());
+}
+
+// Pie's buffers in place of the GPU-tier layers, as worker/kv_cache.cpp refuses and allocates
+// them.
+void place_pie(const StageRequest& r, const Policy& policy, int32_t n, KvPlacement& kv) {
+  if (!r.device_compute)
+    fail_input("Pie swaps the KV cache between a device and the host: it needs device compute");
+  if (kv.count(Tier::kGpu) != n)
+    fail_input("Pie swaps GPU-tier KV-cache layers; the policy '{}' puts {} of {} layers elsewhere",
+               policy.compact(), n - kv.count(Tier::kGpu), n);
+  kv.pie_host_layers = r.pie;
+  kv.pie = PieBuffers::of(n, r.pie->lowest, r.pie->highest, kv.layer_bytes);
+}
+
+// The KV cache: layer tiers from the cache shares, K and V per layer as stored.
+KvPlacement place_cache(const ModelShape& s, const StageRequest& r, const Policy& policy,
+                        int32_t n) {
+  KvPlacement kv;
+  if (r.kv_slots <= 0) return kv;
+  kv.compress = policy.compress_cache;
+  kv.f16 = policy.cache_f16;
+  if (kv.compress && s.head_dim % 2 != 0)
+    fail_input("head_dim {} is odd; the 4-bit KV cache packs two values per byte", s.head_dim);
+  if (r.kv_positions < 0 || (r.kv_positions > 0 && r.device_compute))
+    fail_input("{} packed KV positions with {} compute: packing commits host memory only",
+               r.kv_positions, r.device_compute ? "device" : "host");
+  kv.layer_bytes = kv_layer_bytes(s, r, policy);
+  kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
+  if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
+  if (r.pie) place_pie(r, policy, n, kv);
+  return kv;
+}
+
+// One step's activations on the compute tier (worker/transformer.h: one layer's temporaries;
+// block_executor.h: a state per GPU batch).
+int64_t activation_bytes(const ModelShape& s, const StageRequest& r, int32_t gpu_batch_size) {
+  const int64_t rows = r.max_rows;
+  const int64_t wide = std::max({s.hidden, s.q_width(), s.embed_width()});
+  int64_t a = rows * kF32 *
+              (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // h sel ..
+  if (r.head) a += std::min<int64_t>(rows, kLogitChunk) * s.vocab * kF32;
+  if (!s.learned_positions) a += 2 * s.max_positions * (s.head_dim / 2) * kF32;  // rotary
+  // Each GPU batch of a block keeps its residual stream and its step ids: tokens,
+  // positions and the row table (RowEntry per row). One GPU batch at least.
+  const int64_t gbs = gpu_batch_size;
+  const int64_t states = gbs > 0 && r.kv_slots > gbs ? (r.kv_slots + gbs - 1) / gbs : 1;
+  a += states * rows * (wide * kF32 + 2 * kI32 + static_cast<int64_t>(sizeof(RowEntry)));
+  return a;
+}
+
+// The step's buffers: activations, attention's workspaces for a cache off the device
+// (kv_attention.h), the kernels' scratch, and what a pipeline stage keeps on the host.
+void place_buffers(const ModelShape& s, const StageRequest& r, const Policy& policy,
+                   StagePlacement& p) {
   if (r.max_rows > 0) {
     const int64_t rows = r.max_rows;
-    const int64_t wide = std::max({s.hidden, s.q_width(), s.embed_width()});
-    int64_t a = rows * kF32 *
-                (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // h sel ..
-    if (r.head) a += std::min<int64_t>(rows, kLogitChunk) * s.vocab * kF32;
-    if (!s.learned_positions) a += 2 * s.max_positions * (s.head_dim / 2) * kF32;  // rotary
-    // Each GPU batch of a block keeps its residual stream and its step ids: tokens,
-    // positions and the row table (RowEntry per row). One GPU batch at least.
-    const int64_t gbs = p.gpu_batch_size;
-    const int64_t states = gbs > 0 && r.kv_slots > gbs ? (r.kv_slots + gbs - 1) / gbs : 1;
-    a += states * rows * (wide * kF32 + 2 * kI32 + static_cast<int64_t>(sizeof(RowEntry)));
+    const KvPlacement& kv = p.cache;
     if (r.kv_slots > 0) {
       const bool off_device =
           r.device_compute && kv.count(Tier::kGpu) < static_cast<int32_t>(kv.tiers.size());
@@ -406,20 +388,21 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
       if (off_device && p.cpu_attention)  // q, k, v and the output on the host
         p.host_workspace_bytes += rows * kF32 * (2 * s.q_width() + 2 * s.kv_width());
     }
-    p.activation_bytes = a;
+    p.activation_bytes = activation_bytes(s, r, p.gpu_batch_size);
     if (r.device_compute)
       p.kernel_scratch_bytes = accelerator_scratch_bytes(stage_kernel_bounds(s, r, policy));
   }
   p.host_workspace_bytes +=
       int64_t{r.host_logit_rows} * s.vocab * kF32 + int64_t{r.host_token_rows} * kI32;
+}
 
-  // The weights: layer tiers from the shares, or from the budgets.
-  WeightPlacement& w = p.weights;
+// What one layer and the fixed parts weigh where they are held: packed, in host memory, and
+// split by HeteGen (without whole modules).
+WeightPlacement weight_sizes(const ModelShape& s, const StageRequest& r, bool compress) {
+  WeightPlacement w;
   w.device_compute = r.device_compute;
-  const bool compress = policy.compress_weight;
-  const std::vector<int64_t> tensors = layer_tensors(s, compress);
   int64_t packed = 0, plain = 0;
-  for (int64_t b : tensors) {
+  for (int64_t b : layer_tensors(s, compress)) {
     packed = align_bytes(packed + b, 64);
     plain += b;
   }
@@ -433,6 +416,13 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
     w.split_stream_bytes = split.stream;
     w.host_layer_bytes = split.host;
   }
+  return w;
+}
+
+// The layers' tiers: from the policy's shares, or filling the tiers as the budgets allow
+// (after the cache and buffers in `p` when the budgets bound the whole stage).
+void place_layer_tiers(const StageRequest& r, int32_t n, const StagePlacement& p,
+                       WeightPlacement& w) {
   const int64_t host_staging = 2 * (w.layer_bytes + kPageBytes);
   Counts c;
   if (r.policy && r.weight_shares) {
@@ -451,43 +441,70 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   for (int32_t i = 0; i < n; ++i)
     if (w.tiers[static_cast<size_t>(i)] == Tier::kDisk) w.disk_layers.push_back(i);
   if (w.streamed_layers() > 0) w.device_staging_bytes = 2 * w.layer_bytes;
-  if (w.split_layers() > 0) {
-    // Each split layer as held (its whole modules); the slots take the largest alpha shares
-    // when no whole layer streams; the staging is as wide as the widest split linear.
-    int64_t max_in = 0, max_out = 0, max_stream = 0;
-    w.split.assign(static_cast<size_t>(n), {});
-    for (int32_t i = 0; i < n; ++i) {
-      if (w.tiers[static_cast<size_t>(i)] != Tier::kCpu) continue;
-      const SplitLayer l = split_layer(s, compress, r, i);
-      w.split[static_cast<size_t>(i)] = {l.gpu, l.host, l.stream};
-      max_in = std::max(max_in, l.max_in);
-      max_out = std::max(max_out, l.max_out);
-      max_stream = std::max(max_stream, l.stream);
-    }
-    w.device_staging_bytes = std::max(w.device_staging_bytes, 2 * max_stream);
-    if (max_out > 0) {
-      w.split_host_row_bytes = (max_in + max_out) * kF32;
-      w.split_device_row_bytes = max_out * kF32;
-    }
-  }
-  // The split linears' staging, sized for a step's rows like the activations.
-  if (w.split_layers() > 0) {
-    p.compute_workspace_bytes += int64_t{r.max_rows} * w.split_device_row_bytes;
-    p.host_workspace_bytes += int64_t{r.max_rows} * w.split_host_row_bytes;
-  }
+}
 
-  if (!r.budgets.whole_stage) {
-    const TierBudgets& b = r.budgets;
-    if (r.device_compute)
-      check_weight_budget("--gpu-mem", b.gpu, w.gpu_bytes(), w,
-                          w.hetegen() ? "embeddings, head, GPU-tier layers, HeteGen's split "
-                                        "layers' norms and whole modules, and two device slots"
-                                      : "embeddings, head, GPU-tier layers and two device slots");
-    check_weight_budget("--disk-mem", b.disk, w.disk_bytes(), w, "disk-tier layers");
-    check_weight_budget("--cpu-mem", b.cpu, w.cpu_bytes(), w,
-                        r.device_compute ? "CPU-tier layers and disk staging"
-                                         : "embeddings, head, resident layers and disk staging");
+// HeteGen's split layers, each as held (its whole modules); the slots take the largest alpha
+// shares when no whole layer streams; the staging is as wide as the widest split linear and
+// sized for a step's rows like the activations.
+void place_split_layers(const ModelShape& s, const StageRequest& r, bool compress,
+                        StagePlacement& p) {
+  WeightPlacement& w = p.weights;
+  if (w.split_layers() == 0) return;
+  const auto n = static_cast<int32_t>(w.tiers.size());
+  int64_t max_in = 0, max_out = 0, max_stream = 0;
+  w.split.assign(static_cast<size_t>(n), {});
+  for (int32_t i = 0; i < n; ++i) {
+    if (w.tiers[static_cast<size_t>(i)] != Tier::kCpu) continue;
+    const SplitLayer l = split_layer(s, compress, r, i);
+    w.split[static_cast<size_t>(i)] = {l.gpu, l.host, l.stream};
+    max_in = std::max(max_in, l.max_in);
+    max_out = std::max(max_out, l.max_out);
+    max_stream = std::max(max_stream, l.stream);
   }
+  w.device_staging_bytes = std::max(w.device_staging_bytes, 2 * max_stream);
+  if (max_out > 0) {
+    w.split_host_row_bytes = (max_in + max_out) * kF32;
+    w.split_device_row_bytes = max_out * kF32;
+  }
+  p.compute_workspace_bytes += int64_t{r.max_rows} * w.split_device_row_bytes;
+  p.host_workspace_bytes += int64_t{r.max_rows} * w.split_host_row_bytes;
+}
+
+// Budgets that bound the weights alone (the engine's --gpu-mem, --cpu-mem, --disk-mem).
+void check_weight_budgets(const TierBudgets& b, bool device_compute, const WeightPlacement& w) {
+  if (device_compute)
+    check_weight_budget("--gpu-mem", b.gpu, w.gpu_bytes(), w,
+                        w.hetegen() ? "embeddings, head, GPU-tier layers, HeteGen's split "
+                                      "layers' norms and whole modules, and two device slots"
+                                    : "embeddings, head, GPU-tier layers and two device slots");
+  check_weight_budget("--disk-mem", b.disk, w.disk_bytes(), w, "disk-tier layers");
+  check_weight_budget("--cpu-mem", b.cpu, w.cpu_bytes(), w,
+                      device_compute ? "CPU-tier layers and disk staging"
+                                     : "embeddings, head, resident layers and disk staging");
+}
+
+}  // namespace
+
+StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
+  const int32_t end = stage_layer_end(s, r);
+  const int32_t n = end - r.layer_begin;
+  const Policy policy = r.policy.value_or(Policy{});
+  policy.validate();
+  check_hetegen(r, n);
+  StagePlacement p;
+  p.layer_begin = r.layer_begin;
+  p.layer_end = end;
+  p.embedding = r.embedding;
+  p.head = r.head;
+  p.device_compute = r.device_compute;
+  p.gpu_batch_size = r.policy ? static_cast<int32_t>(r.policy->gpu_batch_size.value_or(0)) : 0;
+  p.cpu_attention = policy.cpu_cache_compute;
+  p.cache = place_cache(s, r, policy, n);
+  place_buffers(s, r, policy, p);
+  p.weights = weight_sizes(s, r, policy.compress_weight);
+  place_layer_tiers(r, n, p, p.weights);
+  place_split_layers(s, r, policy.compress_weight, p);
+  if (!r.budgets.whole_stage) check_weight_budgets(r.budgets, r.device_compute, p.weights);
   return p;
 }
 

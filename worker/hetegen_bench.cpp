@@ -1,10 +1,14 @@
 #include "worker/hetegen_bench.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
@@ -15,10 +19,6 @@
 #include "worker/weights.h"
 
 namespace strata {
-
-std::string ModuleShapeKey::str() const {
-  return fmt::format("[{}, {}] {}{}", out, in, dtype_name(dtype), bias ? " +bias" : "");
-}
 
 namespace {
 
@@ -101,6 +101,83 @@ hetegen::AlphaMeasure module_alpha_measure(Backend& device, Backend& cpu,
                "alpha benchmark of {} over {} rows, {} repeats", shape.str(), rows, repeats);
   auto bench = std::make_shared<Bench>(device, cpu, shape, rows, repeats);
   return [bench](double alpha) { return (*bench)(alpha); };
+}
+
+namespace {
+
+constexpr int kAlphaBenchRepeats = 5;
+
+nlohmann::json load_profile(const std::string& path, spdlog::logger& log) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_object() && j.value("version", 0) == 1 && j.contains("modules")) return j;
+  } catch (const nlohmann::json::exception&) {
+  }
+  log.warn("HeteGen: ignoring the unreadable node profile {}", path);
+  return nlohmann::json::object();
+}
+
+void save_profile(const std::string& path, const nlohmann::json& j, spdlog::logger& log) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  const std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) {
+      log.warn("HeteGen: cannot write the node profile {}", path);
+      return;
+    }
+  }
+  fs::rename(tmp, path, ec);  // whole or not at all
+  if (ec) log.warn("HeteGen: cannot write the node profile {}: {}", path, ec.message());
+}
+
+}  // namespace
+
+hetegen::SlotAlphas benchmark_slot_alphas(const hetegen::SlotModules& modules, int32_t rows,
+                                          Backend& device, Backend& cpu, const std::string& path,
+                                          spdlog::logger& log) {
+  nlohmann::json profile = load_profile(path, log);
+  if (!profile.contains("modules"))
+    profile = {{"version", 1}, {"modules", nlohmann::json::object()}};
+  bool measured = false;
+  hetegen::SlotAlphas out;
+  for (int i = 0; i < hetegen::kModuleSlots; ++i) {
+    const hetegen::SlotModule& m = modules[static_cast<size_t>(i)];
+    if (!m.present) continue;
+    const std::string key =
+        fmt::format("{} rows={} device={} cpu={}", m.key.str(), rows, device.name(), cpu.name());
+    nlohmann::json& entry = profile["modules"][key];
+    const bool cached = entry.is_object() && entry.contains("alpha");
+    if (!cached) {
+      const hetegen::AlphaBenchmarkResult r = hetegen::benchmark_module(
+          module_alpha_measure(device, cpu, m.key, rows, kAlphaBenchRepeats),
+          hetegen::engine_alpha_window());
+      nlohmann::json samples = nlohmann::json::array();
+      for (const hetegen::AlphaSample& x : r.samples)
+        samples.push_back({x.alpha, x.timing.t_cpu, x.timing.t_pin, x.timing.t_trans});
+      entry = {{"alpha", r.alpha},
+               {"t_cpu", r.t_cpu},
+               {"t_com", r.t_com},
+               {"crossed", r.crossed},
+               {"samples", samples}};
+      measured = true;
+    }
+    out[static_cast<size_t>(i)] = {entry["alpha"].get<double>(), entry["t_cpu"].get<double>()};
+    log.info(
+        "HeteGen alpha benchmark: {} module {}: alpha {:.3f} (T_cpu {:.3g} ms, T_com {:.3g} "
+        "ms{}), {} {}",
+        hetegen::module_slot_name(i), key, out[static_cast<size_t>(i)].alpha,
+        entry["t_cpu"].get<double>() * 1e3, entry["t_com"].get<double>() * 1e3,
+        entry.value("crossed", true) ? "" : "; no crossing: clamped",
+        cached ? "reused from" : "measured, saved to", path);
+  }
+  if (measured) save_profile(path, profile, log);
+  return out;
 }
 
 }  // namespace strata

@@ -2,8 +2,11 @@
 // of a given shape split at alpha as the engine splits it (worker/split_linear.h), timed for
 // real -- the CPU backend computing its (1 - alpha) share of a decode step, and the device's
 // transfer queue copying the alpha share from page-locked host memory. placement/hetegen.h
-// fits the times (benchmark_module) and the engine caches the result (launch/hetegen_setup).
+// fits the times (benchmark_module); benchmark_slot_alphas runs it for a layer's modules and
+// caches the results in the node profile.
 #pragma once
+
+#include <spdlog/spdlog.h>
 
 #include <cstdint>
 #include <string>
@@ -13,12 +16,7 @@
 
 namespace strata {
 
-struct ModuleShapeKey {
-  int64_t out = 0, in = 0;
-  DType dtype = DType::kF32;  // as stored: kQ4 for 4-bit weights
-  bool bias = false;
-  std::string str() const;  // "[768, 3072] f16 +bias"
-};
+using hetegen::ModuleShapeKey;
 
 // Measures `shape` at any alpha: T_cpu, the best of `repeats` CPU-share linears over `rows`
 // rows (after one untimed); T_trans, the best of `repeats` host -> device copies of the alpha
@@ -27,5 +25,14 @@ struct ModuleShapeKey {
 // and the backends must outlive it.
 hetegen::AlphaMeasure module_alpha_measure(Backend& device, Backend& cpu,
                                            const ModuleShapeKey& shape, int32_t rows, int repeats);
+
+// The engine's alpha benchmark (--hetegen-alpha auto): alpha per module slot, measured at
+// `rows` activation rows (the decode step's) once per distinct module shape, row count and
+// pair of backends, and cached in the node profile `path` (JSON; written whole or not at
+// all). Says on `log` what it measured or reused, and when the profile cannot be read or
+// written (it then measures, or keeps its results in memory).
+hetegen::SlotAlphas benchmark_slot_alphas(const hetegen::SlotModules& modules, int32_t rows,
+                                          Backend& device, Backend& cpu, const std::string& path,
+                                          spdlog::logger& log);
 
 }  // namespace strata

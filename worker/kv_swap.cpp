@@ -22,34 +22,6 @@ PieBuffers checked_buffers(const PieOptions& o, int32_t n, size_t layer_bytes) {
 
 }  // namespace
 
-int32_t PieOptions::highest_host_layers(int32_t n_layers) const {
-  if (!adaptive) return host_layers;
-  return max_host_layers < 0 ? n_layers - 1 : max_host_layers;
-}
-
-void PieOptions::validate(int32_t n_layers) const {
-  if (host_layers < 0 || host_layers >= n_layers)
-    fail_input(
-        "Pie: {} host layers of {} KV-cache layers: m must be in [0, {}] (at least one layer "
-        "stays on the device)",
-        host_layers, n_layers, n_layers - 1);
-  if (!adaptive) return;
-  const int32_t hi = max_host_layers < 0 ? n_layers - 1 : max_host_layers;
-  if (min_host_layers < 0 || hi >= n_layers || min_host_layers > hi)
-    fail_input("Pie: adaptive host layers [{}, {}] outside [0, {}] or out of order",
-               min_host_layers, max_host_layers, n_layers - 1);
-  if (host_layers < min_host_layers || host_layers > hi)
-    fail_input("Pie: adaptive expansion starts at {} host layers, outside [{}, {}]", host_layers,
-               min_host_layers, hi);
-}
-
-std::string PieOptions::str() const {
-  if (!enabled()) return "pie(off)";
-  if (!adaptive) return fmt::format("pie(m={})", host_layers);
-  return fmt::format("pie(adaptive, m={} in [{}, {}])", host_layers, min_host_layers,
-                     max_host_layers < 0 ? std::string("n-1") : std::to_string(max_host_layers));
-}
-
 std::string KvSwapStats::str() const {
   return fmt::format(
       "pie m={} (expansion {:.2f}): {} swap-ins ({} early, {:.1f} MiB), {} swap-outs ({:.1f} "

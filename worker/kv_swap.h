@@ -22,29 +22,6 @@
 
 namespace strata {
 
-// How an engine asks for Pie: on KvCache through CachePlacement::pie.
-struct PieOptions {
-  // m, the KV-cache layers kept in host memory (expansion n / (n - m)); with `adaptive`,
-  // where the controller starts. 0 and not adaptive: Pie is off.
-  int32_t host_layers = 0;
-  bool adaptive = false;
-  // Adaptive: the range the controller keeps m in (max -1: n - 1). The device keeps
-  // n - min_host_layers layer buffers, so a larger minimum saves device memory.
-  int32_t min_host_layers = 0;
-  int32_t max_host_layers = -1;
-  // The controller's tuning; its n_layers and m range are taken from the fields above.
-  PieControllerOptions controller;
-
-  bool enabled() const { return adaptive || host_layers > 0; }
-  // The range m stays in: fixed, m itself; adaptive, [min_host_layers, max_host_layers]
-  // (max -1: n - 1). The buffers follow from it (PieBuffers).
-  int32_t lowest_host_layers() const { return adaptive ? min_host_layers : host_layers; }
-  int32_t highest_host_layers(int32_t n_layers) const;
-  // InputError naming the field and value: m outside [0, n) or outside the adaptive range.
-  void validate(int32_t n_layers) const;
-  std::string str() const;  // "pie(m=2)" or "pie(adaptive, m=0 in [0, 4])"
-};
-
 struct KvSwapStats {
   int32_t host_layers = 0;  // m now
   double expansion = 1;     // n / (n - m)

@@ -26,10 +26,6 @@ Tensor upload(Backend& device, const Tensor& t, std::vector<DeviceBuffer>& owned
 
 namespace {
 
-constexpr LinearSlot kSlots[kLinearSlots] = {LinearSlot::kQ,   LinearSlot::kK,    LinearSlot::kV,
-                                             LinearSlot::kO,   LinearSlot::kGate, LinearSlot::kUp,
-                                             LinearSlot::kDown};
-
 // The layers that stream into the device slots: all but the GPU tier's (a split layer streams
 // its alpha shares).
 std::vector<int32_t> streamed_layers(const std::vector<Tier>& tiers) {
@@ -67,7 +63,7 @@ LayerFeeder::LayerFeeder(Backend& device, std::vector<Tier> tiers, bool overlap,
 LayerWeights LayerFeeder::shares_of(int32_t layer, const LayerWeights& w,
                                     std::vector<std::vector<std::byte>>* storage) const {
   LayerWeights out;
-  for (LinearSlot slot : kSlots) {
+  for (LinearSlot slot : kAllLinearSlots) {
     const Tensor& t = slot_weight(w, slot);
     if (t.shape.rank != 2) continue;  // not in this family
     const double alpha = split_.alpha_of(layer, slot);
@@ -91,7 +87,7 @@ LayerWeights LayerFeeder::kept_of(int32_t layer, const LayerWeights& w) const {
   n.attn_norm_bias = w.attn_norm_bias;
   n.mlp_norm = w.mlp_norm;
   n.mlp_norm_bias = w.mlp_norm_bias;
-  for (LinearSlot slot : kSlots) {
+  for (LinearSlot slot : kAllLinearSlots) {
     if (slot_weight(w, slot).shape.rank != 2 || split_.alpha_of(layer, slot) >= 0) continue;
     n.*slot_weight_member(slot) = slot_weight(w, slot);
     if (const LayerMember b = slot_bias_member(slot); b != nullptr) n.*b = w.*b;
@@ -185,7 +181,7 @@ void LayerFeeder::start(int slot_index, int32_t layer) {
     stats_.bytes_of_shares += static_cast<int64_t>(bytes);
     slot.view = gpu_views_[i];
     const LayerWeights streamed = share_layouts_[i].bind(slot.blob.data());
-    for (LinearSlot s : kSlots) {
+    for (LinearSlot s : kAllLinearSlots) {
       if (const Tensor& t = streamed.*slot_weight_member(s); t.data != nullptr)
         slot.view.*slot_weight_member(s) = t;
       if (const LayerMember b = slot_bias_member(s); b != nullptr && (streamed.*b).data != nullptr)

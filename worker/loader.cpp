@@ -9,6 +9,7 @@
 #include "kernels/gemm_q4_panel.h"
 #include "kernels/quant.h"
 #include "kernels/tunables.h"
+#include "placement/layer_linears.h"
 #include "worker/dummy.h"
 
 namespace strata {
@@ -35,7 +36,7 @@ using MatrixConvert = bool (*)(Tensor& t, std::vector<std::unique_ptr<OwnedTenso
 bool compress_matrix(Tensor& t, std::vector<std::unique_ptr<OwnedTensor>>& store,
                      std::vector<float>& f32) {
   if (t.data == nullptr || t.dtype == DType::kQ4 || t.dtype == DType::kF32Panel ||
-      t.shape[1] % kQuantGroupSize != 0)
+      !compressible(t.shape[1]))
     return false;
   const int64_t n = t.shape.numel();
   f32.resize(static_cast<size_t>(n));
@@ -77,8 +78,8 @@ int convert_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& st
                   MatrixConvert convert) {
   int converted = 0;
   std::vector<float> f32;
-  for (Tensor* t : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
-    converted += convert(*t, store, f32);
+  for (LinearSlot slot : kAllLinearSlots)
+    converted += convert(w.*slot_weight_member(slot), store, f32);
   return converted;
 }
 

@@ -14,10 +14,6 @@
 namespace strata {
 namespace {
 
-constexpr LinearSlot kSlots[kLinearSlots] = {LinearSlot::kQ,   LinearSlot::kK,    LinearSlot::kV,
-                                             LinearSlot::kO,   LinearSlot::kGate, LinearSlot::kUp,
-                                             LinearSlot::kDown};
-
 // Copies `bytes` from `src` (the compute backend's memory when src_on_gpu) to `dst` (likewise).
 // On a host compute backend both are host memory and the kind does not matter.
 void copy_bytes(Backend& gpu, void* dst, bool dst_on_gpu, const void* src, bool src_on_gpu,
@@ -61,80 +57,6 @@ void copy_rows(Backend& gpu, const Tensor& w, int64_t r0, int64_t n, void* dst, 
 }
 
 }  // namespace
-
-const char* linear_slot_name(LinearSlot slot) {
-  switch (slot) {
-    case LinearSlot::kQ:
-      return "q";
-    case LinearSlot::kK:
-      return "k";
-    case LinearSlot::kV:
-      return "v";
-    case LinearSlot::kO:
-      return "o";
-    case LinearSlot::kGate:
-      return "gate";
-    case LinearSlot::kUp:
-      return "up";
-    case LinearSlot::kDown:
-      return "down";
-  }
-  return "?";
-}
-
-std::string hetegen_module_name(int32_t layer, LinearSlot slot) {
-  return fmt::format("layer.{}.{}", layer, linear_slot_name(slot));
-}
-
-LayerMember slot_weight_member(LinearSlot slot) {
-  switch (slot) {
-    case LinearSlot::kQ:
-      return &LayerWeights::q;
-    case LinearSlot::kK:
-      return &LayerWeights::k;
-    case LinearSlot::kV:
-      return &LayerWeights::v;
-    case LinearSlot::kO:
-      return &LayerWeights::o;
-    case LinearSlot::kGate:
-      return &LayerWeights::gate;
-    case LinearSlot::kUp:
-      return &LayerWeights::up;
-    case LinearSlot::kDown:
-      return &LayerWeights::down;
-  }
-  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
-}
-
-LayerMember slot_bias_member(LinearSlot slot) {
-  switch (slot) {
-    case LinearSlot::kQ:
-      return &LayerWeights::q_bias;
-    case LinearSlot::kK:
-      return &LayerWeights::k_bias;
-    case LinearSlot::kV:
-      return &LayerWeights::v_bias;
-    case LinearSlot::kO:
-      return &LayerWeights::o_bias;
-    case LinearSlot::kGate:
-      return nullptr;  // gate has no bias in any family
-    case LinearSlot::kUp:
-      return &LayerWeights::up_bias;
-    case LinearSlot::kDown:
-      return &LayerWeights::down_bias;
-  }
-  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
-}
-
-const Tensor& slot_weight(const LayerWeights& L, LinearSlot slot) {
-  return L.*slot_weight_member(slot);
-}
-
-const Tensor& slot_bias(const LayerWeights& L, LinearSlot slot) {
-  static const Tensor kNone;
-  const LayerMember m = slot_bias_member(slot);
-  return m != nullptr ? L.*m : kNone;
-}
 
 Tensor leading_rows(const Tensor& w, int64_t rows, std::vector<std::byte>& storage) {
   STRATA_CHECK(w.shape.rank == 2 && w.data != nullptr && w.device == Device::kHost && rows >= 0 &&
@@ -298,7 +220,7 @@ void SplitLinearTable::add(int32_t layer, const LayerWeights& w, const AlphaFor&
   STRATA_CHECK(layer >= 0 && layer < n_layers(), "split of layer {} in a table of {}", layer,
                n_layers());
   auto& slots = layers_[static_cast<size_t>(layer)];
-  for (LinearSlot slot : kSlots) {
+  for (LinearSlot slot : kAllLinearSlots) {
     const Tensor& t = slot_weight(w, slot);
     if (t.shape.rank != 2) continue;  // not in this family
     const double a = alpha(layer, slot);
@@ -347,7 +269,7 @@ const SplitLinearWeights* SplitLinearTable::find(int32_t layer, LinearSlot slot)
 }
 
 bool SplitLinearTable::splits(int32_t layer) const {
-  for (LinearSlot slot : kSlots)
+  for (LinearSlot slot : kAllLinearSlots)
     if (find(layer, slot) != nullptr) return true;
   return false;
 }
@@ -365,7 +287,7 @@ std::string SplitLinearTable::str() const {
       fmt::format("HeteGen split linears: {} layers, {}", layers_.size(), memory().str());
   for (size_t l = 0; l < layers_.size(); ++l) {
     s += fmt::format("\n  layer {}:", l);
-    for (LinearSlot slot : kSlots) {
+    for (LinearSlot slot : kAllLinearSlots) {
       const auto& split = layers_[l][static_cast<size_t>(slot)];
       if (split)
         s += fmt::format(" {} {}+{} (alpha {:.3f})", linear_slot_name(slot), split->gpu_rows(),

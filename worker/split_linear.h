@@ -30,30 +30,17 @@
 
 #include "kernels/backend.h"
 #include "placement/hetegen.h"
+#include "placement/layer_linears.h"
 #include "placement/tier.h"
 #include "worker/weights.h"
 
 namespace strata {
 
 // The linears of a layer HeteGen splits (§4.2: "applying heterogeneous parallelism to linear
-// modules, while retaining all other modules on the GPU"). OPT's fc1 and fc2 are kUp, kDown.
-enum class LinearSlot : uint8_t { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
-inline constexpr int kLinearSlots = 7;
-const char* linear_slot_name(LinearSlot slot);  // "q", ..., "down"
-// The scheduler's name for a module (placement/hetegen.h Module::name): "layer.3.up".
-std::string hetegen_module_name(int32_t layer, LinearSlot slot);
-// The weight and bias of `slot` in L (rank 0 / null data where the family has none).
-const Tensor& slot_weight(const LayerWeights& L, LinearSlot slot);
-const Tensor& slot_bias(const LayerWeights& L, LinearSlot slot);
-
+// modules, while retaining all other modules on the GPU") are LinearSlot's, the layer's table
+// (placement/layer_linears.h).
 // Output rows the compute backend takes: ceil(alpha x out) (placement/hetegen.h).
 using hetegen::split_gpu_rows;
-
-// The members of `slot`'s weight and bias in LayerWeights (the bias: nullptr for gate, which
-// has none in any family).
-using LayerMember = Tensor LayerWeights::*;
-LayerMember slot_weight_member(LinearSlot slot);
-LayerMember slot_bias_member(LinearSlot slot);
 
 // The first `rows` rows of the host matrix w ([out, in]) as a host tensor: a view of w's own
 // memory for plain dtypes, a copy into `storage` for kQ4 (whose codes, mins and scales are

@@ -67,33 +67,49 @@ NameTable opt_names(const std::string& root) {
           "fc2"};
 }
 
+// The checkpoint's name of a linear (its ".weight" and ".bias" follow).
+const std::string& linear_name(const NameTable& n, LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::kQ:
+      return n.q;
+    case LinearSlot::kK:
+      return n.k;
+    case LinearSlot::kV:
+      return n.v;
+    case LinearSlot::kO:
+      return n.o;
+    case LinearSlot::kGate:
+      return n.gate;
+    case LinearSlot::kUp:
+      return n.up;
+    case LinearSlot::kDown:
+      return n.down;
+  }
+  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
+}
+
+// Each block's norm, then its linears' weights, then their biases: the order the tensors are
+// fetched in (which a dummy model's seeded weights follow).
 void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const FetchFn& fetch,
                  LayerWeights& L) {
   const std::string p = n.layer_prefix + std::to_string(i) + ".";
-  const int64_t h = c.hidden, qw = c.q_width(), kvw = c.kv_width(), f = c.intermediate;
-  const Architecture a = c.architecture();
-  const bool ln = a.norm_bias();
-  L.attn_norm = fetch(p + n.attn_norm + ".weight", {h}, Role::kVector, 0);
-  if (ln) L.attn_norm_bias = fetch(p + n.attn_norm + ".bias", {h}, Role::kVector, -1);
-  L.q = fetch(p + n.q + ".weight", {qw, h}, Role::kMatrix, h);
-  L.k = fetch(p + n.k + ".weight", {kvw, h}, Role::kMatrix, h);
-  L.v = fetch(p + n.v + ".weight", {kvw, h}, Role::kMatrix, h);
-  L.o = fetch(p + n.o + ".weight", {h, qw}, Role::kMatrix, qw);
-  if (c.attention_bias) {
-    L.q_bias = fetch(p + n.q + ".bias", {qw}, Role::kVector, -1);
-    L.k_bias = fetch(p + n.k + ".bias", {kvw}, Role::kVector, -1);
-    L.v_bias = fetch(p + n.v + ".bias", {kvw}, Role::kVector, -1);
-    L.o_bias = fetch(p + n.o + ".bias", {h}, Role::kVector, -1);
-  }
-  L.mlp_norm = fetch(p + n.mlp_norm + ".weight", {h}, Role::kVector, 0);
-  if (ln) L.mlp_norm_bias = fetch(p + n.mlp_norm + ".bias", {h}, Role::kVector, -1);
-  if (a.gated_mlp()) L.gate = fetch(p + n.gate + ".weight", {f, h}, Role::kMatrix, h);
-  L.up = fetch(p + n.up + ".weight", {f, h}, Role::kMatrix, h);
-  L.down = fetch(p + n.down + ".weight", {h, f}, Role::kMatrix, f);
-  if (c.mlp_bias) {
-    L.up_bias = fetch(p + n.up + ".bias", {f}, Role::kVector, -1);
-    L.down_bias = fetch(p + n.down + ".bias", {h}, Role::kVector, -1);
-  }
+  const int64_t h = c.hidden;
+  const bool ln = c.architecture().norm_bias();
+  const LayerLinears linears = layer_linears(c.shape());
+  auto block = [&](LinearBlock b, const std::string& norm, Tensor& weight, Tensor& bias) {
+    weight = fetch(p + norm + ".weight", {h}, Role::kVector, 0);
+    if (ln) bias = fetch(p + norm + ".bias", {h}, Role::kVector, -1);
+    for (const LayerLinear& l : linears)
+      if (l.present && linear_block(l.slot) == b)
+        L.*slot_weight_member(l.slot) =
+            fetch(p + linear_name(n, l.slot) + ".weight", {l.out, l.in}, Role::kMatrix, l.in);
+    for (const LayerLinear& l : linears)
+      if (l.present && l.bias && linear_block(l.slot) == b)
+        L.*slot_bias_member(l.slot) =
+            fetch(p + linear_name(n, l.slot) + ".bias", {l.out}, Role::kVector, -1);
+  };
+  block(LinearBlock::kAttention, n.attn_norm, L.attn_norm, L.attn_norm_bias);
+  block(LinearBlock::kMlp, n.mlp_norm, L.mlp_norm, L.mlp_norm_bias);
 }
 
 void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
@@ -335,6 +351,56 @@ void drop_mapped_pages(const Tensor& t) {
   const auto begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
   const auto end = (reinterpret_cast<uintptr_t>(t.data) + t.bytes()) / page * page;
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+LayerMember slot_weight_member(LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::kQ:
+      return &LayerWeights::q;
+    case LinearSlot::kK:
+      return &LayerWeights::k;
+    case LinearSlot::kV:
+      return &LayerWeights::v;
+    case LinearSlot::kO:
+      return &LayerWeights::o;
+    case LinearSlot::kGate:
+      return &LayerWeights::gate;
+    case LinearSlot::kUp:
+      return &LayerWeights::up;
+    case LinearSlot::kDown:
+      return &LayerWeights::down;
+  }
+  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
+}
+
+LayerMember slot_bias_member(LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::kQ:
+      return &LayerWeights::q_bias;
+    case LinearSlot::kK:
+      return &LayerWeights::k_bias;
+    case LinearSlot::kV:
+      return &LayerWeights::v_bias;
+    case LinearSlot::kO:
+      return &LayerWeights::o_bias;
+    case LinearSlot::kGate:
+      return nullptr;  // gate has no bias in any family
+    case LinearSlot::kUp:
+      return &LayerWeights::up_bias;
+    case LinearSlot::kDown:
+      return &LayerWeights::down_bias;
+  }
+  STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
+}
+
+const Tensor& slot_weight(const LayerWeights& L, LinearSlot slot) {
+  return L.*slot_weight_member(slot);
+}
+
+const Tensor& slot_bias(const LayerWeights& L, LinearSlot slot) {
+  static const Tensor kNone;
+  const LayerMember m = slot_bias_member(slot);
+  return m != nullptr ? L.*m : kNone;
 }
 
 }  // namespace strata

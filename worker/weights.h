@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
+#include "placement/layer_linears.h"
 #include "worker/config.h"
 
 namespace strata {
@@ -28,6 +29,16 @@ struct LayerWeights {
   Tensor down;  // Llama down_proj / OPT fc2
   Tensor up_bias, down_bias;
 };
+
+// The members of `slot`'s weight and bias in LayerWeights (the bias: nullptr for gate, which
+// has none in any family).
+using LayerMember = Tensor LayerWeights::*;
+LayerMember slot_weight_member(LinearSlot slot);
+LayerMember slot_bias_member(LinearSlot slot);
+
+// The weight and bias of `slot` in L (rank 0 / null data where the family has none).
+const Tensor& slot_weight(const LayerWeights& L, LinearSlot slot);
+const Tensor& slot_bias(const LayerWeights& L, LinearSlot slot);
 
 struct ModelWeights {
   Tensor embed;                    // [vocab, word_embed_proj_dim]
