@@ -11,6 +11,10 @@ AcceleratorInfo probe_accelerators() {
   info.reason = "this binary was built without the CUDA backend (nvcc not found at configure time)";
   return info;
 }
+
+int64_t accelerator_free_bytes(int /*index*/) {
+  return -1;
+}
 #endif
 
 std::string AcceleratorInfo::str() const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@ struct AcceleratorDevice {
   size_t memory_bytes = 0;
   int compute_major = 0;
   int compute_minor = 0;
+  int multiprocessors = 0;  // SMs
   // domain:bus:device.function; with the host name it tells whether two ranks share a GPU.
   std::string pci_bus_id;
 };
@@ -28,5 +30,9 @@ struct AcceleratorInfo {
 };
 
 AcceleratorInfo probe_accelerators();
+
+// Free memory of CUDA device `index` now (cudaMemGetInfo, which creates its context); -1
+// where there is no such device or no CUDA backend.
+int64_t accelerator_free_bytes(int index);
 
 }  // namespace strata

@@ -11,6 +11,7 @@
 
 #include "coordinator/s3/kv_packing.h"
 #include "placement/policy.h"
+#include "placement/tier.h"
 #include "worker/input_limits.h"
 
 namespace strata::cli {
@@ -90,10 +91,6 @@ KvPackingOptions packing_options(const EngineOptions& o);
 // variables, then --limit NAME=N options.
 InputLimits input_limits(const std::vector<std::string>& overrides);
 
-// "1.5GiB", "800MiB", "64KiB", "4096B" -> bytes; a bare number is GiB. Refuses (InputError
-// naming the option) anything but a finite, non-negative decimal number of at most kMaxSize.
-int64_t parse_size(const std::string& text, const char* option);
-inline constexpr int64_t kMaxSize = int64_t{1} << 60;  // 1 EiB: past any machine's memory or disk
 void add_engine_options(CLI::App& cmd, EngineOptions& o);
 
 }  // namespace strata::cli

@@ -67,28 +67,6 @@ CLI::Validator thread_count() {
       "0 (all cores) to max_cpu_threads");
 }
 
-int64_t parse_size(const std::string& text, const char* option) {
-  // from_chars: no "inf", "nan", hex or leading spaces, unlike stod.
-  double v = -1;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v,
-                                         std::chars_format::fixed | std::chars_format::scientific);
-  const std::string unit(end, text.data() + text.size());
-  double scale = 0;
-  if (unit.empty() || unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
-  if (unit == "K" || unit == "KiB") scale = 1024.0;
-  if (unit == "B") scale = 1.0;
-  if (ec != std::errc() || end == text.data() || scale == 0 || !std::isfinite(v) || v < 0)
-    fail_input(
-        "{}: cannot read size '{}': a non-negative number with a unit (1.5GiB, 800MiB, 64KiB, "
-        "4096B; a bare number is GiB)",
-        option, text);
-  if (v * scale > static_cast<double>(kMaxSize))
-    fail_input("{}: size '{}' is above the largest accepted, 1 EiB ({} bytes)", option, text,
-               kMaxSize);
-  return static_cast<int64_t>(v * scale);
-}
-
 InputLimits input_limits(const std::vector<std::string>& overrides) {
   InputLimits l = InputLimits::from_env();
   for (const std::string& o : overrides) l.set_from_text(o, "--limit");

@@ -24,10 +24,12 @@
 #include "kernels/tunables.h"
 #include "launch/engine.h"
 #include "launch/metrics_server.h"
+#include "launch/node_setup.h"
 #include "launch/plan_schedule.h"
 #include "launch/slurm_env.h"
 #include "transport/mpi_session.h"
 #include "worker/dummy.h"
+#include "worker/node_probe.h"
 #include "worker/stage_worker.h"
 
 namespace strata::cli {
@@ -72,6 +74,10 @@ struct ServeOptions {
   std::vector<std::string> schedule_policies;  // rra, waa-c, waa-m; empty: all
   std::string predict_eval;  // the predictor's evaluation: packing planned under the bound
   std::string profile_out;   // profile-layers: where the profile goes
+  // docs/CLUSTER.md "Unequal nodes": per-rank or per-host budgets, and measuring the nodes'
+  // rates again instead of reading them from the cache.
+  std::string nodes_file;
+  bool remeasure_nodes = false;
 };
 
 // The signal that asked this process to stop (SIGTERM from mpirun, Slurm or a user;
@@ -149,8 +155,9 @@ std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const Coord
   return t;
 }
 
-CoordinatorOptions coordinator_options(const ServeOptions& o) {
+CoordinatorOptions coordinator_options(const ServeOptions& o, std::vector<StageNode> nodes) {
   CoordinatorOptions c;
+  c.nodes = std::move(nodes);
   c.model_spec = o.engine.model;
   c.micro_batches = o.micro_batches;
   c.decode_iters = o.decode_iters;
@@ -190,8 +197,9 @@ void linger(const ServeOptions& o, const MetricsServer* server) {
 
 // The coordinator's loop over `stages`: the worker ranks of a cluster, or this process.
 int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& config,
-                   const Tokenizer& tokenizer, std::vector<std::string> hosts) {
-  CoordinatorOptions c = coordinator_options(o);
+                   const Tokenizer& tokenizer, std::vector<std::string> hosts,
+                   std::vector<StageNode> nodes = {}) {
+  CoordinatorOptions c = coordinator_options(o, std::move(nodes));
   c.schedule = schedule_target(o, c, config, std::move(hosts));
   std::unique_ptr<RequestSource> source;
   std::unique_ptr<ResultSink> file_sink;
@@ -245,7 +253,7 @@ int serve_single(const ServeOptions& o) {
 }
 
 int serve_coordinator(const ServeOptions& o, const Communicator& world,
-                      std::vector<std::string> hosts) {
+                      std::vector<std::string> hosts, std::vector<StageNode> nodes) {
   const ModelConfig config =
       load_spec_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
   const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
@@ -253,16 +261,41 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world,
                                                    : Tokenizer::load(o.engine.model, config);
   MpiStages stages(world, MpiStagesOptions{o.heartbeat_interval, o.heartbeat_timeout,
                                            o.load_timeout, o.step_timeout});
-  return serve_requests(o, stages, config, *tokenizer, std::move(hosts));
+  return serve_requests(o, stages, config, *tokenizer, std::move(hosts), std::move(nodes));
 }
 
-// A pipeline stage: the engine's compute setup (device, weight tiers, cache placement,
-// block) for its own layers; `local_index` (its place among the workers on its host)
-// picks its GPU under --device auto.
-int serve_worker(const ServeOptions& o, const MpiSession& session, int local_index) {
+// A worker rank's place: its host, its index among the workers there (its GPU under
+// --device auto), how many share the host, and its budget.
+struct RankNode {
+  std::string host;
+  int local_index = 0;
+  int ranks_on_host = 1;
+  NodeBudget budget;
+};
+
+// A pipeline stage: the engine's compute setup (device, threads, disk folder) under its
+// node's budget, its inventory sent to rank 0 before any plan, then the stage's layers as the
+// plan places them.
+int serve_worker(const ServeOptions& o, const MpiSession& session, const RankNode& node) {
   const Communicator& world = session.world();
-  ComputeSetup c = make_compute(o.engine, local_index);
+  const EngineOptions engine = engine_for(o.engine, node.budget);
+  ComputeSetup c = make_compute(engine, node.local_index);
   log::set_identity(session.rank(), c.device >= 0 ? fmt::format("cuda:{}", c.device) : "cpu");
+  NodeProbeRequest probe;
+  probe.rank = session.rank();
+  probe.host = node.host;
+  probe.ranks_on_host = node.ranks_on_host;
+  probe.budget = node.budget;
+  probe.device = c.device_compute() ? c.backend : nullptr;
+  probe.cuda_device = c.device;
+  probe.device_name = c.backend->name();
+  probe.threads = c.cpu->threads();
+  probe.disk_dir = engine.disk_dir;
+  probe.cache_dir = node_cache_dir();
+  probe.remeasure = o.remeasure_nodes;
+  const NodeInventory inventory = probe_node(probe);
+  log::get("worker")->info("node: {}", inventory.str());
+  exchange_inventories(world, inventory, Deadline::after_seconds(o.load_timeout));
   StageWorkerOptions w;
   w.stage.load = c.load;
   w.stage.cache = c.cache;
@@ -290,7 +323,8 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, int local_ind
 // profile-layers); the workers are the same stage workers for both.
 struct ClusterRoles {
   std::function<int(const ServeOptions&)> single;
-  std::function<int(const ServeOptions&, const Communicator&, std::vector<std::string>)>
+  std::function<int(const ServeOptions&, const Communicator&, std::vector<std::string>,
+                    std::vector<StageNode>)>
       coordinator;
   // The command's own option checks, run at every rank where a refusal ends the job with
   // its status (optional).
@@ -310,16 +344,11 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
   std::vector<std::string> hosts =
       host_names(session.world(), Deadline::after_seconds(o.load_timeout));
-  hosts.erase(hosts.begin());  // the workers'
   try {
     if (roles.check) roles.check(o);
     // The planner's memory model (placement/stage_placement.h, checked byte for byte against
     // each worker's allocation) and the plan's messages carry no HeteGen split; refused at
     // every rank alike rather than run unplanned.
-    if (o.engine.device == "host")
-      fail_input(
-          "--device host is for single-process engine commands (generate, bench, score, serve "
-          "without ranks): a cluster's workers compute on a GPU or on the CPU");
     if (o.engine.hetegen_alpha != 0 || o.engine.hetegen_alpha_auto ||
         (o.engine.policy && o.engine.policy->hetegen_alpha_percent > 0))
       fail_input(
@@ -332,8 +361,23 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
           "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine "
           "commands (generate, bench, score, serve without ranks): a cluster's plan does not "
           "place Pie's buffers");
-    if (session.rank() != 0) return serve_worker(o, session, local_index);
-    const int rc = roles.coordinator(o, session.world(), std::move(hosts));
+    const std::optional<NodeFile> nodes =
+        o.nodes_file.empty() ? std::nullopt : std::optional(NodeFile::load(o.nodes_file));
+    if (nodes && nodes->max_rank() >= session.size())
+      fail_input("{}: an entry for rank {} but the job's worker ranks are 1 to {}", nodes->path,
+                 nodes->max_rank(), session.size() - 1);
+    if (session.rank() != 0) {
+      const int rank = session.rank();
+      const std::string& host = hosts[static_cast<size_t>(rank)];
+      const auto on_host = static_cast<int>(std::count(hosts.begin() + 1, hosts.end(), host));
+      const RankNode node{host, local_index, on_host,
+                          resolve_budget(o.engine, nodes, rank, host, on_host)};
+      return serve_worker(o, session, node);
+    }
+    std::vector<StageNode> stages = stage_nodes(exchange_inventories(
+        session.world(), std::nullopt, Deadline::after_seconds(o.load_timeout)));
+    hosts.erase(hosts.begin());  // the workers'
+    const int rc = roles.coordinator(o, session.world(), std::move(hosts), std::move(stages));
     // Under `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun exits 0 whatever
     // a rank returns: a job that did not finish its work says so through MPI_Abort.
     if (rc != 0) {
@@ -382,13 +426,14 @@ int run_serve(const ServeOptions& options) {
 // strata profile-layers: the stages of the uniform plan time their parts (ExeGPT's
 // XProfiler; coordinator/exegpt/profiler.h) and the profile goes to --out.
 int profile_stages(const ServeOptions& o, Stages& stages, const ModelConfig& config,
-                   std::vector<std::string> hosts) {
-  const CoordinatorOptions c = coordinator_options(o);
+                   std::vector<std::string> hosts, std::vector<StageNode> nodes = {}) {
+  const CoordinatorOptions c = coordinator_options(o, std::move(nodes));
   const int32_t capacity =
       c.max_context > 0 ? std::min(c.max_context, config.max_positions) : config.max_positions;
   const int32_t max_rows = std::max(c.max_step_tokens, c.kv_slots);
-  const PlanOptions po{c.model_spec, stages.count(), 1,           c.kv_slots,
-                       capacity,     max_rows,       c.stage_mem, c.placement};
+  PlanOptions po{c.model_spec, stages.count(), 1,           c.kv_slots,
+                 capacity,     max_rows,       c.stage_mem, c.placement};
+  po.nodes = c.nodes;
   const ClusterPlan plan = make_uniform_plan(config, po);
   stages.start(plan);
   const ProfileKey key =
@@ -421,12 +466,13 @@ int run_profile_layers(const ServeOptions& o) {
         LocalStages stages(*e.model);
         return profile_stages(opts, stages, e.config, {processor_name()});
       },
-      [](const ServeOptions& opts, const Communicator& world, std::vector<std::string> hosts) {
+      [](const ServeOptions& opts, const Communicator& world, std::vector<std::string> hosts,
+         std::vector<StageNode> nodes) {
         const ModelConfig config = load_spec_config(
             opts.engine.model, parse_dtype(opts.engine.dtype).value_or(DType::kF32));
         MpiStages stages(world, MpiStagesOptions{opts.heartbeat_interval, opts.heartbeat_timeout,
                                                  opts.load_timeout, opts.step_timeout});
-        return profile_stages(opts, stages, config, std::move(hosts));
+        return profile_stages(opts, stages, config, std::move(hosts), std::move(nodes));
       },
       [](const ServeOptions& opts) {
         if (opts.profile_out.empty()) fail_input("give --out FILE for the layer profile");
@@ -496,7 +542,14 @@ void add_cluster_options(CLI::App& cmd, ServeOptions& o) {
                  "KV positions per sequence, the run's context (0: the model's)")
       ->check(non_negative());
   cmd.add_option("--stage-mem", o.stage_mem,
-                 "Memory per stage for weights, KV cache and buffers (e.g. 2GiB)");
+                 "Memory per stage for weights, KV cache and buffers on its compute tier (e.g. "
+                 "2GiB); --gpu-mem, --cpu-mem and --disk-mem bound each tier of every stage");
+  cmd.add_option("--nodes", o.nodes_file,
+                 "Node file (JSON or YAML): per rank or host its device, gpu-mem, cpu-mem, "
+                 "disk-mem, disk-dir, threads, over the flags (docs/CLUSTER.md)");
+  cmd.add_flag("--remeasure-nodes", o.remeasure_nodes,
+               "Measure every node's rates again (memory, disk, host-device) instead of reading "
+               "them from the cache");
   cmd.add_option("--heartbeat-interval", o.heartbeat_interval,
                  "Seconds between pings of the workers")
       ->check(positive());

@@ -94,10 +94,9 @@ std::string StagePlan::str() const {
   return (tp_ranks.empty()
               ? fmt::format("rank {}", rank)
               : fmt::format("ranks {} (TP {})", fmt::join(tp_ranks, "+"), tp_ranks.size())) +
-         fmt::format(": layers [{}, {}){}{} {} gpu {} cpu {} disk {}", layer_begin, layer_end,
+         fmt::format(": layers [{}, {}){}{} {}", layer_begin, layer_end,
                      has_embedding ? " +embedding" : "", has_head ? " +head" : "",
-                     use_gpu ? "on gpu" : "on cpu", mib(gpu_mem_bytes), mib(cpu_mem_bytes),
-                     mib(disk_mem_bytes)) +
+                     use_gpu ? "on gpu" : "on cpu") +
          (placed()
               ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}{}",
                             tiers_str(weight_tiers), tiers_str(cache_tiers), mib(placed_gpu_bytes),
@@ -353,9 +352,6 @@ void write_stage(wire::Stage::Builder b, const StagePlan& s) {
   b.setLayerEnd(s.layer_end);
   b.setHasEmbedding(s.has_embedding);
   b.setHasHead(s.has_head);
-  b.setGpuMemBytes(s.gpu_mem_bytes);
-  b.setCpuMemBytes(s.cpu_mem_bytes);
-  b.setDiskMemBytes(s.disk_mem_bytes);
   b.setUseGpu(s.use_gpu);
   auto wt = b.initWeightTiers(static_cast<unsigned>(s.weight_tiers.size()));
   for (unsigned i = 0; i < wt.size(); ++i) wt.set(i, s.weight_tiers[i]);
@@ -471,6 +467,12 @@ void write(wire::StageStats::Builder b, const StageStats& s) {
   for (size_t i = 0; i < s.step_spans.size(); ++i)
     spans.set(static_cast<unsigned>(i), s.step_spans[i]);
   b.setStepSpansDropped(s.step_spans_dropped);
+  b.setAllocatedGpuBytes(s.allocated_gpu_bytes);
+  b.setAllocatedCpuBytes(s.allocated_cpu_bytes);
+  b.setAllocatedDiskBytes(s.allocated_disk_bytes);
+  b.setRssBeforeLoadBytes(s.rss_before_load_bytes);
+  b.setLoadPeakRssBytes(s.load_peak_rss_bytes);
+  b.setPeakRssBytes(s.peak_rss_bytes);
 }
 
 void write(wire::Heartbeat::Builder b, const Heartbeat& h) {
@@ -490,7 +492,13 @@ StageStats read(wire::StageStats::Reader s) {
                  s.getBytesFromCpu(),
                  s.getBytesFromDisk(),
                  {},
-                 s.getStepSpansDropped()};
+                 s.getStepSpansDropped(),
+                 s.getAllocatedGpuBytes(),
+                 s.getAllocatedCpuBytes(),
+                 s.getAllocatedDiskBytes(),
+                 s.getRssBeforeLoadBytes(),
+                 s.getLoadPeakRssBytes(),
+                 s.getPeakRssBytes()};
   if (s.getStepSpans().size() % 2 != 0)
     fail(ErrorKind::kFailed, "stats of rank {}: {} step span values, not [start, end] pairs",
          s.getRank(), s.getStepSpans().size());
@@ -574,9 +582,6 @@ StagePlan read_stage(wire::Stage::Reader r) {
   s.layer_end = r.getLayerEnd();
   s.has_embedding = r.getHasEmbedding();
   s.has_head = r.getHasHead();
-  s.gpu_mem_bytes = r.getGpuMemBytes();
-  s.cpu_mem_bytes = r.getCpuMemBytes();
-  s.disk_mem_bytes = r.getDiskMemBytes();
   s.use_gpu = r.getUseGpu();
   for (uint8_t t : r.getWeightTiers()) s.weight_tiers.push_back(t);
   for (uint8_t t : r.getCacheTiers()) s.cache_tiers.push_back(t);

@@ -46,10 +46,7 @@ struct StagePlan {
   int32_t layer_end = 0;
   bool has_embedding = false;  // the first stage embeds token ids
   bool has_head = false;       // the last stage holds the final norm, head and sampler
-  uint64_t gpu_mem_bytes = 0;  // this stage's memory budgets per tier
-  uint64_t cpu_mem_bytes = 0;
-  uint64_t disk_mem_bytes = 0;
-  bool use_gpu = false;
+  bool use_gpu = false;  // the stage computes on a device (or its stand-in): its node's tier
   // The stage's placement (placement/stage_placement.h), decided by the planner and executed
   // by the worker: per-layer tiers of the weights and of the KV cache (values of
   // placement/tier.h's Tier: 0 gpu, 1 cpu, 2 disk; empty: no placement, the worker decides),
@@ -215,6 +212,15 @@ struct StageStats {
   // steps after those are counted. Sent with the final statistics, not in heartbeats.
   std::vector<double> step_spans;
   uint64_t step_spans_dropped = 0;
+  // What the stage allocated per tier (its placement, link buffers included), and the
+  // process's resident memory just before it loaded (VmRSS), its peak while it loaded and
+  // its peak since (VmHWM): the budget a node was given, as the kernel counts it.
+  uint64_t allocated_gpu_bytes = 0;
+  uint64_t allocated_cpu_bytes = 0;
+  uint64_t allocated_disk_bytes = 0;
+  uint64_t rss_before_load_bytes = 0;
+  uint64_t load_peak_rss_bytes = 0;
+  uint64_t peak_rss_bytes = 0;
   static constexpr size_t kMaxStepSpans = 20000;
   void add_span(double start, double end);  // or count it, past kMaxStepSpans
 

@@ -224,6 +224,26 @@ std::vector<std::string> host_names(const Communicator& comm, const Deadline& de
   return out;
 }
 
+std::vector<std::string> allgather_text(const Communicator& comm, const std::string& text,
+                                        const Deadline& deadline, std::string_view what) {
+  constexpr size_t kMaxText = size_t{1} << 20;
+  if (text.size() > kMaxText)
+    fail(ErrorKind::kFailed, "{}: {} bytes, more than {} to gather", what, text.size(), kMaxText);
+  const std::vector<int> sizes = comm.allgather(static_cast<int>(text.size()), deadline, what);
+  std::vector<int> offsets(sizes.size(), 0);
+  for (size_t r = 1; r < sizes.size(); ++r) offsets[r] = offsets[r - 1] + sizes[r - 1];
+  std::vector<char> all(static_cast<size_t>(offsets.back() + sizes.back()) + 1, 0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgatherv(text.data(), static_cast<int>(text.size()), MPI_CHAR, all.data(),
+                            sizes.data(), offsets.data(), MPI_CHAR, comm.native(), &request),
+            "MPI_Iallgatherv");
+  wait_request(request, MPI_STATUS_IGNORE, deadline, "all ranks", what);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < sizes.size(); ++r)
+    out.emplace_back(all.data() + offsets[r], static_cast<size_t>(sizes[r]));
+  return out;
+}
+
 int host_local_index(const Communicator& comm, int first_rank, const Deadline& deadline) {
   const std::vector<int> hosts =
       comm.allgather(name_key(processor_name()), deadline, "the ranks' host names");

@@ -77,6 +77,10 @@ int name_key(std::string_view text);
 // This process's host name as MPI reports it.
 std::string processor_name();
 
+// Every rank's `text`, in rank order (each up to 1 MiB). Collective over comm.
+std::vector<std::string> allgather_text(const Communicator& comm, const std::string& text,
+                                        const Deadline& deadline, std::string_view what);
+
 // Every rank's host name (processor_name), in rank order. Collective over comm.
 std::vector<std::string> host_names(const Communicator& comm, const Deadline& deadline);
 

@@ -20,11 +20,12 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
                plan.kv_capacity, plan.max_batch_rows);
   LoadOptions& options = so.load;
   if (stage.placed()) {  // the plan decided: execute it
+    // The plan placed the stage for the compute this rank reported (its node inventory).
     if (stage.use_gpu != (options.device != nullptr))
-      fail_input(
-          "stage {}: the plan placed it for {} compute but this rank computes on {}; give every "
-          "rank the same --device",
-          stage.str(), stage.use_gpu ? "device" : "host", backend.name());
+      fail(ErrorKind::kFailed,
+           "stage {}: the plan placed it for {} compute but this rank computes on {}, as its "
+           "node inventory said",
+           stage.str(), stage.use_gpu ? "device" : "host", backend.name());
     const std::string what = fmt::format("stage {}", stage.str());
     options.weight_tiers = tiers_from_wire(stage.weight_tiers, what);
     options.compress_weight = stage.compress_weight;

@@ -20,6 +20,7 @@
 #include "transport/peer_monitor.h"
 #include "transport/tensor_channel.h"
 #include "worker/compute_thread.h"
+#include "worker/node_probe.h"
 #include "worker/stage.h"
 #include "worker/tensor_parallel.h"
 
@@ -205,8 +206,19 @@ void StageWorker::start(const ClusterPlan& plan) {
   StageOptions so = options_.stage;
   so.tp_index = tp_index_;
   so.tp_reduce = block_reduce_.get();
+  // A re-deployed stage lets go of the last one before it loads, and the peaks of resident
+  // memory count from here: what this plan's stage takes, as the kernel sees it.
+  buffers_.reset();
+  stage_.reset();
+  if (!reset_peak_rss())
+    log::get("worker")->warn("rank {}: the peak of resident memory cannot be reset", me);
+  stats_.rss_before_load_bytes = static_cast<uint64_t>(process_rss_bytes());
   stage_ = std::make_unique<PipelineStage>(plan, *stage, backend_, so);
   allocate_buffers(*stage);
+  // The load's own peak (a matrix repacked while its original still exists, a layer on its
+  // way to disk) apart from the run's: the budget bounds what the stage holds as it runs.
+  stats_.load_peak_rss_bytes = static_cast<uint64_t>(process_peak_rss_bytes());
+  reset_peak_rss();
   log::get("worker")->info(
       "rank {}: activations from rank {} over {}, to ranks [{}] over {}{}", me, prev_,
       prev_ < 0 ? "-" : links_->to(prev_).name(), fmt::join(next_group_, ", "),
@@ -263,6 +275,9 @@ void StageWorker::allocate_buffers(const StagePlan& stage) {
     const bool device = buf == &b.in ? b.in_device : b.out_device;
     (device ? allocated.gpu : allocated.cpu) += static_cast<int64_t>(buf->size());
   }
+  stats_.allocated_gpu_bytes = static_cast<uint64_t>(allocated.gpu);
+  stats_.allocated_cpu_bytes = static_cast<uint64_t>(allocated.cpu);
+  stats_.allocated_disk_bytes = static_cast<uint64_t>(allocated.disk);
   if (tp_index_ == 0) {
     check_allocation(stage, allocated);
   } else {
@@ -581,6 +596,7 @@ void StageWorker::on_shutdown() {
 StageStats StageWorker::stats_so_far() const {
   StageStats s = stats_;
   s.step_spans.clear();
+  s.peak_rss_bytes = static_cast<uint64_t>(process_peak_rss_bytes());
   const double now = now_s();
   if (busy_since_ >= 0) s.busy_seconds += now - busy_since_;
   if (window_start_ >= 0) s.window_seconds = now - window_start_;
@@ -589,6 +605,7 @@ StageStats StageWorker::stats_so_far() const {
 }
 
 void StageWorker::send_stats() {
+  stats_.peak_rss_bytes = static_cast<uint64_t>(process_peak_rss_bytes());
   if (window_start_ >= 0) stats_.window_seconds = window_end_ - window_start_;
   stats_.idle_seconds = std::max(0.0, stats_.window_seconds - stats_.busy_seconds);
   try {

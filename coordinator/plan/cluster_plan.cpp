@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -45,6 +47,22 @@ TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan) {
   TierBytes b;
   (stage.use_gpu ? b.gpu : b.cpu) = n * one;
   return b;
+}
+
+const StageNode* PlanOptions::node(int32_t rank) const {
+  if (nodes.empty()) return nullptr;
+  if (rank < 1 || rank > static_cast<int32_t>(nodes.size()))
+    fail_input("rank {} has no node: {} nodes for {} worker ranks", rank, nodes.size(), workers);
+  return &nodes[static_cast<size_t>(rank - 1)];
+}
+
+StagePlacementOptions placement_of(const PlanOptions& o, int32_t rank) {
+  StagePlacementOptions p = o.placement;
+  if (const StageNode* n = o.node(rank)) {
+    p.device_compute = n->device_compute;
+    p.budgets = n->budgets;
+  }
+  return p;
 }
 
 int32_t PlanOptions::stages() const {
@@ -106,6 +124,8 @@ ClusterPlan make_uniform_plan(const ModelConfig& config, const PlanOptions& o) {
         "WAA with {} prefill and {} decode ranks but {} has only {} layers: each stage of a "
         "pipeline needs at least one layer",
         e, s - e, o.model_spec, n);
+  if (e == 0 && !o.nodes.empty() && o.tp_degrees.empty())
+    return make_plan(config, o, balanced_layers(config, o));
   if (e == 0) return make_plan(config, o, uniform_layers(n, s));
   std::vector<int32_t> layers = uniform_layers(n, e);
   for (int32_t c : uniform_layers(n, s - e)) layers.push_back(c);
@@ -164,43 +184,76 @@ std::vector<StagePlan> lay_out_stages(const PlanOptions& o, const std::vector<in
     st.layer_end = begin + layers[static_cast<size_t>(i)];
     st.has_embedding = first;
     st.has_head = last;
-    st.use_gpu = o.placement.device_compute;
+    st.use_gpu = placement_of(o, st.rank).device_compute;
     begin = st.layer_end;
     stages.push_back(st);
   }
   return stages;
 }
 
-// A stage as placement/ places it, and with the worker's link buffers added, to be checked
-// against the stage's budgets with the links included.
-struct PlacedStage {
-  StagePlacement placed;
-  StagePlacement with_links;
-  TierBudgets whole;
-};
-
-PlacedStage place_with_links(const ModelConfig& config, const ClusterPlan& plan,
-                             const StagePlan& st, const PlanOptions& o) {
+// A stage as placement/ places it under `policy` (unset: the operator gave none), and with
+// the worker's link buffers added, checked against the stage's budgets with the links
+// included.
+ChosenStage place_with_links(const ModelConfig& config, const ClusterPlan& plan,
+                             const StagePlan& st, const PlanOptions& o,
+                             const std::optional<Policy>& policy) {
   // A tensor-parallel stage is placed as its leader's shard (the other members hold the
   // same without the head).
   const ModelShape shape = tensor_parallel_shard(config, st.tp_degree()).shape();
-  const StageRequest r = stage_request(st, plan, o.placement, o.stage_mem);
-  const StagePlacement p = place_stage(shape, r);
+  StagePlacementOptions po = placement_of(o, st.rank);
+  po.policy = policy;
+  StageRequest r = stage_request(st, plan, po, o.stage_mem);
+  // A chosen policy names the cache's tiers; the weights fill the budgets after it.
+  r.weight_shares = o.placement.policy.has_value();
+  ChosenStage c;
+  c.policy = policy.value_or(Policy{});
+  c.placed = place_stage(shape, r);
   const TierBytes links = link_buffer_bytes(st, plan);
   TierBudgets whole = r.budgets;  // shortfalls against the stage's budgets, links included
   for (Tier t : kTiers) {
     int64_t& b = t == Tier::kGpu ? whole.gpu : t == Tier::kCpu ? whole.cpu : whole.disk;
     if (b >= 0) b += links[t];
   }
-  StagePlacement with_links = p;
-  with_links.host_workspace_bytes += links.cpu;
-  with_links.activation_bytes += links.gpu;
-  return {p, with_links, whole};
+  c.with_links = c.placed;
+  c.with_links.host_workspace_bytes += links.cpu;
+  c.with_links.activation_bytes += links.gpu;
+  c.shortfalls = shortfalls(c.with_links, whole);
+  return c;
+}
+
+// The cache's shares to try, nearest the compute first: the compute tier's share falls a
+// percent at a time to the host (device compute) and then to the disk.
+std::vector<std::pair<int, int>> cache_shares(bool device_compute) {
+  std::vector<std::pair<int, int>> out;
+  for (int g = 100; g >= 0; --g) out.emplace_back(g, device_compute ? 100 - g : 0);
+  if (device_compute)
+    for (int c = 99; c >= 0; --c) out.emplace_back(0, c);
+  return out;
+}
+
+// The policy that fits (fit-then-stream): weights fill the budgets, compute tier first, the
+// rest streaming from the host and the disk; while the stage still does not fit, the KV
+// cache leaves the compute tier a layer at a time.
+ChosenStage fit_stage(const ModelConfig& config, const ClusterPlan& plan, const StagePlan& st,
+                      const PlanOptions& o) {
+  ChosenStage first = place_with_links(config, plan, st, o, std::nullopt);
+  if (first.shortfalls.empty()) return first;
+  std::vector<Tier> last;
+  for (const auto& [g, c] : cache_shares(st.use_gpu)) {
+    Policy p;
+    p.cache_gpu_percent = g;
+    p.cache_cpu_percent = c;
+    const std::vector<Tier> tiers = tiers_from_shares(st.n_layers(), g, c, "cache");
+    if (tiers == last) continue;  // the same layers as the share before
+    last = tiers;
+    ChosenStage chosen = place_with_links(config, plan, st, o, p);
+    if (chosen.shortfalls.empty()) return chosen;
+  }
+  return first;  // nothing fits: the refusal names what the plain placement lacks
 }
 
 // The policy's switches the stage's worker applies.
-void set_policy(StagePlan& st, const std::optional<Policy>& placement_policy) {
-  const Policy policy = placement_policy.value_or(Policy{});
+void set_policy(StagePlan& st, const Policy& policy) {
   st.compress_weight = policy.compress_weight;
   st.compress_cache = policy.compress_cache;
   st.cache_f16 = policy.cache_f16;
@@ -224,27 +277,61 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
   plan.validate();
   std::string refused;
   for (StagePlan& st : plan.stages) {
-    const PlacedStage placed = place_with_links(config, plan, st, o);
-    const auto& [p, with_links, whole] = placed;
-    for (const std::string& line : shortfalls(with_links, whole))
-      refused += fmt::format("{}stage {} (layers [{}, {})): {}", refused.empty() ? "" : "; ",
-                             st.rank, st.layer_begin, st.layer_end, line);
-    st.gpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.gpu, 0));
-    st.cpu_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.cpu, 0));
-    st.disk_mem_bytes = static_cast<uint64_t>(std::max<int64_t>(whole.disk, 0));
-    st.weight_tiers = tiers_to_wire(p.weights.tiers);
-    st.cache_tiers = tiers_to_wire(p.cache.tiers);
-    set_policy(st, o.placement.policy);
-    st.gpu_batch_size = p.gpu_batch_size;
-    set_placed_bytes(st, with_links.total());
+    const ChosenStage c = choose_stage(config, plan, st, o);
+    for (const std::string& line : c.shortfalls)
+      refused += fmt::format("{}stage {} (layers [{}, {}){}): {}", refused.empty() ? "" : "; ",
+                             st.rank, st.layer_begin, st.layer_end,
+                             o.node(st.rank) ? ", " + o.node(st.rank)->name : "", line);
+    st.weight_tiers = tiers_to_wire(c.placed.weights.tiers);
+    st.cache_tiers = tiers_to_wire(c.placed.cache.tiers);
+    set_policy(st, c.policy);
+    st.gpu_batch_size = c.placed.gpu_batch_size;
+    set_placed_bytes(st, c.with_links.total());
   }
   if (!refused.empty())
     fail_input(
         "{} does not fit: {}; run more ranks (mpirun -np), fewer KV slots (--max-batch), a "
-        "policy that streams more (--policy w=, c=) or a larger --stage-mem",
+        "shorter context (--max-context), larger budgets (--cpu-mem, --gpu-mem, --disk-mem, "
+        "--stage-mem, --nodes) or a policy that streams more (--policy w=, c=)",
         o.model_spec, refused);
   plan.validate();
   return plan;
 }
 
+ChosenStage choose_stage(const ModelConfig& config, const ClusterPlan& plan, const StagePlan& st,
+                         const PlanOptions& o) {
+  if (o.placement.policy) return place_with_links(config, plan, st, o, o.placement.policy);
+  return fit_stage(config, plan, st, o);
+}
+
+std::vector<int32_t> balanced_layers(const ModelConfig& config, const PlanOptions& o) {
+  const int32_t n = config.n_layers, s = o.stages();
+  const ClusterPlan plan = shared_plan(config, o);
+  // The step of stage i holding k layers (layers are alike: only the count matters, and
+  // whether it embeds or holds the head); infinite where it does not fit.
+  auto step = [&](int32_t i, int32_t k) {
+    StagePlan st;
+    st.rank = i + 1;
+    st.layer_end = k;
+    st.has_embedding = i == 0;
+    st.has_head = i == s - 1;
+    st.use_gpu = placement_of(o, st.rank).device_compute;
+    const ChosenStage c = choose_stage(config, plan, st, o);
+    return c.shortfalls.empty() ? decode_step_seconds(c.placed, *o.node(st.rank))
+                                : std::numeric_limits<double>::infinity();
+  };
+  std::vector<int32_t> layers(static_cast<size_t>(s), 1);
+  std::vector<double> next(static_cast<size_t>(s));
+  for (int32_t i = 0; i < s; ++i) next[static_cast<size_t>(i)] = step(i, 2);
+  for (int32_t given = s; given < n; ++given) {
+    const auto best = std::min_element(next.begin(), next.end()) - next.begin();
+    if (!std::isfinite(next[static_cast<size_t>(best)])) return uniform_layers(n, s);
+    const int32_t k = ++layers[static_cast<size_t>(best)];
+    next[static_cast<size_t>(best)] = k < n ? step(static_cast<int32_t>(best), k + 1)
+                                            : std::numeric_limits<double>::infinity();
+  }
+  for (int32_t i = 0; i < s; ++i)
+    if (!std::isfinite(step(i, layers[static_cast<size_t>(i)]))) return uniform_layers(n, s);
+  return layers;
+}
 }  // namespace strata

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "placement/node.h"
 #include "placement/stage_placement.h"
 #include "transport/messages.h"
 #include "worker/config.h"
@@ -48,8 +49,14 @@ struct PlanOptions {
   // stage's layers split over that many consecutive worker ranks; their sum is `workers`).
   // Empty: every stage on one rank.
   std::vector<int32_t> tp_degrees;
+  // Each worker rank's own hardware and budgets (rank i + 1: nodes[i]; node.h): its stage is
+  // placed for its compute tier under its budgets, and without an allocation the layers are
+  // split by what each node holds and how fast it reads them (balanced_layers). Empty: every
+  // stage alike, under `placement` and `stage_mem`.
+  std::vector<StageNode> nodes;
 
   int32_t stages() const;  // pipeline stages: tp_degrees' count, or one per worker
+  const StageNode* node(int32_t rank) const;  // nullptr: no nodes given
 };
 
 // --tensor-parallel's text: per-stage degrees "1,2,1", or one degree "2" for every stage of
@@ -60,6 +67,29 @@ std::vector<int32_t> parse_tp_degrees(const std::string& text, int32_t workers);
 // What placement/ is asked for stage `stage` of `plan` (the memory model's inputs).
 StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
                            const StagePlacementOptions& options, int64_t stage_mem);
+// The placement options of the stage on `rank`: `options.placement` with the rank's node's
+// compute tier and budgets, where nodes are given.
+StagePlacementOptions placement_of(const PlanOptions& options, int32_t rank);
+
+// A stage as the planner placed it: its FlexGen policy (the operator's --policy, or the one
+// chosen to fit: the KV cache moved off the compute tier layer by layer until weights, cache
+// and buffers fit, the weights streaming from the next tiers) and its placement, the
+// worker's link buffers included; `shortfalls` empty when it fits its budgets.
+struct ChosenStage {
+  Policy policy;
+  StagePlacement placed;      // as placement/ placed it
+  StagePlacement with_links;  // what the worker allocates
+  std::vector<std::string> shortfalls;
+};
+ChosenStage choose_stage(const ModelConfig& config, const ClusterPlan& plan, const StagePlan& stage,
+                         const PlanOptions& options);
+
+// Layer counts per stage for unequal nodes (options.nodes): every stage one layer, then each
+// further layer to the stage whose estimated decode step (node.h decode_step_seconds, under
+// the placement choose_stage makes for it) stays the shortest with it. RRA, one rank a stage.
+// Where some stage cannot fit even one more layer, the layer goes to one that fits; where
+// none fits at all, the uniform split (make_plan then names the shortfalls).
+std::vector<int32_t> balanced_layers(const ModelConfig& config, const PlanOptions& options);
 // The bytes of the activation buffers a stage's worker keeps for its links (stage_worker.cpp):
 // one in (not the first stage) and two out (not the last), each max_batch_rows x hidden f32.
 TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan);

@@ -153,6 +153,7 @@ ClusterStats Coordinator::run_plan() {
   size_run();
   PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
                  capacity_,           max_rows_,       options_.stage_mem,     options_.placement};
+  po.nodes = options_.nodes;
   if (!options_.tensor_parallel.empty()) {
     if (options_.waa || options_.schedule)
       fail_input("--tensor-parallel with {}: {}",
@@ -680,11 +681,15 @@ std::string ClusterStats::json(bool timeline) const {
     stages_json += fmt::format(
         R"({}{{"rank": {}, "layers": [{}, {}], "steps": {}, "rows": {}, "busy_seconds": {:.6f}, )"
         R"("idle_seconds": {:.6f}, "window_seconds": {:.6f}, "bubble_fraction": {:.4f}, )"
-        R"("bytes_from_cpu": {}, "bytes_from_disk": {}{}}})",
+        R"("bytes_from_cpu": {}, "bytes_from_disk": {}, "device_compute": {}, )"
+        R"("allocated": {{"gpu": {}, "cpu": {}, "disk": {}}}, "rss_before_load_bytes": {}, )"
+        R"("load_peak_rss_bytes": {}, "peak_rss_bytes": {}{}}})",
         stages_json.empty() ? "" : ", ", s.rank(), s.stage.layer_begin, s.stage.layer_end,
         s.stats.steps, s.stats.rows, s.stats.busy_seconds, s.stats.idle_seconds,
         s.stats.window_seconds, s.bubble_fraction(), s.stats.bytes_from_cpu,
-        s.stats.bytes_from_disk, timeline ? spans_json(s.stats, origin_wall_s) : std::string());
+        s.stats.bytes_from_disk, s.stage.use_gpu, s.stats.allocated_gpu_bytes,
+        s.stats.allocated_cpu_bytes, s.stats.allocated_disk_bytes, s.stats.rss_before_load_bytes,
+        s.stats.load_peak_rss_bytes, s.stats.peak_rss_bytes, timeline ? spans_json(s.stats, origin_wall_s) : std::string());
   }
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "finished": {}, "errors": {}, )"

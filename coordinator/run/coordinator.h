@@ -65,6 +65,9 @@ struct CoordinatorOptions {
   int32_t max_context = 0;
   int64_t stage_mem = -1;           // bytes per stage (< 0: no limit)
   StagePlacementOptions placement;  // the policy and compute tier each stage is placed for
+  // Each worker rank's node (cluster_plan.h PlanOptions::nodes): its compute tier and budgets
+  // replace `placement`'s; empty: every stage alike.
+  std::vector<StageNode> nodes;
   // Once *stop_signal is non-zero (SIGTERM, SIGINT): nothing more is admitted, requests in
   // flight get this long to finish, then the rest end as unfinished.
   const std::atomic<int>* stop_signal = nullptr;

@@ -32,6 +32,7 @@ AcceleratorInfo probe_accelerators() {
     d.memory_bytes = prop.totalGlobalMem;
     d.compute_major = prop.major;
     d.compute_minor = prop.minor;
+    d.multiprocessors = prop.multiProcessorCount;
     char bus[32];
     std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", static_cast<unsigned>(prop.pciDomainID),
                   static_cast<unsigned>(prop.pciBusID), static_cast<unsigned>(prop.pciDeviceID));
@@ -40,6 +41,19 @@ AcceleratorInfo probe_accelerators() {
   }
   if (info.devices.empty()) info.reason = "no CUDA device answered a properties query";
   return info;
+}
+
+int64_t accelerator_free_bytes(int index) {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(index) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  size_t free = 0, total = 0;
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  cudaSetDevice(current);
+  return ok ? static_cast<int64_t>(free) : -1;
 }
 
 }  // namespace strata

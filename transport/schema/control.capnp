@@ -39,9 +39,11 @@ struct Stage {
   layerEnd @2 :Int32;
   hasEmbedding @3 :Bool;
   hasHead @4 :Bool;
-  gpuMemBytes @5 :UInt64;
-  cpuMemBytes @6 :UInt64;
-  diskMemBytes @7 :UInt64;
+  # @5-@7 were per-tier budgets no rank read (protocol 7: the placement below is checked
+  # against them by the planner, which alone knows them).
+  unusedGpuMemBytes @5 :UInt64;
+  unusedCpuMemBytes @6 :UInt64;
+  unusedDiskMemBytes @7 :UInt64;
   useGpu @8 :Bool;
   # The placement (protocol 2): per-layer tiers (0 gpu, 1 cpu, 2 disk) of the weights and
   # the KV cache, how the stage runs, and the bytes per tier the worker must allocate.
@@ -162,6 +164,14 @@ struct StageStats {
   bytesFromDisk @7 :UInt64;
   stepSpans @8 :List(Float64);
   stepSpansDropped @9 :UInt64;
+  # What the stage allocated per tier, and the process's resident memory before it loaded,
+  # its peak while loading and its peak since (protocol 7).
+  allocatedGpuBytes @10 :UInt64;
+  allocatedCpuBytes @11 :UInt64;
+  allocatedDiskBytes @12 :UInt64;
+  rssBeforeLoadBytes @13 :UInt64;
+  peakRssBytes @14 :UInt64;
+  loadPeakRssBytes @15 :UInt64;
 }
 
 # The coordinator asks every stage to time its part (protocol 3): its layers on synthetic

@@ -1,0 +1,97 @@
+#include "launch/node_setup.h"
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+#include "kernels/tunables.h"
+#include "launch/engine.h"
+
+namespace strata::cli {
+namespace {
+
+std::optional<int64_t> slurm_mib(const char* name) {
+  const auto v = foreign_variable(name);
+  if (!v || v->empty()) return std::nullopt;
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+  if (ec != std::errc() || end != v->data() + v->size() || n <= 0)
+    fail_input("{}='{}' is not a size in MiB", name, *v);
+  return n;
+}
+
+}  // namespace
+
+NodeBudget flag_budget(const EngineOptions& o) {
+  NodeBudget b;
+  b.device = o.device;
+  b.gpu_mem = o.gpu_mem.empty() ? -1 : parse_size(o.gpu_mem, "--gpu-mem");
+  b.cpu_mem = o.cpu_mem.empty() ? -1 : parse_size(o.cpu_mem, "--cpu-mem");
+  b.disk_mem = o.disk_mem.empty() ? -1 : parse_size(o.disk_mem, "--disk-mem");
+  b.disk_dir = o.disk_dir;
+  b.threads = o.threads;
+  return b;
+}
+
+NodeBudget slurm_budget(int ranks_on_host) {
+  NodeBudget b;
+  std::optional<int64_t> node = slurm_mib("SLURM_MEM_PER_NODE");
+  if (!node) {
+    const auto per_cpu = slurm_mib("SLURM_MEM_PER_CPU");
+    const auto cpus = slurm_mib("SLURM_CPUS_ON_NODE");
+    if (per_cpu && cpus) node = *per_cpu * *cpus;
+  }
+  if (node) b.cpu_mem = (*node << 20) / std::max(ranks_on_host, 1);
+  return b;
+}
+
+NodeBudget resolve_budget(const EngineOptions& o, const std::optional<NodeFile>& nodes, int rank,
+                          const std::string& host, int ranks_on_host) {
+  // A flag the operator left at its default does not hide Slurm's limit.
+  NodeBudget flags = flag_budget(o);
+  NodeBudget b = slurm_budget(ranks_on_host).overridden_by(flags);
+  if (nodes)
+    if (const NodeEntry* e = nodes->find(rank, host)) b = b.overridden_by(e->budget);
+  return b;
+}
+
+EngineOptions engine_for(const EngineOptions& o, const NodeBudget& b) {
+  EngineOptions e = o;
+  if (!b.device.empty()) e.device = b.device;
+  if (b.threads > 0) e.threads = b.threads;
+  if (!b.disk_dir.empty()) e.disk_dir = b.disk_dir;
+  // The plan places the stage under the budgets; the engine's own reading of them (weights
+  // alone) does not apply to a planned stage.
+  e.gpu_mem.clear();
+  e.cpu_mem.clear();
+  e.disk_mem.clear();
+  return e;
+}
+
+std::vector<NodeInventory> exchange_inventories(const Communicator& world,
+                                                const std::optional<NodeInventory>& mine,
+                                                const Deadline& deadline) {
+  const std::string text = mine ? mine->to_json().dump() : std::string();
+  const std::vector<std::string> all =
+      allgather_text(world, text, deadline, "the workers' node inventories");
+  std::vector<NodeInventory> out;
+  for (size_t r = 1; r < all.size(); ++r) {
+    const std::string source = fmt::format("rank {}'s node inventory", r);
+    const auto j = nlohmann::json::parse(all[r], nullptr, false);
+    if (j.is_discarded()) fail(ErrorKind::kFailed, "{}: not JSON", source);
+    out.push_back(NodeInventory::from_json(j, source));
+  }
+  return out;
+}
+
+std::vector<StageNode> stage_nodes(const std::vector<NodeInventory>& workers) {
+  std::vector<StageNode> out;
+  for (const NodeInventory& n : workers) out.push_back(stage_node(n));
+  return out;
+}
+
+std::string node_cache_dir() {
+  return profile_dir() + "/../nodes";
+}
+
+}  // namespace strata::cli
