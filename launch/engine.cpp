@@ -20,9 +20,6 @@
 
 namespace strata::cli {
 
-namespace {
-
-// -1: compute on the host; otherwise the CUDA device index to compute on.
 int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_index) {
   auto log = log::get("launch");
   if (choice == "cpu" || choice == "host") return -1;
@@ -49,6 +46,8 @@ int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_
     fail_input("--device {}: no such device ({} present)", choice, acc.devices.size());
   return index;
 }
+
+namespace {
 
 // The parts of a policy the engine runs today; the rest is refused, not ignored.
 struct PolicyChoice {

@@ -6,6 +6,7 @@
 #include "coordinator/run/local_stages.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/profiling_backend.h"
+#include "kernels/accelerator.h"
 #include "launch/commands.h"
 #include "worker/loader.h"
 #include "worker/model.h"
@@ -34,6 +35,10 @@ struct ComputeSetup {
 // device `--device auto` takes when GPUs are present (a cluster worker's place on its
 // node), modulo their number.
 ComputeSetup make_compute(const EngineOptions& o, int auto_index = 0);
+// --device's choice among `acc`: -1 computes on the host (cpu, host, or auto without a GPU);
+// otherwise the CUDA device index (auto: auto_index modulo the devices). InputError naming
+// the choice when there is no such device.
+int pick_device(const std::string& choice, const AcceleratorInfo& acc, int auto_index);
 
 struct Engine {
   std::unique_ptr<CpuBackend> cpu;

@@ -1,11 +1,16 @@
 #include "launch/node_setup.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "kernels/accelerator.h"
+#include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "kernels/tunables.h"
 #include "launch/engine.h"
+#include "worker/node_probe.h"
 
 namespace strata::cli {
 namespace {
@@ -88,6 +93,53 @@ std::vector<StageNode> stage_nodes(const std::vector<NodeInventory>& workers) {
   std::vector<StageNode> out;
   for (const NodeInventory& n : workers) out.push_back(stage_node(n));
   return out;
+}
+
+std::vector<NodeInventory> local_inventories(const EngineOptions& e, const NodeFile& file,
+                                             int workers, bool remeasure) {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  const AcceleratorInfo acc = probe_accelerators();
+  std::vector<NodeInventory> out;
+  for (int rank = 1; rank <= workers; ++rank) {
+    const NodeBudget b = resolve_budget(e, file, rank, name, 1);
+    const EngineOptions ne = engine_for(e, b);
+    NodeProbeRequest r;
+    r.rank = rank;
+    r.host = name;
+    r.budget = b;
+    r.cuda_device = pick_device(ne.device, acc, rank - 1);
+    r.device_compute = r.cuda_device >= 0 || ne.device == "host";
+    if (r.cuda_device >= 0) r.device_name = cuda_device_name(r.cuda_device);
+    r.threads = resolve_cpu_threads(ne.threads);
+    r.disk_dir = ne.disk_dir;
+    r.cache_dir = node_cache_dir();
+    r.remeasure = remeasure;
+    out.push_back(probe_node(r));
+  }
+  return out;
+}
+
+CoordinatorOptions planned_run(const EngineOptions& e, int micro_batches, int max_context,
+                               const std::string& stage_mem, std::vector<StageNode> nodes) {
+  CoordinatorOptions c;
+  c.model_spec = e.model;
+  c.micro_batches = micro_batches;
+  // A policy's block (gbs x ngb) is the batch, as in the single-process engine.
+  const int block =
+      e.policy && e.policy->names_block() ? static_cast<int>(e.policy->block_size()) : 0;
+  c.kv_slots = block > 0 ? block : e.max_batch;
+  c.max_step_tokens = e.max_step_tokens;
+  c.max_context = max_context;
+  c.stage_mem = stage_mem.empty() ? -1 : parse_size(stage_mem, "--stage-mem");
+  c.placement.policy = e.policy;
+  // Without nodes (one process): the compute tier as this process finds it (--device auto:
+  // a GPU when present).
+  c.placement.device_compute =
+      e.device != "cpu" && (e.device != "auto" || probe_accelerators().available());
+  c.packing = packing_options(e);
+  c.nodes = std::move(nodes);
+  return c;
 }
 
 std::string node_cache_dir() {

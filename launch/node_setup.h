@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/run/coordinator.h"
 #include "launch/commands.h"
 #include "placement/node.h"
 #include "transport/mpi_session.h"
@@ -37,6 +38,20 @@ std::vector<NodeInventory> exchange_inventories(const Communicator& world,
 // The stage nodes the planner places for; InputError naming the node whose budget is more
 // than it has.
 std::vector<StageNode> stage_nodes(const std::vector<NodeInventory>& workers);
+
+// The inventories of ranks 1..workers as if each ran on this machine under its entry of
+// `file` (by rank, or by this host's name) over the flags: `strata plan --nodes` plans from
+// them without a cluster. Free memory and disk are this machine's; the rates are read from
+// this machine's cache (measured there when absent), as its workers would read them.
+std::vector<NodeInventory> local_inventories(const EngineOptions& e, const NodeFile& file,
+                                             int workers, bool remeasure);
+
+// What a cluster run's first plan depends on, from the engine's options and the cluster's:
+// the model, the KV slots (a policy's block, or --max-batch), the step rows, the context,
+// --stage-mem, the policy, S3's packing and the nodes. `serve` adds its run's own options;
+// `strata plan --nodes` prints the plan these give (run_plan_options), the same one.
+CoordinatorOptions planned_run(const EngineOptions& e, int micro_batches, int max_context,
+                               const std::string& stage_mem, std::vector<StageNode> nodes);
 
 // Where the nodes' measured rates are kept: beside the layer profiles.
 std::string node_cache_dir();

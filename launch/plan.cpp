@@ -9,6 +9,7 @@
 #include "coordinator/plan/cluster_plan.h"
 #include "kernels/error.h"
 #include "launch/commands.h"
+#include "launch/node_setup.h"
 #include "launch/plan_schedule.h"
 #include "launch/progress.h"
 #include "placement/offload_estimates.h"
@@ -21,7 +22,7 @@ namespace {
 
 struct PlanOptions {
   std::string model;
-  std::string dtype = "f16";               // FlexGen plans fp16 weights
+  std::string dtype;  // empty: f16, as FlexGen plans; with --nodes f32, as serve loads dummies
   std::string hardware;                    // JSON file (HardwareSpec); empty: FlexGen's T4 machine
   std::string gpu_mem, cpu_mem, disk_mem;  // sizes (parse_size); empty: the hardware's
   int64_t prompt_len = 512, gen_len = 32;
@@ -36,6 +37,14 @@ struct PlanOptions {
   ScheduleCliOptions schedule;  // ExeGPT's scheduler (--workload)
   // What the search may place beside FlexGen's tiers: "pie", "hetegen" (issue 17).
   std::vector<std::string> methods = {"pie", "hetegen"};
+  // --nodes FILE (schedule.node_file): the plan `serve` starts with on these nodes, with
+  // serve's own options (--max-batch and --stage-mem are schedule's).
+  int max_context = 0;
+  int micro_batches = 1;
+  int threads = 0;
+  std::string disk_dir = "/tmp";
+  std::string device = "auto";
+  bool remeasure = false;
 };
 
 ModelConfig plan_config(const PlanOptions& o) {
@@ -122,7 +131,63 @@ HardwareSpec plan_hardware(const PlanOptions& o) {
   return hw;
 }
 
+// --nodes: the cluster plan `serve` starts with under the same options, each stage placed
+// for its node, printed with the node, the policy and the bytes per tier each worker will
+// allocate.
+int run_nodes_plan(const PlanOptions& o) {
+  const NodeFile file = NodeFile::load(o.schedule.node_file);
+  const int workers = o.workers > 1 ? o.workers : file.max_rank();
+  if (workers < 1)
+    fail_input("{}: no entry names a rank; give --workers N for a plan of N worker ranks",
+               file.path);
+  if (file.max_rank() > workers)
+    fail_input("{}: an entry for rank {} but the plan has worker ranks 1 to {}", file.path,
+               file.max_rank(), workers);
+  EngineOptions e;
+  e.model = o.model;
+  e.dtype = o.dtype.empty() ? e.dtype : o.dtype;
+  e.max_batch = o.schedule.max_batch > 0 ? o.schedule.max_batch : 32;
+  e.max_step_tokens = o.max_step_tokens;
+  e.gpu_mem = o.gpu_mem;
+  e.cpu_mem = o.cpu_mem;
+  e.disk_mem = o.disk_mem;
+  e.threads = o.threads;
+  e.disk_dir = o.disk_dir;
+  e.device = o.device;
+  if (!o.policy.empty()) e.policy = Policy::parse(o.policy);
+  const ModelConfig config = load_spec_config(e.model, parse_dtype(e.dtype).value_or(DType::kF32));
+  const std::vector<NodeInventory> inventories = local_inventories(e, file, workers, o.remeasure);
+  const CoordinatorOptions c =
+      planned_run(e, o.micro_batches, o.max_context, o.schedule.stage_mem,
+                  stage_nodes(inventories));
+  const strata::PlanOptions po = run_plan_options(c, config, workers);
+  const ClusterPlan plan = make_uniform_plan(config, po);
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+  std::string text = plan.str();
+  for (const StagePlan& st : plan.stages) {
+    const ChosenStage chosen = choose_stage(config, plan, st, po);
+    const StageNode& node = *po.node(st.rank);
+    text += fmt::format("\n{}\n  {}\n  policy {}; allocates gpu {} B, cpu {} B, disk {} B\n  {}",
+                        st.str(), node.str(), chosen.policy.compact(), st.placed_gpu_bytes,
+                        st.placed_cpu_bytes, st.placed_disk_bytes, chosen.placed.str());
+    stages.push_back({{"rank", st.rank},
+                      {"layers", {st.layer_begin, st.layer_end}},
+                      {"device_compute", st.use_gpu},
+                      {"node", node.str()},
+                      {"inventory", inventories[static_cast<size_t>(st.rank - 1)].to_json()},
+                      {"policy", chosen.policy.compact()},
+                      {"gpu_bytes", st.placed_gpu_bytes},
+                      {"cpu_bytes", st.placed_cpu_bytes},
+                      {"disk_bytes", st.placed_disk_bytes},
+                      {"placement", chosen.placed.str()}});
+  }
+  const nlohmann::ordered_json out{{"model", o.model}, {"workers", workers}, {"stages", stages}};
+  std::printf("%s\n", o.format == "json" ? out.dump(2).c_str() : text.c_str());
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
+  if (!o.schedule.node_file.empty()) return run_nodes_plan(o);
   if (!o.schedule.workload.empty()) {
     ScheduleCliInputs in{o.model,        parse_dtype(o.dtype).value_or(DType::kF16),
                          o.hardware,     o.policy,
@@ -215,6 +280,20 @@ Command add_plan(CLI::App& app) {
   cmd->add_flag("--host-compute", o->host_compute,
                 "Place the stages for CPU compute (no GPU tier) instead of the GPU");
   cmd->add_option("--format", o->format, "Output format")->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--max-context", o->max_context, "As serve's: KV positions per sequence")
+      ->check(non_negative())
+      ->group("Cluster (--nodes)");
+  cmd->add_option("--micro-batches", o->micro_batches, "As serve's")
+      ->check(positive())
+      ->group("Cluster (--nodes)");
+  cmd->add_option("--threads", o->threads, "As serve's (each node's unless its entry says)")
+      ->check(thread_count())
+      ->group("Cluster (--nodes)");
+  cmd->add_option("--disk-dir", o->disk_dir, "As serve's")->group("Cluster (--nodes)");
+  cmd->add_option("--device", o->device, "As serve's: auto, cpu, host, cuda, cuda:N")
+      ->group("Cluster (--nodes)");
+  cmd->add_flag("--remeasure-nodes", o->remeasure, "Measure this machine's rates again")
+      ->group("Cluster (--nodes)");
   add_schedule_options(cmd, o->schedule);
   return {cmd, [o] { return run_plan(*o); }};
 }

@@ -115,7 +115,7 @@ SchedulePlanOptions schedule_plan_options(const ScheduleCliInputs& in,
   po.workload = TaskWorkload::parse(o.workload).scaled(o.length_scale);
   po.latency_bound = parse_latency_bound(o.latency_bound);
   po.max_step_tokens = in.max_step_tokens;
-  po.max_encode_batch = o.max_encode_batch;
+  po.max_encode_batch = o.max_encode_batch();
   po.exhaustive = o.exhaustive;
   if (o.rra_only) po.policies = {SchedulePolicy::kRra};
   if (!in.policy.empty()) po.placement.policy = Policy::parse(in.policy);
@@ -143,7 +143,7 @@ PlannedCluster planned_cluster(const ScheduleCliInputs& in, const ScheduleCliOpt
     const int32_t context = po.workload.input.max() + po.workload.output.max();
     c.profile = modelled_profile(
         config.shape(), in.model, c.node, o.nodes,
-        ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch * 8, context));
+        ProfileGrid::for_limits(po.max_step_tokens, o.max_encode_batch() * 8, context));
     po.stage_mem = static_cast<int64_t>(c.node.memory_bytes);
   }
   if (!o.stage_mem.empty()) po.stage_mem = parse_size(o.stage_mem, "--stage-mem");
@@ -231,11 +231,27 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--latency-bound", o.latency_bound,
                   "Seconds for the p99-length output (inf: unbounded)");
-  cmd->add_option("--nodes", o.nodes, "Workers to model (with --hardware, or this machine's kind)")
-      ->check(CLI::Range(1, 4096));
+  cmd->add_option_function<std::string>(
+         "--nodes",
+         [&o](const std::string& v) {
+           const bool count = !v.empty() && v.size() <= 4 &&
+                              std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+           if (!count) {
+             o.node_file = v;
+           } else if (const int n = std::stoi(v); n >= 1 && n <= 4096) {
+             o.nodes = n;
+           } else {
+             throw CLI::ValidationError("--nodes", fmt::format("{} workers: 1 to 4096", v));
+           }
+         },
+         "N: workers to model (with --hardware, or this machine's kind); FILE: a node file "
+         "(docs/CLUSTER.md), whose cluster plan serve starts with is printed")
+      ->type_name("N|FILE");
   cmd->add_option("--profile", o.profile,
                   "A layer profile JSON (strata profile-layers) instead of a modelled cluster");
-  cmd->add_option("--max-batch", o.max_encode_batch, "The largest encode batch B_E to try")
+  cmd->add_option("--max-batch", o.max_batch,
+                  "The largest encode batch B_E to try (default 256); with --nodes FILE serve's "
+                  "KV slots (default 32)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--stage-mem", o.stage_mem,
                   "Memory per worker on its compute tier, e.g. 16GiB or 800MiB (a bare number "

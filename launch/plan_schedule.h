@@ -13,8 +13,12 @@ struct ScheduleCliOptions {
   double length_scale = 1.0;
   std::string latency_bound = "inf";
   int32_t nodes = 1;
+  // --nodes FILE rather than a count: the cluster plan serve starts with on those nodes
+  // (launch/plan.cpp), which reads --max-batch and --stage-mem as serve does.
+  std::string node_file;
   std::string profile;
-  int32_t max_encode_batch = 256;
+  int32_t max_batch = 0;  // 0: not given (the largest B_E: 256; with a node file: 32 KV slots)
+  int32_t max_encode_batch() const { return max_batch > 0 ? max_batch : 256; }
   std::string stage_mem;  // a size (parse_size); empty: the node's memory
   bool exhaustive = false;
   bool rra_only = false;

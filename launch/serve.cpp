@@ -156,28 +156,13 @@ std::optional<ScheduleTarget> schedule_target(const ServeOptions& o, const Coord
 }
 
 CoordinatorOptions coordinator_options(const ServeOptions& o, std::vector<StageNode> nodes) {
-  CoordinatorOptions c;
-  c.nodes = std::move(nodes);
-  c.model_spec = o.engine.model;
-  c.micro_batches = o.micro_batches;
+  CoordinatorOptions c =
+      planned_run(o.engine, o.micro_batches, o.max_context, o.stage_mem, std::move(nodes));
   c.decode_iters = o.decode_iters;
-  // A policy's block (gbs x ngb) is the batch, as in the single-process engine.
-  const int block = o.engine.policy && o.engine.policy->names_block()
-                        ? static_cast<int>(o.engine.policy->block_size())
-                        : 0;
-  c.kv_slots = block > 0 ? block : o.engine.max_batch;
-  c.max_step_tokens = o.engine.max_step_tokens;
-  c.max_context = o.max_context;
-  c.stage_mem = o.stage_mem.empty() ? -1 : parse_size(o.stage_mem, "--stage-mem");
-  c.placement.policy = o.engine.policy;
-  // The workers' compute tier as they will find it (--device auto: a GPU when present).
-  c.placement.device_compute =
-      o.engine.device != "cpu" && (o.engine.device != "auto" || probe_accelerators().available());
   c.stop_signal = &g_stop_signal;
   c.grace_period_s = o.grace_period;
   c.flush_timeout_s = o.flush_timeout;
   c.tensor_parallel = o.tensor_parallel;
-  c.packing = packing_options(o.engine);
   if (o.waa_encoders > 0) {
     c.waa = o.waa;
     c.waa->encoder_stages = o.waa_encoders;
@@ -286,9 +271,10 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, const RankNod
   probe.host = node.host;
   probe.ranks_on_host = node.ranks_on_host;
   probe.budget = node.budget;
-  probe.device = c.device_compute() ? c.backend : nullptr;
+  probe.device_compute = c.device_compute();
   probe.cuda_device = c.device;
-  probe.device_name = c.backend->name();
+  probe.device_name = c.device >= 0 ? cuda_device_name(c.device) : c.backend->name();
+  probe.device = c.device >= 0 ? c.backend : nullptr;
   probe.threads = c.cpu->threads();
   probe.disk_dir = engine.disk_dir;
   probe.cache_dir = node_cache_dir();

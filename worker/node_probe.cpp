@@ -65,7 +65,7 @@ Rates measure(const NodeProbeRequest& r) {
     const DeviceLimits d = measure_device_limits(*r.device);
     m.host_to_device_gbs = d.host_to_device_gbs;
     m.device_memory_gbs = d.device_memory_gbs;
-  } else if (r.device != nullptr) {
+  } else if (r.device_compute && r.cuda_device < 0) {
     // A stand-in's "transfers" are copies within host memory.
     m.host_to_device_gbs = m.memory_read_gbs;
   }
@@ -173,6 +173,14 @@ bool reset_peak_rss() {
   return static_cast<bool>(out);
 }
 
+std::string cuda_device_name(int index) {
+  for (const AcceleratorDevice& d : probe_accelerators().devices)
+    if (d.index == index)
+      return fmt::format("cuda:{} {} ({} SMs, {:.1f} GiB)", d.index, d.name, d.multiprocessors,
+                         static_cast<double>(d.memory_bytes) / (1 << 30));
+  return fmt::format("cuda:{}", index);
+}
+
 NodeInventory probe_node(const NodeProbeRequest& r) {
   NodeInventory n;
   n.rank = r.rank;
@@ -181,9 +189,9 @@ NodeInventory probe_node(const NodeProbeRequest& r) {
   n.budget = r.budget;
   n.threads = r.threads;
   n.isa = cpu_isa_name(active_cpu_isa());
-  n.device_compute = r.device != nullptr;
+  n.device_compute = r.device_compute;
   n.compute = r.cuda_device >= 0 ? r.device_name
-              : r.device != nullptr
+              : r.device_compute
                   ? fmt::format("the CPU standing in for a device ({}, {} threads)", n.isa,
                                 r.threads)
                   : fmt::format("cpu ({}, {} threads)", n.isa, r.threads);

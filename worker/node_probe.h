@@ -17,9 +17,12 @@ struct NodeProbeRequest {
   std::string host;
   int ranks_on_host = 1;
   NodeBudget budget;          // what the operator gave this rank, resolved
-  Backend* device = nullptr;  // the device backend when the rank computes on one (or a stand-in)
-  int cuda_device = -1;       // its CUDA index; -1: a stand-in, or none
-  std::string device_name;    // the device's name (cuda:0 NVIDIA H200 (132 SMs))
+  bool device_compute = false;  // a device computes (cuda_device's, or the CPU standing in)
+  int cuda_device = -1;         // the device's CUDA index; -1: a stand-in, or none
+  std::string device_name;      // its name (cuda:0 NVIDIA H200 (132 SMs))
+  // The CUDA device's backend, to measure its rates with (nullptr: not measured; a cached
+  // measurement is still read).
+  Backend* device = nullptr;
   int threads = 1;
   std::string disk_dir = "/tmp";
   std::string cache_dir;  // where the measured rates are kept ("": measured every time)
@@ -27,6 +30,10 @@ struct NodeProbeRequest {
 };
 
 NodeInventory probe_node(const NodeProbeRequest& request);
+
+// "cuda:0 NVIDIA H200 (132 SMs, 139.8 GiB)" from the runtime's properties; "cuda:N" where it
+// does not answer.
+std::string cuda_device_name(int index);
 
 // MemAvailable of /proc/meminfo in bytes (0 where it cannot be read).
 int64_t host_available_bytes();

@@ -35,6 +35,14 @@ double process_cpu_seconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
+// KV slots of WAA's prefill side: as given, or B_E for each encoder batch in flight and one
+// more, or --max-batch.
+int32_t waa_encoder_slots(const WaaRun& w, int32_t kv_slots) {
+  return w.encoder_slots > 0  ? w.encoder_slots
+         : w.encode_batch > 0 ? w.encode_batch * (w.encoder_micro_batches + 1)
+                              : kv_slots;
+}
+
 class Coordinator {
  public:
   Coordinator(Stages& stages, const CoordinatorOptions& o, const ModelConfig& config,
@@ -51,12 +59,7 @@ class Coordinator {
  private:
   ClusterStats run_plan();
   void size_run();
-  int32_t encoder_slots() const {
-    const WaaRun& w = *options_.waa;
-    return w.encoder_slots > 0  ? w.encoder_slots
-           : w.encode_batch > 0 ? w.encode_batch * (w.encoder_micro_batches + 1)
-                                : options_.kv_slots;
-  }
+  int32_t encoder_slots() const { return waa_encoder_slots(*options_.waa, options_.kv_slots); }
   void end_unfinished(const std::string& why, bool failed);
   void flush_results(double seconds);
   void admit();
@@ -148,28 +151,57 @@ void Coordinator::flush_results(double seconds) {
                 seconds);
 }
 
-ClusterStats Coordinator::run_plan() {
-  const double cpu0 = process_cpu_seconds();
-  size_run();
-  PlanOptions po{options_.model_spec, stages_.count(), options_.micro_batches, options_.kv_slots,
-                 capacity_,           max_rows_,       options_.stage_mem,     options_.placement};
-  po.nodes = options_.nodes;
-  if (!options_.tensor_parallel.empty()) {
-    if (options_.waa || options_.schedule)
-      fail_input("--tensor-parallel with {}: {}",
-                 options_.waa ? "--waa-encoders" : "--latency-bound",
-                 options_.waa ? "KV hand-over between tensor-parallel groups is not built"
-                              : "the bound's search chooses the degrees itself; give one of them");
-    po.tp_degrees = parse_tp_degrees(options_.tensor_parallel, stages_.count());
+}  // namespace
+
+int32_t run_context(const CoordinatorOptions& o, const ModelConfig& config) {
+  const int32_t model_max = config.max_positions;
+  int32_t capacity = o.max_context > 0 ? std::min(o.max_context, model_max) : model_max;
+  // A sequence never holds more than its micro-batch's share of a KV budget.
+  const int64_t share = o.packing.budget / std::max(1, o.micro_batches);
+  if (o.packing.budget > 0 && share < capacity) {
+    if (share < 2)
+      fail_input("--kv-budget {} gives each of {} micro-batches fewer than 2 KV positions",
+                 o.packing.budget, o.micro_batches);
+    capacity = static_cast<int32_t>(share);
   }
-  if (options_.waa) {
-    if (options_.schedule)
+  return capacity;
+}
+
+PlanOptions run_plan_options(const CoordinatorOptions& o, const ModelConfig& config,
+                             int32_t workers) {
+  PlanOptions po{o.model_spec,
+                 workers,
+                 o.micro_batches,
+                 o.kv_slots,
+                 run_context(o, config),
+                 std::max(o.max_step_tokens, o.kv_slots),
+                 o.stage_mem,
+                 o.placement};
+  po.nodes = o.nodes;
+  if (!o.tensor_parallel.empty()) {
+    if (o.waa || o.schedule)
+      fail_input("--tensor-parallel with {}: {}", o.waa ? "--waa-encoders" : "--latency-bound",
+                 o.waa ? "KV hand-over between tensor-parallel groups is not built"
+                       : "the bound's search chooses the degrees itself; give one of them");
+    po.tp_degrees = parse_tp_degrees(o.tensor_parallel, workers);
+  }
+  if (o.waa) {
+    if (o.schedule)
       fail_input(
           "--waa-encoders with --latency-bound: the bound's search chooses the allocation itself "
           "(--schedule-policy waa-c,waa-m keeps it to WAA); give one of them");
-    po.encoder_stages = options_.waa->encoder_stages;
-    po.encoder_kv_slots = encoder_slots();
+    po.encoder_stages = o.waa->encoder_stages;
+    po.encoder_kv_slots = waa_encoder_slots(*o.waa, o.kv_slots);
   }
+  return po;
+}
+
+namespace {
+
+ClusterStats Coordinator::run_plan() {
+  const double cpu0 = process_cpu_seconds();
+  size_run();
+  PlanOptions po = run_plan_options(options_, config_, stages_.count());
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids, tokenizer_,        {}};
@@ -250,23 +282,15 @@ std::unique_ptr<StepScheduler> Coordinator::make_scheduler(const SchedulerOption
 // The run's context and step buffers come from the configuration, never from the first
 // requests seen: a queue may start empty and fill later.
 void Coordinator::size_run() {
-  const int32_t model_max = config_.max_positions;
-  capacity_ = options_.max_context > 0 ? std::min(options_.max_context, model_max) : model_max;
-  if (options_.max_context > model_max)
+  if (options_.max_context > config_.max_positions)
     log::get("coordinator")
         ->warn("--max-context {} exceeds the model's {} positions; using {}", options_.max_context,
-               model_max, model_max);
-  // A sequence never holds more than its micro-batch's share of a KV budget.
-  const int64_t share = options_.packing.budget / std::max(1, options_.micro_batches);
-  if (options_.packing.budget > 0 && share < capacity_) {
-    if (share < 2)
-      fail_input("--kv-budget {} gives each of {} micro-batches fewer than 2 KV positions",
-                 options_.packing.budget, options_.micro_batches);
-    capacity_ = static_cast<int32_t>(share);
+               config_.max_positions, config_.max_positions);
+  capacity_ = run_context(options_, config_);
+  if (options_.packing.budget > 0)
     log::get("coordinator")
-        ->info("context {} positions: a micro-batch's share of --kv-budget {}", capacity_,
-               options_.packing.budget);
-  }
+        ->info("context {} positions under --kv-budget {} (a micro-batch's share at most)",
+               capacity_, options_.packing.budget);
   max_rows_ = std::max(options_.max_step_tokens, options_.kv_slots);
   stats_.model = options_.model_spec;
   stats_.ranks = stages_.ranks();

@@ -90,6 +90,15 @@ struct CoordinatorOptions {
   KvPackingOptions packing;
 };
 
+// A run's KV positions per sequence: the model's context, or --max-context, or a micro-batch's
+// share of S3's KV budget where smaller.
+int32_t run_context(const CoordinatorOptions& options, const ModelConfig& config);
+// The plan a run of `options` over `workers` worker ranks starts with (make_uniform_plan's
+// options: its context, step rows, tensor-parallel degrees, WAA's prefill side, the nodes):
+// `strata plan --nodes` prints the plan `serve` starts with from these.
+PlanOptions run_plan_options(const CoordinatorOptions& options, const ModelConfig& config,
+                             int32_t workers);
+
 // The steady part of a run (a batch job fills the cluster, runs, then drains), in run
 // seconds: from the first request finished to the last admission (the source empty, nothing
 // waiting), or to the last result when admissions never stopped. It never ends after the
