@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "kernels/tunables.h"
 #include "launch/engine.h"
+#include "transport/tensor_channel.h"
 #include "worker/node_probe.h"
 
 namespace strata::cli {
@@ -111,6 +112,7 @@ std::vector<NodeInventory> local_inventories(const EngineOptions& e, const NodeF
     r.cuda_device = pick_device(ne.device, acc, rank - 1);
     r.device_compute = r.cuda_device >= 0 || ne.device == "host";
     if (r.cuda_device >= 0) r.device_name = cuda_device_name(r.cuda_device);
+    r.nccl_key = device_key(r.cuda_device, name);
     r.threads = resolve_cpu_threads(ne.threads);
     r.disk_dir = ne.disk_dir;
     r.cache_dir = node_cache_dir();

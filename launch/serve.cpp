@@ -29,6 +29,7 @@
 #include "launch/slurm_env.h"
 #include "transport/mpi_session.h"
 #include "worker/dummy.h"
+#include "transport/tensor_channel.h"
 #include "worker/node_probe.h"
 #include "worker/stage_worker.h"
 
@@ -270,6 +271,7 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, const RankNod
   probe.rank = session.rank();
   probe.host = node.host;
   probe.ranks_on_host = node.ranks_on_host;
+  probe.nccl_key = device_key(c.device, processor_name());
   probe.budget = node.budget;
   probe.device_compute = c.device_compute();
   probe.cuda_device = c.device;

@@ -241,6 +241,7 @@ nlohmann::json NodeInventory::to_json() const {
           {"threads", threads},
           {"isa", isa},
           {"ranks_on_host", ranks_on_host},
+          {"nccl_key", nccl_key},
           {"device_free_bytes", device_free_bytes},
           {"host_available_bytes", host_available_bytes},
           {"disk_dir", disk_dir},
@@ -268,6 +269,7 @@ NodeInventory NodeInventory::from_json(const nlohmann::json& j, const std::strin
     n.threads = at("threads").get<int>();
     n.isa = at("isa").get<std::string>();
     n.ranks_on_host = at("ranks_on_host").get<int>();
+    n.nccl_key = at("nccl_key").get<int>();
     n.device_free_bytes = at("device_free_bytes").get<int64_t>();
     n.host_available_bytes = at("host_available_bytes").get<int64_t>();
     n.disk_dir = at("disk_dir").get<std::string>();
@@ -341,6 +343,7 @@ StageNode stage_node(const NodeInventory& n) {
   s.rank = n.rank;
   s.name = fmt::format("rank {} on {} ({})", n.rank, n.host, n.compute);
   s.device_compute = n.device_compute;
+  s.nccl_key = n.nccl_key;
   s.disk_dir = n.disk_dir;
   // Unset budgets: what the node has, shared by the ranks on it (a stand-in device's memory
   // is the host's, counted there).

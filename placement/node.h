@@ -72,6 +72,7 @@ struct NodeInventory {
   int threads = 0;
   std::string isa;
   int ranks_on_host = 1;  // worker ranks sharing this host's memory and disk
+  int nccl_key = 0;       // transport/tensor_channel.h device_key: 0 for no CUDA device
   int64_t device_free_bytes = -1;  // < 0: no device (a stand-in has none of its own)
   int64_t host_available_bytes = 0;  // MemAvailable
   std::string disk_dir;
@@ -97,6 +98,7 @@ struct StageNode {
   int rank = 0;
   std::string name;  // "rank 2 on node-b (cpu (avx2, 1 threads))"
   bool device_compute = false;
+  int nccl_key = 0;  // its CUDA device for NCCL (0: none; a key two ranks share: none)
   TierBudgets budgets{-1, -1, -1, true};
   std::string disk_dir;
   double compute_read_gbs = 0;  // the compute tier's memory read rate: a decode's bound

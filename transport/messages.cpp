@@ -353,6 +353,7 @@ void write_stage(wire::Stage::Builder b, const StagePlan& s) {
   b.setHasEmbedding(s.has_embedding);
   b.setHasHead(s.has_head);
   b.setUseGpu(s.use_gpu);
+  b.setNccl(s.nccl);
   auto wt = b.initWeightTiers(static_cast<unsigned>(s.weight_tiers.size()));
   for (unsigned i = 0; i < wt.size(); ++i) wt.set(i, s.weight_tiers[i]);
   auto ct = b.initCacheTiers(static_cast<unsigned>(s.cache_tiers.size()));
@@ -583,6 +584,7 @@ StagePlan read_stage(wire::Stage::Reader r) {
   s.has_embedding = r.getHasEmbedding();
   s.has_head = r.getHasHead();
   s.use_gpu = r.getUseGpu();
+  s.nccl = r.getNccl();
   for (uint8_t t : r.getWeightTiers()) s.weight_tiers.push_back(t);
   for (uint8_t t : r.getCacheTiers()) s.cache_tiers.push_back(t);
   s.compress_weight = r.getCompressWeight();

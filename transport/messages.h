@@ -47,6 +47,9 @@ struct StagePlan {
   bool has_embedding = false;  // the first stage embeds token ids
   bool has_head = false;       // the last stage holds the final norm, head and sampler
   bool use_gpu = false;  // the stage computes on a device (or its stand-in): its node's tier
+  // Its activations go over NCCL to and from stages that do too (each on its own CUDA
+  // device): those link buffers live on the device, the others in host memory.
+  bool nccl = false;
   // The stage's placement (placement/stage_placement.h), decided by the planner and executed
   // by the worker: per-layer tiers of the weights and of the KV cache (values of
   // placement/tier.h's Tier: 0 gpu, 1 cpu, 2 disk; empty: no placement, the worker decides),

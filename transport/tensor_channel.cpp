@@ -170,24 +170,20 @@ void MpiTensorChannel::cancel(uintptr_t& handle, const Op&) noexcept {
 
 // ---- TensorLinks ----
 
-namespace {
-
 // A rank takes part in NCCL when it computes on a device the runtime can see and NCCL is
 // in this binary; anything else (no driver, no device, CPU build) falls back to MPI. The
 // key names the GPU: its host and PCI bus id.
-int device_key(int local_device) {
+int device_key(int local_device, const std::string& host) {
   if (local_device < 0 || !nccl_built()) return 0;
   const AcceleratorInfo info = probe_accelerators();
   if (local_device < static_cast<int>(info.devices.size()))
-    return name_key(processor_name() + "/" +
+    return name_key(host + "/" +
                     info.devices[static_cast<size_t>(local_device)].pci_bus_id);
   log::get("transport")
       ->warn("device {} requested but not usable ({}); activations go over MPI", local_device,
              info.reason.empty() ? "no such device" : info.reason);
   return 0;
 }
-
-}  // namespace
 
 std::vector<int> nccl_members(std::span<const int> device_keys) {
   std::vector<int> members;
@@ -205,7 +201,7 @@ TensorLinks TensorLinks::create(const Communicator& comm, int local_device,
   TensorLinks links;
   links.rank_ = comm.rank();
   links.mpi_ = std::make_unique<MpiTensorChannel>(comm);
-  const int key = device_key(local_device);
+  const int key = device_key(local_device, processor_name());
   const std::vector<int> keys = comm.allgather(key, deadline, "which ranks have GPUs");
   const std::vector<int> members = nccl_members(keys);
   links.gpu_.assign(keys.size(), 0);

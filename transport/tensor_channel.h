@@ -108,6 +108,9 @@ class MpiTensorChannel final : public TensorChannel {
 // otherwise name_key of its host and GPU bus id). NCCL refuses two ranks on one GPU, so a
 // key held by several ranks leaves all of them on MPI; fewer than two members: none.
 std::vector<int> nccl_members(std::span<const int> device_keys);
+// A rank's device key: 0 where it computes on no CUDA device (local_device < 0) or NCCL is
+// not in this binary; otherwise name_key of `host` and the device's PCI bus id.
+int device_key(int local_device, const std::string& host);
 
 // The channel to use for each peer: NCCL when both ends are GPU workers on distinct GPUs
 // and NCCL is built, MPI otherwise.

@@ -186,6 +186,7 @@ NodeInventory probe_node(const NodeProbeRequest& r) {
   n.rank = r.rank;
   n.host = r.host;
   n.ranks_on_host = r.ranks_on_host;
+  n.nccl_key = r.nccl_key;
   n.budget = r.budget;
   n.threads = r.threads;
   n.isa = cpu_isa_name(active_cpu_isa());

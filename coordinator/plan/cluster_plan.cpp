@@ -11,6 +11,7 @@
 
 #include "kernels/error.h"
 #include "placement/tier.h"
+#include "transport/tensor_channel.h"
 
 namespace strata {
 
@@ -30,8 +31,9 @@ StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
   r.policy = o.policy;
   r.budgets = o.budgets;
   r.budgets.whole_stage = true;
+  // --stage-mem bounds the compute tier, under the node's own budget there.
   int64_t& compute = o.device_compute ? r.budgets.gpu : r.budgets.cpu;
-  if (compute < 0) compute = stage_mem;
+  if (stage_mem >= 0) compute = compute < 0 ? stage_mem : std::min(compute, stage_mem);
   // The link buffers are the worker's, counted against the same budgets.
   const TierBytes links = link_buffer_bytes(stage, plan);
   for (Tier t : kTiers) {
@@ -43,9 +45,18 @@ StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
 
 TierBytes link_buffer_bytes(const StagePlan& stage, const ClusterPlan& plan) {
   const int64_t one = int64_t{plan.max_batch_rows} * plan.hidden_size * 4;
-  const int64_t n = (stage.has_embedding ? 0 : 1) + (stage.has_head ? 0 : 2);
+  // A link is NCCL's (its buffers on the device) where both ends are; the neighbours are
+  // the stage's pipeline's (laid out in order: a tensor-parallel group by its leader).
+  const std::span<const StagePlan> pipeline = plan.pipeline_of(stage);
+  bool prev_nccl = false, next_nccl = false;
+  for (size_t i = 0; i < pipeline.size(); ++i) {
+    if (pipeline[i].rank != stage.rank) continue;
+    if (i > 0) prev_nccl = pipeline[i - 1].nccl;
+    if (i + 1 < pipeline.size()) next_nccl = pipeline[i + 1].nccl;
+  }
   TierBytes b;
-  (stage.use_gpu ? b.gpu : b.cpu) = n * one;
+  if (!stage.has_embedding) (stage.nccl && prev_nccl ? b.gpu : b.cpu) += one;
+  if (!stage.has_head) (stage.nccl && next_nccl ? b.gpu : b.cpu) += 2 * one;
   return b;
 }
 
@@ -162,6 +173,17 @@ ClusterPlan shared_plan(const ModelConfig& config, const PlanOptions& o) {
   return plan;
 }
 
+// Whether the stage on `rank` sends and receives over NCCL, as the workers' links will find
+// (transport/tensor_channel.h nccl_members over the nodes' device keys; the coordinator has
+// none). Without nodes: every device stage, each on its own GPU.
+bool nccl_rank(const PlanOptions& o, int32_t rank, bool use_gpu) {
+  if (o.nodes.empty()) return use_gpu;
+  std::vector<int> keys{0};
+  for (const StageNode& n : o.nodes) keys.push_back(n.nccl_key);
+  const std::vector<int> members = nccl_members(keys);
+  return std::find(members.begin(), members.end(), rank) != members.end();
+}
+
 // The stages in rank order, each over the next `layers[i]` layers; a tensor-parallel stage
 // takes its degree's consecutive ranks, its leader's first. The first stage of a pipeline
 // embeds, its last holds the head.
@@ -185,6 +207,7 @@ std::vector<StagePlan> lay_out_stages(const PlanOptions& o, const std::vector<in
     st.has_embedding = first;
     st.has_head = last;
     st.use_gpu = placement_of(o, st.rank).device_compute;
+    st.nccl = nccl_rank(o, st.rank, st.use_gpu);
     begin = st.layer_end;
     stages.push_back(st);
   }

@@ -12,6 +12,13 @@
 #   disk 3 STORIES [serve options...]  as equal, the options putting every weight on disk:
 #                                      the bytes each stage read from disk and from a CPU
 #                                      tier, by hand from stories260K's shape
+#   budget NP MODEL BYTES [options...] every stage within BYTES (allocated, and the worker's peak
+#                                      resident memory after load), the rest streamed from
+#                                      disk, results equal to strata generate
+#   nodes NP MODEL VARIANT             a node file (tiers: a device stand-in beside a CPU
+#                                      rank; unequal: fast, slow and disk-streaming nodes):
+#                                      strata plan --nodes equals what each worker allocated,
+#                                      each within its budgets, results equal
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
 #                                      non-zero within a bounded time
 #   refuse                             too many stages / over budget / HeteGen: clear refusal,
@@ -179,6 +186,103 @@ case $case_name in
       fail "bytes per tier: $(jq -c '[.stages[] | {rank, steps, bytes_from_cpu, bytes_from_disk}]' \
         "$tmp/stats.json")"
     echo "disk reads as placed: $(jq -c '[.stages[] | {rank, steps, bytes_from_disk}]' "$tmp/stats.json")"
+    ;;
+  budget)  # NP MODEL BYTES [serve options setting a budget of BYTES per stage...]
+    # Each stage within the budget (what its worker allocated, and its own peak resident
+    # memory after load over what it held before), the rest streamed from disk, results
+    # equal to strata generate's.
+    np=$1 model=$2 bytes=$3
+    shift 3
+    write_requests "$model" "$tmp/req.jsonl"
+    mkdir -p "$tmp/disk"
+    cluster "$np" --model "$model" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" \
+      --disk-dir "$tmp/disk" --stats-out "$tmp/stats.json" "$@"
+    check_equal "$model" "$tmp/req.jsonl" "$tmp/r.jsonl"
+    python3 - "$tmp/stats.json" "$bytes" <<'PY'
+import json, sys
+stats, budget = json.load(open(sys.argv[1])), int(sys.argv[2])
+stages = stats["stages"]
+for s in stages:
+    held = s["allocated"]["gpu"] + s["allocated"]["cpu"]
+    grown = s["peak_rss_bytes"] - s["rss_before_load_bytes"]
+    if held <= 0 or held > budget: sys.exit(f"FAIL: rank {s['rank']} allocated {held} B, budget {budget}")
+    if s["rss_before_load_bytes"] <= 0 or grown > budget:
+        sys.exit(f"FAIL: rank {s['rank']} grew {grown} B resident after load, budget {budget}")
+    print(f"rank {s['rank']} layers {s['layers']}: allocated {held} B, resident +{grown} B, "
+          f"{s['allocated']['disk']} B on disk, read {s['bytes_from_disk']} B from it; budget {budget}")
+if not any(s["bytes_from_disk"] > 0 for s in stages): sys.exit("FAIL: nothing streamed from disk")
+PY
+    ;;
+  nodes)  # NP MODEL VARIANT: a node file (tiers: device stand-in beside CPU; unequal nodes)
+    np=$1 model=$2 variant=$3
+    mkdir -p "$tmp/disk"
+    case $variant in
+      tiers)  # rank 1 runs the device path with the CPU standing in, rank 2 computes on the
+        # CPU, rank 3 is the fastest (its rates pinned), so it takes most layers, holds less
+        # than them and keeps the rest on its disk
+        cat >"$tmp/nodes.json" <<JSON
+[{"rank": 1, "device": "host", "gpu-mem": "64MiB", "cpu-mem": "64MiB", "memory-read-gbs": 10},
+ {"rank": 2, "device": "cpu", "cpu-mem": "64MiB", "memory-read-gbs": 10},
+ {"rank": 3, "device": "cpu", "cpu-mem": "4300KiB", "disk-dir": "$tmp/disk",
+  "memory-read-gbs": 40, "disk-read-gbs": 40}]
+JSON
+        ;;
+      unequal)  # nodes of 2 GiB reading at 10 and 5 GB/s, and one of 200 MiB streaming
+        cat >"$tmp/nodes.yaml" <<YAML
+- rank: 1
+  cpu-mem: 2GiB
+  threads: 2
+  memory-read-gbs: 10
+- rank: 2
+  cpu-mem: 200MiB
+  disk-dir: $tmp/disk
+  memory-read-gbs: 10
+  disk-read-gbs: 4
+- rank: 3
+  cpu-mem: 2GiB
+  memory-read-gbs: 5
+YAML
+        mv "$tmp/nodes.yaml" "$tmp/nodes.json"  # YAML by its content, whatever the name
+        ;;
+      *) fail "unknown nodes variant $variant" ;;
+    esac
+    write_requests "$model" "$tmp/req.jsonl"
+    "$strata" plan --nodes "$tmp/nodes.json" --model "$model" --threads 1 --max-context 128 \
+      --format json >"$tmp/plan.json" 2>/dev/null
+    cluster "$np" --model "$model" --threads 1 --nodes "$tmp/nodes.json" --requests "$tmp/req.jsonl" \
+      --results "$tmp/r.jsonl" --stats-out "$tmp/stats.json"
+    check_equal "$model" "$tmp/req.jsonl" "$tmp/r.jsonl"
+    python3 - "$tmp/plan.json" "$tmp/stats.json" "$variant" <<'PY'
+import json, sys
+plan, stats, variant = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+ps, ss = plan["stages"], stats["stages"]
+if len(ps) != len(ss): sys.exit(f"FAIL: plan has {len(ps)} stages, the run {len(ss)}")
+for p, s in zip(ps, ss):
+    # strata plan --nodes is what each worker allocated, byte for byte.
+    want = (p["rank"], p["layers"], p["device_compute"], p["gpu_bytes"], p["cpu_bytes"], p["disk_bytes"])
+    have = (s["rank"], s["layers"], s["device_compute"], s["allocated"]["gpu"], s["allocated"]["cpu"],
+            s["allocated"]["disk"])
+    if want != have: sys.exit(f"FAIL: strata plan {want} but the worker {have}")
+    budget = p["inventory"]["budget"]
+    for tier in ("gpu", "cpu"):
+        b = budget[f"{tier}_mem"]
+        if b >= 0 and s["allocated"][tier] > b: sys.exit(f"FAIL: rank {s['rank']} {tier} over {b}")
+    print(f"rank {s['rank']} layers {s['layers']} {'device' if s['device_compute'] else 'cpu'} compute: "
+          f"allocated {s['allocated']} as planned; read {s['bytes_from_disk']} B from disk")
+n = [s["layers"][1] - s["layers"][0] for s in ss]
+if variant == "tiers":
+    if [s["device_compute"] for s in ss] != [True, False, False]: sys.exit("FAIL: tiers not each rank's own")
+    if ss[0]["allocated"]["gpu"] <= 0 or ss[1]["allocated"]["gpu"] != 0: sys.exit("FAIL: gpu tier bytes")
+    # What it cannot hold (here its KV cache, as the planner moves it first) is on its disk.
+    if ss[2]["allocated"]["disk"] <= 0: sys.exit("FAIL: rank 3 holds nothing on disk")
+else:
+    # Rank 1 reads twice as fast as rank 3 with the same memory (and fixed parts of about the
+    # same size, the embedding and the tied head): more layers; rank 2 holds less than its
+    # layers and streams the rest from its disk.
+    if not n[0] > n[2]: sys.exit(f"FAIL: split {n} does not favour the faster node")
+    if ss[1]["bytes_from_disk"] <= 0 or ss[1]["allocated"]["disk"] <= 0: sys.exit("FAIL: rank 2 did not stream")
+print(f"split {n}")
+PY
     ;;
   dead)  # NP RANK [serve options...]
     np=$1
@@ -350,7 +454,9 @@ JSON
     rc=$?
     set -e
     [ "$rc" -ne 0 ] || fail "over-budget plan accepted"
-    grep -q "does not fit: stage 1 (layers \[0, 6)): cpu needs" "$tmp/out" || { cat "$tmp/out"; fail "no clear budget refusal"; }
+    # Its embedding alone is 150 MiB: no placement streams that; the refusal names the node.
+    grep -q "does not fit: stage 1 (layers \[0, 6), rank 1 on .*): cpu needs" "$tmp/out" ||
+      { cat "$tmp/out"; fail "no clear budget refusal"; }
     # A worker that cannot start (no such GPU here, with or without a GPU on this machine)
     # ends the job at once with its reason, rather than leaving rank 0 waiting for it.
     start=$(date +%s)
@@ -374,13 +480,12 @@ JSON
       [ "$rc" -ne 0 ] || fail "$what in a cluster accepted"
       grep -q -- "$pattern" "$tmp/out" || { cat "$tmp/out"; fail "no clear $what refusal"; }
     }
-    # HeteGen's split, the host standing in for a device and Pie's buffers are not in the
-    # planner's memory model: refused at every rank alike, before anything loads.
+    # HeteGen's split and Pie's buffers are not in the plan's messages: refused at every rank
+    # alike, before anything loads.
     refused --hetegen-alpha "--hetegen-alpha (or policy hetegen=) is for single-process engine commands" \
       --hetegen-alpha 0.5
     refused "policy hetegen=" "--hetegen-alpha (or policy hetegen=) is for single-process" \
       --policy w=0/100/0,hetegen=40
-    refused "--device host" "--device host is for single-process engine commands" --device host
     refused --pie-host-layers \
       "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine commands" \
       --pie-host-layers 2

@@ -61,6 +61,8 @@ struct Stage {
   tpRanks @18 :List(Int32);
   # The KV cache's elements in f16 (policy cf16; protocol 6).
   cacheF16 @19 :Bool;
+  # The stage's activations go over NCCL (protocol 7).
+  nccl @20 :Bool;
 }
 
 struct Plan {
