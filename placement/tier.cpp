@@ -97,14 +97,15 @@ int64_t parse_size(const std::string& text, const char* option) {
                                          std::chars_format::fixed | std::chars_format::scientific);
   const std::string unit(end, text.data() + text.size());
   double scale = 0;
+  if (unit == "T" || unit == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
   if (unit.empty() || unit == "G" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
   if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
   if (unit == "K" || unit == "KiB") scale = 1024.0;
   if (unit == "B") scale = 1.0;
   if (ec != std::errc() || end == text.data() || scale == 0 || !std::isfinite(v) || v < 0)
     fail_input(
-        "{}: cannot read size '{}': a non-negative number with a unit (1.5GiB, 800MiB, 64KiB, "
-        "4096B; a bare number is GiB)",
+        "{}: cannot read size '{}': a non-negative number with a unit (2TiB, 1.5GiB, 800MiB, "
+        "64KiB, 4096B; a bare number is GiB)",
         option, text);
   if (v * scale > static_cast<double>(kMaxSize))
     fail_input("{}: size '{}' is above the largest accepted, 1 EiB ({} bytes)", option, text,

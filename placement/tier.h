@@ -56,7 +56,7 @@ int32_t count_tier(const std::vector<Tier>& tiers, Tier t);
 std::vector<uint8_t> tiers_to_wire(const std::vector<Tier>& tiers);
 std::vector<Tier> tiers_from_wire(const std::vector<uint8_t>& wire, std::string_view what);
 
-// "1.5GiB", "800MiB", "64KiB", "4096B" -> bytes; a bare number is GiB. Refuses (InputError
+// "2TiB", "1.5GiB", "800MiB", "64KiB", "4096B" -> bytes; a bare number is GiB. Refuses (InputError
 // naming the option) anything but a finite, non-negative decimal number of at most kMaxSize.
 int64_t parse_size(const std::string& text, const char* option);
 inline constexpr int64_t kMaxSize = int64_t{1} << 60;  // 1 EiB: past any machine's memory or disk

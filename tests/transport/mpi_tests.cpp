@@ -75,7 +75,7 @@ ClusterPlan plan_for(int rank) {
   p.plan_id = 100 + static_cast<uint64_t>(rank);
   p.model_spec = "dummy:llama-110m";
   p.num_layers = 12;
-  p.stages = {{rank, 0, 12, true, true, 0, 1ull << 30, 0, false}};
+  p.stages = {{rank, 0, 12, true, true, false}};
   return p;
 }
 

@@ -3,6 +3,8 @@
 // shortfall, only when the engine could not run it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "coordinator/plan/cluster_plan.h"
 #include "support/stories_reference.h"
 #include "worker/dummy.h"
@@ -226,6 +228,80 @@ TEST(Planner, ADeviceStageIsPlacedOnTheGpuTier) {
   const std::string m = refusal(c, o);
   EXPECT_NE(m.find("gpu needs"), std::string::npos) << m;
   EXPECT_NE(m.find("short by 0.0 MiB (1 bytes)"), std::string::npos) << m;
+}
+
+TEST(Planner, WithoutAPolicyTheCacheLeavesTheComputeTierBeforeARefusal) {
+  const ModelConfig c = load_model_config(testing::stories_dir());
+  // Every weight on disk needs 609472 bytes (above); each KV-cache layer on disk takes its
+  // 2 x 4096 bytes out of host memory and the disk tier's two staging buffers 2 x 4096 come
+  // once: 609472 - 4 x 8192 + 8192 = 584896 bytes with one cache layer left resident, the
+  // first count that fits under 590000 (two resident: 593088).
+  const ClusterPlan p = make_uniform_plan(c, stories(590000));
+  const StagePlan& s = p.stages[0];
+  EXPECT_EQ(s.weight_tiers, (std::vector<uint8_t>{2, 2, 2, 2, 2}));
+  EXPECT_EQ(std::count(s.cache_tiers.begin(), s.cache_tiers.end(), 2), 4);
+  EXPECT_EQ(std::count(s.cache_tiers.begin(), s.cache_tiers.end(), 0), 1);
+  EXPECT_EQ(s.placed_cpu_bytes, 584896u);
+  EXPECT_EQ(s.placed_disk_bytes, static_cast<uint64_t>(5 * kPacked + 4 * 2 * 4096));
+  // The operator's policy is kept as given: the same budget with the cache on the compute
+  // tier is refused.
+  EXPECT_NE(refusal(c, stories(590000, "w=0/0/100,h=0/100/0")).find("short by"),
+            std::string::npos);
+}
+
+StageNode node(int32_t rank, double read_gbs, int64_t cpu = -1) {
+  StageNode n;
+  n.rank = rank;
+  n.name = fmt::format("rank {} on test", rank);
+  n.budgets = TierBudgets{-1, cpu, -1, true};
+  n.compute_read_gbs = read_gbs;
+  n.disk_read_gbs = 1;
+  return n;
+}
+
+TEST(Planner, UnequalNodesGetTheSplitWithTheShortestSlowestStage) {
+  const ModelConfig c = load_model_config(testing::stories_dir());
+  PlanOptions o = stories(-1);
+  o.workers = 2;
+  o.nodes = {node(1, 10), node(2, 40)};
+  const std::vector<int32_t> got = balanced_layers(c, o);
+  // Against every split of the 5 layers: none has a shorter slowest stage.
+  const ClusterPlan shared = make_plan(c, o, got);
+  auto slowest = [&](const std::vector<int32_t>& layers) {
+    const ClusterPlan plan = make_plan(c, o, layers);
+    double worst = 0;
+    for (const StagePlan& st : plan.stages)
+      worst = std::max(worst, decode_step_seconds(choose_stage(c, plan, st, o).placed,
+                                                  *o.node(st.rank)));
+    return worst;
+  };
+  for (int32_t k = 1; k <= 4; ++k) EXPECT_LE(slowest(got), slowest({k, 5 - k})) << k;
+  // Four times the read rate: the second node takes the larger share.
+  EXPECT_GT(got[1], got[0]);
+  EXPECT_EQ(shared.stages[0].layer_end, got[0]);
+  // The stages keep their own node's budget: the first node's is short by its embedding.
+  o.nodes[0].budgets.cpu = 100'000;
+  const std::string m = refusal(c, o);
+  EXPECT_NE(m.find("stage 1 (layers [0, "), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 1 on test): cpu needs"), std::string::npos) << m;
+  EXPECT_EQ(m.find("stage 2"), std::string::npos) << m;
+}
+
+TEST(Planner, EachStageComputesOnItsOwnNodesTier) {
+  const ModelConfig c = load_model_config(testing::stories_dir());
+  PlanOptions o = stories(-1);
+  o.workers = 2;
+  o.nodes = {node(1, 10), node(2, 10)};
+  o.nodes[0].device_compute = true;
+  const ClusterPlan p = make_plan(c, o, {2, 3});
+  EXPECT_TRUE(p.stages[0].use_gpu);
+  EXPECT_FALSE(p.stages[1].use_gpu);
+  EXPECT_GT(p.stages[0].placed_gpu_bytes, 0u);
+  EXPECT_EQ(p.stages[1].placed_gpu_bytes, 0u);
+  // No CUDA device (no NCCL key): the link between them is MPI's, its buffers on the host.
+  EXPECT_FALSE(p.stages[0].nccl);
+  EXPECT_EQ(link_buffer_bytes(p.stages[0], p).gpu, 0);
+  EXPECT_EQ(link_buffer_bytes(p.stages[0], p).cpu, 2 * 8 * 64 * 4);
 }
 
 }  // namespace

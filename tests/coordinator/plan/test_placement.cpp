@@ -111,6 +111,50 @@ TEST(Placement, StreamingPlanFromABudgetEqualsAllocation) {
   expect_plan_equals_allocation(dir, c, {"budget-streams", "", false, 900 << 10}, 1);
 }
 
+// Unequal nodes in one plan: a device stage (the CPU standing in), a host stage, and a host
+// stage of 640 kB, below the 669824 bytes its three layers and head need with every weight
+// streamed, so its KV cache goes to disk too; each is what its worker allocates.
+TEST(Placement, APlanOverUnequalNodesEqualsWhatEachStageAllocates) {
+  const std::string dir = testing::stories_dir();
+  const ModelConfig c = load_model_config(dir);
+  CpuBackend backend(2);
+  PlanOptions po;
+  po.model_spec = dir;
+  po.workers = 3;
+  po.kv_slots = 3;
+  po.kv_capacity = 24;
+  po.max_batch_rows = 16;
+  for (int32_t r = 1; r <= 3; ++r) {
+    StageNode n;
+    n.rank = r;
+    n.name = fmt::format("rank {}", r);
+    n.device_compute = r == 1;
+    n.budgets = TierBudgets{-1, r == 3 ? 640'000 : -1, -1, true};
+    n.compute_read_gbs = 10;
+    n.disk_read_gbs = 1;
+    po.nodes.push_back(n);
+  }
+  const ClusterPlan plan = make_plan(c, po, {1, 1, 3});
+  for (const StagePlan& st : plan.stages) {
+    StageOptions so;
+    so.load.disk_dir = disk_dir();
+    so.load.device = st.use_gpu ? &backend : nullptr;
+    so.cache.placement.disk_dir = disk_dir();
+    so.cache.host = &backend;
+    PipelineStage stage(plan, st, backend, so);
+    TierBytes allocated = stage.memory();
+    allocated += link_buffer_bytes(st, plan);  // over MPI: host memory
+    EXPECT_EQ(link_buffer_bytes(st, plan).gpu, 0);
+    EXPECT_NO_THROW(check_allocation(st, allocated)) << st.str();
+    EXPECT_LE(allocated.cpu, po.nodes[static_cast<size_t>(st.rank - 1)].budgets.cpu < 0
+                                 ? allocated.cpu
+                                 : po.nodes[static_cast<size_t>(st.rank - 1)].budgets.cpu);
+  }
+  EXPECT_TRUE(plan.stages[0].use_gpu);
+  EXPECT_FALSE(plan.stages[2].use_gpu);
+  EXPECT_GT(plan.stages[2].placed_disk_bytes, 0u);  // its budget streams
+}
+
 TEST(Placement, AMismatchNamesTheTierAndBothNumbers) {
   StagePlan st;
   st.rank = 2;
