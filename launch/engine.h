@@ -4,9 +4,9 @@
 #include <memory>
 
 #include "coordinator/run/local_stages.h"
+#include "kernels/accelerator.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/profiling_backend.h"
-#include "kernels/accelerator.h"
 #include "launch/commands.h"
 #include "worker/loader.h"
 #include "worker/model.h"

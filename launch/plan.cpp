@@ -22,8 +22,8 @@ namespace {
 
 struct PlanOptions {
   std::string model;
-  std::string dtype;  // empty: f16, as FlexGen plans; with --nodes f32, as serve loads dummies
-  std::string hardware;                    // JSON file (HardwareSpec); empty: FlexGen's T4 machine
+  std::string dtype;     // empty: f16, as FlexGen plans; with --nodes f32, as serve loads dummies
+  std::string hardware;  // JSON file (HardwareSpec); empty: FlexGen's T4 machine
   std::string gpu_mem, cpu_mem, disk_mem;  // sizes (parse_size); empty: the hardware's
   int64_t prompt_len = 512, gen_len = 32;
   std::string policy;
@@ -157,9 +157,8 @@ int run_nodes_plan(const PlanOptions& o) {
   if (!o.policy.empty()) e.policy = Policy::parse(o.policy);
   const ModelConfig config = load_spec_config(e.model, parse_dtype(e.dtype).value_or(DType::kF32));
   const std::vector<NodeInventory> inventories = local_inventories(e, file, workers, o.remeasure);
-  const CoordinatorOptions c =
-      planned_run(e, o.micro_batches, o.max_context, o.schedule.stage_mem,
-                  stage_nodes(inventories));
+  const CoordinatorOptions c = planned_run(e, o.micro_batches, o.max_context, o.schedule.stage_mem,
+                                           stage_nodes(inventories));
   const strata::PlanOptions po = run_plan_options(c, config, workers);
   const ClusterPlan plan = make_uniform_plan(config, po);
   nlohmann::ordered_json stages = nlohmann::ordered_json::array();

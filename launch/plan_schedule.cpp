@@ -234,8 +234,9 @@ void add_schedule_options(CLI::App* cmd, ScheduleCliOptions& o) {
   cmd->add_option_function<std::string>(
          "--nodes",
          [&o](const std::string& v) {
-           const bool count = !v.empty() && v.size() <= 4 &&
-                              std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+           const bool count =
+               !v.empty() && v.size() <= 4 &&
+               std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
            if (!count) {
              o.node_file = v;
            } else if (const int n = std::stoi(v); n >= 1 && n <= 4096) {

@@ -28,8 +28,8 @@
 #include "launch/plan_schedule.h"
 #include "launch/slurm_env.h"
 #include "transport/mpi_session.h"
-#include "worker/dummy.h"
 #include "transport/tensor_channel.h"
+#include "worker/dummy.h"
 #include "worker/node_probe.h"
 #include "worker/stage_worker.h"
 
@@ -334,21 +334,19 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
       host_names(session.world(), Deadline::after_seconds(o.load_timeout));
   try {
     if (roles.check) roles.check(o);
-    // The planner's memory model (placement/stage_placement.h, checked byte for byte against
-    // each worker's allocation) and the plan's messages carry no HeteGen split; refused at
-    // every rank alike rather than run unplanned.
-    if (o.engine.hetegen_alpha != 0 || o.engine.hetegen_alpha_auto ||
-        (o.engine.policy && o.engine.policy->hetegen_alpha_percent > 0))
+    // A cluster's plan places Pie and HeteGen as its policy names them (pie=, hetegen=), for
+    // every device stage; the flags' forms (an adaptive m, a per-slot or measured alpha) are
+    // the single-process engine's. Refused at every rank alike rather than run unplanned.
+    if (o.engine.hetegen_alpha != 0 || o.engine.hetegen_alpha_auto)
       fail_input(
-          "--hetegen-alpha (or policy hetegen=) is for single-process engine commands (generate, "
-          "bench, score, serve "
-          "without ranks): a cluster's plan does not place HeteGen's split");
-    if (o.engine.pie_adaptive || o.engine.pie_host_layers > 0 ||
-        (o.engine.policy && o.engine.policy->pie_host_layers > 0))
+          "--hetegen-alpha is for single-process engine commands (generate, bench, score, serve "
+          "without ranks); in a cluster give the policy's hetegen=PERCENT, which the plan places "
+          "on every device stage");
+    if (o.engine.pie_adaptive || o.engine.pie_host_layers > 0)
       fail_input(
-          "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine "
-          "commands (generate, bench, score, serve without ranks): a cluster's plan does not "
-          "place Pie's buffers");
+          "--pie-host-layers and --pie-adaptive are for single-process engine commands "
+          "(generate, bench, score, serve without ranks); in a cluster give the policy's pie=M, "
+          "which the plan places on every device stage");
     const std::optional<NodeFile> nodes =
         o.nodes_file.empty() ? std::nullopt : std::optional(NodeFile::load(o.nodes_file));
     if (nodes && nodes->max_rank() >= session.size())

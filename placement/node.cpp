@@ -137,8 +137,8 @@ nlohmann::json parse_yaml_nodes(const std::string& text, const std::string& sour
     }
     const auto colon = t.find(':');
     if (list.empty() || colon == std::string::npos || colon == 0)
-      fail_input("{}:{}: '{}' is not a 'key: value' line of a '- ' entry (YAML node list)",
-                 source, line_no, trim(line));
+      fail_input("{}:{}: '{}' is not a 'key: value' line of a '- ' entry (YAML node list)", source,
+                 line_no, trim(line));
     list.back()[trim(t.substr(0, colon))] = yaml_scalar(trim(t.substr(colon + 1)));
   }
   return list;
@@ -304,16 +304,16 @@ std::string NodeInventory::str() const {
       "memory {:.1f} GB/s; {}",
       rank, host, compute, ranks_on_host, size_str(device_free_bytes),
       size_str(host_available_bytes), size_str(disk_free_bytes), disk_dir,
-      o_direct ? " (O_DIRECT)" : " (buffered)", memory_read_gbs, disk_read_gbs,
-      host_to_device_gbs, device_memory_gbs, budget.str());
+      o_direct ? " (O_DIRECT)" : " (buffered)", memory_read_gbs, disk_read_gbs, host_to_device_gbs,
+      device_memory_gbs, budget.str());
 }
 
 std::string StageNode::str() const {
-  return fmt::format("{}: {} compute, budgets gpu {} / cpu {} / disk {}, reads {:.1f} GB/s "
-                     "compute, {:.2f} GB/s disk",
-                     name, device_compute ? "device" : "host", size_str(budgets.gpu),
-                     size_str(budgets.cpu), size_str(budgets.disk), compute_read_gbs,
-                     disk_read_gbs);
+  return fmt::format(
+      "{}: {} compute, budgets gpu {} / cpu {} / disk {}, reads {:.1f} GB/s "
+      "compute, {:.2f} GB/s disk",
+      name, device_compute ? "device" : "host", size_str(budgets.gpu), size_str(budgets.cpu),
+      size_str(budgets.disk), compute_read_gbs, disk_read_gbs);
 }
 
 namespace {
@@ -347,7 +347,10 @@ StageNode stage_node(const NodeInventory& n) {
   s.disk_dir = n.disk_dir;
   // Unset budgets: what the node has, shared by the ranks on it (a stand-in device's memory
   // is the host's, counted there).
-  s.budgets.gpu = !n.device_compute ? -1 : b.gpu_mem >= 0 ? b.gpu_mem : real_device ? n.device_free_bytes : -1;
+  s.budgets.gpu = !n.device_compute ? -1
+                  : b.gpu_mem >= 0  ? b.gpu_mem
+                  : real_device     ? n.device_free_bytes
+                                    : -1;
   s.budgets.cpu = b.cpu_mem >= 0 ? b.cpu_mem : share(n.host_available_bytes, n.ranks_on_host);
   s.budgets.disk = b.disk_mem >= 0 ? b.disk_mem : share(n.disk_free_bytes, n.ranks_on_host);
   const double memory = b.memory_read_gbs > 0 ? b.memory_read_gbs : n.memory_read_gbs;
@@ -363,8 +366,10 @@ double decode_step_seconds(const StagePlacement& p, const StageNode& node) {
   const WeightPlacement& w = p.weights;
   const KvPlacement& kv = p.cache;
   const auto n = static_cast<double>(w.tiers.size());
-  const double weights = static_cast<double>(w.fixed_bytes) + n * static_cast<double>(w.layer_bytes);
-  const double cache = 2.0 * static_cast<double>(kv.layer_bytes) * static_cast<double>(kv.tiers.size());
+  const double weights =
+      static_cast<double>(w.fixed_bytes) + n * static_cast<double>(w.layer_bytes);
+  const double cache =
+      2.0 * static_cast<double>(kv.layer_bytes) * static_cast<double>(kv.tiers.size());
   const double from_disk = static_cast<double>(w.disk_bytes()) +
                            2.0 * static_cast<double>(kv.layer_bytes) * kv.count(Tier::kDisk);
   // Every weight layer off the device crosses to it, those from disk too.

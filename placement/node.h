@@ -71,13 +71,13 @@ struct NodeInventory {
   std::string compute;          // "cuda:0 NVIDIA H200 (132 SMs)", "cpu (avx512, 2 threads)"
   int threads = 0;
   std::string isa;
-  int ranks_on_host = 1;  // worker ranks sharing this host's memory and disk
-  int nccl_key = 0;       // transport/tensor_channel.h device_key: 0 for no CUDA device
-  int64_t device_free_bytes = -1;  // < 0: no device (a stand-in has none of its own)
+  int ranks_on_host = 1;             // worker ranks sharing this host's memory and disk
+  int nccl_key = 0;                  // transport/tensor_channel.h device_key: 0 for no CUDA device
+  int64_t device_free_bytes = -1;    // < 0: no device (a stand-in has none of its own)
   int64_t host_available_bytes = 0;  // MemAvailable
   std::string disk_dir;
   int64_t disk_free_bytes = 0;  // statvfs of disk_dir, for unprivileged users
-  bool o_direct = false;         // the disk_dir's filesystem takes O_DIRECT
+  bool o_direct = false;        // the disk_dir's filesystem takes O_DIRECT
   // Measured: host memory read with `threads` threads, O_DIRECT disk read, host -> device
   // over page-locked memory and device memory (0: not measured / no device).
   double memory_read_gbs = 0;

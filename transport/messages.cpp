@@ -98,11 +98,13 @@ std::string StagePlan::str() const {
                      has_embedding ? " +embedding" : "", has_head ? " +head" : "",
                      use_gpu ? "on gpu" : "on cpu") +
          (placed()
-              ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}{}",
+              ? fmt::format(" placed: weights {} cache {} gpu {} cpu {} disk {}{}{}{}{}{}{}",
                             tiers_str(weight_tiers), tiers_str(cache_tiers), mib(placed_gpu_bytes),
                             mib(placed_cpu_bytes), mib(placed_disk_bytes),
                             compress_weight ? " cw" : "", compress_cache ? " cc" : "",
-                            cache_f16 ? " cf16" : "", cpu_attention ? " cpu_attn" : "")
+                            cache_f16 ? " cf16" : "", cpu_attention ? " cpu_attn" : "",
+                            pie_host_layers > 0 ? fmt::format(" pie={}", pie_host_layers) : "",
+                            hetegen_alpha > 0 ? fmt::format(" hetegen={}", hetegen_alpha) : "")
               : "");
 }
 
@@ -363,6 +365,8 @@ void write_stage(wire::Stage::Builder b, const StagePlan& s) {
   b.setCacheF16(s.cache_f16);
   b.setCpuAttention(s.cpu_attention);
   b.setGpuBatchSize(s.gpu_batch_size);
+  b.setPieHostLayers(s.pie_host_layers);
+  b.setHetegenAlpha(s.hetegen_alpha);
   b.setPlacedGpuBytes(s.placed_gpu_bytes);
   b.setPlacedCpuBytes(s.placed_cpu_bytes);
   b.setPlacedDiskBytes(s.placed_disk_bytes);
@@ -592,6 +596,8 @@ StagePlan read_stage(wire::Stage::Reader r) {
   s.cache_f16 = r.getCacheF16();
   s.cpu_attention = r.getCpuAttention();
   s.gpu_batch_size = r.getGpuBatchSize();
+  s.pie_host_layers = r.getPieHostLayers();
+  s.hetegen_alpha = r.getHetegenAlpha();
   s.placed_gpu_bytes = r.getPlacedGpuBytes();
   s.placed_cpu_bytes = r.getPlacedCpuBytes();
   s.placed_disk_bytes = r.getPlacedDiskBytes();

@@ -28,7 +28,7 @@ namespace strata {
 // (ProfileRequest / ProfileReport) and a second plan to a running worker (re-deployment);
 // 4: WAA plans (encoder stages, their KV slots) and KV hand-overs (KvHandover / KvHandoverDone);
 // 5: tensor-parallel stages (StagePlan::tp_ranks).
-inline constexpr uint32_t kControlProtocolVersion = 5;
+inline constexpr uint32_t kControlProtocolVersion = 6;
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
@@ -46,7 +46,7 @@ struct StagePlan {
   int32_t layer_end = 0;
   bool has_embedding = false;  // the first stage embeds token ids
   bool has_head = false;       // the last stage holds the final norm, head and sampler
-  bool use_gpu = false;  // the stage computes on a device (or its stand-in): its node's tier
+  bool use_gpu = false;        // the stage computes on a device (or its stand-in): its node's tier
   // Its activations go over NCCL to and from stages that do too (each on its own CUDA
   // device): those link buffers live on the device, the others in host memory.
   bool nccl = false;
@@ -62,6 +62,11 @@ struct StagePlan {
   bool cache_f16 = false;  // the cache's elements f16 (policy cf16)
   bool cpu_attention = false;
   int32_t gpu_batch_size = 0;
+  // Pie's host layers m of the stage's KV cache (its GPU-tier layers swapping through the
+  // device's buffers; 0: off) and HeteGen's alpha for its CPU-tier layers (0: streamed
+  // whole), both on a device stage only.
+  int32_t pie_host_layers = 0;
+  double hetegen_alpha = 0;
   uint64_t placed_gpu_bytes = 0;
   uint64_t placed_cpu_bytes = 0;
   uint64_t placed_disk_bytes = 0;

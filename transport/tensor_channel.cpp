@@ -177,8 +177,7 @@ int device_key(int local_device, const std::string& host) {
   if (local_device < 0 || !nccl_built()) return 0;
   const AcceleratorInfo info = probe_accelerators();
   if (local_device < static_cast<int>(info.devices.size()))
-    return name_key(host + "/" +
-                    info.devices[static_cast<size_t>(local_device)].pci_bus_id);
+    return name_key(host + "/" + info.devices[static_cast<size_t>(local_device)].pci_bus_id);
   log::get("transport")
       ->warn("device {} requested but not usable ({}); activations go over MPI", local_device,
              info.reason.empty() ? "no such device" : info.reason);

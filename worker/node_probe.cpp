@@ -192,10 +192,9 @@ NodeInventory probe_node(const NodeProbeRequest& r) {
   n.isa = cpu_isa_name(active_cpu_isa());
   n.device_compute = r.device_compute;
   n.compute = r.cuda_device >= 0 ? r.device_name
-              : r.device_compute
-                  ? fmt::format("the CPU standing in for a device ({}, {} threads)", n.isa,
-                                r.threads)
-                  : fmt::format("cpu ({}, {} threads)", n.isa, r.threads);
+              : r.device_compute ? fmt::format("the CPU standing in for a device ({}, {} threads)",
+                                               n.isa, r.threads)
+                                 : fmt::format("cpu ({}, {} threads)", n.isa, r.threads);
   n.device_free_bytes = r.cuda_device >= 0 ? accelerator_free_bytes(r.cuda_device) : -1;
   n.host_available_bytes = host_available_bytes();
   n.disk_dir = r.disk_dir;

@@ -16,8 +16,8 @@ struct NodeProbeRequest {
   int rank = 0;
   std::string host;
   int ranks_on_host = 1;
-  int nccl_key = 0;  // transport/tensor_channel.h device_key of its CUDA device
-  NodeBudget budget;          // what the operator gave this rank, resolved
+  int nccl_key = 0;             // transport/tensor_channel.h device_key of its CUDA device
+  NodeBudget budget;            // what the operator gave this rank, resolved
   bool device_compute = false;  // a device computes (cuda_device's, or the CPU standing in)
   int cuda_device = -1;         // the device's CUDA index; -1: a stand-in, or none
   std::string device_name;      // its name (cuda:0 NVIDIA H200 (132 SMs))

@@ -36,6 +36,16 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
     so.cache.placement.dtype = stage.cache_f16 ? DType::kF16 : DType::kF32;
     so.cache.cpu_attention = stage.cpu_attention;
     so.gpu_batch_size = stage.gpu_batch_size;
+    so.cache.placement.pie = PieOptions{};
+    so.cache.placement.pie.host_layers = stage.pie_host_layers;
+    if (stage.hetegen_alpha > 0 && options.hetegen_cpu == nullptr)
+      fail(ErrorKind::kFailed,
+           "stage {}: the plan splits its layers (HeteGen) but this rank "
+           "has no CPU backend for the CPU's shares",
+           stage.str());
+    options.hetegen_alpha = stage.hetegen_alpha;
+    options.hetegen_slot_alpha.clear();
+    options.hetegen_whole.clear();
   }
   options.tp_degree = stage.tp_degree();
   options.tp_index = so.tp_index;

@@ -29,6 +29,14 @@ StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
   r.host_logit_rows = stage.has_head ? r.kv_slots : 0;  // PipelineStage's logits
   r.host_token_rows = plan.max_batch_rows;              // its token ids of a middle stage
   r.policy = o.policy;
+  // Pie and HeteGen as the policy names them (pie=, hetegen=), where a device computes: each
+  // stage keeps m of its own KV-cache layers in host memory (one at least stays on the
+  // device), and splits its CPU-tier layers at alpha.
+  if (o.policy && o.device_compute) {
+    const int32_t m = std::min(o.policy->pie_host_layers, stage.n_layers() - 1);
+    if (m > 0) r.pie = PieHostLayers{m, m};
+    r.hetegen_alpha = o.policy->hetegen_alpha_percent / 100.0;
+  }
   r.budgets = o.budgets;
   r.budgets.whole_stage = true;
   // --stage-mem bounds the compute tier, under the node's own budget there.
@@ -309,6 +317,9 @@ ClusterPlan make_plan(const ModelConfig& config, const PlanOptions& o,
     st.cache_tiers = tiers_to_wire(c.placed.cache.tiers);
     set_policy(st, c.policy);
     st.gpu_batch_size = c.placed.gpu_batch_size;
+    st.pie_host_layers =
+        c.placed.cache.pie_host_layers ? c.placed.cache.pie_host_layers->lowest : 0;
+    st.hetegen_alpha = c.placed.weights.hetegen_alpha;
     set_placed_bytes(st, c.with_links.total());
   }
   if (!refused.empty())
@@ -350,8 +361,8 @@ std::vector<int32_t> balanced_layers(const ModelConfig& config, const PlanOption
     const auto best = std::min_element(next.begin(), next.end()) - next.begin();
     if (!std::isfinite(next[static_cast<size_t>(best)])) return uniform_layers(n, s);
     const int32_t k = ++layers[static_cast<size_t>(best)];
-    next[static_cast<size_t>(best)] = k < n ? step(static_cast<int32_t>(best), k + 1)
-                                            : std::numeric_limits<double>::infinity();
+    next[static_cast<size_t>(best)] =
+        k < n ? step(static_cast<int32_t>(best), k + 1) : std::numeric_limits<double>::infinity();
   }
   for (int32_t i = 0; i < s; ++i)
     if (!std::isfinite(step(i, layers[static_cast<size_t>(i)]))) return uniform_layers(n, s);

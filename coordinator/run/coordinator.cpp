@@ -713,7 +713,8 @@ std::string ClusterStats::json(bool timeline) const {
         s.stats.window_seconds, s.bubble_fraction(), s.stats.bytes_from_cpu,
         s.stats.bytes_from_disk, s.stage.use_gpu, s.stats.allocated_gpu_bytes,
         s.stats.allocated_cpu_bytes, s.stats.allocated_disk_bytes, s.stats.rss_before_load_bytes,
-        s.stats.load_peak_rss_bytes, s.stats.peak_rss_bytes, timeline ? spans_json(s.stats, origin_wall_s) : std::string());
+        s.stats.load_peak_rss_bytes, s.stats.peak_rss_bytes,
+        timeline ? spans_json(s.stats, origin_wall_s) : std::string());
   }
   return fmt::format(
       R"({{"model": "{}", "ranks": {}, "micro_batches": {}, "decode_iters": {}, "requests": {}, "finished": {}, "errors": {}, )"

@@ -480,14 +480,11 @@ JSON
       [ "$rc" -ne 0 ] || fail "$what in a cluster accepted"
       grep -q -- "$pattern" "$tmp/out" || { cat "$tmp/out"; fail "no clear $what refusal"; }
     }
-    # HeteGen's split and Pie's buffers are not in the plan's messages: refused at every rank
-    # alike, before anything loads.
-    refused --hetegen-alpha "--hetegen-alpha (or policy hetegen=) is for single-process engine commands" \
+    # HeteGen's and Pie's flag forms are the single-process engine's (the policy's forms are
+    # planned): refused at every rank alike, before anything loads.
+    refused --hetegen-alpha "--hetegen-alpha is for single-process engine commands" \
       --hetegen-alpha 0.5
-    refused "policy hetegen=" "--hetegen-alpha (or policy hetegen=) is for single-process" \
-      --policy w=0/100/0,hetegen=40
-    refused --pie-host-layers \
-      "Pie (--pie-host-layers, --pie-adaptive, policy pie=) is for single-process engine commands" \
+    refused --pie-host-layers "--pie-host-layers and --pie-adaptive are for single-process" \
       --pie-host-layers 2
     # Before the job starts: an unknown option, and serve's own checks. mpirun exits 0
     # whatever the ranks return (orte_abort_on_non_zero_status 0); the script must not.

@@ -1,13 +1,12 @@
 // The cluster's nodes as the planner sees them (placement/node.h): the node file in JSON and
 // YAML and its refusals, the stage node an inventory gives (budgets given or the node's share,
 // refused beyond what it has) and the decode step the planner balances, by hand.
-#include "placement/node.h"
-
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "placement/node.h"
 
 namespace strata {
 namespace {
@@ -89,7 +88,7 @@ TEST(StageNode, BudgetsAreTheGivenOnesOrTheNodesShare) {
   NodeInventory n = inventory();
   StageNode s = stage_node(n);
   EXPECT_FALSE(s.device_compute);
-  EXPECT_EQ(s.budgets.gpu, -1);              // no device
+  EXPECT_EQ(s.budgets.gpu, -1);                // no device
   EXPECT_EQ(s.budgets.cpu, int64_t{4} << 30);  // 8 GiB over two ranks
   EXPECT_EQ(s.budgets.disk, int64_t{50} << 30);
   EXPECT_TRUE(s.budgets.whole_stage);

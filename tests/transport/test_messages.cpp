@@ -24,7 +24,7 @@ ClusterPlan sample_plan() {
   p.kv_slots = 8;
   p.kv_capacity = 1024;
   p.stages = {{1, 0, 5, true, false, false}, {2, 5, 12, false, true, true}};
-  p.stages[1].nccl = true;  // protocol 7
+  p.stages[1].nccl = true;  // protocol 6
   // The second stage carries its placement (protocol 2): 7 layers' weight and cache tiers.
   StagePlan& s = p.stages[1];
   s.weight_tiers = {0, 1, 2, 0, 1, 2, 1};
@@ -77,9 +77,23 @@ std::vector<ControlMessage> every_message() {
       // A worker's reply with its statistics so far (the live metrics).
       Heartbeat{3, 100, true, StageStats{3, 12, 96, 0.5, 0.25, 0.75, 1ull << 33, 4096}},
       StageStats{2, 40, 320, 1.25, 0.5, 1.75, 123456789012ull, 7, {1.5, 2.25, 3.0, 3.125}, 9},
-      // With what it allocated and its resident memory (protocol 7).
-      StageStats{2,   40,  320, 1.25, 0.5,  1.75, 1, 7, {}, 0, 11ull << 30, 5ull << 30, 3, 1234567,
-                 7654321, 8765432},
+      // With what it allocated and its resident memory (protocol 6).
+      StageStats{2,
+                 40,
+                 320,
+                 1.25,
+                 0.5,
+                 1.75,
+                 1,
+                 7,
+                 {},
+                 0,
+                 11ull << 30,
+                 5ull << 30,
+                 3,
+                 1234567,
+                 7654321,
+                 8765432},
       ProfileRequest{{16, 64}, {16, 64, 256}, {1, 4}, {16, 512}, {1, 16}, {1, 4}, 3, {1, 512}},
       ProfileReport{2,
                     "node-7",
@@ -155,7 +169,7 @@ TEST(Messages, OtherProtocolVersionIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[16] =
       std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
-  expect_malformed(bytes, "protocol version 7, this binary speaks 5");
+  expect_malformed(bytes, "protocol version 7, this binary speaks 6");
 }
 
 TEST(Messages, UnknownMessageTypeIsRefused) {

@@ -39,7 +39,7 @@ struct Stage {
   layerEnd @2 :Int32;
   hasEmbedding @3 :Bool;
   hasHead @4 :Bool;
-  # @5-@7 were per-tier budgets no rank read (protocol 7: the placement below is checked
+  # @5-@7 were per-tier budgets no rank read (protocol 6: the placement below is checked
   # against them by the planner, which alone knows them).
   unusedGpuMemBytes @5 :UInt64;
   unusedCpuMemBytes @6 :UInt64;
@@ -61,8 +61,11 @@ struct Stage {
   tpRanks @18 :List(Int32);
   # The KV cache's elements in f16 (policy cf16; protocol 6).
   cacheF16 @19 :Bool;
-  # The stage's activations go over NCCL (protocol 7).
+  # The stage's activations go over NCCL (protocol 6).
   nccl @20 :Bool;
+  # Pie's host layers and HeteGen's alpha (protocol 6; 0: off).
+  pieHostLayers @21 :Int32;
+  hetegenAlpha @22 :Float64;
 }
 
 struct Plan {
@@ -167,7 +170,7 @@ struct StageStats {
   stepSpans @8 :List(Float64);
   stepSpansDropped @9 :UInt64;
   # What the stage allocated per tier, and the process's resident memory before it loaded,
-  # its peak while loading and its peak since (protocol 7).
+  # its peak while loading and its peak since (protocol 6).
   allocatedGpuBytes @10 :UInt64;
   allocatedCpuBytes @11 :UInt64;
   allocatedDiskBytes @12 :UInt64;

@@ -245,8 +245,7 @@ TEST(Planner, WithoutAPolicyTheCacheLeavesTheComputeTierBeforeARefusal) {
   EXPECT_EQ(s.placed_disk_bytes, static_cast<uint64_t>(5 * kPacked + 4 * 2 * 4096));
   // The operator's policy is kept as given: the same budget with the cache on the compute
   // tier is refused.
-  EXPECT_NE(refusal(c, stories(590000, "w=0/0/100,h=0/100/0")).find("short by"),
-            std::string::npos);
+  EXPECT_NE(refusal(c, stories(590000, "w=0/0/100,h=0/100/0")).find("short by"), std::string::npos);
 }
 
 StageNode node(int32_t rank, double read_gbs, int64_t cpu = -1) {
@@ -271,8 +270,8 @@ TEST(Planner, UnequalNodesGetTheSplitWithTheShortestSlowestStage) {
     const ClusterPlan plan = make_plan(c, o, layers);
     double worst = 0;
     for (const StagePlan& st : plan.stages)
-      worst = std::max(worst, decode_step_seconds(choose_stage(c, plan, st, o).placed,
-                                                  *o.node(st.rank)));
+      worst = std::max(worst,
+                       decode_step_seconds(choose_stage(c, plan, st, o).placed, *o.node(st.rank)));
     return worst;
   };
   for (int32_t k = 1; k <= 4; ++k) EXPECT_LE(slowest(got), slowest({k, 5 - k})) << k;
