@@ -7,7 +7,8 @@
 # O_DIRECT rate (the node cache the workers read, ~/.cache/strata/nodes).
 #   scripts/bench-nodes.sh [BUILD_DIR] [OUT_JSON]
 # MODEL (dummy:opt-1.3b), DTYPE (f16), NP (4), BUDGET (512MiB), REQUESTS (200), PROMPT (16),
-# GEN (8), MICRO (NP-1), MAX_BATCH (32), THREADS (1), DISK (a folder on the disk; /var/tmp).
+# GEN (8), MICRO (1: a streamed layer is read once per micro-batch, so more read it more
+# often), MAX_BATCH (32), THREADS (1), DISK (a folder on the disk; /var/tmp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -34,7 +35,7 @@ run() {  # NAME NP MICRO
     --max-context $((PROMPT + GEN)) --requests "$work/req.jsonl" --results "$work/$1.jsonl" \
     --stats-out "$work/$1.stats.json" >"$work/$1.log" 2>&1 || { cat "$work/$1.log"; exit 1; }
 }
-run cluster "$NP" "${MICRO:-$((NP - 1))}"
+run cluster "$NP" "${MICRO:-1}"
 run one 2 1
 python3 - "$work" "$MODEL" "$BUDGET" "${REQUESTS:-200}" "$OUT" <<'PY'
 import glob, json, os, sys

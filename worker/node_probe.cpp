@@ -1,6 +1,8 @@
 #include "worker/node_probe.h"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -9,6 +11,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
+#include <thread>
 
 #include "kernels/accelerator.h"
 #include "kernels/clock.h"
@@ -82,42 +86,80 @@ std::string cache_path(const NodeProbeRequest& r, const std::string& compute) {
                      static_cast<uint32_t>(name_key(key)));
 }
 
+std::optional<Rates> cached(const std::string& path) {
+  std::ifstream in(path);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || j.value("version", 0) != 1) return std::nullopt;
+  return Rates{j.value("o_direct", false), j.value("memory_read_gbs", 0.0),
+               j.value("disk_read_gbs", 0.0), j.value("host_to_device_gbs", 0.0),
+               j.value("device_memory_gbs", 0.0)};
+}
+
+void keep(const std::string& path, const NodeProbeRequest& r, const std::string& compute,
+          const Rates& m) {
+  std::error_code ec;
+  const std::string tmp = fmt::format("{}.{}.tmp", path, getpid());
+  std::ofstream out(tmp);
+  out << nlohmann::json{{"version", 1},
+                        {"compute", compute},
+                        {"threads", r.threads},
+                        {"disk_dir", r.disk_dir},
+                        {"o_direct", m.o_direct},
+                        {"memory_read_gbs", m.memory_read_gbs},
+                        {"disk_read_gbs", m.disk_read_gbs},
+                        {"host_to_device_gbs", m.host_to_device_gbs},
+                        {"device_memory_gbs", m.device_memory_gbs}}
+             .dump(2)
+      << "\n";
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::filesystem::remove(tmp, ec);
+    log::get("worker")->warn("could not keep the node's rates in {}", path);
+  }
+}
+
+// The host's measurements one at a time (an flock on the cache folder's lock file): ranks
+// that measure the same disk and memory at once would each see a share of it. Held until
+// destroyed; without it after `seconds` the measurement goes ahead unserialised.
+class MeasureLock {
+ public:
+  MeasureLock(const std::string& dir, double seconds) {
+    fd_ = ::open((dir + "/.measure.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (seconds_since(t0) > seconds) {
+        log::get("worker")->warn("the node's rates are measured without the host's lock");
+        ::close(fd_);
+        fd_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~MeasureLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  MeasureLock(const MeasureLock&) = delete;
+  MeasureLock& operator=(const MeasureLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // The cached rates, or measured and cached; a cache that does not read is measured again.
 Rates rates(const NodeProbeRequest& r, const std::string& compute) {
-  const std::string path = r.cache_dir.empty() ? "" : cache_path(r, compute);
-  if (!path.empty() && !r.remeasure) {
-    std::ifstream in(path);
-    const auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_object() && j.value("version", 0) == 1) {
-      return {j.value("o_direct", false), j.value("memory_read_gbs", 0.0),
-              j.value("disk_read_gbs", 0.0), j.value("host_to_device_gbs", 0.0),
-              j.value("device_memory_gbs", 0.0)};
-    }
-  }
+  if (r.cache_dir.empty()) return measure(r);
+  const std::string path = cache_path(r, compute);
+  if (!r.remeasure)
+    if (const auto c = cached(path)) return *c;
+  std::error_code ec;
+  std::filesystem::create_directories(r.cache_dir, ec);
+  const MeasureLock lock(r.cache_dir, 120.0);
+  // Another rank of this host may have measured the same while this one waited.
+  if (!r.remeasure)
+    if (const auto c = cached(path)) return *c;
   const Rates m = measure(r);
-  if (!path.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(r.cache_dir, ec);
-    const std::string tmp = fmt::format("{}.{}.tmp", path, getpid());
-    std::ofstream out(tmp);
-    out << nlohmann::json{{"version", 1},
-                          {"compute", compute},
-                          {"threads", r.threads},
-                          {"disk_dir", r.disk_dir},
-                          {"o_direct", m.o_direct},
-                          {"memory_read_gbs", m.memory_read_gbs},
-                          {"disk_read_gbs", m.disk_read_gbs},
-                          {"host_to_device_gbs", m.host_to_device_gbs},
-                          {"device_memory_gbs", m.device_memory_gbs}}
-               .dump(2)
-        << "\n";
-    out.close();
-    // Ranks on one host measure at once; each renames its own file, the last one stays.
-    if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::filesystem::remove(tmp, ec);
-      log::get("worker")->warn("could not keep the node's rates in {}", path);
-    }
-  }
+  keep(path, r, compute, m);
   return m;
 }
 
