@@ -96,6 +96,26 @@ std::vector<StageNode> stage_nodes(const std::vector<NodeInventory>& workers) {
   return out;
 }
 
+NodeProbeRequest probe_request(const EngineOptions& engine, int rank, const std::string& host,
+                               int ranks_on_host, const NodeBudget& budget, int cuda_device,
+                               Backend* device, bool remeasure) {
+  NodeProbeRequest r;
+  r.rank = rank;
+  r.host = host;
+  r.ranks_on_host = ranks_on_host;
+  r.nccl_key = device_key(cuda_device, host);
+  r.budget = budget;
+  r.device_compute = cuda_device >= 0 || engine.device == "host";
+  r.cuda_device = cuda_device;
+  if (cuda_device >= 0) r.device_name = cuda_device_name(cuda_device);
+  r.device = device;
+  r.threads = resolve_cpu_threads(engine.threads);
+  r.disk_dir = engine.disk_dir;
+  r.cache_dir = node_cache_dir();
+  r.remeasure = remeasure;
+  return r;
+}
+
 std::vector<NodeInventory> local_inventories(const EngineOptions& e, const NodeFile& file,
                                              int workers, bool remeasure) {
   char name[256] = {};
@@ -105,19 +125,8 @@ std::vector<NodeInventory> local_inventories(const EngineOptions& e, const NodeF
   for (int rank = 1; rank <= workers; ++rank) {
     const NodeBudget b = resolve_budget(e, file, rank, name, 1);
     const EngineOptions ne = engine_for(e, b);
-    NodeProbeRequest r;
-    r.rank = rank;
-    r.host = name;
-    r.budget = b;
-    r.cuda_device = pick_device(ne.device, acc, rank - 1);
-    r.device_compute = r.cuda_device >= 0 || ne.device == "host";
-    if (r.cuda_device >= 0) r.device_name = cuda_device_name(r.cuda_device);
-    r.nccl_key = device_key(r.cuda_device, name);
-    r.threads = resolve_cpu_threads(ne.threads);
-    r.disk_dir = ne.disk_dir;
-    r.cache_dir = node_cache_dir();
-    r.remeasure = remeasure;
-    out.push_back(probe_node(r));
+    out.push_back(probe_node(probe_request(
+        ne, rank, name, 1, b, pick_device(ne.device, acc, rank - 1), nullptr, remeasure)));
   }
   return out;
 }

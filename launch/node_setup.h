@@ -12,6 +12,7 @@
 #include "launch/commands.h"
 #include "placement/node.h"
 #include "transport/mpi_session.h"
+#include "worker/node_probe.h"
 
 namespace strata::cli {
 
@@ -38,6 +39,13 @@ std::vector<NodeInventory> exchange_inventories(const Communicator& world,
 // The stage nodes the planner places for; InputError naming the node whose budget is more
 // than it has.
 std::vector<StageNode> stage_nodes(const std::vector<NodeInventory>& workers);
+
+// What a rank computing as `engine` says measures of itself: `cuda_device` its CUDA index
+// (-1: none; --device host stands in for one), `device` that device's backend to measure
+// (nullptr: not measured), its device key for NCCL from `host`.
+NodeProbeRequest probe_request(const EngineOptions& engine, int rank, const std::string& host,
+                               int ranks_on_host, const NodeBudget& budget, int cuda_device,
+                               Backend* device, bool remeasure);
 
 // The inventories of ranks 1..workers as if each ran on this machine under its entry of
 // `file` (by rank, or by this host's name) over the flags: `strata plan --nodes` plans from

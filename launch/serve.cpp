@@ -28,7 +28,6 @@
 #include "launch/plan_schedule.h"
 #include "launch/slurm_env.h"
 #include "transport/mpi_session.h"
-#include "transport/tensor_channel.h"
 #include "worker/dummy.h"
 #include "worker/node_probe.h"
 #include "worker/stage_worker.h"
@@ -267,21 +266,9 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, const RankNod
   const EngineOptions engine = engine_for(o.engine, node.budget);
   ComputeSetup c = make_compute(engine, node.local_index);
   log::set_identity(session.rank(), c.device >= 0 ? fmt::format("cuda:{}", c.device) : "cpu");
-  NodeProbeRequest probe;
-  probe.rank = session.rank();
-  probe.host = node.host;
-  probe.ranks_on_host = node.ranks_on_host;
-  probe.nccl_key = device_key(c.device, processor_name());
-  probe.budget = node.budget;
-  probe.device_compute = c.device_compute();
-  probe.cuda_device = c.device;
-  probe.device_name = c.device >= 0 ? cuda_device_name(c.device) : c.backend->name();
-  probe.device = c.device >= 0 ? c.backend : nullptr;
-  probe.threads = c.cpu->threads();
-  probe.disk_dir = engine.disk_dir;
-  probe.cache_dir = node_cache_dir();
-  probe.remeasure = o.remeasure_nodes;
-  const NodeInventory inventory = probe_node(probe);
+  const NodeInventory inventory =
+      probe_node(probe_request(engine, session.rank(), node.host, node.ranks_on_host, node.budget,
+                               c.device, c.device >= 0 ? c.backend : nullptr, o.remeasure_nodes));
   log::get("worker")->info("node: {}", inventory.str());
   exchange_inventories(world, inventory, Deadline::after_seconds(o.load_timeout));
   StageWorkerOptions w;
