@@ -312,6 +312,10 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) {
     if (roles.check) roles.check(o);
+    if (!o.nodes_file.empty())
+      fail_input(
+          "--nodes is for a cluster (mpirun -np 2 or more): one process takes its budgets from "
+          "--gpu-mem, --cpu-mem and --disk-mem");
     return roles.single(o);
   }
   log::get("launch")->info("{}", session.str());

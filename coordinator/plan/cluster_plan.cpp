@@ -267,8 +267,8 @@ std::vector<std::pair<int, int>> cache_shares(bool device_compute) {
 // cache leaves the compute tier a layer at a time.
 ChosenStage fit_stage(const ModelConfig& config, const ClusterPlan& plan, const StagePlan& st,
                       const PlanOptions& o) {
-  ChosenStage first = place_with_links(config, plan, st, o, std::nullopt);
-  if (first.shortfalls.empty()) return first;
+  ChosenStage chosen = place_with_links(config, plan, st, o, std::nullopt);
+  if (chosen.shortfalls.empty()) return chosen;
   std::vector<Tier> last;
   for (const auto& [g, c] : cache_shares(st.use_gpu)) {
     Policy p;
@@ -277,10 +277,12 @@ ChosenStage fit_stage(const ModelConfig& config, const ClusterPlan& plan, const 
     const std::vector<Tier> tiers = tiers_from_shares(st.n_layers(), g, c, "cache");
     if (tiers == last) continue;  // the same layers as the share before
     last = tiers;
-    ChosenStage chosen = place_with_links(config, plan, st, o, p);
+    chosen = place_with_links(config, plan, st, o, p);
     if (chosen.shortfalls.empty()) return chosen;
   }
-  return first;  // nothing fits: the refusal names what the plain placement lacks
+  // Nothing fits: the refusal names what the stage needs with everything streamed, the
+  // least any placement needs of its compute tier.
+  return chosen;
 }
 
 // The policy's switches the stage's worker applies.

@@ -152,6 +152,22 @@ else
   echo "FAIL plan-size-units"; cat "$TMP/err"; failures=$((failures + 1))
 fi
 expect_error plan-bad-size "--gpu-mem: cannot read size '16GB'" plan --model dummy:opt-30b --gpu-mem 16GB
+# strata plan --nodes FILE (issue 43): the file's mistakes name the file, the entry and the
+# field; a budget beyond this machine names the node; ranks beyond the plan are refused.
+printf '[{"rank": 1, "cpu-mem": "lots"}]' >"$TMP/nodes-bad.json"
+expect_error plan-nodes-bad-size "nodes-bad.json: entry 1, cpu-mem: cannot read size 'lots'" \
+  plan --nodes "$TMP/nodes-bad.json" --model dummy:opt-125m
+printf -- '- rank: 1\n  cpu-mem: 900TiB\n' >"$TMP/nodes-big.yaml"
+expect_error plan-nodes-too-big "rank 1 on .*: cpu-mem .* GiB is more than its .* GiB of available host memory" \
+  plan --nodes "$TMP/nodes-big.yaml" --model dummy:opt-125m
+printf '[{"rank": 3, "device": "cpu"}]' >"$TMP/nodes-rank.json"
+expect_error plan-nodes-rank "an entry for rank 3 but the plan has worker ranks 1 to 2" \
+  plan --nodes "$TMP/nodes-rank.json" --workers 2 --model dummy:opt-125m
+printf '[{"rank": 1, "cpu-mem": "100MiB"}, {"rank": 2}]' >"$TMP/nodes-small.json"
+expect_error plan-nodes-short "does not fit: stage 1 (layers \[0, .*), rank 1 on .*): cpu needs .* short by" \
+  plan --nodes "$TMP/nodes-small.json" --model dummy:opt-125m --max-context 128
+expect_error serve-nodes-one-process "--nodes is for a cluster" serve --nodes "$TMP/nodes-rank.json" \
+  --model dummy:opt-125m --requests "$TMP/nodes-rank.json" --results "$TMP/r.jsonl"
 # The search chooses HeteGen when the CPU can take a share (a 1.5 TFLOP/s CPU beside the T4's
 # link, decode-heavy work) and not with --search none; the alpha is eq. 5's for its block.
 python3 - "$TMP/plan.json" "$TMP/fastcpu.json" <<'PY'
