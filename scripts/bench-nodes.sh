@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A model larger than every node's host budget and than their sum (docs/BENCHMARKS.md,
-# "Nodes that stream"): NP-1 worker ranks each under --cpu-mem BUDGET with its own disk
-# folder, against one worker streaming the same model under the same budget, the same
+# "A model no node holds"): NP-1 worker ranks each under --cpu-mem BUDGET streaming from a
+# disk folder, against one worker streaming the same model under the same budget, the same
 # requests. Prints and keeps one JSON: each run's throughput and requests, and each stage's
 # layers, allocation, peak resident growth and disk reads against that node's measured
-# O_DIRECT rate (the node cache the workers read, ~/.cache/strata/nodes).
+# O_DIRECT rate (the node cache the workers read, ~/.cache/strata/nodes: a disk is measured
+# once; remove its entry to measure it again).
 #   scripts/bench-nodes.sh [BUILD_DIR] [OUT_JSON]
 # MODEL (dummy:opt-1.3b), DTYPE (f16), NP (4), BUDGET (512MiB), REQUESTS (200), PROMPT (16),
 # GEN (8), MICRO (1: a streamed layer is read once per micro-batch, so more read it more
@@ -40,10 +41,11 @@ run one 2 1
 python3 - "$work" "$MODEL" "$BUDGET" "${REQUESTS:-200}" "$OUT" <<'PY'
 import glob, json, os, sys
 work, model, budget, requests, out = sys.argv[1:6]
+# The rates the workers used: kept per disk (device number), as worker/node_probe.cpp does.
 rates = {}
-for f in glob.glob(os.path.expanduser("~/.cache/strata/nodes/*.json")):
+for f in sorted(glob.glob(os.path.expanduser("~/.cache/strata/nodes/*.json")), key=os.path.getmtime):
     j = json.load(open(f))
-    rates[(j["disk_dir"])] = j["disk_read_gbs"]
+    if "disk_device" in j: rates[j["disk_device"]] = j["disk_read_gbs"]
 report = {"model": model, "budget_per_node": budget, "requests": int(requests)}
 for name in ("cluster", "one"):
     s = json.load(open(f"{work}/{name}.stats.json"))
@@ -51,7 +53,7 @@ for name in ("cluster", "one"):
     lost = int(requests) - sum(1 for r in results if r.get("stop_reason") in ("length", "eos"))
     stages = []
     for st in s["stages"]:
-        disk_rate = rates.get(f"{work}/{name}", 0.0)
+        disk_rate = rates.get(os.stat(work).st_dev, 0.0)
         read_gbs = st["bytes_from_disk"] / st["busy_seconds"] / 1e9 if st["busy_seconds"] > 0 else 0
         stages.append({"rank": st["rank"], "layers": st["layers"], "allocated": st["allocated"],
                        "peak_rss_growth_bytes": st["peak_rss_bytes"] - st["rss_before_load_bytes"],

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <omp.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -76,12 +77,19 @@ Rates measure(const NodeProbeRequest& r) {
   return m;
 }
 
+// The filesystem `dir` is on (its device number): every folder on one disk reads alike.
+uint64_t disk_device(const std::string& dir) {
+  struct stat st {};
+  return ::stat(dir.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;
+}
+
+// Kept per host, compute, threads and disk (not per folder: a run's scratch folder is new
+// each time, its disk is not).
 std::string cache_path(const NodeProbeRequest& r, const std::string& compute) {
   std::string host = r.host;
   for (char& c : host)
     if (c == '/' || c == ':' || c == ' ') c = '_';
-  const std::string key = fmt::format("{}|{}|{}|{}", compute, r.threads, r.disk_dir,
-                                      std::filesystem::absolute(r.disk_dir).string());
+  const std::string key = fmt::format("{}|{}|disk {}", compute, r.threads, disk_device(r.disk_dir));
   return fmt::format("{}/node-{}-{:08x}.json", r.cache_dir, host,
                      static_cast<uint32_t>(name_key(key)));
 }
@@ -104,6 +112,7 @@ void keep(const std::string& path, const NodeProbeRequest& r, const std::string&
                         {"compute", compute},
                         {"threads", r.threads},
                         {"disk_dir", r.disk_dir},
+                        {"disk_device", disk_device(r.disk_dir)},
                         {"o_direct", m.o_direct},
                         {"memory_read_gbs", m.memory_read_gbs},
                         {"disk_read_gbs", m.disk_read_gbs},

@@ -1,8 +1,9 @@
 // A rank's own inventory before any plan (placement/node.h NodeInventory): what it computes
 // on, the memory and disk it has, and the rates it reads at -- host memory with its threads,
 // its --disk-dir around the page cache (O_DIRECT), host -> device and device memory. The
-// rates take seconds to measure, so they are kept per host, threads, disk folder and device
-// in a cache folder and measured again only on request; what is free is read every time.
+// rates take seconds to measure, so they are kept per host, compute, threads and disk (the
+// filesystem of the disk folder) in a cache folder and measured again only on request; what
+// is free is read every time.
 #pragma once
 
 #include <string>
