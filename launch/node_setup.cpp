@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <nlohmann/json.hpp>
 
@@ -47,7 +48,9 @@ NodeBudget slurm_budget(int ranks_on_host) {
     const auto cpus = slurm_mib("SLURM_CPUS_ON_NODE");
     if (per_cpu && cpus) node = *per_cpu * *cpus;
   }
-  if (node) b.cpu_mem = (*node << 20) / std::max(ranks_on_host, 1);
+  // A default, not the operator's budget: never more than the node has (a slurm.conf's
+  // RealMemory may say more than is free), so it is never refused as too large.
+  if (node) b.cpu_mem = std::min(*node << 20, host_available_bytes()) / std::max(ranks_on_host, 1);
   return b;
 }
 

@@ -21,7 +21,8 @@ namespace strata::cli {
 // cache and buffers together.
 NodeBudget flag_budget(const EngineOptions& o);
 // Slurm's limits for one of `ranks_on_host` ranks on this node: SLURM_MEM_PER_NODE, or
-// SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE (MiB), shared by the ranks; nothing outside Slurm.
+// SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE (MiB), at most the node's MemAvailable, shared by
+// the ranks; nothing outside Slurm.
 // (CUDA_VISIBLE_DEVICES needs no reading: the CUDA runtime shows this rank those devices
 // alone, so --device auto finds what the allocation gave.)
 NodeBudget slurm_budget(int ranks_on_host);
