@@ -3,14 +3,11 @@
 // at prefill and decode shapes, CPU attention throughput, and the accelerators present.
 // Saved as JSON. Host<->device bandwidth is not measured here: `strata bench` measures it on
 // the device the engine computes on (kernels/limits.h measure_device_limits).
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <numeric>
 
 #include "kernels/accelerator.h"
 #include "kernels/clock.h"
@@ -31,30 +28,15 @@ struct ProfileOptions {
   std::string out;
 };
 
-// Sequential O_DIRECT write then read of `mib` MiB in 64 MiB requests; GB/s each way.
+// Sequential O_DIRECT write then read of `mib` MiB in 64 MiB requests (layer-sized, as the
+// disk tier issues them); GB/s each way.
 nlohmann::json measure_disk(const std::string& dir, int mib) {
-  namespace fs = std::filesystem;
-  if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);
-  constexpr size_t kChunk = size_t{64} << 20;  // layer-sized requests, as the disk tier issues
-  const size_t total = align_up(static_cast<size_t>(mib) << 20, kChunk);
-  DirectFile f =
-      DirectFile::create((fs::path(dir) / fmt::format("strata-profile-{}.bin", getpid())).string());
-  f.unlink_on_close();
-  Buffer buf(kChunk + kDirectAlignment);
-  auto* p = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(buf.data())));
-  std::iota(reinterpret_cast<uint8_t*>(p), reinterpret_cast<uint8_t*>(p) + kChunk, uint8_t{0});
-  auto t0 = std::chrono::steady_clock::now();
-  for (size_t off = 0; off < total; off += kChunk) f.write(p, kChunk, off);
-  f.sync();  // buffered fallback: count the time to reach the disk
-  const double write_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
-  for (size_t off = 0; off < total; off += kChunk) f.read(p, kChunk, off);
-  const double read_s = seconds_since(t0);
+  const DirectIoTimes t = time_direct_io(dir, static_cast<size_t>(mib) << 20, size_t{64} << 20);
   return {{"dir", dir},
-          {"bytes", total},
-          {"o_direct", f.direct()},
-          {"write_gbs", static_cast<double>(total) / write_s / 1e9},
-          {"read_gbs", static_cast<double>(total) / read_s / 1e9}};
+          {"bytes", t.bytes},
+          {"o_direct", t.o_direct},
+          {"write_gbs", static_cast<double>(t.bytes) / t.write_s / 1e9},
+          {"read_gbs", static_cast<double>(t.bytes) / t.read_s / 1e9}};
 }
 
 // FLOP/s of CpuBackend::attention at a decode shape: `batch` sequences of `ctx` cached tokens.

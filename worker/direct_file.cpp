@@ -4,10 +4,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <numeric>
 #include <utility>
 
+#include "kernels/clock.h"
 #include "kernels/error.h"
+#include "kernels/tensor.h"
 
 namespace strata {
 
@@ -83,6 +88,28 @@ void DirectFile::read(void* buf, size_t bytes, uint64_t offset) const {
            path_, n < 0 ? std::strerror(errno) : "end of file");
     done += static_cast<size_t>(n);
   }
+}
+
+DirectIoTimes time_direct_io(const std::string& dir, size_t bytes, size_t chunk) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);
+  DirectIoTimes t;
+  t.bytes = align_up(bytes, chunk);
+  DirectFile f = DirectFile::create(
+      (fs::path(dir) / fmt::format("strata-io-probe-{}.bin", getpid())).string());
+  f.unlink_on_close();
+  t.o_direct = f.direct();
+  Buffer buf(chunk + kDirectAlignment);
+  auto* p = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(buf.data())));
+  std::iota(reinterpret_cast<uint8_t*>(p), reinterpret_cast<uint8_t*>(p) + chunk, uint8_t{0});
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t off = 0; off < t.bytes; off += chunk) f.write(p, chunk, off);
+  f.sync();  // buffered fallback: count the time to reach the disk
+  t.write_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  for (size_t off = 0; off < t.bytes; off += chunk) f.read(p, chunk, off);
+  t.read_s = seconds_since(t0);
+  return t;
 }
 
 }  // namespace strata

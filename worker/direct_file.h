@@ -45,4 +45,15 @@ class DirectFile {
   std::string path_;
 };
 
+// A sequential write then read of `bytes` (rounded up to whole `chunk`s) in `chunk`-byte
+// requests, to a scratch file under `dir` that goes when done: what a disk tier gets from the
+// disk (strata profile, a node's inventory). The write's time counts until the data is on
+// the device (fdatasync).
+struct DirectIoTimes {
+  size_t bytes = 0;
+  bool o_direct = false;  // false: the filesystem refused O_DIRECT and the page cache served
+  double write_s = 0, read_s = 0;
+};
+DirectIoTimes time_direct_io(const std::string& dir, size_t bytes, size_t chunk);
+
 }  // namespace strata

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -43,29 +42,13 @@ double measure_memory_read(int threads) {
   return static_cast<double>(probe.bytes()) / best / 1e9;
 }
 
-// kProbeBytes written to a scratch file under `dir` and read back in 8 MiB requests,
-// around the page cache where the filesystem allows.
-double measure_disk_read(const std::string& dir, bool& o_direct) {
-  namespace fs = std::filesystem;
-  constexpr size_t kChunk = size_t{8} << 20;
-  DirectFile f = DirectFile::create(
-      (fs::path(dir) / fmt::format("strata-node-probe-{}.bin", getpid())).string());
-  f.unlink_on_close();
-  o_direct = f.direct();
-  Buffer buf(kChunk + kDirectAlignment);
-  auto* p = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(buf.data())));
-  std::iota(reinterpret_cast<uint8_t*>(p), reinterpret_cast<uint8_t*>(p) + kChunk, uint8_t{0});
-  for (size_t off = 0; off < kProbeBytes; off += kChunk) f.write(p, kChunk, off);
-  f.sync();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t off = 0; off < kProbeBytes; off += kChunk) f.read(p, kChunk, off);
-  return static_cast<double>(kProbeBytes) / seconds_since(t0) / 1e9;
-}
-
 Rates measure(const NodeProbeRequest& r) {
   Rates m;
   m.memory_read_gbs = measure_memory_read(r.threads);
-  m.disk_read_gbs = measure_disk_read(r.disk_dir, m.o_direct);
+  // kProbeBytes in 8 MiB requests, around the page cache where the filesystem allows.
+  const DirectIoTimes io = time_direct_io(r.disk_dir, kProbeBytes, size_t{8} << 20);
+  m.o_direct = io.o_direct;
+  m.disk_read_gbs = static_cast<double>(io.bytes) / io.read_s / 1e9;
   if (r.device != nullptr && r.cuda_device >= 0) {
     const DeviceLimits d = measure_device_limits(*r.device);
     m.host_to_device_gbs = d.host_to_device_gbs;

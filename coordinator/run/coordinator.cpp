@@ -58,7 +58,7 @@ class Coordinator {
 
  private:
   ClusterStats run_plan();
-  void size_run();
+  void size_run(const PlanOptions& po);
   int32_t encoder_slots() const { return waa_encoder_slots(*options_.waa, options_.kv_slots); }
   void end_unfinished(const std::string& why, bool failed);
   void flush_results(double seconds);
@@ -90,7 +90,6 @@ class Coordinator {
   std::optional<Deadline> grace_;  // set when a stop signal came
   std::unordered_set<std::string> ids_seen_;
   int32_t capacity_ = 0;
-  int32_t max_rows_ = 0;
   ClusterPlan plan_;
   std::unique_ptr<StepScheduler> scheduler_;
   WaaScheduler* waa_ = nullptr;                      // scheduler_ when the run is WAA
@@ -200,8 +199,8 @@ namespace {
 
 ClusterStats Coordinator::run_plan() {
   const double cpu0 = process_cpu_seconds();
-  size_run();
   PlanOptions po = run_plan_options(options_, config_, stages_.count());
+  size_run(po);
   plan_ = make_uniform_plan(config_, po);
   SchedulerOptions so{options_.micro_batches,   options_.decode_iters, options_.kv_slots, capacity_,
                       options_.max_step_tokens, config_.eos_token_ids, tokenizer_,        {}};
@@ -281,17 +280,16 @@ std::unique_ptr<StepScheduler> Coordinator::make_scheduler(const SchedulerOption
 
 // The run's context and step buffers come from the configuration, never from the first
 // requests seen: a queue may start empty and fill later.
-void Coordinator::size_run() {
+void Coordinator::size_run(const PlanOptions& po) {
   if (options_.max_context > config_.max_positions)
     log::get("coordinator")
         ->warn("--max-context {} exceeds the model's {} positions; using {}", options_.max_context,
                config_.max_positions, config_.max_positions);
-  capacity_ = run_context(options_, config_);
+  capacity_ = po.kv_capacity;
   if (options_.packing.budget > 0)
     log::get("coordinator")
         ->info("context {} positions under --kv-budget {} (a micro-batch's share at most)",
                capacity_, options_.packing.budget);
-  max_rows_ = std::max(options_.max_step_tokens, options_.kv_slots);
   stats_.model = options_.model_spec;
   stats_.ranks = stages_.ranks();
   stats_.micro_batches = options_.micro_batches;
