@@ -23,6 +23,9 @@ find_package(GTest CONFIG REQUIRED)
 # OpenBLAS: the OpenMP variant, so BLAS threads and our own OpenMP loops share one pool.
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# worker/text: tokenizer.json's pre-tokenizer regexes (PCRE2, JIT) and Unicode normalisation.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 
 # transport: MPI (Open MPI; the C API, used from C++) and Cap'n Proto for control messages.
 find_package(MPI REQUIRED COMPONENTS C CXX)

@@ -13,6 +13,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev  # tests/bench (kernel benchmarks)
   coinor-libclp-dev
   libsentencepiece-dev
+  libpcre2-dev libutf8proc-dev  # tokenizer.json: pre-tokenizer regexes, Unicode normalisation
+  python3-jinja2  # the chat-template reference (tests/worker/text)
   nlohmann-json3-dev libcli11-dev
   liburing-dev libnuma-dev
   libcpp-httplib-dev  # strata serve --metrics-port (Prometheus /metrics)
@@ -30,12 +32,20 @@ done
 
 if [ "${#missing[@]}" -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# node and npm: Hugging Face's tokenizers (the text tests' reference) run under node. Debian's
+# nodejs and npm when neither is there; a node installed otherwise is used as it is.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+fi
+bash "$(dirname "$0")/fetch-references.sh"

@@ -1,0 +1,1 @@
+#include "worker/text/chat_template.h"

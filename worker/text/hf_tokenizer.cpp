@@ -1,0 +1,1 @@
+#include "worker/text/hf_tokenizer.h"
