@@ -32,6 +32,7 @@ Command add_profile_layers(CLI::App& app);
 Command add_submit(CLI::App& app);
 Command add_collect(CLI::App& app);
 Command add_predict(CLI::App& app);
+Command add_tokenize(CLI::App& app);
 
 // Prints an error as one line on stderr and returns the exit code: 2 for bad input, 1 for
 // anything else (with the error's kind when it is a strata::Error).

@@ -36,7 +36,7 @@ int run(int argc, char** argv) {
       strata::cli::add_profile(app),  strata::cli::add_plan(app),
       strata::cli::add_serve(app),    strata::cli::add_profile_layers(app),
       strata::cli::add_submit(app),   strata::cli::add_collect(app),
-      strata::cli::add_predict(app),
+      strata::cli::add_predict(app),  strata::cli::add_tokenize(app),
   };
   try {
     app.parse(argc, argv);

@@ -37,23 +37,10 @@ struct PredictOptions {
   std::string json_out;
 };
 
-// A sentencepiece tokenizer.model file, or a model folder holding one. The predictor hashes
-// ids and has no embedding table, so any number of pieces is accepted.
+// A tokenizer file or a model folder holding one. The predictor hashes ids and has no
+// embedding table, so any number of tokens is accepted.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
-  ModelConfig config;
-  config.source = path;
-  config.vocab = INT32_MAX;
-  const InputLimits limits = InputLimits::from_env();
-  if (std::filesystem::is_directory(path)) {
-    auto t = Tokenizer::load(path, config, limits);
-    if (!t->has_vocabulary()) fail_input("--tokenizer {}: no tokenizer.model in this folder", path);
-    return t;
-  }
-  if (!std::filesystem::exists(path))
-    fail_input("--tokenizer {}: no such tokenizer.model file or model folder", path);
-  const std::string bytes =
-      read_file_bounded(path, limits, &InputLimits::tokenizer_file_bytes, "tokenizer.model");
-  return Tokenizer::from_bytes(bytes, config, path);
+  return Tokenizer::open(path, InputLimits::from_env());
 }
 
 std::vector<LengthExample> read_data(const DataOptions& d) {

@@ -236,27 +236,92 @@ struct CollectOptions {
 // (https://platform.openai.com/docs/api-reference/batch).
 using ojson = nlohmann::ordered_json;
 
+const char* finish_reason(const ojson& choice) {
+  const std::string stop = choice.value("stop_reason", "");
+  return stop == "eos" || stop == "stop" ? "stop" : "length";
+}
+
+// Log-probabilities as each endpoint reports them: completions' parallel lists, chat's
+// `content` entries with bytes.
+ojson completion_logprobs(const ojson& lp) {
+  ojson out{{"tokens", ojson::array()},
+            {"token_logprobs", ojson::array()},
+            {"top_logprobs", ojson::array()},
+            {"text_offset", ojson::array()}};
+  int64_t offset = 0;
+  for (const ojson& t : lp) {
+    out["tokens"].push_back(t.value("text", ""));
+    out["token_logprobs"].push_back(t.value("logprob", 0.0));
+    ojson top = ojson::object();
+    for (const ojson& a : t.value("top_logprobs", ojson::array()))
+      top[a.value("text", "")] = a.value("logprob", 0.0);
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(offset);
+    offset += static_cast<int64_t>(t.value("text", "").size());
+  }
+  return out;
+}
+
+ojson bytes_of(const std::string& s) {
+  ojson b = ojson::array();
+  for (unsigned char c : s) b.push_back(c);
+  return b;
+}
+
+ojson chat_logprobs(const ojson& lp) {
+  ojson content = ojson::array();
+  for (const ojson& t : lp) {
+    ojson top = ojson::array();
+    for (const ojson& a : t.value("top_logprobs", ojson::array()))
+      top.push_back({{"token", a.value("text", "")},
+                     {"logprob", a.value("logprob", 0.0)},
+                     {"bytes", bytes_of(a.value("text", ""))}});
+    content.push_back({{"token", t.value("text", "")},
+                       {"logprob", t.value("logprob", 0.0)},
+                       {"bytes", t.value("bytes", ojson::array())},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+ojson openai_choice(const ojson& c, int64_t index, bool chat) {
+  const bool has_lp = c.contains("logprobs") && c.at("logprobs").is_array();
+  ojson out{{"index", index}};
+  if (chat) {
+    out["message"] = {{"role", "assistant"}, {"content", c.value("text", "")}};
+    out["logprobs"] = has_lp ? chat_logprobs(c.at("logprobs")) : ojson(nullptr);
+  } else {
+    out["text"] = c.value("text", "");
+    out["logprobs"] = has_lp ? completion_logprobs(c.at("logprobs")) : ojson(nullptr);
+  }
+  out["finish_reason"] = finish_reason(c);
+  return out;
+}
+
 ojson openai_line(const ojson& r, const std::string& entry, const std::string& model) {
   const std::string id = r.value("id", entry);
   const int64_t created = std::stoll(entry.substr(0, entry.find('-'))) / 1000;
   ojson line{{"id", "batch_req_" + entry}, {"custom_id", id}};
   if (r.value("status", "") == "ok") {
-    const std::string stop = r.value("stop_reason", "");
+    const bool chat = r.value("chat", false);
     const int64_t prompt = r.value("prompt_tokens", int64_t{0});
     const int64_t completion = r.value("completion_tokens", int64_t{0});
+    ojson choices = ojson::array();
+    if (r.contains("choices") && r.at("choices").is_array()) {
+      for (const ojson& c : r.at("choices"))
+        choices.push_back(openai_choice(c, c.value("index", int64_t{0}), chat));
+    } else {
+      choices.push_back(openai_choice(r, 0, chat));
+    }
     line["response"] = {
         {"status_code", 200},
         {"request_id", entry},
         {"body",
-         {{"id", "cmpl-" + entry},
-          {"object", "text_completion"},
+         {{"id", (chat ? "chatcmpl-" : "cmpl-") + entry},
+          {"object", chat ? "chat.completion" : "text_completion"},
           {"created", created},
           {"model", model},
-          {"choices",
-           {{{"text", r.value("text", "")},
-             {"index", 0},
-             {"logprobs", nullptr},
-             {"finish_reason", stop == "eos" || stop == "stop" ? "stop" : "length"}}}},
+          {"choices", std::move(choices)},
           {"usage",
            {{"prompt_tokens", prompt},
             {"completion_tokens", completion},

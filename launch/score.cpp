@@ -15,11 +15,13 @@ namespace {
 struct ScoreOptions {
   EngineOptions engine;
   std::vector<std::string> texts;
+  std::vector<std::string> ids;  // token ids to score as they are ("1 403 407")
   std::string logits_out;
 };
 
 int run_score(const ScoreOptions& o) {
-  if (o.texts.empty()) fail_input("no text to score: pass --prompt TEXT (repeatable)");
+  if (o.texts.empty() == o.ids.empty())
+    fail_input("give what to score as --prompt TEXT or --ids \"1 2 3\" (repeatable), not both");
   const InputLimits limits = input_limits(o.engine.limits);
   for (size_t i = 0; i < o.texts.size(); ++i)
     limits.check(&InputLimits::prompt_bytes, static_cast<int64_t>(o.texts[i].size()),
@@ -31,8 +33,10 @@ int run_score(const ScoreOptions& o) {
     if (!logits_file) fail_input("cannot write --logits-out file '{}'", o.logits_out);
   }
   const int32_t vocab = e.config.vocab;
-  for (const std::string& text : o.texts) {
-    const std::vector<int32_t> ids = e.tokenizer->encode(text);
+  const auto as_ids = Tokenizer::ids_only(e.config);
+  const bool by_ids = !o.ids.empty();
+  for (const std::string& text : by_ids ? o.ids : o.texts) {
+    const std::vector<int32_t> ids = by_ids ? as_ids->encode(text) : e.tokenizer->encode(text);
     const std::vector<float> logits = teacher_forced_logits(*e.model, ids, e.model->max_rows());
     const std::vector<double> lp = next_token_logprobs(logits, ids, vocab);
     double total = 0.0;
@@ -62,6 +66,8 @@ Command add_score(CLI::App& app) {
   add_engine_options(*cmd, o->engine);
   cmd->add_option("--prompt", o->texts,
                   "Text to score (repeatable); ids for models without a tokenizer");
+  cmd->add_option("--ids", o->ids,
+                  "Token ids to score as they are, space or comma separated (repeatable)");
   cmd->add_option(
       "--logits-out", o->logits_out,
       "Also write every position's logits: raw little-endian f32, [tokens, vocab] per text, "

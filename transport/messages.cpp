@@ -141,9 +141,8 @@ std::string SeqJoin::str() const {
 }
 
 bool SeqJoin::operator==(const SeqJoin& o) const {
-  return seq_id == o.seq_id && slot == o.slot && sampling.temperature == o.sampling.temperature &&
-         sampling.top_k == o.sampling.top_k && sampling.top_p == o.sampling.top_p &&
-         sampling.seed == o.sampling.seed;
+  return seq_id == o.seq_id && slot == o.slot && sampling == o.sampling &&
+         prompt_ids == o.prompt_ids && output_ids == o.output_ids;
 }
 
 std::string BatchUpdate::str() const {
@@ -415,6 +414,15 @@ void write_joins(Joins&& joined, const std::vector<SeqJoin>& joins) {
     s.setTopK(j.sampling.top_k);
     s.setTopP(j.sampling.top_p);
     s.setSeed(j.sampling.seed);
+    s.setMinP(j.sampling.min_p);
+    s.setPresencePenalty(j.sampling.presence_penalty);
+    s.setFrequencyPenalty(j.sampling.frequency_penalty);
+    s.setRepetitionPenalty(j.sampling.repetition_penalty);
+    s.setLogprobs(j.sampling.logprobs);
+    joined[static_cast<unsigned>(i)].setPromptIds(
+        kj::ArrayPtr<const int32_t>(j.prompt_ids.data(), j.prompt_ids.size()));
+    joined[static_cast<unsigned>(i)].setOutputIds(
+        kj::ArrayPtr<const int32_t>(j.output_ids.data(), j.output_ids.size()));
   }
 }
 
@@ -447,8 +455,18 @@ void write(wire::StepResult::Builder b, const StepResult& r) {
   b.setMicroBatch(r.micro_batch);
   auto tokens = b.initTokens(static_cast<unsigned>(r.tokens.size()));
   for (size_t i = 0; i < r.tokens.size(); ++i) {
-    tokens[i].setSeqId(r.tokens[i].seq_id);
-    tokens[i].setToken(r.tokens[i].token);
+    const auto k = static_cast<unsigned>(i);
+    tokens[k].setSeqId(r.tokens[i].seq_id);
+    tokens[k].setToken(r.tokens[i].token);
+    if (!r.tokens[i].logprobs) continue;
+    const Logprobs& l = *r.tokens[i].logprobs;
+    tokens[k].setHasLogprob(true);
+    tokens[k].setLogprob(l.logprob);
+    auto top = tokens[k].initTop(static_cast<unsigned>(l.top.size()));
+    for (size_t t = 0; t < l.top.size(); ++t) {
+      top[static_cast<unsigned>(t)].setToken(l.top[t].token);
+      top[static_cast<unsigned>(t)].setLogprob(l.top[t].logprob);
+    }
   }
 }
 
@@ -641,6 +659,14 @@ StepCommand read(wire::StepCommand::Reader r) {
   return c;
 }
 
+template <typename List>
+std::vector<int32_t> get_ids(List list) {
+  std::vector<int32_t> ids;
+  ids.reserve(list.size());
+  for (int32_t id : list) ids.push_back(id);
+  return ids;
+}
+
 template <typename Joins>
 std::vector<SeqJoin> read_joins(Joins joins) {
   std::vector<SeqJoin> out;
@@ -651,7 +677,13 @@ std::vector<SeqJoin> read_joins(Joins joins) {
     sampling.top_k = s.getTopK();
     sampling.top_p = s.getTopP();
     sampling.seed = s.getSeed();
-    out.push_back(SeqJoin{j.getSeqId(), j.getSlot(), sampling});
+    sampling.min_p = s.getMinP();
+    sampling.presence_penalty = s.getPresencePenalty();
+    sampling.frequency_penalty = s.getFrequencyPenalty();
+    sampling.repetition_penalty = s.getRepetitionPenalty();
+    sampling.logprobs = s.getLogprobs();
+    out.push_back(SeqJoin{j.getSeqId(), j.getSlot(), sampling, get_ids(j.getPromptIds()),
+                          get_ids(j.getOutputIds())});
   }
   return out;
 }
@@ -681,7 +713,15 @@ KvHandover read(wire::KvHandover::Reader r) {
 
 StepResult read(wire::StepResult::Reader r) {
   StepResult result{r.getStepId(), r.getMicroBatch(), {}};
-  for (auto t : r.getTokens()) result.tokens.push_back(SeqToken{t.getSeqId(), t.getToken()});
+  for (auto t : r.getTokens()) {
+    SeqToken token{t.getSeqId(), t.getToken(), std::nullopt};
+    if (t.getHasLogprob()) {
+      Logprobs l{t.getLogprob(), {}};
+      for (auto x : t.getTop()) l.top.push_back(TokenLogprob{x.getToken(), x.getLogprob()});
+      token.logprobs = std::move(l);
+    }
+    result.tokens.push_back(std::move(token));
+  }
   return result;
 }
 

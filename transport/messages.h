@@ -27,8 +27,9 @@ namespace strata {
 // 2: StagePlan carries the placement, SeqStep.sample, BatchUpdate.left; 3: profiling
 // (ProfileRequest / ProfileReport) and a second plan to a running worker (re-deployment);
 // 4: WAA plans (encoder stages, their KV slots) and KV hand-overs (KvHandover / KvHandoverDone);
-// 5: tensor-parallel stages (StagePlan::tp_ranks).
-inline constexpr uint32_t kControlProtocolVersion = 6;
+// 5: tensor-parallel stages (StagePlan::tp_ranks); 6: node inventories and budgets in the
+// plan; 7: penalties, min-p and log-probabilities (Sampling, SeqJoin's tokens, SeqToken).
+inline constexpr uint32_t kControlProtocolVersion = 7;
 // Largest encoded control message accepted (a prefill step of many long prompts is the
 // biggest); anything larger is refused before it is read.
 inline constexpr size_t kMaxControlMessageBytes = size_t{64} << 20;
@@ -150,6 +151,10 @@ struct SeqJoin {
   uint64_t seq_id = 0;
   int32_t slot = 0;
   SamplingParams sampling;  // used by the last stage
+  // What its penalties count, when it has any (SamplingParams::uses_history): the prompt and
+  // the tokens generated before this join (the first token, after a WAA hand-over).
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> output_ids;
 
   std::string str() const;
   bool operator==(const SeqJoin& o) const;
@@ -168,6 +173,8 @@ struct BatchUpdate {
 struct SeqToken {
   uint64_t seq_id = 0;
   int32_t token = 0;
+  // Set when the sequence asked for log-probabilities (SamplingParams::logprobs >= 0).
+  std::optional<Logprobs> logprobs;
   bool operator==(const SeqToken&) const = default;
 };
 

@@ -1,5 +1,6 @@
 #include "worker/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -391,7 +392,55 @@ ModelConfig load_model_config(const std::string& dir, const InputLimits& limits)
     fail_input("{}: cannot open (every model directory needs a config.json)", path);
   const std::string text =
       read_file_bounded(path, limits, &InputLimits::json_file_bytes, "config.json");
-  return parse_model_config_text(text, path, limits);
+  ModelConfig c = parse_model_config_text(text, path, limits);
+  const std::string gen = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen, ec)) {
+    read_generation_config(
+        read_file_bounded(gen, limits, &InputLimits::json_file_bytes, "generation_config.json"),
+        gen, c);
+    c.validate(limits);  // its eos ids, against the vocabulary
+  }
+  return c;
+}
+
+std::string GenerationDefaults::str() const {
+  std::string s;
+  const auto add = [&](const char* name, const auto& v) {
+    if (v) s += fmt::format("{}{}={}", s.empty() ? "" : " ", name, *v);
+  };
+  add("temperature", temperature);
+  add("top_k", top_k);
+  add("top_p", top_p);
+  add("min_p", min_p);
+  add("repetition_penalty", repetition_penalty);
+  add("max_new_tokens", max_new_tokens);
+  return s.empty() ? "none" : s;
+}
+
+void read_generation_config(const std::string& text, const std::string& source,
+                            ModelConfig& c) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail_input("{}: not valid JSON", source);
+  if (!j.is_object()) fail_input("{}: not a JSON object", source);
+  const Fields f{j, source, ""};
+  GenerationDefaults& g = c.generation;
+  g.source = source;
+  const auto number = [&](const char* key, std::optional<float>& out) {
+    const json* v = f.find(key);
+    if (v == nullptr) return;
+    if (!v->is_number() || !std::isfinite(v->get<double>()))
+      fail_input("{}: field '{}' must be a number, got {}", source, key, v->dump());
+    out = v->get<float>();
+  };
+  number("temperature", g.temperature);
+  number("top_p", g.top_p);
+  number("min_p", g.min_p);
+  number("repetition_penalty", g.repetition_penalty);
+  if (const json* v = f.find("top_k")) g.top_k = f.id_value(*v, "top_k");
+  if (const json* v = f.find("max_new_tokens")) g.max_new_tokens = f.id_value(*v, "max_new_tokens");
+  for (int32_t id : get_eos(f))
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
 }
 
 }  // namespace strata

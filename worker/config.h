@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,15 @@ struct Architecture {
   static Architecture of(const ModelConfig& c);
 };
 
+// A model folder's generation_config.json: the sampling a request gets for the fields it does
+// not set (vLLM's rule, whatever do_sample says). Its eos ids join ModelConfig::eos_token_ids.
+struct GenerationDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k, max_new_tokens;
+  std::string source;  // the file, empty when the model has none
+  std::string str() const;
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   std::string source;  // file or dummy name, for messages
@@ -76,6 +86,7 @@ struct ModelConfig {
   int32_t bos_token_id = -1;  // -1: none given
   int32_t pad_token_id = -1;  // -1: none given
   std::vector<int32_t> eos_token_ids;
+  GenerationDefaults generation;
 
   Architecture architecture() const { return Architecture::of(*this); }
   int32_t q_width() const { return n_heads * head_dim; }
@@ -105,6 +116,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 ModelConfig parse_model_config_text(std::string_view text, const std::string& source,
                                     const InputLimits& limits = {});
 // Reads (at most limits.json_file_bytes) and parses <dir>/config.json.
+// <dir>/config.json, and <dir>/generation_config.json when there is one (its defaults and eos
+// ids; a field of the wrong type or out of range is an InputError naming the file and field).
 ModelConfig load_model_config(const std::string& dir, const InputLimits& limits = {});
+// A generation_config.json's text into `config` (tests; load_model_config).
+void read_generation_config(const std::string& text, const std::string& source,
+                            ModelConfig& config);
 
 }  // namespace strata

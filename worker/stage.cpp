@@ -125,7 +125,13 @@ void PipelineStage::allocate(const ClusterPlan& plan) {
 
 void PipelineStage::join(const SeqJoin& seq) {
   seq.sampling.validate();
-  sampling_[seq.seq_id] = SeqSampling{seq.sampling, Rng(seq.sampling.seed)};
+  SeqSampling s{seq.sampling, Rng(seq.sampling.seed), std::nullopt};
+  if (seq.sampling.uses_history()) {
+    s.history.emplace();
+    s.history->add_prompt(seq.prompt_ids);
+    for (int32_t t : seq.output_ids) s.history->add_output(t);
+  }
+  sampling_[seq.seq_id] = std::move(s);
 }
 
 void PipelineStage::leave(uint64_t seq_id) {
@@ -229,13 +235,29 @@ std::vector<SeqToken> PipelineStage::sample(const StepCommand& c) {
       fail(ErrorKind::kFailed,
            "step {}: sequence {} never joined the batch (no sampling parameters)", c.step_id,
            seq.seq_id);
-    SeqSampling& s = it->second;
-    const int32_t token =
-        sampler_.sample(logits_.data() + row++ * vocab, model_->config().vocab, s.params, s.rng);
-    tokens.push_back(SeqToken{seq.seq_id, token});
+    tokens.push_back(sample_one(logits_.data() + row++ * vocab, seq.seq_id, it->second));
     if (encoder_) sampling_.erase(it);  // its next tokens are the decode side's
   }
   return tokens;
+}
+
+// Log-probabilities come from the raw logits, kept aside before the penalties change them.
+SeqToken PipelineStage::sample_one(float* logits, uint64_t seq_id, SeqSampling& s) {
+  const int32_t vocab = model_->config().vocab;
+  const bool want_logprobs = s.params.logprobs >= 0;
+  const float* raw = logits;
+  if (s.history) {
+    if (want_logprobs) {
+      raw_logits_.assign(logits, logits + vocab);
+      raw = raw_logits_.data();
+    }
+    s.history->apply_penalties(logits, vocab, s.params);
+  }
+  const int32_t token = sampler_.sample(logits, vocab, s.params, s.rng);
+  if (s.history) s.history->add_output(token);
+  if (!want_logprobs) return SeqToken{seq_id, token, std::nullopt};
+  return SeqToken{seq_id, token,
+                  token_logprobs(raw, vocab, s.params.temperature, token, s.params.logprobs)};
 }
 
 double PipelineStage::time_step(int32_t seqs, int32_t n_new, int32_t n_past, bool embed, bool head,

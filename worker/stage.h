@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -110,10 +111,13 @@ class PipelineStage {
                       bool to_slots) const;
   void build_batch(const StepCommand& command);
   std::vector<SeqToken> sample(const StepCommand& command);
+  struct SeqSampling;
+  SeqToken sample_one(float* logits, uint64_t seq_id, SeqSampling& s);
 
   struct SeqSampling {
     SamplingParams params;
     Rng rng;
+    std::optional<TokenHistory> history;  // when its penalties need the tokens
   };
   StagePlan stage_;
   int32_t kv_slots_;
@@ -124,6 +128,7 @@ class PipelineStage {
   StepBatch batch_;
   std::vector<int32_t> zeros_;  // token ids a stage without the embedding does not read
   std::vector<float> logits_;
+  std::vector<float> raw_logits_;  // a row's logits before its penalties (for logprobs)
   Sampler sampler_;
   std::unordered_map<uint64_t, SeqSampling> sampling_;
 };

@@ -2,6 +2,7 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,13 @@ std::unique_ptr<Tokenizer> Tokenizer::from_bytes(std::string_view model_bytes,
     fail_input("{}: cannot load sentencepiece model: {}", source, status.ToString());
   t->pieces_ = t->sp_->GetPieceSize();
   if (t->pieces_ <= 0) fail_input("{}: sentencepiece model has no pieces", source);
+  for (int32_t id = 0; id < t->pieces_; ++id) {
+    if (!t->sp_->IsControl(id) && !t->sp_->IsUnknown(id)) continue;
+    std::string piece = t->sp_->IdToPiece(id);
+    if (!piece.empty()) t->sp_specials_.emplace_back(std::move(piece), id);
+  }
+  std::sort(t->sp_specials_.begin(), t->sp_specials_.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   if (t->pieces_ > config.vocab)
     fail_input("{}: tokenizer has {} pieces but vocab_size in {} is {}", source, t->pieces_,
                config.source, config.vocab);
@@ -45,28 +53,125 @@ std::unique_ptr<Tokenizer> Tokenizer::from_bytes(std::string_view model_bytes,
   return t;
 }
 
+namespace {
+
+// A tokenizer_config.json special token: a string, or an AddedToken object with "content".
+std::string special_token(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && it->at("content").is_string())
+    return it->at("content").get<std::string>();
+  return {};
+}
+
+bool flag(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean())
+    fail_input("{}: field '{}' must be true or false, got {}", path, key, it->dump());
+  return it->get<bool>();
+}
+
+}  // namespace
+
 void Tokenizer::read_tokenizer_config(const std::string& path, const InputLimits& limits) {
   const std::string text =
       read_file_bounded(path, limits, &InputLimits::json_file_bytes, "tokenizer_config.json");
   const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail_input("{}: not valid JSON", path);
   if (!j.is_object()) fail_input("{}: not a JSON object", path);
-  auto it = j.find("add_bos_token");
-  if (it == j.end() || it->is_null()) return;
-  if (!it->is_boolean())
-    fail_input("{}: field 'add_bos_token' must be true or false, got {}", path, it->dump());
-  add_bos_ = it->get<bool>();
+  add_bos_ = flag(j, "add_bos_token", add_bos_, path);
+  add_eos_ = flag(j, "add_eos_token", add_eos_, path);
+  const std::string bos = special_token(j, "bos_token"), eos = special_token(j, "eos_token");
+  if (hf_ != nullptr) {
+    if (auto id = hf_->token_to_id(bos); id && !bos.empty() && bos_ < 0) bos_ = *id;
+    if (auto id = hf_->token_to_id(eos); id && !eos.empty()) eos_ = *id;
+  } else if (sp_ != nullptr) {
+    eos_ = sp_->eos_id();
+  }
+  chat_ = ChatTemplate::from_config(j, path);
 }
 
-std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir, const ModelConfig& config,
+// transformers' newer layout: the template in its own file, which wins over the config's.
+void Tokenizer::read_chat_template(const std::string& dir, const InputLimits& limits) {
+  const fs::path file = fs::path(dir) / "chat_template.jinja";
+  if (!fs::exists(file)) return;
+  const std::string text = read_file_bounded(file.string(), limits,
+                                             &InputLimits::json_file_bytes, "chat_template.jinja");
+  const std::string bos = bos_ >= 0 && hf_ ? hf_->id_to_token(bos_) : std::string();
+  const std::string eos = eos_ >= 0 && hf_ ? hf_->id_to_token(eos_) : std::string();
+  chat_ = ChatTemplate::from_string(text, bos, eos, file.string());
+}
+
+void Tokenizer::check_size(const ModelConfig& config) const {
+  if (hf_ != nullptr && hf_->vocab_size() > config.vocab)
+    fail_input("{}: tokenizer has {} tokens but vocab_size in {} is {}", source_,
+               hf_->vocab_size(), config.source, config.vocab);
+}
+
+std::string Tokenizer::kind() const {
+  if (hf_ != nullptr) return vocab_merges_ ? "vocab.json+merges.txt" : "tokenizer.json";
+  return sp_ != nullptr ? "sentencepiece" : "ids";
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, const ModelConfig& config,
                                            const InputLimits& limits) {
-  const fs::path model = fs::path(dir) / "tokenizer.model";
-  if (!fs::exists(model)) return ids_only(config);
-  const std::string bytes = read_file_bounded(
-      model.string(), limits, &InputLimits::tokenizer_file_bytes, "tokenizer.model");
-  auto t = from_bytes(bytes, config, model.string());
-  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+  const bool file = fs::is_regular_file(path);
+  const fs::path dir = file ? fs::path(path).parent_path() : fs::path(path);
+  const auto has = [&](const char* name) {
+    return file ? fs::path(path).filename() == name : fs::exists(dir / name);
+  };
+  const auto read = [&](const char* name) {
+    return read_file_bounded((dir / name).string(), limits, &InputLimits::tokenizer_file_bytes,
+                             name);
+  };
+  std::unique_ptr<Tokenizer> t;
+  if (has("tokenizer.json")) {
+    t = ids_only(config);
+    t->source_ = (dir / "tokenizer.json").string();
+    t->hf_ = HfTokenizer::from_json(read("tokenizer.json"), t->source_);
+  } else if (!file && has("vocab.json") && has("merges.txt")) {
+    t = ids_only(config);
+    t->source_ = (dir / "vocab.json").string();
+    t->hf_ = HfTokenizer::from_vocab_merges(read("vocab.json"), read("merges.txt"), t->source_);
+    t->vocab_merges_ = true;
+    t->add_bos_ = false;  // GPT-2's rule, unless tokenizer_config.json says otherwise
+  } else if (has("tokenizer.model")) {
+    t = from_bytes(read("tokenizer.model"), config, (dir / "tokenizer.model").string());
+  } else {
+    if (file)
+      fail_input("{}: not a tokenizer file (tokenizer.json, tokenizer.model or a model folder)",
+                 path);
+    return ids_only(config);
+  }
+  t->check_size(config);
+  const fs::path tc = dir / "tokenizer_config.json";
   if (fs::exists(tc)) t->read_tokenizer_config(tc.string(), limits);
+  t->read_chat_template(dir.string(), limits);
+  return t;
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path, const InputLimits& limits) {
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    fail_input("{}: no such tokenizer file (tokenizer.json, tokenizer.model) or model folder",
+               path);
+  ModelConfig config;
+  config.source = path;
+  const fs::path folder = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  if (fs::exists(folder / "config.json", ec)) {
+    try {
+      config.bos_token_id = load_model_config(folder.string(), limits).bos_token_id;
+    } catch (const InputError&) {
+      // a tokenizer does not need its model's config to be whole
+    }
+  }
+  config.vocab = INT32_MAX;
+  auto t = load(path, config, limits);
+  if (!t->has_vocabulary())
+    fail_input("{}: no tokenizer.json, vocab.json + merges.txt or tokenizer.model in this folder",
+               path);
   return t;
 }
 
@@ -83,14 +188,19 @@ sentencepiece::util::Status guarded(const std::string& source, F&& f) {
 }
 }  // namespace
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int32_t> ids;
-  if (sp_ != nullptr) {
-    if (add_bos_ && bos_ >= 0) ids.push_back(bos_);
-    std::vector<int> pieces;
-    const auto status = guarded(source_, [&] { return sp_->Encode(text, &pieces); });
-    if (!status.ok()) fail_input("{}: cannot tokenize the prompt: {}", source_, status.ToString());
-    ids.insert(ids.end(), pieces.begin(), pieces.end());
+  if (hf_ != nullptr && !vocab_merges_) return hf_->encode(text, add_special);
+  if (add_special && add_bos_ && bos_ >= 0 && has_vocabulary()) ids.push_back(bos_);
+  if (hf_ != nullptr) {
+    const std::vector<int32_t> body = hf_->encode(text, false);
+    ids.insert(ids.end(), body.begin(), body.end());
+  } else if (sp_ != nullptr) {
+    const std::vector<int32_t> body = encode_pieces(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+  }
+  if (has_vocabulary()) {
+    if (add_special && add_eos_ && eos_ >= 0) ids.push_back(eos_);
     return ids;
   }
   // Id-only: integers separated by spaces or commas.
@@ -113,7 +223,38 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   return ids;
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+// Special pieces in the text become their ids; the text between them is encoded by
+// sentencepiece on its own (each segment with its dummy prefix: transformers' legacy Llama
+// behaviour, which the stories and Llama-2 tokenizer_config.json files ask for).
+std::vector<int32_t> Tokenizer::encode_pieces(std::string_view text) const {
+  std::vector<int32_t> ids;
+  const auto encode_segment = [&](std::string_view segment) {
+    if (segment.empty()) return;
+    std::vector<int> pieces;
+    const auto status = guarded(source_, [&] { return sp_->Encode(segment, &pieces); });
+    if (!status.ok()) fail_input("{}: cannot tokenize the prompt: {}", source_, status.ToString());
+    ids.insert(ids.end(), pieces.begin(), pieces.end());
+  };
+  size_t start = 0;
+  for (size_t i = 0; i < text.size();) {
+    const auto hit = std::find_if(sp_specials_.begin(), sp_specials_.end(), [&](const auto& s) {
+      return text.compare(i, s.first.size(), s.first) == 0;
+    });
+    if (hit == sp_specials_.end()) {
+      ++i;
+      continue;
+    }
+    encode_segment(text.substr(start, i - start));
+    ids.push_back(hit->second);
+    i += hit->first.size();
+    start = i;
+  }
+  encode_segment(text.substr(start));
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+  if (hf_ != nullptr) return hf_->decode(ids, skip_special);
   if (sp_ != nullptr) {
     // The model's vocabulary may be larger than the tokenizer's (padded embeddings): say so
     // rather than pass sentencepiece's bare "Invalid id".
@@ -135,9 +276,24 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string Tokenizer::piece(int32_t id) const {
+  if (hf_ != nullptr) return hf_->id_to_token(id);
+  if (sp_ != nullptr && id >= 0 && id < pieces_) return sp_->IdToPiece(id);
+  return std::to_string(id);
+}
+
+std::string Tokenizer::render_chat(const nlohmann::json& messages, bool add_generation_prompt,
+                                   const nlohmann::json& variables) const {
+  if (!chat_)
+    fail_input("{}: the model has no chat template (tokenizer_config.json 'chat_template' or "
+               "chat_template.jinja), so it takes 'prompt', not 'messages'",
+               source_.empty() ? std::string("this model") : source_);
+  return chat_->render(messages, add_generation_prompt, variables);
+}
+
 std::string Tokenizer::completion(const std::vector<int32_t>& prompt,
                                   const std::vector<int32_t>& output) const {
-  if (sp_ == nullptr) return decode(output);
+  if (!has_vocabulary()) return decode(output);
   constexpr size_t kContext = 16;  // pieces never merge across more than a few tokens
   std::vector<int32_t> all(prompt.end() - static_cast<ptrdiff_t>(std::min(prompt.size(), kContext)),
                            prompt.end());

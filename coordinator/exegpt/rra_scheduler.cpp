@@ -41,6 +41,9 @@ SeqRecord::SeqRecord(const GenerationRequest& r, double arrival_s, int32_t kv_ca
                r.max_new_tokens, kv_capacity);
   result.id = r.id;
   result.prompt_ids = r.prompt_ids;
+  result.choice = r.choice;
+  result.n = r.n;
+  result.chat = r.chat;
 }
 
 SeqStep SeqRecord::prefill_chunk(uint64_t id, int32_t slot, int32_t budget) {
@@ -53,8 +56,18 @@ SeqStep SeqRecord::prefill_chunk(uint64_t id, int32_t slot, int32_t budget) {
   return s;
 }
 
-bool SeqRecord::accept(int32_t token, const SchedulerOptions& o) {
-  result.output_ids.push_back(token);
+SeqJoin SeqRecord::join(uint64_t id, int32_t slot) const {
+  SeqJoin j{id, slot, request.sampling, {}, {}};
+  if (request.sampling.uses_history()) {
+    j.prompt_ids = request.prompt_ids;
+    j.output_ids = result.output_ids;
+  }
+  return j;
+}
+
+bool SeqRecord::accept(const SeqToken& t, const SchedulerOptions& o) {
+  result.output_ids.push_back(t.token);
+  if (t.logprobs) result.logprobs.push_back(*t.logprobs);
   if (first_token < 0) first_token = o.clock();
   return finish_if_done(request, o.eos_token_ids, o.tokenizer, n_past, o.kv_capacity, result);
 }
@@ -233,7 +246,7 @@ ScheduledStep RraScheduler::prefill_step(int32_t m) {
     // sampling state there, so its random draws go on where they stopped).
     if (seq.n_past == 0 && seq.preemptions == 0) {
       seq.admitted = now;
-      s.joins.push_back(SeqJoin{id, seq.slot, seq.request.sampling});
+      s.joins.push_back(seq.join(id, seq.slot));
     }
     s.command.seqs.push_back(seq.prefill_chunk(id, seq.slot, budget));
     budget -= s.command.seqs.back().n_new;
@@ -284,7 +297,7 @@ std::vector<FinishedRequest> RraScheduler::apply(const StepResult& result) {
     if (it == seqs_.end() || it->second.micro_batch != m)
       fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in micro-batch {}",
            result.step_id, t.seq_id, m);
-    if (!it->second.accept(t.token, options_)) continue;
+    if (!it->second.accept(t, options_)) continue;
     b.free_slots.push_back(it->second.slot);
     b.reserved -= it->second.reserved;
     std::erase(b.running, t.seq_id);

@@ -86,8 +86,12 @@ struct SeqRecord {
     return resume_ids.empty() ? request.prompt_ids : resume_ids;
   }
   bool prefilled() const { return n_past >= static_cast<int32_t>(prefill_ids().size()); }
-  // A sampled token; true when that ends the request (request_rules.h).
-  bool accept(int32_t token, const SchedulerOptions& options);
+  // A sampled token (and its log-probabilities); true when that ends the request
+  // (request_rules.h).
+  bool accept(const SeqToken& token, const SchedulerOptions& options);
+  // How the last stage learns to sample it as sequence `id` in KV slot `slot`: its sampling,
+  // and the tokens its penalties count when it has any.
+  SeqJoin join(uint64_t id, int32_t slot) const;
   // The result's times (from arrival; clamped at 0: a queue clock may run ahead).
   void stamp_times(double now);
   // Ends it with `error` (the cluster failed), the tokens so far kept.

@@ -149,7 +149,7 @@ ScheduledStep WaaScheduler::prefill_step(int32_t m) {
   for (size_t i = 0; i < l.prefilling.size() && budget > 0; ++i) {
     const uint64_t id = l.prefilling[i];
     Seq& seq = seqs_.at(id);
-    if (seq.n_past == 0) s.joins.push_back(SeqJoin{id, seq.prefill_slot, seq.request.sampling});
+    if (seq.n_past == 0) s.joins.push_back(seq.join(id, seq.prefill_slot));
     s.command.seqs.push_back(seq.prefill_chunk(id, seq.prefill_slot, budget));
     budget -= s.command.seqs.back().n_new;
     if (seq.prefilled()) ++done;
@@ -191,7 +191,7 @@ std::vector<FinishedRequest> WaaScheduler::apply(const StepResult& result) {
     if (it == seqs_.end() || it->second.lane != m)
       fail(ErrorKind::kFailed, "step {} returned a token for sequence {}, not in lane {}",
            result.step_id, t.seq_id, m);
-    if (it->second.accept(t.token, options_.common)) {
+    if (it->second.accept(t, options_.common)) {
       finished.push_back(finish(t.seq_id));
     } else if (prefill_lane(m)) {
       ready_.push_back(t.seq_id);  // its KV cache waits for a decode slot
@@ -243,7 +243,7 @@ std::optional<KvHandover> WaaScheduler::next_handover() {
     seq.lane = least_loaded_decode_lane();
     ++lane_load_[static_cast<size_t>(seq.lane - options_.prefill_micro_batches)];
     h.moves.push_back(KvMove{id, seq.prefill_slot, seq.decode_slot, seq.n_past});
-    h.joins.push_back(SeqJoin{id, seq.decode_slot, seq.request.sampling});
+    h.joins.push_back(seq.join(id, seq.decode_slot));
     ids.push_back(id);
   }
   ++counters_.handovers;

@@ -21,7 +21,13 @@ struct GenerationRequest {
   SamplingParams sampling;
   bool ignore_eos = false;        // benchmarks: always generate max_new_tokens
   std::vector<std::string> stop;  // end once the completion contains one (cut before it)
-  std::string latency_class;      // a client's hint for latency-aware schedulers; carried
+  std::vector<int32_t> stop_token_ids;  // end after one of these (kept, as EOS is)
+  std::string latency_class;            // a client's hint for latency-aware schedulers; carried
+  // Completions asked for (`n`); the coordinator runs each as its own sequence, `choice` of
+  // them, with seed + choice, and answers with one result (choices.h).
+  int32_t n = 1;
+  int32_t choice = 0;
+  bool chat = false;  // its prompt came from messages: its result is a chat completion
 };
 
 // kStop: the completion reached one of the request's stop strings.
@@ -47,6 +53,14 @@ struct GenerationResult {
   ErrorKind error_kind = ErrorKind::kFailed;
   std::optional<std::string> text;  // the completion when a stop string cut it short
   RequestTimes times;
+  // With sampling.logprobs >= 0: one entry per output token, in order.
+  std::vector<Logprobs> logprobs;
+  int32_t choice = 0;  // its request's choice of n (GenerationRequest)
+  int32_t n = 1;
+  bool chat = false;
+  // A request of n > 1 completions: this result is choice 0, and `choices` holds all n (0 too)
+  // in order, each with its own output, stop reason, text and logprobs.
+  std::vector<GenerationResult> choices;
 };
 
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "coordinator/intake/request_rules.h"
 #include "kernels/error.h"
 #include "worker/text.h"
 
@@ -15,11 +16,25 @@ using nlohmann::json;
 
 constexpr size_t kMaxIdBytes = 1024;
 constexpr const char* kStrataFields[] = {
-    "id",    "prompt", "prompt_ids", "max_new_tokens", "temperature",  "top_k",
-    "top_p", "seed",   "stop",       "ignore_eos",     "latency_class"};
-constexpr const char* kOpenAiBodyFields[] = {"model",  "prompt", "max_tokens", "temperature",
-                                             "top_p",  "seed",   "stop",       "n",
-                                             "stream", "echo",   "logprobs",   "user"};
+    "id",          "prompt",           "prompt_ids",        "messages",
+    "max_new_tokens", "temperature",   "top_k",             "top_p",
+    "min_p",       "seed",             "presence_penalty",  "frequency_penalty",
+    "repetition_penalty", "n",         "logprobs",          "top_logprobs",
+    "stop",        "stop_token_ids",   "ignore_eos",        "add_generation_prompt",
+    "chat_template_kwargs", "latency_class"};
+// Both endpoints' bodies: OpenAI's fields and the sampling extras vLLM's server accepts.
+constexpr const char* kOpenAiBodyFields[] = {
+    "model",    "prompt",         "max_tokens",      "temperature",       "top_p",
+    "seed",     "stop",           "n",               "stream",            "echo",
+    "logprobs", "user",           "presence_penalty", "frequency_penalty", "top_k",
+    "min_p",    "repetition_penalty", "stop_token_ids", "ignore_eos"};
+constexpr const char* kOpenAiChatFields[] = {
+    "model",         "messages",          "max_tokens",         "max_completion_tokens",
+    "temperature",   "top_p",             "seed",               "stop",
+    "n",             "stream",            "logprobs",           "top_logprobs",
+    "user",          "presence_penalty",  "frequency_penalty",  "top_k",
+    "min_p",         "repetition_penalty", "stop_token_ids",    "ignore_eos",
+    "add_generation_prompt", "chat_template_kwargs"};
 
 template <size_t N>
 bool known(const char* const (&names)[N], std::string_view key) {
@@ -128,33 +143,119 @@ void set_id(const json& v, const char* name, IncomingRequest& r) {
   r.request.id = id;
 }
 
+// A sampling number the model's generation_config may default: recorded as set when given.
+void sampling_number(const json& j, const char* name, float& out, uint32_t bit,
+                     IncomingRequest& r) {
+  if (!j.contains(name)) return;
+  out = number(j, name, out);
+  r.sampling_set |= bit;
+}
+
+// logprobs: an integer k (OpenAI completions, vLLM: the sampled token's and the top k), or
+// true with top_logprobs = k (chat completions); null or false: none.
+int32_t read_logprobs(const json& j) {
+  const json* v = j.contains("logprobs") ? &j.at("logprobs") : nullptr;
+  const bool top_given = j.contains("top_logprobs") && !j.at("top_logprobs").is_null();
+  int32_t k = -1;
+  if (v != nullptr && v->is_boolean()) {
+    if (v->get<bool>()) k = top_given ? integer<int32_t>(j, "top_logprobs", 0) : 0;
+  } else if (v != nullptr && !v->is_null()) {
+    if (top_given)
+      fail_input("give the number of top log-probabilities once: 'logprobs' is {} and "
+                 "'top_logprobs' is set too",
+                 preview(*v));
+    k = integer<int32_t>(j, "logprobs", 0);
+  }
+  if (k == -1 && top_given)
+    fail_input("field 'top_logprobs' needs 'logprobs': true");
+  if (k < -1 || k > kMaxTopLogprobs)
+    fail_input("field 'top_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, k);
+  return k;
+}
+
+// The sampling and stopping fields every format shares, under OpenAI's and vLLM's names.
+void read_sampling(const json& j, IncomingRequest& r) {
+  GenerationRequest& g = r.request;
+  sampling_number(j, "temperature", g.sampling.temperature, kSetTemperature, r);
+  sampling_number(j, "top_p", g.sampling.top_p, kSetTopP, r);
+  sampling_number(j, "min_p", g.sampling.min_p, kSetMinP, r);
+  sampling_number(j, "repetition_penalty", g.sampling.repetition_penalty,
+                  kSetRepetitionPenalty, r);
+  if (j.contains("top_k") && !j.at("top_k").is_null()) {
+    // vLLM's -1 means off, as 0 does here.
+    const auto k = integer<int32_t>(j, "top_k", 0);
+    g.sampling.top_k = k == -1 ? 0 : k;
+    r.sampling_set |= kSetTopK;
+  }
+  g.sampling.presence_penalty = number(j, "presence_penalty", 0.0f);
+  g.sampling.frequency_penalty = number(j, "frequency_penalty", 0.0f);
+  g.sampling.seed = j.contains("seed") && j.at("seed").is_null() ? 0
+                                                                   : integer<uint64_t>(j, "seed", 0);
+  g.sampling.logprobs = read_logprobs(j);
+  g.n = integer<int32_t>(j, "n", 1);
+  if (g.n < 1 || g.n > kMaxChoices)
+    fail_input("field 'n' must be in [1, {}], got {}", kMaxChoices, g.n);
+  g.ignore_eos = boolean(j, "ignore_eos", false);
+  if (j.contains("stop") && !j.at("stop").is_null()) g.stop = stop_strings(j.at("stop"), "stop");
+  if (j.contains("stop_token_ids") && !j.at("stop_token_ids").is_null())
+    g.stop_token_ids = token_ids(j.at("stop_token_ids"), "stop_token_ids");
+  g.sampling.validate();
+}
+
+void read_max_tokens(const json& j, const char* name, int64_t fallback, IncomingRequest& r) {
+  if (j.contains(name) && !j.at(name).is_null()) r.sampling_set |= kSetMaxNewTokens;
+  const auto max_new = j.contains(name) && j.at(name).is_null() ? fallback
+                                                                 : integer<int64_t>(j, name, fallback);
+  if (max_new < 0 || max_new > INT32_MAX)
+    fail_input("field '{}' must be in [0, 2^31), got {}", name, max_new);
+  r.request.max_new_tokens = static_cast<int32_t>(max_new);
+}
+
+// A chat's messages: a non-empty array of objects (the chat template checks their fields).
+void read_messages(const json& j, IncomingRequest& r) {
+  const json& m = j.at("messages");
+  if (!m.is_array() || m.empty())
+    fail_input("field 'messages' must be a non-empty array of {{\"role\", \"content\"}} objects, "
+               "got {}",
+               preview(m));
+  for (size_t i = 0; i < m.size(); ++i)
+    if (!m[i].is_object())
+      fail_input("messages[{}] must be an object with 'role' and 'content', got {}", i,
+                 preview(m[i]));
+  r.messages = m;
+  r.request.chat = true;
+  r.add_generation_prompt = boolean(j, "add_generation_prompt", true);
+  if (j.contains("chat_template_kwargs")) {
+    if (!j.at("chat_template_kwargs").is_object())
+      fail_input("field 'chat_template_kwargs' must be an object, got {}",
+                 preview(j.at("chat_template_kwargs")));
+    r.chat_variables = j.at("chat_template_kwargs");
+  }
+}
+
 void read_strata(const json& j, IncomingRequest& r) {
   for (const auto& [key, value] : j.items()) {
     if (!known(kStrataFields, key))
       fail_input("unknown field '{}' (known: {})", key.substr(0, 64), list(kStrataFields));
   }
   if (j.contains("id")) set_id(j.at("id"), "id", r);
-  const bool has_text = j.contains("prompt"), has_ids = j.contains("prompt_ids");
-  if (has_text == has_ids)
-    fail_input("give exactly one of 'prompt' (text) and 'prompt_ids' (token ids)");
-  if (has_text) {
+  const int prompts = int{j.contains("prompt")} + int{j.contains("prompt_ids")} +
+                      int{j.contains("messages")};
+  if (prompts != 1)
+    fail_input("give exactly one of 'prompt' (text), 'prompt_ids' (token ids) and 'messages' "
+               "(a chat)");
+  if (j.contains("prompt")) {
     r.prompt = text(j, "prompt");
-  } else {
+  } else if (j.contains("prompt_ids")) {
     r.request.prompt_ids = token_ids(j.at("prompt_ids"), "prompt_ids");
+  } else {
+    read_messages(j, r);
   }
-  GenerationRequest& g = r.request;
-  const auto max_new = integer<int64_t>(j, "max_new_tokens", 64);
-  if (max_new < 0 || max_new > INT32_MAX)
-    fail_input("field 'max_new_tokens' must be in [0, 2^31), got {}", max_new);
-  g.max_new_tokens = static_cast<int32_t>(max_new);
-  g.sampling.temperature = number(j, "temperature", 0.0f);
-  g.sampling.top_k = integer<int32_t>(j, "top_k", 0);
-  g.sampling.top_p = number(j, "top_p", 1.0f);
-  g.sampling.seed = integer<uint64_t>(j, "seed", 0);
-  g.ignore_eos = boolean(j, "ignore_eos", false);
-  if (j.contains("stop")) g.stop = stop_strings(j.at("stop"), "stop");
-  if (j.contains("latency_class")) g.latency_class = text(j, "latency_class");
-  g.sampling.validate();
+  if (!r.messages && (j.contains("add_generation_prompt") || j.contains("chat_template_kwargs")))
+    fail_input("'add_generation_prompt' and 'chat_template_kwargs' go with 'messages'");
+  read_max_tokens(j, "max_new_tokens", 64, r);
+  read_sampling(j, r);
+  if (j.contains("latency_class")) r.request.latency_class = text(j, "latency_class");
 }
 
 // The prompt of a completions body: a string, or token ids; a list holds exactly one.
@@ -174,6 +275,38 @@ void read_openai_prompt(const json& p, IncomingRequest& r) {
       preview(p));
 }
 
+template <size_t N>
+void check_body_fields(const json& b, const char* const (&names)[N]) {
+  for (const auto& [key, value] : b.items()) {
+    if (!known(names, key))
+      fail_input("body.{} is not supported (supported: {})", key.substr(0, 64), list(names));
+  }
+}
+
+void read_openai_body(const json& b, bool chat, IncomingRequest& r) {
+  if (chat) {
+    check_body_fields(b, kOpenAiChatFields);
+    if (!b.contains("messages")) fail_input("body.messages is missing");
+    read_messages(b, r);
+  } else {
+    check_body_fields(b, kOpenAiBodyFields);
+    if (!b.contains("prompt")) fail_input("body.prompt is missing");
+    read_openai_prompt(b.at("prompt"), r);
+    if (boolean(b, "echo", false)) fail_input("body.echo is not supported");
+  }
+  if (b.contains("model") && !b.at("model").is_string())
+    fail_input("body.model must be a string, got {}", preview(b.at("model")));
+  if (boolean(b, "stream", false)) fail_input("body.stream must be false in a batch");
+  // The API's defaults: 16 tokens for completions, the context for chat (capped by the run).
+  if (chat && b.contains("max_completion_tokens")) {
+    read_max_tokens(b, "max_completion_tokens", INT32_MAX, r);
+  } else {
+    read_max_tokens(b, "max_tokens", chat ? INT32_MAX : 16, r);
+  }
+  r.request.sampling.temperature = 1.0f;  // the API's default
+  read_sampling(b, r);
+}
+
 void read_openai(const json& j, IncomingRequest& r) {
   for (const auto& [key, value] : j.items()) {
     if (key != "custom_id" && key != "method" && key != "url" && key != "body")
@@ -184,37 +317,15 @@ void read_openai(const json& j, IncomingRequest& r) {
   set_id(j.at("custom_id"), "custom_id", r);
   if (j.contains("method") && j.at("method") != "POST")
     fail_input("OpenAI batch line: method must be \"POST\", got {}", preview(j.at("method")));
-  if (j.contains("url") && j.at("url") != "/v1/completions")
+  const bool chat = j.contains("url") && j.at("url") == "/v1/chat/completions";
+  if (j.contains("url") && !chat && j.at("url") != "/v1/completions")
     fail_input(
-        "OpenAI batch line: url must be \"/v1/completions\" (the only endpoint served), got {}",
+        "OpenAI batch line: url must be \"/v1/completions\" or \"/v1/chat/completions\" (the "
+        "endpoints served), got {}",
         preview(j.at("url")));
   if (!j.contains("body") || !j.at("body").is_object())
     fail_input("OpenAI batch line: 'body' must be the request object");
-  const json& b = j.at("body");
-  for (const auto& [key, value] : b.items()) {
-    if (!known(kOpenAiBodyFields, key))
-      fail_input("body.{} is not supported (supported: {})", key.substr(0, 64),
-                 list(kOpenAiBodyFields));
-  }
-  if (!b.contains("prompt")) fail_input("body.prompt is missing");
-  read_openai_prompt(b.at("prompt"), r);
-  if (b.contains("model") && !b.at("model").is_string())
-    fail_input("body.model must be a string, got {}", preview(b.at("model")));
-  if (integer<int64_t>(b, "n", 1) != 1) fail_input("body.n must be 1 (one completion per line)");
-  if (boolean(b, "stream", false)) fail_input("body.stream must be false in a batch");
-  if (boolean(b, "echo", false)) fail_input("body.echo is not supported");
-  if (b.contains("logprobs") && !b.at("logprobs").is_null())
-    fail_input("body.logprobs is not supported");
-  GenerationRequest& g = r.request;
-  const auto max_tokens = integer<int64_t>(b, "max_tokens", 16);  // the API's default
-  if (max_tokens < 0 || max_tokens > INT32_MAX)
-    fail_input("body.max_tokens must be in [0, 2^31), got {}", max_tokens);
-  g.max_new_tokens = static_cast<int32_t>(max_tokens);
-  g.sampling.temperature = number(b, "temperature", 1.0f);  // the API's default
-  g.sampling.top_p = number(b, "top_p", 1.0f);
-  g.sampling.seed = integer<uint64_t>(b, "seed", 0);
-  if (b.contains("stop") && !b.at("stop").is_null()) g.stop = stop_strings(b.at("stop"), "stop");
-  g.sampling.validate();
+  read_openai_body(j.at("body"), chat, r);
 }
 
 bool is_openai_line(const json& j) {
@@ -257,9 +368,35 @@ double field_number(const std::string& name, const std::string& v) {
   return out;
 }
 
+bool field_boolean(const std::string& name, const std::string& v) {
+  if (v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  fail_input("field '{}' must be true, false, 1 or 0, got '{}'", name, v.substr(0, 64));
+}
+
+json field_ids(const std::string& name, const std::string& v) {
+  json ids = json::array();  // "1 2 3" or "1,2,3"
+  size_t i = 0;
+  while (i < v.size()) {
+    if (v[i] == ' ' || v[i] == ',') {
+      ++i;
+      continue;
+    }
+    const size_t end = v.find_first_of(" ,", i);
+    ids.push_back(field_integer(name, v.substr(i, end - i)));
+    i = end == std::string::npos ? v.size() : end;
+  }
+  return ids;
+}
+
+bool one_of(const std::string& name, std::initializer_list<const char*> names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
 json field_value(const std::string& name, const std::string& v, const InputLimits& limits) {
   if (first_invalid_utf8(v) >= 0) fail_input("field '{}' is not valid UTF-8", name);
-  if (name == "max_new_tokens" || name == "top_k") return field_integer(name, v);
+  if (one_of(name, {"max_new_tokens", "top_k", "n", "top_logprobs"}))
+    return field_integer(name, v);
   if (name == "seed") {
     uint64_t out = 0;
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
@@ -267,31 +404,22 @@ json field_value(const std::string& name, const std::string& v, const InputLimit
       fail_input("field 'seed' must be an integer in [0, 2^64), got '{}'", v.substr(0, 64));
     return out;
   }
-  if (name == "temperature" || name == "top_p") return field_number(name, v);
-  if (name == "ignore_eos") {
-    if (v == "true" || v == "1") return true;
-    if (v == "false" || v == "0") return false;
-    fail_input("field 'ignore_eos' must be true, false, 1 or 0, got '{}'", v.substr(0, 64));
+  if (one_of(name, {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty"}))
+    return field_number(name, v);
+  if (one_of(name, {"ignore_eos", "add_generation_prompt"})) return field_boolean(name, v);
+  if (name == "logprobs") {  // true / false, or the number of top log-probabilities
+    if (v == "true" || v == "false") return v == "true";
+    return field_integer(name, v);
   }
-  if (name == "prompt_ids" && (v.empty() || v.front() != '[')) {
-    json ids = json::array();  // "1 2 3" or "1,2,3"
-    size_t i = 0;
-    while (i < v.size()) {
-      if (v[i] == ' ' || v[i] == ',') {
-        ++i;
-        continue;
-      }
-      const size_t end = v.find_first_of(" ,", i);
-      ids.push_back(field_integer("prompt_ids", v.substr(i, end - i)));
-      i = end == std::string::npos ? v.size() : end;
-    }
-    return ids;
-  }
-  if ((name == "prompt_ids" || name == "stop") && !v.empty() && v.front() == '[') {
+  const bool ids = one_of(name, {"prompt_ids", "stop_token_ids"});
+  if (ids && (v.empty() || v.front() != '[')) return field_ids(name, v);
+  if (ids || one_of(name, {"messages", "chat_template_kwargs"}) ||
+      (name == "stop" && !v.empty() && v.front() == '[')) {
     try {
       return parse_request_json(v, limits);
     } catch (const json::exception& e) {
-      fail_input("field '{}' is not a valid JSON array: {}", name, e.what());
+      fail_input("field '{}' is not valid JSON: {}", name, e.what());
     }
   }
   return v;  // id, prompt, latency_class, and a stop value that is one string
@@ -384,14 +512,97 @@ IncomingRequest parse_request_fields(const FieldList& fields, const std::string&
 }
 
 void tokenize(IncomingRequest& r, const Tokenizer& tokenizer) {
-  if (!r.error.empty() || !r.prompt) return;
+  if (!r.error.empty()) return;
   try {
-    r.request.prompt_ids = tokenizer.encode(*r.prompt);
-    r.prompt.reset();  // tokenized once
+    if (r.messages) {
+      // The template writes the special tokens itself (Hugging Face's apply_chat_template).
+      const std::string text =
+          tokenizer.render_chat(*r.messages, r.add_generation_prompt, r.chat_variables);
+      r.request.prompt_ids = tokenizer.encode(text, /*add_special=*/false);
+      r.messages.reset();
+    } else if (r.prompt) {
+      r.request.prompt_ids = tokenizer.encode(*r.prompt);
+      r.prompt.reset();  // tokenized once
+    }
   } catch (const std::exception& e) {
-    r.error = fmt::format("{}: prompt: {}", r.where, e.what());
+    r.error = fmt::format("{}: {}: {}", r.where, r.request.chat ? "messages" : "prompt", e.what());
   }
 }
+
+void apply_generation_defaults(IncomingRequest& r, const GenerationDefaults& d) {
+  SamplingParams& s = r.request.sampling;
+  const auto fill = [&](uint32_t bit, const auto& value, auto& field) {
+    if (!(r.sampling_set & bit) && value) field = *value;
+  };
+  fill(kSetTemperature, d.temperature, s.temperature);
+  fill(kSetTopK, d.top_k, s.top_k);
+  fill(kSetTopP, d.top_p, s.top_p);
+  fill(kSetMinP, d.min_p, s.min_p);
+  fill(kSetRepetitionPenalty, d.repetition_penalty, s.repetition_penalty);
+  fill(kSetMaxNewTokens, d.max_new_tokens, r.request.max_new_tokens);
+}
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// The text token `candidate` adds at output position `i`: decoded after the tokens before it
+// (a few of the prompt's, then the output's), so a word keeps its leading space and the texts
+// of the output's tokens add up to the completion. A byte-level token may end mid-character:
+// its text is then the valid part (U+FFFD for the rest), its bytes exact.
+std::string token_text(const Tokenizer& tok, const GenerationResult& r, size_t i,
+                       int32_t candidate) {
+  constexpr size_t kContext = 8;
+  std::vector<int32_t> before;
+  const size_t from_prompt = i >= kContext ? 0 : std::min(kContext - i, r.prompt_ids.size());
+  before.assign(r.prompt_ids.end() - static_cast<ptrdiff_t>(from_prompt), r.prompt_ids.end());
+  const size_t from_output = std::min(i, kContext);
+  before.insert(before.end(), r.output_ids.begin() + static_cast<ptrdiff_t>(i - from_output),
+                r.output_ids.begin() + static_cast<ptrdiff_t>(i));
+  if (!tok.has_vocabulary()) return std::to_string(candidate);
+  try {
+    const std::string context = tok.decode(before);
+    before.push_back(candidate);
+    const std::string full = tok.decode(before);
+    return full.rfind(context, 0) == 0 ? full.substr(context.size()) : tok.decode({candidate});
+  } catch (const std::exception&) {
+    return {};  // an id the tokenizer cannot decode: the id says it
+  }
+}
+
+ojson logprobs_object(const GenerationResult& r, const Tokenizer& tok) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < r.logprobs.size() && i < r.output_ids.size(); ++i) {
+    const Logprobs& l = r.logprobs[i];
+    ojson top = ojson::array();
+    for (const TokenLogprob& t : l.top)
+      top.push_back({{"token", t.token},
+                     {"text", to_valid_utf8(token_text(tok, r, i, t.token))},
+                     {"logprob", t.logprob}});
+    const std::string text = token_text(tok, r, i, r.output_ids[i]);
+    std::vector<int> bytes(text.begin(), text.end());
+    for (int& b : bytes) b &= 0xff;
+    out.push_back({{"token", r.output_ids[i]},
+                   {"text", to_valid_utf8(text)},
+                   {"bytes", bytes},
+                   {"logprob", l.logprob},
+                   {"top_logprobs", std::move(top)}});
+  }
+  return out;
+}
+
+ojson choice_object(const GenerationResult& c, const Tokenizer& tok) {
+  ojson j;
+  j["index"] = c.choice;
+  j["text"] = to_valid_utf8(completion_text(c, tok));
+  j["output_ids"] = c.output_ids;
+  j["stop_reason"] = stop_reason_name(c.stop_reason);
+  j["completion_tokens"] = c.output_ids.size();
+  if (!c.logprobs.empty()) j["logprobs"] = logprobs_object(c, tok);
+  return j;
+}
+
+}  // namespace
 
 nlohmann::ordered_json result_object(const GenerationResult& r, const Tokenizer& tokenizer) {
   nlohmann::ordered_json j;
@@ -401,7 +612,15 @@ nlohmann::ordered_json result_object(const GenerationResult& r, const Tokenizer&
   j["output_ids"] = r.output_ids;
   j["stop_reason"] = stop_reason_name(r.stop_reason);
   j["prompt_tokens"] = r.prompt_ids.size();
-  j["completion_tokens"] = r.output_ids.size();
+  size_t completion_tokens = r.output_ids.size();
+  for (size_t c = 1; c < r.choices.size(); ++c) completion_tokens += r.choices[c].output_ids.size();
+  j["completion_tokens"] = completion_tokens;
+  if (!r.logprobs.empty()) j["logprobs"] = logprobs_object(r, tokenizer);
+  if (!r.choices.empty()) {
+    j["choices"] = ojson::array();
+    for (const GenerationResult& c : r.choices) j["choices"].push_back(choice_object(c, tokenizer));
+  }
+  if (r.chat) j["chat"] = true;
   const auto time = [&](const char* name, double seconds) {
     if (seconds >= 0) j[name] = std::round(seconds * 1e6) / 1e6;
   };
@@ -420,7 +639,8 @@ nlohmann::ordered_json result_from_fields(const FieldList& fields) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& [name, value] : fields) {
     const bool typed = name == "output_ids" || name == "prompt_ids" || name == "prompt_tokens" ||
-                       name == "completion_tokens" || name.ends_with("_s");
+                       name == "completion_tokens" || name == "logprobs" || name == "choices" ||
+                       name == "chat" || name.ends_with("_s");
     j[name] = value;
     if (!typed) continue;
     try {

@@ -28,9 +28,26 @@
 
 namespace strata {
 
+// Which sampling fields a request set, so that the model's generation_config.json fills only
+// the others (apply_generation_defaults).
+enum SamplingField : uint32_t {
+  kSetTemperature = 1u << 0,
+  kSetTopK = 1u << 1,
+  kSetTopP = 1u << 2,
+  kSetMinP = 1u << 3,
+  kSetRepetitionPenalty = 1u << 4,
+  kSetMaxNewTokens = 1u << 5,
+};
+
 struct IncomingRequest {
   GenerationRequest request;          // prompt_ids empty when the prompt is text
   std::optional<std::string> prompt;  // text to tokenize
+  // A chat: the messages (a JSON array of {"role", "content"}), rendered by the model's chat
+  // template into the prompt, with these extra template variables (chat_template_kwargs).
+  std::optional<nlohmann::json> messages;
+  bool add_generation_prompt = true;
+  nlohmann::json chat_variables = nlohmann::json::object();
+  uint32_t sampling_set = 0;          // SamplingField bits
   std::string error;                  // non-empty: malformed, answered with an error result
   std::string where;                  // "requests.jsonl:3", "strata:requests 1700000000000-0"
   double arrival = 0;                 // when it was queued (system clock, seconds since 1970)
@@ -58,13 +75,18 @@ using FieldList = std::vector<std::pair<std::string, std::string>>;
 IncomingRequest parse_request_fields(const FieldList& fields, const std::string& default_id,
                                      const std::string& where, const InputLimits& limits = {});
 
-// Fills prompt_ids from the prompt text; a prompt the tokenizer refuses sets `error`.
+// Fills prompt_ids from the prompt text, or from the messages through the tokenizer's chat
+// template; a prompt the tokenizer refuses, or messages without a template, set `error`.
 void tokenize(IncomingRequest& r, const Tokenizer& tokenizer);
 
+// The sampling fields the request did not set, from the model's generation_config.json.
+void apply_generation_defaults(IncomingRequest& r, const GenerationDefaults& defaults);
+
 // A result as one JSON object, in the documented order: id, status ("ok" | "error"), text
-// (the completion), output_ids, stop_reason, prompt_tokens, completion_tokens, the timings
-// that are known (queue_wait_s, first_token_s, total_s), error and error_type
-// ("invalid_request" | "server_error") for errors, prompt_ids.
+// (the completion), output_ids, stop_reason, prompt_tokens, completion_tokens, logprobs (when
+// asked for), choices (n > 1), chat (a chat request), the timings that are known
+// (queue_wait_s, first_token_s, total_s), error and error_type ("invalid_request" |
+// "server_error") for errors, prompt_ids.
 nlohmann::ordered_json result_object(const GenerationResult& result, const Tokenizer& tokenizer);
 
 // A result stored as flat strings (a queue entry: result_object's fields, arrays and

@@ -46,6 +46,12 @@ bool finish_if_done(const GenerationRequest& r, const std::vector<int32_t>& eos_
     result.stop_reason = StopReason::kEos;
     return true;
   }
+  // vLLM's rule: ignore_eos does not switch these off.
+  if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
+      r.stop_token_ids.end()) {
+    result.stop_reason = StopReason::kStop;
+    return true;
+  }
   if (!r.stop.empty()) {
     STRATA_CHECK(tokenizer != nullptr, "request {}: stop strings without a tokenizer", r.id);
     if (std::optional<std::string> text = cut_at_stop(r, *tokenizer, result)) {
@@ -102,6 +108,16 @@ std::string validate_request(const GenerationRequest& r, int32_t vocab, int32_t 
   } catch (const InputError& e) {
     return e.what();
   }
+  if (r.n < 1 || r.n > kMaxChoices)
+    return fmt::format("field 'n' must be in [1, {}], got {}", kMaxChoices, r.n);
+  if (r.stop_token_ids.size() > kMaxStopTokenIds)
+    return fmt::format("field 'stop_token_ids': {} ids, at most {} are allowed",
+                       r.stop_token_ids.size(), kMaxStopTokenIds);
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i)
+    if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= vocab)
+      return fmt::format("field 'stop_token_ids': id {} at index {} is outside the vocabulary "
+                         "[0, {})",
+                         r.stop_token_ids[i], i, vocab);
   return validate_stop_strings(r, tokenizer);
 }
 

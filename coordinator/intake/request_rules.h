@@ -11,7 +11,7 @@
 
 namespace strata {
 
-// The stop rule, in this order: EOS (unless ignore_eos), a stop string in the completion,
+// The stop rule, in this order: EOS (unless ignore_eos), a stop token id, a stop string in the completion,
 // the token budget, the context. `result.output_ids` has just gained a token and `n_past` of
 // `capacity` KV positions are filled. Sets result.stop_reason and returns true when the sequence is
 // done; for a stop string result.text is the completion cut before it. `tokenizer` decodes
@@ -29,5 +29,7 @@ std::string validate_request(const GenerationRequest& request, int32_t vocab, in
 
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 1024;
+inline constexpr size_t kMaxStopTokenIds = 64;
+inline constexpr int32_t kMaxChoices = 16;  // `n`: each choice holds a KV slot of its own
 
 }  // namespace strata

@@ -15,6 +15,7 @@
 
 #include "coordinator/exegpt/rra_scheduler.h"
 #include "coordinator/exegpt/simulator.h"
+#include "coordinator/intake/choices.h"
 #include "coordinator/intake/request_rules.h"
 #include "coordinator/plan/cluster_plan.h"
 #include "kernels/clock.h"
@@ -409,6 +410,9 @@ void Coordinator::ended(const GenerationResult& r, bool unfinished) {
 void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
   GenerationResult res;
   res.id = r.id;
+  res.choice = r.choice;
+  res.n = r.n;
+  res.chat = r.chat;
   res.prompt_ids = r.prompt_ids;
   res.stop_reason = StopReason::kError;
   res.error = error;
@@ -426,8 +430,9 @@ bool Coordinator::stop_requested() const {
 // Prompt text to ids; a run without a tokenizer takes ids only.
 void tokenize_with(IncomingRequest& r, const Tokenizer* tokenizer) {
   if (tokenizer != nullptr) return tokenize(r, *tokenizer);
-  if (r.prompt && r.error.empty())
-    r.error = "field 'prompt': this run has no tokenizer; send prompt_ids";
+  if ((r.prompt || r.messages) && r.error.empty())
+    r.error = fmt::format("field '{}': this run has no tokenizer; send prompt_ids",
+                          r.prompt ? "prompt" : "messages");
 }
 
 // A stop signal: nothing more is admitted; what the source read and the coordinator holds
@@ -444,7 +449,10 @@ void Coordinator::begin_stop() {
       continue;
     }
     ++stats_.unfinished;
-    const GenerationResult never{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why};
+    GenerationResult never{r.request.id, r.request.prompt_ids, {}, StopReason::kError, why};
+    never.choice = r.request.choice;
+    never.n = r.request.n;
+    never.chat = r.request.chat;
     ended(never, true);
     sink_.unfinished(never, false);
   }
@@ -471,8 +479,9 @@ void Coordinator::admit() {
 // nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
 void Coordinator::take(IncomingRequest r) {
   tokenize_with(r, tokenizer_);
+  apply_generation_defaults(r, config_.generation);
   ++stats_.requests;
-  if (!ids_seen_.insert(r.request.id).second) {
+  if (r.request.choice == 0 && !ids_seen_.insert(r.request.id).second) {
     ++stats_.duplicate_ids;
     log::get("coordinator")
         ->warn("request id {} was seen before in this run ({})", r.request.id, r.where);
@@ -482,6 +491,9 @@ void Coordinator::take(IncomingRequest r) {
   if (!error.empty()) return refuse(r.request, error);
   if (r.request.max_new_tokens == 0) {
     GenerationResult done{r.request.id, r.request.prompt_ids, {}, StopReason::kLength, {}};
+    done.choice = r.request.choice;
+    done.n = r.request.n;
+    done.chat = r.request.chat;
     const double waited = std::max(0.0, wall_seconds() - r.arrival);
     done.times = RequestTimes{waited, -1, waited};
     ended(done, false);
@@ -788,7 +800,9 @@ ClusterStats run_coordinator(Stages& stages, const CoordinatorOptions& options,
                              const ModelConfig& config, const Tokenizer* tokenizer,
                              RequestSource& source, ResultSink& sink) {
   try {
-    Coordinator c(stages, options, config, tokenizer, source, sink);
+    ChoiceSource choice_source(source);
+    ChoiceSink choice_sink(sink);
+    Coordinator c(stages, options, config, tokenizer, choice_source, choice_sink);
     return c.run();
   } catch (const std::exception& e) {
     stages.abort(std::string("coordinator failed: ") + e.what());

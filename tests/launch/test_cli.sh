@@ -107,7 +107,7 @@ then
 else
   echo "FAIL score-logits"; cat "$TMP/err"; failures=$((failures + 1))
 fi
-expect_error score-no-text "no text to score" score --model "$MODEL"
+expect_error score-no-text "give what to score" score --model "$MODEL"
 
 # plan: FlexGen's OPT-30B / T4 example (its f16 cache) picks the paper's placement; a tiny
 # budget is refused.
@@ -700,6 +700,40 @@ else
   echo "FAIL limits-tunables"; cat "$TMP/err" "$TMP/tunables.json"; failures=$((failures + 1))
 fi
 expect_error limits-tunables-and-input "excludes" limits --tunables --input
+
+# strata tokenize: llama2.c's own tokenization of the reference prompts (BOS included), the
+# ids back to text, and its refusals.
+REF="$MODEL/reference/greedy.jsonl"
+python3 -c 'import json,sys; [print(json.dumps({"text": json.loads(l)["prompt"]})) for l in open(sys.argv[1])]' \
+  "$REF" >"$TMP/tok-in.jsonl"
+if "$STRATA" tokenize --tokenizer "$MODEL" --add-special --file "$TMP/tok-in.jsonl" >"$TMP/tok-out.jsonl" &&
+  python3 - "$REF" "$TMP/tok-out.jsonl" <<'PY'
+import json, sys
+want = [json.loads(l)["prompt_ids"] for l in open(sys.argv[1])]
+got = [json.loads(l)["ids"] for l in open(sys.argv[2])]
+assert got == want, (got, want)
+PY
+then
+  echo "ok   tokenize-equals-llama2c"; passes=$((passes + 1))
+else
+  echo "FAIL tokenize-equals-llama2c"; failures=$((failures + 1))
+fi
+if [ "$("$STRATA" tokenize --tokenizer "$MODEL" --decode --text '[1, 403, 407, 261, 378]')" = '{"text":"Once upon a time"}' ] &&
+  [ "$("$STRATA" tokenize --tokenizer "$MODEL" --text '<s>hi</s>' | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"][0])')" = 1 ]; then
+  echo "ok   tokenize-decode-and-specials"; passes=$((passes + 1))
+else
+  echo "FAIL tokenize-decode-and-specials"; failures=$((failures + 1))
+fi
+expect_error tokenize-no-tokenizer "no tokenizer.json" tokenize --tokenizer "$TMP" --text hi
+expect_error tokenize-missing "no such tokenizer file" tokenize --tokenizer "$TMP/none.json" --text hi
+expect_error tokenize-both "exactly one of --text and --file" tokenize --tokenizer "$MODEL"
+printf '{"txt": "a"}\n' >"$TMP/tok-bad.jsonl"
+expect_error tokenize-bad-line "tok-bad.jsonl:1: a line needs a" tokenize --tokenizer "$MODEL" --file "$TMP/tok-bad.jsonl"
+expect_error tokenize-no-chat-template "has no chat template" tokenize --tokenizer "$MODEL" \
+  --file <(printf '{"messages": [{"role": "user", "content": "hi"}]}\n')
+echo '{"model_type": "llama"}' >"$TMP/tokenizer.json"
+expect_error tokenize-corrupt-json "tokenizer.json" tokenize --tokenizer "$TMP/tokenizer.json" --text hi
+rm -f "$TMP/tokenizer.json"
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -19,6 +19,15 @@ Cases:
   sigterm        SIGTERM to a serving cluster: it finishes the running requests within the
                  grace period or hands them back; a restart answers every request once
   docs           the redis-cli and Python examples of docs/QUEUE.md, run as written
+  logprobs       sampled and greedy requests with logprobs and penalties on a 2-rank cluster:
+                 each logprob equals the log-softmax (at the temperature) of `strata score
+                 --logits-out` for the same ids; each penalised greedy token is the argmax of
+                 those logits after OpenAI's and CTRL's penalty formulas
+  choices        n = 4: one result with four completions, choice i equal to the same request
+                 with seed + i and n = 1
+  chat_openai    an OpenAI chat batch file (/v1/chat/completions) through submit, a 2-rank
+                 cluster and collect --format openai: chat.completion lines whose prompts are
+                 python3-jinja2's rendering of the model's chat template, tokenized
 """
 import json
 import os
@@ -233,7 +242,7 @@ MALFORMED = [
     ({"json": "{not json"}, "not valid JSON"),
     ({"json": json.dumps({"prompt": "a", "stop": [1]})}, "stop[0] must be a string"),
     ({"json": "[" * 5000 + "]" * 5000}, "nested deeper"),
-    ({"openai": json.dumps({"custom_id": "oa-n", "body": {"prompt": "a", "n": 2}})}, "body.n must be 1"),
+    ({"openai": json.dumps({"custom_id": "oa-n", "body": {"prompt": "a", "n": 0}})}, "field 'n' must be in [1, 16]"),
     ({"openai": json.dumps({"custom_id": "oa-url", "url": "/v1/embeddings", "body": {"prompt": "a"}})}, "url must be"),
     ({"prompt": "a", "seed": "-4"}, "seed"),
     ({"prompt": "a", "ignore_eos": "maybe"}, "ignore_eos"),
@@ -452,10 +461,230 @@ def case_docs():
     c.wait(30)
 
 
+def score_logits(ids):
+    """`strata score --ids` on one sequence: its [len(ids), vocab] raw logits."""
+    path = os.path.join(TMP, "logits.f32")
+    out = subprocess.run([STRATA, "score", "--model", MODEL, "--threads", "1", "--ids",
+                          " ".join(map(str, ids)), "--logits-out", path],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        fail("strata score: " + out.stderr[-2000:])
+    import array
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    vocab = len(a) // len(ids)
+    return [a[i * vocab:(i + 1) * vocab] for i in range(len(ids))]
+
+
+def log_softmax(row, temperature):
+    import math
+    t = temperature if temperature > 0 else 1.0
+    scaled = [x / t for x in row]
+    m = max(scaled)
+    z = m + math.log(sum(math.exp(x - m) for x in scaled))
+    return [x - z for x in scaled]
+
+
+def penalised(row, prompt, out_before, q):
+    """The logits after the penalties, by the formulas: CTRL's repetition penalty on every
+    token of the prompt and output, then OpenAI's frequency and presence penalties."""
+    row = list(row)
+    seen = set(prompt) | set(out_before)
+    r = q.get("repetition_penalty", 1.0)
+    for t in seen:
+        row[t] = row[t] / r if row[t] > 0 else row[t] * r
+    for t in set(out_before):
+        c = out_before.count(t)
+        row[t] -= q.get("frequency_penalty", 0.0) * c + q.get("presence_penalty", 0.0)
+    return row
+
+
+def serve_json_requests(reqs, np=2):
+    srv = Redis()
+    for q in reqs:
+        srv.client.xadd(REQ, {"json": json.dumps(q)})
+    c = Cluster(srv.url, "--exit-when-drained", np=np)
+    rc = c.wait(300)
+    if rc != 0:
+        fail(f"exit {rc}:\n{c.tail()}")
+    return {k: v for k, v in results(srv.client).items()}
+
+
+def check_logprobs(res, q):
+    prompt, out = json.loads(res["prompt_ids"]), json.loads(res["output_ids"])
+    lps = json.loads(res["logprobs"])
+    if len(lps) != len(out) or not out:
+        fail(f"{q['id']}: {len(lps)} logprobs for {len(out)} tokens")
+    logits = score_logits(prompt + out)
+    t = q.get("temperature", 0.0)
+    checked = 0
+    for i, (tok, lp) in enumerate(zip(out, lps)):
+        row = logits[len(prompt) - 1 + i]
+        want = log_softmax(row, t)
+        if lp["token"] != tok or abs(lp["logprob"] - want[tok]) > 2e-3:
+            fail(f"{q['id']} token {i}: logprob {lp} != log-softmax {want[tok]:.5f} at T={t}")
+        k = q.get("top_logprobs", 0)
+        top = sorted(range(len(want)), key=lambda j: -want[j])[:k]
+        got = [a["token"] for a in lp["top_logprobs"]]
+        for a in lp["top_logprobs"]:
+            if abs(a["logprob"] - want[a["token"]]) > 2e-3:
+                fail(f"{q['id']} token {i}: top {a} != {want[a['token']]:.5f}")
+        if len(got) != k or (set(got) != set(top) and abs(want[top[-1]] - want[got[-1]]) > 2e-3):
+            fail(f"{q['id']} token {i}: top {got} != {top}")
+        if t == 0:  # greedy: the token is the argmax of the penalised logits
+            p = penalised(row, prompt, out[:i], q)
+            best = max(range(len(p)), key=lambda j: p[j])
+            second = max(p[j] for j in range(len(p)) if j != best)
+            if best != tok and p[best] - second > 1e-3:
+                fail(f"{q['id']} token {i}: {tok} is not the penalised argmax {best}")
+        checked += 1
+    return checked
+
+
+def case_logprobs():
+    reqs = [
+        {"id": "sampled", "prompt": "Once upon a time", "temperature": 0.8, "seed": 5,
+         "max_new_tokens": 16, "ignore_eos": True, "logprobs": True, "top_logprobs": 3},
+        {"id": "penalised", "prompt": "Lily saw a cat. The cat", "temperature": 0,
+         "frequency_penalty": 0.7, "presence_penalty": 0.3, "repetition_penalty": 1.3,
+         "max_new_tokens": 24, "ignore_eos": True, "logprobs": 0},
+        {"id": "greedy", "prompt": "Tom wanted a", "max_new_tokens": 12, "logprobs": 2,
+         "ignore_eos": True},
+    ]
+    got = serve_json_requests(reqs)
+    n = 0
+    for q in reqs:
+        if got.get(q["id"], {}).get("status") != "ok":
+            fail(f"{q['id']}: {got.get(q['id'])}")
+        n += check_logprobs(got[q["id"]], q)
+    plain = reference([reqs[1]["prompt"]], 24)[0]["output_ids"]
+    if plain == json.loads(got["penalised"]["output_ids"]):
+        fail("the penalties changed nothing: the penalised output equals plain greedy")
+    log(f"{n} tokens: logprobs equal strata score's log-softmax, penalised greedy tokens the "
+        "penalised argmax")
+
+
+def case_choices():
+    base = {"prompt": "One day", "temperature": 1.0, "max_new_tokens": 12, "ignore_eos": True}
+    reqs = [dict(base, id="four", n=4, seed=40)] + [
+        dict(base, id=f"seed{s}", seed=s) for s in (41, 42, 43)]
+    got = serve_json_requests(reqs)
+    four = got["four"]
+    choices = json.loads(four["choices"])
+    if len(choices) != 4 or [c["index"] for c in choices] != [0, 1, 2, 3]:
+        fail(f"n=4 gave {four}")
+    outs = [c["output_ids"] for c in choices]
+    if json.loads(four["output_ids"]) != outs[0]:
+        fail("the top-level output is not choice 0")
+    for i, s in enumerate((41, 42, 43), start=1):
+        if outs[i] != json.loads(got[f"seed{s}"]["output_ids"]):
+            fail(f"choice {i} != the request with seed {s}: {outs[i]}")
+    if len({tuple(o) for o in outs}) < 2:
+        fail(f"four completions, all the same: {outs}")
+    if int(four["completion_tokens"]) != sum(len(o) for o in outs):
+        fail("completion_tokens does not count every choice")
+    log(f"n=4: four completions ({len({tuple(o) for o in outs})} distinct), choice i = seed 40+i")
+
+
+LLAMA2_CHAT = os.path.join(ROOT, "tests/worker/text/data/llama2_chat_template.jinja")
+
+
+def chat_model():
+    """stories260K with a chat template: its files linked, its tokenizer_config.json given
+    Llama-2's chat template (the same tokenizer family)."""
+    folder = os.path.join(TMP, "chat-model")
+    os.makedirs(folder)
+    for name in os.listdir(MODEL):
+        if name != "tokenizer_config.json":
+            os.symlink(os.path.join(os.path.abspath(MODEL), name), os.path.join(folder, name))
+    config = json.load(open(os.path.join(MODEL, "tokenizer_config.json")))
+    config["chat_template"] = open(LLAMA2_CHAT).read()
+    json.dump(config, open(os.path.join(folder, "tokenizer_config.json"), "w"))
+    return folder, config
+
+
+def jinja_render(config, messages):
+    """The template as transformers renders it (its environment, raise_exception)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.ext import loopcontrols
+
+    def raise_exception(message):
+        raise ValueError(message)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(config["chat_template"]).render(
+        messages=messages, add_generation_prompt=True, bos_token=config["bos_token"],
+        eos_token=config["eos_token"])
+
+
+def case_chat_openai():
+    global MODEL
+    MODEL, config = chat_model()
+    chats = [
+        [{"role": "user", "content": "Tell me a story about a cat."}],
+        [{"role": "system", "content": "You tell short stories."},
+         {"role": "user", "content": "A dog and a ball?"}],
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon a time"},
+         {"role": "user", "content": "More, with \"quotes\" and {braces}."}],
+    ]
+    batch = os.path.join(TMP, "chat-batch.jsonl")
+    with open(batch, "w") as f:
+        for i, m in enumerate(chats):
+            body = {"model": "stories", "messages": m, "max_tokens": 20, "temperature": 0,
+                    "logprobs": True, "top_logprobs": 2}
+            f.write(json.dumps({"custom_id": f"chat{i}", "method": "POST",
+                                "url": "/v1/chat/completions", "body": body}) + "\n")
+    srv = Redis()
+    sub = subprocess.run([STRATA, "submit", "--redis", srv.url, "--file", batch],
+                         capture_output=True, text=True, timeout=60)
+    if sub.returncode != 0:
+        fail("strata submit: " + sub.stderr[-2000:])
+    # The independent prompt: jinja2's rendering, tokenized, as a plain ids request.
+    want_ids = []
+    for i, m in enumerate(chats):
+        text = jinja_render(config, m)
+        tok = subprocess.run([STRATA, "tokenize", "--tokenizer", MODEL, "--text", text],
+                             capture_output=True, text=True, timeout=60)
+        want_ids.append(json.loads(tok.stdout)["ids"])
+        srv.client.xadd(REQ, {"json": json.dumps({"id": f"ids{i}", "prompt_ids": want_ids[-1],
+                                                  "max_new_tokens": 20})})
+    c = Cluster(srv.url, "--exit-when-drained", np=2)
+    if c.wait(300) != 0:
+        fail(f"cluster failed:\n{c.tail()}")
+    out = os.path.join(TMP, "chat-out.jsonl")
+    col = subprocess.run([STRATA, "collect", "--redis", srv.url, "--out", out, "--format", "openai"],
+                         capture_output=True, text=True, timeout=60)
+    if col.returncode != 0:
+        fail("strata collect: " + col.stderr[-2000:])
+    lines = {json.loads(l)["custom_id"]: json.loads(l) for l in open(out)}
+    raw = results(srv.client)
+    for i in range(len(chats)):
+        line = lines[f"chat{i}"]
+        body = line["response"]["body"]
+        if line["response"]["status_code"] != 200 or body["object"] != "chat.completion":
+            fail(f"chat{i}: {line}")
+        choice = body["choices"][0]
+        content = choice["message"]["content"]
+        if choice["message"]["role"] != "assistant" or not isinstance(content, str):
+            fail(f"chat{i}: {choice}")
+        if json.loads(raw[f"chat{i}"]["prompt_ids"]) != want_ids[i]:
+            fail(f"chat{i}: prompt ids {raw[f'chat{i}']['prompt_ids']} != jinja2's {want_ids[i]}")
+        if raw[f"chat{i}"]["output_ids"] != raw[f"ids{i}"]["output_ids"]:
+            fail(f"chat{i}: output differs from the same prompt sent as ids")
+        lp = choice["logprobs"]["content"]
+        if len(lp) != body["usage"]["completion_tokens"] or len(lp[0]["top_logprobs"]) != 2:
+            fail(f"chat{i}: logprobs {choice['logprobs']}")
+        if "".join(t["token"] for t in lp) != content:
+            fail(f"chat{i}: the tokens' texts {[t['token'] for t in lp]} do not add up to {content!r}")
+    log(f"{len(chats)} chat lines served: prompts are jinja2's, outputs equal the ids requests")
+
+
 try:
     {"equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
      "poison": case_poison, "poison_takeover": case_poison_takeover, "sigterm": case_sigterm,
-     "docs": case_docs, "single_process": case_single_process}[CASE]()
+     "docs": case_docs, "single_process": case_single_process, "logprobs": case_logprobs,
+     "choices": case_choices, "chat_openai": case_chat_openai}[CASE]()
 finally:
     for p in descendants(os.getpid()):
         try:

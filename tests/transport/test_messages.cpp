@@ -168,8 +168,8 @@ TEST(Messages, EveryTruncationIsAnError) {
 TEST(Messages, OtherProtocolVersionIsRefused) {
   std::vector<std::byte> bytes = encode(Heartbeat{1, 2, false});
   bytes[16] =
-      std::byte{7};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
-  expect_malformed(bytes, "protocol version 7, this binary speaks 6");
+      std::byte{6};  // the root struct's data: version at byte 0 (after 16 bytes of framing)
+  expect_malformed(bytes, "protocol version 6, this binary speaks 7");
 }
 
 TEST(Messages, UnknownMessageTypeIsRefused) {

@@ -105,12 +105,21 @@ struct Sampling {
   topK @1 :Int32;
   topP @2 :Float32;
   seed @3 :UInt64;
+  minP @4 :Float32;
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  repetitionPenalty @7 :Float32 = 1.0;
+  logprobs @8 :Int32 = -1;
 }
 
 struct SeqJoin {
   seqId @0 :UInt64;
   slot @1 :Int32;
   sampling @2 :Sampling;
+  # The tokens the penalties count (only when the sampling has penalties): the prompt, and
+  # what the sequence generated before it joined this stage (a WAA hand-over).
+  promptIds @3 :List(Int32);
+  outputIds @4 :List(Int32);
 }
 
 struct BatchUpdate {
@@ -118,9 +127,18 @@ struct BatchUpdate {
   left @1 :List(UInt64);
 }
 
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
 struct SeqToken {
   seqId @0 :UInt64;
   token @1 :Int32;
+  # With Sampling.logprobs >= 0: the token's log-probability and the top alternatives.
+  hasLogprob @2 :Bool;
+  logprob @3 :Float32;
+  top @4 :List(TokenLogprob);
 }
 
 struct StepResult {

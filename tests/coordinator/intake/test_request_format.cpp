@@ -59,6 +59,73 @@ TEST(RequestFormat, OpenAiBatchLine) {
   EXPECT_FLOAT_EQ(d.request.sampling.temperature, 1.0f);
 }
 
+TEST(RequestFormat, SamplingExtrasPenaltiesLogprobsAndChoices) {
+  const IncomingRequest r = parse_request_line(
+      R"({"prompt": "hi", "n": 4, "min_p": 0.05, "presence_penalty": 0.5,)"
+      R"( "frequency_penalty": -0.25, "repetition_penalty": 1.3, "logprobs": true,)"
+      R"( "top_logprobs": 5, "stop_token_ids": [7, 9], "top_k": -1})",
+      "f:1");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  const SamplingParams& s = r.request.sampling;
+  EXPECT_EQ(r.request.n, 4);
+  EXPECT_FLOAT_EQ(s.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty, -0.25f);
+  EXPECT_FLOAT_EQ(s.repetition_penalty, 1.3f);
+  EXPECT_EQ(s.logprobs, 5);
+  EXPECT_EQ(s.top_k, 0);  // vLLM's -1: off
+  EXPECT_EQ(r.request.stop_token_ids, (std::vector<int32_t>{7, 9}));
+  EXPECT_EQ(r.sampling_set, kSetMinP | kSetRepetitionPenalty | kSetTopK);
+  // logprobs as the completions API's integer: the sampled token's and that many more.
+  EXPECT_EQ(parse_request_line(R"({"prompt": "a", "logprobs": 0})", "f:2").request.sampling.logprobs,
+            0);
+  EXPECT_EQ(parse_request_line(R"({"prompt": "a", "logprobs": false})", "f:3")
+                .request.sampling.logprobs,
+            -1);
+}
+
+// An OpenAI chat batch line: messages for the chat template, the chat API's logprobs.
+TEST(RequestFormat, OpenAiChatBatchLine) {
+  const IncomingRequest r = parse_request_line(
+      R"({"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": {)"
+      R"("model": "m", "messages": [{"role": "system", "content": "Be brief."},)"
+      R"( {"role": "user", "content": "Hi"}], "max_completion_tokens": 20, "n": 2,)"
+      R"( "logprobs": true, "top_logprobs": 2, "seed": 5, "chat_template_kwargs":)"
+      R"( {"enable_thinking": false}}})",
+      "b:1");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.request.id, "c1");
+  EXPECT_TRUE(r.request.chat);
+  EXPECT_FALSE(r.prompt.has_value());
+  ASSERT_TRUE(r.messages.has_value());
+  EXPECT_EQ((*r.messages)[1]["content"], "Hi");
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_EQ(r.chat_variables, nlohmann::json::parse(R"({"enable_thinking": false})"));
+  EXPECT_EQ(r.request.max_new_tokens, 20);
+  EXPECT_EQ(r.request.n, 2);
+  EXPECT_EQ(r.request.sampling.logprobs, 2);
+  EXPECT_FLOAT_EQ(r.request.sampling.temperature, 1.0f);  // the API's default
+  EXPECT_EQ(r.sampling_set, kSetMaxNewTokens);
+}
+
+// generation_config.json fills what the request left unset, and nothing it set.
+TEST(RequestFormat, GenerationDefaultsFillOnlyUnsetFields) {
+  GenerationDefaults d;
+  d.temperature = 0.6f;
+  d.top_p = 0.9f;
+  d.top_k = 50;
+  d.repetition_penalty = 1.1f;
+  d.max_new_tokens = 99;
+  IncomingRequest r = parse_request_line(R"({"prompt": "a", "temperature": 0, "top_k": 3})", "f");
+  apply_generation_defaults(r, d);
+  EXPECT_FLOAT_EQ(r.request.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.request.sampling.top_k, 3);
+  EXPECT_FLOAT_EQ(r.request.sampling.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(r.request.sampling.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(r.request.sampling.min_p, 0.0f);  // the file has none
+  EXPECT_EQ(r.request.max_new_tokens, 99);
+}
+
 TEST(RequestFormat, MalformedLinesNameTheFieldAndTheProblem) {
   const std::pair<const char*, const char*> cases[] = {
       {"not json", "not valid JSON"},
@@ -80,13 +147,29 @@ TEST(RequestFormat, MalformedLinesNameTheFieldAndTheProblem) {
       {R"({"prompt_ids": [1], "stop": [1]})", "stop[0] must be a string"},
       {R"({"prompt_ids": [1], "ignore_eos": 1})", "ignore_eos"},
       {"{\"prompt\": \"\xff\xfe\"}", "not valid JSON"},  // invalid UTF-8
-      {R"({"custom_id": "c", "body": {"prompt": "a", "logprobs": 5}})", "body.logprobs"},
-      {R"({"custom_id": "c", "body": {"prompt": "a", "n": 2}})", "body.n must be 1"},
+      {R"({"custom_id": "c", "body": {"prompt": "a", "logprobs": 21}})", "top_logprobs"},
+      {R"({"custom_id": "c", "body": {"prompt": "a", "n": 17}})", "field 'n' must be in [1, 16]"},
       {R"({"custom_id": "c", "body": {"prompt": ["a", "b"]}})", "exactly one"},
-      {R"({"custom_id": "c", "body": {"prompt": "a", "frequency_penalty": 1}})",
-       "body.frequency_penalty is not supported"},
+      {R"({"custom_id": "c", "body": {"prompt": "a", "tools": []}})",
+       "body.tools is not supported"},
+      {R"({"custom_id": "c", "body": {"prompt": "a", "frequency_penalty": 3}})",
+       "frequency_penalty must be in [-2, 2]"},
+      {R"({"custom_id": "c", "url": "/v1/embeddings", "body": {"prompt": "a"}})", "url must be"},
       {R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {"prompt": "a"}})",
-       "url must be"},
+       "body.prompt is not supported"},
+      {R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": "hi"}})",
+       "field 'messages' must be a non-empty array"},
+      {R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": [1]}})",
+       "messages[0] must be an object"},
+      {R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": [{}],)"
+       R"( "top_logprobs": 3}})",
+       "'top_logprobs' needs 'logprobs': true"},
+      {R"({"prompt": "a", "messages": [{"role": "user", "content": "b"}]})", "exactly one of"},
+      {R"({"prompt": "a", "add_generation_prompt": false})", "go with 'messages'"},
+      {R"({"prompt": "a", "logprobs": 3, "top_logprobs": 2})", "once"},
+      {R"({"prompt": "a", "min_p": 2})", "min_p must be in [0, 1]"},
+      {R"({"prompt": "a", "repetition_penalty": 0})", "repetition_penalty must be > 0"},
+      {R"({"prompt": "a", "stop_token_ids": [1, "x"]})", "stop_token_ids[1]"},
       {R"({"custom_id": "c"})", "'body' must be the request object"},
       {R"({"body": {"prompt": "a"}})", "'custom_id' is missing"},
   };
@@ -176,7 +259,7 @@ TEST(RequestFormat, BadFlatFieldsNameTheFieldAndTheProblem) {
       {{{"prompt", "a"}, {"prompt", "b"}}, "field 'prompt' appears twice"},
       {{{"prompt", "\xc3\x28"}}, "field 'prompt' is not valid UTF-8"},
       {{{"prompt_ids", "1 two"}}, "field 'prompt_ids' must be an integer, got 'two'"},
-      {{{"prompt", "a"}, {"stop", "[1"}}, "field 'stop' is not a valid JSON array"},
+      {{{"prompt", "a"}, {"stop", "[1"}}, "field 'stop' is not valid JSON"},
       {{{"json", "{}"}, {"prompt", "a"}}, "comes alone"},
       {{{"openai", R"({"id": "x", "prompt": "p"})"}},
        "field 'openai' must hold an OpenAI batch line"},
@@ -202,6 +285,61 @@ TEST(RequestFormat, InvalidUtf8IsRefusedInFieldsAndReplacedInResults) {
   EXPECT_EQ(j["id"], "id\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate: 3 maximal subparts
   EXPECT_EQ(j["error"], "bad \xef\xbf\xbd byte");
   EXPECT_NO_THROW((void)j.dump());
+}
+
+TEST(RequestFormat, FlatFieldsCarryTheSamplingExtrasAndMessages) {
+  const IncomingRequest r = parse_request_fields(
+      {{"messages", R"([{"role": "user", "content": "hi"}])"},
+       {"add_generation_prompt", "false"},
+       {"n", "3"},
+       {"logprobs", "2"},
+       {"min_p", "0.1"},
+       {"repetition_penalty", "1.2"},
+       {"stop_token_ids", "4 5"}},
+      "e-1", "strata:requests e-1");
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_TRUE(r.messages.has_value());
+  EXPECT_EQ((*r.messages)[0]["role"], "user");
+  EXPECT_FALSE(r.add_generation_prompt);
+  EXPECT_EQ(r.request.n, 3);
+  EXPECT_EQ(r.request.sampling.logprobs, 2);
+  EXPECT_FLOAT_EQ(r.request.sampling.min_p, 0.1f);
+  EXPECT_EQ(r.request.stop_token_ids, (std::vector<int32_t>{4, 5}));
+  expect_error(parse_request_fields({{"prompt", "a"}, {"logprobs", "maybe"}}, "e", "w"),
+               "field 'logprobs' must be an integer", "logprobs maybe");
+  expect_error(parse_request_fields({{"messages", "[{"}}, "e", "w"), "field 'messages' is not valid",
+               "messages [{");
+}
+
+// Log-probabilities and choices print per token and per choice; the texts of an id-only
+// tokenizer are the ids.
+TEST(RequestFormat, ResultsCarryLogprobsAndChoices) {
+  const auto tok = Tokenizer::ids_only(dummy_model_config("opt-125m"));
+  GenerationResult a{"a", {2}, {9, 10}, StopReason::kLength, {}};
+  a.logprobs = {Logprobs{-0.5f, {{9, -0.5f}, {4, -1.5f}}}, Logprobs{-0.25f, {}}};
+  GenerationResult b{"a", {2}, {11}, StopReason::kEos, {}};
+  b.choice = 1;
+  GenerationResult merged = a;
+  merged.choices = {a, b};
+  const auto j = result_object(merged, *tok);
+  ASSERT_TRUE(j.contains("logprobs"));
+  EXPECT_EQ(j["logprobs"][0]["token"], 9);
+  EXPECT_EQ(j["logprobs"][0]["text"], "9");
+  EXPECT_FLOAT_EQ(j["logprobs"][0]["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(j["logprobs"][0]["top_logprobs"][1]["token"], 4);
+  EXPECT_EQ(j["logprobs"][1]["top_logprobs"].size(), 0u);
+  EXPECT_EQ(j["completion_tokens"], 3);  // every choice's tokens, as OpenAI's usage counts
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][1]["output_ids"], nlohmann::json::parse("[11]"));
+  EXPECT_EQ(j["choices"][1]["stop_reason"], "eos");
+  EXPECT_FALSE(j.contains("chat"));
+  FieldList flat;
+  for (const auto& [k, v] : j.items())
+    flat.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
+  const auto back = result_from_fields(flat);
+  EXPECT_EQ(back["choices"][1]["index"], 1);  // typed again
+  EXPECT_EQ(back["logprobs"][0]["token"], 9);
 }
 
 TEST(RequestFormat, ResultsPrintInTheDocumentedOrderAndReadBackTyped) {
