@@ -524,7 +524,7 @@ def check_logprobs(res, q):
         want = log_softmax(row, t)
         if lp["token"] != tok or abs(lp["logprob"] - want[tok]) > 2e-3:
             fail(f"{q['id']} token {i}: logprob {lp} != log-softmax {want[tok]:.5f} at T={t}")
-        k = q.get("top_logprobs", 0)
+        k = q.get("top_logprobs", 0) if q["logprobs"] is True else q["logprobs"]
         top = sorted(range(len(want)), key=lambda j: -want[j])[:k]
         got = [a["token"] for a in lp["top_logprobs"]]
         for a in lp["top_logprobs"]:
