@@ -313,19 +313,18 @@ ojson openai_line(const ojson& r, const std::string& entry, const std::string& m
     } else {
       choices.push_back(openai_choice(r, 0, chat));
     }
-    line["response"] = {
-        {"status_code", 200},
-        {"request_id", entry},
-        {"body",
-         {{"id", (chat ? "chatcmpl-" : "cmpl-") + entry},
-          {"object", chat ? "chat.completion" : "text_completion"},
-          {"created", created},
-          {"model", model},
-          {"choices", std::move(choices)},
-          {"usage",
-           {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + completion}}}}}};
+    line["response"] = {{"status_code", 200},
+                        {"request_id", entry},
+                        {"body",
+                         {{"id", (chat ? "chatcmpl-" : "cmpl-") + entry},
+                          {"object", chat ? "chat.completion" : "text_completion"},
+                          {"created", created},
+                          {"model", model},
+                          {"choices", std::move(choices)},
+                          {"usage",
+                           {{"prompt_tokens", prompt},
+                            {"completion_tokens", completion},
+                            {"total_tokens", prompt + completion}}}}}};
     line["error"] = nullptr;
     return line;
   }

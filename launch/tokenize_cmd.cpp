@@ -75,8 +75,8 @@ int run_tokenize(const TokenizeOptions& o) {
   const InputLimits limits = InputLimits::from_env();
   const auto tok = Tokenizer::open(o.tokenizer, limits);
   if (!o.text.empty()) {
-    nlohmann::json in = o.decode ? nlohmann::json::parse(o.text, nullptr, false)
-                                 : nlohmann::json{{"text", o.text}};
+    nlohmann::json in =
+        o.decode ? nlohmann::json::parse(o.text, nullptr, false) : nlohmann::json{{"text", o.text}};
     if (o.decode && (in.is_discarded() || !in.is_array()))
       fail_input("--text with --decode must be a JSON array of ids, got '{}'", o.text);
     if (o.decode) in = nlohmann::json{{"ids", in}};
@@ -106,8 +106,9 @@ int run_tokenize(const TokenizeOptions& o) {
     print(out);
   }
   if (o.timing)
-    std::fprintf(stderr, "{\"tokenizer\": \"%s\", \"lines\": %lld, \"tokens\": %lld, "
-                         "\"seconds\": %.6f, \"tokens_per_s\": %.1f}\n",
+    std::fprintf(stderr,
+                 "{\"tokenizer\": \"%s\", \"lines\": %lld, \"tokens\": %lld, "
+                 "\"seconds\": %.6f, \"tokens_per_s\": %.1f}\n",
                  tok->kind().c_str(), static_cast<long long>(n), static_cast<long long>(tokens),
                  seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
   return 0;

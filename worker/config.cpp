@@ -417,8 +417,7 @@ std::string GenerationDefaults::str() const {
   return s.empty() ? "none" : s;
 }
 
-void read_generation_config(const std::string& text, const std::string& source,
-                            ModelConfig& c) {
+void read_generation_config(const std::string& text, const std::string& source, ModelConfig& c) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail_input("{}: not valid JSON", source);
   if (!j.is_object()) fail_input("{}: not a JSON object", source);

@@ -97,8 +97,8 @@ void Tokenizer::read_tokenizer_config(const std::string& path, const InputLimits
 void Tokenizer::read_chat_template(const std::string& dir, const InputLimits& limits) {
   const fs::path file = fs::path(dir) / "chat_template.jinja";
   if (!fs::exists(file)) return;
-  const std::string text = read_file_bounded(file.string(), limits,
-                                             &InputLimits::json_file_bytes, "chat_template.jinja");
+  const std::string text = read_file_bounded(file.string(), limits, &InputLimits::json_file_bytes,
+                                             "chat_template.jinja");
   const std::string bos = bos_ >= 0 && hf_ ? hf_->id_to_token(bos_) : std::string();
   const std::string eos = eos_ >= 0 && hf_ ? hf_->id_to_token(eos_) : std::string();
   chat_ = ChatTemplate::from_string(text, bos, eos, file.string());
@@ -106,8 +106,8 @@ void Tokenizer::read_chat_template(const std::string& dir, const InputLimits& li
 
 void Tokenizer::check_size(const ModelConfig& config) const {
   if (hf_ != nullptr && hf_->vocab_size() > config.vocab)
-    fail_input("{}: tokenizer has {} tokens but vocab_size in {} is {}", source_,
-               hf_->vocab_size(), config.source, config.vocab);
+    fail_input("{}: tokenizer has {} tokens but vocab_size in {} is {}", source_, hf_->vocab_size(),
+               config.source, config.vocab);
 }
 
 std::string Tokenizer::kind() const {
@@ -159,7 +159,8 @@ std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path, const InputL
                path);
   ModelConfig config;
   config.source = path;
-  const fs::path folder = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  const fs::path folder =
+      fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
   if (fs::exists(folder / "config.json", ec)) {
     try {
       config.bos_token_id = load_model_config(folder.string(), limits).bos_token_id;
@@ -285,9 +286,10 @@ std::string Tokenizer::piece(int32_t id) const {
 std::string Tokenizer::render_chat(const nlohmann::json& messages, bool add_generation_prompt,
                                    const nlohmann::json& variables) const {
   if (!chat_)
-    fail_input("{}: the model has no chat template (tokenizer_config.json 'chat_template' or "
-               "chat_template.jinja), so it takes 'prompt', not 'messages'",
-               source_.empty() ? std::string("this model") : source_);
+    fail_input(
+        "{}: the model has no chat template (tokenizer_config.json 'chat_template' or "
+        "chat_template.jinja), so it takes 'prompt', not 'messages'",
+        source_.empty() ? std::string("this model") : source_);
   return chat_->render(messages, add_generation_prompt, variables);
 }
 

@@ -62,16 +62,15 @@ void ChoiceSink::add(const GenerationResult& r, bool unfinished, bool suspect) {
     if (unfinished) return inner_.unfinished(r, suspect);
     return inner_.write(r);
   }
-  STRATA_CHECK(r.choice >= 0 && r.choice < r.n, "request {}: choice {} of {}", r.id, r.choice,
-               r.n);
+  STRATA_CHECK(r.choice >= 0 && r.choice < r.n, "request {}: choice {} of {}", r.id, r.choice, r.n);
   std::deque<Group>& groups = groups_[r.id];
   const auto c = static_cast<size_t>(r.choice);
-  auto it = std::find_if(groups.begin(), groups.end(),
-                         [&](const Group& g) { return !g.filled[c]; });
+  auto it =
+      std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return !g.filled[c]; });
   if (it == groups.end()) {
     const auto n = static_cast<size_t>(r.n);
-    it = groups.insert(groups.end(), Group{std::vector<GenerationResult>(n),
-                                           std::vector<bool>(n), std::vector<bool>(n), r.n, false});
+    it = groups.insert(groups.end(), Group{std::vector<GenerationResult>(n), std::vector<bool>(n),
+                                           std::vector<bool>(n), r.n, false});
   }
   it->results[c] = r;
   it->filled[c] = true;
@@ -88,8 +87,8 @@ void ChoiceSink::add(const GenerationResult& r, bool unfinished, bool suspect) {
 void ChoiceSink::finish(Group& g) {
   const auto first_unfinished = std::find(g.unfinished.begin(), g.unfinished.end(), true);
   if (first_unfinished != g.unfinished.end()) {
-    GenerationResult partial = g.results[static_cast<size_t>(first_unfinished -
-                                                              g.unfinished.begin())];
+    GenerationResult partial =
+        g.results[static_cast<size_t>(first_unfinished - g.unfinished.begin())];
     partial.choice = 0;
     return inner_.unfinished(partial, g.suspect);
   }

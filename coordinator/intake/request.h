@@ -19,8 +19,8 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   int32_t max_new_tokens = 64;
   SamplingParams sampling;
-  bool ignore_eos = false;        // benchmarks: always generate max_new_tokens
-  std::vector<std::string> stop;  // end once the completion contains one (cut before it)
+  bool ignore_eos = false;              // benchmarks: always generate max_new_tokens
+  std::vector<std::string> stop;        // end once the completion contains one (cut before it)
   std::vector<int32_t> stop_token_ids;  // end after one of these (kept, as EOS is)
   std::string latency_class;            // a client's hint for latency-aware schedulers; carried
   // Completions asked for (`n`); the coordinator runs each as its own sequence, `choice` of

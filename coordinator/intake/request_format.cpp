@@ -15,26 +15,70 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kMaxIdBytes = 1024;
-constexpr const char* kStrataFields[] = {
-    "id",          "prompt",           "prompt_ids",        "messages",
-    "max_new_tokens", "temperature",   "top_k",             "top_p",
-    "min_p",       "seed",             "presence_penalty",  "frequency_penalty",
-    "repetition_penalty", "n",         "logprobs",          "top_logprobs",
-    "stop",        "stop_token_ids",   "ignore_eos",        "add_generation_prompt",
-    "chat_template_kwargs", "latency_class"};
+constexpr const char* kStrataFields[] = {"id",
+                                         "prompt",
+                                         "prompt_ids",
+                                         "messages",
+                                         "max_new_tokens",
+                                         "temperature",
+                                         "top_k",
+                                         "top_p",
+                                         "min_p",
+                                         "seed",
+                                         "presence_penalty",
+                                         "frequency_penalty",
+                                         "repetition_penalty",
+                                         "n",
+                                         "logprobs",
+                                         "top_logprobs",
+                                         "stop",
+                                         "stop_token_ids",
+                                         "ignore_eos",
+                                         "add_generation_prompt",
+                                         "chat_template_kwargs",
+                                         "latency_class"};
 // Both endpoints' bodies: OpenAI's fields and the sampling extras vLLM's server accepts.
-constexpr const char* kOpenAiBodyFields[] = {
-    "model",    "prompt",         "max_tokens",      "temperature",       "top_p",
-    "seed",     "stop",           "n",               "stream",            "echo",
-    "logprobs", "user",           "presence_penalty", "frequency_penalty", "top_k",
-    "min_p",    "repetition_penalty", "stop_token_ids", "ignore_eos"};
-constexpr const char* kOpenAiChatFields[] = {
-    "model",         "messages",          "max_tokens",         "max_completion_tokens",
-    "temperature",   "top_p",             "seed",               "stop",
-    "n",             "stream",            "logprobs",           "top_logprobs",
-    "user",          "presence_penalty",  "frequency_penalty",  "top_k",
-    "min_p",         "repetition_penalty", "stop_token_ids",    "ignore_eos",
-    "add_generation_prompt", "chat_template_kwargs"};
+constexpr const char* kOpenAiBodyFields[] = {"model",
+                                             "prompt",
+                                             "max_tokens",
+                                             "temperature",
+                                             "top_p",
+                                             "seed",
+                                             "stop",
+                                             "n",
+                                             "stream",
+                                             "echo",
+                                             "logprobs",
+                                             "user",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "top_k",
+                                             "min_p",
+                                             "repetition_penalty",
+                                             "stop_token_ids",
+                                             "ignore_eos"};
+constexpr const char* kOpenAiChatFields[] = {"model",
+                                             "messages",
+                                             "max_tokens",
+                                             "max_completion_tokens",
+                                             "temperature",
+                                             "top_p",
+                                             "seed",
+                                             "stop",
+                                             "n",
+                                             "stream",
+                                             "logprobs",
+                                             "top_logprobs",
+                                             "user",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "top_k",
+                                             "min_p",
+                                             "repetition_penalty",
+                                             "stop_token_ids",
+                                             "ignore_eos",
+                                             "add_generation_prompt",
+                                             "chat_template_kwargs"};
 
 template <size_t N>
 bool known(const char* const (&names)[N], std::string_view key) {
@@ -161,13 +205,13 @@ int32_t read_logprobs(const json& j) {
     if (v->get<bool>()) k = top_given ? integer<int32_t>(j, "top_logprobs", 0) : 0;
   } else if (v != nullptr && !v->is_null()) {
     if (top_given)
-      fail_input("give the number of top log-probabilities once: 'logprobs' is {} and "
-                 "'top_logprobs' is set too",
-                 preview(*v));
+      fail_input(
+          "give the number of top log-probabilities once: 'logprobs' is {} and "
+          "'top_logprobs' is set too",
+          preview(*v));
     k = integer<int32_t>(j, "logprobs", 0);
   }
-  if (k == -1 && top_given)
-    fail_input("field 'top_logprobs' needs 'logprobs': true");
+  if (k == -1 && top_given) fail_input("field 'top_logprobs' needs 'logprobs': true");
   if (k < -1 || k > kMaxTopLogprobs)
     fail_input("field 'top_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, k);
   return k;
@@ -179,8 +223,7 @@ void read_sampling(const json& j, IncomingRequest& r) {
   sampling_number(j, "temperature", g.sampling.temperature, kSetTemperature, r);
   sampling_number(j, "top_p", g.sampling.top_p, kSetTopP, r);
   sampling_number(j, "min_p", g.sampling.min_p, kSetMinP, r);
-  sampling_number(j, "repetition_penalty", g.sampling.repetition_penalty,
-                  kSetRepetitionPenalty, r);
+  sampling_number(j, "repetition_penalty", g.sampling.repetition_penalty, kSetRepetitionPenalty, r);
   if (j.contains("top_k") && !j.at("top_k").is_null()) {
     // vLLM's -1 means off, as 0 does here.
     const auto k = integer<int32_t>(j, "top_k", 0);
@@ -189,8 +232,8 @@ void read_sampling(const json& j, IncomingRequest& r) {
   }
   g.sampling.presence_penalty = number(j, "presence_penalty", 0.0f);
   g.sampling.frequency_penalty = number(j, "frequency_penalty", 0.0f);
-  g.sampling.seed = j.contains("seed") && j.at("seed").is_null() ? 0
-                                                                   : integer<uint64_t>(j, "seed", 0);
+  g.sampling.seed =
+      j.contains("seed") && j.at("seed").is_null() ? 0 : integer<uint64_t>(j, "seed", 0);
   g.sampling.logprobs = read_logprobs(j);
   g.n = integer<int32_t>(j, "n", 1);
   if (g.n < 1 || g.n > kMaxChoices)
@@ -204,8 +247,8 @@ void read_sampling(const json& j, IncomingRequest& r) {
 
 void read_max_tokens(const json& j, const char* name, int64_t fallback, IncomingRequest& r) {
   if (j.contains(name) && !j.at(name).is_null()) r.sampling_set |= kSetMaxNewTokens;
-  const auto max_new = j.contains(name) && j.at(name).is_null() ? fallback
-                                                                 : integer<int64_t>(j, name, fallback);
+  const auto max_new =
+      j.contains(name) && j.at(name).is_null() ? fallback : integer<int64_t>(j, name, fallback);
   if (max_new < 0 || max_new > INT32_MAX)
     fail_input("field '{}' must be in [0, 2^31), got {}", name, max_new);
   r.request.max_new_tokens = static_cast<int32_t>(max_new);
@@ -215,9 +258,10 @@ void read_max_tokens(const json& j, const char* name, int64_t fallback, Incoming
 void read_messages(const json& j, IncomingRequest& r) {
   const json& m = j.at("messages");
   if (!m.is_array() || m.empty())
-    fail_input("field 'messages' must be a non-empty array of {{\"role\", \"content\"}} objects, "
-               "got {}",
-               preview(m));
+    fail_input(
+        "field 'messages' must be a non-empty array of {{\"role\", \"content\"}} objects, "
+        "got {}",
+        preview(m));
   for (size_t i = 0; i < m.size(); ++i)
     if (!m[i].is_object())
       fail_input("messages[{}] must be an object with 'role' and 'content', got {}", i,
@@ -239,11 +283,12 @@ void read_strata(const json& j, IncomingRequest& r) {
       fail_input("unknown field '{}' (known: {})", key.substr(0, 64), list(kStrataFields));
   }
   if (j.contains("id")) set_id(j.at("id"), "id", r);
-  const int prompts = int{j.contains("prompt")} + int{j.contains("prompt_ids")} +
-                      int{j.contains("messages")};
+  const int prompts =
+      int{j.contains("prompt")} + int{j.contains("prompt_ids")} + int{j.contains("messages")};
   if (prompts != 1)
-    fail_input("give exactly one of 'prompt' (text), 'prompt_ids' (token ids) and 'messages' "
-               "(a chat)");
+    fail_input(
+        "give exactly one of 'prompt' (text), 'prompt_ids' (token ids) and 'messages' "
+        "(a chat)");
   if (j.contains("prompt")) {
     r.prompt = text(j, "prompt");
   } else if (j.contains("prompt_ids")) {
@@ -395,8 +440,7 @@ bool one_of(const std::string& name, std::initializer_list<const char*> names) {
 
 json field_value(const std::string& name, const std::string& v, const InputLimits& limits) {
   if (first_invalid_utf8(v) >= 0) fail_input("field '{}' is not valid UTF-8", name);
-  if (one_of(name, {"max_new_tokens", "top_k", "n", "top_logprobs"}))
-    return field_integer(name, v);
+  if (one_of(name, {"max_new_tokens", "top_k", "n", "top_logprobs"})) return field_integer(name, v);
   if (name == "seed") {
     uint64_t out = 0;
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);

@@ -47,10 +47,10 @@ struct IncomingRequest {
   std::optional<nlohmann::json> messages;
   bool add_generation_prompt = true;
   nlohmann::json chat_variables = nlohmann::json::object();
-  uint32_t sampling_set = 0;          // SamplingField bits
-  std::string error;                  // non-empty: malformed, answered with an error result
-  std::string where;                  // "requests.jsonl:3", "strata:requests 1700000000000-0"
-  double arrival = 0;                 // when it was queued (system clock, seconds since 1970)
+  uint32_t sampling_set = 0;  // SamplingField bits
+  std::string error;          // non-empty: malformed, answered with an error result
+  std::string where;          // "requests.jsonl:3", "strata:requests 1700000000000-0"
+  double arrival = 0;         // when it was queued (system clock, seconds since 1970)
   // How often the queue has handed this entry out; more than once means it was in flight
   // when an earlier run died; the queue then hands it out alone (docs/QUEUE.md, "Poison").
   int64_t deliveries = 1;

@@ -115,9 +115,10 @@ std::string validate_request(const GenerationRequest& r, int32_t vocab, int32_t 
                        r.stop_token_ids.size(), kMaxStopTokenIds);
   for (size_t i = 0; i < r.stop_token_ids.size(); ++i)
     if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= vocab)
-      return fmt::format("field 'stop_token_ids': id {} at index {} is outside the vocabulary "
-                         "[0, {})",
-                         r.stop_token_ids[i], i, vocab);
+      return fmt::format(
+          "field 'stop_token_ids': id {} at index {} is outside the vocabulary "
+          "[0, {})",
+          r.stop_token_ids[i], i, vocab);
   return validate_stop_strings(r, tokenizer);
 }
 

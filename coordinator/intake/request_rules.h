@@ -11,11 +11,11 @@
 
 namespace strata {
 
-// The stop rule, in this order: EOS (unless ignore_eos), a stop token id, a stop string in the completion,
-// the token budget, the context. `result.output_ids` has just gained a token and `n_past` of
-// `capacity` KV positions are filled. Sets result.stop_reason and returns true when the sequence is
-// done; for a stop string result.text is the completion cut before it. `tokenizer` decodes
-// completions for requests with stop strings (validate_request refuses those without one).
+// The stop rule, in this order: EOS (unless ignore_eos), a stop token id, a stop string in the
+// completion, the token budget, the context. `result.output_ids` has just gained a token and
+// `n_past` of `capacity` KV positions are filled. Sets result.stop_reason and returns true when the
+// sequence is done; for a stop string result.text is the completion cut before it. `tokenizer`
+// decodes completions for requests with stop strings (validate_request refuses those without one).
 bool finish_if_done(const GenerationRequest& request, const std::vector<int32_t>& eos_ids,
                     const Tokenizer* tokenizer, int32_t n_past, int32_t capacity,
                     GenerationResult& result);

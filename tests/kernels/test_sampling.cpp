@@ -83,8 +83,7 @@ TEST(Sampling, TopLogprobsBreakTiesTowardTheLowerId) {
 
 TEST(Sampling, MinPDropsTokensBelowItsShareOfTheTopProbability) {
   // Probabilities 0.5, 0.3, 0.15, 0.05; min_p 0.35 keeps p >= 0.175: tokens 0 and 1 only.
-  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.15f),
-                                  std::log(0.05f)};
+  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
   SamplingParams p;
   p.temperature = 1.0f;
   p.min_p = 0.35f;

@@ -1,10 +1,10 @@
 // n completions per request (choices.h): n copies with seeds seed + i go to the scheduler,
 // one merged result in choice order comes out, whatever order the copies finish in.
-#include "coordinator/intake/choices.h"
-
 #include <gtest/gtest.h>
 
 #include <deque>
+
+#include "coordinator/intake/choices.h"
 
 namespace strata {
 namespace {

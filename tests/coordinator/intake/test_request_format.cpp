@@ -77,11 +77,11 @@ TEST(RequestFormat, SamplingExtrasPenaltiesLogprobsAndChoices) {
   EXPECT_EQ(r.request.stop_token_ids, (std::vector<int32_t>{7, 9}));
   EXPECT_EQ(r.sampling_set, kSetMinP | kSetRepetitionPenalty | kSetTopK);
   // logprobs as the completions API's integer: the sampled token's and that many more.
-  EXPECT_EQ(parse_request_line(R"({"prompt": "a", "logprobs": 0})", "f:2").request.sampling.logprobs,
-            0);
-  EXPECT_EQ(parse_request_line(R"({"prompt": "a", "logprobs": false})", "f:3")
-                .request.sampling.logprobs,
-            -1);
+  EXPECT_EQ(
+      parse_request_line(R"({"prompt": "a", "logprobs": 0})", "f:2").request.sampling.logprobs, 0);
+  EXPECT_EQ(
+      parse_request_line(R"({"prompt": "a", "logprobs": false})", "f:3").request.sampling.logprobs,
+      -1);
 }
 
 // An OpenAI chat batch line: messages for the chat template, the chat API's logprobs.
@@ -288,15 +288,15 @@ TEST(RequestFormat, InvalidUtf8IsRefusedInFieldsAndReplacedInResults) {
 }
 
 TEST(RequestFormat, FlatFieldsCarryTheSamplingExtrasAndMessages) {
-  const IncomingRequest r = parse_request_fields(
-      {{"messages", R"([{"role": "user", "content": "hi"}])"},
-       {"add_generation_prompt", "false"},
-       {"n", "3"},
-       {"logprobs", "2"},
-       {"min_p", "0.1"},
-       {"repetition_penalty", "1.2"},
-       {"stop_token_ids", "4 5"}},
-      "e-1", "strata:requests e-1");
+  const IncomingRequest r =
+      parse_request_fields({{"messages", R"([{"role": "user", "content": "hi"}])"},
+                            {"add_generation_prompt", "false"},
+                            {"n", "3"},
+                            {"logprobs", "2"},
+                            {"min_p", "0.1"},
+                            {"repetition_penalty", "1.2"},
+                            {"stop_token_ids", "4 5"}},
+                           "e-1", "strata:requests e-1");
   ASSERT_TRUE(r.error.empty()) << r.error;
   ASSERT_TRUE(r.messages.has_value());
   EXPECT_EQ((*r.messages)[0]["role"], "user");
@@ -307,8 +307,8 @@ TEST(RequestFormat, FlatFieldsCarryTheSamplingExtrasAndMessages) {
   EXPECT_EQ(r.request.stop_token_ids, (std::vector<int32_t>{4, 5}));
   expect_error(parse_request_fields({{"prompt", "a"}, {"logprobs", "maybe"}}, "e", "w"),
                "field 'logprobs' must be an integer", "logprobs maybe");
-  expect_error(parse_request_fields({{"messages", "[{"}}, "e", "w"), "field 'messages' is not valid",
-               "messages [{");
+  expect_error(parse_request_fields({{"messages", "[{"}}, "e", "w"),
+               "field 'messages' is not valid", "messages [{");
 }
 
 // Log-probabilities and choices print per token and per choice; the texts of an id-only
