@@ -37,9 +37,9 @@ constexpr const char* kStrataFields[] = {"id",
                                          "add_generation_prompt",
                                          "chat_template_kwargs",
                                          "latency_class"};
-// Both endpoints' bodies: OpenAI's fields and the sampling extras vLLM's server accepts.
+// What both endpoints' bodies take: OpenAI's fields and the sampling extras vLLM's server
+// accepts; then each endpoint's own.
 constexpr const char* kOpenAiBodyFields[] = {"model",
-                                             "prompt",
                                              "max_tokens",
                                              "temperature",
                                              "top_p",
@@ -47,7 +47,6 @@ constexpr const char* kOpenAiBodyFields[] = {"model",
                                              "stop",
                                              "n",
                                              "stream",
-                                             "echo",
                                              "logprobs",
                                              "user",
                                              "presence_penalty",
@@ -57,28 +56,9 @@ constexpr const char* kOpenAiBodyFields[] = {"model",
                                              "repetition_penalty",
                                              "stop_token_ids",
                                              "ignore_eos"};
-constexpr const char* kOpenAiChatFields[] = {"model",
-                                             "messages",
-                                             "max_tokens",
-                                             "max_completion_tokens",
-                                             "temperature",
-                                             "top_p",
-                                             "seed",
-                                             "stop",
-                                             "n",
-                                             "stream",
-                                             "logprobs",
-                                             "top_logprobs",
-                                             "user",
-                                             "presence_penalty",
-                                             "frequency_penalty",
-                                             "top_k",
-                                             "min_p",
-                                             "repetition_penalty",
-                                             "stop_token_ids",
-                                             "ignore_eos",
-                                             "add_generation_prompt",
-                                             "chat_template_kwargs"};
+constexpr const char* kCompletionFields[] = {"prompt", "echo"};
+constexpr const char* kChatFields[] = {"messages", "max_completion_tokens", "top_logprobs",
+                                       "add_generation_prompt", "chat_template_kwargs"};
 
 template <size_t N>
 bool known(const char* const (&names)[N], std::string_view key) {
@@ -321,20 +301,21 @@ void read_openai_prompt(const json& p, IncomingRequest& r) {
 }
 
 template <size_t N>
-void check_body_fields(const json& b, const char* const (&names)[N]) {
+void check_body_fields(const json& b, const char* const (&own)[N]) {
   for (const auto& [key, value] : b.items()) {
-    if (!known(names, key))
-      fail_input("body.{} is not supported (supported: {})", key.substr(0, 64), list(names));
+    if (!known(kOpenAiBodyFields, key) && !known(own, key))
+      fail_input("body.{} is not supported (supported: {}, {})", key.substr(0, 64), list(own),
+                 list(kOpenAiBodyFields));
   }
 }
 
 void read_openai_body(const json& b, bool chat, IncomingRequest& r) {
   if (chat) {
-    check_body_fields(b, kOpenAiChatFields);
+    check_body_fields(b, kChatFields);
     if (!b.contains("messages")) fail_input("body.messages is missing");
     read_messages(b, r);
   } else {
-    check_body_fields(b, kOpenAiBodyFields);
+    check_body_fields(b, kCompletionFields);
     if (!b.contains("prompt")) fail_input("body.prompt is missing");
     read_openai_prompt(b.at("prompt"), r);
     if (boolean(b, "echo", false)) fail_input("body.echo is not supported");

@@ -533,17 +533,21 @@ struct Normalizer {
   virtual void apply(std::string& s) const = 0;
 };
 
-class SequenceNormalizer : public Normalizer {
+// A `Sequence` of any one kind of component (normalizer, pre-tokenizer, decoder): its parts
+// in order, on the same value.
+template <class Component, class Value>
+class SequenceOf final : public Component {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
-      : parts_(std::move(parts)) {}
-  void apply(std::string& s) const override {
-    for (const auto& p : parts_) p->apply(s);
+  explicit SequenceOf(std::vector<std::unique_ptr<Component>> parts) : parts_(std::move(parts)) {}
+  void apply(Value& value) const override {
+    for (const auto& p : parts_) p->apply(value);
   }
 
  private:
-  std::vector<std::unique_ptr<Normalizer>> parts_;
+  std::vector<std::unique_ptr<Component>> parts_;
 };
+
+using SequenceNormalizer = SequenceOf<Normalizer, std::string>;
 
 class UnicodeNormalizer : public Normalizer {
  public:
@@ -686,17 +690,7 @@ void split_each(Pieces& pieces, F&& split_one) {
   pieces = std::move(out);
 }
 
-class SequencePreTokenizer : public PreTokenizer {
- public:
-  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts)
-      : parts_(std::move(parts)) {}
-  void apply(Pieces& pieces) const override {
-    for (const auto& p : parts_) p->apply(pieces);
-  }
-
- private:
-  std::vector<std::unique_ptr<PreTokenizer>> parts_;
-};
+using SequencePreTokenizer = SequenceOf<PreTokenizer, Pieces>;
 
 class SplitPreTokenizer : public PreTokenizer {
  public:
@@ -1357,17 +1351,7 @@ struct Decoder {
   virtual void apply(Tokens& tokens) const = 0;
 };
 
-class SequenceDecoder : public Decoder {
- public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
-      : parts_(std::move(parts)) {}
-  void apply(Tokens& tokens) const override {
-    for (const auto& p : parts_) p->apply(tokens);
-  }
-
- private:
-  std::vector<std::unique_ptr<Decoder>> parts_;
-};
+using SequenceDecoder = SequenceOf<Decoder, Tokens>;
 
 class ByteLevelDecoder : public Decoder {
  public:

@@ -2240,8 +2240,9 @@ void Renderer::install_globals() {
     throw InputError(r.prog_.name + ": " + (a.pos.empty() ? std::string() : to_str(a.pos[0])));
   });
   if (!host_) return;
-  for (const auto& [name, f] : *host_) {
-    const Function* fp = &f;
+  for (const auto& entry : *host_) {
+    const Function* fp = &entry.second;
+    const std::string name = entry.first;  // clang 14 cannot capture a structured binding
     globals_[name] = fn_v(name, [fp, name](Renderer&, CallArgs& a) {
       if (!a.kw.empty()) eval_fail("{} takes no keyword arguments", name);
       std::vector<json> args;
