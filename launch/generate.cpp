@@ -20,6 +20,8 @@ struct GenerateOptions {
   float top_p = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
   std::string format = "text";
 };
 
@@ -164,6 +166,10 @@ int run_generate(const GenerateOptions& o) {
   const InputLimits limits = input_limits(o.engine.limits);
   const std::vector<std::string> prompts = gather_prompts(o, limits);
   SamplingParams sampling{o.temperature, o.top_k, o.top_p, o.seed};
+  sampling.min_p = o.min_p;
+  sampling.presence_penalty = o.presence_penalty;
+  sampling.frequency_penalty = o.frequency_penalty;
+  sampling.repetition_penalty = o.repetition_penalty;
   sampling.validate();
 
   Engine e = make_engine(o.engine);
@@ -215,6 +221,10 @@ Command add_generate(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = off)")
       ->check(non_negative());
   cmd->add_option("--seed", o->seed, "Sampling seed (prompt i uses seed + i)");
+  cmd->add_option("--min-p", o->min_p, "Drop tokens below min-p x the top one's probability");
+  cmd->add_option("--presence-penalty", o->presence_penalty, "OpenAI's, in [-2, 2]");
+  cmd->add_option("--frequency-penalty", o->frequency_penalty, "OpenAI's, in [-2, 2]");
+  cmd->add_option("--repetition-penalty", o->repetition_penalty, "CTRL's, > 0 (1 = off)");
   cmd->add_option("--format", o->format, "Output format")->check(CLI::IsMember({"text", "json"}));
   return {cmd, [o] { return run_generate(*o); }};
 }

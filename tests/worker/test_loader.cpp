@@ -169,6 +169,35 @@ TEST(Config, ArchitectureIsTheFamilyAsData) {
   EXPECT_EQ(post.embed_dim, 512);
 }
 
+// generation_config.json as Llama-3 ships it: two more eos ids, sampling defaults.
+TEST(Config, GenerationConfigAddsEosIdsAndSamplingDefaults) {
+  ModelConfig c = dummy_model_config("llama-110m");
+  c.eos_token_ids = {2};
+  read_generation_config(
+      R"({"bos_token_id": 1, "eos_token_id": [2, 7, 9], "do_sample": true, "temperature": 0.6,)"
+      R"( "top_p": 0.9, "top_k": 40, "max_new_tokens": 100})",
+      "m/generation_config.json", c);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 7, 9}));  // 2 once
+  EXPECT_FLOAT_EQ(*c.generation.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(*c.generation.top_p, 0.9f);
+  EXPECT_EQ(*c.generation.top_k, 40);
+  EXPECT_EQ(*c.generation.max_new_tokens, 100);
+  EXPECT_FALSE(c.generation.repetition_penalty.has_value());
+  EXPECT_EQ(c.generation.str(), "temperature=0.6 top_k=40 top_p=0.9 max_new_tokens=100");
+  try {
+    read_generation_config(R"({"temperature": "warm"})", "m/generation_config.json", c);
+    ADD_FAILURE() << "a string temperature was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("m/generation_config.json: field 'temperature'"),
+              std::string::npos)
+        << e.what();
+  }
+  // The stories folder's file (do_sample false, no sampling fields) sets no defaults.
+  const ModelConfig stories = load_model_config(STRATA_MODEL_DIR);
+  EXPECT_EQ(stories.generation.str(), "none");
+  EXPECT_EQ(stories.eos_token_ids, (std::vector<int32_t>{2}));
+}
+
 TEST(Config, RejectsHeadsNotDividingHidden) {
   json j = stories_config();
   j["num_attention_heads"] = 7;
