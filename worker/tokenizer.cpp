@@ -50,6 +50,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_bytes(std::string_view model_bytes,
     fail_input("{}: tokenizer has {} pieces but vocab_size in {} is {}", source, t->pieces_,
                config.source, config.vocab);
   if (t->bos_ < 0) t->bos_ = t->sp_->bos_id();
+  t->eos_ = t->sp_->eos_id();
   return t;
 }
 
@@ -99,8 +100,8 @@ void Tokenizer::read_chat_template(const std::string& dir, const InputLimits& li
   if (!fs::exists(file)) return;
   const std::string text = read_file_bounded(file.string(), limits, &InputLimits::json_file_bytes,
                                              "chat_template.jinja");
-  const std::string bos = bos_ >= 0 && hf_ ? hf_->id_to_token(bos_) : std::string();
-  const std::string eos = eos_ >= 0 && hf_ ? hf_->id_to_token(eos_) : std::string();
+  const std::string bos = bos_ >= 0 ? piece(bos_) : std::string();
+  const std::string eos = eos_ >= 0 ? piece(eos_) : std::string();
   chat_ = ChatTemplate::from_string(text, bos, eos, file.string());
 }
 

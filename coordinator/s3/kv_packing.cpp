@@ -432,8 +432,9 @@ int32_t KvReserver::reserve(const GenerationRequest& r) {
   switch (options_.reserve) {
     case KvReserve::kContext:
       return context_;
-    case KvReserve::kMaxNew:
-      return prompt + r.max_new_tokens;
+    case KvReserve::kMaxNew:  // never past the context (a chat's default is "until the end")
+      return static_cast<int32_t>(
+          std::min<int64_t>(int64_t{prompt} + r.max_new_tokens, int64_t{context_}));
     case KvReserve::kPredicted:
       break;
   }
