@@ -692,6 +692,7 @@ void split_each(Pieces& pieces, F&& split_one) {
 
 using SequencePreTokenizer = SequenceOf<PreTokenizer, Pieces>;
 
+// Split, and WhitespaceSplit / Digits (a character predicate) / Whitespace (a regex) as splits.
 class SplitPreTokenizer : public PreTokenizer {
  public:
   SplitPreTokenizer(Pattern p, Behavior b, bool invert)
@@ -800,23 +801,6 @@ class MetaspacePreTokenizer : public PreTokenizer {
   Pattern space_, rep_pattern_;
 };
 
-// Splits on a character predicate (WhitespaceSplit, Digits) or a regex (Whitespace).
-class PatternPreTokenizer : public PreTokenizer {
- public:
-  PatternPreTokenizer(Pattern p, Behavior b, bool invert)
-      : pattern_(std::move(p)), behavior_(b), invert_(invert) {}
-  void apply(Pieces& pieces) const override {
-    split_each(pieces, [&](const Piece& p, std::vector<Range>& out) {
-      split_ranges(p.text, pattern_, behavior_, invert_, out);
-    });
-  }
-
- private:
-  Pattern pattern_;
-  Behavior behavior_;
-  bool invert_;
-};
-
 PrependScheme prepend_scheme(const json& v, const Json& js, const std::string& path) {
   PrependScheme scheme = PrependScheme::kAlways;
   if (auto s = js.opt_str(v, path, "prepend_scheme")) {
@@ -871,15 +855,15 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& v, const Json& js,
   }
   if (type == "Whitespace") {
     auto re = std::make_shared<Regex>(R"(\w+|[^\w\s]+)", js, path);
-    return std::make_unique<PatternPreTokenizer>(Pattern::regex(re), Behavior::kRemoved, true);
+    return std::make_unique<SplitPreTokenizer>(Pattern::regex(re), Behavior::kRemoved, true);
   }
   if (type == "WhitespaceSplit") {
-    return std::make_unique<PatternPreTokenizer>(Pattern::predicate(is_white_space),
-                                                 Behavior::kRemoved, false);
+    return std::make_unique<SplitPreTokenizer>(Pattern::predicate(is_white_space),
+                                               Behavior::kRemoved, false);
   }
   if (type == "Digits") {
     const bool each = js.flag(v, path, "individual_digits", false);
-    return std::make_unique<PatternPreTokenizer>(
+    return std::make_unique<SplitPreTokenizer>(
         Pattern::predicate(is_numeric), each ? Behavior::kIsolated : Behavior::kContiguous, false);
   }
   js.unsupported(path + ".type", type,
