@@ -88,8 +88,6 @@ void Tokenizer::read_tokenizer_config(const std::string& path, const InputLimits
   if (hf_ != nullptr) {
     if (auto id = hf_->token_to_id(bos); id && !bos.empty() && bos_ < 0) bos_ = *id;
     if (auto id = hf_->token_to_id(eos); id && !eos.empty()) eos_ = *id;
-  } else if (sp_ != nullptr) {
-    eos_ = sp_->eos_id();
   }
   chat_ = ChatTemplate::from_config(j, path);
 }

@@ -571,10 +571,10 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// The text token `candidate` adds at output position `i`: decoded after the tokens before it
-// (a few of the prompt's, then the output's), so a word keeps its leading space and the texts
-// of the output's tokens add up to the completion. A byte-level token may end mid-character:
-// its text is then the valid part (U+FFFD for the rest), its bytes exact.
+// The text token `candidate` adds at output position `i`: Tokenizer::completion after the
+// tokens before it (a few of the prompt's, then the output's), so a word keeps its leading
+// space and the texts of the output's tokens add up to the completion. A byte-level token may end
+// mid-character: its text is then the valid part (U+FFFD for the rest), its bytes exact.
 std::string token_text(const Tokenizer& tok, const GenerationResult& r, size_t i,
                        int32_t candidate) {
   constexpr size_t kContext = 8;
@@ -584,12 +584,8 @@ std::string token_text(const Tokenizer& tok, const GenerationResult& r, size_t i
   const size_t from_output = std::min(i, kContext);
   before.insert(before.end(), r.output_ids.begin() + static_cast<ptrdiff_t>(i - from_output),
                 r.output_ids.begin() + static_cast<ptrdiff_t>(i));
-  if (!tok.has_vocabulary()) return std::to_string(candidate);
   try {
-    const std::string context = tok.decode(before);
-    before.push_back(candidate);
-    const std::string full = tok.decode(before);
-    return full.rfind(context, 0) == 0 ? full.substr(context.size()) : tok.decode({candidate});
+    return tok.completion(before, {candidate});
   } catch (const std::exception&) {
     return {};  // an id the tokenizer cannot decode: the id says it
   }
