@@ -35,7 +35,7 @@ void SamplingParams::validate() const {
 }
 
 void TokenHistory::add_prompt(const std::vector<int32_t>& ids) {
-  for (int32_t id : ids) prompt_[id] = true;
+  prompt_.insert(ids.begin(), ids.end());
 }
 
 void TokenHistory::add_output(int32_t id) {
@@ -48,7 +48,7 @@ void TokenHistory::apply_penalties(float* logits, int32_t n, const SamplingParam
     l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
   };
   if (p.repetition_penalty != 1.0f) {
-    for (const auto& [id, _] : prompt_)
+    for (int32_t id : prompt_)
       if (id >= 0 && id < n) repeat(id);
     for (const auto& [id, _] : output_counts_)
       if (id >= 0 && id < n && !prompt_.contains(id)) repeat(id);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace strata {
@@ -54,7 +55,7 @@ class TokenHistory {
 
  private:
   std::unordered_map<int32_t, int32_t> output_counts_;
-  std::unordered_map<int32_t, bool> prompt_;  // id -> in the prompt
+  std::unordered_set<int32_t> prompt_;
 };
 
 struct TokenLogprob {
