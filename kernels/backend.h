@@ -86,6 +86,11 @@ struct AttentionDims {
       0;  // grouped-query attention: query head h reads kv head h / (n_heads / n_kv_heads)
   int32_t head_dim = 0;
   float scale = 1.0f;  // usually 1 / sqrt(head_dim)
+  // A query at position i sees keys i - window < j <= i (Mistral's, Gemma-2's local layers);
+  // 0: every key up to i. Scores are soft-capped (cap * tanh(s / cap), Gemma-2) when
+  // softcap > 0, after the scale and before the mask.
+  int32_t window = 0;
+  float softcap = 0.0f;
 };
 
 // Rotary embedding tables, [max_positions, head_dim / 2] each, on the backend's device.
@@ -253,6 +258,11 @@ class Backend {
   virtual void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
                     const int32_t* positions, const RopeTables& tables) = 0;
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // GeGLU's gelu(gate) * up, gelu with the tanh approximation (Gemma-2's gelu_pytorch_tanh).
+  virtual void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  virtual void scale(float* x, int64_t n, float s) = 0;  // x *= s
+  // Soft-capping in place: x = cap * tanh(x / cap) (Gemma-2's logits).
+  virtual void softcap(float* x, int64_t n, float cap) = 0;
   virtual void relu(float* x, int64_t n) = 0;
   virtual void add(float* y, const float* x, int64_t n) = 0;  // y += x
   // Row-wise softmax of x[m, n] in place.

@@ -26,19 +26,33 @@ namespace {
 // Below this many elements an OpenMP fork costs more than the loop.
 constexpr int64_t kParallelElems = 1 << 15;
 
-// Softmax over row[0, valid) in place; row[valid, n) (future positions) becomes 0.
-void causal_softmax_row(float* row, int32_t valid, int32_t n) {
-  float mx = row[0];
-  for (int32_t p = 1; p < valid; ++p) mx = std::max(mx, row[p]);
+// What a row of scores keeps: the last `window` positions (0: all), soft-capped by `softcap`
+// (0: none). AttentionDims says where each comes from.
+struct ScoreMask {
+  int32_t window = 0;
+  float softcap = 0.0f;
+};
+
+// Softmax over the positions a query at valid - 1 sees, row[first, valid), in place; the
+// rest of row[0, n) (outside the window, or in the future) becomes 0.
+void causal_softmax_row(float* row, int32_t valid, int32_t n, const ScoreMask& mask) {
+  const int32_t first = mask.window > 0 ? std::max(0, valid - mask.window) : 0;
+  if (mask.softcap > 0.0f) {
+    const float inv_cap = 1.0f / mask.softcap;
+    for (int32_t p = first; p < valid; ++p) row[p] = mask.softcap * std::tanh(row[p] * inv_cap);
+  }
+  float mx = row[first];
+  for (int32_t p = first + 1; p < valid; ++p) mx = std::max(mx, row[p]);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int32_t p = 0; p < valid; ++p) {
+  for (int32_t p = first; p < valid; ++p) {
     row[p] = fast_exp(row[p] - mx);
     sum += row[p];
   }
   const float inv = 1.0f / sum;
 #pragma omp simd
-  for (int32_t p = 0; p < valid; ++p) row[p] *= inv;
+  for (int32_t p = first; p < valid; ++p) row[p] *= inv;
+  std::fill(row, row + first, 0.0f);
   std::fill(row + valid, row + n, 0.0f);
 }
 
@@ -396,6 +410,27 @@ void CpuBackend::silu_mul(const float* gate, const float* up, float* out, int64_
   }
 }
 
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), PyTorch's gelu(approximate="tanh").
+void CpuBackend::gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void CpuBackend::scale(float* x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void CpuBackend::softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
 void CpuBackend::relu(float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -409,7 +444,7 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
 void CpuBackend::softmax(float* x, int64_t m, int64_t n) {
 #pragma omp parallel for schedule(static) if (m * n > kParallelElems)
   for (int64_t r = 0; r < m; ++r)
-    causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n));
+    causal_softmax_row(x + r * n, static_cast<int32_t>(n), static_cast<int32_t>(n), ScoreMask{});
 }
 
 namespace {
@@ -558,6 +593,7 @@ struct HeadTask {
   int32_t hd;
   int64_t width;
   float scale;
+  ScoreMask mask;
 };
 
 // scores[p] = scale * q . k[p] over the kv head's rows, an f16 cache's converted a chunk at
@@ -589,7 +625,7 @@ void attend_decode(const HeadTask& t, float* scratch) {
   for (int32_t g = 0; g < t.group; ++g) {
     float* row = scratch + static_cast<size_t>(g) * static_cast<size_t>(ctx);
     decode_scores(t.q + g * t.hd, static_cast<const T*>(t.k), ctx, t.hd, t.scale, row, buf);
-    causal_softmax_row(row, ctx, ctx);
+    causal_softmax_row(row, ctx, ctx, t.mask);
   }
   decode_weighted_values(scratch, static_cast<const T*>(t.v), t.group, ctx, t.hd, buf, t.out, t.hd);
 }
@@ -618,7 +654,7 @@ void attend_decode_simd(const HeadTask& t, const SimdDecodePasses& passes, float
   for (int32_t g = 0; g < t.group; ++g) {
     float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
     passes.scores(t.q + g * t.hd, t.k, t.dtype, ctx, t.hd, t.scale, row);
-    causal_softmax_row(row, ctx, ctx);
+    causal_softmax_row(row, ctx, ctx, t.mask);
     passes.values(row, t.v, t.dtype, ctx, t.hd, t.out + g * t.hd);
   }
 }
@@ -640,7 +676,7 @@ void attend_chunk(const HeadTask& t, float* scratch) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.n_new, ctx, hd, t.scale, t.q + g * hd,
                 static_cast<blasint>(t.width), kf, hd, 0.0f, scores, ctx);
     for (int32_t r = 0; r < s.n_new; ++r)
-      causal_softmax_row(scores + static_cast<size_t>(r) * ctx, s.n_past + r + 1, ctx);
+      causal_softmax_row(scores + static_cast<size_t>(r) * ctx, s.n_past + r + 1, ctx, t.mask);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.n_new, hd, ctx, 1.0f, scores, ctx, vf,
                 hd, 0.0f, t.out + g * hd, static_cast<blasint>(t.width));
   }
@@ -703,7 +739,17 @@ HeadTask head_task(const float* q, float* out, const SeqSlice& s, int32_t kvh, c
   const int32_t group = dims.n_heads / dims.n_kv_heads;
   const int64_t width = static_cast<int64_t>(dims.n_heads) * dims.head_dim;
   const int64_t at = s.row_begin * width + static_cast<int64_t>(kvh) * group * dims.head_dim;
-  return HeadTask{q + at, out + at, k, v, dtype, &s, group, dims.head_dim, width, dims.scale};
+  return HeadTask{q + at,
+                  out + at,
+                  k,
+                  v,
+                  dtype,
+                  &s,
+                  group,
+                  dims.head_dim,
+                  width,
+                  dims.scale,
+                  ScoreMask{dims.window, dims.softcap}};
 }
 
 #if STRATA_X86_KERNELS
@@ -739,7 +785,7 @@ void attend_decode_q4(const HeadTask& t, const Q4DecodePasses& passes,
   for (int32_t g = 0; g < t.group; ++g) {
     float* row = scores + static_cast<size_t>(g) * static_cast<size_t>(ctx);
     passes.scores(t.q + g * t.hd, k, ctx, t.hd, t.scale, row);
-    causal_softmax_row(row, ctx, ctx);
+    causal_softmax_row(row, ctx, ctx, t.mask);
     passes.values(row, v, ctx, t.hd, t.out + g * t.hd);
   }
 }

@@ -69,6 +69,13 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// x rounded to `t` (f16 or bf16) and back; x itself for any other type.
+inline float round_to_dtype(float x, DType t) {
+  if (t == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+  if (t == DType::kF16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
 // Converts n elements of type `src_type` (f32, f16 or bf16) to f32, vectorised where the CPU
 // allows: the tree's one to-f32 conversion.
 void convert_to_f32(DType src_type, const void* src, float* dst, size_t n);

@@ -69,6 +69,15 @@ void ProfilingBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_d
 void ProfilingBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   timed(kSiluMul, [&] { inner_.silu_mul(gate, up, out, n); });
 }
+void ProfilingBackend::gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  timed(kGeluTanhMul, [&] { inner_.gelu_tanh_mul(gate, up, out, n); });
+}
+void ProfilingBackend::scale(float* x, int64_t n, float s) {
+  timed(kScale, [&] { inner_.scale(x, n, s); });
+}
+void ProfilingBackend::softcap(float* x, int64_t n, float cap) {
+  timed(kSoftcap, [&] { inner_.softcap(x, n, cap); });
+}
 void ProfilingBackend::relu(float* x, int64_t n) {
   timed(kRelu, [&] { inner_.relu(x, n); });
 }
@@ -100,8 +109,9 @@ bool ProfilingBackend::store_and_attend(const float* q, const float* k, const fl
 
 std::string ProfilingBackend::json() const {
   static constexpr const char* kNames[kNumOps] = {
-      "copy",     "linear", "embedding", "rms_norm", "layer_norm", "rope",
-      "silu_mul", "relu",   "add",       "softmax",  "kv_store",   "attention"};
+      "copy", "linear",   "embedding",     "rms_norm", "layer_norm",
+      "rope", "silu_mul", "gelu_tanh_mul", "scale",    "softcap",
+      "relu", "add",      "softmax",       "kv_store", "attention"};
   std::string s = "{";
   for (int i = 0; i < kNumOps; ++i) {
     if (calls_[static_cast<size_t>(i)] == 0) continue;

@@ -49,6 +49,9 @@ class ProfilingBackend final : public Backend {
   void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
             const RopeTables& tables) override;
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void scale(float* x, int64_t n, float s) override;
+  void softcap(float* x, int64_t n, float cap) override;
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
   void softmax(float* x, int64_t m, int64_t n) override;
@@ -74,6 +77,9 @@ class ProfilingBackend final : public Backend {
     kLayerNorm,
     kRope,
     kSiluMul,
+    kGeluTanhMul,
+    kScale,
+    kSoftcap,
     kRelu,
     kAdd,
     kSoftmax,

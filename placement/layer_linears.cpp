@@ -35,8 +35,9 @@ LayerLinears layer_linears(const ModelShape& s) {
   return {{{LinearSlot::kQ, true, qw, h, ab},
            {LinearSlot::kK, true, kvw, h, ab},
            {LinearSlot::kV, true, kvw, h, ab},
-           {LinearSlot::kO, true, h, qw, ab},
-           {LinearSlot::kGate, s.gated_mlp, f, h, false},  // no family biases its gate
+           {LinearSlot::kO, true, h, qw, ab && !s.qkv_bias_only},
+           {LinearSlot::kGate, s.gated_mlp, f, h,
+            s.gated_mlp && mb},  // Llama's mlp_bias biases gate_proj too
            {LinearSlot::kUp, true, f, h, mb},
            {LinearSlot::kDown, true, h, f, mb}}};
 }

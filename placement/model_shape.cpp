@@ -35,7 +35,8 @@ int64_t ModelShape::mlp_params_per_layer() const {
 }
 
 int64_t ModelShape::params_per_layer() const {
-  const int64_t norms = 2 * hidden * (norm_bias ? 2 : 1);
+  const int64_t norms =
+      (2 + (post_norms ? 2 : 0)) * hidden * (norm_bias ? 2 : 1) + (qk_norm ? 2 * head_dim : 0);
   return attention_params_per_layer() + mlp_params_per_layer() + norms;
 }
 

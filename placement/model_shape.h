@@ -32,8 +32,11 @@ struct ModelShape {
   int64_t embed_dim = 0;  // token embedding width (OPT word_embed_proj_dim); 0: hidden
   int64_t position_offset = 0;
   bool final_norm = true;
-  bool attention_bias = false;
-  bool mlp_bias = false;
+  bool attention_bias = false;  // q/k/v/o
+  bool qkv_bias_only = false;   // Qwen2: no bias on o
+  bool mlp_bias = false;        // up/down, and gate where gated
+  bool qk_norm = false;         // Qwen3: [head_dim] norms of q and k per layer
+  bool post_norms = false;      // Gemma-2: a [hidden] norm after each block
 
   int64_t q_width() const { return n_heads * head_dim; }
   int64_t kv_width() const { return n_kv_heads * head_dim; }

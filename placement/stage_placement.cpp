@@ -49,6 +49,14 @@ KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, con
   return b;
 }
 
+// One layer's norms (and LayerNorm biases), bytes each: the two blocks', Qwen3's q/k norms,
+// Gemma-2's post-block norms.
+std::vector<int64_t> layer_norm_bytes(const ModelShape& s) {
+  std::vector<int64_t> n((s.norm_bias ? 4 : 2) + (s.post_norms ? 2 : 0), s.hidden * kF32);
+  if (s.qk_norm) n.insert(n.end(), 2, s.head_dim * kF32);
+  return n;
+}
+
 // One layer's tensors in LayerLayout's order (worker/layer_store.cpp kMembers), bytes each.
 std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
   const LayerLinears linears = layer_linears(s);
@@ -61,6 +69,8 @@ std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
         t.push_back(stored_weight_bytes(s, l, compress));
     for (const LayerLinear& l : linears)
       if (l.present && l.bias && linear_block(l.slot) == block) t.push_back(l.out * kF32);
+    if (block == LinearBlock::kAttention && s.qk_norm) t.insert(t.end(), 2, s.head_dim * kF32);
+    if (s.post_norms) t.push_back(s.hidden * kF32);  // post_attn_norm, post_mlp_norm
   }
   return t;
 }
@@ -98,7 +108,7 @@ SplitLayer split_layer(const ModelShape& s, bool compress, const StageRequest& r
     out.max_in = std::max(out.max_in, cols);
     out.max_out = std::max(out.max_out, rows);
   }
-  for (int i = 0; i < (s.norm_bias ? 4 : 2); ++i) pack(resident, s.hidden * kF32);  // the norms
+  for (const int64_t norm : layer_norm_bytes(s)) pack(resident, norm);
   out.gpu = align_bytes(resident);
   out.stream = stream > 0 ? align_bytes(stream) : 0;
   out.host += out.stream;  // the shares' pinned blob

@@ -15,6 +15,7 @@ PACKAGES=(
   libsentencepiece-dev
   libpcre2-dev libutf8proc-dev  # tokenizer.json: pre-tokenizer regexes, Unicode normalisation
   python3-jinja2  # the chat-template reference (tests/worker/text)
+  python3-numpy  # the model families' reference forward (tests/worker/families)
   nlohmann-json3-dev libcli11-dev
   liburing-dev libnuma-dev
   libcpp-httplib-dev  # strata serve --metrics-port (Prometheus /metrics)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -95,18 +96,85 @@ std::vector<int32_t> get_eos(const Fields& f) {
   return ids;
 }
 
+// Each family as config.json names it: model_type and architectures[0].
+struct FamilyName {
+  ModelFamily family;
+  const char* model_type;
+  const char* architecture;
+};
+constexpr FamilyName kFamilies[] = {
+    {ModelFamily::kLlama, "llama", "LlamaForCausalLM"},
+    {ModelFamily::kMistral, "mistral", "MistralForCausalLM"},
+    {ModelFamily::kQwen2, "qwen2", "Qwen2ForCausalLM"},
+    {ModelFamily::kQwen3, "qwen3", "Qwen3ForCausalLM"},
+    {ModelFamily::kPhi3, "phi3", "Phi3ForCausalLM"},
+    {ModelFamily::kGemma2, "gemma2", "Gemma2ForCausalLM"},
+    {ModelFamily::kOpt, "opt", "OPTForCausalLM"},
+};
+
+std::string supported_families() {
+  std::string s;
+  for (const FamilyName& f : kFamilies)
+    s += fmt::format("{}{} ({})", s.empty() ? "" : ", ", f.model_type, f.architecture);
+  return s;
+}
+
+// model_type decides; an architectures[0] of another family is refused rather than loaded as
+// model_type says (a Qwen2 checkpoint relabelled llama would silently lose its biases).
 ModelFamily detect_family(const Fields& f) {
   const std::string type = f.string("model_type", "");
   std::string arch;
   if (const json* a = f.find("architectures");
       a && a->is_array() && !a->empty() && (*a)[0].is_string())
     arch = (*a)[0].get<std::string>();
-  if (type == "llama" || arch == "LlamaForCausalLM") return ModelFamily::kLlama;
-  if (type == "opt" || arch == "OPTForCausalLM") return ModelFamily::kOpt;
-  fail_input(
-      "{}: unsupported model (model_type '{}', architectures[0] '{}'); supported: llama "
-      "(LlamaForCausalLM), opt (OPTForCausalLM)",
-      f.src, type, arch);
+  const FamilyName* by_type = nullptr;
+  const FamilyName* by_arch = nullptr;
+  for (const FamilyName& n : kFamilies) {
+    if (type == n.model_type) by_type = &n;
+    if (arch == n.architecture) by_arch = &n;
+  }
+  if (by_type != nullptr && !arch.empty() && by_arch != by_type)
+    fail_input("{}: architectures[0] '{}' is not model_type '{}''s ({})", f.src, arch, type,
+               by_type->architecture);
+  if (by_type != nullptr) return by_type->family;
+  if (type.empty() && by_arch != nullptr) return by_arch->family;
+  fail_input("{}: unsupported model (model_type '{}', architectures[0] '{}'); supported: {}", f.src,
+             type, arch, supported_families());
+}
+
+// A list of head_dim / 2 finite positive numbers (longrope's short_factor / long_factor).
+std::vector<float> factor_list(const Fields& rs, const char* key, int32_t half) {
+  const json* v = rs.find(key);
+  if (v == nullptr || !v->is_array())
+    fail_input("{}: {} must be a list of head_dim / 2 = {} numbers", rs.src, rs.name(key), half);
+  if (static_cast<int64_t>(v->size()) != half)
+    fail_input("{}: {} has {} numbers; head_dim / 2 = {}", rs.src, rs.name(key), v->size(), half);
+  std::vector<float> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& x = (*v)[i];
+    if (!x.is_number() || !std::isfinite(x.get<double>()) || !(x.get<double>() > 0))
+      fail_input("{}: {}[{}] = {} is not a positive number", rs.src, rs.name(key), i, x.dump());
+    out.push_back(x.get<float>());
+  }
+  return out;
+}
+
+// Phi-3's longrope ("su" in older configs), as Hugging Face's _compute_longrope_parameters.
+void parse_longrope(const Fields& top, const Fields& rs, ModelConfig& c) {
+  c.rope_original_max_positions =
+      rs.integer("original_max_position_embeddings",
+                 top.integer("original_max_position_embeddings", c.max_positions));
+  if (c.rope_original_max_positions <= 1 || c.rope_original_max_positions > c.max_positions)
+    fail_input("{}: original_max_position_embeddings = {} is outside [2, {}]", c.source,
+               c.rope_original_max_positions, c.max_positions);
+  const int32_t half = c.head_dim / 2;
+  c.rope_short_factor = factor_list(rs, "short_factor", half);
+  c.rope_long_factor = factor_list(rs, "long_factor", half);
+  const float orig = static_cast<float>(c.rope_original_max_positions);
+  c.rope_factor = rs.number("factor", static_cast<float>(c.max_positions) / orig);
+  const float derived =
+      c.rope_factor <= 1.0f ? 1.0f : std::sqrt(1.0f + std::log(c.rope_factor) / std::log(orig));
+  c.rope_attention_factor = rs.number("attention_factor", derived);
 }
 
 void parse_rope_scaling(const json& j, ModelConfig& c) {
@@ -114,11 +182,18 @@ void parse_rope_scaling(const json& j, ModelConfig& c) {
   if (it == j.end() || it->is_null()) return;
   if (!it->is_object()) fail_input("{}: rope_scaling must be an object or null", c.source);
   const Fields rs{*it, c.source, "rope_scaling."};
-  const std::string type = rs.string("rope_type", rs.string("type", ""));
+  std::string type = rs.string("rope_type", rs.string("type", ""));
   if (type == "default") return;
+  if (type == "su") type = "longrope";  // its name before transformers 4.42
+  if (type == "longrope" && c.family == ModelFamily::kPhi3) {
+    c.rope_scaling_type = type;
+    parse_longrope(Fields{j, c.source, ""}, rs, c);
+    return;
+  }
   if (type != "linear" && type != "llama3")
-    fail_input("{}: rope_scaling type '{}' is not supported (supported: linear, llama3)", c.source,
-               type);
+    fail_input("{}: rope_scaling type '{}' is not supported for {} (supported: linear, llama3{})",
+               c.source, type, family_name(c.family),
+               c.family == ModelFamily::kPhi3 ? ", longrope, su" : "");
   c.rope_scaling_type = type;
   c.rope_factor = rs.number("factor", 1.0f);
   c.rope_low_freq_factor = rs.number("low_freq_factor", 1.0f);
@@ -126,20 +201,106 @@ void parse_rope_scaling(const json& j, ModelConfig& c) {
   c.rope_original_max_positions = rs.integer("original_max_position_embeddings", c.max_positions);
 }
 
-void parse_llama(const json& j, ModelConfig& c) {
-  const Fields f{j, c.source, ""};
+// The window's layers: config.json's layer_types where it has them, else the family's rule
+// (`sliding_of`), as Hugging Face's configuration_*.py derives layer_types.
+void parse_sliding(const Fields& f, ModelConfig& c, int32_t window,
+                   const std::function<bool(int32_t)>& sliding_of) {
+  c.sliding.assign(static_cast<size_t>(c.n_layers), 0);
+  if (const json* types = f.find("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.n_layers)
+      fail_input("{}: layer_types must list num_hidden_layers = {} entries", f.src, c.n_layers);
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      const std::string v = t.is_string() ? t.get<std::string>() : t.dump();
+      if (v != "sliding_attention" && v != "full_attention")
+        fail_input("{}: layer_types[{}] = '{}' (supported: sliding_attention, full_attention)",
+                   f.src, i, v);
+      c.sliding[i] = v == "sliding_attention" ? 1 : 0;
+    }
+  } else {
+    for (int32_t i = 0; i < c.n_layers; ++i)
+      c.sliding[static_cast<size_t>(i)] = sliding_of(i) ? 1 : 0;
+  }
+  const bool any = std::find(c.sliding.begin(), c.sliding.end(), 1) != c.sliding.end();
+  if (any && window <= 0)
+    fail_input("{}: sliding layers need a positive sliding_window, got {}", f.src, window);
+  c.sliding_window = any ? window : 0;
+  if (!any) c.sliding.clear();
+}
+
+// The fields every decoder family but OPT shares (Hugging Face's LlamaConfig and its kin).
+void parse_decoder(const Fields& f, ModelConfig& c, const char* act_field, const char* act) {
   c.intermediate = f.integer("intermediate_size");
   c.n_kv_heads = f.integer("num_key_value_heads", c.n_heads);
   c.head_dim = f.integer("head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.norm_eps = f.number("rms_norm_eps", 1e-6f);
   c.rope_theta = f.number("rope_theta", 10000.0f);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", c.family == ModelFamily::kGemma2);
+  const std::string a = f.string(act_field, act);
+  if (a != act)
+    fail_input("{}: {} '{}' is not supported for {} (supported: {})", c.source, act_field, a,
+               family_name(c.family), act);
+  if (const float p = f.number("partial_rotary_factor", 1.0f); p != 1.0f)
+    fail_input("{}: partial_rotary_factor = {} is not supported (RoPE over the whole head only)",
+               c.source, p);
+  parse_rope_scaling(f.j, c);
+}
+
+// Qwen2 / Qwen3: a window only with use_sliding_window, on the layers from max_window_layers.
+void parse_qwen_window(const Fields& f, ModelConfig& c) {
+  const bool use = f.boolean("use_sliding_window", false);
+  const int32_t window = use ? f.integer("sliding_window", 4096) : 0;
+  const int32_t from = f.integer("max_window_layers", 28);
+  parse_sliding(f, c, window, [&](int32_t i) { return use && i >= from; });
+}
+
+void parse_gemma2(const Fields& f, ModelConfig& c) {
   c.attention_bias = f.boolean("attention_bias", false);
-  c.mlp_bias = f.boolean("mlp_bias", false);
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-  const std::string act = f.string("hidden_act", "silu");
-  if (act != "silu")
-    fail_input("{}: hidden_act '{}' is not supported for llama (supported: silu)", c.source, act);
-  parse_rope_scaling(j, c);
+  const float scalar = f.number("query_pre_attn_scalar", 256.0f);
+  if (!(scalar > 0.0f))
+    fail_input("{}: query_pre_attn_scalar must be positive, got {}", c.source, scalar);
+  c.attention_scale = 1.0f / std::sqrt(scalar);
+  c.attn_softcap = f.number("attn_logit_softcapping", 0.0f);
+  c.final_softcap = f.number("final_logit_softcapping", 0.0f);
+  if (c.attn_softcap < 0.0f || c.final_softcap < 0.0f)
+    fail_input("{}: attn_logit_softcapping {} and final_logit_softcapping {} must be >= 0",
+               c.source, c.attn_softcap, c.final_softcap);
+  // Gemma2Config's layer_types: every other layer sliding, the first one included.
+  parse_sliding(f, c, f.integer("sliding_window", 4096), [](int32_t i) { return i % 2 == 0; });
+}
+
+void parse_family(const json& j, ModelConfig& c) {
+  const Fields f{j, c.source, ""};
+  const bool gemma = c.family == ModelFamily::kGemma2;
+  parse_decoder(f, c, gemma ? "hidden_activation" : "hidden_act",
+                gemma ? "gelu_pytorch_tanh" : "silu");
+  switch (c.family) {
+    case ModelFamily::kLlama:
+      c.attention_bias = f.boolean("attention_bias", false);
+      c.mlp_bias = f.boolean("mlp_bias", false);
+      break;
+    case ModelFamily::kMistral:
+    case ModelFamily::kPhi3:  // every layer windowed where the config gives a window
+    {
+      const int32_t window = f.integer("sliding_window", 0);
+      parse_sliding(f, c, window, [&](int32_t) { return window > 0; });
+      break;
+    }
+    case ModelFamily::kQwen2:
+      c.attention_bias = true;  // Qwen2Attention: q/k/v with biases, o without
+      c.qkv_bias_only = true;
+      parse_qwen_window(f, c);
+      break;
+    case ModelFamily::kQwen3:
+      c.attention_bias = f.boolean("attention_bias", false);
+      parse_qwen_window(f, c);
+      break;
+    case ModelFamily::kGemma2:
+      parse_gemma2(f, c);
+      break;
+    case ModelFamily::kOpt:
+      STRATA_CHECK(false, "OPT is parsed by parse_opt");
+  }
 }
 
 void parse_opt(const json& j, ModelConfig& c) {
@@ -169,9 +330,8 @@ struct Names {
   const char* eps;
 };
 Names field_names(const ModelConfig& c) {
-  return c.family == ModelFamily::kLlama
-             ? Names{"intermediate_size", "rms_norm_eps"}
-             : Names{"ffn_dim", "layer_norm_eps (fixed at 1e-5 for OPT)"};
+  return c.family != ModelFamily::kOpt ? Names{"intermediate_size", "rms_norm_eps"}
+                                       : Names{"ffn_dim", "layer_norm_eps (fixed at 1e-5 for OPT)"};
 }
 
 // Every size a config controls, against its limit, before anything of that size exists.
@@ -215,7 +375,8 @@ void check_sizes(const ModelConfig& c, const InputLimits& l) {
 
 void check_shape(const ModelConfig& c) {
   const std::string& s = c.source;
-  if (c.hidden % c.n_heads != 0)
+  // A head_dim of its own (Gemma-2, Qwen3) need not be hidden / heads; a derived one must.
+  if (c.hidden % c.n_heads != 0 && c.head_dim == c.hidden / c.n_heads)
     fail_input("{}: num_attention_heads {} does not divide hidden_size {}", s, c.n_heads, c.hidden);
   if (c.n_heads % c.n_kv_heads != 0)
     fail_input("{}: num_key_value_heads {} does not divide num_attention_heads {}", s, c.n_kv_heads,
@@ -238,6 +399,7 @@ void check_numbers(const ModelConfig& c) {
   if (c.rope_scaling_type.empty()) return;
   if (!(c.rope_factor > 0.0f))
     fail_input("{}: rope_scaling.factor must be positive, got {}", s, c.rope_factor);
+  if (c.rope_scaling_type == "longrope") return;  // parse_longrope checked its numbers
   if (c.rope_scaling_type != "llama3") return;
   // llama3 scaling blends between the two wavelengths 1/low and 1/high of the original
   // context, dividing by (high - low): both positive, high above low (as Hugging Face asks).
@@ -285,14 +447,19 @@ ModelConfig parse_model_config(const json& j, const std::string& source,
   c.bos_token_id = f.token_id("bos_token_id");
   c.pad_token_id = f.token_id("pad_token_id");
   c.eos_token_ids = get_eos(f);
-  if (const json* dt = f.find("torch_dtype"); dt && dt->is_string()) {
-    auto parsed = parse_dtype(dt->get<std::string>());
-    if (parsed && *parsed != DType::kI32) c.dtype = *parsed;
+  // Newer configs write `dtype`, older ones `torch_dtype`.
+  const char* dtype_field = f.find("dtype") != nullptr ? "dtype" : "torch_dtype";
+  if (const std::string dt = f.string(dtype_field, ""); !dt.empty()) {
+    const auto parsed = parse_dtype(dt);
+    if (!parsed || *parsed == DType::kI32)
+      fail_input("{}: {} '{}' is not a weight dtype (float32, float16, bfloat16)", source,
+                 dtype_field, dt);
+    c.dtype = *parsed;
   }
-  if (c.family == ModelFamily::kLlama) {
-    parse_llama(j, c);
-  } else {
+  if (c.family == ModelFamily::kOpt) {
     parse_opt(j, c);
+  } else {
+    parse_family(j, c);
   }
   c.validate(limits);
   return c;
@@ -306,20 +473,40 @@ void ModelConfig::validate(const InputLimits& limits) const {
 }
 
 const char* family_name(ModelFamily f) {
-  return f == ModelFamily::kLlama ? "llama" : "opt";
+  for (const FamilyName& n : kFamilies)
+    if (n.family == f) return n.model_type;
+  return "?";
 }
 
 Architecture Architecture::of(const ModelConfig& c) {
   const bool opt = c.family == ModelFamily::kOpt;
+  const bool gemma = c.family == ModelFamily::kGemma2;
   Architecture a;
   a.norm = opt ? NormKind::kLayer : NormKind::kRms;
-  a.mlp = opt ? MlpKind::kRelu : MlpKind::kGatedSilu;
+  a.mlp = opt ? MlpKind::kRelu : gemma ? MlpKind::kGatedGeluTanh : MlpKind::kGatedSilu;
   a.positions = opt ? PositionKind::kLearned : PositionKind::kRotary;
   a.pre_norm = !opt || c.do_layer_norm_before;
   a.final_norm = a.pre_norm;
   a.position_offset = c.position_offset;
   a.embed_dim = opt ? c.word_embed_proj_dim : c.hidden;
+  a.qk_norm = c.family == ModelFamily::kQwen3;
+  a.post_norms = gemma;
+  a.norm_offset = gemma ? 1.0f : 0.0f;
+  // Gemma2Model multiplies by sqrt(hidden) cast to the weights' dtype first.
+  a.embed_scale = gemma ? round_to_dtype(std::sqrt(static_cast<float>(c.hidden)), c.dtype) : 1.0f;
   return a;
+}
+
+float ModelConfig::score_scale() const {
+  return attention_scale > 0.0f ? attention_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+int32_t ModelConfig::layer_window(int32_t layer) const {
+  if (sliding.empty()) return 0;
+  const auto i = static_cast<size_t>(first_layer + layer);
+  STRATA_CHECK(layer >= 0 && i < sliding.size(), "layer {} (+{}) of {}", layer, first_layer,
+               sliding.size());
+  return sliding[i] != 0 ? sliding_window : 0;
 }
 
 ModelShape ModelConfig::shape() const {
@@ -344,7 +531,10 @@ ModelShape ModelConfig::shape() const {
   s.position_offset = position_offset;
   s.final_norm = a.final_norm;
   s.attention_bias = attention_bias;
+  s.qkv_bias_only = qkv_bias_only;
   s.mlp_bias = mlp_bias;
+  s.qk_norm = a.qk_norm;
+  s.post_norms = a.post_norms;
   return s;
 }
 

@@ -1,6 +1,7 @@
-// Model configuration from a Hugging Face config.json (Llama and OPT families), or from a
-// named dummy shape. One struct for both families: the layer code reads the differences
-// (norm kind, activation, positions, biases) from it instead of forking per architecture.
+// Model configuration from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3,
+// Gemma-2 and OPT), or from a named dummy shape. One struct for every family: the layer code
+// reads the differences (norm kind, activation, positions, biases, windows, soft-caps) from
+// it instead of forking per architecture.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,7 @@
 
 namespace strata {
 
-enum class ModelFamily { kLlama, kOpt };
+enum class ModelFamily { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kGemma2, kOpt };
 const char* family_name(ModelFamily f);
 
 struct ModelConfig;
@@ -25,8 +26,9 @@ struct ModelConfig;
 // table of differences, not a copy per architecture). Derived once from the config
 // (Architecture::of, the one place the family becomes behaviour); the layer code, the weight
 // table and the memory model read these fields, never the family.
-enum class NormKind : uint8_t { kRms, kLayer };           // RMSNorm / LayerNorm (+ bias)
-enum class MlpKind : uint8_t { kGatedSilu, kRelu };       // SwiGLU gate*up / fc1-ReLU-fc2
+enum class NormKind : uint8_t { kRms, kLayer };  // RMSNorm / LayerNorm (+ bias)
+// SwiGLU silu(gate)*up / GeGLU gelu_tanh(gate)*up (Gemma-2) / fc1-ReLU-fc2 (OPT).
+enum class MlpKind : uint8_t { kGatedSilu, kGatedGeluTanh, kRelu };
 enum class PositionKind : uint8_t { kRotary, kLearned };  // RoPE / a learned table
 struct Architecture {
   NormKind norm = NormKind::kRms;
@@ -36,9 +38,13 @@ struct Architecture {
   bool final_norm = true;       // a norm before the head (post-norm OPT has none)
   int32_t position_offset = 0;  // learned positions: the table row of position 0
   int32_t embed_dim = 0;        // token embedding width (OPT's word_embed_proj_dim)
+  bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k before RoPE
+  bool post_norms = false;      // Gemma-2: a norm on each block's output before its residual add
+  float norm_offset = 0.0f;     // Gemma: RMSNorm scales by (offset + w), folded into w at load
+  float embed_scale = 1.0f;     // Gemma: the token embedding times sqrt(hidden)
 
   bool norm_bias() const { return norm == NormKind::kLayer; }
-  bool gated_mlp() const { return mlp == MlpKind::kGatedSilu; }
+  bool gated_mlp() const { return mlp != MlpKind::kRelu; }
   bool rotary() const { return positions == PositionKind::kRotary; }
   bool learned_positions() const { return positions == PositionKind::kLearned; }
   static Architecture of(const ModelConfig& c);
@@ -69,11 +75,26 @@ struct ModelConfig {
 
   // Llama: RoPE (rotate-half), RMSNorm, SwiGLU.
   float rope_theta = 10000.0f;
-  std::string rope_scaling_type;  // "", "linear" or "llama3"
+  std::string rope_scaling_type;  // "", "linear", "llama3" or "longrope" (Phi-3's "su" too)
   float rope_factor = 1.0f;
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
   int32_t rope_original_max_positions = 0;
+  // longrope: per-frequency divisors of the inverse frequencies (head_dim / 2 each), the long
+  // ones past the original context; and the factor on cos/sin (config's attention_factor, else
+  // sqrt(1 + ln(max / original) / ln(original)), as Hugging Face's rope utilities derive it).
+  std::vector<float> rope_short_factor, rope_long_factor;
+  float rope_attention_factor = 1.0f;
+
+  // Attention as the family computes it: scores scaled by attention_scale (1/sqrt(head_dim);
+  // Gemma-2: query_pre_attn_scalar^-1/2), soft-capped (cap * tanh(s / cap)) when the cap is
+  // positive, and limited on sliding layers to the last `sliding_window` positions.
+  float attention_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  float attn_softcap = 0.0f;     // Gemma-2 attn_logit_softcapping
+  float final_softcap = 0.0f;    // Gemma-2 final_logit_softcapping, on the logits
+  int32_t sliding_window = 0;    // 0: none
+  std::vector<uint8_t> sliding;  // per layer of the whole model: 1 where the window applies
+  int32_t first_layer = 0;       // the whole model's index of this config's layer 0 (a stage)
 
   // OPT: learned positions (offset 2), LayerNorm, ReLU, optional project in/out.
   int32_t position_offset = 0;
@@ -81,7 +102,8 @@ struct ModelConfig {
   int32_t word_embed_proj_dim = 0;  // == hidden unless OPT-350m style
 
   bool attention_bias = false;  // q/k/v/o biases
-  bool mlp_bias = false;        // MLP biases
+  bool qkv_bias_only = false;   // Qwen2: the biases on q/k/v, none on o
+  bool mlp_bias = false;        // MLP biases (gate's too, where the MLP is gated)
   bool tie_word_embeddings = false;
   int32_t bos_token_id = -1;  // -1: none given
   int32_t pad_token_id = -1;  // -1: none given
@@ -91,6 +113,9 @@ struct ModelConfig {
   Architecture architecture() const { return Architecture::of(*this); }
   int32_t q_width() const { return n_heads * head_dim; }
   int32_t kv_width() const { return n_kv_heads * head_dim; }
+  float score_scale() const;
+  // The sliding window of this config's layer `layer` (0: attends over every position).
+  int32_t layer_window(int32_t layer) const;
   ModelShape shape() const;
   std::string str() const;
 

@@ -9,8 +9,8 @@ namespace strata {
 KvAttention::KvAttention(const ModelConfig& config, Backend& backend, int32_t max_rows,
                          bool device_compute)
     : config_(config),
-      dims_{config.n_heads, config.n_kv_heads, config.head_dim,
-            1.0f / std::sqrt(static_cast<float>(config.head_dim))},
+      dims_{config.n_heads,     config.n_kv_heads, config.head_dim, config.score_scale(), 0,
+            config.attn_softcap},
       backend_(backend),
       max_rows_(max_rows),
       device_compute_(device_compute) {}
@@ -55,6 +55,7 @@ void KvAttention::reserve(const KvCache& cache) {
 // is either attended on the host (delegation) or brought to the device for the layer.
 void KvAttention::run(int32_t layer, const float* q, const float* k, const float* v,
                       const StepRows& rows, int32_t n_rows, KvCache& cache, float* out) {
+  dims_.window = config_.layer_window(layer);  // Gemma-2 alternates local and global layers
   const Tier tier = cache.tier(layer);
   cache.load(layer);
   LayerKv kv{cache.compressed(), {}, {}};

@@ -20,16 +20,6 @@ static_assert(kDirectAlignment == static_cast<size_t>(kPageBytes),
 namespace {
 
 // Every tensor member of LayerWeights, in a fixed order.
-constexpr Tensor LayerWeights::*kMembers[] = {
-    &LayerWeights::attn_norm, &LayerWeights::attn_norm_bias,
-    &LayerWeights::q,         &LayerWeights::k,
-    &LayerWeights::v,         &LayerWeights::o,
-    &LayerWeights::q_bias,    &LayerWeights::k_bias,
-    &LayerWeights::v_bias,    &LayerWeights::o_bias,
-    &LayerWeights::mlp_norm,  &LayerWeights::mlp_norm_bias,
-    &LayerWeights::gate,      &LayerWeights::up,
-    &LayerWeights::down,      &LayerWeights::up_bias,
-    &LayerWeights::down_bias};
 
 // How long compute waits for a layer before calling the disk dead.
 constexpr auto kReadDeadline = std::chrono::seconds(120);
@@ -42,7 +32,7 @@ void* aligned_in(Buffer& b) {
 
 LayerLayout LayerLayout::of(const LayerWeights& example) {
   LayerLayout l;
-  for (auto member : kMembers) {
+  for (auto member : kLayerMembers) {
     const Tensor& t = example.*member;
     if (t.data == nullptr) continue;
     l.fields_.push_back({member, t.dtype, t.shape, l.bytes_});
@@ -111,6 +101,10 @@ void LayerStreamer::start(int slot, int32_t layer) {
   s.layer = layer;
   s.ready = false;
   pending_ = &s;
+  // Counted when asked for, not when done: a reader of the stats between steps then sees the
+  // same count whether or not the prefetch the last layer started has finished yet.
+  stats_.layers_read += 1;
+  stats_.bytes_read += static_cast<int64_t>(layout_.bytes());
   cv_.notify_all();
 }
 
@@ -153,8 +147,6 @@ void LayerStreamer::io_loop() {
     if (!error.empty()) io_error_ = error;
     slot->ready = true;
     pending_ = nullptr;
-    stats_.layers_read += 1;
-    stats_.bytes_read += static_cast<int64_t>(layout_.bytes());
     stats_.read_seconds += dt;
     cv_.notify_all();
   }
@@ -193,7 +185,7 @@ void LayerOffloader::operator()(int32_t layer, LayerWeights& w) {
 }
 
 void release_layer(LayerWeights& w) {
-  for (auto member : kMembers) drop_mapped_pages(w.*member);  // mapped checkpoint pages
+  for (auto member : kLayerMembers) drop_mapped_pages(w.*member);  // mapped checkpoint pages
   w = LayerWeights{};
 }
 

@@ -40,7 +40,7 @@ class LayerLayout {
 };
 
 struct StreamStats {
-  int64_t layers_read = 0;
+  int64_t layers_read = 0;  // reads issued (each finishes before the layer is used)
   int64_t bytes_read = 0;
   double read_seconds = 0;  // on the I/O thread
   double wait_seconds = 0;  // compute waiting for a layer that was not there yet

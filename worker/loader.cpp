@@ -265,6 +265,7 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   const ModelConfig shard = tensor_parallel_shard(full, options.tp_degree);
   m.config = shard;
   m.config.n_layers = parts.n_layers;
+  m.config.first_layer = parts.layer_begin;  // a stage's windows are the whole model's layers'
   m.layer_begin = parts.layer_begin;
   m.placement = place_weights(shard.shape(), weight_request(options));
   if (!options.weight_tiers.empty())

@@ -80,10 +80,7 @@ TierBytes Model::weight_memory() const {
     m.cpu += bytes(*t);
   if (w.lm_head.data != w.embed.data) m.cpu += bytes(w.lm_head);
   for (const LayerWeights& L : w.layers)
-    for (const Tensor* t : {&L.attn_norm, &L.attn_norm_bias, &L.q, &L.k, &L.v, &L.o, &L.q_bias,
-                            &L.k_bias, &L.v_bias, &L.o_bias, &L.mlp_norm, &L.mlp_norm_bias, &L.gate,
-                            &L.up, &L.down, &L.up_bias, &L.down_bias})
-      m.cpu += bytes(*t);
+    for (const LayerMember t : kLayerMembers) m.cpu += bytes(L.*t);
   return m;
 }
 

@@ -47,8 +47,6 @@ const float* bias_of(const Tensor& bias) {
   return bias.data != nullptr ? bias.f32() : nullptr;
 }
 
-const Tensor kNoBias{};  // the gate projection's
-
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ModelWeights& fixed, Backend& backend,
@@ -91,38 +89,63 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& fixed, B
   }
 }
 
-// cos/sin of position * inv_freq, in f32 like the reference implementations, with the
-// inverse frequencies adjusted by the config's rope scaling.
-void Transformer::build_rope_tables() {
-  const int32_t half = config_.head_dim / 2;
-  const int32_t n_pos = config_.max_positions;
+namespace {
+
+// RoPE's inverse frequencies, adjusted by the config's scaling; longrope divides them by one
+// of its factor lists (`longrope`, chosen by the caller).
+std::vector<float> rope_inv_freq(const ModelConfig& c, const std::vector<float>* longrope) {
+  const int32_t half = c.head_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int32_t j = 0; j < half; ++j) {
-    float f = 1.0f / std::pow(config_.rope_theta,
-                              static_cast<float>(2 * j) / static_cast<float>(config_.head_dim));
-    if (config_.rope_scaling_type == "linear") {
-      f /= config_.rope_factor;
-    } else if (config_.rope_scaling_type == "llama3") {
-      const float old_ctx = static_cast<float>(config_.rope_original_max_positions);
-      const float low_wavelen = old_ctx / config_.rope_low_freq_factor;
-      const float high_wavelen = old_ctx / config_.rope_high_freq_factor;
+    float f =
+        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * j) / static_cast<float>(c.head_dim));
+    if (longrope != nullptr) {
+      f /= (*longrope)[static_cast<size_t>(j)];
+    } else if (c.rope_scaling_type == "linear") {
+      f /= c.rope_factor;
+    } else if (c.rope_scaling_type == "llama3") {
+      const float old_ctx = static_cast<float>(c.rope_original_max_positions);
+      const float low_wavelen = old_ctx / c.rope_low_freq_factor;
+      const float high_wavelen = old_ctx / c.rope_high_freq_factor;
       const float wavelen = 2.0f * static_cast<float>(M_PI) / f;
       if (wavelen > low_wavelen) {
-        f /= config_.rope_factor;
+        f /= c.rope_factor;
       } else if (wavelen >= high_wavelen) {
-        const float smooth = (old_ctx / wavelen - config_.rope_low_freq_factor) /
-                             (config_.rope_high_freq_factor - config_.rope_low_freq_factor);
-        f = (1.0f - smooth) * f / config_.rope_factor + smooth * f;
+        const float smooth = (old_ctx / wavelen - c.rope_low_freq_factor) /
+                             (c.rope_high_freq_factor - c.rope_low_freq_factor);
+        f = (1.0f - smooth) * f / c.rope_factor + smooth * f;
       }
     }
     inv_freq[static_cast<size_t>(j)] = f;
   }
+  return inv_freq;
+}
+
+}  // namespace
+
+// cos/sin of position * inv_freq, in f32 like the reference implementations, times
+// longrope's attention factor (1 otherwise). longrope rotates a position inside the original
+// context by the short factors and one past it by the long ones: what Hugging Face computes
+// for a sequence that grows past the original context token by token (it picks one list per
+// forward by the sequence's length, so a prompt longer than the original context gets the
+// long factors on all its positions there).
+void Transformer::build_rope_tables() {
+  const int32_t half = config_.head_dim / 2;
+  const int32_t n_pos = config_.max_positions;
+  const bool longrope = config_.rope_scaling_type == "longrope";
+  const std::vector<float> inv_freq =
+      rope_inv_freq(config_, longrope ? &config_.rope_short_factor : nullptr);
+  const std::vector<float> long_inv_freq =
+      longrope ? rope_inv_freq(config_, &config_.rope_long_factor) : inv_freq;
+  const float factor = config_.rope_attention_factor;
   std::vector<float> cos_t(static_cast<size_t>(n_pos) * half), sin_t(cos_t.size());
   for (int32_t p = 0; p < n_pos; ++p) {
+    const std::vector<float>& f =
+        longrope && p >= config_.rope_original_max_positions ? long_inv_freq : inv_freq;
     for (int32_t j = 0; j < half; ++j) {
-      const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(j)];
-      cos_t[static_cast<size_t>(p) * half + j] = std::cos(angle);
-      sin_t[static_cast<size_t>(p) * half + j] = std::sin(angle);
+      const float angle = static_cast<float>(p) * f[static_cast<size_t>(j)];
+      cos_t[static_cast<size_t>(p) * half + j] = std::cos(angle) * factor;
+      sin_t[static_cast<size_t>(p) * half + j] = std::sin(angle) * factor;
     }
   }
   rope_cos_ = DeviceBuffer(backend_, cos_t.size() * sizeof(float));
@@ -181,6 +204,8 @@ void Transformer::embed(const StepBatch& batch, BatchState& s) {
     backend_.embedding(s.positions(), rows, positions_, h_.f32());
     backend_.add(s.x.f32(), h_.f32(), static_cast<int64_t>(rows) * config_.hidden);
   }
+  if (arch_.embed_scale != 1.0f)
+    backend_.scale(s.x.f32(), static_cast<int64_t>(rows) * config_.hidden, arch_.embed_scale);
 }
 
 void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
@@ -188,10 +213,10 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
   const bool pre_norm = arch_.pre_norm;
   float* x = s.x.f32();
   attention_block(L, i, s, rows, cache, block_input(L.attn_norm, L.attn_norm_bias, x, rows));
-  add_projection(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, x);
+  add_projection(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, L.post_attn_norm, x);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x, rows, x);
   mlp_block(L, i, rows, block_input(L.mlp_norm, L.mlp_norm_bias, x, rows));  // -> f1_
-  add_projection(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, x);
+  add_projection(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, L.post_mlp_norm, x);
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
 }
 
@@ -212,6 +237,12 @@ void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& 
                              {LinearSlot::kK, &L.k, &L.k_bias, k_.f32(), kv_width},
                              {LinearSlot::kV, &L.v, &L.v_bias, v_.f32(), kv_width}};
   block_linears(i, in, rows, qkv, false);
+  if (arch_.qk_norm) {  // Qwen3: each head's q and k RMS-normalised over head_dim
+    backend_.rms_norm(q_.f32(), int64_t{rows} * config_.n_heads, config_.head_dim, L.q_norm.f32(),
+                      config_.norm_eps, q_.f32());
+    backend_.rms_norm(k_.f32(), int64_t{rows} * config_.n_kv_heads, config_.head_dim,
+                      L.k_norm.f32(), config_.norm_eps, k_.f32());
+  }
   if (arch_.rotary()) {
     backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, s.positions(), rope_);
     backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.positions(), rope_);
@@ -219,28 +250,37 @@ void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& 
   attention_.run(i, q_.f32(), k_.f32(), v_.f32(), s.step_rows, rows, cache, attn_.f32());
 }
 
-// x += in w^T + bias: the output or down projection and the residual add. One kernel where
-// the backend folds the add into the linear, but not where a tensor-parallel reduce or a
-// HeteGen split needs the projection on its own first.
+// x += post_norm(in w^T + bias): the output or down projection and the residual add, with
+// Gemma-2's norm of the block's output between (`post_norm` rank 0 where the family has
+// none). One kernel where the backend folds the add into the linear, but not where a
+// tensor-parallel reduce, a HeteGen split or the norm needs the projection on its own first.
 void Transformer::add_projection(int32_t i, LinearSlot slot, const float* in, int32_t rows,
-                                 const Tensor& w, const Tensor& bias, float* x) {
+                                 const Tensor& w, const Tensor& bias, const Tensor& post_norm,
+                                 float* x) {
   const int64_t n = static_cast<int64_t>(rows) * config_.hidden;
-  if (reduce_ == nullptr && !split(i, slot) &&
+  const bool normed = post_norm.data != nullptr;
+  if (reduce_ == nullptr && !split(i, slot) && !normed &&
       backend_.linear_then(in, rows, w, bias_of(bias), LinearThen::kAccumulate, x))
     return;
   linear(i, slot, in, rows, w, bias, h_.f32());
   if (reduce_ != nullptr) reduce_->sum(h_.f32(), n);
+  if (normed)
+    backend_.rms_norm(h_.f32(), rows, config_.hidden, post_norm.f32(), config_.norm_eps, h_.f32());
   backend_.add(x, h_.f32(), n);
 }
 
 void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows, const BlockInput& in) {
   if (arch_.gated_mlp()) {
     const BlockLinear gate_up[] = {
-        {LinearSlot::kGate, &L.gate, &kNoBias, f1_.f32(), config_.intermediate},
+        {LinearSlot::kGate, &L.gate, &L.gate_bias, f1_.f32(), config_.intermediate},
         {LinearSlot::kUp, &L.up, &L.up_bias, f2_.f32(), config_.intermediate}};
     block_linears(i, in, rows, gate_up, false);
-    backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(),
-                      static_cast<int64_t>(rows) * config_.intermediate);
+    const int64_t n = static_cast<int64_t>(rows) * config_.intermediate;
+    if (arch_.mlp == MlpKind::kGatedGeluTanh) {
+      backend_.gelu_tanh_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
+    } else {
+      backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), n);
+    }
   } else {
     const BlockLinear up[] = {
         {LinearSlot::kUp, &L.up, &L.up_bias, f1_.f32(), config_.intermediate}};
@@ -335,6 +375,8 @@ void Transformer::head_chunk(std::span<const int32_t> rows, int32_t batch_rows, 
     hidden = f1_.f32();
   }
   backend_.linear(hidden, n, w.lm_head, nullptr, logits_.f32());
+  if (config_.final_softcap > 0.0f)
+    backend_.softcap(logits_.f32(), int64_t{n} * config_.vocab, config_.final_softcap);
   backend_.copy(logits, logits_.data(), static_cast<size_t>(n) * config_.vocab * sizeof(float),
                 CopyKind::kDeviceToHost);
 }

@@ -124,9 +124,10 @@ class Transformer {
   // Layer i's linear in `slot`: split where splits_ has it, else the backend's.
   void linear(int32_t i, LinearSlot slot, const float* x, int32_t rows, const Tensor& w,
               const Tensor& bias, float* y);
-  // x += in w^T + bias (the output or down projection, then the residual add).
+  // x += post_norm(in w^T + bias) (the output or down projection, Gemma-2's norm of it where
+  // post_norm is there, then the residual add).
   void add_projection(int32_t i, LinearSlot slot, const float* in, int32_t rows, const Tensor& w,
-                      const Tensor& bias, float* x);
+                      const Tensor& bias, const Tensor& post_norm, float* x);
   bool split(int32_t i, LinearSlot slot) const;  // layer i's `slot` is a HeteGen split
   void head_chunk(std::span<const int32_t> rows, int32_t batch_rows, const BatchState& s,
                   float* logits);

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <set>
+#include <span>
 
 #include "kernels/error.h"
 #include "kernels/log.h"
@@ -16,7 +18,9 @@
 namespace strata {
 namespace {
 
-enum class Role { kMatrix, kVector };
+// kNorm: a norm's weight, which the family may offset (Gemma's (1 + w)), so never a view of
+// the file.
+enum class Role { kMatrix, kVector, kNorm };
 
 // Produces one tensor by name, checked against the shape the config implies.
 using FetchFn =
@@ -26,25 +30,43 @@ struct NameTable {
   std::string embed, positions, project_in, project_out, final_norm, lm_head;
   std::string layer_prefix;  // followed by "{i}."
   std::string attn_norm, q, k, v, o, mlp_norm, gate, up, down;
+  std::string qkv, gate_up;                   // Phi-3's fused projections (q, k, v, gate, up empty)
+  std::string q_norm, k_norm;                 // Qwen3
+  std::string post_attn_norm, post_mlp_norm;  // Gemma-2
 };
 
-NameTable llama_names() {
-  return {"model.embed_tokens",
-          "",
-          "",
-          "",
-          "model.norm",
-          "lm_head",
-          "model.layers.",
-          "input_layernorm",
-          "self_attn.q_proj",
-          "self_attn.k_proj",
-          "self_attn.v_proj",
-          "self_attn.o_proj",
-          "post_attention_layernorm",
-          "mlp.gate_proj",
-          "mlp.up_proj",
-          "mlp.down_proj"};
+// Llama's names, which Mistral, Qwen2 and Qwen3 keep (Qwen3 adds q_norm / k_norm); Phi-3
+// fuses q/k/v and gate/up; Gemma-2 renames the MLP's norm and adds the two post-block norms.
+NameTable decoder_names(ModelFamily family) {
+  NameTable n{"model.embed_tokens",
+              "",
+              "",
+              "",
+              "model.norm",
+              "lm_head",
+              "model.layers.",
+              "input_layernorm",
+              "self_attn.q_proj",
+              "self_attn.k_proj",
+              "self_attn.v_proj",
+              "self_attn.o_proj",
+              "post_attention_layernorm",
+              "mlp.gate_proj",
+              "mlp.up_proj",
+              "mlp.down_proj"};
+  if (family == ModelFamily::kQwen3) {
+    n.q_norm = "self_attn.q_norm";
+    n.k_norm = "self_attn.k_norm";
+  } else if (family == ModelFamily::kPhi3) {
+    n.qkv = "self_attn.qkv_proj";
+    n.gate_up = "mlp.gate_up_proj";
+    n.q = n.k = n.v = n.gate = n.up = "";
+  } else if (family == ModelFamily::kGemma2) {
+    n.post_attn_norm = "post_attention_layernorm";
+    n.mlp_norm = "pre_feedforward_layernorm";
+    n.post_mlp_norm = "post_feedforward_layernorm";
+  }
+  return n;
 }
 
 // OPT checkpoints name their tensors with or without the leading "model.".
@@ -65,6 +87,15 @@ NameTable opt_names(const std::string& root) {
           "",
           "fc1",
           "fc2"};
+}
+
+// Rows [begin, begin + rows) of a [R, C] matrix, as a view of the same storage.
+Tensor row_block(const Tensor& t, int64_t begin, int64_t rows) {
+  Tensor v = t;
+  v.shape = Shape{rows, t.shape[1]};
+  v.data = static_cast<char*>(t.data) +
+           static_cast<size_t>(begin) * static_cast<size_t>(t.shape[1]) * dtype_size(t.dtype);
+  return v;
 }
 
 // The checkpoint's name of a linear (its ".weight" and ".bias" follow).
@@ -88,19 +119,45 @@ const std::string& linear_name(const NameTable& n, LinearSlot slot) {
   STRATA_CHECK(false, "linear slot {}", static_cast<int>(slot));
 }
 
-// Each block's norm, then its linears' weights, then their biases: the order the tensors are
-// fetched in (which a dummy model's seeded weights follow).
+// A fused projection's row blocks handed to the slots it holds, in order (Phi-3's qkv_proj:
+// q, k, v; gate_up_proj: gate, up, as Phi3MLP's chunk(2) splits it).
+void fetch_fused(const std::string& name, std::span<const LayerLinear> parts, const FetchFn& fetch,
+                 LayerWeights& L) {
+  int64_t rows = 0;
+  for (const LayerLinear& l : parts) rows += l.out;
+  const Tensor fused = fetch(name + ".weight", {rows, parts[0].in}, Role::kMatrix, parts[0].in);
+  int64_t at = 0;
+  for (const LayerLinear& l : parts) {
+    L.*slot_weight_member(l.slot) = fused.data != nullptr ? row_block(fused, at, l.out) : fused;
+    at += l.out;
+  }
+}
+
+// Each block's norm, then its linears' weights, then their biases, then the block's extra
+// norms: the order the tensors are fetched in (which a dummy model's seeded weights follow).
 void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const FetchFn& fetch,
                  LayerWeights& L) {
   const std::string p = n.layer_prefix + std::to_string(i) + ".";
   const int64_t h = c.hidden;
   const bool ln = c.architecture().norm_bias();
   const LayerLinears linears = layer_linears(c.shape());
-  auto block = [&](LinearBlock b, const std::string& norm, Tensor& weight, Tensor& bias) {
-    weight = fetch(p + norm + ".weight", {h}, Role::kVector, 0);
-    if (ln) bias = fetch(p + norm + ".bias", {h}, Role::kVector, -1);
+  const auto norm = [&](const std::string& name, int64_t width, Tensor& weight) {
+    if (!name.empty()) weight = fetch(p + name + ".weight", {width}, Role::kNorm, 0);
+  };
+  const auto fused = [&](const std::string& name, std::initializer_list<LinearSlot> slots) {
+    std::vector<LayerLinear> parts;
+    for (LinearSlot s : slots) parts.push_back(linear_of(linears, s));
+    fetch_fused(p + name, parts, fetch, L);
+  };
+  auto block = [&](LinearBlock b, const std::string& norm_name, Tensor& weight, Tensor& bias) {
+    norm(norm_name, h, weight);
+    if (ln) bias = fetch(p + norm_name + ".bias", {h}, Role::kVector, -1);
+    if (b == LinearBlock::kAttention && !n.qkv.empty())
+      fused(n.qkv, {LinearSlot::kQ, LinearSlot::kK, LinearSlot::kV});
+    if (b == LinearBlock::kMlp && !n.gate_up.empty())
+      fused(n.gate_up, {LinearSlot::kGate, LinearSlot::kUp});
     for (const LayerLinear& l : linears)
-      if (l.present && linear_block(l.slot) == b)
+      if (l.present && linear_block(l.slot) == b && !linear_name(n, l.slot).empty())
         L.*slot_weight_member(l.slot) =
             fetch(p + linear_name(n, l.slot) + ".weight", {l.out, l.in}, Role::kMatrix, l.in);
     for (const LayerLinear& l : linears)
@@ -109,7 +166,11 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
             fetch(p + linear_name(n, l.slot) + ".bias", {l.out}, Role::kVector, -1);
   };
   block(LinearBlock::kAttention, n.attn_norm, L.attn_norm, L.attn_norm_bias);
+  norm(n.q_norm, c.head_dim, L.q_norm);
+  norm(n.k_norm, c.head_dim, L.k_norm);
+  norm(n.post_attn_norm, h, L.post_attn_norm);
   block(LinearBlock::kMlp, n.mlp_norm, L.mlp_norm, L.mlp_norm_bias);
+  norm(n.post_mlp_norm, h, L.post_mlp_norm);
 }
 
 void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
@@ -128,7 +189,7 @@ void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
   if (e != h) w.project_out = fetch(n.project_out + ".weight", {e, h}, Role::kMatrix, h);
   // OPT-350m style (post-LN) models have no final layer norm.
   if (a.final_norm) {
-    w.final_norm = fetch(n.final_norm + ".weight", {h}, Role::kVector, 0);
+    w.final_norm = fetch(n.final_norm + ".weight", {h}, Role::kNorm, 0);
     if (a.norm_bias()) w.final_norm_bias = fetch(n.final_norm + ".bias", {h}, Role::kVector, -1);
   }
   w.lm_head = c.tie_word_embeddings ? w.embed
@@ -158,11 +219,13 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
     }
     // Storage the sink or the shard replaced (a matrix compressed to 4-bit, the whole of a
     // split matrix): the layer no longer reads it.
+    // A view into it counts (Phi-3's fused projections: k and v lie inside qkv's storage).
     const auto used = [&](const std::unique_ptr<OwnedTensor>& t) {
-      for (const Tensor* m : {&L.attn_norm, &L.attn_norm_bias, &L.q, &L.k, &L.v, &L.o, &L.q_bias,
-                              &L.k_bias, &L.v_bias, &L.o_bias, &L.mlp_norm, &L.mlp_norm_bias,
-                              &L.gate, &L.up, &L.down, &L.up_bias, &L.down_bias})
-        if (m->data != nullptr && m->data == t->view.data) return true;
+      const auto* begin = static_cast<const char*>(t->view.data);
+      for (const LayerMember m : kLayerMembers) {
+        const auto* d = static_cast<const char*>((L.*m).data);
+        if (d != nullptr && d >= begin && d < begin + t->view.bytes()) return true;
+      }
       return false;
     };
     owned.erase(std::remove_if(owned.begin() + static_cast<std::ptrdiff_t>(mark), owned.end(),
@@ -216,7 +279,8 @@ void shard_layer(const WeightParts& parts, LayerWeights& L,
   STRATA_CHECK(d >= 1 && i >= 0 && i < d, "tensor-parallel shard {} of {}", i, d);
   // Heads are contiguous row blocks of q / k / v (head-major), so a block of whole heads is a
   // block of rows; shard i's query heads read exactly its KV heads (GQA groups stay whole).
-  for (Tensor* t : {&L.q, &L.k, &L.v, &L.q_bias, &L.k_bias, &L.v_bias, &L.gate, &L.up, &L.up_bias})
+  for (Tensor* t : {&L.q, &L.k, &L.v, &L.q_bias, &L.k_bias, &L.v_bias, &L.gate, &L.gate_bias, &L.up,
+                    &L.up_bias})
     *t = shard_rows(*t, i, d, owned);
   for (Tensor* t : {&L.o, &L.down}) *t = shard_columns(*t, i, d, owned);
   if (i != 0) L.o_bias = L.down_bias = Tensor{};
@@ -283,16 +347,84 @@ int64_t first_non_finite(const Tensor& t) {
   STRATA_CHECK(false, "first_non_finite: {} is not a float type", dtype_name(t.dtype));
 }
 
+namespace {
+
+NameTable names_of(const ModelConfig& config, const SafetensorsArchive* archive) {
+  if (config.family != ModelFamily::kOpt) return decoder_names(config.family);
+  const bool prefixed =
+      archive == nullptr || archive->find("model.decoder.embed_tokens.weight").tensor != nullptr;
+  return opt_names(prefixed ? "model." : "");
+}
+
+// Norm weights as the layer code applies them: f32, with the family's offset folded in
+// (Gemma's RMSNorm scales by 1 + w).
+Tensor as_norm(ModelWeights& w, const Tensor& stored, float offset) {
+  Tensor f = own(w, DType::kF32, stored.shape);
+  convert_to_f32(stored.dtype, stored.data, f.as<float>(),
+                 static_cast<size_t>(stored.shape.numel()));
+  if (offset != 0.0f)
+    for (int64_t i = 0; i < f.shape.numel(); ++i) f.as<float>()[i] += offset;
+  return f;
+}
+
+// Every tensor the whole model reads from a checkpoint, by name.
+std::set<std::string> expected_names(const ModelConfig& config, const NameTable& names) {
+  std::set<std::string> out;
+  const FetchFn record = [&](const std::string& name, Shape, Role, int64_t) {
+    out.insert(name);
+    return Tensor{};
+  };
+  ModelWeights scratch;
+  build_fixed(config, names, record, WeightParts{}, scratch);
+  LayerWeights layer;
+  for (int32_t i = 0; i < config.n_layers; ++i) build_layer(config, names, i, record, layer);
+  return out;
+}
+
+// Whether two tensors of the checkpoint hold the same bytes (a tied head saved beside the
+// embedding it is a copy of).
+bool same_tensor(const SafetensorsArchive& archive, const std::string& a, const std::string& b) {
+  const auto x = archive.find(a), y = archive.find(b);
+  if (x.tensor == nullptr || y.tensor == nullptr || x.tensor->dtype != y.tensor->dtype ||
+      !(x.tensor->shape == y.tensor->shape))
+    return false;
+  const Tensor tx = x.file->view(*x.tensor), ty = y.file->view(*y.tensor);
+  return tx.bytes() == ty.bytes() && std::memcmp(tx.data, ty.data, tx.bytes()) == 0;
+}
+
+// The loader is strict: a tensor the model would not read means the config does not describe
+// the checkpoint (a Qwen2 relabelled llama: its biases; a tied head shipped anyway), so it is
+// refused by name rather than silently left out. RoPE's inv_freq buffers, which some Llama
+// checkpoints carry, are derived from the config and skipped.
+void refuse_unread(const ModelConfig& config, const NameTable& names,
+                   const SafetensorsArchive& archive) {
+  const std::set<std::string> expected = expected_names(config, names);
+  const std::string head = names.lm_head + ".weight";
+  for (const std::string& name : archive.names()) {
+    if (expected.count(name) != 0 || name.ends_with(".rotary_emb.inv_freq")) continue;
+    const bool tied_head = name == head && config.tie_word_embeddings;
+    if (tied_head && same_tensor(archive, head, names.embed + ".weight")) continue;
+    const char* why =
+        tied_head ? " (tie_word_embeddings is true, so the head is the embedding, and this one "
+                    "differs from it)"
+                  : "";
+    fail_input(
+        "{}: tensor '{}' is not read by a {} model as {} describes it{}; refusing to load "
+        "it partly",
+        archive.find(name).file->path(), name, family_name(config.family), config.source, why);
+  }
+}
+
+}  // namespace
+
 ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::string& dir,
                                      const LayerSink& sink, const WeightParts& parts,
                                      const CheckpointOptions& options) {
   auto archive =
       std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir, options.limits));
-  NameTable names = llama_names();
-  if (config.family == ModelFamily::kOpt) {
-    const bool prefixed = archive->find("model.decoder.embed_tokens.weight").tensor != nullptr;
-    names = opt_names(prefixed ? "model." : "");
-  }
+  const NameTable names = names_of(config, archive.get());
+  refuse_unread(config, names, *archive);
+  const float offset = config.architecture().norm_offset;
   ModelWeights w;
   w.archive = archive;
   FetchFn fetch = [&](const std::string& name, Shape expected, Role role, int64_t) -> Tensor {
@@ -309,10 +441,9 @@ ModelWeights load_checkpoint_weights(const ModelConfig& config, const std::strin
                  entry.file->path(), name);
     Tensor view = entry.file->view(t);
     if (options.check_weights) check_finite(entry.file->path(), name, view);
+    if (role == Role::kNorm) return as_norm(w, view, offset);
     if (role == Role::kMatrix || view.dtype == DType::kF32) return view;
-    Tensor f = own(w, DType::kF32, expected);
-    convert_to_f32(view.dtype, view.data, f.as<float>(), static_cast<size_t>(expected.numel()));
-    return f;
+    return as_norm(w, view, 0.0f);  // a bias, to f32
   };
   ModelWeights built = build_weights(config, names, fetch, sink, w.owned, parts);
   built.owned = std::move(w.owned);
@@ -333,13 +464,16 @@ ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed, const 
          "give a --cpu-mem budget and a --disk-dir to keep the rest on disk",
          config.source, need / (1 << 30), dtype_name(config.dtype), have / (1 << 30));
   ModelWeights w;
+  const float offset = config.architecture().norm_offset;
   FetchFn fetch = [&](const std::string& name, Shape expected, Role role,
                       int64_t fan_in) -> Tensor {
     Tensor t = own(w, role == Role::kMatrix ? config.dtype : DType::kF32, expected);
     fill_dummy_tensor(seed, name, fan_in, t);
+    if (role == Role::kNorm && offset != 0.0f)
+      for (int64_t i = 0; i < t.shape.numel(); ++i) t.as<float>()[i] += offset;
     return t;
   };
-  const NameTable names = config.family == ModelFamily::kOpt ? opt_names("model.") : llama_names();
+  const NameTable names = names_of(config, nullptr);
   ModelWeights built = build_weights(config, names, fetch, sink, w.owned, parts);
   built.owned = std::move(w.owned);
   return built;
@@ -384,7 +518,7 @@ LayerMember slot_bias_member(LinearSlot slot) {
     case LinearSlot::kO:
       return &LayerWeights::o_bias;
     case LinearSlot::kGate:
-      return nullptr;  // gate has no bias in any family
+      return &LayerWeights::gate_bias;
     case LinearSlot::kUp:
       return &LayerWeights::up_bias;
     case LinearSlot::kDown:

@@ -21,18 +21,46 @@ class SafetensorsArchive;
 
 struct LayerWeights {
   Tensor attn_norm, attn_norm_bias;  // bias: LayerNorm only
-  Tensor q, k, v, o;
+  Tensor q, k, v, o;                 // Phi-3's fused qkv_proj: views of its row blocks
   Tensor q_bias, k_bias, v_bias, o_bias;
+  Tensor q_norm, k_norm;  // Qwen3: [head_dim] RMSNorms of each head before RoPE
+  Tensor post_attn_norm;  // Gemma-2: on the attention's output before the residual add
   Tensor mlp_norm, mlp_norm_bias;
-  Tensor gate;  // gated MLP only (Llama SwiGLU)
-  Tensor up;    // Llama up_proj / OPT fc1
+  Tensor gate;  // gated MLP only (Llama SwiGLU, Gemma-2 GeGLU)
+  Tensor up;    // Llama up_proj / OPT fc1 (Phi-3's fused gate_up_proj: its halves)
   Tensor down;  // Llama down_proj / OPT fc2
-  Tensor up_bias, down_bias;
+  Tensor gate_bias, up_bias, down_bias;
+  Tensor post_mlp_norm;  // Gemma-2: on the MLP's output before the residual add
 };
 
-// The members of `slot`'s weight and bias in LayerWeights (the bias: nullptr for gate, which
-// has none in any family).
+// Every tensor of a layer, in the order LayerLayout packs them (worker/layer_store.cpp) and
+// placement's memory model counts them (placement/stage_placement.cpp, layer_tensors): the
+// attention block's norm, weights, biases and q/k/post norms, then the MLP block's.
 using LayerMember = Tensor LayerWeights::*;
+inline constexpr LayerMember kLayerMembers[] = {&LayerWeights::attn_norm,
+                                                &LayerWeights::attn_norm_bias,
+                                                &LayerWeights::q,
+                                                &LayerWeights::k,
+                                                &LayerWeights::v,
+                                                &LayerWeights::o,
+                                                &LayerWeights::q_bias,
+                                                &LayerWeights::k_bias,
+                                                &LayerWeights::v_bias,
+                                                &LayerWeights::o_bias,
+                                                &LayerWeights::q_norm,
+                                                &LayerWeights::k_norm,
+                                                &LayerWeights::post_attn_norm,
+                                                &LayerWeights::mlp_norm,
+                                                &LayerWeights::mlp_norm_bias,
+                                                &LayerWeights::gate,
+                                                &LayerWeights::up,
+                                                &LayerWeights::down,
+                                                &LayerWeights::gate_bias,
+                                                &LayerWeights::up_bias,
+                                                &LayerWeights::down_bias,
+                                                &LayerWeights::post_mlp_norm};
+
+// The members of `slot`'s weight and bias in LayerWeights.
 LayerMember slot_weight_member(LinearSlot slot);
 LayerMember slot_bias_member(LinearSlot slot);
 

@@ -193,6 +193,9 @@ class CudaBackend final : public Backend {
   void rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const int32_t* positions,
             const RopeTables& tables) override;
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void scale(float* x, int64_t n, float s) override;
+  void softcap(float* x, int64_t n, float cap) override;
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
   void softmax(float* x, int64_t m, int64_t n) override;
@@ -706,6 +709,21 @@ void CudaBackend::silu_mul(const float* gate, const float* up, float* out, int64
   STRATA_CUDA_CHECK(cuda_kernels::silu_mul(gate, up, out, n, stream()));
 }
 
+void CudaBackend::gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::gelu_tanh_mul(gate, up, out, n, stream()));
+}
+
+void CudaBackend::scale(float* x, int64_t n, float s) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::scale_softcap(x, n, s, 0.0f, stream()));
+}
+
+void CudaBackend::softcap(float* x, int64_t n, float cap) {
+  activate();
+  STRATA_CUDA_CHECK(cuda_kernels::scale_softcap(x, n, 1.0f, cap, stream()));
+}
+
 void CudaBackend::relu(float* x, int64_t n) {
   activate();
   STRATA_CUDA_CHECK(cuda_kernels::relu(x, n, stream()));
@@ -818,6 +836,13 @@ void check_attention_dims(const AttentionDims& dims, int32_t n_kv_heads, int32_t
   STRATA_CHECK(dims.head_dim > 0 && dims.head_dim <= cuda_kernels::kMaxAttentionHeadDim,
                "attention: head_dim {} outside (0, {}]", dims.head_dim,
                cuda_kernels::kMaxAttentionHeadDim);
+  // The CUDA kernels attend causally over every position, uncapped: a model that needs more
+  // is refused here rather than computed wrong (the CPU backend has both).
+  if (dims.window > 0 || dims.softcap > 0.0f)
+    fail(ErrorKind::kUnimplemented,
+         "attention with a sliding window ({}) or soft-capped scores ({}) is not implemented "
+         "on the CUDA backend yet; run this model with --device cpu",
+         dims.window, dims.softcap);
 }
 // A 4-bit cache's slots and positions, for the row table's slot and capacity checks.
 KvLayerView shape_of(const KvQ4LayerView& c) {
@@ -868,8 +893,8 @@ bool CudaBackend::store_and_attend(const float* q, const float* k, const float* 
                                    const AttentionDims& dims, float* out) {
   if (!fuse_decode_attention_ || step.seqs.empty() || dims.n_kv_heads != cache.n_kv_heads ||
       dims.head_dim != cache.head_dim || dims.n_kv_heads <= 0 ||
-      dims.n_heads % dims.n_kv_heads != 0)
-    return false;
+      dims.n_heads % dims.n_kv_heads != 0 || dims.window > 0 || dims.softcap > 0.0f)
+    return false;  // attention() says which of these it cannot do
   for (const SeqSlice& sl : step.seqs)
     if (sl.n_new != 1) return false;
   const auto n_seqs = static_cast<int64_t>(step.seqs.size());

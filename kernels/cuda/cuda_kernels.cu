@@ -293,6 +293,22 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
   }
 }
 
+__global__ void gelu_tanh_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+__global__ void scale_softcap_kernel(float* x, int64_t n, float s, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i] * s;
+    x[i] = cap > 0.0f ? cap * tanhf(v / cap) : v;
+  }
+}
+
 __global__ void relu_kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -594,6 +610,19 @@ KernelStatus silu_mul(const float* gate, const float* up, float* out, int64_t n,
                       StreamHandle stream) {
   if (n <= 0) return {};
   silu_mul_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(gate, up, out, n);
+  return last_status();
+}
+
+KernelStatus gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                           StreamHandle stream) {
+  if (n <= 0) return {};
+  gelu_tanh_mul_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(gate, up, out, n);
+  return last_status();
+}
+
+KernelStatus scale_softcap(float* x, int64_t n, float s, float cap, StreamHandle stream) {
+  if (n <= 0) return {};
+  scale_softcap_kernel<<<elementwise_blocks(n), kThreads, 0, as_stream(stream)>>>(x, n, s, cap);
   return last_status();
 }
 

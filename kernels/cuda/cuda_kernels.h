@@ -72,6 +72,10 @@ KernelStatus rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const 
                   StreamHandle stream);
 KernelStatus silu_mul(const float* gate, const float* up, float* out, int64_t n,
                       StreamHandle stream);
+KernelStatus gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                           StreamHandle stream);
+// x = s x, then (cap > 0) x = cap tanh(x / cap).
+KernelStatus scale_softcap(float* x, int64_t n, float s, float cap, StreamHandle stream);
 KernelStatus relu(float* x, int64_t n, StreamHandle stream);
 KernelStatus add(float* y, const float* x, int64_t n, StreamHandle stream);
 KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream);

@@ -1661,3 +1661,50 @@ TEST(OomContext, SaysWhatWasBeingAllocated) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Attention with a sliding window and soft-capped scores against the formulas written out
+// (Mistral's / Gemma-2's: a query at i sees keys i - window < j <= i; s = cap tanh(s / cap)
+// after the scale, before the mask), for a prefill chunk and a decode row, head_dim 32 so the
+// vectorised decode passes run too.
+TEST(CpuBackendAttention, SlidingWindowAndSoftcapFollowTheirFormulas) {
+  constexpr int32_t kHd = 32, kCap = 16, kWindow = 3;
+  constexpr float kScale = 0.4f, kSoftcap = 2.0f;
+  CpuBackend cpu(1);
+  const std::vector<float> keys = random_floats(2 * kCap * kHd, 11);
+  const std::vector<float> values = random_floats(keys.size(), 12);
+  std::vector<float> kc = keys, vc = values;  // two slots, positions written already
+  const KvLayerView view{kc.data(), vc.data(), 2, kCap, 1, kHd};
+  // Slot 0: a 6-row prefill; slot 1: one decode row at position 9.
+  const std::vector<SeqSlice> seqs = {SeqSlice{0, 6, 0, 0}, SeqSlice{6, 1, 9, 1}};
+  const std::vector<float> q = random_floats(7 * kHd, 13);
+  std::vector<float> out(q.size());
+  cpu.attention(q.data(), seqs, view, AttentionDims{1, 1, kHd, kScale, kWindow, kSoftcap},
+                out.data());
+  auto expect_row = [&](int32_t row, int32_t slot, int32_t pos) {
+    const float* k = keys.data() + static_cast<size_t>(slot) * kCap * kHd;
+    const float* v = values.data() + static_cast<size_t>(slot) * kCap * kHd;
+    std::vector<double> p;
+    double sum = 0;
+    for (int32_t j = std::max(0, pos - kWindow + 1); j <= pos; ++j) {
+      double s = 0;
+      for (int32_t d = 0; d < kHd; ++d) s += double{q[row * kHd + d]} * k[j * kHd + d];
+      s = kSoftcap * std::tanh(s * kScale / kSoftcap);
+      p.push_back(std::exp(s));
+      sum += p.back();
+    }
+    for (int32_t d = 0; d < kHd; ++d) {
+      double o = 0;
+      for (size_t n = 0; n < p.size(); ++n)
+        o += p[n] / sum * v[(std::max(0, pos - kWindow + 1) + static_cast<int32_t>(n)) * kHd + d];
+      EXPECT_NEAR(out[static_cast<size_t>(row) * kHd + d], o, 1e-5) << "row " << row << " d " << d;
+    }
+  };
+  for (int32_t i = 0; i < 6; ++i) expect_row(i, 0, i);
+  expect_row(6, 1, 9);
+}
+
+}  // namespace
+}  // namespace strata

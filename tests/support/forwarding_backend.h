@@ -38,6 +38,11 @@ class ForwardingBackend : public Backend {
   void silu_mul(const float* g, const float* u, float* o, int64_t n) override {
     inner_.silu_mul(g, u, o, n);
   }
+  void gelu_tanh_mul(const float* g, const float* u, float* o, int64_t n) override {
+    inner_.gelu_tanh_mul(g, u, o, n);
+  }
+  void scale(float* x, int64_t n, float s) override { inner_.scale(x, n, s); }
+  void softcap(float* x, int64_t n, float cap) override { inner_.softcap(x, n, cap); }
   void relu(float* x, int64_t n) override { inner_.relu(x, n); }
   void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
   void softmax(float* x, int64_t m, int64_t n) override { inner_.softmax(x, m, n); }

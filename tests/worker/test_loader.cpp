@@ -201,6 +201,7 @@ TEST(Config, GenerationConfigAddsEosIdsAndSamplingDefaults) {
 TEST(Config, RejectsHeadsNotDividingHidden) {
   json j = stories_config();
   j["num_attention_heads"] = 7;
+  j.erase("head_dim");  // a head_dim of its own need not be hidden / heads (Gemma-2, Qwen3)
   const std::string msg = error_of([&] { parse_model_config(j, "my/config.json"); });
   EXPECT_NE(msg.find("my/config.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("num_attention_heads 7"), std::string::npos) << msg;
