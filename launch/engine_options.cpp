@@ -141,7 +141,9 @@ void add_packing_options(CLI::App& cmd, EngineOptions& o) {
 }  // namespace
 
 void add_engine_options(CLI::App& cmd, EngineOptions& o) {
-  cmd.add_option("--model", o.model, "Model directory (config.json + safetensors) or dummy:NAME")
+  cmd.add_option("--model", o.model,
+                 "Model folder (config.json + safetensors), a Hugging Face hub cache model "
+                 "(ORG/NAME[@REV], found offline) or dummy:NAME")
       ->required();
   cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(thread_count());
   cmd.add_option("--dtype", o.dtype, "Storage dtype of dummy weights")

@@ -244,7 +244,9 @@ Command add_plan(CLI::App& app) {
       "plan",
       "Choose an offloading policy (FlexGen's cost model and LP search) or, with --workload, a "
       "schedule under a latency bound (ExeGPT)");
-  cmd->add_option("--model", o->model, "Model directory (its config.json) or dummy:NAME")
+  cmd->add_option(
+         "--model", o->model,
+         "Model folder (its config.json), a hub cache model (ORG/NAME[@REV]) or dummy:NAME")
       ->required();
   cmd->add_option("--dtype", o->dtype, "Weight dtype the plan assumes")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));

@@ -29,6 +29,7 @@
 #include "launch/slurm_env.h"
 #include "transport/mpi_session.h"
 #include "worker/dummy.h"
+#include "worker/model_path.h"
 #include "worker/node_probe.h"
 #include "worker/stage_worker.h"
 
@@ -241,9 +242,9 @@ int serve_coordinator(const ServeOptions& o, const Communicator& world,
                       std::vector<std::string> hosts, std::vector<StageNode> nodes) {
   const ModelConfig config =
       load_spec_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
-  const std::unique_ptr<Tokenizer> tokenizer = is_dummy_model(o.engine.model)
-                                                   ? Tokenizer::ids_only(config)
-                                                   : Tokenizer::load(o.engine.model, config);
+  const std::unique_ptr<Tokenizer> tokenizer =
+      is_dummy_model(o.engine.model) ? Tokenizer::ids_only(config)
+                                     : Tokenizer::load(resolve_model_path(o.engine.model), config);
   MpiStages stages(world, MpiStagesOptions{o.heartbeat_interval, o.heartbeat_timeout,
                                            o.load_timeout, o.step_timeout});
   return serve_requests(o, stages, config, *tokenizer, std::move(hosts), std::move(nodes));

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "worker/model_path.h"
 
 namespace strata {
 namespace {
@@ -70,9 +71,9 @@ bool is_dummy_model(const std::string& spec) {
 
 ModelConfig load_spec_config(const std::string& spec, DType dummy_dtype,
                              const InputLimits& limits) {
-  if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
+  if (spec.empty()) fail_input("no model given: pass a model directory, ORG/NAME or dummy:NAME");
   return is_dummy_model(spec) ? dummy_model_config(spec.substr(kDummyPrefix.size()), dummy_dtype)
-                              : load_model_config(spec, limits);
+                              : load_model_config(resolve_model_path(spec), limits);
 }
 
 std::vector<std::string> dummy_model_names() {

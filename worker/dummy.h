@@ -20,7 +20,8 @@ ModelConfig dummy_model_config(const std::string& name, DType dtype = DType::kF3
 std::vector<std::string> dummy_model_names();
 
 // The config of a model spec as the loader reads it: a dummy shape (weights stored as
-// `dummy_dtype`) or a folder's config.json (read within `limits`). An empty spec is refused.
+// `dummy_dtype`) or the config.json of the folder the spec resolves to (model_path.h: a
+// folder or the hub cache; read within `limits`). An empty spec is refused.
 ModelConfig load_spec_config(const std::string& spec, DType dummy_dtype,
                              const InputLimits& limits = {});
 

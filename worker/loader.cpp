@@ -7,10 +7,12 @@
 #include "kernels/error.h"
 #include "kernels/gemm_panel.h"
 #include "kernels/gemm_q4_panel.h"
+#include "kernels/log.h"
 #include "kernels/quant.h"
 #include "kernels/tunables.h"
 #include "placement/layer_linears.h"
 #include "worker/dummy.h"
+#include "worker/model_path.h"
 
 namespace strata {
 namespace {
@@ -288,9 +290,12 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
 }  // namespace
 
 LoadedModel load_model(const std::string& spec, const LoadOptions& options) {
-  if (spec.empty()) fail_input("no model given: pass a model directory or dummy:NAME");
+  if (spec.empty()) fail_input("no model given: pass a model directory, ORG/NAME or dummy:NAME");
+  // Resolved here, on this process's host: a cluster's ranks each find their own copy.
+  const std::string folder = resolve_model_path(spec);
+  if (folder != spec) log::get("worker")->info("model {}: {}", spec, folder);
   return with_oom_context(fmt::format("loading the model {}", spec),
-                          [&] { return load_model_parts(spec, options); });
+                          [&] { return load_model_parts(folder, options); });
 }
 
 }  // namespace strata

@@ -1,6 +1,7 @@
 // From a model spec on the command line to config, weights and tokenizer:
-//   a directory with config.json + safetensors (+ tokenizer.model), or
-//   "dummy:NAME" for a generated shape (see dummy.h).
+//   a directory with config.json + safetensors (+ tokenizer.model), a Hugging Face hub
+//   cache model (ORG/NAME, a repo or snapshot folder: model_path.h, resolved by load_model
+//   on this process's host), or "dummy:NAME" for a generated shape (see dummy.h).
 #pragma once
 
 #include <cstdint>

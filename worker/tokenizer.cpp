@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/error.h"
+#include "worker/model_path.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -151,7 +152,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, const ModelC
   return t;
 }
 
-std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path, const InputLimits& limits) {
+std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& spec, const InputLimits& limits) {
+  const std::string path = resolve_model_path(spec);  // a folder or file, or ORG/NAME
   std::error_code ec;
   if (!fs::exists(path, ec))
     fail_input("{}: no such tokenizer file (tokenizer.json, tokenizer.model) or model folder",

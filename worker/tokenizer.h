@@ -34,9 +34,10 @@ class Tokenizer {
   static std::unique_ptr<Tokenizer> load(const std::string& path, const ModelConfig& config,
                                          const InputLimits& limits = {});
   // A tokenizer on its own, for tools (strata tokenize, predict): `path` is a tokenizer.json,
-  // tokenizer.model or a folder holding one (its config.json, if any, gives the BOS id); any
-  // number of tokens is accepted. InputError naming the path when it holds no tokenizer.
-  static std::unique_ptr<Tokenizer> open(const std::string& path, const InputLimits& limits);
+  // tokenizer.model or a folder holding one (its config.json, if any, gives the BOS id), or
+  // a hub cache model (model_path.h: ORG/NAME, a repo or snapshot folder); any number of
+  // tokens is accepted. InputError naming the path when it holds no tokenizer.
+  static std::unique_ptr<Tokenizer> open(const std::string& spec, const InputLimits& limits);
   // A sentencepiece tokenizer from a serialized model (the bytes of tokenizer.model);
   // `source` names it in messages.
   static std::unique_ptr<Tokenizer> from_bytes(std::string_view model_bytes,

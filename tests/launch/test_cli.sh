@@ -735,5 +735,34 @@ echo '{"model_type": "llama"}' >"$TMP/tokenizer.json"
 expect_error tokenize-corrupt-json "tokenizer.json" tokenize --tokenizer "$TMP/tokenizer.json" --text hi
 rm -f "$TMP/tokenizer.json"
 
+# Models where users keep them (worker/model_path.h): a Hugging Face hub cache laid out as
+# huggingface_hub writes one (blobs/, snapshots/REV/ of relative links, refs/main), found
+# offline as ORG/NAME through HF_HOME; the same ids as the folder, and a name that is not
+# there refused naming where it looked.
+HUB_REPO="$TMP/hf-home/hub/models--strata-test--stories260K"
+HUB_REV=0123456789abcdef0123456789abcdef01234567
+mkdir -p "$HUB_REPO/blobs" "$HUB_REPO/refs" "$HUB_REPO/snapshots/$HUB_REV"
+for f in config.json generation_config.json model.safetensors tokenizer.model tokenizer_config.json; do
+  blob=$(sha256sum "$MODEL/$f" | cut -d' ' -f1)
+  cp "$MODEL/$f" "$HUB_REPO/blobs/$blob"
+  ln -s "../../blobs/$blob" "$HUB_REPO/snapshots/$HUB_REV/$f"
+done
+printf '%s' "$HUB_REV" >"$HUB_REPO/refs/main"
+hub_gen=(generate --prompt "Once upon a time" --max-new-tokens 16 --format json)
+"$STRATA" "${hub_gen[@]}" --model "$MODEL" 2>/dev/null | grep -v summary >"$TMP/hub-folder.jsonl"
+HF_HUB_CACHE= HUGGINGFACE_HUB_CACHE= HF_HOME="$TMP/hf-home" "$STRATA" "${hub_gen[@]}" --model strata-test/stories260K \
+  2>"$TMP/err" | grep -v summary >"$TMP/hub-name.jsonl"
+if [ -s "$TMP/hub-folder.jsonl" ] && cmp -s "$TMP/hub-folder.jsonl" "$TMP/hub-name.jsonl" &&
+  [ "$(HF_HUB_CACHE="$TMP/hf-home/hub" "$STRATA" tokenize --tokenizer strata-test/stories260K@$HUB_REV \
+        --text "Once upon a time")" = "$("$STRATA" tokenize --tokenizer "$MODEL" --text "Once upon a time")" ]; then
+  echo "ok   hub-cache-org-name"; passes=$((passes + 1))
+else
+  echo "FAIL hub-cache-org-name:"; cat "$TMP/hub-folder.jsonl" "$TMP/hub-name.jsonl" "$TMP/err"
+  failures=$((failures + 1))
+fi
+HF_HUB_CACHE= HUGGINGFACE_HUB_CACHE= HF_HOME="$TMP/hf-home" expect_error hub-cache-missing \
+  "model 'strata-test/nope' not found: looked for the folder .*/strata-test/nope and for $TMP/hf-home/hub/models--strata-test--nope .*HF_HOME=$TMP/hf-home.*does not download" \
+  generate --model strata-test/nope --prompt hi
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
