@@ -555,11 +555,19 @@ ModelConfig tensor_parallel_shard(const ModelConfig& full, int32_t degree) {
 }
 
 std::string ModelConfig::str() const {
+  std::string extra;
+  if (!rope_scaling_type.empty()) extra += fmt::format(", rope_scaling={}", rope_scaling_type);
+  if (sliding_window > 0)
+    extra += fmt::format(", window={} on {} of {} layers", sliding_window,
+                         std::count(sliding.begin(), sliding.end(), 1), sliding.size());
+  if (attention_scale > 0.0f) extra += fmt::format(", score_scale={}", attention_scale);
+  if (attn_softcap > 0.0f) extra += fmt::format(", attn_softcap={}", attn_softcap);
+  if (final_softcap > 0.0f) extra += fmt::format(", final_softcap={}", final_softcap);
   return fmt::format(
       "ModelConfig({}, {}, hidden={}, intermediate={}, layers={}, heads={}, kv_heads={}, "
-      "head_dim={}, vocab={}, max_pos={}, eps={}, dtype={}, tied={})",
+      "head_dim={}, vocab={}, max_pos={}, eps={}, dtype={}, tied={}{})",
       source, family_name(family), hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim,
-      vocab, max_positions, norm_eps, dtype_name(dtype), tie_word_embeddings);
+      vocab, max_positions, norm_eps, dtype_name(dtype), tie_word_embeddings, extra);
 }
 
 ModelConfig parse_model_config_text(std::string_view text, const std::string& source,

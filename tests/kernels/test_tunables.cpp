@@ -9,39 +9,22 @@
 
 #include "kernels/error.h"
 #include "kernels/tunables.h"
+#include "support/scoped_variable.h"
 
 namespace strata {
 namespace {
 
-// Sets one variable for a test's length and puts the old value back.
-class ScopedVariable {
- public:
-  ScopedVariable(std::string name, const char* value) : name_(std::move(name)) {
-    if (const Tunable* t = find(name_)) old_ = tunable_text(t->id);
-    if (value != nullptr) {
-      setenv(name_.c_str(), value, 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-  ~ScopedVariable() {
-    if (old_) {
-      setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
+// The tunable's text before the test (nullopt: unset), which ScopedVariable puts back.
+std::optional<std::string> old_text(const std::string& name) {
+  for (const Tunable& t : tunables())
+    if (!t.family() && t.name == name) return tunable_text(t.id);
+  return std::nullopt;
+}
 
- private:
-  static const Tunable* find(const std::string& name) {
-    for (const Tunable& t : tunables())
-      if (!t.family() && t.name == name) return &t;
-    return nullptr;
-  }
-  std::string name_;
-  std::optional<std::string> old_;
+// Sets one variable for a test's length and puts the old value back.
+struct ScopedVariable : testing::ScopedVariable {
+  ScopedVariable(const std::string& name, const char* value)
+      : testing::ScopedVariable(name, value, old_text(name)) {}
 };
 
 std::string error_of(void (*read)()) {

@@ -16,7 +16,9 @@
 #                                      resident memory after load), the rest streamed from
 #                                      disk, results equal to strata generate
 #   nodes NP MODEL VARIANT             a node file (tiers: a device stand-in beside a CPU
-#                                      rank; unequal: fast, slow and disk-streaming nodes):
+#                                      rank; unequal: fast, slow and disk-streaming nodes;
+#                                      small: two CPU nodes of unequal memory and speed;
+#                                      MODEL family:NAME is tests/worker/families' model):
 #                                      strata plan --nodes equals what each worker allocated,
 #                                      each within its budgets, results equal
 #   dead NP RANK                       a worker killed mid-run: rank 0 names it, exits
@@ -72,7 +74,15 @@ cluster() {  # NP serve-options... ; a hard guard under ctest's TIMEOUT
 
 # Requests with mixed prompt and output lengths, and one malformed line.
 write_requests() {  # MODEL FILE
-  if [ "${1#dummy:}" != "$1" ]; then
+  if [ -f "$1/config.json" ] && [ ! -f "$1/tokenizer.json" ] && [ ! -f "$1/tokenizer.model" ]; then
+    # A folder without a tokenizer (tests/worker/families' models, 256 ids): prompts as ids.
+    cat >"$2" <<'JSON'
+{"id": "a", "prompt_ids": [5, 100, 200, 7, 9, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67], "max_new_tokens": 12}
+{"id": "b", "prompt_ids": [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], "max_new_tokens": 2}
+{"id": "c", "prompt": "3 11", "max_new_tokens": 4}
+{"id": "bad", "prompt": "2 3", "max_new_tokens": "lots"}
+JSON
+  elif [ "${1#dummy:}" != "$1" ]; then
     cat >"$2" <<'JSON'
 {"id": "a", "prompt": "2 100 200", "max_new_tokens": 5}
 {"id": "b", "prompt_ids": [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], "max_new_tokens": 2}
@@ -218,7 +228,18 @@ PY
   nodes)  # NP MODEL VARIANT: a node file (tiers: device stand-in beside CPU; unequal nodes)
     np=$1 model=$2 variant=$3
     mkdir -p "$tmp/disk"
+    if [ "${model#family:}" != "$model" ]; then  # a random-weight model of that family
+      /usr/bin/python3 "$root/tests/worker/families/make_model.py" --family "${model#family:}" \
+        --out "$tmp/model" --seed 0 >/dev/null
+      model=$tmp/model
+    fi
     case $variant in
+      small)  # two CPU nodes of unequal memory and speed (a small model's stages)
+        cat >"$tmp/nodes.json" <<JSON
+[{"rank": 1, "device": "cpu", "cpu-mem": "64MiB", "memory-read-gbs": 10},
+ {"rank": 2, "device": "cpu", "cpu-mem": "8MiB", "memory-read-gbs": 5}]
+JSON
+        ;;
       tiers)  # rank 1 runs the device path with the CPU standing in, rank 2 computes on the
         # CPU, rank 3 is the fastest (its rates pinned), so it takes most layers, holds less
         # than them and keeps the rest on its disk
@@ -272,7 +293,9 @@ for p, s in zip(ps, ss):
     print(f"rank {s['rank']} layers {s['layers']} {'device' if s['device_compute'] else 'cpu'} compute: "
           f"allocated {s['allocated']} as planned; read {s['bytes_from_disk']} B from disk")
 n = [s["layers"][1] - s["layers"][0] for s in ss]
-if variant == "tiers":
+if variant == "small":
+    pass  # the byte-for-byte check above is the point
+elif variant == "tiers":
     if [s["device_compute"] for s in ss] != [True, False, False]: sys.exit("FAIL: tiers not each rank's own")
     if ss[0]["allocated"]["gpu"] <= 0 or ss[1]["allocated"]["gpu"] != 0: sys.exit("FAIL: gpu tier bytes")
     # What it cannot hold (here its KV cache, as the planner moves it first) is on its disk.

@@ -15,6 +15,8 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/error.h"
 #include "kernels/tunables.h"
+#include "support/input_error.h"
+#include "support/scoped_variable.h"
 #include "support/stories_reference.h"
 #include "worker/dummy.h"
 #include "worker/loader.h"
@@ -32,38 +34,13 @@ using json = nlohmann::json;
 
 template <typename Fn>
 std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "<no InputError>";
+  return testing::input_error(fn);
 }
 
 // Sets (or, with nullptr, unsets) one variable for a test's length.
-class ScopedVariable {
- public:
-  ScopedVariable(std::string name, const char* value)
-      : name_(std::move(name)), old_(foreign_variable(name_.c_str())) {
-    if (value != nullptr) {
-      setenv(name_.c_str(), value, 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-  ~ScopedVariable() {
-    if (old_) {
-      setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
+struct ScopedVariable : testing::ScopedVariable {
+  ScopedVariable(const std::string& name, const char* value)
+      : testing::ScopedVariable(name, value, foreign_variable(name.c_str())) {}
 };
 
 // The five variables that place the cache, all cleared, then `hf_hub_cache` / `hf_home`.
