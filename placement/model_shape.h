@@ -37,6 +37,7 @@ struct ModelShape {
   bool mlp_bias = false;        // up/down, and gate where gated
   bool qk_norm = false;         // Qwen3: [head_dim] norms of q and k per layer
   bool post_norms = false;      // Gemma-2: a [hidden] norm after each block
+  bool longrope = false;        // Phi-3: two rotary tables (short and long factors)
 
   int64_t q_width() const { return n_heads * head_dim; }
   int64_t kv_width() const { return n_kv_heads * head_dim; }

@@ -374,12 +374,13 @@ int64_t activation_bytes(const ModelShape& s, const StageRequest& r, int32_t gpu
   int64_t a = rows * kF32 *
               (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // h sel ..
   if (r.head) a += std::min<int64_t>(rows, kLogitChunk) * s.vocab * kF32;
-  if (!s.learned_positions) a += 2 * s.max_positions * (s.head_dim / 2) * kF32;  // rotary
+  if (!s.learned_positions)  // rotary (longrope: the short and the long factors' tables)
+    a += 2 * s.max_positions * (s.longrope ? 2 : 1) * (s.head_dim / 2) * kF32;
   // Each GPU batch of a block keeps its residual stream and its step ids: tokens,
-  // positions and the row table (RowEntry per row). One GPU batch at least.
+  // positions, the row table (RowEntry per row) and rope rows. One GPU batch at least.
   const int64_t gbs = gpu_batch_size;
   const int64_t states = gbs > 0 && r.kv_slots > gbs ? (r.kv_slots + gbs - 1) / gbs : 1;
-  a += states * rows * (wide * kF32 + 2 * kI32 + static_cast<int64_t>(sizeof(RowEntry)));
+  a += states * rows * (wide * kF32 + 3 * kI32 + static_cast<int64_t>(sizeof(RowEntry)));
   return a;
 }
 

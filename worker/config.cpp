@@ -535,6 +535,7 @@ ModelShape ModelConfig::shape() const {
   s.mlp_bias = mlp_bias;
   s.qk_norm = a.qk_norm;
   s.post_norms = a.post_norms;
+  s.longrope = rope_scaling_type == "longrope";
   return s;
 }
 

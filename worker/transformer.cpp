@@ -124,15 +124,14 @@ std::vector<float> rope_inv_freq(const ModelConfig& c, const std::vector<float>*
 }  // namespace
 
 // cos/sin of position * inv_freq, in f32 like the reference implementations, times
-// longrope's attention factor (1 otherwise). longrope rotates a position inside the original
-// context by the short factors and one past it by the long ones: what Hugging Face computes
-// for a sequence that grows past the original context token by token (it picks one list per
-// forward by the sequence's length, so a prompt longer than the original context gets the
-// long factors on all its positions there).
+// longrope's attention factor (1 otherwise). longrope has two tables, one after the other:
+// the short factors' and the long ones' (fill_rope_rows picks the row). A sequence that grows
+// past the original context during decoding keeps the keys it cached with the short factors;
+// Hugging Face recomputes its whole cache with the long ones at that step.
 void Transformer::build_rope_tables() {
   const int32_t half = config_.head_dim / 2;
-  const int32_t n_pos = config_.max_positions;
   const bool longrope = config_.rope_scaling_type == "longrope";
+  const int32_t n_pos = config_.max_positions * (longrope ? 2 : 1);
   const std::vector<float> inv_freq =
       rope_inv_freq(config_, longrope ? &config_.rope_short_factor : nullptr);
   const std::vector<float> long_inv_freq =
@@ -140,10 +139,11 @@ void Transformer::build_rope_tables() {
   const float factor = config_.rope_attention_factor;
   std::vector<float> cos_t(static_cast<size_t>(n_pos) * half), sin_t(cos_t.size());
   for (int32_t p = 0; p < n_pos; ++p) {
-    const std::vector<float>& f =
-        longrope && p >= config_.rope_original_max_positions ? long_inv_freq : inv_freq;
+    const bool second = p >= config_.max_positions;
+    const std::vector<float>& f = second ? long_inv_freq : inv_freq;
+    const float position = static_cast<float>(second ? p - config_.max_positions : p);
     for (int32_t j = 0; j < half; ++j) {
-      const float angle = static_cast<float>(p) * f[static_cast<size_t>(j)];
+      const float angle = position * f[static_cast<size_t>(j)];
       cos_t[static_cast<size_t>(p) * half + j] = std::cos(angle) * factor;
       sin_t[static_cast<size_t>(p) * half + j] = std::sin(angle) * factor;
     }
@@ -176,11 +176,25 @@ void Transformer::upload_batch(const StepBatch& batch, const KvCache& cache, Bat
   std::memcpy(host + n, batch.positions.data(), n * sizeof(int32_t));
   auto* table = reinterpret_cast<RowEntry*>(host + 2 * n);
   const int64_t n_rows = fill_row_table(batch.seqs, cache.n_slots(), cache.capacity(), table, rows);
+  fill_rope_rows(batch, reinterpret_cast<int32_t*>(table + rows));
   s.rows = rows;
   backend_.copy(s.ids.data(), host, BatchState::ids_bytes(rows), CopyKind::kHostToDevice);
   s.step_rows = StepRows(batch.seqs);
   s.step_rows.table = reinterpret_cast<const RowEntry*>(s.positions() + rows);
   s.step_rows.n_rows = n_rows;
+}
+
+// Each row's rotary table row. longrope: a sequence whose length passes the original context
+// rotates every position by the long factors (the table's second half), as Hugging Face
+// picks the factors by the sequence's length; otherwise each row's position.
+void Transformer::fill_rope_rows(const StepBatch& batch, int32_t* out) const {
+  const bool longrope = config_.rope_scaling_type == "longrope";
+  for (const SeqSlice& seq : batch.seqs) {
+    const bool long_factors =
+        longrope && seq.n_past + seq.n_new > config_.rope_original_max_positions;
+    for (int32_t i = 0; i < seq.n_new; ++i)
+      out[seq.row_begin + i] = seq.n_past + i + (long_factors ? config_.max_positions : 0);
+  }
 }
 
 void Transformer::norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y) {
@@ -244,8 +258,8 @@ void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& 
                       L.k_norm.f32(), config_.norm_eps, k_.f32());
   }
   if (arch_.rotary()) {
-    backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, s.positions(), rope_);
-    backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.positions(), rope_);
+    backend_.rope(q_.f32(), rows, config_.n_heads, config_.head_dim, s.rope_rows(), rope_);
+    backend_.rope(k_.f32(), rows, config_.n_kv_heads, config_.head_dim, s.rope_rows(), rope_);
   }
   attention_.run(i, q_.f32(), k_.f32(), v_.f32(), s.step_rows, rows, cache, attn_.f32());
 }

@@ -37,8 +37,11 @@ struct StepBatch {
 // and the row table every layer's kv_store and attention read — uploaded together once per
 // step. Sized for the stage's max rows when the executor is built.
 struct BatchState {
-  DeviceBuffer x;    // [max_rows, wide] residual stream
-  DeviceBuffer ids;  // this step's tokens [rows], positions [rows], RowEntry [rows], packed
+  DeviceBuffer x;  // [max_rows, wide] residual stream
+  // This step's tokens [rows], positions [rows], RowEntry [rows] and rope rows [rows] (the
+  // rotary table's row of each: its position, or past the short table for longrope's long
+  // factors), packed.
+  DeviceBuffer ids;
   std::vector<int32_t> host_ids;  // the same on the host, filled before the upload
   int32_t max_rows = 0;
   int32_t rows = 0;    // this step's
@@ -46,8 +49,12 @@ struct BatchState {
 
   const int32_t* tokens() const { return static_cast<const int32_t*>(ids.data()); }
   const int32_t* positions() const { return tokens() + rows; }
+  const int32_t* rope_rows() const {
+    return reinterpret_cast<const int32_t*>(reinterpret_cast<const RowEntry*>(positions() + rows) +
+                                            rows);
+  }
   static size_t ids_bytes(int32_t rows) {
-    return static_cast<size_t>(rows) * (2 * sizeof(int32_t) + sizeof(RowEntry));
+    return static_cast<size_t>(rows) * (3 * sizeof(int32_t) + sizeof(RowEntry));
   }
 };
 
@@ -98,6 +105,7 @@ class Transformer {
 
  private:
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
+  void fill_rope_rows(const StepBatch& batch, int32_t* out) const;
   // What an attention or MLP block's first linears read: x, and in a pre-norm layer the
   // norm still to apply to it (norm_weight set), which the backend may fold into them.
   struct BlockInput {

@@ -103,10 +103,10 @@ constexpr int64_t kPacked = 45 * 4096;                 // 181760 rounded up to a
 constexpr int64_t kKv = 5 * 2 * (2 * 16 * 4 * 8 * 4);  // K and V, 5 layers: 40960
 // Step buffers of 8 rows: one layer's temporaries h, sel [8, 64]; q, attn [8, 64]; k, v
 // [8, 32]; two MLP [8, 172]; the head's logits [8, 512]; the rotary tables [512, 4] x 2; one
-// GPU batch's state: x [8, 64], token ids and positions [8] and the row table (8 entries of
-// 3 int32).
+// GPU batch's state: x [8, 64], token ids, positions and rope rows [8] and the row table (8
+// entries of 3 int32).
 constexpr int64_t kActivations = 8 * 4 * (2 * 64 + 2 * 64 + 2 * 32 + 2 * 172) + 8 * 512 * 4 +
-                                 2 * 512 * 4 * 4 + (8 * 64 * 4 + 2 * 8 * 4 + 8 * 12);  // 56224
+                                 2 * 512 * 4 * 4 + (8 * 64 * 4 + 3 * 8 * 4 + 8 * 12);  // 56256
 constexpr int64_t kStageHost = 2 * 512 * 4 + 8 * 4;  // the stage's logits and token ids: 4128
 constexpr int64_t kStaging = 2 * (kPacked + 4096);   // two disk staging buffers
 
@@ -137,7 +137,7 @@ TEST(Planner, AResidentStageIsTheSumWorkedOutByHand) {
   const StagePlan& s = p.stages[0];
   EXPECT_EQ(s.placed_cpu_bytes,
             static_cast<uint64_t>(kFixed + 5 * kLayer + kKv + kActivations + kStageHost));
-  EXPECT_EQ(s.placed_cpu_bytes, 1141440u);
+  EXPECT_EQ(s.placed_cpu_bytes, 1141472u);
   EXPECT_EQ(s.placed_gpu_bytes, 0u);
   EXPECT_EQ(s.placed_disk_bytes, 0u);
   EXPECT_EQ(s.weight_tiers, std::vector<uint8_t>(5, 1));
@@ -165,7 +165,7 @@ TEST(Planner, WaaPlansTwoPipelinesEachWithItsSlots) {
   EXPECT_TRUE(!p.stages[2].has_embedding && p.stages[2].has_head);
   EXPECT_EQ(p.stages[0].placed_cpu_bytes,
             static_cast<uint64_t>(kFixed + 5 * kLayer + kKv / 2 + kActivations + 512 * 4 + 8 * 4));
-  EXPECT_EQ(p.stages[0].placed_cpu_bytes, 1118912u);
+  EXPECT_EQ(p.stages[0].placed_cpu_bytes, 1118944u);
   o.workers = 7;
   o.encoder_stages = 1;
   EXPECT_NE(refusal(c, o).find("WAA with 1 prefill and 6 decode ranks but"), std::string::npos)
@@ -176,10 +176,10 @@ TEST(Planner, WaaPlansTwoPipelinesEachWithItsSlots) {
 
 TEST(Planner, RefusalNamesTheStageTheTierAndTheShortfall) {
   const ModelConfig c = load_model_config(testing::stories_dir());
-  // w=100/0/0 keeps every layer resident: 1141440 bytes against a 1 MiB budget.
+  // w=100/0/0 keeps every layer resident: 1141472 bytes against a 1 MiB budget.
   const std::string m = refusal(c, stories(1 << 20, "w=100/0/0,h=0/100/0"));
-  EXPECT_NE(m.find("stage 1 (layers [0, 5)): cpu needs 1.1 MiB (1141440 bytes), budget 1.0 MiB "
-                   "(1048576 bytes): short by 0.1 MiB (92864 bytes)"),
+  EXPECT_NE(m.find("stage 1 (layers [0, 5)): cpu needs 1.1 MiB (1141472 bytes), budget 1.0 MiB "
+                   "(1048576 bytes): short by 0.1 MiB (92896 bytes)"),
             std::string::npos)
       << m;
 }
@@ -188,10 +188,10 @@ TEST(Planner, RefusesWhatDoesNotFitEvenWithEveryLayerOnDisk) {
   const ModelConfig c = load_model_config(testing::stories_dir());
   // Every weight and KV-cache layer on disk still needs the embedding, two weight staging
   // buffers, the cache's two (K or V of a layer, 4096 bytes each) and the buffers resident:
-  // 131328 + 376832 + 8192 + 56224 + 4128 = 576704 bytes, what the refusal names.
+  // 131328 + 376832 + 8192 + 56256 + 4128 = 576736 bytes, what the refusal names.
   const std::string m = refusal(c, stories(512 << 10));
-  EXPECT_NE(m.find("stage 1 (layers [0, 5)): cpu needs 0.5 MiB (576704 bytes), budget 0.5 MiB "
-                   "(524288 bytes): short by 0.0 MiB (52416 bytes)"),
+  EXPECT_NE(m.find("stage 1 (layers [0, 5)): cpu needs 0.6 MiB (576736 bytes), budget 0.5 MiB "
+                   "(524288 bytes): short by 0.1 MiB (52448 bytes)"),
             std::string::npos)
       << m;
 }
@@ -233,16 +233,16 @@ TEST(Planner, ADeviceStageIsPlacedOnTheGpuTier) {
 
 TEST(Planner, WithoutAPolicyTheCacheLeavesTheComputeTierBeforeARefusal) {
   const ModelConfig c = load_model_config(testing::stories_dir());
-  // Every weight on disk needs 609472 bytes (above); each KV-cache layer on disk takes its
+  // Every weight on disk needs 609504 bytes (above); each KV-cache layer on disk takes its
   // 2 x 4096 bytes out of host memory and the disk tier's two staging buffers 2 x 4096 come
-  // once: 609472 - 4 x 8192 + 8192 = 584896 bytes with one cache layer left resident, the
-  // first count that fits under 590000 (two resident: 593088).
+  // once: 609504 - 4 x 8192 + 8192 = 584928 bytes with one cache layer left resident, the
+  // first count that fits under 590000 (two resident: 593120).
   const ClusterPlan p = make_uniform_plan(c, stories(590000));
   const StagePlan& s = p.stages[0];
   EXPECT_EQ(s.weight_tiers, (std::vector<uint8_t>{2, 2, 2, 2, 2}));
   EXPECT_EQ(std::count(s.cache_tiers.begin(), s.cache_tiers.end(), 2), 4);
   EXPECT_EQ(std::count(s.cache_tiers.begin(), s.cache_tiers.end(), 0), 1);
-  EXPECT_EQ(s.placed_cpu_bytes, 584896u);
+  EXPECT_EQ(s.placed_cpu_bytes, 584928u);
   EXPECT_EQ(s.placed_disk_bytes, static_cast<uint64_t>(5 * kPacked + 4 * 2 * 4096));
   // The operator's policy is kept as given: the same budget with the cache on the compute
   // tier is refused.
