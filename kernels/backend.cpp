@@ -33,6 +33,28 @@ int64_t fill_row_table(std::span<const SeqSlice> seqs, int32_t n_slots, int32_t 
   return n;
 }
 
+KvWindow KvWindow::of(int32_t window, int32_t positions, int32_t max_step_rows) {
+  STRATA_CHECK(window >= 0 && positions > 0 && max_step_rows > 0,
+               "KV window {} over {} positions, steps of {} rows", window, positions,
+               max_step_rows);
+  if (window == 0) return {};
+  const int32_t slack = (window + 7) / 8;
+  const int64_t rows = int64_t{window} - 1 + max_step_rows + slack;
+  if (rows >= positions) return {};
+  return {window, static_cast<int32_t>(rows), slack};
+}
+
+int32_t KvWindow::first_held(int32_t positions) const {
+  if (!active() || positions <= rows) return 0;
+  return (positions - rows + slack - 1) / slack * slack;
+}
+
+std::string KvWindow::str() const {
+  return active()
+             ? fmt::format("KvWindow(window {}, {} rows a slot, slack {})", window, rows, slack)
+             : "KvWindow(none)";
+}
+
 void KernelBounds::add_weight(int64_t rows, int64_t cols, DType dtype, bool in_layer) {
   max_in_features = std::max(max_in_features, cols);
   half_weights = half_weights || (dtype != DType::kF32 && dtype != DType::kF32Panel);

@@ -110,6 +110,35 @@ struct RowEntry {
   int32_t pos = 0;
 };
 
+// A cache whose every layer attends over a sliding window of W positions (Mistral's) keeps
+// only what a query can still see: a slot of rows = W - 1 + C + S rows (C: the most rows
+// one sequence adds in a step; S = ceil(W / 8), the slack) holds positions
+// [first_held(p), p) at rows 0 .. p - first_held(p). When a step's new rows would run past
+// the slot's last row, the positions still needed slide down to row 0 first (KvSlide), at
+// most once every S positions. first_held depends on the positions alone, so every stage
+// and both ends of a KV hand-over agree on it without exchanging it.
+struct KvWindow {
+  int32_t window = 0;  // W; 0: the slot holds every position (rows = the context)
+  int32_t rows = 0;    // per slot
+  int32_t slack = 0;   // S
+
+  // The window for `window` (0: none) over a context of `positions`, with steps of at most
+  // `max_step_rows` rows a sequence; none where the window would hold the whole context.
+  static KvWindow of(int32_t window, int32_t positions, int32_t max_step_rows);
+  bool active() const { return window > 0; }
+  // The first position a slot holds once the sequence has `positions` positions.
+  int32_t first_held(int32_t positions) const;
+  std::string str() const;
+};
+
+// Before a step's rows are stored: rows [from, from + rows) of `slot` move down to row 0
+// (the positions a sliding window still needs, KvWindow).
+struct KvSlide {
+  int32_t slot = 0;
+  int32_t from = 0;
+  int32_t rows = 0;
+};
+
 // A ragged batch as kv_store and attention take it: the slices (host memory, what the CPU
 // kernels read) and, where the caller built one, the row table in the backend's memory
 // (`n_rows` entries, already checked against the cache). An accelerator given no table
@@ -118,6 +147,10 @@ struct StepRows {
   std::span<const SeqSlice> seqs;
   const RowEntry* table = nullptr;
   int64_t n_rows = 0;
+  // A sliding-window cache: the slices' positions are rows of the held window, and these
+  // slides run before the rows are stored (the caller's, worker/kv_attention.h; the
+  // kernels read only the slices and the table).
+  std::span<const KvSlide> slides;
 
   StepRows() = default;
   // From the slices alone (a span, or a vector of them): no table.

@@ -83,9 +83,10 @@ double ModelShape::sequence_flops(int64_t prompt_len, int64_t generated) const {
 std::string ModelShape::str() const {
   return fmt::format(
       "ModelShape(h1={}, h2={}, layers={}, heads={}, kv_heads={}, head_dim={}, vocab={}, "
-      "max_pos={}, {}, {}, params={:.3f}M)",
+      "max_pos={}, {}, {}{}, params={:.3f}M)",
       hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab, max_positions,
       gated_mlp ? "gated MLP" : "plain MLP", tied_head ? "tied head" : "untied head",
+      cache_window > 0 ? fmt::format(", KV window {}", cache_window) : "",
       static_cast<double>(total_params()) / 1e6);
 }
 

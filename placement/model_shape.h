@@ -38,6 +38,9 @@ struct ModelShape {
   bool qk_norm = false;         // Qwen3: [head_dim] norms of q and k per layer
   bool post_norms = false;      // Gemma-2: a [hidden] norm after each block
   bool longrope = false;        // Phi-3: two rotary tables (short and long factors)
+  // Every layer's sliding window (Mistral's): a KV slot holds KvWindow's rows, not the
+  // context (kernels/backend.h). 0: none, or only some layers have one.
+  int64_t cache_window = 0;
 
   int64_t q_width() const { return n_heads * head_dim; }
   int64_t kv_width() const { return n_kv_heads * head_dim; }

@@ -12,9 +12,16 @@
 namespace strata {
 namespace {
 
-// KV positions the cache holds: every slot's capacity, or S3's packed budget when smaller.
-int64_t committed_positions(const StageRequest& r) {
-  const int64_t whole = int64_t{r.kv_slots} * r.kv_capacity;
+// The rows a KV slot holds: the context, or a sliding window's (worker/kv_cache.cpp makes
+// the same choice from the same numbers).
+int64_t slot_rows(const ModelShape& s, const StageRequest& r) {
+  const KvWindow w = kv_window(s, r);
+  return w.active() ? w.rows : r.kv_capacity;
+}
+
+// KV positions the cache holds: every slot's rows, or S3's packed budget when smaller.
+int64_t committed_positions(const ModelShape& s, const StageRequest& r) {
+  const int64_t whole = int64_t{r.kv_slots} * slot_rows(s, r);
   return r.kv_positions > 0 ? std::min(r.kv_positions, whole) : whole;
 }
 
@@ -36,7 +43,7 @@ KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, con
   const int64_t e = s.embed_width();
   KernelBounds b;
   b.max_rows = r.max_rows;
-  b.max_positions = r.kv_capacity;
+  b.max_positions = slot_rows(s, r);
   // Stored as the loader leaves it (worker/loader.h).
   auto add = [&](int64_t rows, int64_t cols, bool layer) {
     b.add_weight(rows, cols, stored_dtype(s.dtype, cols, policy.compress_weight), layer);
@@ -194,6 +201,11 @@ void check_weight_budget(const char* option, int64_t budget, int64_t need, const
 
 }  // namespace
 
+KvWindow kv_window(const ModelShape& s, const StageRequest& r) {
+  if (s.cache_window <= 0 || r.max_rows <= 0 || r.kv_capacity <= 0) return {};
+  return KvWindow::of(static_cast<int32_t>(s.cache_window), r.kv_capacity, r.max_rows);
+}
+
 int64_t WeightPlacement::gpu_bytes() const {
   if (!device_compute) return 0;
   int64_t split_gpu = 0;
@@ -241,9 +253,10 @@ int64_t KvPlacement::file_bytes() const {
 
 std::string KvPlacement::str() const {
   return fmt::format(
-      "KvPlacement({}, layers gpu/cpu/disk {}/{}/{}, layer K or V {:.3f} MiB{})",
+      "KvPlacement({}, layers gpu/cpu/disk {}/{}/{}, layer K or V {:.3f} MiB, {} rows a "
+      "slot{})",
       compress ? "4-bit" : (f16 ? "f16" : "f32"), count(Tier::kGpu), count(Tier::kCpu),
-      count(Tier::kDisk), mib(layer_bytes),
+      count(Tier::kDisk), mib(layer_bytes), slot_rows,
       pie_host_layers
           ? fmt::format("; Pie, m in [{}, {}]: {} device + {} host buffers of {:.3f} MiB",
                         pie_host_layers->lowest, pie_host_layers->highest, pie.device, pie.host,
@@ -322,13 +335,14 @@ void check_hetegen(const StageRequest& r, int32_t n) {
 
 // K or V of one layer as stored: f32, f16 or 4-bit, for every committed position.
 int64_t kv_layer_bytes(const ModelShape& s, const StageRequest& r, const Policy& policy) {
-  const int64_t positions = committed_positions(r);
-  const bool packed = positions < int64_t{r.kv_slots} * r.kv_capacity;
+  const int64_t positions = committed_positions(s, r);
+  const int64_t rows = slot_rows(s, r);
+  const bool packed = positions < int64_t{r.kv_slots} * rows;
   if (!policy.compress_cache)
     return positions * s.n_kv_heads * s.head_dim * (policy.cache_f16 ? 2 : kF32);
   KvQ4LayerView v;  // its bytes are per position: one slot of them all says the same
   v.n_slots = packed ? 1 : r.kv_slots;
-  v.capacity = packed ? static_cast<int32_t>(positions) : r.kv_capacity;
+  v.capacity = static_cast<int32_t>(packed ? positions : rows);
   v.n_kv_heads = static_cast<int32_t>(s.n_kv_heads);
   v.head_dim = static_cast<int32_t>(s.head_dim);
   v.group = KvQ4LayerView::group_for(v.head_dim);
@@ -360,6 +374,7 @@ KvPlacement place_cache(const ModelShape& s, const StageRequest& r, const Policy
     fail_input("{} packed KV positions with {} compute: packing commits host memory only",
                r.kv_positions, r.device_compute ? "device" : "host");
   kv.layer_bytes = kv_layer_bytes(s, r, policy);
+  kv.slot_rows = slot_rows(s, r);
   kv.tiers = tiers_from_shares(n, policy.cache_gpu_percent, policy.cache_cpu_percent, "cache");
   if (kv.count(Tier::kDisk) > 0) kv.staging_bytes = 2 * align_bytes(kv.layer_bytes);
   if (r.pie) place_pie(r, policy, n, kv);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "placement/model_shape.h"
 #include "placement/pie.h"
 #include "placement/policy.h"
@@ -133,6 +134,7 @@ struct KvPlacement {
   bool compress = false;
   bool f16 = false;           // elements f16 rather than f32 (policy cf16)
   int64_t layer_bytes = 0;    // K or V of one layer as stored (f32, f16 or 4-bit)
+  int64_t slot_rows = 0;      // positions a slot holds: the context, or a sliding window's
   int64_t staging_bytes = 0;  // two host buffers (page-aligned), when some layer is on disk
   std::vector<Tier> tiers;    // per layer; host compute: GPU tier means the host's memory
   // Pie (StageRequest::pie): the GPU-tier layers live in these device and host buffers.
@@ -173,6 +175,11 @@ struct StagePlacement {
 // the weights alone) a weight placement over a budget, naming the option and the shortfall.
 // With whole-stage budgets it never refuses: shortfalls() says what does not fit.
 StagePlacement place_stage(const ModelShape& model, const StageRequest& request);
+
+// What a KV slot of the stage holds where every layer has a sliding window (kernels/backend.h
+// KvWindow, with the request's max_rows as the rows a sequence adds in a step): the worker's
+// KvCache makes the same choice from the same numbers. Inactive otherwise.
+KvWindow kv_window(const ModelShape& model, const StageRequest& request);
 
 // One line per tier over its budget (the GPU's need includes the kernel scratch): "cpu needs 1.1
 // MiB (1143456 bytes), budget 1.0 MiB (1048576 bytes): short by 0.1 MiB (94880 bytes)".

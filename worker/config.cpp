@@ -509,6 +509,12 @@ int32_t ModelConfig::layer_window(int32_t layer) const {
   return sliding[i] != 0 ? sliding_window : 0;
 }
 
+int32_t ModelConfig::cache_window() const {
+  const bool every = !sliding.empty() &&
+                     std::all_of(sliding.begin(), sliding.end(), [](uint8_t w) { return w != 0; });
+  return every ? sliding_window : 0;
+}
+
 ModelShape ModelConfig::shape() const {
   const Architecture a = architecture();
   ModelShape s;
@@ -536,6 +542,7 @@ ModelShape ModelConfig::shape() const {
   s.qk_norm = a.qk_norm;
   s.post_norms = a.post_norms;
   s.longrope = rope_scaling_type == "longrope";
+  s.cache_window = cache_window();
   return s;
 }
 

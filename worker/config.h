@@ -116,6 +116,9 @@ struct ModelConfig {
   float score_scale() const;
   // The sliding window of this config's layer `layer` (0: attends over every position).
   int32_t layer_window(int32_t layer) const;
+  // The window every layer of the whole model has (Mistral's), which bounds what a KV slot
+  // holds (kernels/backend.h KvWindow); 0 where some layer attends over every position.
+  int32_t cache_window() const;
   ModelShape shape() const;
   std::string str() const;
 

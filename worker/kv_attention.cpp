@@ -65,19 +65,23 @@ void KvAttention::run(int32_t layer, const float* q, const float* k, const float
     kv.elems = cache.layer(layer);
   }
   if (tier == Tier::kGpu || !device_compute_) {
-    attend(backend_, q, k, v, rows, kv, out);
+    attend(backend_, q, k, v, rows, kv, cache, out);
   } else if (options_.cpu_attention) {
-    delegated(q, k, v, rows, n_rows, kv, out);
+    delegated(q, k, v, rows, n_rows, kv, cache, out);
   } else {
     staged(q, k, v, rows, kv, cache, out);
   }
   cache.store(layer);
 }
 
-// A 4-bit cache is quantised as it is stored and attended as stored; an f32 or f16 one in
-// one pass where the backend has one (store_and_attend).
+// A sliding window's slides first, where the layer lives (`b`'s memory). A 4-bit cache is
+// quantised as it is stored and attended as stored; an f32 or f16 one in one pass where the
+// backend has one (store_and_attend).
 void KvAttention::attend(Backend& b, const float* q, const float* k, const float* v,
-                         const StepRows& rows, const LayerKv& kv, float* out) {
+                         const StepRows& rows, const LayerKv& kv, const KvCache& cache,
+                         float* out) {
+  if (!rows.slides.empty())
+    cache.slide(b, kv.q4 ? kv.packed.k : kv.elems.k, kv.q4 ? kv.packed.v : kv.elems.v, rows.slides);
   if (kv.q4) {
     b.kv_store_q4(k, v, rows, kv.packed);
     b.attention_q4(q, rows, kv.packed, dims_, out);
@@ -88,7 +92,7 @@ void KvAttention::attend(Backend& b, const float* q, const float* k, const float
 }
 
 void KvAttention::delegated(const float* q, const float* k, const float* v, const StepRows& rows,
-                            int32_t n_rows, const LayerKv& kv, float* out) {
+                            int32_t n_rows, const LayerKv& kv, const KvCache& cache, float* out) {
   Backend& host = *options_.host;
   const auto n = static_cast<size_t>(n_rows);
   const size_t q_bytes = n * static_cast<size_t>(config_.q_width()) * sizeof(float);
@@ -100,8 +104,9 @@ void KvAttention::delegated(const float* q, const float* k, const float* v, cons
   backend_.copy(hq, q, q_bytes, CopyKind::kDeviceToHost);
   backend_.copy(hk, k, kv_bytes, CopyKind::kDeviceToHost);
   backend_.copy(hv, v, kv_bytes, CopyKind::kDeviceToHost);
-  const StepRows host_rows(rows.seqs);  // the row table lives on the device
-  attend(host, hq, hk, hv, host_rows, kv, ho);
+  StepRows host_rows(rows.seqs);  // the row table lives on the device
+  host_rows.slides = rows.slides;
+  attend(host, hq, hk, hv, host_rows, kv, cache, ho);
   backend_.copy(out, ho, q_bytes, CopyKind::kHostToDevice);
 }
 
@@ -121,7 +126,7 @@ void KvAttention::staged(const float* q, const float* k, const float* v, const S
   dev.packed.v = dv;
   backend_.copy(dk, host_k, bytes, CopyKind::kHostToDevice);
   backend_.copy(dv, host_v, bytes, CopyKind::kHostToDevice);
-  attend(backend_, q, k, v, rows, dev, out);
+  attend(backend_, q, k, v, rows, dev, cache, out);
   backend_.copy(host_k, dk, bytes, CopyKind::kDeviceToHost);
   backend_.copy(host_v, dv, bytes, CopyKind::kDeviceToHost);
 }

@@ -54,9 +54,9 @@ class KvAttention {
   };
   // Stores the new rows into `kv` with backend `b` and attends over it.
   void attend(Backend& b, const float* q, const float* k, const float* v, const StepRows& rows,
-              const LayerKv& kv, float* out);
+              const LayerKv& kv, const KvCache& cache, float* out);
   void delegated(const float* q, const float* k, const float* v, const StepRows& rows,
-                 int32_t n_rows, const LayerKv& kv, float* out);
+                 int32_t n_rows, const LayerKv& kv, const KvCache& cache, float* out);
   void staged(const float* q, const float* k, const float* v, const StepRows& rows,
               const LayerKv& kv, const KvCache& cache, float* out);
   static DeviceBuffer& reserved(DeviceBuffer& b, size_t bytes, const char* what);

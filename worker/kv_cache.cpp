@@ -22,10 +22,14 @@ std::string CachePlacement::str() const {
 KvCache::KvCache(Backend& backend, const ModelConfig& c, int32_t n_slots, int32_t capacity,
                  const CachePlacement& placement)
     : n_slots_(n_slots),
-      capacity_(capacity),
+      positions_(capacity),
+      window_(placement.max_step_rows > 0 && capacity > 0
+                  ? KvWindow::of(c.cache_window(), capacity, placement.max_step_rows)
+                  : KvWindow{}),
+      capacity_(window_.active() ? window_.rows : capacity),
       n_kv_heads_(c.n_kv_heads),
       head_dim_(c.head_dim),
-      layer_elems_(static_cast<size_t>(n_slots) * static_cast<size_t>(capacity) *
+      layer_elems_(static_cast<size_t>(n_slots) * static_cast<size_t>(capacity_) *
                    static_cast<size_t>(c.kv_width())) {
   STRATA_CHECK(n_slots > 0 && capacity > 0, "kv cache slots {} capacity {}", n_slots, capacity);
   compress_ = placement.compress;
@@ -163,25 +167,54 @@ void KvCache::store(int32_t i) {
 }
 
 template <class F>
-void KvCache::for_each_slot_range(int32_t slot, int32_t positions, F&& f) const {
+void KvCache::for_each_slot_range(int32_t slot, int32_t first, int32_t n_rows, F&& f) const {
   const auto hd = static_cast<size_t>(head_dim_);
-  const auto n = static_cast<size_t>(positions);
+  const auto n = static_cast<size_t>(n_rows);
   for (int32_t h = 0; h < n_kv_heads_; ++h) {
-    // The slot's rows of kv head h: [r0, r0 + positions) in the (slot, head, position) order.
+    // The slot's rows of kv head h: [r0, r0 + n) in the (slot, head, row) order.
     const size_t r0 =
         (static_cast<size_t>(slot) * static_cast<size_t>(n_kv_heads_) + static_cast<size_t>(h)) *
-        static_cast<size_t>(capacity_);
+            static_cast<size_t>(capacity_) +
+        static_cast<size_t>(first);
     if (!compress_) {
-      const size_t e = dtype_size(dtype_);
-      f(r0 * hd * e, n * hd * e);
+      const size_t row = hd * dtype_size(dtype_);
+      f(r0 * row, n * row, row);
       continue;
     }
     const KvQ4LayerView q = q4_layer_shape();
-    const size_t per_row = hd / static_cast<size_t>(q.group);
+    const size_t per_row = hd / static_cast<size_t>(q.group) * sizeof(float);
     const size_t codes = q.codes_bytes();
-    f(r0 * hd / 2, n * hd / 2);
-    f(codes + r0 * per_row * sizeof(float), n * per_row * sizeof(float));
-    f(codes + (q.groups() + r0 * per_row) * sizeof(float), n * per_row * sizeof(float));
+    f(r0 * hd / 2, n * hd / 2, hd / 2);
+    f(codes + r0 * per_row, n * per_row, per_row);
+    f(codes + q.groups() * sizeof(float) + r0 * per_row, n * per_row, per_row);
+  }
+}
+
+// Each slide moves rows [from, from + rows) to [0, rows) in pieces of at most `from` rows,
+// front to back, so no piece's source overlaps its destination or a later piece's source
+// (device copies need not be memmove-safe).
+void KvCache::slide(Backend& backend, void* k, void* v, std::span<const KvSlide> slides) const {
+  const bool device = backend.device() != Device::kHost;
+  for (const KvSlide& s : slides) {
+    STRATA_CHECK(s.slot >= 0 && s.slot < n_slots_ && s.from > 0 && s.rows > 0 &&
+                     s.from + s.rows <= capacity_,
+                 "KV window slide of slot {} rows [{}, {}) of {} slots x {} rows", s.slot, s.from,
+                 s.from + s.rows, n_slots_, capacity_);
+    for (void* tensor : {k, v}) {
+      auto* base = static_cast<std::byte*>(tensor);
+      for_each_slot_range(s.slot, 0, s.rows, [&](size_t dst, size_t bytes, size_t row) {
+        const size_t distance = static_cast<size_t>(s.from) * row;
+        for (size_t done = 0; done < bytes; done += distance) {
+          const size_t n = std::min(distance, bytes - done);
+          if (device) {
+            backend.copy(base + dst + done, base + dst + done + distance, n,
+                         CopyKind::kDeviceToDevice);
+          } else {
+            std::memcpy(base + dst + done, base + dst + done + distance, n);
+          }
+        }
+      });
+    }
   }
 }
 
@@ -191,7 +224,7 @@ void KvCache::discard_slot(Backend& backend, int32_t slot) {
   for (size_t i = 0; i < tiers_.size(); ++i) {
     if (tiers_[i] == Tier::kDisk) continue;
     for (DeviceBuffer* t : {&layers_[i].k, &layers_[i].v})
-      for_each_slot_range(slot, capacity_, [&](size_t offset, size_t bytes) {
+      for_each_slot_range(slot, 0, capacity_, [&](size_t offset, size_t bytes, size_t) {
         backend.discard(t->data(), offset, bytes);
       });
   }
@@ -199,7 +232,8 @@ void KvCache::discard_slot(Backend& backend, int32_t slot) {
 
 size_t KvCache::slot_bytes(int32_t positions) const {
   size_t total = 0;
-  for_each_slot_range(0, positions, [&](size_t, size_t bytes) { total += bytes; });
+  for_each_slot_range(0, 0, held_rows(positions),
+                      [&](size_t, size_t bytes, size_t) { total += bytes; });
   return 2 * total;
 }
 
@@ -208,11 +242,11 @@ void KvCache::copy_slot(Backend& backend, int32_t layer, int32_t slot, int32_t p
                         std::byte* out, const std::byte* in) {
   const bool to_cache = out == nullptr;
   if (layer < 0 || layer >= static_cast<int32_t>(tiers_.size()) || slot < 0 || slot >= n_slots_ ||
-      positions <= 0 || positions > capacity_)
+      positions <= 0 || positions > positions_)
     fail(ErrorKind::kFailed,
          "KV cache copy of layer {} slot {} positions {}: outside {} layers x {} slots x {} "
          "positions",
-         layer, slot, positions, tiers_.size(), n_slots_, capacity_);
+         layer, slot, positions, tiers_.size(), n_slots_, positions_);
   load(layer);
   const Layer& L = tier(layer) == Tier::kDisk ? staging_ : layers_[static_cast<size_t>(layer)];
   bool device = tier(layer) == Tier::kGpu && on_device_;
@@ -224,7 +258,7 @@ void KvCache::copy_slot(Backend& backend, int32_t layer, int32_t slot, int32_t p
     device = where.device;
   }
   for (std::byte* base : bases) {
-    for_each_slot_range(slot, positions, [&](size_t offset, size_t bytes) {
+    for_each_slot_range(slot, 0, held_rows(positions), [&](size_t offset, size_t bytes, size_t) {
       std::byte* dst = to_cache ? base + offset : out;
       const std::byte* src = to_cache ? in : base + offset;
       if (device) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct CachePlacement {
   bool device_tier = false;
   // Pie's swapping of the (all GPU-tier) layers through host memory; device compute only.
   PieOptions pie;
+  // The most rows one sequence adds in a step (the model's max_rows): with a model whose
+  // every layer has a sliding window, a slot then holds KvWindow::of(window, capacity,
+  // max_step_rows).rows positions, not the whole context. 0: every slot holds the context.
+  int32_t max_step_rows = 0;
   std::string str() const;
 };
 
@@ -69,7 +74,14 @@ class KvCache {
   const KvSwap* swap() const { return swap_.get(); }  // null without Pie
 
   int32_t n_slots() const { return n_slots_; }
-  int32_t capacity() const { return capacity_; }
+  int32_t capacity() const { return capacity_; }    // rows a slot holds
+  int32_t positions() const { return positions_; }  // the context a sequence may reach
+  const KvWindow& window() const { return window_; }
+  // The rows a slot holds once its sequence has `positions` positions.
+  int32_t held_rows(int32_t positions) const { return positions - window_.first_held(positions); }
+  // A sliding window's slides (StepRows::slides) on one layer's K and V at k and v, laid
+  // out as this cache's layers are, in memory `backend` owns.
+  void slide(Backend& backend, void* k, void* v, std::span<const KvSlide> slides) const;
   size_t bytes() const { return 2 * layer_bytes() * tiers_.size(); }
   size_t layer_bytes() const;  // K or V of one layer as stored
   int64_t disk_bytes_moved() const { return disk_bytes_moved_; }
@@ -77,7 +89,8 @@ class KvCache {
   // computes), the disk staging pair and the disk file.
   TierBytes memory() const;
 
-  // One slot's first `positions` positions of layer i as stored -- K then V, each as f32 or
+  // One slot's first `positions` positions of layer i as stored (a sliding window's: the
+  // rows it holds of them) -- K then V, each as f32 or
   // f16 rows or as the 4-bit codes, mins and scales of those rows -- in a flat buffer of
   // slot_bytes(positions): what WAA's KV hand-over moves between stages, bit for bit. Both
   // caches must share the format (compression, dtype, KV heads, head size; capacity may
@@ -105,14 +118,16 @@ class KvCache {
   size_t file_offset(int32_t layer) const;
   KvQ4LayerView q4_layer_shape() const;
   void store_zero(int32_t i);  // staging is still all zeros
-  // The byte ranges [offset, offset + bytes) of one K or V tensor that hold a slot's first
-  // `positions` positions, in the order slot_bytes() packs them.
+  // The byte ranges [offset, offset + bytes) of one K or V tensor that hold a slot's rows
+  // [first, first + n), in the order slot_bytes() packs them; f(offset, bytes, row_bytes).
   template <class F>
-  void for_each_slot_range(int32_t slot, int32_t positions, F&& f) const;
+  void for_each_slot_range(int32_t slot, int32_t first, int32_t n, F&& f) const;
   void copy_slot(Backend& backend, int32_t layer, int32_t slot, int32_t positions, std::byte* out,
                  const std::byte* in);
 
   int32_t n_slots_;
+  int32_t positions_;
+  KvWindow window_;
   int32_t capacity_;
   int32_t n_kv_heads_;
   int32_t head_dim_;

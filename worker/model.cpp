@@ -44,10 +44,12 @@ std::unique_ptr<KvCache> Model::make_cache(int32_t n_slots, int32_t capacity) {
         const CacheOptions& options = cache_options();
         CachePlacement placement = options.placement;
         placement.device_tier = layers_.device_compute();
+        placement.max_step_rows = max_rows();
         auto cache = std::make_unique<KvCache>(backend_, config_, n_slots, capacity, placement);
         transformer_.attention().reserve(*cache);
         executor_.reserve(n_slots);
-        const KernelBounds bounds = transformer_.kernel_bounds(layers_.example(), capacity);
+        const KernelBounds bounds =
+            transformer_.kernel_bounds(layers_.example(), cache->capacity());
         backend_.reserve(bounds);
         if (options.cpu_attention && options.host != nullptr) options.host->reserve(bounds);
         return cache;

@@ -151,10 +151,10 @@ void PipelineStage::check_kv_range(std::span<const KvMove> moves, int32_t begin,
          begin, end, stage_.rank, stage_.layer_begin, stage_.layer_end);
   for (const KvMove& m : moves) {
     const int32_t slot = to_slots ? m.to_slot : m.from_slot;
-    if (slot < 0 || slot >= kv_slots_ || m.positions <= 0 || m.positions > cache_->capacity())
+    if (slot < 0 || slot >= kv_slots_ || m.positions <= 0 || m.positions > cache_->positions())
       fail(ErrorKind::kFailed,
            "KV hand-over on stage {}: {} does not fit {} KV slots of {} positions", stage_.rank,
-           m.str(), kv_slots_, cache_->capacity());
+           m.str(), kv_slots_, cache_->positions());
   }
 }
 
@@ -194,9 +194,9 @@ void PipelineStage::build_batch(const StepCommand& c) {
          c.step_id, c.seqs.size(), c.rows(), kv_slots_, model_->max_rows());
   for (const SeqStep& s : c.seqs) {
     if (s.slot < 0 || s.slot >= kv_slots_ || s.n_past < 0 || s.n_new <= 0 ||
-        s.n_past + s.n_new > cache_->capacity())
+        s.n_past + s.n_new > cache_->positions())
       fail(ErrorKind::kFailed, "step {}: {} does not fit {} KV slots of {} positions", c.step_id,
-           s.str(), kv_slots_, cache_->capacity());
+           s.str(), kv_slots_, cache_->positions());
     if (s.n_past == 0) cache_->discard_slot(model_->backend(), s.slot);  // a new occupant
     std::span<const int32_t> ids(zeros_.data(), static_cast<size_t>(s.n_new));
     if (first()) {
@@ -264,12 +264,12 @@ double PipelineStage::time_step(int32_t seqs, int32_t n_new, int32_t n_past, boo
                                 int32_t repeats) {
   const int32_t rows = seqs * n_new;
   if (seqs <= 0 || n_new <= 0 || n_past < 0 || seqs > kv_slots_ ||
-      n_past + n_new > cache_->capacity() || rows > model_->max_rows() || (embed && !first()) ||
+      n_past + n_new > cache_->positions() || rows > model_->max_rows() || (embed && !first()) ||
       (head && !last()))
     fail(ErrorKind::kFailed,
          "stage {}: a profile step of {} sequences x {} new rows after {} does not fit its {} "
          "slots of {} positions and {} rows{}",
-         stage_.str(), seqs, n_new, n_past, kv_slots_, cache_->capacity(), model_->max_rows(),
+         stage_.str(), seqs, n_new, n_past, kv_slots_, cache_->positions(), model_->max_rows(),
          embed || head ? " (or asks for an embedding or head it does not hold)" : "");
   StepBatch batch;
   const std::vector<int32_t> ids(static_cast<size_t>(n_new), 0);
@@ -341,7 +341,7 @@ ProfileReport PipelineStage::profile(const ProfileRequest& r) {
   if (first())
     for (int32_t rows : r.embed_rows) {
       const int32_t seqs = static_cast<int32_t>(
-          std::min<int64_t>(kv_slots_, (rows + cache_->capacity() - 1) / cache_->capacity()));
+          std::min<int64_t>(kv_slots_, (rows + cache_->positions() - 1) / cache_->positions()));
       rep.embed_seconds.push_back(difference(seqs, std::max(rows / seqs, 1), true, false));
     }
   if (last())

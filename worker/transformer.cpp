@@ -164,7 +164,32 @@ BatchState Transformer::make_batch_state() const {
       DeviceBuffer(backend_, static_cast<size_t>(max_rows_) * wide_width(config_) * sizeof(float));
   s.ids = DeviceBuffer(backend_, BatchState::ids_bytes(max_rows_));
   s.host_ids.resize(BatchState::ids_bytes(max_rows_) / sizeof(int32_t));  // RowEntry: 3 int32
+  s.held.reserve(static_cast<size_t>(max_rows_));
+  s.slides.reserve(static_cast<size_t>(max_rows_));
   return s;
+}
+
+// A sliding-window cache: each slice as the rows its slot holds (positions from
+// first_held), and the slides that make room for the step's new rows.
+std::span<const SeqSlice> Transformer::held_slices(const StepBatch& batch, const KvCache& cache,
+                                                   BatchState& s) const {
+  const KvWindow& w = cache.window();
+  s.slides.clear();
+  if (!w.active()) return batch.seqs;
+  s.held.clear();
+  for (const SeqSlice& seq : batch.seqs) {
+    STRATA_CHECK(seq.n_past + seq.n_new <= cache.positions(),
+                 "kv cache overflow: {} + {} > context {}", seq.n_past, seq.n_new,
+                 cache.positions());
+    const int32_t before = w.first_held(seq.n_past);
+    const int32_t after = w.first_held(seq.n_past + seq.n_new);
+    SeqSlice held = seq;
+    held.n_past = seq.n_past - after;
+    s.held.push_back(held);
+    if (after > before && held.n_past > 0)
+      s.slides.push_back(KvSlide{seq.slot, after - before, held.n_past});
+  }
+  return s.held;
 }
 
 void Transformer::upload_batch(const StepBatch& batch, const KvCache& cache, BatchState& s) const {
@@ -175,13 +200,15 @@ void Transformer::upload_batch(const StepBatch& batch, const KvCache& cache, Bat
   std::memcpy(host, batch.tokens.data(), n * sizeof(int32_t));
   std::memcpy(host + n, batch.positions.data(), n * sizeof(int32_t));
   auto* table = reinterpret_cast<RowEntry*>(host + 2 * n);
-  const int64_t n_rows = fill_row_table(batch.seqs, cache.n_slots(), cache.capacity(), table, rows);
+  const std::span<const SeqSlice> held = held_slices(batch, cache, s);
+  const int64_t n_rows = fill_row_table(held, cache.n_slots(), cache.capacity(), table, rows);
   fill_rope_rows(batch, reinterpret_cast<int32_t*>(table + rows));
   s.rows = rows;
   backend_.copy(s.ids.data(), host, BatchState::ids_bytes(rows), CopyKind::kHostToDevice);
-  s.step_rows = StepRows(batch.seqs);
+  s.step_rows = StepRows(held);
   s.step_rows.table = reinterpret_cast<const RowEntry*>(s.positions() + rows);
   s.step_rows.n_rows = n_rows;
+  s.step_rows.slides = s.slides;
 }
 
 // Each row's rotary table row. longrope: a sequence whose length passes the original context

@@ -46,6 +46,10 @@ struct BatchState {
   int32_t max_rows = 0;
   int32_t rows = 0;    // this step's
   StepRows step_rows;  // this step's slices and its row table on the device
+  // A sliding-window cache's: the slices as rows of the held window, and the step's slides
+  // (reserved for max_rows sequences).
+  std::vector<SeqSlice> held;
+  std::vector<KvSlide> slides;
 
   const int32_t* tokens() const { return static_cast<const int32_t*>(ids.data()); }
   const int32_t* positions() const { return tokens() + rows; }
@@ -106,6 +110,8 @@ class Transformer {
  private:
   void norm(const Tensor& w, const Tensor& b, const float* x, int32_t rows, float* y);
   void fill_rope_rows(const StepBatch& batch, int32_t* out) const;
+  std::span<const SeqSlice> held_slices(const StepBatch& batch, const KvCache& cache,
+                                        BatchState& s) const;
   // What an attention or MLP block's first linears read: x, and in a pre-norm layer the
   // norm still to apply to it (norm_weight set), which the backend may fold into them.
   struct BlockInput {

@@ -969,3 +969,35 @@ TEST(RowTable, OneEntryPerNewRowCheckedAgainstTheCache) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(KvWindowRows, FormulaByHand) {
+  // W = 16, C = 40: S = ceil(16 / 8) = 2, rows = 16 - 1 + 40 + 2 = 57.
+  const KvWindow w = KvWindow::of(16, 4096, 40);
+  ASSERT_TRUE(w.active());
+  EXPECT_EQ(w.rows, 57);
+  EXPECT_EQ(w.slack, 2);
+  // first_held(p) = S * ceil((p - rows) / S) past the slot's rows, 0 before.
+  EXPECT_EQ(w.first_held(40), 0);
+  EXPECT_EQ(w.first_held(57), 0);
+  EXPECT_EQ(w.first_held(58), 2);
+  EXPECT_EQ(w.first_held(59), 2);
+  EXPECT_EQ(w.first_held(60), 4);
+  EXPECT_EQ(w.first_held(157), 100);
+  // Whatever a step adds, the held rows keep the window: a query at p - 1 sees p - W .. p - 1.
+  for (int32_t p = 1; p < 400; ++p) {
+    EXPECT_LE(p - w.first_held(p), w.rows) << p;
+    EXPECT_LE(w.first_held(p), std::max(0, p - 16 - 40)) << p;
+  }
+  // W = 4096, C = 1: S = 512.
+  EXPECT_EQ(KvWindow::of(4096, 32768, 1).rows, 4096 - 1 + 1 + 512);
+  // No window, or one that holds the whole context: nothing to bound.
+  EXPECT_FALSE(KvWindow::of(0, 4096, 40).active());
+  EXPECT_FALSE(KvWindow::of(16, 57, 40).active());
+  EXPECT_TRUE(KvWindow::of(16, 58, 40).active());
+}
+
+}  // namespace
+}  // namespace strata

@@ -77,8 +77,9 @@ write_requests() {  # MODEL FILE
   if [ -f "$1/config.json" ] && [ ! -f "$1/tokenizer.json" ] && [ ! -f "$1/tokenizer.model" ]; then
     # A folder without a tokenizer (tests/worker/families' models, 256 ids): prompts as ids.
     cat >"$2" <<'JSON'
-{"id": "a", "prompt_ids": [5, 100, 200, 7, 9, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67], "max_new_tokens": 12}
+{"id": "a", "prompt_ids": [5, 100, 200, 7, 9, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67], "max_new_tokens": 40}
 {"id": "b", "prompt_ids": [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], "max_new_tokens": 2}
+{"id": "e", "prompt_ids": [9, 8, 7, 6, 5, 4, 3, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170, 180, 190, 200, 210, 220, 230, 240, 250, 11, 22, 33, 44, 55, 66], "max_new_tokens": 8}
 {"id": "c", "prompt": "3 11", "max_new_tokens": 4}
 {"id": "bad", "prompt": "2 3", "max_new_tokens": "lots"}
 JSON
@@ -158,6 +159,11 @@ PY
 run_equal() {
   local np=$1 model=$2
   shift 2
+  if [ "${model#family:}" != "$model" ]; then  # a random-weight model of that family
+    /usr/bin/python3 "$root/tests/worker/families/make_model.py" --family "${model#family:}" \
+      --out "$tmp/model" --seed 0 >/dev/null
+    model=$tmp/model
+  fi
   write_requests "$model" "$tmp/req.jsonl"
   cluster "$np" --model "$model" --threads 1 --requests "$tmp/req.jsonl" --results "$tmp/one.jsonl" \
     --micro-batches 1 --stats-out "$tmp/stats1.json"
@@ -269,16 +275,29 @@ YAML
         ;;
       *) fail "unknown nodes variant $variant" ;;
     esac
+    # A family's model runs steps of 8 rows, so a window on every layer (mistral's 16 of 128
+    # positions) bounds each KV slot to W - 1 + 8 + ceil(W / 8) = 25 rows (kernels/backend.h).
+    steps=()
+    [ "$model" != "$tmp/model" ] || steps=(--max-step-tokens 8 --max-batch 4)
     write_requests "$model" "$tmp/req.jsonl"
     "$strata" plan --nodes "$tmp/nodes.json" --model "$model" --threads 1 --max-context 128 \
-      --format json >"$tmp/plan.json" 2>/dev/null
+      "${steps[@]}" --format json >"$tmp/plan.json" 2>/dev/null
     cluster "$np" --model "$model" --threads 1 --nodes "$tmp/nodes.json" --requests "$tmp/req.jsonl" \
-      --results "$tmp/r.jsonl" --stats-out "$tmp/stats.json"
+      --results "$tmp/r.jsonl" --stats-out "$tmp/stats.json" "${steps[@]}"
     check_equal "$model" "$tmp/req.jsonl" "$tmp/r.jsonl"
-    python3 - "$tmp/plan.json" "$tmp/stats.json" "$variant" <<'PY'
-import json, sys
+    python3 - "$tmp/plan.json" "$tmp/stats.json" "$variant" "$model" "${#steps[@]}" <<'PY'
+import json, os, sys
 plan, stats, variant = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
 ps, ss = plan["stages"], stats["stages"]
+config_path = os.path.join(sys.argv[4], "config.json")
+if int(sys.argv[5]) > 0 and os.path.exists(config_path):
+    c = json.load(open(config_path))
+    w = c.get("sliding_window") if c.get("model_type") == "mistral" else None
+    rows = min(128, w - 1 + 8 + -(-w // 8)) if w else 128  # steps of max(8, 4 slots) rows
+    for p in ps:
+        if f"{rows} rows a slot" not in p["placement"]:
+            sys.exit(f"FAIL: rank {p['rank']}'s KV slots should hold {rows} rows: {p['placement']}")
+    print(f"KV slots of {rows} rows (of 128 positions) as planned")
 if len(ps) != len(ss): sys.exit(f"FAIL: plan has {len(ps)} stages, the run {len(ss)}")
 for p, s in zip(ps, ss):
     # strata plan --nodes is what each worker allocated, byte for byte.

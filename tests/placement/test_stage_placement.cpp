@@ -216,5 +216,46 @@ TEST(StagePlacement, HalfCacheByHandInEveryTier) {
   }
 }
 
+// Mistral-7B's shape: 32 layers, 8 KV heads of 128, a 4096-position window on every layer.
+ModelShape mistral7b(int64_t cache_window) {
+  ModelShape s;
+  s.hidden = 4096;
+  s.intermediate = 14336;
+  s.n_layers = 32;
+  s.n_heads = 32;
+  s.n_kv_heads = 8;
+  s.head_dim = 128;
+  s.vocab = 32000;
+  s.max_positions = 32768;
+  s.gated_mlp = true;
+  s.dtype = DType::kF16;
+  s.weight_bytes_per_elem = 2;
+  s.embed_dim = 4096;
+  s.cache_window = cache_window;
+  return s;
+}
+
+TEST(StagePlacement, SlidingWindowBoundsTheCacheByHand) {
+  // 4 slots of a 32768-position context, steps of 512 rows: a slot holds
+  // W - 1 + C + ceil(W / 8) = 4095 + 512 + 512 = 5119 rows, K or V of a layer
+  // 4 x 5119 x 8 x 128 x 4 bytes (f32), not 4 x 32768 x ...
+  StageRequest r;
+  r.max_rows = 512;
+  r.kv_slots = 4;
+  r.kv_capacity = 32768;
+  const int64_t layer = int64_t{4} * 5119 * 8 * 128 * 4;
+  const StagePlacement w = place_stage(mistral7b(4096), r);
+  EXPECT_EQ(w.cache.slot_rows, 5119);
+  EXPECT_EQ(w.cache.layer_bytes, layer);
+  EXPECT_EQ(w.cache_bytes(), (TierBytes{0, 2 * 32 * layer, 0})) << w.str();  // host compute
+  // Gemma-2's alternating layers (cache_window 0): every slot holds the context.
+  const StagePlacement whole = place_stage(mistral7b(0), r);
+  EXPECT_EQ(whole.cache.slot_rows, 32768);
+  EXPECT_EQ(whole.cache.layer_bytes, int64_t{4} * 32768 * 8 * 128 * 4);
+  // A context the window's rows would cover: nothing to bound.
+  r.kv_capacity = 4096;
+  EXPECT_EQ(place_stage(mistral7b(4096), r).cache.slot_rows, 4096);
+}
+
 }  // namespace
 }  // namespace strata

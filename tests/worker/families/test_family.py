@@ -9,7 +9,8 @@ CASE:
   single    strata score's logits of a 40-token prompt within 1e-4 x their std of the
             reference's, and strata generate's 32 greedy ids equal to the reference's
             (up to the first end-of-sequence id, where Strata stops)
-  disk      the same with every weight streamed from disk (--policy w=0/0/100)
+  disk      the same with every weight streamed from disk and the KV cache on disk
+            (--policy w=0/0/100,c=0/0/100)
   q4        4-bit weights (cw=1) against the reference on the same round-tripped weights
             (reference_forward.py --q4): 1e-4 x std and equal ids with the kernels that
             dequantise rows, 1e-2 x std with the int8-split panel kernels (docs/FAMILIES.md)
@@ -19,7 +20,8 @@ CASE:
             bias, an unknown rope type, and (qwen2) the checkpoint relabelled llama
 
 The prompt is 40 tokens: longer than the 16-position sliding window of the mistral and
-gemma2 models, so the window is exercised.
+gemma2 models, so the window is exercised; steps of 8 rows make mistral's KV slots hold the
+window alone (25 rows, not 71), and generate's kv_cache_bytes is checked against that count.
 """
 import json
 import os
@@ -36,6 +38,10 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 PY = sys.executable
 PROMPT_LEN = 40
 NEW = 32
+# Rows of one step: the prompt is prefilled in chunks of 5 steps, and a KV slot of a model
+# with a window on every layer (mistral's 16) holds W - 1 + STEP + ceil(W / 8) = 25 rows, so
+# the 72 positions slide it every other step (kernels/backend.h KvWindow).
+STEP = 8
 
 
 def fail(msg):
@@ -69,18 +75,48 @@ def reference(model, ids, tmp, extra=()):
         return np.fromfile(logits, dtype=np.float32), json.load(f)["greedy"]
 
 
-def strata_logits(strata, model, ids, tmp, options, env=None):
+def step_options(small_steps):
+    """Steps of STEP rows a sequence (and of max(--max-batch, STEP) rows in all, the most one
+    sequence may add: what a window's rows count); else the defaults (512-row steps), as the
+    4-bit case's bounds were measured."""
+    return ["--max-step-tokens", str(STEP), "--max-batch", "4"] if small_steps else []
+
+
+def strata_logits(strata, model, ids, tmp, options, env=None, small_steps=True):
     out = os.path.join(tmp, "strata.f32")
     run([strata, "score", "--model", model, "--ids", " ".join(map(str, ids)), "--logits-out", out,
-         "--threads", "2", *options], env=env)
+         "--threads", "2", *step_options(small_steps), *options], env=env)
     return np.fromfile(out, dtype=np.float32)
 
 
-def strata_greedy(strata, model, ids, options, env=None):
-    out = run([strata, "generate", "--model", model, "--prompt", " ".join(map(str, ids)),
-               "--max-new-tokens", str(NEW), "--temperature", "0", "--format", "json",
-               "--threads", "2", *options], env=env)
-    return json.loads(out.strip().splitlines()[-1])["output_ids"]
+def strata_greedy(strata, model, ids, options, env=None, config=None, small_steps=True):
+    cmd = [strata, "generate", "--model", model, "--prompt", " ".join(map(str, ids)),
+           "--max-new-tokens", str(NEW), "--temperature", "0", "--format", "json",
+           "--threads", "2", *step_options(small_steps), *options]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    if r.returncode != 0:
+        fail(f"strata generate exited {r.returncode}: {r.stderr[-2000:]}")
+    if config is not None:
+        check_cache_bytes(config, r.stderr, options)
+    return json.loads(r.stdout.strip().splitlines()[-1])["output_ids"]
+
+
+def check_cache_bytes(config, stderr, options):
+    """What the window promises: the KV cache holds each slot's window rows, counted here
+    from the rule (f32, one slot of PROMPT_LEN + NEW - 1 positions)."""
+    summary = next(json.loads(line)["summary"] for line in stderr.splitlines()
+                   if line.startswith('{"summary"'))
+    context = PROMPT_LEN + NEW - 1
+    w = config.get("sliding_window") if config.get("model_type") == "mistral" else None
+    rows = min(context, w - 1 + STEP + -(-w // 8)) if w else context
+    heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    want = 2 * config["num_hidden_layers"] * rows * heads * head_dim * 4
+    if any("cc=1" in o or "cf16=1" in o for o in options):
+        return
+    if summary["kv_cache_bytes"] != want:
+        fail(f"kv_cache_bytes {summary['kv_cache_bytes']}, want {want} ({rows} rows a slot)")
+    print(f"KV cache: {want} bytes, {rows} rows a slot of {context} positions")
 
 
 def eos_ids(config):
@@ -112,7 +148,8 @@ def case_engine(strata, family, tmp, options, ref_extra=(), bound=1e-4):
     ids = prompt_ids(config["vocab_size"])
     ref_logits, ref_greedy = reference(model, ids, tmp, ref_extra)
     check_logits(strata_logits(strata, model, ids, tmp, options), ref_logits, bound, family)
-    check_greedy(strata_greedy(strata, model, ids, options), ref_greedy, config, family)
+    check_greedy(strata_greedy(strata, model, ids, options, config=config), ref_greedy, config,
+                 family)
 
 
 def case_q4(strata, family, tmp):
@@ -126,12 +163,12 @@ def case_q4(strata, family, tmp):
     ref_logits, ref_greedy = reference(model, ids, tmp, ["--q4"])
     options = ["--policy", "w=0/100/0,cw=1"]
     rows = dict(os.environ, STRATA_CPU_WEIGHTS="rows")
-    check_logits(strata_logits(strata, model, ids, tmp, options, rows), ref_logits, 1e-4,
+    check_logits(strata_logits(strata, model, ids, tmp, options, rows, False), ref_logits, 1e-4,
                  f"{family} 4-bit, rows")
-    check_greedy(strata_greedy(strata, model, ids, options, rows), ref_greedy, config,
-                 f"{family} 4-bit, rows")
-    check_logits(strata_logits(strata, model, ids, tmp, options), ref_logits, 1e-2,
-                 f"{family} 4-bit, panels")
+    check_greedy(strata_greedy(strata, model, ids, options, rows, small_steps=False), ref_greedy,
+                 config, f"{family} 4-bit, rows")
+    check_logits(strata_logits(strata, model, ids, tmp, options, small_steps=False), ref_logits,
+                 1e-2, f"{family} 4-bit, panels")
 
 
 def check_read_from_disk(strata, family, tmp, options):
@@ -158,7 +195,8 @@ def case_cluster(strata, family, tmp):
         f.write(json.dumps({"id": "b", "prompt_ids": ids[:20], "max_new_tokens": 4}) + "\n")
     env = dict(os.environ, STRATA=strata, STRATA_LOG_LEVEL="warn")
     run(["timeout", "-k", "5", "120", "bash", os.path.join(ROOT, "launch", "local-cluster.sh"), "3",
-         "--model", model, "--threads", "1", "--max-context", "128", "--requests", reqs,
+         "--model", model, "--threads", "1", "--max-context", "128", *step_options(True),
+         "--requests", reqs,
          "--results", res], env=env)
     got = {}
     with open(res) as f:
@@ -258,7 +296,7 @@ def main():
         elif case == "disk":
             disk = os.path.join(tmp, "disk")
             os.mkdir(disk)
-            options = ["--policy", "w=0/0/100", "--disk-dir", disk]
+            options = ["--policy", "w=0/0/100,c=0/0/100", "--disk-dir", disk]
             case_engine(strata, family, tmp, options)
             check_read_from_disk(strata, family, tmp, options)
         elif case == "q4":
