@@ -34,5 +34,3 @@ find_package(CapnProto CONFIG REQUIRED)
 # transport: the Redis stream client (hiredis 0.14's synchronous API).
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
-# launch: `serve --metrics-port` answers Prometheus over cpp-httplib (header + library).
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

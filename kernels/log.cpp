@@ -30,6 +30,27 @@ spdlog::level::level_enum level_from_env() {
   return spdlog::level::from_str(*v);
 }
 
+// The length of the valid UTF-8 sequence at text[i] (RFC 3629: no overlongs, surrogates or
+// code points past U+10FFFF), 0 when it is not one.
+size_t utf8_length(std::string_view text, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
+  const unsigned char c = b(0);
+  size_t n = 0;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(k) & 0xc0) != 0x80) return 0;
+  if ((c == 0xe0 && b(1) < 0xa0) || (c == 0xed && b(1) > 0x9f) || (c == 0xf0 && b(1) < 0x90) ||
+      (c == 0xf4 && b(1) > 0x8f))
+    return 0;
+  return n;
+}
+
 }  // namespace
 
 void set_identity(int rank, const std::string& device) {
@@ -46,6 +67,24 @@ std::shared_ptr<spdlog::logger> get(const std::string& subsystem) {
   logger->set_pattern(make_pattern());
   logger->set_level(level_from_env());
   return logger;
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    if (u >= 0x20 && u < 0x7f && u != '\\') {
+      out.push_back(text[i++]);
+    } else if (const size_t n = u >= 0x80 ? utf8_length(text, i) : 0; n > 0) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      out += fmt::format("\\x{:02x}", u);
+      ++i;
+    }
+  }
+  return out;
 }
 
 }  // namespace strata::log

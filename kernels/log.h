@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace strata::log {
 
@@ -15,5 +16,9 @@ void set_identity(int rank, const std::string& device);
 
 // The logger of one folder; created on first use, all write to stderr.
 std::shared_ptr<spdlog::logger> get(const std::string& subsystem);
+
+// `text` with every byte outside printable ASCII (and the backslash) as \xHH: what a client
+// or producer sent (a request id, a request line), safe to put in a log line.
+std::string printable(std::string_view text);
 
 }  // namespace strata::log

@@ -18,7 +18,6 @@ PACKAGES=(
   python3-numpy  # the model families' reference forward (tests/worker/families)
   nlohmann-json3-dev libcli11-dev
   liburing-dev libnuma-dev
-  libcpp-httplib-dev  # strata serve --metrics-port (Prometheus /metrics)
   python3 python3-redis python3-matplotlib jq iproute2 util-linux clang-format
   slurm-wlm munge  # the Slurm test (tests/launch/test_slurm.py)
   clang libclang-rt-14-dev  # the libFuzzer harnesses (scripts/fuzz.sh)

@@ -523,8 +523,8 @@ void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const Incom
                            options_.request_stream},
                           args, command_deadline());
   log::get("coordinator")
-      ->error("queue: request {} (entry {}) dead-lettered after {} deliveries", r.request.id,
-              entry.id, entry.deliveries);
+      ->error("queue: request {} (entry {}) dead-lettered after {} deliveries",
+              log::printable(r.request.id), entry.id, entry.deliveries);
   std::lock_guard lock(mutex_);
   ++stats_.dead_lettered;
 }

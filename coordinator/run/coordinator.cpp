@@ -417,7 +417,8 @@ void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
   res.stop_reason = StopReason::kError;
   res.error = error;
   res.error_kind = ErrorKind::kInvalidInput;
-  log::get("coordinator")->warn("request {} refused: {}", r.id, error);
+  log::get("coordinator")
+      ->warn("request {} refused: {}", log::printable(r.id), log::printable(error));
   ++stats_.errors;
   ended(res, false);
   sink_.write(res);
@@ -484,7 +485,8 @@ void Coordinator::take(IncomingRequest r) {
   if (r.request.choice == 0 && !ids_seen_.insert(r.request.id).second) {
     ++stats_.duplicate_ids;
     log::get("coordinator")
-        ->warn("request id {} was seen before in this run ({})", r.request.id, r.where);
+        ->warn("request id {} was seen before in this run ({})", log::printable(r.request.id),
+               r.where);
   }
   const std::string error =
       r.error.empty() ? validate_request(r.request, config_.vocab, capacity_, tokenizer_) : r.error;
