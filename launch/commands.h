@@ -38,6 +38,10 @@ Command add_tokenize(CLI::App& app);
 // anything else (with the error's kind when it is a strata::Error).
 int report_error(const std::exception& e);
 
+// --redis-password-file (submit, collect, serve): the Redis password from a file, so it is in
+// no command line (transport/redis_client.h RedisEndpoint::resolve).
+void add_password_file_option(CLI::App& cmd, std::string& path);
+
 // Number checks whose messages say the rule and the value ("must be >= 0, got -5").
 CLI::Validator non_negative();
 CLI::Validator positive();

@@ -20,6 +20,12 @@ strata=${STRATA:-$here/build/launch/strata}
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
+# shellcheck source=launch/redis-password.sh
+. "$here/launch/redis-password.sh"
+strip_redis_passwords "$@"
+set -- ${redis_args[@]+"${redis_args[@]}"}
+secret=()  # the environment of the remote ranks
+if [ -n "${STRATA_REDIS_PASSWORD:-}" ]; then secret=(-x STRATA_REDIS_PASSWORD); fi
 net=()
 if [ -n "${MPI_TCP_IF:-}" ]; then
   net=(--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$MPI_TCP_IF"
@@ -27,5 +33,6 @@ if [ -n "${MPI_TCP_IF:-}" ]; then
 fi
 # shellcheck disable=SC2086
 exec mpirun -np "$np" --hostfile "$hostfile" --map-by slot --bind-to none \
-  --mca orte_abort_on_non_zero_status 0 "${net[@]}" ${MPIRUN_ARGS:-} \
+  --mca orte_abort_on_non_zero_status 0 ${net[@]+"${net[@]}"} ${secret[@]+"${secret[@]}"} \
+  ${MPIRUN_ARGS:-} \
   "$strata" serve "$@"

@@ -35,6 +35,10 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck source=launch/redis-password.sh
+. "$here/launch/redis-password.sh"
+strip_redis_passwords "$@"
+set -- ${redis_args[@]+"${redis_args[@]}"}
 # Under orte_abort_on_non_zero_status 0 mpirun exits 0 whatever the ranks return; a rank
 # that fails before the job starts (a bad option) leaves its status here (launch/main.cpp).
 STRATA_RANK_STATUS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/strata-ranks.XXXXXX")

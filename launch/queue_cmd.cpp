@@ -31,6 +31,7 @@ constexpr size_t kBatch = 512;  // XADDs per round trip
 
 struct SubmitOptions {
   std::string redis;
+  std::string redis_password_file;
   std::string request_stream = "strata:requests";
   std::string result_stream = "strata:results";
   std::vector<std::string> prompts;
@@ -55,9 +56,9 @@ Deadline command_deadline() {
   return Deadline::after_seconds(kCommandSeconds);
 }
 
-RedisConnection connect(const std::string& url) {
+RedisConnection connect(const std::string& url, const std::string& password_file) {
   if (url.empty()) fail_input("--redis URL is required (redis://host:port)");
-  return RedisConnection::open(RedisEndpoint::parse(url), command_deadline());
+  return RedisConnection::open(RedisEndpoint::resolve(url, password_file), command_deadline());
 }
 
 // A file line goes whole into one field: `openai` for an OpenAI batch line, `json` for a
@@ -206,7 +207,7 @@ int run_submit(SubmitOptions o) {
     fail_input("give either --prompt TEXT (one or more) or --file FILE.jsonl");
   std::vector<Submission> subs =
       o.file.empty() ? from_prompts(o) : read_file(o.file, InputLimits::from_env());
-  RedisConnection c = connect(o.redis);
+  RedisConnection c = connect(o.redis, o.redis_password_file);
   const std::string from = o.wait ? last_result_id(c, o.result_stream) : "";
   add_all(c, o.request_stream, subs);
   std::fprintf(stderr, "strata submit: %zu requests added to '%s'\n", subs.size(),
@@ -225,6 +226,7 @@ int run_submit(SubmitOptions o) {
 
 struct CollectOptions {
   std::string redis;
+  std::string redis_password_file;
   std::string result_stream = "strata:results";
   std::string out;
   std::string format = "strata";
@@ -344,7 +346,7 @@ ojson openai_line(const ojson& r, const std::string& entry, const std::string& m
 int run_collect(const CollectOptions& o) {
   if (o.format != "strata" && o.format != "openai")
     fail_input("--format must be strata or openai, got '{}'", o.format);
-  RedisConnection c = connect(o.redis);
+  RedisConnection c = connect(o.redis, o.redis_password_file);
   std::FILE* out = o.out == "-" ? stdout : std::fopen(o.out.c_str(), "wb");
   if (out == nullptr) fail_input("cannot open '{}' for writing", o.out);
   std::string start = o.from;
@@ -376,11 +378,18 @@ int run_collect(const CollectOptions& o) {
 
 }  // namespace
 
+void add_password_file_option(CLI::App& cmd, std::string& path) {
+  cmd.add_option("--redis-password-file", path,
+                 "Read the Redis password from this file's first line (else the URL's, "
+                 "STRATA_REDIS_PASSWORD or REDISCLI_AUTH)");
+}
+
 Command add_submit(CLI::App& app) {
   auto o = std::make_shared<SubmitOptions>();
   CLI::App* cmd = app.add_subcommand(
       "submit", "Add requests to a Redis request stream (and wait for their results)");
   cmd->add_option("--redis", o->redis, "redis://[user:password@]host:port/db")->required();
+  add_password_file_option(*cmd, o->redis_password_file);
   cmd->add_option("--prompt", o->prompts, "A prompt (repeat for several)");
   cmd->add_option("--file", o->file, "JSONL file of Strata requests or OpenAI batch lines");
   cmd->add_option("--request-stream", o->request_stream, "Stream of requests")
@@ -407,6 +416,7 @@ Command add_collect(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("collect", "Write the results of a Redis result stream as JSONL");
   cmd->add_option("--redis", o->redis, "redis://[user:password@]host:port/db")->required();
+  add_password_file_option(*cmd, o->redis_password_file);
   cmd->add_option("--out", o->out, "JSONL file to write (- for stdout)")->required();
   cmd->add_option("--format", o->format,
                   "strata (Strata's result lines) or openai (Batch API output lines)")

@@ -41,6 +41,7 @@ struct ServeOptions {
   std::string requests;
   std::string results;
   std::string redis;  // redis://... : the queue instead of files
+  std::string redis_password_file;
   RedisQueueOptions queue;
   double grace_period = 30.0;
   double flush_timeout = 30.0;
@@ -193,7 +194,7 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
   std::unique_ptr<RedisQueue> queue;
   if (!o.redis.empty()) {
     RedisQueueOptions q = o.queue;
-    q.endpoint = RedisEndpoint::parse(o.redis);
+    q.endpoint = RedisEndpoint::resolve(o.redis, o.redis_password_file);
     if (q.consumer.empty()) q.consumer = default_consumer();
     q.prefetch = static_cast<size_t>(c.kv_slots);
     q.limits = input_limits(o.engine.limits);
@@ -458,9 +459,11 @@ int run_profile_layers(const ServeOptions& o) {
   return run_cluster(o, roles);
 }
 
-void add_queue_options(CLI::App& cmd, std::string& url, RedisQueueOptions& q) {
+void add_queue_options(CLI::App& cmd, std::string& url, std::string& password_file,
+                       RedisQueueOptions& q) {
   cmd.add_option("--redis", url,
                  "Read requests from a Redis stream: redis://[user:password@]host:port/db");
+  add_password_file_option(cmd, password_file);
   cmd.add_option("--request-stream", q.request_stream, "Stream of requests")->capture_default_str();
   cmd.add_option("--result-stream", q.result_stream, "Stream results are written to")
       ->capture_default_str();
@@ -595,7 +598,7 @@ Command add_serve(CLI::App& app) {
   add_engine_options(*cmd, o->engine);
   cmd->add_option("--requests", o->requests, "JSONL file, one request per line");
   cmd->add_option("--results", o->results, "JSONL file the results are written to");
-  add_queue_options(*cmd, o->redis, o->queue);
+  add_queue_options(*cmd, o->redis, o->redis_password_file, o->queue);
   cmd->add_option("--grace-period", o->grace_period,
                   "Seconds the running requests get to finish after SIGTERM / SIGINT")
       ->check(non_negative());

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 namespace strata {
 namespace {
@@ -64,29 +66,56 @@ int parse_int(std::string_view text, std::string_view url, const char* part, int
   int v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
-    fail_input("Redis URL '{}': {} must be an integer in [{}, {}], got '{}'", url, part, lo, hi,
-               text);
+    fail_input("Redis URL '{}': {} must be an integer in [{}, {}], got '{}'", redact_redis_url(url),
+               part, lo, hi, text);
   return v;
+}
+
+constexpr std::string_view kScheme = "redis://";
+constexpr const char* kPasswordSources =
+    "the URL (redis://USER:PASSWORD@host, or redis://:PASSWORD@host for a password alone), "
+    "--redis-password-file FILE, STRATA_REDIS_PASSWORD or REDISCLI_AUTH";
+
+// The first line of a password file: its contents are never printed.
+std::string read_password_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_input("--redis-password-file {}: cannot read it: {}", path, std::strerror(errno));
+  std::string text(4097, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > 4096) fail_input("--redis-password-file {}: over 4096 bytes", path);
+  text = text.substr(0, text.find_first_of("\r\n"));
+  if (text.empty()) fail_input("--redis-password-file {}: its first line is empty", path);
+  return text;
 }
 
 }  // namespace
 
+std::string redact_redis_url(std::string_view url) {
+  const size_t start = url.substr(0, kScheme.size()) == kScheme ? kScheme.size() : 0;
+  const size_t at = url.rfind('@');
+  if (at == std::string_view::npos || at < start) return std::string(url);
+  const std::string_view auth = url.substr(start, at - start);
+  const size_t colon = auth.find(':');
+  const std::string shown =
+      colon == std::string_view::npos ? "***" : std::string(auth.substr(0, colon)) + ":***";
+  return std::string(url.substr(0, start)) + shown + std::string(url.substr(at));
+}
+
 RedisEndpoint RedisEndpoint::parse(std::string_view url) {
-  constexpr std::string_view kScheme = "redis://";
+  const std::string shown = redact_redis_url(url);
   if (url.substr(0, kScheme.size()) != kScheme)
     fail_input("Redis URL '{}' must start with redis:// (redis://[user:password@]host:port/db)",
-               url);
+               shown);
   RedisEndpoint e;
   std::string_view rest = url.substr(kScheme.size());
   if (const size_t at = rest.rfind('@'); at != std::string_view::npos) {
     const std::string_view auth = rest.substr(0, at);
     rest = rest.substr(at + 1);
     const size_t colon = auth.find(':');
-    if (colon == std::string_view::npos)
-      fail_input("Redis URL '{}' names user '{}' without a password (redis://user:password@host)",
-                 url, auth);
+    // user@host: its password comes from elsewhere (resolve).
     e.user = std::string(auth.substr(0, colon));  // empty in redis://:password@host
-    e.password = std::string(auth.substr(colon + 1));
+    if (colon != std::string_view::npos) e.password = std::string(auth.substr(colon + 1));
   }
   if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
     const std::string_view db = rest.substr(slash + 1);
@@ -97,8 +126,24 @@ RedisEndpoint RedisEndpoint::parse(std::string_view url) {
     e.port = parse_int(rest.substr(colon + 1), url, "the port", 1, 65535);
     rest = rest.substr(0, colon);
   }
-  if (rest.empty()) fail_input("Redis URL '{}' names no host", url);
+  if (rest.empty()) fail_input("Redis URL '{}' names no host", shown);
   e.host = std::string(rest);
+  return e;
+}
+
+RedisEndpoint RedisEndpoint::resolve(std::string_view url, const std::string& password_file) {
+  RedisEndpoint e = parse(url);
+  if (!e.password.empty() && !password_file.empty())
+    fail_input("Redis URL '{}' has a password and --redis-password-file {} another: give one",
+               redact_redis_url(url), password_file);
+  if (e.password.empty() && !password_file.empty()) e.password = read_password_file(password_file);
+  for (const char* var : {"STRATA_REDIS_PASSWORD", "REDISCLI_AUTH"}) {
+    const char* v = std::getenv(var);
+    if (e.password.empty() && v != nullptr) e.password = v;
+  }
+  if (e.password.empty() && !e.user.empty())
+    fail_input("Redis URL '{}' names a user but no password: give it in {}", redact_redis_url(url),
+               kPasswordSources);
   return e;
 }
 
@@ -168,11 +213,27 @@ RedisConnection RedisConnection::open(const RedisEndpoint& e, const Deadline& de
   RedisConnection c(raw, e);
   if (raw->err != 0)
     fail(ErrorKind::kDisconnected, "Redis {}: cannot connect: {}", e.str(), raw->errstr);
+  // Authenticated (or found not to need it) before any other command: a server with a
+  // password answers an unauthenticated command with NOAUTH, or a large one by closing with
+  // "Protocol error: unauthenticated ...", neither of which says what to do.
+  RedisArgs first{"PING"};
   if (!e.password.empty()) {
-    RedisArgs auth{"AUTH"};
-    if (!e.user.empty()) auth.push_back(e.user);
-    auth.push_back(e.password);
-    c.command(auth, deadline);
+    first = {"AUTH"};
+    if (!e.user.empty()) first.push_back(e.user);
+    first.push_back(e.password);
+  }
+  try {
+    c.command(first, deadline);
+  } catch (const RedisError& err) {
+    const std::string p = err.prefix();
+    if (e.password.empty() && p == "NOAUTH")
+      throw RedisError(
+          fmt::format("NOAUTH Redis {} requires a password and none was given: give it in {}",
+                      e.str(), kPasswordSources));
+    if (!e.password.empty() && (p == "WRONGPASS" || p == "ERR"))
+      throw RedisError(fmt::format("WRONGPASS Redis {}: authentication{} failed: {}", e.str(),
+                                   e.user.empty() ? "" : " as user '" + e.user + "'", err.what()));
+    throw;
   }
   if (e.db != 0) c.command({"SELECT", std::to_string(e.db)}, deadline);
   return c;

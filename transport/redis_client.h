@@ -29,10 +29,18 @@ struct RedisEndpoint {
   std::string password;
   int db = 0;
 
-  // Throws InputError naming the part of the URL that is wrong.
+  // Throws InputError naming the part of the URL that is wrong (the password never shown).
+  // redis://user@host names a user whose password comes from elsewhere (resolve).
   static RedisEndpoint parse(std::string_view url);
+  // parse(), with the password, where the URL has none, from `password_file` (its first
+  // line; "" for none), else $STRATA_REDIS_PASSWORD, else $REDISCLI_AUTH (redis-cli's):
+  // a password then never needs to be in a command line, where `ps` shows it.
+  static RedisEndpoint resolve(std::string_view url, const std::string& password_file);
   std::string str() const;  // the URL without the password, for logs
 };
+
+// `url` with the password (or a user@ that may be one) replaced by ***, for messages.
+std::string redact_redis_url(std::string_view url);
 
 // A reply copied out of hiredis's tree, so it owns its memory.
 struct RedisReply {

@@ -25,6 +25,11 @@ Cases:
                  those logits after OpenAI's and CTRL's penalty formulas
   choices        n = 4: one result with four completions, choice i equal to the same request
                  with seed + i and n = 1
+  secrets        a password-protected redis-server: the password is in no message of a
+                 malformed URL, in no rank's argv (ps), log, result or run report of a
+                 cluster started with it in its URL; submit, collect and serve each name a
+                 missing or a wrong password; STRATA_REDIS_PASSWORD, REDISCLI_AUTH and
+                 --redis-password-file each supply it
   chat_openai    an OpenAI chat batch file (/v1/chat/completions) through submit, a 2-rank
                  cluster and collect --format openai: chat.completion lines whose prompts are
                  python3-jinja2's rendering of the model's chat template, tokenized
@@ -65,7 +70,8 @@ def fail(msg):
 class Redis:
     """A private redis-server on a free loopback port, AOF with appendfsync always."""
 
-    def __init__(self):
+    def __init__(self, password=None):
+        self.password = password
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         self.port = s.getsockname()[1]
@@ -79,8 +85,9 @@ class Redis:
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir,
              "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-             "--logfile", os.path.join(self.dir, "redis.log")])
-        self.client = redis.Redis(port=self.port, socket_timeout=10)
+             "--logfile", os.path.join(self.dir, "redis.log"),
+             *(["--requirepass", self.password] if self.password else [])])
+        self.client = redis.Redis(port=self.port, socket_timeout=10, password=self.password)
         for _ in range(200):
             try:
                 self.client.ping()
@@ -680,8 +687,97 @@ def case_chat_openai():
     log(f"{len(chats)} chat lines served: prompts are jinja2's, outputs equal the ids requests")
 
 
+SECRET = "s3cr3t-Pw-77"
+
+
+def strata_cmd(args, env_extra=None, timeout=60):
+    env = dict(os.environ, STRATA_LOG_LEVEL="info")
+    for var in ("STRATA_REDIS_PASSWORD", "REDISCLI_AUTH"):
+        env.pop(var, None)
+    env.update(env_extra or {})
+    return subprocess.run([STRATA, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def case_secrets():
+    srv = Redis(password=SECRET)
+    port = srv.port
+    out = os.path.join(TMP, "collected.jsonl")
+    # Malformed URLs carrying the password: each refused naming the part, never showing it.
+    for url, needle in [(f"redis://:{SECRET}@127.0.0.1:99999", "the port"),
+                        (f"redis://user:{SECRET}@127.0.0.1:{port}/x", "database number"),
+                        (f"redis://:{SECRET}@", "names no host"),
+                        (f"redis://{SECRET}@127.0.0.1:{port}", "names a user but no password"),
+                        (f"rediss://:{SECRET}@127.0.0.1:{port}", "must start with redis://")]:
+        for cmd in (["submit", "--redis", url, "--prompt", "x"],
+                    ["collect", "--redis", url, "--out", out],
+                    ["serve", "--redis", url, "--model", MODEL]):
+            r = strata_cmd(cmd)
+            text = r.stdout + r.stderr
+            if r.returncode == 0 or needle not in text:
+                fail(f"{cmd[0]} {url.replace(SECRET, '<pw>')}: exit {r.returncode}, want '{needle}': {text[-400:]}")
+            if SECRET in text:
+                fail(f"{cmd[0]}: the password is in its output: {text[-400:]}")
+    log("malformed URLs: refused naming the part, the password never shown")
+    # A missing or wrong password, named by every command.
+    plain, wrong = f"redis://127.0.0.1:{port}", f"redis://:nope@127.0.0.1:{port}"
+    for cmd in (["submit", "--prompt", "x"], ["collect", "--out", out],
+                ["serve", "--model", MODEL, "--exit-when-drained"]):
+        for url, needle in [(plain, "requires a password"), (wrong, "authentication failed")]:
+            r = strata_cmd([cmd[0], "--redis", url, *cmd[1:]])
+            if r.returncode == 0 or needle not in r.stderr:
+                fail(f"{cmd[0]} with {url}: exit {r.returncode}, want '{needle}': {r.stderr[-400:]}")
+    log("submit, collect and serve name a missing and a wrong password")
+    # The password from the environment or a file: submit queues.
+    pw_file = os.path.join(TMP, "pw")
+    with open(pw_file, "w") as f:
+        f.write(SECRET + "\n")
+    ways = [({"STRATA_REDIS_PASSWORD": SECRET}, []), ({"REDISCLI_AUTH": SECRET}, []),
+            ({}, ["--redis-password-file", pw_file])]
+    for env_extra, extra in ways:
+        r = strata_cmd(["submit", "--redis", plain, *extra, "--prompt", "Once upon a time",
+                        "--max-new-tokens", "4"], env_extra)
+        if r.returncode != 0 or SECRET in r.stdout + r.stderr:
+            fail(f"submit with {list(env_extra) or extra}: exit {r.returncode}: {r.stderr[-400:]}")
+    if srv.client.xlen(REQ) != 3:
+        fail(f"{srv.client.xlen(REQ)} requests queued, want 3")
+    # A cluster started with the password in its URL: no rank's argv holds it.
+    stats = os.path.join(TMP, "stats.json")
+    c = Cluster(f"redis://:{SECRET}@127.0.0.1:{port}", "--exit-when-drained", "--stats-out", stats,
+                name="secret")
+    seen_ranks = 0
+    deadline = time.time() + 60
+    while c.proc.poll() is None and time.time() < deadline:
+        for pid in descendants(c.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read()
+            except OSError:
+                continue
+            if STRATA.encode() in argv:
+                seen_ranks += 1
+            if SECRET.encode() in argv:
+                fail(f"pid {pid}'s argv holds the password: {argv[:300]!r}")
+        time.sleep(0.05)
+    rc = c.wait(60)
+    if rc != 0:
+        fail(f"cluster exit {rc}:\n{c.tail()}")
+    if seen_ranks == 0:
+        fail("no rank was seen running")
+    if len(results(srv.client)) != 3:
+        fail(f"{len(results(srv.client))} results for 3 requests")
+    r = strata_cmd(["collect", "--redis", plain, "--out", out], {"REDISCLI_AUTH": SECRET})
+    if r.returncode != 0:
+        fail(f"collect: {r.stderr[-400:]}")
+    for path in (c.log_path, stats, out):
+        with open(path, errors="replace") as f:
+            if SECRET in f.read():
+                fail(f"the password is in {os.path.basename(path)}")
+    log(f"cluster with the password in its URL: {seen_ranks} argv samples, none holds it; "
+        "results, log and run report free of it")
+
+
 try:
-    {"equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
+    {"secrets": case_secrets, "equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
      "poison": case_poison, "poison_takeover": case_poison_takeover, "sigterm": case_sigterm,
      "docs": case_docs, "single_process": case_single_process, "logprobs": case_logprobs,
      "choices": case_choices, "chat_openai": case_chat_openai}[CASE]()

@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include "kernels/clock.h"
 #include "support/redis_server.h"
+#include "support/scoped_variable.h"
 #include "transport/redis_client.h"
 
 namespace strata {
@@ -40,7 +44,6 @@ TEST(RedisEndpoint, RefusesWhatIsWrongNamingThePart) {
       {"redis://h:x", "the port"},
       {"redis://h:1/db", "the database number"},
       {"redis://:1", "names no host"},
-      {"redis://bob@h", "without a password"},
   };
   for (const auto& [url, want] : cases) {
     try {
@@ -50,6 +53,58 @@ TEST(RedisEndpoint, RefusesWhatIsWrongNamingThePart) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << url << ": " << e.what();
     }
   }
+}
+
+TEST(RedisEndpoint, MessagesNeverShowThePassword) {
+  EXPECT_EQ(redact_redis_url("redis://alice:pw@h:1/2"), "redis://alice:***@h:1/2");
+  EXPECT_EQ(redact_redis_url("redis://:p@ss@h"), "redis://:***@h");
+  EXPECT_EQ(redact_redis_url("redis://pw@h"), "redis://***@h");  // may be a password
+  EXPECT_EQ(redact_redis_url("redis://h:1"), "redis://h:1");
+  for (const char* url :
+       {"redis://:pw123@h:99999", "redis://u:pw123@h:1/x", "redis://:pw123@", "http://:pw123@h"}) {
+    try {
+      RedisEndpoint::parse(url);
+      ADD_FAILURE() << url << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()).find("pw123"), std::string::npos) << e.what();
+    }
+  }
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::optional<std::string>(v) : std::nullopt;
+}
+
+TEST(RedisEndpoint, PasswordFromTheUrlAFileOrTheEnvironment) {
+  testing::ScopedVariable strata_pw("STRATA_REDIS_PASSWORD", nullptr, env("STRATA_REDIS_PASSWORD"));
+  testing::ScopedVariable cli_pw("REDISCLI_AUTH", nullptr, env("REDISCLI_AUTH"));
+  // A user without a password anywhere: refused, the user not shown (it may be a password).
+  try {
+    RedisEndpoint::resolve("redis://pw123@h", "");
+    ADD_FAILURE() << "a user without a password was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("names a user but no password"), std::string::npos);
+    EXPECT_EQ(std::string(e.what()).find("pw123"), std::string::npos) << e.what();
+  }
+  const std::string file = tmp("redis_password");
+  std::FILE* f = std::fopen(file.c_str(), "w");
+  std::fputs("from-file\nsecond line\n", f);
+  std::fclose(f);
+  EXPECT_EQ(RedisEndpoint::resolve("redis://bob@h", file).password, "from-file");
+  EXPECT_EQ(RedisEndpoint::resolve("redis://bob@h", file).user, "bob");
+  EXPECT_THROW(RedisEndpoint::resolve("redis://:x@h", file), InputError);  // two passwords
+  EXPECT_THROW(RedisEndpoint::resolve("redis://h", tmp("no_such_file")), InputError);
+  {
+    testing::ScopedVariable cli("REDISCLI_AUTH", "from-cli", env("REDISCLI_AUTH"));
+    EXPECT_EQ(RedisEndpoint::resolve("redis://h", "").password, "from-cli");
+    testing::ScopedVariable ours("STRATA_REDIS_PASSWORD", "from-strata",
+                                 env("STRATA_REDIS_PASSWORD"));
+    EXPECT_EQ(RedisEndpoint::resolve("redis://h", "").password, "from-strata");
+    EXPECT_EQ(RedisEndpoint::resolve("redis://:url@h", "").password, "url");
+    EXPECT_EQ(RedisEndpoint::resolve("redis://h", file).password, "from-file");
+  }
+  EXPECT_EQ(RedisEndpoint::resolve("redis://h", "").password, "");
 }
 
 TEST(RedisClient, CommandsPipelinesAndErrorReplies) {
@@ -128,6 +183,15 @@ TEST(RedisClient, AuthenticatesAndSelectsTheDatabase) {
     ADD_FAILURE() << "a wrong password was accepted";
   } catch (const RedisError& e) {
     EXPECT_EQ(e.prefix(), "WRONGPASS");
+    EXPECT_NE(std::string(e.what()).find("authentication failed"), std::string::npos);
+    EXPECT_EQ(std::string(e.what()).find("wrong"), std::string::npos) << e.what();
+  }
+  try {
+    RedisConnection::open(RedisEndpoint::parse("redis://" + base), d);
+    ADD_FAILURE() << "no password was accepted";
+  } catch (const RedisError& e) {
+    EXPECT_EQ(e.prefix(), "NOAUTH");
+    EXPECT_NE(std::string(e.what()).find("requires a password"), std::string::npos) << e.what();
   }
 }
 
