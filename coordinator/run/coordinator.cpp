@@ -18,6 +18,7 @@
 #include "coordinator/intake/choices.h"
 #include "coordinator/intake/request_rules.h"
 #include "coordinator/plan/cluster_plan.h"
+#include "coordinator/run/run_history.h"
 #include "kernels/clock.h"
 #include "kernels/error.h"
 #include "kernels/log.h"
@@ -89,7 +90,7 @@ class Coordinator {
   RequestSource& source_;
   ResultSink& sink_;
   std::optional<Deadline> grace_;  // set when a stop signal came
-  std::unordered_set<std::string> ids_seen_;
+  RecentIds recent_ids_;
   int32_t capacity_ = 0;
   ClusterPlan plan_;
   std::unique_ptr<StepScheduler> scheduler_;
@@ -103,7 +104,7 @@ class Coordinator {
   Clock::time_point last_result_;                // ... to the last result in (idle excluded)
   double run_seconds() const { return first_step_ ? seconds_since(*first_step_) : 0.0; }
   void steady_window();
-  std::vector<std::pair<double, size_t>> token_log_;  // (run seconds, tokens) per result
+  TokenTally tokens_;  // the steady window's
   double first_finish_s_ = -1, admissions_end_s_ = -1;
   ClusterStats stats_;
   // Live metrics: requests in the scheduler (waiting or running), each running sequence's
@@ -114,7 +115,7 @@ class Coordinator {
   int64_t sampled_tokens_ = 0;
   std::unordered_map<uint64_t, Clock::time_point> last_token_;
   Clock::time_point stages_published_{};
-  std::vector<double> ttft_, e2e_, queue_wait_;
+  LatencyRecorder ttft_, e2e_, queue_wait_;
 };
 
 ClusterStats Coordinator::run() {
@@ -235,9 +236,9 @@ ClusterStats Coordinator::run_plan() {
   }
   stats_.pie = stages_.pie_stats();
   stats_.stages = stages_.finish(grace_ ? "stopped" : "all requests done");
-  stats_.ttft = LatencySummary::of(std::move(ttft_));
-  stats_.e2e = LatencySummary::of(std::move(e2e_));
-  stats_.queue_wait = LatencySummary::of(std::move(queue_wait_));
+  stats_.ttft = ttft_.summary();
+  stats_.e2e = e2e_.summary();
+  stats_.queue_wait = queue_wait_.summary();
   if (!sink_.flush(Deadline::after_seconds(options_.flush_timeout_s)))
     fail(ErrorKind::kDisconnected,
          "results not all stored within {} s (--flush-timeout); their requests were not "
@@ -299,7 +300,7 @@ void Coordinator::size_run(const PlanOptions& po) {
 
 void Coordinator::steady_window() {
   const SteadyWindow w =
-      strata::steady_window(first_finish_s_, admissions_end_s_, stats_.seconds, token_log_);
+      strata::steady_window(first_finish_s_, admissions_end_s_, stats_.seconds, tokens_);
   stats_.steady_from_s = w.from_s;
   stats_.steady_to_s = w.to_s;
   stats_.steady_tokens = w.tokens;
@@ -400,9 +401,9 @@ void Coordinator::observe(const FinishedRequest& f) {
 void Coordinator::ended(const GenerationResult& r, bool unfinished) {
   if (r.stop_reason != StopReason::kError) {
     ++stats_.finished;
-    if (r.times.first_token_s >= 0) ttft_.push_back(r.times.first_token_s);
-    if (r.times.total_s >= 0) e2e_.push_back(r.times.total_s);
-    if (r.times.queue_wait_s >= 0) queue_wait_.push_back(r.times.queue_wait_s);
+    if (r.times.first_token_s >= 0) ttft_.add(r.times.first_token_s);
+    if (r.times.total_s >= 0) e2e_.add(r.times.total_s);
+    if (r.times.queue_wait_s >= 0) queue_wait_.add(r.times.queue_wait_s);
   }
   if (metrics_ != nullptr) metrics_->request_ended(r, unfinished);
 }
@@ -482,7 +483,7 @@ void Coordinator::take(IncomingRequest r) {
   tokenize_with(r, tokenizer_);
   apply_generation_defaults(r, config_.generation);
   ++stats_.requests;
-  if (r.request.choice == 0 && !ids_seen_.insert(r.request.id).second) {
+  if (r.request.choice == 0 && recent_ids_.seen_again(r.request.id)) {
     ++stats_.duplicate_ids;
     log::get("coordinator")
         ->warn("request id {} was seen before in this run ({})", log::printable(r.request.id),
@@ -522,8 +523,10 @@ void Coordinator::serve() {
     }
     admit();
     publish_load();
-    if (admissions_end_s_ < 0 && first_step_ && source_.exhausted() && scheduler_->waiting() == 0)
+    if (admissions_end_s_ < 0 && first_step_ && source_.exhausted() && scheduler_->waiting() == 0) {
       admissions_end_s_ = run_seconds();
+      tokens_.at_admissions_end = tokens_.total;
+    }
     for (int32_t m = 0; m < scheduler_->micro_batches(); ++m) {
       if (scheduler_->in_flight(m)) continue;
       if (std::optional<ScheduledStep> step = scheduler_->next_step(m)) dispatch(*step);
@@ -578,7 +581,7 @@ void Coordinator::dispatch(const ScheduledStep& step) {
 
 void Coordinator::on_result(const StepResult& result) {
   last_result_ = Clock::now();
-  token_log_.emplace_back(run_seconds(), result.tokens.size());
+  tokens_.total += static_cast<int64_t>(result.tokens.size());
   sampled_tokens_ += static_cast<int64_t>(result.tokens.size());
   if (options_.on_tokens) options_.on_tokens(sampled_tokens_);
   std::vector<FinishedRequest> done = scheduler_->apply(result);
@@ -586,7 +589,10 @@ void Coordinator::on_result(const StepResult& result) {
   if (metrics_ != nullptr && reserver_)
     metrics_->set_packing(reserver_->report(*scheduler_->packing()));
   if (done.empty()) return;
-  if (first_finish_s_ < 0) first_finish_s_ = run_seconds();
+  if (first_finish_s_ < 0) {
+    first_finish_s_ = run_seconds();
+    tokens_.at_first_finish = tokens_.total;
+  }
   std::vector<uint64_t> left;
   for (FinishedRequest& f : done) {
     stats_.generated_tokens += static_cast<int64_t>(f.result.output_ids.size());
@@ -684,12 +690,14 @@ double ClusterStats::tokens_per_second() const {
 }
 
 SteadyWindow steady_window(double first_finish_s, double admissions_end_s, double last_result_s,
-                           const std::vector<std::pair<double, size_t>>& token_log) {
+                           const TokenTally& tally) {
   SteadyWindow w;
   w.from_s = std::max(first_finish_s, 0.0);
+  const bool ends_at_admissions = admissions_end_s > w.from_s && admissions_end_s <= last_result_s;
   w.to_s = admissions_end_s > w.from_s ? std::min(admissions_end_s, last_result_s) : last_result_s;
-  for (const auto& [t, n] : token_log)
-    if (t > w.from_s && t <= w.to_s) w.tokens += static_cast<int64_t>(n);
+  w.tokens =
+      (ends_at_admissions && tally.at_admissions_end >= 0 ? tally.at_admissions_end : tally.total) -
+      (first_finish_s >= 0 ? tally.at_first_finish : 0);
   return w;
 }
 

@@ -21,6 +21,7 @@
 #include "coordinator/plan/cluster_plan.h"
 #include "coordinator/plan/stages.h"
 #include "coordinator/run/metrics.h"
+#include "coordinator/run/run_history.h"
 #include "coordinator/s3/kv_packing.h"
 #include "transport/messages.h"
 #include "worker/config.h"
@@ -104,13 +105,13 @@ PlanOptions run_plan_options(const CoordinatorOptions& options, const ModelConfi
 // waiting), or to the last result when admissions never stopped. It never ends after the
 // last result: a queue-fed run's source empties only when the job is stopped, which may be
 // long after its last result. `first_finish_s`, `admissions_end_s` < 0: never happened.
-// `token_log`: (run seconds, tokens) per step result, the tokens counted in (from, to].
+// `tally`: the step results' tokens as they came (run_history.h), those in (from, to] counted.
 struct SteadyWindow {
   double from_s = 0, to_s = 0;
   int64_t tokens = 0;
 };
 SteadyWindow steady_window(double first_finish_s, double admissions_end_s, double last_result_s,
-                           const std::vector<std::pair<double, size_t>>& token_log);
+                           const TokenTally& tally);
 
 // Percentiles of one latency over the requests that finished (seconds; 0 when none did).
 struct LatencySummary {

@@ -166,8 +166,28 @@ struct LoopRun {
 };
 
 // Step results at 0.1 .. 0.5 s (4, 4, 4, 2, 1 tokens); the window counts those in (from, to].
+// The coordinator keeps only running totals (TokenTally): the total after the result at the
+// first finish, and at the end of admissions, as it would have seen them.
 const std::vector<std::pair<double, size_t>> kTokenLog = {
     {0.1, 4}, {0.2, 4}, {0.3, 4}, {0.4, 2}, {0.5, 1}};
+
+TokenTally tally_of(double first_finish_s, double admissions_end_s) {
+  TokenTally t;
+  for (const auto& [when, n] : kTokenLog) {
+    if (admissions_end_s >= 0 && when > admissions_end_s && t.at_admissions_end < 0)
+      t.at_admissions_end = t.total;
+    t.total += static_cast<int64_t>(n);
+    if (when <= first_finish_s) t.at_first_finish = t.total;
+  }
+  if (admissions_end_s >= 0 && t.at_admissions_end < 0) t.at_admissions_end = t.total;
+  return t;
+}
+
+SteadyWindow steady_window(double first_finish_s, double admissions_end_s, double last_result_s,
+                           const std::vector<std::pair<double, size_t>>&) {
+  return strata::steady_window(first_finish_s, admissions_end_s, last_result_s,
+                               tally_of(first_finish_s, admissions_end_s));
+}
 
 TEST(SteadyWindow, ABatchRunFromTheFirstFinishToTheLastAdmission) {
   const SteadyWindow w = steady_window(0.2, 0.4, 0.5, kTokenLog);
