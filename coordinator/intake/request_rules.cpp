@@ -101,8 +101,10 @@ std::string validate_request(const GenerationRequest& r, int32_t vocab, int32_t 
   if (r.max_new_tokens < 0)
     return fmt::format("max_new_tokens must be >= 0, got {}", r.max_new_tokens);
   if (static_cast<int64_t>(r.prompt_ids.size()) > capacity)
-    return fmt::format("prompt of {} tokens exceeds the context of {} positions",
-                       r.prompt_ids.size(), capacity);
+    return fmt::format(
+        "field 'prompt': {} tokens exceed the context of {} positions (--max-context, at most "
+        "the model's)",
+        r.prompt_ids.size(), capacity);
   try {
     r.sampling.validate();
   } catch (const InputError& e) {

@@ -414,7 +414,8 @@ void Coordinator::refuse(const GenerationRequest& r, const std::string& error) {
   res.choice = r.choice;
   res.n = r.n;
   res.chat = r.chat;
-  res.prompt_ids = r.prompt_ids;
+  // No prompt ids: an oversized prompt's refusal would carry all of them (a 1 MB prompt,
+  // 294,117 ids); the error names what was wrong.
   res.stop_reason = StopReason::kError;
   res.error = error;
   res.error_kind = ErrorKind::kInvalidInput;

@@ -244,7 +244,7 @@ MALFORMED = [
     ({"prompt": "a", "prompt_ids": "[1, 2]"}, "exactly one of 'prompt'"),
     ({"prompt_ids": "[1, 99999]"}, "outside the vocabulary"),
     ({"prompt_ids": "[]"}, "empty prompt"),
-    ({"prompt": "word " * 700}, "exceeds the context"),
+    ({"prompt": "word " * 700}, "tokens exceed the context"),
     ({"prompt": "x" * (1 << 20)}, "is above the limit"),
     ({"json": "{not json"}, "not valid JSON"),
     ({"json": json.dumps({"prompt": "a", "stop": [1]})}, "stop[0] must be a string"),

@@ -376,5 +376,36 @@ TEST(RequestFormat, ResultsPrintInTheDocumentedOrderAndReadBackTyped) {
   EXPECT_EQ(back["entry"], "5-0");
 }
 
+TEST(RequestFormat, RefusalsCarryTheProducersId) {
+  InputLimits small;
+  small.request_bytes = 64;
+  const std::string pad(100, 'a');
+  // Over the limit: the id is read by a scan, not the parse that never happens.
+  const IncomingRequest big =
+      parse_request_fields({{"json", R"({"id": "mine-1", "prompt": ")" + pad + "\"}"}}, "9-0",
+                           "stream entry 9-0", small);
+  EXPECT_EQ(big.request.id, "mine-1");
+  EXPECT_NE(big.error.find("above the limit"), std::string::npos) << big.error;
+  const IncomingRequest flat =
+      parse_request_fields({{"id", "mine-2"}, {"prompt", pad}}, "9-1", "stream entry 9-1", small);
+  EXPECT_EQ(flat.request.id, "mine-2");
+  // Not JSON, an OpenAI line's custom_id.
+  const IncomingRequest broken = parse_request_fields(
+      {{"openai", R"({"custom_id" : "batch-7", "body": {"model": )"}}, "9-2", "stream entry 9-2");
+  EXPECT_EQ(broken.request.id, "batch-7");
+  EXPECT_FALSE(broken.error.empty());
+  const IncomingRequest line = parse_request_line(R"({"id": "line-3", "prompt": )", "f:3");
+  EXPECT_EQ(line.request.id, "line-3");
+  // No id to read: the entry id, and the error says so.
+  const IncomingRequest none =
+      parse_request_fields({{"json", R"({"prompt": )"}}, "9-3", "stream entry 9-3");
+  EXPECT_EQ(none.request.id, "9-3");
+  EXPECT_NE(none.error.find("answered under the entry id"), std::string::npos) << none.error;
+  // An id that is not a plain short string is not taken.
+  const IncomingRequest escaped =
+      parse_request_fields({{"json", R"({"id": "a\"b", "prompt": )"}}, "9-4", "stream entry 9-4");
+  EXPECT_EQ(escaped.request.id, "9-4");
+}
+
 }  // namespace
 }  // namespace strata

@@ -286,6 +286,8 @@ TEST(CoordinatorLoop, InvalidRequestsAreRefusedAndTheRestRun) {
   EXPECT_EQ(bad.result.error_kind, ErrorKind::kInvalidInput);
   EXPECT_NE(bad.result.error.find("outside the vocabulary [0, 32000)"), std::string::npos)
       << bad.result.error;
+  // A refusal never echoes the prompt: a 1 MB prompt's error result would be 1 MB too.
+  EXPECT_TRUE(bad.result.prompt_ids.empty());
   EXPECT_EQ(run.sink.answers.at("r0").result.output_ids.size(), 2u);
   EXPECT_EQ(run.sink.answers.at("r2").result.output_ids.size(), 2u);
 }
