@@ -4,8 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "kernels/clock.h"
@@ -87,10 +88,10 @@ TEST(RedisEndpoint, PasswordFromTheUrlAFileOrTheEnvironment) {
     EXPECT_NE(std::string(e.what()).find("names a user but no password"), std::string::npos);
     EXPECT_EQ(std::string(e.what()).find("pw123"), std::string::npos) << e.what();
   }
+  std::filesystem::create_directories(STRATA_TEST_TMP);
   const std::string file = tmp("redis_password");
-  std::FILE* f = std::fopen(file.c_str(), "w");
-  std::fputs("from-file\nsecond line\n", f);
-  std::fclose(f);
+  std::ofstream(file) << "from-file\nsecond line\n";
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
   EXPECT_EQ(RedisEndpoint::resolve("redis://bob@h", file).password, "from-file");
   EXPECT_EQ(RedisEndpoint::resolve("redis://bob@h", file).user, "bob");
   EXPECT_THROW(RedisEndpoint::resolve("redis://:x@h", file), InputError);  // two passwords
