@@ -30,10 +30,10 @@ void LatencyRecorder::add(double seconds) {
   const auto b = static_cast<size_t>(std::min(bucket(seconds), int32_t{1 << 12}));
   if (buckets_.size() <= b) buckets_.resize(b + 1, 0);
   ++buckets_[b];
-  if (exact_.size() < exact_cap_ && count_ == static_cast<int64_t>(exact_.size()) + 1) {
+  if (count_ <= static_cast<int64_t>(exact_cap_)) {
     exact_.push_back(seconds);
-  } else {
-    exact_.clear();  // past the cap: the buckets alone
+  } else if (!exact_.empty()) {  // past the cap: the buckets alone from now on
+    exact_.clear();
     exact_.shrink_to_fit();
   }
 }

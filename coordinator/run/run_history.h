@@ -24,7 +24,7 @@ class LatencyRecorder {
   void add(double seconds);
   int64_t count() const { return count_; }
   LatencySummary summary() const;
-  size_t bytes() const;  // what it holds, for the soak benchmark's accounting
+  size_t bytes() const;  // what it holds (its test bounds it)
 
  private:
   static constexpr double kMin = 1e-6, kGrowth = 1.01;
