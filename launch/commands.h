@@ -19,6 +19,9 @@ namespace strata::cli {
 struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
+  // SIGTERM / SIGINT are caught and acted on (serve, profile-layers), not fatal at once
+  // (launch/job_control.h).
+  bool graceful_stop = false;
 };
 
 Command add_generate(CLI::App& app);

@@ -17,6 +17,8 @@
 # mpirun kills the job (SIGCONT, then SIGTERM and SIGKILL each odls_base_sigkill_timeout
 # apart, 1 s by default), which leaves no time to finish. Raising that timeout is no cure:
 # mpirun uses the same sequence after MPI_Abort, so every failing job would take as long.
+stopping=0
+trap 'stopping=1' TERM INT HUP  # first: a stop while this script starts is not lost
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 NP [strata serve options...]" >&2
@@ -43,24 +45,76 @@ set -- ${redis_args[@]+"${redis_args[@]}"}
 # that fails before the job starts (a bad option) leaves its status here (launch/main.cpp).
 STRATA_RANK_STATUS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/strata-ranks.XXXXXX")
 export STRATA_RANK_STATUS_DIR
+if [ "$stopping" = 1 ]; then
+  rm -rf "$STRATA_RANK_STATUS_DIR"
+  exit 143  # stopped before anything started
+fi
 # shellcheck disable=SC2086
 setsid mpirun -np "$np" --oversubscribe --bind-to none \
   --mca orte_abort_on_non_zero_status 0 ${MPIRUN_ARGS:-} "$strata" "$command" "$@" &
 mpirun_pid=$!
-# A signal is passed on once the ranks exist (one that comes while mpirun still starts them
-# waits for them).
-stopping=0
-trap 'stopping=1' TERM INT HUP
+# A signal is passed on to each rank once it is ready for it: a rank blocks stop signals
+# before main() and says so with a file (launch/job_control.h); one signalled earlier,
+# while the loader still maps its libraries, would die of it, and mpirun would then wait
+# forever for ranks stuck in MPI_Init. A rank gone before its start was over (no
+# started.PID file) stops the others (their start then ends within 5 s of the signal), and
+# ranks that are all gone while mpirun stays (it does, when one died starting) are not
+# waited for past 2 s.
+signalled=" "
+seen=""
+start_failed=0
+had_ranks=0
+childless=0
+forced=0
 while kill -0 "$mpirun_pid" 2>/dev/null; do
-  if [ "$stopping" = 1 ] && pkill -TERM -P "$mpirun_pid" 2>/dev/null; then stopping=2; fi
+  ranks=$(pgrep -P "$mpirun_pid" | tr "\n" " " || true)
+  for pid in $seen; do  # a rank gone before its start was over: the others cannot start
+    case " $ranks " in *" $pid "*) continue ;; esac
+    if [ ! -e "$STRATA_RANK_STATUS_DIR/started.$pid" ] && [ "$stopping" = 0 ]; then
+      echo "$0: rank process $pid ended while the job started; stopping the others" >&2
+      stopping=1
+      start_failed=1
+    fi
+  done
+  seen=$ranks
+  if [ "$stopping" = 1 ]; then
+    for pid in $ranks; do
+      case "$signalled" in *" $pid "*) continue ;; esac
+      if [ -e "$STRATA_RANK_STATUS_DIR/ready.$pid" ] && kill -TERM "$pid" 2>/dev/null; then
+        signalled="$signalled$pid "
+      fi
+    done
+  fi
+  if [ -n "$ranks" ]; then
+    had_ranks=1
+  elif [ "$had_ranks" = 1 ]; then
+    childless=$((childless + 1))
+    if [ "$childless" -ge 10 ] && [ "$forced" = 0 ]; then
+      echo "$0: every rank has ended but mpirun has not; ending it" >&2
+      forced=1
+      kill -KILL "$mpirun_pid" 2>/dev/null || true
+    fi
+  fi
   sleep 0.2 || true  # a signal to the whole group ends the sleep early (set -e)
 done
 rc=0
 wait "$mpirun_pid" || rc=$?
-for f in "$STRATA_RANK_STATUS_DIR"/rank.*; do
-  [ -e "$f" ] || continue
-  status=$(cat "$f")
-  if [ "$rc" = 0 ] && [ "$status" -gt 0 ] 2>/dev/null; then rc=$status; fi
-done
+# Rank 0 names the job's status when it leaves one (a dead worker: 1, not the 137 of the
+# killed rank that mpirun reports); else the first failing rank's, or mpirun's.
+if [ -e "$STRATA_RANK_STATUS_DIR/rank.0" ]; then
+  rc=$(cat "$STRATA_RANK_STATUS_DIR/rank.0")
+else
+  for f in "$STRATA_RANK_STATUS_DIR"/rank.*; do
+    [ -e "$f" ] || continue
+    status=$(cat "$f")
+    if [ "$rc" = 0 ] && [ "$status" -gt 0 ] 2>/dev/null; then rc=$status; fi
+  done
+fi
+if [ "$start_failed" = 1 ]; then
+  rc=1  # a rank died starting: the job failed, whatever the stopped ranks said
+elif [ "$forced" = 1 ] && [ ! -e "$STRATA_RANK_STATUS_DIR/rank.0" ]; then
+  rc=1
+  if [ "$stopping" = 1 ]; then rc=143; fi
+fi
 rm -rf "$STRATA_RANK_STATUS_DIR"
 exit "$rc"

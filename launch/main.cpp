@@ -10,21 +10,10 @@
 #include "kernels/error.h"
 #include "kernels/tunables.h"
 #include "launch/commands.h"
+#include "launch/job_control.h"
 #include "launch/openmp_wait.h"
 
 namespace {
-
-// launch/local-cluster.sh runs mpirun with orte_abort_on_non_zero_status 0 (so the
-// coordinator, not mpirun, names a dead worker), and then mpirun exits 0 whatever a rank
-// returned. A failure after MPI starts ends the job through MPI_Abort; one before it (a bad
-// option) leaves its status here, in STRATA_RANK_STATUS_DIR, for the script to read.
-int leave_status(int code) {
-  const std::optional<std::string> dir = strata::tunable_text(strata::TunableId::kRankStatusDir);
-  if (code == 0 || !dir) return code;
-  const std::optional<std::string> rank = strata::foreign_variable("OMPI_COMM_WORLD_RANK");
-  std::ofstream(*dir + "/rank." + rank.value_or("0")) << code << '\n';
-  return code;
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"Strata: LLM inference on machines whose accelerator memory is too small"};
@@ -51,6 +40,7 @@ int run(int argc, char** argv) {
     for (const auto& c : commands) {
       if (!c.app->parsed()) continue;
       running = c.app->get_name().c_str();
+      c.graceful_stop ? strata::cli::catch_stop_signals() : strata::cli::default_stop_signals();
       return c.run();
     }
     return 2;
@@ -67,6 +57,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  strata::cli::say_ready_for_signals();   // blocked since before main (launch/job_control.h)
   strata::cli::settle_openmp_wait(argv);  // may run this binary again, with GOMP_SPINCOUNT set
-  return leave_status(run(argc, argv));
+  return strata::cli::leave_status(run(argc, argv));
 }

@@ -4,8 +4,6 @@
 // this same command line.
 #include <unistd.h>
 
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -23,10 +21,12 @@
 #include "kernels/log.h"
 #include "kernels/tunables.h"
 #include "launch/engine.h"
+#include "launch/job_control.h"
 #include "launch/metrics_server.h"
 #include "launch/node_setup.h"
 #include "launch/plan_schedule.h"
 #include "launch/slurm_env.h"
+#include "transport/liveness.h"
 #include "transport/mpi_session.h"
 #include "worker/dummy.h"
 #include "worker/model_path.h"
@@ -81,24 +81,6 @@ struct ServeOptions {
   std::string nodes_file;
   bool remeasure_nodes = false;
 };
-
-// The signal that asked this process to stop (SIGTERM from mpirun, Slurm or a user;
-// SIGINT from Ctrl-C); 0 while none has. Rank 0 stops admitting and finishes what runs;
-// workers keep computing until rank 0 tells them to stop.
-std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "read and written in a signal handler");
-
-void on_stop_signal(int signal) {
-  g_stop_signal.store(signal);
-}
-
-void catch_stop_signals() {
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-}
 
 // Host name and job id: a restarted job under Slurm keeps its name (and takes its own
 // pending entries back at once); elsewhere each job is new and takes over the entries of
@@ -161,7 +143,7 @@ CoordinatorOptions coordinator_options(const ServeOptions& o, std::vector<StageN
   CoordinatorOptions c =
       planned_run(o.engine, o.micro_batches, o.max_context, o.stage_mem, std::move(nodes));
   c.decode_iters = o.decode_iters;
-  c.stop_signal = &g_stop_signal;
+  c.stop_signal = &stop_signal();
   c.grace_period_s = o.grace_period;
   c.flush_timeout_s = o.flush_timeout;
   c.tensor_parallel = o.tensor_parallel;
@@ -178,7 +160,7 @@ void linger(const ServeOptions& o, const MetricsServer* server) {
   log::get("launch")->info("run over; metrics stay on port {} for {} s", server->port(),
                            o.metrics_linger);
   const Deadline deadline = Deadline::after_seconds(o.metrics_linger);
-  while (!deadline.expired() && g_stop_signal.load() == 0)
+  while (!deadline.expired() && stop_signal().load() == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
@@ -239,15 +221,21 @@ int serve_single(const ServeOptions& o) {
   return serve_requests(o, stages, e.config, *e.tokenizer, {processor_name()});
 }
 
-int serve_coordinator(const ServeOptions& o, const Communicator& world,
+MpiStagesOptions stages_options(const ServeOptions& o, LivenessLinks& links) {
+  MpiStagesOptions m{o.heartbeat_interval, o.heartbeat_timeout, o.load_timeout, o.step_timeout};
+  m.links = &links;
+  m.stop_signal = &stop_signal();
+  return m;
+}
+
+int serve_coordinator(const ServeOptions& o, const Communicator& world, LivenessLinks& links,
                       std::vector<std::string> hosts, std::vector<StageNode> nodes) {
   const ModelConfig config =
       load_spec_config(o.engine.model, parse_dtype(o.engine.dtype).value_or(DType::kF32));
   const std::unique_ptr<Tokenizer> tokenizer =
       is_dummy_model(o.engine.model) ? Tokenizer::ids_only(config)
                                      : Tokenizer::load(resolve_model_path(o.engine.model), config);
-  MpiStages stages(world, MpiStagesOptions{o.heartbeat_interval, o.heartbeat_timeout,
-                                           o.load_timeout, o.step_timeout});
+  MpiStages stages(world, stages_options(o, links));
   return serve_requests(o, stages, config, *tokenizer, std::move(hosts), std::move(nodes));
 }
 
@@ -300,19 +288,40 @@ int serve_worker(const ServeOptions& o, const MpiSession& session, const RankNod
 // profile-layers); the workers are the same stage workers for both.
 struct ClusterRoles {
   std::function<int(const ServeOptions&)> single;
-  std::function<int(const ServeOptions&, const Communicator&, std::vector<std::string>,
-                    std::vector<StageNode>)>
+  std::function<int(const ServeOptions&, const Communicator&, LivenessLinks&,
+                    std::vector<std::string>, std::vector<StageNode>)>
       coordinator;
   // The command's own option checks, run at every rank where a refusal ends the job with
   // its status (optional).
   std::function<void(const ServeOptions&)> check;
 };
 
+// Until rank 0's run loop watches the links itself (MpiStages, once every stage has
+// loaded), a lost peer ends the job at once: nothing has been read from the queue yet, and
+// the start's collectives would wait for the dead rank to their deadline. A worker keeps
+// this to the end: without rank 0 it has nothing to do.
+void end_job_on_lost_peer(LivenessLinks& links, const MpiSession& session) {
+  links.on_lost([&session](int rank) {
+    if (rank == 0) {
+      log::get("launch")->error(
+          "rank 0 (the coordinator) is gone: its liveness link closed; this worker ends the job");
+    } else {
+      log::get("launch")->error(
+          "worker rank {} died while the job started (its liveness link to rank 0 closed); "
+          "rank 0 ends the job",
+          rank);
+    }
+    session.abort(leave_status(1));
+  });
+}
+
 int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
+  std::optional<StartWatchdog> watchdog(std::in_place, o.load_timeout);
   MpiSession session(nullptr, nullptr);
   check_slurm_world_size(session.size());  // srun without --mpi=pmix: worlds of one
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) {
+    watchdog.reset();
     if (roles.check) roles.check(o);
     if (!o.nodes_file.empty())
       fail_input(
@@ -321,6 +330,12 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
     return roles.single(o);
   }
   log::get("launch")->info("{}", session.str());
+  const std::unique_ptr<LivenessLinks> links =
+      LivenessLinks::create(session.world(), Deadline::after_seconds(o.load_timeout));
+  watchdog.reset();
+  say_started();
+  log::get("launch")->info("{}", links->str());
+  end_job_on_lost_peer(*links, session);
   const int local_index =
       host_local_index(session.world(), 1, Deadline::after_seconds(o.load_timeout));
   std::vector<std::string> hosts =
@@ -356,12 +371,13 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
     std::vector<StageNode> stages = stage_nodes(exchange_inventories(
         session.world(), std::nullopt, Deadline::after_seconds(o.load_timeout)));
     hosts.erase(hosts.begin());  // the workers'
-    const int rc = roles.coordinator(o, session.world(), std::move(hosts), std::move(stages));
+    const int rc =
+        roles.coordinator(o, session.world(), *links, std::move(hosts), std::move(stages));
     // Under `--mca orte_abort_on_non_zero_status 0` (launch/*.sh) mpirun exits 0 whatever
     // a rank returns: a job that did not finish its work says so through MPI_Abort.
     if (rc != 0) {
       log::get("launch")->warn("stopped with requests unfinished: exit status {}", rc);
-      session.abort(rc);
+      session.abort(leave_status(rc));
     }
     return rc;
   } catch (const std::exception& e) {
@@ -370,8 +386,11 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
     // waiting in the plan's collectives. Under `--mca orte_abort_on_non_zero_status 0`
     // (launch/*.sh) mpirun would otherwise exit 0, and after a lost rank MPI_Finalize would
     // wait for it forever.
+    // A stop signal that ended the start (the stages were still loading) is the status.
     log::get("launch")->error("rank {} ends the job", session.rank());
-    session.abort(report_error(e));
+    const int code = report_error(e);
+    const int signal = stop_signal().load();
+    session.abort(leave_status(session.rank() == 0 && signal != 0 ? 128 + signal : code));
   }
 }
 
@@ -398,7 +417,6 @@ int run_serve(const ServeOptions& options) {
   const EngineOptions& e = o.engine;
   o.engine.packing.budget_from_schedule =
       !o.latency_bound.empty() && (!e.kv_reserve.empty() || !e.packing.predictor_path.empty());
-  catch_stop_signals();
   return run_cluster(o, ClusterRoles{serve_single, serve_coordinator, check_serve_options});
 }
 
@@ -445,12 +463,11 @@ int run_profile_layers(const ServeOptions& o) {
         LocalStages stages(*e.model);
         return profile_stages(opts, stages, e.config, {processor_name()});
       },
-      [](const ServeOptions& opts, const Communicator& world, std::vector<std::string> hosts,
-         std::vector<StageNode> nodes) {
+      [](const ServeOptions& opts, const Communicator& world, LivenessLinks& links,
+         std::vector<std::string> hosts, std::vector<StageNode> nodes) {
         const ModelConfig config = load_spec_config(
             opts.engine.model, parse_dtype(opts.engine.dtype).value_or(DType::kF32));
-        MpiStages stages(world, MpiStagesOptions{opts.heartbeat_interval, opts.heartbeat_timeout,
-                                                 opts.load_timeout, opts.step_timeout});
+        MpiStages stages(world, stages_options(opts, links));
         return profile_stages(opts, stages, config, std::move(hosts), std::move(nodes));
       },
       [](const ServeOptions& opts) {
@@ -475,6 +492,11 @@ void add_queue_options(CLI::App& cmd, std::string& url, std::string& password_fi
                  "under the same name takes its own pending entries back at once");
   cmd.add_option("--claim-idle", q.claim_idle_s,
                  "Seconds an entry may sit idle on another consumer before it is taken over")
+      ->check(positive())
+      ->capture_default_str();
+  cmd.add_option("--consumer-ttl", q.consumer_ttl_s,
+                 "Seconds this job's liveness mark in Redis lasts unless renewed; the entries of "
+                 "a consumer whose mark ran out (or that ended) are taken over at once")
       ->check(positive())
       ->capture_default_str();
   cmd.add_option("--max-deliveries", q.max_deliveries,
@@ -554,7 +576,7 @@ Command add_profile_layers(CLI::App& app) {
   add_engine_options(*cmd, o->engine);
   add_cluster_options(*cmd, *o);
   cmd->add_option("--out", o->profile_out, "The layer profile's JSON file")->required();
-  return {cmd, [o] { return run_profile_layers(*o); }};
+  return {cmd, [o] { return run_profile_layers(*o); }, /*graceful_stop=*/true};
 }
 
 void add_waa_options(CLI::App& cmd, ServeOptions& o) {
@@ -643,7 +665,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--debug-die-in-handover", o->debug_die_in_handover,
                   "Tests: --debug-kill-rank dies in its n-th KV hand-over, transfers posted")
       ->group("");
-  return {cmd, [o] { return run_serve(*o); }};
+  return {cmd, [o] { return run_serve(*o); }, /*graceful_stop=*/true};
 }
 
 }  // namespace strata::cli

@@ -56,6 +56,33 @@ redis.call('XACK', KEYS[4], ARGV[1], ARGV[3])
 return done
 )lua";
 
+// Consumer liveness (docs/QUEUE.md "Takeover"): each consumer's mark in the consumers hash
+// is the server time (ms) it lasts to; 0 once it ended. The server's clock, so the hosts'
+// clocks need not agree. KEYS: consumers. ARGV: consumer, lifetime ms.
+constexpr const char* kMarkAliveLua = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+return now
+)lua";
+
+// The other consumers whose mark has run out: name, ms since, name, ms since, ...
+// KEYS: consumers. ARGV: this consumer.
+constexpr const char* kDeadConsumersLua = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local until_ms = tonumber(all[i + 1]) or 0
+  if all[i] ~= ARGV[1] and until_ms < now then
+    out[#out + 1] = all[i]
+    out[#out + 1] = tostring(now - until_ms)
+  end
+end
+return out
+)lua";
+
 // Error replies that pass (a server loading its data, out of memory for a moment, a
 // replica promoted): retried like a lost connection.
 bool transient(const std::string& prefix) {
@@ -69,6 +96,11 @@ double entry_seconds(const std::string& entry_id) {
   int64_t ms = 0;
   std::from_chars(entry_id.data(), entry_id.data() + entry_id.find('-'), ms);
   return static_cast<double>(ms) / 1000.0;
+}
+
+std::chrono::steady_clock::duration every(double seconds, double lo, double hi) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::clamp(seconds, lo, hi)));
 }
 
 std::string ms_text(double seconds) {
@@ -113,6 +145,8 @@ void RedisQueueOptions::validate() const {
     fail_input("the request, result and dead-letter streams must differ, got '{}', '{}', '{}'",
                request_stream, result_stream, dead_letters());
   if (!(claim_idle_s > 0)) fail_input("--claim-idle must be > 0 seconds, got {}", claim_idle_s);
+  if (!(consumer_ttl_s > 0))
+    fail_input("--consumer-ttl must be > 0 seconds, got {}", consumer_ttl_s);
   if (max_deliveries < 1) fail_input("--max-deliveries must be >= 1, got {}", max_deliveries);
   if (prefetch < 1) fail_input("the queue's prefetch must be >= 1, got {}", prefetch);
   if (!(retry_timeout_s >= 0))
@@ -139,7 +173,9 @@ RedisQueue::RedisQueue(const RedisQueueOptions& options, const Tokenizer& tokeni
     : options_(options),
       tokenizer_(tokenizer),
       finish_script_(with_store_once(kFinishLua)),
-      dead_letter_script_(with_store_once(kDeadLetterLua)) {
+      dead_letter_script_(with_store_once(kDeadLetterLua)),
+      mark_alive_script_(kMarkAliveLua),
+      dead_consumers_script_(kDeadConsumersLua) {
   options_.validate();
   log::get("coordinator")->info("queue: {}", options_.str());
   // The first connection, before anything is served: an unreachable server is retried
@@ -267,12 +303,15 @@ void RedisQueue::warn_about_durability(RedisConnection& c) {
 void RedisQueue::read_loop() {
   std::optional<RedisConnection> slot;
   Clock::time_point next_claim = Clock::now();
+  Clock::time_point next_takeover = Clock::now();
   while (true) {
     {
       std::unique_lock lock(mutex_);
       stats_.reader_cpu_seconds = thread_cpu_seconds();
       if (quit_) return;
-      if (fatal_ || stopped_ || drained_) {
+      // Nothing is taken before the coordinator first asks (its stages may take minutes to
+      // load, or never do): until then another consumer serves what is queued.
+      if (fatal_ || stopped_ || drained_ || !serving_) {
         wake_.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
@@ -280,6 +319,10 @@ void RedisQueue::read_loop() {
     RedisConnection* c = connection(slot, "reader");
     if (c == nullptr) continue;
     try {
+      if (Clock::now() >= next_takeover) {
+        take_over_dead(*c);
+        next_takeover = Clock::now() + every(options_.consumer_ttl_s / 4, 0.05, 1.0);
+      }
       if (Clock::now() >= next_claim) {
         claim_idle(*c);
         next_claim = Clock::now() +
@@ -359,6 +402,47 @@ bool RedisQueue::recover(RedisConnection& c) {
   // An entry deleted from the stream leaves the pending list on XCLAIM and comes back empty.
   deliver(c, std::move(entries));
   return true;
+}
+
+// Entries of a consumer known dead (its liveness mark ran out, or it ended) become this
+// consumer's at once, without counting a delivery (JUSTID); recover() then takes them. A
+// dead consumer left with nothing pending is removed from the group and the hash, so
+// neither grows with every job that ever ran.
+void RedisQueue::take_over_dead(RedisConnection& c) {
+  const RedisReply dead = dead_consumers_script_.run(c, {options_.consumers_hash()},
+                                                     {options_.consumer}, command_deadline());
+  for (size_t i = 0; i + 1 < dead.size(); i += 2) {
+    const std::string& name = dead.elements[i].str;
+    size_t taken = 0;
+    for (int page = 0; page < 64; ++page) {
+      const RedisReply pending =
+          c.command({"XPENDING", options_.request_stream, options_.group, "-", "+", "256", name},
+                    command_deadline());
+      if (pending.size() == 0) break;
+      RedisArgs claim{"XCLAIM", options_.request_stream, options_.group, options_.consumer, "0"};
+      for (const RedisReply& row : pending.elements)
+        claim.push_back(row.at(0, "XPENDING id").as_string("XPENDING id"));
+      claim.emplace_back("JUSTID");
+      c.command(claim, command_deadline());
+      taken += pending.size();
+    }
+    const RedisReply left =
+        c.command({"XPENDING", options_.request_stream, options_.group, "-", "+", "1", name},
+                  command_deadline());
+    if (left.size() == 0) {
+      c.command({"XGROUP", "DELCONSUMER", options_.request_stream, options_.group, name},
+                command_deadline());
+      c.command({"HDEL", options_.consumers_hash(), name}, command_deadline());
+    }
+    if (taken == 0) continue;
+    log::get("coordinator")
+        ->warn(
+            "queue: consumer '{}' is gone (its liveness mark ran out {} ms ago): took over "
+            "its {} pending entries",
+            log::printable(name), dead.elements[i + 1].str, taken);
+    std::lock_guard lock(mutex_);
+    recovering_ = true;
+  }
 }
 
 // Entries another consumer has held longer than claim_idle_s (it died or hangs) become
@@ -534,6 +618,10 @@ void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const Incom
 std::vector<IncomingRequest> RedisQueue::poll(size_t max) {
   std::lock_guard lock(mutex_);
   if (fatal_) fail(ErrorKind::kDisconnected, "{}", *fatal_);
+  if (!serving_) {
+    serving_ = true;
+    wake_.notify_all();
+  }
   std::vector<IncomingRequest> out;
   while (!buffer_.empty() && out.size() < max) {
     out.push_back(std::move(buffer_.front()));
@@ -605,18 +693,27 @@ void RedisQueue::write_loop() {
   std::optional<RedisConnection> slot;
   const auto lease_every = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(std::clamp(options_.claim_idle_s / 3, 0.05, 10.0)));
+  const Clock::duration mark_every = every(options_.consumer_ttl_s / 3, 0.05, 10.0);
   Clock::time_point next_lease = Clock::now() + lease_every;
+  Clock::time_point next_mark = Clock::now();
   while (true) {
     {
       std::unique_lock lock(mutex_);
-      wake_.wait_until(lock, next_lease, [this] { return quit_ || (!outbox_.empty() && !fatal_); });
+      wake_.wait_until(lock, std::min(next_lease, next_mark),
+                       [this] { return quit_ || (!outbox_.empty() && !fatal_); });
       stats_.writer_cpu_seconds = thread_cpu_seconds();
-      if (quit_) return;
+      if (quit_) return mark_ended(slot);
       if (fatal_) continue;
     }
     RedisConnection* c = connection(slot, "writer");
     if (c == nullptr) continue;
     try {
+      if (Clock::now() >= next_mark) {
+        mark_alive_script_.run(*c, {options_.consumers_hash()},
+                               {options_.consumer, ms_text(options_.consumer_ttl_s)},
+                               command_deadline());
+        next_mark = Clock::now() + mark_every;
+      }
       write_once(*c);
       if (Clock::now() >= next_lease) {
         renew_leases(*c);
@@ -676,6 +773,18 @@ void RedisQueue::store(RedisConnection& c, const Outgoing& out) {
                          args, command_deadline());
     }
     done_entries = held.entries.size();
+  }
+}
+
+// This consumer is over: what it still holds (entries that were running when the run failed)
+// is for the next consumer to take at once. Best effort, on a live connection only.
+void RedisQueue::mark_ended(std::optional<RedisConnection>& slot) {
+  if (!slot || slot->broken()) return;
+  try {
+    slot->command({"HSET", options_.consumers_hash(), options_.consumer, "0"},
+                  Deadline::after_seconds(std::min(options_.command_timeout_s, 2.0)));
+  } catch (const Error& e) {
+    log::get("coordinator")->warn("queue: could not mark this consumer ended: {}", e.what());
   }
 }
 

@@ -8,6 +8,9 @@
 //  - a restarted consumer takes back its own pending entries first, then new ones; entries
 //    pending on another consumer for longer than `claim_idle_s` are taken over
 //    (XAUTOCLAIM), and entries this consumer holds are kept leased (XCLAIM ... JUSTID);
+//  - each consumer renews a liveness mark (the consumers hash); the entries of one whose
+//    mark ran out or that ended are taken over at once, without waiting out claim_idle_s;
+//  - nothing is read before the coordinator first polls (its stages have loaded);
 //  - an entry handed out more than `max_deliveries` times goes to the dead-letter stream
 //    with an error result; one handed out again after a failed run (deliveries > 1) is run
 //    alone by the coordinator, so a poison entry is found without taking others with it;
@@ -41,8 +44,11 @@ struct RedisQueueOptions {
   std::string result_stream = "strata:results";
   std::string dead_letter_stream;  // empty: <request_stream>:dead
   std::string group = "strata";
-  std::string consumer;        // this job's name in the group (serve: host name + job id)
-  double claim_idle_s = 60;    // another consumer's entries idle this long are taken over
+  std::string consumer;      // this job's name in the group (serve: host name + job id)
+  double claim_idle_s = 60;  // another consumer's entries idle this long are taken over
+  // This consumer's liveness mark lasts this long unless renewed (every third of it); the
+  // entries of a consumer whose mark ran out, or that ended, are taken over at once.
+  double consumer_ttl_s = 3;
   int64_t max_deliveries = 3;  // more deliveries than this: the dead-letter stream
   bool exit_when_drained = false;
   size_t prefetch = 32;                  // entries read ahead of the coordinator's admission
@@ -54,6 +60,8 @@ struct RedisQueueOptions {
 
   std::string dead_letters() const;
   std::string done_hash() const { return result_stream + ":done"; }
+  // Consumer name -> server time (ms) its liveness mark lasts to, 0 once it ended.
+  std::string consumers_hash() const { return request_stream + ":consumers:" + group; }
   void validate() const;  // InputError naming the option
   std::string str() const;
 };
@@ -115,6 +123,8 @@ class RedisQueue final : public RequestSource, public ResultSink {
   void read_once(RedisConnection& c);
   bool recover(RedisConnection& c);  // true while own pending entries remain to take back
   void claim_idle(RedisConnection& c);
+  void take_over_dead(RedisConnection& c);
+  void mark_ended(std::optional<RedisConnection>& slot);
   void read_new(RedisConnection& c);
   void check_drained(RedisConnection& c);
   void deliver(RedisConnection& c, std::vector<Entry> entries);
@@ -133,6 +143,8 @@ class RedisQueue final : public RequestSource, public ResultSink {
   const Tokenizer& tokenizer_;
   RedisScript finish_script_;
   RedisScript dead_letter_script_;
+  RedisScript mark_alive_script_;      // the writer's
+  RedisScript dead_consumers_script_;  // the reader's
 
   std::once_flag durability_checked_;
   mutable std::mutex mutex_;
@@ -144,6 +156,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   size_t writing_ = 0;                  // outbox items the writer is storing now
   bool recovering_ = true;              // own pending entries may remain
   bool stopped_ = false;                // stop(): read nothing more
+  bool serving_ = false;                // the coordinator has polled: reading may start
   bool drained_ = false;
   bool quit_ = false;                 // the destructor: threads end
   std::optional<std::string> fatal_;  // the run cannot go on (poll throws it)

@@ -63,6 +63,7 @@ class Coordinator {
   void size_run(const PlanOptions& po);
   int32_t encoder_slots() const { return waa_encoder_slots(*options_.waa, options_.kv_slots); }
   void end_unfinished(const std::string& why, bool failed);
+  void return_unread(const std::string& why);
   void flush_results(double seconds);
   void admit();
   void take(IncomingRequest r);
@@ -122,9 +123,28 @@ ClusterStats Coordinator::run() {
   try {
     return run_plan();
   } catch (const std::exception& e) {
-    end_unfinished(std::string("not completed: the cluster failed: ") + e.what(), true);
+    const std::string why = std::string("not completed: the cluster failed: ") + e.what();
+    end_unfinished(why, true);
+    return_unread(why);
     flush_results(std::min(options_.flush_timeout_s, 5.0));
     throw;
+  }
+}
+
+// What the source read ahead and the coordinator never took goes back as never started:
+// for the queue, with its delivery count restored (only what ran counts as a delivery).
+void Coordinator::return_unread(const std::string& why) {
+  try {
+    for (IncomingRequest& r : source_.stop()) {
+      ++stats_.unfinished;
+      GenerationResult never{r.request.id, {}, {}, StopReason::kError, why};
+      never.choice = r.request.choice;
+      never.n = r.request.n;
+      never.chat = r.request.chat;
+      sink_.unfinished(never, false);
+    }
+  } catch (const std::exception& again) {
+    log::get("coordinator")->error("handing back the requests read ahead: {}", again.what());
   }
 }
 

@@ -34,15 +34,15 @@ void MpiStages::start(const ClusterPlan& plan) {
 }
 
 // Every stage answers a ping once it has loaded its layers; a load failure comes back as an
-// ErrorReport and ends the run at once.
+// ErrorReport and ends the run at once, and so does a stop signal (loads can take minutes).
 void MpiStages::wait_ready() {
   const Deadline deadline = Deadline::after_seconds(options_.load_timeout_s);
   const uint64_t seq = ++ping_seq_;
   for (int r : workers_) control_.send(r, Heartbeat{0, seq, false}, deadline);
   std::set<int> waiting(workers_.begin(), workers_.end());
   while (!waiting.empty()) {
-    Received r = control_.recv(kAnySource, deadline,
-                               fmt::format("stages {} to load", fmt::join(waiting, ", ")));
+    Received r = recv_watching(waiting, deadline,
+                               fmt::format("stages {} to load", fmt::join(waiting, ", ")), true);
     if (auto* e = std::get_if<ErrorReport>(&r.message)) e->raise();
     if (auto* h = std::get_if<Heartbeat>(&r.message); h && h->reply && h->sequence == seq)
       waiting.erase(r.source);
@@ -50,6 +50,25 @@ void MpiStages::wait_ready() {
   log::get("coordinator")->info("all {} stages loaded", workers_.size());
   monitor_ = std::make_unique<PeerMonitor>(workers_, ms(options_.heartbeat_timeout_s));
   last_ping_ = Clock::now();
+  // From here the run loop names a lost worker itself (check_alive), so that every request
+  // it holds is answered or handed back before the job ends.
+  if (options_.links != nullptr) options_.links->on_lost(nullptr);
+}
+
+// The next control message from any rank, while watching the links of the ranks in
+// `awaited` and, when `stoppable`, the stop signal.
+Received MpiStages::recv_watching(const std::set<int>& awaited, const Deadline& deadline,
+                                  const std::string& what, bool stoppable) {
+  Backoff backoff;
+  while (true) {
+    if (std::optional<Received> r = control_.try_recv(kAnySource, deadline)) return *r;
+    check_links(&awaited);
+    if (stoppable && options_.stop_signal != nullptr && options_.stop_signal->load() != 0)
+      fail(ErrorKind::kFailed, "stopped by signal {} while waiting for {}",
+           options_.stop_signal->load(), what);
+    if (deadline.expired()) fail_timeout(deadline, "any rank", what);
+    backoff.pause();
+  }
 }
 
 // A step goes to the pipeline that runs its phase: every stage (RRA), or one side (WAA).
@@ -95,6 +114,7 @@ std::vector<HandoverDone> MpiStages::handovers_done() {
 }
 
 std::optional<StepResult> MpiStages::poll() {
+  check_links(nullptr);
   if (std::optional<Received> r =
           control_.try_recv(kAnySource, Deadline::after_seconds(options_.step_timeout_s))) {
     on_message(*r);
@@ -128,19 +148,35 @@ void MpiStages::ping_workers() {
   last_ping_ = Clock::now();
 }
 
+std::string MpiStages::describe(int rank) const {
+  const StagePlan* stage = plan_.stage_of_rank(rank);
+  const char* role = stage != nullptr && stage->tp_degree() > 1 ? "tensor-parallel stage"
+                     : !plan_.waa() || stage == nullptr         ? "stage"
+                     : plan_.encoder(*stage)                    ? "prefill stage"
+                                                                : "decode stage";
+  return fmt::format("worker rank {} ({} layers [{}, {}))", rank, role,
+                     stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1);
+}
+
+// A lost link of a rank in `awaited` (nullptr: any worker) ends the wait.
+void MpiStages::check_links(const std::set<int>* awaited) const {
+  if (options_.links == nullptr) return;
+  const std::optional<int> lost = options_.links->lost();
+  if (!lost || (awaited != nullptr && !awaited->contains(*lost))) return;
+  fail(ErrorKind::kDisconnected,
+       "{} is dead: its process ended (its liveness link to rank 0 closed){}", describe(*lost),
+       handovers_.empty() ? ""
+                          : fmt::format(" ({} KV hand-overs were in progress)", handovers_.size()));
+}
+
 void MpiStages::check_alive() const {
+  check_links(nullptr);
   const std::optional<int> silent = monitor_->silent_rank();
   if (!silent) return;
-  const StagePlan* stage = plan_.stage_of_rank(*silent);
   try {
     monitor_->check();
   } catch (const Error& e) {
-    const char* role = stage != nullptr && stage->tp_degree() > 1 ? "tensor-parallel stage"
-                       : !plan_.waa() || stage == nullptr         ? "stage"
-                       : plan_.encoder(*stage)                    ? "prefill stage"
-                                                                  : "decode stage";
-    fail(ErrorKind::kDisconnected, "worker rank {} ({} layers [{}, {})) is dead or hung: {}{}",
-         *silent, role, stage ? stage->layer_begin : -1, stage ? stage->layer_end : -1, e.what(),
+    fail(ErrorKind::kDisconnected, "{} is dead or hung: {}{}", describe(*silent), e.what(),
          handovers_.empty()
              ? ""
              : fmt::format(" ({} KV hand-overs were in progress)", handovers_.size()));
@@ -189,7 +225,7 @@ std::vector<StageReport> MpiStages::finish(const std::string& reason) {
   const Deadline deadline = Deadline::after_seconds(options_.step_timeout_s);
   std::vector<StageReport> reports;
   while (!waiting.empty()) {
-    Received r = control_.recv(kAnySource, deadline, "stage statistics");
+    Received r = recv_watching(waiting, deadline, "stage statistics", false);
     auto* s = std::get_if<StageStats>(&r.message);
     if (s == nullptr) continue;  // late pings and such
     if (const StagePlan* stage = plan_.stage_of_rank(r.source))

@@ -4,12 +4,16 @@
 // PeerMonitor) within the heartbeat timeout; a worker's error report ends the run.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "coordinator/plan/stages.h"
 #include "transport/control_channel.h"
+#include "transport/liveness.h"
 #include "transport/mpi_session.h"
 #include "transport/peer_monitor.h"
 #include "transport/tensor_channel.h"
@@ -21,6 +25,11 @@ struct MpiStagesOptions {
   double heartbeat_timeout_s = 30.0;  // a worker silent this long is declared dead
   double load_timeout_s = 300.0;      // plan to every stage loaded
   double step_timeout_s = 60.0;       // one control send
+  // The liveness links to the workers (transport/liveness.h): a worker whose process ended is
+  // named at once, not after the heartbeat timeout. Optional.
+  LivenessLinks* links = nullptr;
+  // Non-zero: stop (a signal came); the stages' load is not waited out. Optional.
+  const std::atomic<int>* stop_signal = nullptr;
 };
 
 class MpiStages final : public Stages {
@@ -46,6 +55,10 @@ class MpiStages final : public Stages {
   void on_message(const Received& r);
   void ping_workers();
   void check_alive() const;
+  void check_links(const std::set<int>* awaited) const;
+  std::string describe(int rank) const;  // "worker rank 2 (stage layers [1, 3))"
+  Received recv_watching(const std::set<int>& awaited, const Deadline& deadline,
+                         const std::string& what, bool stoppable);
   [[noreturn]] void on_error_report(const ErrorReport& report);
   int last_rank(Phase phase) const { return plan_.pipeline(phase).back().rank; }
   void on_handover_done(const KvHandoverDone& done);

@@ -30,6 +30,13 @@ Cases:
                  cluster started with it in its URL; submit, collect and serve each name a
                  missing or a wrong password; STRATA_REDIS_PASSWORD, REDISCLI_AUTH and
                  --redis-password-file each supply it
+  dead_worker    kill -9 of one worker under a 30 s heartbeat timeout: the job ends within 5 s
+                 with status 1; only entries that ran keep a delivery; a restart under a new
+                 consumer name takes the rest over at once
+  takeover       the whole job killed with SIGKILL; a restart under a new consumer name takes
+                 the dead consumer's entries over within 5 s (its liveness mark ran out)
+  start_stop     SIGTERM 0-300 ms after start to the script, to mpirun, to every rank: each
+                 job ends within 15 s with nothing left running, and nothing is lost
   chat_openai    an OpenAI chat batch file (/v1/chat/completions) through submit, a 2-rank
                  cluster and collect --format openai: chat.completion lines whose prompts are
                  python3-jinja2's rendering of the model's chat template, tokenized
@@ -775,9 +782,173 @@ def case_secrets():
     log(f"cluster with the password in its URL: {seen_ranks} argv samples, none holds it; "
         "results, log and run report free of it")
 
+def rank_pid(cluster, rank):
+    """The pid of MPI rank `rank` of a running cluster (its environment says which)."""
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        for p in descendants(cluster.proc.pid):
+            try:
+                env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if f"PMIX_RANK={rank}".encode() in env and b"serve" in open(f"/proc/{p}/cmdline", "rb").read():
+                return p
+        time.sleep(0.02)
+    fail(f"no process of rank {rank}")
+
+
+def pending_on(r, consumer):
+    return [p for p in r.xpending_range(REQ, "strata", "-", "+", 1000) if p["consumer"].decode() == consumer]
+
+
+def wait_taken_over(r, consumer, since, limit=5.0):
+    """Seconds from `since` until no entry is pending on `consumer` any more."""
+    while pending_on(r, consumer):
+        if time.time() - since > 60:
+            fail(f"the entries of {consumer} were never taken over")
+        time.sleep(0.05)
+    took = time.time() - since
+    if took > limit:
+        fail(f"the entries of the dead consumer {consumer} were taken over after {took:.1f} s, "
+             f"not within {limit} s (--claim-idle is 60 s)")
+    return took
+
+
+def case_dead_worker():
+    """kill -9 of one worker under the default 30 s heartbeat timeout: the job ends within
+    5 s with exit status 1 and names the rank; only entries that ran keep a delivery; a
+    restart under a new consumer name takes the rest over at once and answers every request
+    once, equal to strata generate."""
+    srv = Redis()
+    prompts, reqs = slow_requests(30)
+    refs = reference(prompts, 60)
+    submit_valid(srv.client, reqs)
+    args = ("--micro-batches", "2", "--debug-step-delay", "0.02", "--max-batch", "8")
+    c = Cluster(srv.url, *args, "--consumer", "dead-worker-1", name="dead", heartbeat_timeout=30)
+    after_progress(srv.client, 0)
+    victim = rank_pid(c, 2)
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    rc = c.wait(60)
+    took = time.time() - t0
+    text = open(c.log_path, errors="replace").read()
+    if took > 5:
+        fail(f"the job ended {took:.1f} s after a worker's kill -9, not within 5 s:\n{c.tail()}")
+    if rc != 1:
+        fail(f"exit status {rc} after a dead worker; docs/CLUSTER.md says 1:\n{c.tail()}")
+    if "worker rank 2 (stage layers [3, 5)) is dead: its process ended" not in text:
+        fail(f"the dead rank is not named:\n{c.tail()}")
+    pending = srv.client.xpending_range(REQ, "strata", "-", "+", 1000)
+    ran = [p for p in pending if p["times_delivered"] > 0]
+    if not pending or len(ran) > 8:
+        fail(f"{len(pending)} pending, {len(ran)} with a delivery counted; at most the 8 running "
+             f"(--max-batch 8) ran: {pending}")
+    log(f"kill -9 of rank 2: exit {rc} after {took:.1f} s; {len(pending)} pending, {len(ran)} of "
+        f"them ran; {srv.client.xlen(RES)} results stored")
+    t1 = time.time()
+    c = Cluster(srv.url, "--exit-when-drained", *args, "--consumer", "dead-worker-2", name="restart")
+    took = wait_taken_over(srv.client, "dead-worker-1", t1)
+    expect_every_result(srv, c, reqs, refs)
+    log(f"restart under a new name took the entries over {took:.1f} s after it started; 30 results "
+        "equal strata generate")
+
+
+def case_takeover():
+    """The whole job killed with SIGKILL (rank 0 too: nothing is handed back): a restart
+    under a new consumer name takes the dead consumer's entries over within 5 s of its
+    start (its liveness mark runs out; --claim-idle stays at 60 s), answers every request
+    once, and removes the dead consumer from the group and the consumers hash."""
+    srv = Redis()
+    prompts, reqs = slow_requests(24)
+    refs = reference(prompts, 60)
+    submit_valid(srv.client, reqs)
+    args = ("--micro-batches", "2", "--debug-step-delay", "0.02", "--max-batch", "4")
+    c = Cluster(srv.url, *args, "--consumer", "takeover-1", name="first")
+    after_progress(srv.client, 0)
+    c.kill9()
+    held = len(pending_on(srv.client, "takeover-1"))
+    if held == 0:
+        fail(f"the killed job held no entries: {srv.client.xpending_range(REQ, 'strata', '-', '+', 100)}; "
+             f"{srv.client.xlen(RES)} results; log:\n{c.tail()}")
+    t0 = time.time()
+    c = Cluster(srv.url, "--exit-when-drained", *args, "--consumer", "takeover-2", name="second")
+    took = wait_taken_over(srv.client, "takeover-1", t0)
+    expect_every_result(srv, c, reqs, refs)
+    names = [x["name"].decode() for x in srv.client.xinfo_consumers(REQ, "strata")]
+    marks = {k.decode(): v.decode() for k, v in srv.client.hgetall(REQ + ":consumers:strata").items()}
+    if "takeover-1" in names or "takeover-1" in marks:
+        fail(f"the dead consumer is still listed: group {names}, marks {marks}")
+    if marks.get("takeover-2") != "0":
+        fail(f"the drained consumer's mark is {marks.get('takeover-2')}, not 0 (ended)")
+    log(f"kill -9 of the whole job holding {held} entries: a new consumer took them over "
+        f"{took:.1f} s after it started; 24 results equal strata generate; the dead consumer removed")
+
+
+def case_start_stop():
+    """SIGTERM 0, 50, 100, 200 and 300 ms after start, to launch/local-cluster.sh, to plain
+    mpirun, and to every rank of a plain mpirun job as soon as they exist (as scancel
+    does): each job ends within 15 s with none of its processes left; then one run answers
+    every request once (nothing was lost), equal to strata generate."""
+    srv = Redis()
+    prompts, reqs = valid_requests(20, 16)
+    refs = reference(prompts, 16)
+    submit_valid(srv.client, reqs)
+    env = dict(os.environ, STRATA=STRATA, STRATA_LOG_LEVEL="info", OMPI_MCA_rmaps_base_oversubscribe="1")
+    if os.getuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    serve = ["--model", MODEL, "--redis", srv.url, "--threads", "1", "--max-batch", "4",
+             "--debug-step-delay", "0.02", "--heartbeat-interval", "0.2"]
+    for how in ("script", "mpirun", "ranks"):
+        for delay in (0, 0.05, 0.1, 0.2, 0.3):
+            name = f"stop-{how}-{int(delay * 1000)}"
+            if how == "script":
+                cmd = ["bash", os.path.join(ROOT, "launch/local-cluster.sh"), "3", *serve]
+            else:
+                cmd = ["mpirun", "-np", "3", "--bind-to", "none", STRATA, "serve", *serve]
+            log_path = os.path.join(TMP, name + ".log")
+            t0 = time.time()
+            proc = subprocess.Popen(cmd + ["--consumer", name], env=env, stdout=open(log_path, "w"),
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            seen = set()
+            time.sleep(delay)
+            if how == "ranks":
+                while not (kids := subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                  text=True).stdout.split()):
+                    if proc.poll() is not None:
+                        break
+                    time.sleep(0.002)
+                for k in kids:
+                    os.kill(int(k), signal.SIGTERM)
+            else:
+                proc.send_signal(signal.SIGTERM)
+            while proc.poll() is None and time.time() - t0 < 15:
+                seen.update(descendants(proc.pid))
+                time.sleep(0.02)
+            took = time.time() - t0
+            if proc.poll() is None:
+                seen.update(descendants(proc.pid))
+                for p in seen | {proc.pid}:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                fail(f"{name}: still running {took:.1f} s after SIGTERM; log:\n"
+                     + open(log_path, errors="replace").read()[-3000:])
+            time.sleep(0.3)
+            left = [p for p in seen if os.path.exists(f"/proc/{p}") and
+                    b"zombie" not in open(f"/proc/{p}/status", "rb").read().lower()]
+            if left:
+                fail(f"{name}: processes {left} left running after the job ended")
+            log(f"{name}: ended {took:.2f} s after start, exit {proc.returncode}, nothing left running")
+    expect_every_result(srv, Cluster(srv.url, "--exit-when-drained", "--max-batch", "4",
+                                     "--consumer", "stop-drain", name="drain"), reqs, refs)
+    log("15 stops at every point of the start: nothing left running; then 20 results equal strata generate")
+
+
 
 try:
-    {"secrets": case_secrets, "equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
+    {"secrets": case_secrets, "dead_worker": case_dead_worker, "takeover": case_takeover,
+     "start_stop": case_start_stop, "equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
      "poison": case_poison, "poison_takeover": case_poison_takeover, "sigterm": case_sigterm,
      "docs": case_docs, "single_process": case_single_process, "logprobs": case_logprobs,
      "choices": case_choices, "chat_openai": case_chat_openai}[CASE]()

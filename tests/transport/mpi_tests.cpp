@@ -4,6 +4,8 @@
 // Data are self-checking: value = f(seed, sender, index), so a receiver verifies alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "kernels/tunables.h"
 #include "transport/all_reduce.h"
 #include "transport/control_channel.h"
+#include "transport/liveness.h"
 #include "transport/mpi_session.h"
 #include "transport/peer_monitor.h"
 #include "transport/tensor_channel.h"
@@ -337,6 +340,68 @@ TEST_F(Mpi, SilentRankIsNamedByTheMonitor) {
 // Run alone (run_mpi.sh 2 ... --peer-loss=MODE): rank 1 answers one ping, then leaves --
 // "finalize": a worker that ends cleanly; "crash": one that dies without MPI_Finalize.
 // Rank 0 keeps pinging and must name rank 1 within a bounded time.
+
+// Every worker links to rank 0; an orderly end (the links destroyed, goodbye first) is not
+// taken for a death on either side.
+TEST_F(Mpi, LivenessLinksEveryWorkerAndAnOrderlyEndIsNoLoss) {
+  std::atomic<int> handled{-1};
+  std::unique_ptr<LivenessLinks> links = LivenessLinks::create(comm_, Deadline::after(20s));
+  links->on_lost([&](int rank) { handled = rank; });
+  if (rank_ == 0) {
+    std::vector<int> want;
+    for (int r = 1; r < size_; ++r) want.push_back(r);
+    std::vector<int> got = links->linked();
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want) << links->str();
+  } else {
+    EXPECT_EQ(links->linked(), std::vector<int>{0});
+  }
+  comm_.barrier(Deadline::after(20s), "links made");
+  if (rank_ != 0) links.reset();  // the workers end first; rank 0 watches them go
+  comm_.barrier(Deadline::after(20s), "workers' links ended");
+  if (rank_ == 0) {
+    std::this_thread::sleep_for(200ms);
+    EXPECT_FALSE(links->lost().has_value()) << "rank " << links->lost().value_or(-1);
+  }
+  links.reset();
+  EXPECT_EQ(handled.load(), -1);
+}
+
+// Rank 1 ends right after a barrier: by a crash (no goodbye, no MPI_Finalize) rank 0 must
+// hear of it within a second, by rank and through the handler; by an orderly end, never.
+TEST(LivenessLoss, RankZeroHearsOfADeadWorkerAtOnce) {
+  if (g_peer_loss.empty()) GTEST_SKIP() << "run with --peer-loss=finalize|crash";
+  const Communicator& world = g_session->world();
+  ASSERT_EQ(world.size(), 2);
+  std::unique_ptr<LivenessLinks> links = LivenessLinks::create(world, Deadline::after(20s));
+  std::atomic<int> handled{-1};
+  std::atomic<double> handled_at{0};
+  links->on_lost([&](int rank) {
+    handled_at = seconds_since(Clock::time_point{});
+    handled = rank;
+  });
+  world.barrier(Deadline::after(20s), "links made");
+  if (world.rank() == 1) {
+    if (g_peer_loss == "crash") std::_Exit(3);
+    links.reset();
+    MPI_Finalize();
+    std::_Exit(0);
+  }
+  const double start = seconds_since(Clock::time_point{});
+  while (handled.load() < 0 && seconds_since(Clock::time_point{}) - start < 3.0)
+    std::this_thread::sleep_for(5ms);
+  if (g_peer_loss == "crash") {
+    ASSERT_EQ(handled.load(), 1) << "no loss reported within 3 s";
+    EXPECT_EQ(links->lost(), std::optional<int>(1));
+    std::fprintf(stderr, "[rank 0] liveness link of rank 1 closed after %.3f s\n",
+                 handled_at.load() - start);
+    EXPECT_LT(handled_at.load() - start, 1.0);
+  } else {
+    EXPECT_EQ(handled.load(), -1) << "an orderly end taken for a death";
+    EXPECT_FALSE(links->lost().has_value());
+  }
+}
+
 TEST(PeerLoss, CoordinatorNamesTheRankThatLeft) {
   if (g_peer_loss.empty()) GTEST_SKIP() << "run with --peer-loss=finalize|crash";
   const Communicator& world = g_session->world();

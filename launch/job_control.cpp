@@ -1,0 +1,117 @@
+#include "launch/job_control.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "kernels/log.h"
+#include "kernels/tunables.h"
+
+namespace strata::cli {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "written in a signal handler");
+
+sigset_t stop_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+// Before every other constructor and main(): from here on a stop signal waits. Threads
+// started later inherit the mask until main() sets the signals' fate.
+__attribute__((constructor(101))) void block_stop_signals() {
+  const sigset_t set = stop_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
+void on_stop_signal(int signal) {
+  g_stop_signal.store(signal);
+}
+
+void unblock() {
+  const sigset_t set = stop_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+}  // namespace
+
+void catch_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  unblock();  // a signal that came while starting is caught now
+}
+
+void default_stop_signals() {
+  unblock();
+}
+
+const std::atomic<int>& stop_signal() {
+  return g_stop_signal;
+}
+
+void say_ready_for_signals() {
+  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
+  if (dir) std::ofstream(*dir + "/ready." + std::to_string(getpid())) << "\n";
+}
+
+void say_started() {
+  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
+  if (dir) std::ofstream(*dir + "/started." + std::to_string(getpid())) << "\n";
+}
+
+int leave_status(int code) {
+  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
+  if (code == 0 || !dir) return code;
+  const std::optional<std::string> rank = foreign_variable("OMPI_COMM_WORLD_RANK");
+  std::ofstream(*dir + "/rank." + rank.value_or("0")) << code << '\n';
+  return code;
+}
+
+StartWatchdog::StartWatchdog(double bound_s) : thread_([this, bound_s] { watch(bound_s); }) {}
+
+StartWatchdog::~StartWatchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void StartWatchdog::watch(double bound_s) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  std::optional<Clock::time_point> signalled;
+  std::unique_lock lock(mutex_);
+  while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return done_; })) {
+    const int signal = g_stop_signal.load();
+    if (signal != 0 && !signalled) signalled = Clock::now();
+    const double since_start = std::chrono::duration<double>(Clock::now() - start).count();
+    const double since_signal =
+        signalled ? std::chrono::duration<double>(Clock::now() - *signalled).count() : 0.0;
+    if (since_signal <= kStopBoundSeconds && since_start <= bound_s) continue;
+    const int code = signal != 0 ? 128 + signal : 1;
+    log::get("launch")->error(
+        "the job's start (MPI_Init and the links to rank 0) did not finish {}; another rank "
+        "probably died while the job started: this rank ends with status {}",
+        signal != 0 ? fmt::format("within {} s of signal {}", kStopBoundSeconds, signal)
+                    : fmt::format("within --load-timeout {} s", bound_s),
+        code);
+    std::_Exit(leave_status(code));
+  }
+}
+
+}  // namespace strata::cli
