@@ -59,9 +59,12 @@ struct RedisQueueOptions {
 };
 
 struct QueueStats {
-  int64_t delivered = 0;          // entries handed to the coordinator
-  int64_t results = 0;            // results stored (and their entries acknowledged)
-  int64_t duplicates = 0;         // entries acknowledged because their id already had a result
+  int64_t delivered = 0;  // entries handed to the coordinator
+  // Results this run added to the results stream (finished, refused, conflicting and
+  // dead-lettered requests): what the stream gained, not entries acknowledged with them.
+  int64_t results = 0;
+  int64_t duplicates = 0;  // entries acknowledged because their id had a result with their content
+  int64_t conflicts = 0;   // entries whose id had been used with other content: error results
   int64_t dead_lettered = 0;      // entries moved to the dead-letter stream
   int64_t handed_back = 0;        // entries left for a later run (stopped before finishing)
   int64_t reconnects = 0;         // connections opened after a loss
@@ -99,6 +102,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   struct Held {  // a request id handed out and not finished: its entries (duplicates too)
     std::vector<std::string> entries;
     int64_t deliveries = 1;
+    std::string record;  // "<first entry id> <content fingerprint>"
   };
   struct Outgoing {
     std::string request_id;
@@ -119,7 +123,14 @@ class RedisQueue final : public RequestSource, public ResultSink {
   void check_drained(RedisConnection& c);
   void deliver(RedisConnection& c, std::vector<Entry> entries);
   void hand_back(RedisConnection& c, const std::vector<std::string>& entries, int64_t deliveries);
-  void dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& request);
+  void dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& request,
+                   const std::string& record);
+  // An entry whose id was used first by `first_entry` with other content: an error result
+  // named by the entry's own id, stored and acknowledged with `script` (each thread has
+  // its own).
+  void answer_conflict(RedisConnection& c, RedisScript& script, const std::string& entry,
+                       const std::string& request_id, const std::string& first_entry);
+  std::string content_hash() const { return options_.result_stream + ":content"; }
 
   void write_loop();
   void write_once(RedisConnection& c);
@@ -133,6 +144,8 @@ class RedisQueue final : public RequestSource, public ResultSink {
   const Tokenizer& tokenizer_;
   RedisScript finish_script_;
   RedisScript dead_letter_script_;
+  RedisScript reader_finish_script_ = finish_script();  // the reader's conflict results
+  static RedisScript finish_script();
 
   std::once_flag durability_checked_;
   mutable std::mutex mutex_;
