@@ -529,6 +529,14 @@ void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
     done_lookup.push_back(requests.back().request.id);
     content_lookup.push_back(requests.back().request.id);
   }
+  std::optional<PromptPrep> prep;
+  {
+    std::lock_guard lock(mutex_);
+    prep = prep_;
+  }
+  // Tokenized here, off the coordinator's loop: a long prompt delays only the reader.
+  if (prep)
+    for (IncomingRequest& r : requests) prepare_prompt(r, *prep);
   const std::vector<RedisReply> replies =
       c.pipeline(std::vector<RedisArgs>{done_lookup, content_lookup}, command_deadline());
   for (const RedisReply& r : replies)
@@ -665,6 +673,11 @@ std::vector<IncomingRequest> RedisQueue::poll(size_t max) {
   }
   if (!out.empty()) wake_.notify_all();  // room to read ahead again
   return out;
+}
+
+void RedisQueue::prepare_with(const PromptPrep& prep) {
+  std::lock_guard lock(mutex_);
+  prep_ = prep;
 }
 
 bool RedisQueue::exhausted() const {

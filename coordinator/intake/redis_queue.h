@@ -86,6 +86,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   std::vector<IncomingRequest> poll(size_t max) override;
   bool exhausted() const override;
   std::vector<IncomingRequest> stop() override;
+  void prepare_with(const PromptPrep& prep) override;  // the reader tokenizes from now on
 
   void write(const GenerationResult& result) override;
   void unfinished(const GenerationResult& partial, bool suspect) override;
@@ -162,6 +163,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   std::optional<std::string> fatal_;  // the run cannot go on (poll throws it)
   std::optional<Deadline::Clock::time_point> unreachable_since_;
   QueueStats stats_;
+  std::optional<PromptPrep> prep_;  // set: the reader tokenizes what it delivers
 
   std::thread reader_;
   std::thread writer_;

@@ -542,3 +542,30 @@ TEST(RedisQueueOptions, RefusesWhatCannotWork) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Tokenization off the coordinator's loop: once the run says how (prepare_with), the
+// reader thread hands out requests already tokenized; before that, as read.
+TEST_F(RedisQueueTest, TheReaderTokenizesOnceTheRunSaysHow) {
+  add({{"id", "before"}, {"prompt", "5 6"}});
+  RedisQueue q(options(), *tokenizer_);
+  std::vector<IncomingRequest> got = take(q, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].prompt.has_value());
+  EXPECT_TRUE(got[0].request.prompt_ids.empty());
+  q.prepare_with(PromptPrep{tokenizer_.get(), 2, 1});
+  add({{"id", "after"}, {"prompt", "5 6"}});
+  add({{"id", "long"}, {"prompt", "5 6 7"}});  // 3 printable bytes, 1 a token: over 2
+  got = take(q, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_FALSE(got[0].prompt.has_value()) << "tokenized by the reader";
+  EXPECT_EQ(got[0].request.prompt_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_NE(got[1].error.find("field 'prompt': at least 3 tokens exceed the context of 2"),
+            std::string::npos)
+      << got[1].error;
+}
+
+}  // namespace
+}  // namespace strata
