@@ -19,6 +19,7 @@
 #include "launch/commands.h"
 #include "launch/progress.h"
 #include "transport/redis_client.h"
+#include "worker/text.h"
 
 namespace strata::cli {
 namespace {
@@ -62,16 +63,10 @@ RedisConnection connect(const std::string& url, const std::string& password_file
 }
 
 // A file line goes whole into one field: `openai` for an OpenAI batch line, `json` for a
-// Strata request. Its id is read here only to wait for its result; the server validates.
-Submission from_line(const std::string& line, const InputLimits& limits) {
+// Strata request. Its id is read here only to wait for its result; the server validates
+// the rest (and answers a line it refuses with an error result under the line's id).
+Submission from_line(const std::string& line, const json& j) {
   Submission s;
-  json j;
-  try {
-    j = parse_request_json(line, limits);
-  } catch (const std::exception&) {
-    s.fields = {{"json", line}};  // the server answers with an error result naming it
-    return s;
-  }
   const bool openai = j.is_object() && (j.contains("custom_id") || j.contains("body"));
   s.fields = {{openai ? "openai" : "json", line}};
   const char* key = openai ? "custom_id" : "id";
@@ -82,10 +77,18 @@ Submission from_line(const std::string& line, const InputLimits& limits) {
   return s;
 }
 
-std::vector<Submission> read_file(const std::string& path, const InputLimits& limits) {
+struct FileRequests {
+  std::vector<Submission> good;
+  std::vector<std::string> refused;  // "FILE:LINE: what is wrong", one per line not queued
+};
+
+// Every line that can be a request is queued; a line the server could never answer under
+// its producer's id (above request_bytes, not UTF-8, not JSON, nested too deep) is refused
+// here, named by its line number, and the others still go.
+FileRequests read_file(const std::string& path, const InputLimits& limits) {
   const std::string text =
       read_file_bounded(path, limits, &InputLimits::prompt_file_bytes, "request file");
-  std::vector<Submission> out;
+  FileRequests out;
   size_t n = 0;
   for (size_t at = 0; at < text.size();) {
     const size_t end = std::min(text.find('\n', at), text.size());
@@ -94,11 +97,32 @@ std::vector<Submission> read_file(const std::string& path, const InputLimits& li
     ++n;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-    limits.check(&InputLimits::request_bytes, static_cast<int64_t>(line.size()),
-                 fmt::format("{}:{}: request", path, n), "bytes");
-    out.push_back(from_line(std::string(line), limits));
+    const std::string where = fmt::format("{}:{}", path, n);
+    try {
+      limits.check(&InputLimits::request_bytes, static_cast<int64_t>(line.size()),
+                   where + ": request", "bytes");
+      if (const int64_t bad = first_invalid_utf8(line); bad >= 0)
+        fail_input("{}: not valid UTF-8 (byte {} is 0x{:02x})", where, bad,
+                   static_cast<unsigned char>(line[static_cast<size_t>(bad)]));
+      json j;
+      try {
+        j = parse_request_json(line, limits);
+      } catch (const json::exception& e) {
+        fail_input("{}: not valid JSON: {}", where, e.what());
+      } catch (const InputError& e) {
+        fail_input("{}: {}", where, e.what());
+      }
+      out.good.push_back(from_line(std::string(line), j));
+    } catch (const InputError& e) {
+      out.refused.emplace_back(e.what());
+    }
   }
-  if (out.empty()) fail_input("request file '{}' holds no request", path);
+  for (const std::string& r : out.refused) std::fprintf(stderr, "strata submit: %s\n", r.c_str());
+  if (out.good.empty() && out.refused.empty())
+    fail_input("request file '{}' holds no request", path);
+  if (out.good.empty())
+    fail_input("request file '{}' holds no valid request: all {} lines refused (above)", path,
+               out.refused.size());
   return out;
 }
 
@@ -205,21 +229,29 @@ Tally wait_for_results(RedisConnection& c, const SubmitOptions& o,
 int run_submit(SubmitOptions o) {
   if (o.prompts.empty() == o.file.empty())
     fail_input("give either --prompt TEXT (one or more) or --file FILE.jsonl");
-  std::vector<Submission> subs =
-      o.file.empty() ? from_prompts(o) : read_file(o.file, InputLimits::from_env());
+  FileRequests file;
+  if (!o.file.empty()) file = read_file(o.file, InputLimits::from_env());
+  std::vector<Submission> subs = o.file.empty() ? from_prompts(o) : std::move(file.good);
   RedisConnection c = connect(o.redis, o.redis_password_file);
   const std::string from = o.wait ? last_result_id(c, o.result_stream) : "";
   add_all(c, o.request_stream, subs);
-  std::fprintf(stderr, "strata submit: %zu requests added to '%s'\n", subs.size(),
-               o.request_stream.c_str());
+  if (file.refused.empty()) {
+    std::fprintf(stderr, "strata submit: %zu requests added to '%s'\n", subs.size(),
+                 o.request_stream.c_str());
+  } else {
+    std::fprintf(stderr, "strata submit: %zu requests added to '%s', %zu lines of '%s' refused\n",
+                 subs.size(), o.request_stream.c_str(), file.refused.size(), o.file.c_str());
+  }
+  // A file with refused lines exits 2 once the good ones are queued (and answered).
+  const int status = file.refused.empty() ? 0 : 2;
   if (!o.wait) {
     for (const Submission& s : subs) std::printf("%s\n", s.id.c_str());
-    return 0;
+    return status;
   }
   const Tally t = wait_for_results(c, o, subs, from);
   std::fprintf(stderr, "strata submit: %zu results: %zu ok, %zu errors, %zu answered earlier\n",
                t.done, t.ok, t.errors, t.earlier);
-  return 0;
+  return status;
 }
 
 // ---- collect -----------------------------------------------------------------------------

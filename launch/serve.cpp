@@ -203,8 +203,9 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
     queue_json = ", \"queue\": " + q.json();
     table += fmt::format(
         "  queue       {} delivered, {} results stored, {} dead-lettered, {} handed back, {} "
-        "duplicates, {} reconnects\n",
-        q.delivered, q.results, q.dead_lettered, q.handed_back, q.duplicates, q.reconnects);
+        "duplicates, {} conflicting ids, {} reconnects\n",
+        q.delivered, q.results, q.dead_lettered, q.handed_back, q.duplicates, q.conflicts,
+        q.reconnects);
   }
   if (stats.pie) log::get("launch")->info("{}", stats.pie->str());
   std::fprintf(stderr, "%s", table.c_str());

@@ -284,6 +284,78 @@ std::string Tokenizer::piece(int32_t id) const {
   return std::to_string(id);
 }
 
+namespace {
+
+// The normalizer_spec.name (field 3, its field 1) of a serialized sentencepiece ModelProto;
+// nullopt when the bytes cannot be walked.
+std::optional<std::string> sp_normalizer_name(std::string_view proto) {
+  const auto varint = [](std::string_view s, size_t& at, uint64_t& v) {
+    v = 0;
+    for (int shift = 0; at < s.size() && shift < 64; shift += 7) {
+      const auto b = static_cast<uint8_t>(s[at++]);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  };
+  // The first length-delimited field `field` of a message; "" when it has none.
+  const auto field_of = [&](std::string_view s, uint64_t field) -> std::optional<std::string_view> {
+    size_t at = 0;
+    uint64_t key = 0, len = 0;
+    while (at < s.size()) {
+      if (!varint(s, at, key)) return std::nullopt;
+      switch (key & 7) {
+        case 0:
+          if (!varint(s, at, len)) return std::nullopt;
+          break;
+        case 1:
+          at += 8;
+          break;
+        case 5:
+          at += 4;
+          break;
+        case 2:
+          if (!varint(s, at, len) || len > s.size() - at) return std::nullopt;
+          if ((key >> 3) == field) return s.substr(at, len);
+          at += len;
+          break;
+        default:
+          return std::nullopt;
+      }
+    }
+    return std::string_view();
+  };
+  const std::optional<std::string_view> spec = field_of(proto, 3);
+  if (!spec) return std::nullopt;
+  const std::optional<std::string_view> name = field_of(*spec, 1);
+  if (!name) return std::nullopt;
+  return std::string(*name);
+}
+
+}  // namespace
+
+size_t Tokenizer::max_token_bytes() const {
+  if (hf_ == nullptr && sp_ == nullptr) return 0;
+  for (int c = 0x21; c <= 0x7e; ++c) {
+    const std::string one(1, static_cast<char>(c));
+    const std::string byte = fmt::format("<0x{:02X}>", c);
+    const bool known = hf_ != nullptr ? hf_->token_to_id(one) || hf_->token_to_id(byte)
+                                      : sp_->PieceToId(one) != sp_->unk_id() ||
+                                            sp_->PieceToId(byte) != sp_->unk_id();
+    if (!known) return 0;
+  }
+  if (hf_ != nullptr) return hf_->max_token_bytes();
+  // The built-in rules keep printable ASCII (NFKC, case folding, whitespace rules); a
+  // user-defined table may map anything to anything.
+  const std::optional<std::string> name = sp_normalizer_name(sp_->serialized_model_proto());
+  if (!name || (*name != "" && *name != "identity" && *name != "nmt_nfkc" && *name != "nfkc" &&
+                *name != "nmt_nfkc_cf" && *name != "nfkc_cf"))
+    return 0;
+  size_t most = 0;
+  for (int32_t id = 0; id < pieces_; ++id) most = std::max(most, sp_->IdToPiece(id).size());
+  return most;
+}
+
 std::string Tokenizer::render_chat(const nlohmann::json& messages, bool add_generation_prompt,
                                    const nlohmann::json& variables) const {
   if (!chat_)

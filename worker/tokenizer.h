@@ -62,6 +62,15 @@ class Tokenizer {
   // The token strings of the vocabulary ("Ġthe", "▁the"); the id for an id-only tokenizer.
   std::string piece(int32_t id) const;
 
+  // The most bytes of text one token can stand for, as a bound on a prompt's length before
+  // it is tokenized: a text with P printable ASCII bytes (0x21-0x7e) is at least P / this
+  // many tokens. 0 where no such bound holds: ids only, a printable ASCII character with no
+  // token of its own nor a byte-fallback one (it could be swallowed by an unknown token), a
+  // normalizer or pre-tokenizer that may drop printable ASCII (Hugging Face's Replace, a
+  // Split that removes; sentencepiece's user-defined rules). Costs a pass over the
+  // vocabulary: call it once.
+  size_t max_token_bytes() const;
+
   bool has_chat_template() const { return chat_.has_value(); }
   // A chat's messages as the prompt text its template writes (special tokens included, so it
   // is encoded with add_special false). InputError when the model has no chat template or

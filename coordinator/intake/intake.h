@@ -28,6 +28,10 @@ class RequestSource {
   // Hands out nothing more (the job was asked to stop); returns what the source had read
   // and not handed out yet, for the caller to answer as unfinished.
   virtual std::vector<IncomingRequest> stop() = 0;
+  // How requests are tokenized and bounded (prepare_prompt), once the run's context is
+  // known. A source that reads on a thread of its own prepares them there, so the
+  // coordinator's loop never tokenizes; the coordinator prepares whatever comes unprepared.
+  virtual void prepare_with(const PromptPrep& /*prep*/) {}
 };
 
 class ResultSink {

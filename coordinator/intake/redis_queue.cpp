@@ -14,18 +14,30 @@ namespace {
 using Clock = Deadline::Clock;
 
 // The fragment both scripts below begin with: stores the result made of ARGV[first ..] in
-// stream `results` and marks request `id` done with its entry id in hash `done_hash`, unless
-// the id already has a result (a retried or duplicate finish). Returns the result's entry id.
+// stream `results`, marks request `id` done with its entry id in hash `done_hash` and
+// records `record` ("<entry id> <content fingerprint>", '' for none) in `content_hash`,
+// unless the id already has a result (a retried or duplicate finish). Returns {the result's
+// entry id, 'stored' | 'duplicate' | 'conflict', the first entry's record}: 'conflict' when
+// the id's first entry had other content than `record` says (ids answered before content
+// was recorded have no record and are duplicates).
 constexpr const char* kStoreOnceLua = R"lua(
-local function store_once(results, done_hash, id, first)
+local function store_once(results, done_hash, content_hash, id, record, first)
   local done = redis.call('HGET', done_hash, id)
-  if not done then
-    local fields = {}
-    for i = first, #ARGV do fields[#fields + 1] = ARGV[i] end
-    done = redis.call('XADD', results, '*', unpack(fields))
-    redis.call('HSET', done_hash, id, done)
+  if done then
+    local seen = redis.call('HGET', content_hash, id)
+    if not seen then seen = '' end
+    if record ~= '' and seen ~= '' and
+        string.match(seen, ' (%x+)$') ~= string.match(record, ' (%x+)$') then
+      return {done, 'conflict', seen}
+    end
+    return {done, 'duplicate', seen}
   end
-  return done
+  local fields = {}
+  for i = first, #ARGV do fields[#fields + 1] = ARGV[i] end
+  done = redis.call('XADD', results, '*', unpack(fields))
+  redis.call('HSET', done_hash, id, done)
+  if record ~= '' then redis.call('HSET', content_hash, id, record) end
+  return {done, 'stored', ''}
 end
 )lua";
 
@@ -34,26 +46,31 @@ std::string with_store_once(const char* body) {
 }
 
 // Stores a result, marks its request id done and acknowledges its entries, atomically; an
-// id that already has a result is only acknowledged. Returns the result's entry id.
-// KEYS: results, done hash, requests. ARGV: group, request id, n, n entry ids, fields...
+// id that already has a result is only acknowledged, unless its content differs (then
+// nothing is acknowledged: the entries get a conflict result of their own). Returns
+// store_once's answer.
+// KEYS: results, done hash, requests, content hash.
+// ARGV: group, request id, record, n, n entry ids, fields...
 constexpr const char* kFinishLua = R"lua(
-local n = tonumber(ARGV[3])
-local done = store_once(KEYS[1], KEYS[2], ARGV[2], 4 + n)
-for i = 4, 3 + n do redis.call('XACK', KEYS[3], ARGV[1], ARGV[i]) end
-return done
+local n = tonumber(ARGV[4])
+local r = store_once(KEYS[1], KEYS[2], KEYS[4], ARGV[2], ARGV[3], 5 + n)
+if r[2] ~= 'conflict' then
+  for i = 5, 4 + n do redis.call('XACK', KEYS[3], ARGV[1], ARGV[i]) end
+end
+return r
 )lua";
 
 // Moves an entry to the dead-letter stream and stores its error result, atomically.
-// KEYS: dead letters, results, done hash, requests.
-// ARGV: group, request id, entry id, n, n dead-letter fields, result fields...
+// KEYS: dead letters, results, done hash, requests, content hash.
+// ARGV: group, request id, entry id, record, n, n dead-letter fields, result fields...
 constexpr const char* kDeadLetterLua = R"lua(
-local n = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
 local dead = {}
-for i = 5, 4 + n do dead[#dead + 1] = ARGV[i] end
+for i = 6, 5 + n do dead[#dead + 1] = ARGV[i] end
 redis.call('XADD', KEYS[1], '*', unpack(dead))
-local done = store_once(KEYS[2], KEYS[3], ARGV[2], 5 + n)
+local r = store_once(KEYS[2], KEYS[3], KEYS[5], ARGV[2], ARGV[4], 6 + n)
 redis.call('XACK', KEYS[4], ARGV[1], ARGV[3])
-return done
+return r
 )lua";
 
 // Consumer liveness (docs/QUEUE.md "Takeover"): each consumer's mark in the consumers hash
@@ -82,6 +99,52 @@ for i = 1, #all, 2 do
 end
 return out
 )lua";
+// What a store_once script answered: whether it added a result, and the first entry's
+// record when the id's content differs.
+struct StoreAnswer {
+  bool stored = false;
+  bool conflict = false;
+  std::string first_record;
+};
+
+StoreAnswer store_answer(const RedisReply& r) {
+  const std::string& status = r.at(1, "store status").as_string("store status");
+  return StoreAnswer{status == "stored", status == "conflict",
+                     r.at(2, "store record").as_string("store record")};
+}
+
+// The entry id of a content record ("<entry id> <fingerprint>").
+std::string first_entry_of(const std::string& record) {
+  return record.substr(0, record.find(' '));
+}
+
+bool same_content(const std::string& a, const std::string& b) {
+  return a.substr(a.find(' ') + 1) == b.substr(b.find(' ') + 1);
+}
+
+// The content of an entry: its fields, names and values byte for byte, in any order (the
+// producer chose every one of them, the id included), as a 64-bit FNV-1a hash of their
+// length-prefixed bytes, in hex. Two entries under one id with other fields are different
+// requests; the same fields sent again are the same request.
+std::string content_fingerprint(const FieldList& fields) {
+  std::vector<const std::pair<std::string, std::string>*> sorted;
+  for (const auto& f : fields) sorted.push_back(&f);
+  std::sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) { return *a < *b; });
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](std::string_view bytes) {
+    const std::string length = std::to_string(bytes.size()) + ":";
+    for (const std::string_view part : {std::string_view(length), bytes})
+      for (const char ch : part) {
+        h ^= static_cast<unsigned char>(ch);
+        h *= 1099511628211ull;
+      }
+  };
+  for (const auto* f : sorted) {
+    mix(f->first);
+    mix(f->second);
+  }
+  return fmt::format("{:016x}", h);
+}
 
 // Error replies that pass (a server loading its data, out of memory for a moment, a
 // replica promoted): retried like a lost connection.
@@ -162,11 +225,11 @@ std::string RedisQueueOptions::str() const {
 }
 
 std::string QueueStats::json() const {
-  return fmt::format(R"({{"delivered": {}, "results": {}, "duplicates": {}, "dead_lettered": {}, )"
-                     R"("handed_back": {}, "reconnects": {}, "reader_cpu_seconds": {:.6f}, )"
-                     R"("writer_cpu_seconds": {:.6f}}})",
-                     delivered, results, duplicates, dead_lettered, handed_back, reconnects,
-                     reader_cpu_seconds, writer_cpu_seconds);
+  return fmt::format(R"({{"delivered": {}, "results": {}, "duplicates": {}, "conflicts": {}, )"
+                     R"("dead_lettered": {}, "handed_back": {}, "reconnects": {}, )"
+                     R"("reader_cpu_seconds": {:.6f}, "writer_cpu_seconds": {:.6f}}})",
+                     delivered, results, duplicates, conflicts, dead_lettered, handed_back,
+                     reconnects, reader_cpu_seconds, writer_cpu_seconds);
 }
 
 RedisQueue::RedisQueue(const RedisQueueOptions& options, const Tokenizer& tokenizer)
@@ -525,26 +588,53 @@ std::vector<RedisQueue::Entry> RedisQueue::entries_of(const RedisReply& list) co
   return out;
 }
 
+RedisScript RedisQueue::finish_script() {
+  return RedisScript(with_store_once(kFinishLua));
+}
+
 // Parses entries and hands them to the coordinator, except those whose id already has a
-// result (acknowledged), those delivered too often (dead letters) and repeats of an id
-// this run holds (acknowledged with it).
+// result (acknowledged; with other content: a conflict result), those delivered too often
+// (dead letters) and repeats of an id this run holds (acknowledged with it; with other
+// content: a conflict result).
 void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
   if (entries.empty()) return;
   std::vector<IncomingRequest> requests;
-  RedisArgs lookup{"HMGET", options_.done_hash()};
+  std::vector<std::string> records;
+  RedisArgs done_lookup{"HMGET", options_.done_hash()};
+  RedisArgs content_lookup{"HMGET", content_hash()};
   for (const Entry& e : entries) {
     requests.push_back(parse_request_fields(
         e.fields, e.id, fmt::format("{} entry {}", options_.request_stream, e.id),
         options_.limits));
     requests.back().arrival = entry_seconds(e.id);
     requests.back().deliveries = e.deliveries;
-    lookup.push_back(requests.back().request.id);
+    records.push_back(e.id + " " + content_fingerprint(e.fields));
+    done_lookup.push_back(requests.back().request.id);
+    content_lookup.push_back(requests.back().request.id);
   }
-  const RedisReply done = c.command(lookup, command_deadline());
+  std::optional<PromptPrep> prep;
+  {
+    std::lock_guard lock(mutex_);
+    prep = prep_;
+  }
+  // Tokenized here, off the coordinator's loop: a long prompt delays only the reader.
+  if (prep)
+    for (IncomingRequest& r : requests) prepare_prompt(r, *prep);
+  const std::vector<RedisReply> replies =
+      c.pipeline(std::vector<RedisArgs>{done_lookup, content_lookup}, command_deadline());
+  for (const RedisReply& r : replies)
+    if (r.type == RedisReply::Type::kError) throw RedisError(r.str);
+  const RedisReply& done = replies[0];
+  const RedisReply& seen = replies[1];
   std::vector<const Entry*> not_taken;
   for (size_t i = 0; i < entries.size(); ++i) {
     const std::string& id = requests[i].request.id;
     if (!done.at(i, "HMGET").is_nil()) {
+      const RedisReply& first = seen.at(i, "HMGET");
+      if (!first.is_nil() && !same_content(first.str, records[i])) {
+        answer_conflict(c, reader_finish_script_, entries[i].id, id, first_entry_of(first.str));
+        continue;
+      }
       c.command({"XACK", options_.request_stream, options_.group, entries[i].id},
                 command_deadline());
       std::lock_guard lock(mutex_);
@@ -552,25 +642,63 @@ void RedisQueue::deliver(RedisConnection& c, std::vector<Entry> entries) {
       continue;
     }
     if (entries[i].deliveries > options_.max_deliveries) {
-      dead_letter(c, entries[i], requests[i]);
+      dead_letter(c, entries[i], requests[i], records[i]);
       continue;
     }
-    std::lock_guard lock(mutex_);
-    if (stopped_) {  // read while the run stopped or failed: it will not run here
-      not_taken.push_back(&entries[i]);
-      continue;
+    std::optional<std::string> conflict;  // the first entry of the id this run holds
+    {
+      std::lock_guard lock(mutex_);
+      if (stopped_) {  // read while the run stopped or failed: it will not run here
+        not_taken.push_back(&entries[i]);
+        continue;
+      }
+      auto [held, fresh] =
+          held_.try_emplace(id, Held{{entries[i].id}, entries[i].deliveries, records[i]});
+      if (!fresh && !same_content(held->second.record, records[i])) {
+        conflict = first_entry_of(held->second.record);
+      } else if (!fresh) {  // the same id again while it runs: answered together
+        held_entries_.insert(entries[i].id);
+        held->second.entries.push_back(entries[i].id);
+        ++stats_.duplicates;
+        continue;
+      } else {
+        held_entries_.insert(entries[i].id);
+        ++stats_.delivered;
+        buffer_.push_back(std::move(requests[i]));
+        continue;
+      }
     }
-    held_entries_.insert(entries[i].id);
-    auto [held, fresh] = held_.try_emplace(id, Held{{entries[i].id}, entries[i].deliveries});
-    if (!fresh) {  // the same id again while it runs: answered together
-      held->second.entries.push_back(entries[i].id);
-      ++stats_.duplicates;
-      continue;
-    }
-    ++stats_.delivered;
-    buffer_.push_back(std::move(requests[i]));
+    answer_conflict(c, reader_finish_script_, entries[i].id, id, *conflict);
   }
   for (const Entry* e : not_taken) hand_back(c, {e->id}, e->deliveries);
+}
+
+void RedisQueue::answer_conflict(RedisConnection& c, RedisScript& script, const std::string& entry,
+                                 const std::string& request_id, const std::string& first_entry) {
+  GenerationResult result;
+  result.id = entry;
+  result.stop_reason = StopReason::kError;
+  result.error_kind = ErrorKind::kInvalidInput;
+  result.error = fmt::format(
+      "field 'id': '{}' was used first by entry {} with other content (its result is the one "
+      "under that id); this entry is not run and its result is named by its entry id: send it "
+      "again under an id of its own",
+      request_id, first_entry);
+  FieldList fields = flat_fields(result_object(result, tokenizer_));
+  fields.emplace_back("entry", entry);
+  fields.emplace_back("reused_id", request_id);
+  fields.emplace_back("first_entry", first_entry);
+  RedisArgs args{options_.group, entry, "", "1", entry};
+  append(args, fields);
+  const StoreAnswer answer = store_answer(script.run(
+      c, {options_.result_stream, options_.done_hash(), options_.request_stream, content_hash()},
+      args, command_deadline()));
+  log::get("coordinator")
+      ->warn("queue: entry {} reuses id {} of entry {} with other content: answered with an error",
+             entry, log::printable(request_id), first_entry);
+  std::lock_guard lock(mutex_);
+  ++stats_.conflicts;
+  if (answer.stored) ++stats_.results;
 }
 
 // Entries this run took and will not finish go back with the delivery count they had
@@ -584,7 +712,8 @@ void RedisQueue::hand_back(RedisConnection& c, const std::vector<std::string>& e
   c.command(claim, command_deadline());
 }
 
-void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& r) {
+void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& r,
+                             const std::string& record) {
   GenerationResult result;
   result.id = r.request.id;
   result.prompt_ids = r.request.prompt_ids;
@@ -597,20 +726,22 @@ void RedisQueue::dead_letter(RedisConnection& c, const Entry& entry, const Incom
   dead.emplace_back("dead_letter_entry", entry.id);
   dead.emplace_back("dead_letter_deliveries", std::to_string(entry.deliveries));
   dead.emplace_back("dead_letter_consumer", options_.consumer);
-  RedisArgs args{options_.group, r.request.id, entry.id, std::to_string(2 * dead.size())};
+  RedisArgs args{options_.group, r.request.id, entry.id, record, std::to_string(2 * dead.size())};
   append(args, dead);
   FieldList fields = flat_fields(result_object(result, tokenizer_));
   fields.emplace_back("entry", entry.id);
   append(args, fields);
-  dead_letter_script_.run(c,
-                          {options_.dead_letters(), options_.result_stream, options_.done_hash(),
-                           options_.request_stream},
-                          args, command_deadline());
+  const StoreAnswer answer = store_answer(
+      dead_letter_script_.run(c,
+                              {options_.dead_letters(), options_.result_stream,
+                               options_.done_hash(), options_.request_stream, content_hash()},
+                              args, command_deadline()));
   log::get("coordinator")
       ->error("queue: request {} (entry {}) dead-lettered after {} deliveries",
               log::printable(r.request.id), entry.id, entry.deliveries);
   std::lock_guard lock(mutex_);
   ++stats_.dead_lettered;
+  if (answer.stored) ++stats_.results;
 }
 
 // ---- the coordinator's side ---------------------------------------------------------------
@@ -629,6 +760,11 @@ std::vector<IncomingRequest> RedisQueue::poll(size_t max) {
   }
   if (!out.empty()) wake_.notify_all();  // room to read ahead again
   return out;
+}
+
+void RedisQueue::prepare_with(const PromptPrep& prep) {
+  std::lock_guard lock(mutex_);
+  prep_ = prep;
 }
 
 bool RedisQueue::exhausted() const {
@@ -741,9 +877,13 @@ void RedisQueue::write_once(RedisConnection& c) {
 }
 
 // One result (or hand-back) for every entry held under its id, including repeats of the
-// id that arrive while it is being stored.
+// id that arrive while it is being stored. Counted as a result only when the script added
+// one: an id another consumer answered meanwhile is a duplicate (same content) or a
+// conflict (other content: each entry then gets an error result of its own).
 void RedisQueue::store(RedisConnection& c, const Outgoing& out) {
   size_t done_entries = 0;
+  bool stored = false;
+  bool conflict = false;
   while (true) {
     Held held;
     {
@@ -753,7 +893,13 @@ void RedisQueue::store(RedisConnection& c, const Outgoing& out) {
         if (it != held_.end()) {
           for (const std::string& e : it->second.entries) held_entries_.erase(e);
           held_.erase(it);
-          ++(out.fields.empty() ? stats_.handed_back : stats_.results);
+          if (out.fields.empty()) {
+            ++stats_.handed_back;
+          } else if (stored) {
+            ++stats_.results;
+          } else if (!conflict) {
+            ++stats_.duplicates;
+          }
         }
         return;
       }
@@ -764,13 +910,24 @@ void RedisQueue::store(RedisConnection& c, const Outgoing& out) {
     if (out.fields.empty()) {
       hand_back(c, entries, held.deliveries);
     } else {
-      RedisArgs args{options_.group, out.request_id, std::to_string(entries.size())};
+      RedisArgs args{options_.group, out.request_id, held.record, std::to_string(entries.size())};
       args.insert(args.end(), entries.begin(), entries.end());
       append(args, out.fields);
       args.push_back("entry");
       args.push_back(held.entries.front());
-      finish_script_.run(c, {options_.result_stream, options_.done_hash(), options_.request_stream},
-                         args, command_deadline());
+      const StoreAnswer answer = store_answer(finish_script_.run(
+          c,
+          {options_.result_stream, options_.done_hash(), options_.request_stream, content_hash()},
+          args, command_deadline()));
+      // A retry after a lost reply finds its own record: this run stored it.
+      stored = stored || answer.stored ||
+               (!answer.conflict && first_entry_of(answer.first_record) == held.entries.front());
+      if (answer.conflict) {
+        conflict = true;
+        for (const std::string& e : entries)
+          answer_conflict(c, finish_script_, e, out.request_id,
+                          first_entry_of(answer.first_record));
+      }
     }
     done_entries = held.entries.size();
   }

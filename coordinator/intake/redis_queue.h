@@ -67,9 +67,12 @@ struct RedisQueueOptions {
 };
 
 struct QueueStats {
-  int64_t delivered = 0;          // entries handed to the coordinator
-  int64_t results = 0;            // results stored (and their entries acknowledged)
-  int64_t duplicates = 0;         // entries acknowledged because their id already had a result
+  int64_t delivered = 0;  // entries handed to the coordinator
+  // Results this run added to the results stream (finished, refused, conflicting and
+  // dead-lettered requests): what the stream gained, not entries acknowledged with them.
+  int64_t results = 0;
+  int64_t duplicates = 0;  // entries acknowledged because their id had a result with their content
+  int64_t conflicts = 0;   // entries whose id had been used with other content: error results
   int64_t dead_lettered = 0;      // entries moved to the dead-letter stream
   int64_t handed_back = 0;        // entries left for a later run (stopped before finishing)
   int64_t reconnects = 0;         // connections opened after a loss
@@ -91,6 +94,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   std::vector<IncomingRequest> poll(size_t max) override;
   bool exhausted() const override;
   std::vector<IncomingRequest> stop() override;
+  void prepare_with(const PromptPrep& prep) override;  // the reader tokenizes from now on
 
   void write(const GenerationResult& result) override;
   void unfinished(const GenerationResult& partial, bool suspect) override;
@@ -107,6 +111,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   struct Held {  // a request id handed out and not finished: its entries (duplicates too)
     std::vector<std::string> entries;
     int64_t deliveries = 1;
+    std::string record;  // "<first entry id> <content fingerprint>"
   };
   struct Outgoing {
     std::string request_id;
@@ -129,7 +134,14 @@ class RedisQueue final : public RequestSource, public ResultSink {
   void check_drained(RedisConnection& c);
   void deliver(RedisConnection& c, std::vector<Entry> entries);
   void hand_back(RedisConnection& c, const std::vector<std::string>& entries, int64_t deliveries);
-  void dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& request);
+  void dead_letter(RedisConnection& c, const Entry& entry, const IncomingRequest& request,
+                   const std::string& record);
+  // An entry whose id was used first by `first_entry` with other content: an error result
+  // named by the entry's own id, stored and acknowledged with `script` (each thread has
+  // its own).
+  void answer_conflict(RedisConnection& c, RedisScript& script, const std::string& entry,
+                       const std::string& request_id, const std::string& first_entry);
+  std::string content_hash() const { return options_.result_stream + ":content"; }
 
   void write_loop();
   void write_once(RedisConnection& c);
@@ -145,6 +157,8 @@ class RedisQueue final : public RequestSource, public ResultSink {
   RedisScript dead_letter_script_;
   RedisScript mark_alive_script_;      // the writer's
   RedisScript dead_consumers_script_;  // the reader's
+  RedisScript reader_finish_script_ = finish_script();  // the reader's conflict results
+  static RedisScript finish_script();
 
   std::once_flag durability_checked_;
   mutable std::mutex mutex_;
@@ -162,6 +176,7 @@ class RedisQueue final : public RequestSource, public ResultSink {
   std::optional<std::string> fatal_;  // the run cannot go on (poll throws it)
   std::optional<Deadline::Clock::time_point> unreachable_since_;
   QueueStats stats_;
+  std::optional<PromptPrep> prep_;  // set: the reader tokenizes what it delivers
 
   std::thread reader_;
   std::thread writer_;

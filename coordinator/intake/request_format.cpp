@@ -580,22 +580,54 @@ IncomingRequest parse_request_fields(const FieldList& fields, const std::string&
                        [&](IncomingRequest& r) { read_fields(fields, limits, r); });
 }
 
-void tokenize(IncomingRequest& r, const Tokenizer& tokenizer) {
-  if (!r.error.empty()) return;
+namespace {
+
+// The cheap bound: no token covers more than max_token_bytes of the text's printable ASCII
+// bytes, so it is at least that many tokens however it is tokenized.
+std::string too_long_for_context(std::string_view text, const char* field, const PromptPrep& p) {
+  if (p.context <= 0 || p.max_token_bytes == 0) return {};
+  const auto ascii = static_cast<size_t>(
+      std::count_if(text.begin(), text.end(), [](char c) { return c > 0x20 && c < 0x7f; }));
+  const size_t at_least = (ascii + p.max_token_bytes - 1) / p.max_token_bytes;
+  if (at_least <= static_cast<size_t>(p.context)) return {};
+  return fmt::format(
+      "field '{}': at least {} tokens exceed the context of {} positions (--max-context, at "
+      "most the model's): its {} printable ASCII bytes make that many, since no token covers "
+      "more than {} bytes; refused before tokenizing",
+      field, at_least, p.context, ascii, p.max_token_bytes);
+}
+
+}  // namespace
+
+void prepare_prompt(IncomingRequest& r, const PromptPrep& p) {
+  if (!r.error.empty() || (!r.prompt && !r.messages)) return;
+  const char* field = r.messages ? "messages" : "prompt";
+  if (p.tokenizer == nullptr) {
+    r.error = fmt::format("field '{}': this run has no tokenizer; send prompt_ids", field);
+    return;
+  }
   try {
     if (r.messages) {
       // The template writes the special tokens itself (Hugging Face's apply_chat_template).
       const std::string text =
-          tokenizer.render_chat(*r.messages, r.add_generation_prompt, r.chat_variables);
-      r.request.prompt_ids = tokenizer.encode(text, /*add_special=*/false);
+          p.tokenizer->render_chat(*r.messages, r.add_generation_prompt, r.chat_variables);
+      r.error = too_long_for_context(text, field, p);
+      if (!r.error.empty()) return;
+      r.request.prompt_ids = p.tokenizer->encode(text, /*add_special=*/false);
       r.messages.reset();
-    } else if (r.prompt) {
-      r.request.prompt_ids = tokenizer.encode(*r.prompt);
+    } else {
+      r.error = too_long_for_context(*r.prompt, field, p);
+      if (!r.error.empty()) return;
+      r.request.prompt_ids = p.tokenizer->encode(*r.prompt);
       r.prompt.reset();  // tokenized once
     }
   } catch (const std::exception& e) {
     r.error = fmt::format("{}: {}: {}", r.where, r.request.chat ? "messages" : "prompt", e.what());
   }
+}
+
+void tokenize(IncomingRequest& r, const Tokenizer& tokenizer) {
+  prepare_prompt(r, PromptPrep{&tokenizer});
 }
 
 void apply_generation_defaults(IncomingRequest& r, const GenerationDefaults& d) {

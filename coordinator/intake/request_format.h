@@ -75,8 +75,22 @@ using FieldList = std::vector<std::pair<std::string, std::string>>;
 IncomingRequest parse_request_fields(const FieldList& fields, const std::string& default_id,
                                      const std::string& where, const InputLimits& limits = {});
 
+// What a request's text is prepared with: the tokenizer (null: the run takes ids only), the
+// run's context in positions and the tokenizer's max_token_bytes (either 0: no bound).
+struct PromptPrep {
+  const Tokenizer* tokenizer = nullptr;
+  int32_t context = 0;
+  size_t max_token_bytes = 0;
+};
+
 // Fills prompt_ids from the prompt text, or from the messages through the tokenizer's chat
-// template; a prompt the tokenizer refuses, or messages without a template, set `error`.
+// template (rendered first); a prompt the tokenizer refuses, messages without a template,
+// text without a tokenizer, or text whose printable ASCII bytes alone make more tokens than
+// the context (checked before it is tokenized) set `error`. A request without text, or
+// already refused, is left as it is. Safe from any thread: the queue's reader calls it.
+void prepare_prompt(IncomingRequest& r, const PromptPrep& prep);
+
+// prepare_prompt with the tokenizer alone (no context bound).
 void tokenize(IncomingRequest& r, const Tokenizer& tokenizer);
 
 // The sampling fields the request did not set, from the model's generation_config.json.

@@ -93,6 +93,7 @@ class Coordinator {
   std::optional<Deadline> grace_;  // set when a stop signal came
   RecentIds recent_ids_;
   int32_t capacity_ = 0;
+  PromptPrep prep_;  // how prompts are tokenized and bounded (size_run)
   ClusterPlan plan_;
   std::unique_ptr<StepScheduler> scheduler_;
   WaaScheduler* waa_ = nullptr;                      // scheduler_ when the run is WAA
@@ -308,6 +309,9 @@ void Coordinator::size_run(const PlanOptions& po) {
         ->warn("--max-context {} exceeds the model's {} positions; using {}", options_.max_context,
                config_.max_positions, config_.max_positions);
   capacity_ = po.kv_capacity;
+  prep_ =
+      PromptPrep{tokenizer_, capacity_, tokenizer_ != nullptr ? tokenizer_->max_token_bytes() : 0};
+  source_.prepare_with(prep_);
   if (options_.packing.budget > 0)
     log::get("coordinator")
         ->info("context {} positions under --kv-budget {} (a micro-batch's share at most)",
@@ -452,10 +456,7 @@ bool Coordinator::stop_requested() const {
 
 // Prompt text to ids; a run without a tokenizer takes ids only.
 void tokenize_with(IncomingRequest& r, const Tokenizer* tokenizer) {
-  if (tokenizer != nullptr) return tokenize(r, *tokenizer);
-  if ((r.prompt || r.messages) && r.error.empty())
-    r.error = fmt::format("field '{}': this run has no tokenizer; send prompt_ids",
-                          r.prompt ? "prompt" : "messages");
+  prepare_prompt(r, PromptPrep{tokenizer});
 }
 
 // A stop signal: nothing more is admitted; what the source read and the coordinator holds
@@ -501,7 +502,7 @@ void Coordinator::admit() {
 // request redelivered after a failed run (deliveries > 1) arrives alone: the source holds
 // nothing else while it runs (RedisQueue::recover), so it is admitted as any other.
 void Coordinator::take(IncomingRequest r) {
-  tokenize_with(r, tokenizer_);
+  prepare_prompt(r, prep_);  // a no-op for what the source prepared on its own thread
   apply_generation_defaults(r, config_.generation);
   ++stats_.requests;
   if (r.request.choice == 0 && recent_ids_.seen_again(r.request.id)) {

@@ -37,6 +37,11 @@ Cases:
                  the dead consumer's entries over within 5 s (its liveness mark ran out)
   start_stop     SIGTERM 0-300 ms after start to the script, to mpirun, to every rank: each
                  job ends within 15 s with nothing left running, and nothing is lost
+  producer_ids   submit --file with bad lines (over request_bytes, not JSON, not UTF-8): the
+                 good ones queued, each bad one named by line, exit 2; an id reused with
+                 other content answered with an error naming the first entry; a prompt
+                 whose bytes alone exceed the context refused before tokenizing; "results
+                 stored" equal to what the results stream holds
   chat_openai    an OpenAI chat batch file (/v1/chat/completions) through submit, a 2-rank
                  cluster and collect --format openai: chat.completion lines whose prompts are
                  python3-jinja2's rendering of the model's chat template, tokenized
@@ -946,9 +951,54 @@ def case_start_stop():
 
 
 
+def case_producer_ids():
+    srv = Redis()
+    batch = os.path.join(TMP, "batch.jsonl")
+    long_prompt = "Once upon a time " * 40000  # 680 KB: under request_bytes, far over 512 tokens
+    lines = [json.dumps({"id": "p1", "prompt": "Once upon a time", "max_new_tokens": 4}).encode(),
+             b"{not json",
+             json.dumps({"id": "huge", "prompt": "x" * (1 << 20)}).encode(),
+             b'{"id": "bad-utf8", "prompt": "caf\xc3\x28"}',
+             json.dumps({"id": "long", "prompt": long_prompt}).encode(),
+             json.dumps({"custom_id": "p1", "body": {"prompt": "The little dog", "max_tokens": 4}}).encode(),
+             json.dumps({"id": "p2", "prompt": "One day", "max_new_tokens": 4}).encode()]
+    with open(batch, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    sub = subprocess.run([STRATA, "submit", "--redis", srv.url, "--file", batch],
+                         capture_output=True, text=True, timeout=60)
+    if sub.returncode != 2:
+        fail(f"submit with bad lines: exit {sub.returncode}, want 2: {sub.stderr[-1500:]}")
+    for needle in [f"{batch}:2: not valid JSON", f"{batch}:3: request: bytes = ", f"{batch}:4: not valid UTF-8",
+                   "4 requests added to 'strata:requests', 3 lines of"]:
+        if needle not in sub.stderr:
+            fail(f"submit does not say '{needle}': {sub.stderr[-1500:]}")
+    if srv.client.xlen(REQ) != 4:
+        fail(f"{srv.client.xlen(REQ)} entries queued, want the 4 good lines")
+    entries = [e.decode() for e, _ in srv.client.xrange(REQ, "-", "+")]
+    c = Cluster(srv.url, "--exit-when-drained", np=1, name="ids")
+    if c.wait(300) != 0:
+        fail(f"cluster failed:\n{c.tail()}")
+    got = results(srv.client)
+    if got["p1"]["status"] != "ok" or got["p2"]["status"] != "ok" or got["p1"]["entry"] != entries[0]:
+        fail(f"p1/p2: {got.get('p1')} {got.get('p2')}")
+    conflict = got.get(entries[2])
+    if conflict is None or conflict.get("reused_id") != "p1" or conflict.get("first_entry") != entries[0] \
+            or f"'p1' was used first by entry {entries[0]}" not in conflict["error"]:
+        fail(f"the reused id's entry: {conflict}")
+    err = got["long"]["error"]
+    if not err.startswith("field 'prompt': at least") or "refused before tokenizing" not in err:
+        fail(f"long prompt: {err}")
+    stored = [l for l in open(c.log_path) if "results stored" in l]
+    want = f"{srv.client.xlen(RES)} results stored"
+    if not stored or want not in stored[0] or "1 conflicting ids" not in stored[0]:
+        fail(f"run report {stored}, want '{want}' and 1 conflicting id")
+    log(f"submit refused 3 lines by number and queued 4; the reused id answered naming {entries[0]}; "
+        f"the long prompt refused before tokenizing; {want}")
+
+
 try:
     {"secrets": case_secrets, "dead_worker": case_dead_worker, "takeover": case_takeover,
-     "start_stop": case_start_stop, "equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
+     "start_stop": case_start_stop, "producer_ids": case_producer_ids, "equal200": case_equal200, "kill9": case_kill9, "redis_restart": case_redis_restart,
      "poison": case_poison, "poison_takeover": case_poison_takeover, "sigterm": case_sigterm,
      "docs": case_docs, "single_process": case_single_process, "logprobs": case_logprobs,
      "choices": case_choices, "chat_openai": case_chat_openai}[CASE]()

@@ -531,6 +531,11 @@ void replace_all(std::string& s, const Pattern& p, std::string_view content) {
 struct Normalizer {
   virtual ~Normalizer() = default;
   virtual void apply(std::string& s) const = 0;
+  // True when every printable ASCII byte (0x21-0x7e) of the input leaves at least one byte
+  // in the output: what HfTokenizer::max_token_bytes's bound needs. Whitespace may go
+  // (Strip), characters may compose (a letter and its accent) or change case, but none of
+  // these drops a printable ASCII character; a Replace may remove anything.
+  virtual bool keeps_printable_ascii() const { return true; }
 };
 
 // A `Sequence` of any one kind of component (normalizer, pre-tokenizer, decoder): its parts
@@ -547,7 +552,21 @@ class SequenceOf final : public Component {
   std::vector<std::unique_ptr<Component>> parts_;
 };
 
-using SequenceNormalizer = SequenceOf<Normalizer, std::string>;
+class SequenceNormalizer final : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
+      : parts_(std::move(parts)) {}
+  void apply(std::string& s) const override {
+    for (const auto& p : parts_) p->apply(s);
+  }
+  bool keeps_printable_ascii() const override {
+    return std::all_of(parts_.begin(), parts_.end(),
+                       [](const auto& p) { return p->keeps_printable_ascii(); });
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> parts_;
+};
 
 class UnicodeNormalizer : public Normalizer {
  public:
@@ -591,6 +610,7 @@ class ReplaceNormalizer : public Normalizer {
   ReplaceNormalizer(Pattern p, std::string content)
       : pattern_(std::move(p)), content_(std::move(content)) {}
   void apply(std::string& s) const override { replace_all(s, pattern_, content_); }
+  bool keeps_printable_ascii() const override { return false; }
 
  private:
   Pattern pattern_;
@@ -1529,6 +1549,7 @@ struct HfTokenizer::Impl {
   std::unique_ptr<Decoder> decoder;
   std::vector<const std::string*> id_tokens;  // id -> vocab string, null where none
   int32_t vocab_size = 0;
+  bool removes_text = false;  // a pre-tokenizer Split with behavior Removed
 
   void finish();
   void add_token(AddedToken t);
@@ -1725,6 +1746,9 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_json(std::string_view json_text,
   }
   if (const json* p = Json::opt(root, "pre_tokenizer")) {
     impl->pre_tokenizer = make_pre_tokenizer(*p, js, "pre_tokenizer");
+    // A Split that removes what it matches may remove any text (Whitespace removes only
+    // whitespace, which the bound does not count).
+    impl->removes_text = p->dump().find(R"("behavior":"Removed")") != std::string::npos;
   }
   impl->model = make_model(js.need(root, "(root)", "model"), js);
   if (const json* p = Json::opt(root, "post_processor")) {
@@ -1811,6 +1835,17 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special)
 
 int32_t HfTokenizer::vocab_size() const {
   return impl_->vocab_size;
+}
+
+size_t HfTokenizer::max_token_bytes() const {
+  const Impl& im = *impl_;
+  if (im.removes_text || (im.normalizer != nullptr && !im.normalizer->keeps_printable_ascii()))
+    return 0;
+  size_t most = 0;
+  for (const std::string* t : im.id_tokens)
+    if (t != nullptr) most = std::max(most, t->size());
+  for (const auto& [id, t] : im.added_by_id) most = std::max(most, t.content.size());
+  return most;
 }
 
 std::optional<int32_t> HfTokenizer::token_to_id(std::string_view token) const {

@@ -37,6 +37,10 @@ class HfTokenizer {
   // the id and source; ids inside it that no token has decode to nothing, as in HF.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   int32_t vocab_size() const;  // max id (model vocab and added tokens) + 1
+  // The most bytes a vocabulary or added token's string has (a byte-level token's string is
+  // at least as long as the bytes it stands for), or 0 when the normalizer may drop printable
+  // ASCII (a Replace): then no prompt length is bounded by it (Tokenizer::max_token_bytes).
+  size_t max_token_bytes() const;
   std::optional<int32_t> token_to_id(std::string_view token) const;  // added token or vocab
   std::string id_to_token(int32_t id) const;  // the raw vocabulary string ("Ġthe"), "" if none
   bool is_special(int32_t id) const;          // an added token with special=true

@@ -126,12 +126,138 @@ TEST_F(RedisQueueTest, AnIdThatHasItsResultIsAcknowledgedWithoutRunningAgain) {
     q.write(finished(got[0]));
     ASSERT_TRUE(q.flush(Deadline::after_seconds(5)));
   }
-  add({{"id", "a"}, {"prompt", "2"}});  // a producer resubmits the same id
+  add({{"prompt", "1"}, {"id", "a"}});  // a producer resubmits the same request
   RedisQueue q(options(), *tokenizer_);
   EXPECT_TRUE(take(q, 1, 0.5).empty());
   EXPECT_EQ(pending(), 0);
   EXPECT_EQ(results(), 1);
   EXPECT_EQ(q.stats().duplicates, 1);
+  EXPECT_EQ(q.stats().conflicts, 0);
+  EXPECT_EQ(q.stats().results, 0);
+}
+
+// The fields of the results stream's entries, in order.
+std::vector<FieldList> stored_results(RedisConnection& redis) {
+  std::vector<FieldList> out;
+  for (const RedisReply& e :
+       redis.command({"XRANGE", "strata:results", "-", "+"}, Deadline::after_seconds(5)).elements) {
+    FieldList fields;
+    const RedisReply& f = e.elements[1];
+    for (size_t i = 0; i + 1 < f.size(); i += 2)
+      fields.emplace_back(f.elements[i].str, f.elements[i + 1].str);
+    out.push_back(std::move(fields));
+  }
+  return out;
+}
+
+std::string field(const FieldList& fields, const std::string& name) {
+  for (const auto& [k, v] : fields)
+    if (k == name) return v;
+  return "<none>";
+}
+
+// A reused id with other content is not the same request: the later entry gets an error
+// result named by its own entry id (one result per id still), naming the id and the first
+// entry; the first result stays the id's.
+TEST_F(RedisQueueTest, AnIdReusedWithOtherContentGetsAnErrorResultNamingTheFirstEntry) {
+  const std::string first = add({{"id", "a"}, {"prompt", "1"}});
+  {
+    RedisQueue q(options(), *tokenizer_);
+    std::vector<IncomingRequest> got = take(q, 1);
+    ASSERT_EQ(got.size(), 1u);
+    q.write(finished(got[0]));
+    ASSERT_TRUE(q.flush(Deadline::after_seconds(5)));
+  }
+  const std::string done = redis({"HGET", "strata:results:done", "a"}).str;
+  const std::string later = add({{"id", "a"}, {"prompt", "2"}});
+  RedisQueue q(options(), *tokenizer_);
+  EXPECT_TRUE(take(q, 1, 0.5).empty()) << "not run";
+  EXPECT_EQ(pending(), 0);
+  const std::vector<FieldList> res = stored_results(*redis_);
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(field(res[1], "id"), later);
+  EXPECT_EQ(field(res[1], "status"), "error");
+  EXPECT_EQ(field(res[1], "error_type"), "invalid_request");
+  EXPECT_EQ(field(res[1], "entry"), later);
+  EXPECT_EQ(field(res[1], "reused_id"), "a");
+  EXPECT_EQ(field(res[1], "first_entry"), first);
+  EXPECT_NE(field(res[1], "error").find("field 'id': 'a' was used first by entry " + first),
+            std::string::npos)
+      << field(res[1], "error");
+  EXPECT_EQ(redis({"HGET", "strata:results:done", "a"}).str, done) << "the first keeps the id";
+  EXPECT_EQ(redis({"HGET", "strata:results:content", "a"}).str.substr(0, first.size() + 1),
+            first + " ");
+  EXPECT_EQ(q.stats().conflicts, 1);
+  EXPECT_EQ(q.stats().duplicates, 0);
+  EXPECT_EQ(q.stats().results, 1);
+}
+
+TEST_F(RedisQueueTest, AnIdReusedWithOtherContentWhileItRunsGetsAnErrorResultAtOnce) {
+  const std::string first = add({{"id", "a"}, {"prompt", "1"}});
+  const std::string later = add({{"id", "a"}, {"prompt", "1"}, {"max_new_tokens", "9"}});
+  RedisQueue q(options(), *tokenizer_);
+  std::vector<IncomingRequest> got = take(q, 2, 0.5);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].request.max_new_tokens, 64) << "the first entry runs";
+  const Deadline d = Deadline::after_seconds(5);
+  while (results() < 1 && !d.expired()) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(pending(), 1) << "the conflicting entry is acknowledged with its error";
+  q.write(finished(got[0]));
+  ASSERT_TRUE(q.flush(Deadline::after_seconds(5)));
+  const std::vector<FieldList> res = stored_results(*redis_);
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(field(res[0], "id"), later);
+  EXPECT_EQ(field(res[0], "first_entry"), first);
+  EXPECT_EQ(field(res[1], "id"), "a");
+  EXPECT_EQ(field(res[1], "status"), "ok");
+  EXPECT_EQ(pending(), 0);
+  EXPECT_EQ(q.stats().conflicts, 1);
+  EXPECT_EQ(q.stats().results, 2);
+}
+
+// Two consumers running one id at once: the second to finish finds it answered. Same
+// content: a duplicate, no second result (and not counted as one); other content: an error
+// result for its entry. `results` counts what each added to the stream.
+TEST_F(RedisQueueTest, ResultsCountWhatTheStreamGainedWhenTwoConsumersRunOneId) {
+  for (const bool other_content : {false, true}) {
+    SCOPED_TRACE(other_content);
+    redis({"DEL", "strata:results", "strata:results:done", "strata:results:content"});
+    add({{"id", "a"}, {"prompt", "1"}});
+    RedisQueue q1(options("c1"), *tokenizer_);
+    std::vector<IncomingRequest> got1 = take(q1, 1);
+    ASSERT_EQ(got1.size(), 1u);
+    EXPECT_TRUE(q1.stop().empty());  // reads nothing more: the next entry is q2's
+    const std::string second = add({{"id", "a"}, {"prompt", other_content ? "2" : "1"}});
+    RedisQueue q2(options("c2"), *tokenizer_);
+    std::vector<IncomingRequest> got2 = take(q2, 1);
+    ASSERT_EQ(got2.size(), 1u);
+    q1.write(finished(got1[0]));
+    ASSERT_TRUE(q1.flush(Deadline::after_seconds(5)));
+    q2.write(finished(got2[0]));
+    ASSERT_TRUE(q2.flush(Deadline::after_seconds(5)));
+    EXPECT_EQ(pending(), 0);
+    const std::vector<FieldList> res = stored_results(*redis_);
+    ASSERT_EQ(res.size(), other_content ? 2u : 1u);
+    EXPECT_EQ(q1.stats().results + q2.stats().results, static_cast<int64_t>(res.size()));
+    EXPECT_EQ(q2.stats().duplicates, other_content ? 0 : 1);
+    EXPECT_EQ(q2.stats().conflicts, other_content ? 1 : 0);
+    if (other_content) {
+      EXPECT_EQ(field(res[1], "id"), second);
+      EXPECT_EQ(field(res[1], "reused_id"), "a");
+    }
+  }
+}
+
+// An id answered before content was recorded (its done mark alone) stays a duplicate.
+TEST_F(RedisQueueTest, AnIdDoneWithoutAContentRecordIsADuplicate) {
+  redis({"HSET", "strata:results:done", "a", "1-1"});
+  add({{"id", "a"}, {"prompt", "2"}});
+  RedisQueue q(options(), *tokenizer_);
+  EXPECT_TRUE(take(q, 1, 0.5).empty());
+  EXPECT_EQ(pending(), 0);
+  EXPECT_EQ(results(), 0);
+  EXPECT_EQ(q.stats().duplicates, 1);
+  EXPECT_EQ(q.stats().conflicts, 0);
 }
 
 TEST_F(RedisQueueTest, TheSameIdTwiceInFlightIsAnsweredOnceAndBothAcknowledged) {
@@ -412,6 +538,33 @@ TEST(RedisQueueOptions, RefusesWhatCannotWork) {
   o.max_deliveries = 3;
   o.consumer = "";
   EXPECT_THROW(o.validate(), InputError);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Tokenization off the coordinator's loop: once the run says how (prepare_with), the
+// reader thread hands out requests already tokenized; before that, as read.
+TEST_F(RedisQueueTest, TheReaderTokenizesOnceTheRunSaysHow) {
+  add({{"id", "before"}, {"prompt", "5 6"}});
+  RedisQueue q(options(), *tokenizer_);
+  std::vector<IncomingRequest> got = take(q, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].prompt.has_value());
+  EXPECT_TRUE(got[0].request.prompt_ids.empty());
+  q.prepare_with(PromptPrep{tokenizer_.get(), 2, 1});
+  add({{"id", "after"}, {"prompt", "5 6"}});
+  add({{"id", "long"}, {"prompt", "5 6 7"}});  // 3 printable bytes, 1 a token: over 2
+  got = take(q, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_FALSE(got[0].prompt.has_value()) << "tokenized by the reader";
+  EXPECT_EQ(got[0].request.prompt_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_NE(got[1].error.find("field 'prompt': at least 3 tokens exceed the context of 2"),
+            std::string::npos)
+      << got[1].error;
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 // documented order and read back typed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+
 #include "coordinator/intake/request_format.h"
+#include "worker/config.h"
 #include "worker/dummy.h"
 
 namespace strata {
@@ -405,6 +409,120 @@ TEST(RequestFormat, RefusalsCarryTheProducersId) {
   const IncomingRequest escaped =
       parse_request_fields({{"json", R"({"id": "a\"b", "prompt": )"}}, "9-4", "stream entry 9-4");
   EXPECT_EQ(escaped.request.id, "9-4");
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// The bound before tokenizing (issue 46): a prompt whose printable ASCII bytes alone make
+// more tokens than the context is refused naming the field and the limit, and is never
+// tokenized; the bound holds for every text (no text is fewer tokens than it says).
+class PromptBoundTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = load_model_config(STRATA_MODEL_DIR);
+    tok_ = Tokenizer::load(STRATA_MODEL_DIR, config_);
+  }
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+// llama2.c's tok512.bin (an independent export of the same vocabulary: int32 max length,
+// then per token a float score, an int32 length and the bytes, '▁' written as ' ').
+size_t longest_llama2c_piece(const std::string& path, size_t* longest_as_sentencepiece) {
+  std::ifstream in(path, std::ios::binary);
+  int32_t max_len = 0;
+  in.read(reinterpret_cast<char*>(&max_len), 4);
+  *longest_as_sentencepiece = 0;
+  for (int i = 0; i < 512; ++i) {
+    float score = 0;
+    int32_t len = 0;
+    in.read(reinterpret_cast<char*>(&score), 4);
+    in.read(reinterpret_cast<char*>(&len), 4);
+    std::string bytes(static_cast<size_t>(len), '\0');
+    in.read(bytes.data(), len);
+    // sentencepiece writes each space as U+2581 (3 bytes); llama2.c's special pieces
+    // ("\n<s>\n") carry newlines sentencepiece's "<s>" does not.
+    const size_t spaces = static_cast<size_t>(std::count(bytes.begin(), bytes.end(), ' '));
+    const size_t newlines = static_cast<size_t>(std::count(bytes.begin(), bytes.end(), '\n'));
+    *longest_as_sentencepiece =
+        std::max(*longest_as_sentencepiece, bytes.size() + 2 * spaces - newlines);
+  }
+  EXPECT_TRUE(in.good()) << path;
+  return static_cast<size_t>(max_len);
+}
+
+TEST_F(PromptBoundTest, TheLongestTokenIsTheVocabularysAsLlama2cExportedIt) {
+  size_t as_sentencepiece = 0;
+  const size_t llama2c = longest_llama2c_piece(
+      std::string(STRATA_MODEL_DIR) + "/llama2c/tok512.bin", &as_sentencepiece);
+  EXPECT_GE(tok_->max_token_bytes(), llama2c);
+  EXPECT_EQ(tok_->max_token_bytes(), as_sentencepiece);
+  EXPECT_EQ(Tokenizer::ids_only(config_)->max_token_bytes(), 0u) << "ids: no bound";
+}
+
+TEST_F(PromptBoundTest, NoTextIsFewerTokensThanTheBoundSays) {
+  const size_t L = tok_->max_token_bytes();
+  ASSERT_GT(L, 0u);
+  std::string longest;  // the text of the longest piece: the fewest tokens per byte
+  for (int32_t id = 3; id < config_.vocab; ++id) {
+    std::string text = tok_->decode({id});
+    if (text.size() > longest.size()) longest = text;
+  }
+  std::vector<std::string> texts{"Once upon a time, there was a little girl named Lily.",
+                                 "!!!!!!!!!!", "a  b   c    d", "<s></s><unk>",
+                                 "caf\xc3\xa9 na\xc3\xafve"};
+  for (int k = 1; k <= 64; k *= 4) {
+    std::string repeated;
+    for (int i = 0; i < k; ++i) repeated += longest;
+    texts.push_back(repeated);
+  }
+  for (const std::string& text : texts) {
+    const auto ascii = static_cast<size_t>(
+        std::count_if(text.begin(), text.end(), [](char c) { return c > 0x20 && c < 0x7f; }));
+    EXPECT_GE(tok_->encode(text, false).size() * L, ascii) << text;
+  }
+}
+
+TEST_F(PromptBoundTest, APromptThatCannotFitIsRefusedBeforeTokenizingNamingFieldAndLimit) {
+  const size_t L = tok_->max_token_bytes();
+  const PromptPrep prep{tok_.get(), 512, L};
+  // 512 * L + 1 printable bytes are at least 513 tokens, whatever the tokenizer does.
+  IncomingRequest r = parse_request_line(
+      R"({"id": "big", "prompt": ")" + std::string(512 * L + 1, 'x') + R"("})", "f:1");
+  ASSERT_EQ(r.error, "");
+  prepare_prompt(r, prep);
+  EXPECT_EQ(r.error,
+            fmt::format("field 'prompt': at least 513 tokens exceed the context of 512 positions "
+                        "(--max-context, at most the model's): its {} printable ASCII bytes "
+                        "make that many, since no token covers more than {} bytes; refused "
+                        "before tokenizing",
+                        512 * L + 1, L));
+  EXPECT_TRUE(r.request.prompt_ids.empty()) << "not tokenized";
+  EXPECT_EQ(r.request.id, "big");
+  // One byte less fits the bound and is tokenized (then judged by its real length).
+  IncomingRequest fits =
+      parse_request_line(R"({"prompt": ")" + std::string(512 * L, 'x') + R"("})", "f:2");
+  prepare_prompt(fits, prep);
+  EXPECT_EQ(fits.error, "");
+  EXPECT_FALSE(fits.request.prompt_ids.empty());
+  EXPECT_FALSE(fits.prompt.has_value());
+  // Spaces are not counted: whitespace may be collapsed away.
+  IncomingRequest spaces =
+      parse_request_line(R"({"prompt": "a)" + std::string(512 * L * 4, ' ') + R"("})", "f:3");
+  prepare_prompt(spaces, prep);
+  EXPECT_EQ(spaces.error, "");
+  // Without a context no bound is applied; without a tokenizer, text is refused as before.
+  IncomingRequest unbounded =
+      parse_request_line(R"({"prompt": ")" + std::string(512 * L + 1, 'x') + R"("})", "f:4");
+  prepare_prompt(unbounded, PromptPrep{tok_.get()});
+  EXPECT_EQ(unbounded.error, "");
+  IncomingRequest no_tok = parse_request_line(R"({"prompt": "x"})", "f:5");
+  prepare_prompt(no_tok, PromptPrep{});
+  EXPECT_EQ(no_tok.error, "field 'prompt': this run has no tokenizer; send prompt_ids");
 }
 
 }  // namespace
