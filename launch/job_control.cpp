@@ -1,9 +1,12 @@
 #include "launch/job_control.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -78,6 +81,24 @@ int leave_status(int code) {
   const std::optional<std::string> rank = foreign_variable("OMPI_COMM_WORLD_RANK");
   std::ofstream(*dir + "/rank." + rank.value_or("0")) << code << '\n';
   return code;
+}
+
+bool notify_service_manager(const std::string& state) {
+  const std::optional<std::string> path = foreign_variable("NOTIFY_SOCKET");
+  if (!path || path->empty()) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path->size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, path->data(), path->size());
+  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';  // an abstract socket
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path->size());
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool sent =
+      sendto(fd, state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr),
+             len) == static_cast<ssize_t>(state.size());
+  close(fd);
+  return sent;
 }
 
 StartWatchdog::StartWatchdog(double bound_s) : thread_([this, bound_s] { watch(bound_s); }) {}

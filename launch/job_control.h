@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace strata::cli {
@@ -33,6 +34,11 @@ void say_started();
 // MPI_Abort with the status of the first rank that ended (a killed worker's 137), not the
 // coordinator's reason. Returns code.
 int leave_status(int code);
+
+// Tells the service manager (systemd's sd_notify protocol: a datagram to $NOTIFY_SOCKET, a
+// path or, with a leading '@', an abstract name) the service's `state`, e.g. "READY=1".
+// False when there is no NOTIFY_SOCKET or the datagram could not be sent.
+bool notify_service_manager(const std::string& state);
 
 // Ends this process when its start (MPI_Init up to the liveness links) takes longer than
 // `bound_s`, or longer than kStopBoundSeconds after a stop signal: a rank that died while

@@ -82,7 +82,8 @@ std::string answer(int status, std::string_view reason, std::string_view type,
 }
 
 // The answer to a complete request head.
-std::string respond(std::string_view head, const std::function<std::string()>& render) {
+std::string respond(std::string_view head, const std::function<std::string()>& render,
+                    const std::function<bool()>& ready) {
   const std::string_view line = head.substr(0, head.find("\r\n"));
   const size_t sp1 = line.find(' ');
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
@@ -94,15 +95,17 @@ std::string respond(std::string_view head, const std::function<std::string()>& r
   if (method != "GET") return answer(405, "Method Not Allowed", "text/plain", "GET only\n");
   if (path == "/metrics")
     return answer(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render());
-  if (path == "/health") return answer(200, "OK", "text/plain", "ok\n");
+  if (path == "/health")
+    return !ready || ready() ? answer(200, "OK", "text/plain", "ok\n")
+                             : answer(503, "Service Unavailable", "text/plain", "starting\n");
   return answer(404, "Not Found", "text/plain", "/metrics or /health\n");
 }
 
 }  // namespace
 
 MetricsServer::MetricsServer(const std::string& host, int port, std::function<std::string()> render,
-                             MetricsServerLimits limits)
-    : render_(std::move(render)), limits_(limits) {
+                             MetricsServerLimits limits, std::function<bool()> ready)
+    : render_(std::move(render)), ready_(std::move(ready)), limits_(limits) {
   if (port < 0 || port > 65535) fail_input("--metrics-port {}: not a TCP port (0 to 65535)", port);
   raise_descriptor_limit(limits_.max_connections);
   listen_fd_ = listen_on(host, port, port_);
@@ -167,7 +170,7 @@ void MetricsServer::serve() {
         if (end == std::string::npos && c.in.size() <= limits_.max_head_bytes) continue;
         c.out = end == std::string::npos ? answer(431, "Request Header Fields Too Large",
                                                   "text/plain", "head too long\n")
-                                         : respond(std::string_view(c.in).substr(0, end), render_);
+                                         : respond(std::string_view(c.in).substr(0, end), render_, ready_);
         c.in.clear();
         c.deadline = Clock::now() + limits_.write_deadline;
       }

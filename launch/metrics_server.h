@@ -22,9 +22,10 @@ struct MetricsServerLimits {
 
 class MetricsServer {
  public:
-  // Listens on host:port (port 0: any free port); an InputError when it cannot.
+  // Listens on host:port (port 0: any free port); an InputError when it cannot. /health
+  // answers 200 "ok" once `ready` says so (always, without one), 503 "starting" before.
   MetricsServer(const std::string& host, int port, std::function<std::string()> render,
-                MetricsServerLimits limits = {});
+                MetricsServerLimits limits = {}, std::function<bool()> ready = nullptr);
   ~MetricsServer();  // stops serving (every connection closed) and joins the thread
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -35,6 +36,7 @@ class MetricsServer {
   void serve();
 
   std::function<std::string()> render_;
+  std::function<bool()> ready_;
   MetricsServerLimits limits_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd: the destructor's stop

@@ -4,6 +4,7 @@
 // this same command line.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -190,11 +191,22 @@ int serve_requests(const ServeOptions& o, Stages& stages, const ModelConfig& con
   RequestSource& from = queue ? static_cast<RequestSource&>(*queue) : *source;
   ServeMetrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
+  std::atomic<bool> ready{false};
   if (o.metrics_port >= 0) {
-    metrics_server = std::make_unique<MetricsServer>(o.metrics_host, o.metrics_port,
-                                                     [&metrics] { return metrics.render(); });
+    metrics_server = std::make_unique<MetricsServer>(
+        o.metrics_host, o.metrics_port, [&metrics] { return metrics.render(); },
+        MetricsServerLimits{}, [&ready] { return ready.load(); });
     c.metrics = &metrics;
   }
+  // Readiness an operator can wait on: this line, /health turning 200, and READY=1 to
+  // systemd when it runs the service (Type=notify, NotifyAccess=all under mpirun).
+  c.on_ready = [&ready, &o] {
+    ready = true;
+    const bool told = notify_service_manager("READY=1");
+    log::get("launch")->info("ready: every stage loaded, serving requests from {}{}",
+                             o.redis.empty() ? o.requests : redact_redis_url(o.redis),
+                             told ? " (READY=1 sent to the service manager)" : "");
+  };
   const ClusterStats stats = run_coordinator(stages, c, config, &tokenizer, from, *sink);
   std::string table = stats.table();
   std::string queue_json;

@@ -136,6 +136,7 @@ ClusterStats Coordinator::run() {
 // for the queue, with its delivery count restored (only what ran counts as a delivery).
 void Coordinator::return_unread(const std::string& why) {
   try {
+    if (scheduler_ == nullptr) return;  // failed before serving: nothing was taken
     for (IncomingRequest& r : source_.stop()) {
       ++stats_.unfinished;
       GenerationResult never{r.request.id, {}, {}, StopReason::kError, why};
@@ -239,6 +240,7 @@ ClusterStats Coordinator::run_plan() {
   stats_.micro_batches = so.micro_batches;
   stats_.decode_iters = so.decode_iters;
   publish_schedule();
+  if (options_.on_ready) options_.on_ready();
   serve();
   if (waa_ != nullptr) stats_.waa->counters = waa_->counters();
   if (reserver_) {

@@ -85,6 +85,9 @@ struct CoordinatorOptions {
   std::string tensor_parallel;
   // Live numbers for `serve --metrics-port` (null: none kept); outlives the run.
   ServeMetrics* metrics = nullptr;
+  // Called once when every stage has loaded and requests are about to be taken (the
+  // service's readiness: a log line, /health, sd_notify). Optional.
+  std::function<void()> on_ready;
   // Progress (may be empty): called with the tokens sampled so far after each step result.
   std::function<void(int64_t tokens)> on_tokens;
   // S3 (kv_packing.h): a KV budget in positions that sequences reserve predicted lengths of.
