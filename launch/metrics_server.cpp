@@ -168,9 +168,10 @@ void MetricsServer::serve() {
         c.in.append(buf, static_cast<size_t>(n));
         const size_t end = c.in.find("\r\n\r\n");
         if (end == std::string::npos && c.in.size() <= limits_.max_head_bytes) continue;
-        c.out = end == std::string::npos ? answer(431, "Request Header Fields Too Large",
-                                                  "text/plain", "head too long\n")
-                                         : respond(std::string_view(c.in).substr(0, end), render_, ready_);
+        c.out =
+            end == std::string::npos
+                ? answer(431, "Request Header Fields Too Large", "text/plain", "head too long\n")
+                : respond(std::string_view(c.in).substr(0, end), render_, ready_);
         c.in.clear();
         c.deadline = Clock::now() + limits_.write_deadline;
       }

@@ -87,6 +87,24 @@ TEST(MetricsServer, AnswersMetricsHealthAndRefusals) {
   EXPECT_EQ(exchange(server.port(), std::string(10000, 'A'), ms).rfind("HTTP/1.1 431", 0), 0u);
 }
 
+// /health is the readiness an operator waits on: 503 "starting" until the run says it is
+// ready (every stage loaded), 200 "ok" from then on; /metrics answers throughout.
+TEST(MetricsServer, HealthSaysStartingUntilReady) {
+  std::atomic<bool> ready{false};
+  MetricsServer server(
+      "127.0.0.1", 0, [] { return std::string("strata_up 1\n"); }, {},
+      [&ready] { return ready.load(); });
+  const auto ms = std::chrono::milliseconds(1000);
+  const std::string before = exchange(server.port(), "GET /health HTTP/1.1\r\n\r\n", ms);
+  EXPECT_EQ(before.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << before;
+  EXPECT_NE(before.find("\r\n\r\nstarting\n"), std::string::npos) << before;
+  EXPECT_EQ(scrape(server.port()).rfind("HTTP/1.1 200 OK", 0), 0u);
+  ready = true;
+  const std::string after = exchange(server.port(), "GET /health HTTP/1.1\r\n\r\n", ms);
+  EXPECT_EQ(after.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << after;
+  EXPECT_NE(after.find("\r\n\r\nok\n"), std::string::npos) << after;
+}
+
 TEST(MetricsServer, ScrapedWithinASecondWhileSlowAndIdleClientsHoldConnections) {
   allow_descriptors(4096);
   MetricsServerLimits limits;
