@@ -17,9 +17,11 @@ Reported (JSON): rank 0's RSS every second against the results stored; its growt
 p50 / p99 / max queue wait (the results' queue_wait_s); requests/s.
 """
 import argparse
+import faulthandler
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,7 +114,10 @@ class Producer(threading.Thread):
 def trim_requests(r):
     """Below the oldest pending entry, or up to the last delivered one when none is pending,
     every entry is acknowledged."""
-    pending = r.xpending(REQ, "strata")
+    try:
+        pending = r.xpending(REQ, "strata")
+    except redis.exceptions.ResponseError:  # NOGROUP: the cluster has not read yet
+        return
     if pending["pending"]:
         oldest = pending["min"]
     else:
@@ -123,6 +128,7 @@ def trim_requests(r):
 
 
 def main():
+    faulthandler.register(signal.SIGUSR1)
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=2)
@@ -150,6 +156,19 @@ def main():
          "--redis", f"redis://127.0.0.1:{port}", "--request-stream", REQ, "--result-stream", RES,
          "--threads", "1", "--max-batch", "32", "--consumer", "soak"],
         env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    try:
+        run(args, r, port, cluster, log_path)
+    finally:
+        for p in descendants(cluster.pid) + [cluster.pid]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, r, port, cluster, log_path):
     rank0 = rank_pid(cluster.pid, 0)
 
     seen = bytearray(args.requests)
@@ -183,7 +202,6 @@ def main():
     samples.append({"t_s": round(seconds, 1), "results": state["results"], "rss_kib": rss_kib(rank0)})
     cluster.send_signal(signal.SIGTERM)
     rc = cluster.wait(120)
-    server.terminate()
     warm = [(s["results"], s["rss_kib"]) for s in samples if s["results"] >= args.warmup * args.requests]
     growth = slope(warm) * 100_000 / 1024 if len(warm) > 2 else None
     lost = args.requests - sum(seen)
