@@ -155,8 +155,8 @@ class RedisQueue final : public RequestSource, public ResultSink {
   const Tokenizer& tokenizer_;
   RedisScript finish_script_;
   RedisScript dead_letter_script_;
-  RedisScript mark_alive_script_;      // the writer's
-  RedisScript dead_consumers_script_;  // the reader's
+  RedisScript mark_alive_script_;                       // the writer's
+  RedisScript dead_consumers_script_;                   // the reader's
   RedisScript reader_finish_script_ = finish_script();  // the reader's conflict results
   static RedisScript finish_script();
 
