@@ -389,6 +389,38 @@ TEST_F(RedisQueueTest, IdleEntriesOfADeadConsumerAreTakenOverAndLiveOnesKeepThei
   EXPECT_EQ(got[0].deliveries, 2);
 }
 
+// A consumer whose liveness mark ran out (or that ended: 0) is known dead: its entries are
+// taken over at once, long before claim_idle, keeping their delivery count, and the dead
+// consumer is removed from the group and the hash once it holds nothing. A consumer whose
+// mark is still running keeps what it holds.
+TEST_F(RedisQueueTest, TheEntriesOfAConsumerWhoseMarkRanOutAreTakenOverAtOnce) {
+  redis({"XGROUP", "CREATE", "strata:requests", "strata", "0", "MKSTREAM"});
+  const std::string orphan = add({{"id", "orphan"}, {"prompt", "2"}});
+  redis({"XREADGROUP", "GROUP", "strata", "dead", "COUNT", "1", "STREAMS", "strata:requests", ">"});
+  const std::string kept = add({{"id", "kept"}, {"prompt", "3"}});
+  redis({"XREADGROUP", "GROUP", "strata", "alive", "COUNT", "1", "STREAMS", "strata:requests", ">"});
+  redis({"HSET", "strata:requests:consumers:strata", "dead", "1", "alive", "99999999999999"});
+  RedisQueueOptions o = options("taker");
+  o.claim_idle_s = 60;
+  RedisQueue q(o, *tokenizer_);
+  std::vector<IncomingRequest> got = take(q, 1, 3.0);
+  ASSERT_EQ(got.size(), 1u) << "the dead consumer's entry was not taken over within 3 s";
+  EXPECT_EQ(got[0].request.id, "orphan");
+  EXPECT_EQ(got[0].deliveries, 2) << "its one delivery kept: it may have failed a run";
+  EXPECT_EQ(pending_entry(kept).first, "alive") << "a consumer with a running mark keeps it";
+  bool listed = true;
+  const Deadline d = Deadline::after_seconds(3);
+  while (listed && !d.expired()) {
+    listed = redis({"HEXISTS", "strata:requests:consumers:strata", "dead"}).integer != 0;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_FALSE(listed) << "the dead consumer's mark was not removed";
+  for (const RedisReply& c : redis({"XINFO", "CONSUMERS", "strata:requests", "strata"}).elements)
+    EXPECT_NE(c.elements[1].str, "dead") << "the dead consumer is still in the group";
+  const std::string mark = redis({"HGET", "strata:requests:consumers:strata", "taker"}).str;
+  EXPECT_GT(std::stoll(mark), 1'000'000'000'000LL) << "the live consumer's own mark: " << mark;
+}
+
 // The lease: what a live consumer holds is touched every claim_idle / 3, so its idle time
 // (XPENDING) never reaches claim_idle and no other consumer may take it over.
 TEST_F(RedisQueueTest, ALiveConsumerRenewsTheLeaseOfWhatItHolds) {
@@ -448,6 +480,9 @@ TEST_F(RedisQueueTest, ReadsOnlyAsFarAheadAsThePrefetch) {
   RedisQueueOptions o = options();
   o.prefetch = 4;
   RedisQueue q(o, *tokenizer_);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(pending(), 0) << "nothing is read before the coordinator first asks";
+  EXPECT_TRUE(q.poll(0).empty());
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(pending(), 4) << "the stream, not memory, holds the backlog";
   EXPECT_EQ(take(q, 3).size(), 3u);
