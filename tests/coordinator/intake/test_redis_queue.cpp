@@ -398,7 +398,8 @@ TEST_F(RedisQueueTest, TheEntriesOfAConsumerWhoseMarkRanOutAreTakenOverAtOnce) {
   const std::string orphan = add({{"id", "orphan"}, {"prompt", "2"}});
   redis({"XREADGROUP", "GROUP", "strata", "dead", "COUNT", "1", "STREAMS", "strata:requests", ">"});
   const std::string kept = add({{"id", "kept"}, {"prompt", "3"}});
-  redis({"XREADGROUP", "GROUP", "strata", "alive", "COUNT", "1", "STREAMS", "strata:requests", ">"});
+  redis(
+      {"XREADGROUP", "GROUP", "strata", "alive", "COUNT", "1", "STREAMS", "strata:requests", ">"});
   redis({"HSET", "strata:requests:consumers:strata", "dead", "1", "alive", "99999999999999"});
   RedisQueueOptions o = options("taker");
   o.claim_idle_s = 60;
