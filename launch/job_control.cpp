@@ -101,6 +101,14 @@ bool notify_service_manager(const std::string& state) {
   return sent;
 }
 
+int status_left_by(int rank) {
+  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
+  if (!dir) return 0;
+  std::ifstream in(*dir + "/rank." + std::to_string(rank));
+  int code = 0;
+  return in >> code ? code : 0;
+}
+
 StartWatchdog::StartWatchdog(double bound_s) : thread_([this, bound_s] { watch(bound_s); }) {}
 
 StartWatchdog::~StartWatchdog() {

@@ -34,6 +34,9 @@ void say_started();
 // MPI_Abort with the status of the first rank that ended (a killed worker's 137), not the
 // coordinator's reason. Returns code.
 int leave_status(int code);
+// The status another rank left there before it ended (0: none): a worker that refused its
+// options ended with 2, and rank 0 then ends the job with that, not with "a peer died".
+int status_left_by(int rank);
 
 // Tells the service manager (systemd's sd_notify protocol: a datagram to $NOTIFY_SOCKET, a
 // path or, with a leading '@', an abstract name) the service's `state`, e.g. "READY=1".

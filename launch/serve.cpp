@@ -318,13 +318,15 @@ void end_job_on_lost_peer(LivenessLinks& links, const MpiSession& session) {
     if (rank == 0) {
       log::get("launch")->error(
           "rank 0 (the coordinator) is gone: its liveness link closed; this worker ends the job");
-    } else {
-      log::get("launch")->error(
-          "worker rank {} died while the job started (its liveness link to rank 0 closed); "
-          "rank 0 ends the job",
-          rank);
+      session.abort(leave_status(1));
     }
-    session.abort(leave_status(1));
+    // A worker that refused the job's options left its status before it ended.
+    const int left = status_left_by(rank);
+    log::get("launch")->error(
+        "worker rank {} {} while the job started (its liveness link to rank 0 closed); rank 0 "
+        "ends the job",
+        rank, left != 0 ? fmt::format("ended with status {}", left) : std::string("died"));
+    session.abort(leave_status(left != 0 ? left : 1));
   });
 }
 
