@@ -248,6 +248,15 @@ RedisQueue::RedisQueue(const RedisQueueOptions& options, const Tokenizer& tokeni
     std::lock_guard lock(mutex_);
     if (fatal_) fail(ErrorKind::kFailed, "{}", *fatal_);
   }
+  // Alive before anything else can look: a consumer restarted under its old name may find
+  // its mark at 0 (ended), and the others must not take what it is about to hold.
+  try {
+    mark_alive_script_.run(*first, {options_.consumers_hash()},
+                           {options_.consumer, ms_text(options_.consumer_ttl_s)},
+                           command_deadline());
+  } catch (const Error& e) {
+    log::get("coordinator")->warn("queue: could not mark this consumer alive yet: {}", e.what());
+  }
   first.reset();
   reader_ = std::thread([this] { read_loop(); });
   writer_ = std::thread([this] { write_loop(); });
