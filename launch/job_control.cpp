@@ -40,6 +40,13 @@ void on_stop_signal(int signal) {
   g_stop_signal.store(signal);
 }
 
+// A file in the launch script's status folder (STRATA_RANK_STATUS_DIR), if there is one.
+std::optional<std::string> status_path(const std::string& name) {
+  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
+  if (!dir) return std::nullopt;
+  return *dir + "/" + name;
+}
+
 void unblock() {
   const sigset_t set = stop_set();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
@@ -66,20 +73,20 @@ const std::atomic<int>& stop_signal() {
 }
 
 void say_ready_for_signals() {
-  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
-  if (dir) std::ofstream(*dir + "/ready." + std::to_string(getpid())) << "\n";
+  if (const auto path = status_path("ready." + std::to_string(getpid())))
+    std::ofstream(*path) << "\n";
 }
 
 void say_started() {
-  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
-  if (dir) std::ofstream(*dir + "/started." + std::to_string(getpid())) << "\n";
+  if (const auto path = status_path("started." + std::to_string(getpid())))
+    std::ofstream(*path) << "\n";
 }
 
 int leave_status(int code) {
-  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
-  if (code == 0 || !dir) return code;
+  if (code == 0) return code;
   const std::optional<std::string> rank = foreign_variable("OMPI_COMM_WORLD_RANK");
-  std::ofstream(*dir + "/rank." + rank.value_or("0")) << code << '\n';
+  if (const auto path = status_path("rank." + rank.value_or("0")))
+    std::ofstream(*path) << code << '\n';
   return code;
 }
 
@@ -102,9 +109,9 @@ bool notify_service_manager(const std::string& state) {
 }
 
 int status_left_by(int rank) {
-  const std::optional<std::string> dir = tunable_text(TunableId::kRankStatusDir);
-  if (!dir) return 0;
-  std::ifstream in(*dir + "/rank." + std::to_string(rank));
+  const std::optional<std::string> path = status_path("rank." + std::to_string(rank));
+  if (!path) return 0;
+  std::ifstream in(*path);
   int code = 0;
   return in >> code ? code : 0;
 }

@@ -397,9 +397,7 @@ void RedisQueue::read_loop() {
       }
       if (Clock::now() >= next_claim) {
         claim_idle(*c);
-        next_claim = Clock::now() +
-                     std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                         std::clamp(options_.claim_idle_s / 2, 0.05, 5.0)));
+        next_claim = Clock::now() + every(options_.claim_idle_s / 2, 0.05, 5.0);
       }
       read_once(*c);
     } catch (const Error& e) {
@@ -836,8 +834,7 @@ QueueStats RedisQueue::stats() const {
 
 void RedisQueue::write_loop() {
   std::optional<RedisConnection> slot;
-  const auto lease_every = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(std::clamp(options_.claim_idle_s / 3, 0.05, 10.0)));
+  const Clock::duration lease_every = every(options_.claim_idle_s / 3, 0.05, 10.0);
   const Clock::duration mark_every = every(options_.consumer_ttl_s / 3, 0.05, 10.0);
   Clock::time_point next_lease = Clock::now() + lease_every;
   Clock::time_point next_mark = Clock::now();
