@@ -298,6 +298,14 @@ class Backend {
   virtual void softcap(float* x, int64_t n, float cap) = 0;
   virtual void relu(float* x, int64_t n) = 0;
   virtual void add(float* y, const float* x, int64_t n) = 0;  // y += x
+  // Mixture of experts (worker/transformer.cpp): out[i, :] = x[rows[i], :] for i < n, an
+  // expert's rows gathered so it multiplies them as one GEMM; and out[rows[i], :] +=
+  // weights[i] * y[i, :], its output added back to each row with the router's weight. rows and
+  // weights lie in the backend's memory; within one call the rows are distinct.
+  virtual void gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n,
+                           float* out) = 0;
+  virtual void scatter_add_rows(const float* y, int64_t width, const int32_t* rows,
+                                const float* weights, int64_t n, float* out) = 0;
   // Row-wise softmax of x[m, n] in place.
   virtual void softmax(float* x, int64_t m, int64_t n) = 0;
   // Writes the new keys/values (rows of k, v: [rows, n_kv_heads * head_dim]) into the cache.

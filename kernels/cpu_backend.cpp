@@ -420,6 +420,27 @@ void CpuBackend::gelu_tanh_mul(const float* gate, const float* up, float* out, i
   }
 }
 
+void CpuBackend::gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n,
+                             float* out) {
+  const auto w = static_cast<size_t>(width);
+#pragma omp parallel for schedule(static) if (n * width > kParallelElems)
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(out + static_cast<size_t>(i) * w, x + static_cast<size_t>(rows[i]) * w,
+                w * sizeof(float));
+}
+
+void CpuBackend::scatter_add_rows(const float* y, int64_t width, const int32_t* rows,
+                                  const float* weights, int64_t n, float* out) {
+#pragma omp parallel for schedule(static) if (n * width > kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    float* o = out + static_cast<int64_t>(rows[i]) * width;
+    const float* in = y + i * width;
+    const float g = weights[i];
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) o[j] += g * in[j];
+  }
+}
+
 void CpuBackend::scale(float* x, int64_t n, float s) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;

@@ -57,6 +57,10 @@ class CpuBackend final : public Backend {
   void softcap(float* x, int64_t n, float cap) override;
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
+  void gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n,
+                   float* out) override;
+  void scatter_add_rows(const float* y, int64_t width, const int32_t* rows, const float* weights,
+                        int64_t n, float* out) override;
   void softmax(float* x, int64_t m, int64_t n) override;
   void kv_store(const float* k, const float* v, const StepRows& rows,
                 const KvLayerView& cache) override;

@@ -84,6 +84,14 @@ void ProfilingBackend::relu(float* x, int64_t n) {
 void ProfilingBackend::add(float* y, const float* x, int64_t n) {
   timed(kAdd, [&] { inner_.add(y, x, n); });
 }
+void ProfilingBackend::gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n,
+                                   float* out) {
+  timed(kExpertRows, [&] { inner_.gather_rows(x, width, rows, n, out); });
+}
+void ProfilingBackend::scatter_add_rows(const float* y, int64_t width, const int32_t* rows,
+                                        const float* weights, int64_t n, float* out) {
+  timed(kExpertRows, [&] { inner_.scatter_add_rows(y, width, rows, weights, n, out); });
+}
 void ProfilingBackend::softmax(float* x, int64_t m, int64_t n) {
   timed(kSoftmax, [&] { inner_.softmax(x, m, n); });
 }
@@ -111,7 +119,7 @@ std::string ProfilingBackend::json() const {
   static constexpr const char* kNames[kNumOps] = {
       "copy", "linear",   "embedding",     "rms_norm", "layer_norm",
       "rope", "silu_mul", "gelu_tanh_mul", "scale",    "softcap",
-      "relu", "add",      "softmax",       "kv_store", "attention"};
+      "relu", "add",      "softmax",       "kv_store", "attention", "expert_rows"};
   std::string s = "{";
   for (int i = 0; i < kNumOps; ++i) {
     if (calls_[static_cast<size_t>(i)] == 0) continue;

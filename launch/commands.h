@@ -62,6 +62,8 @@ struct EngineOptions {
   bool profile = false;  // time every backend op (adds a synchronisation per op)
   std::string cpu_mem;   // host memory for weights ("800MiB", "2GiB"; empty: no limit)
   std::string disk_dir = "/tmp";
+  int resident_experts = -1;  // MoE: experts per layer in host memory (< 0: as --cpu-mem holds)
+  int expert_cache = 0;       // MoE: host slots disk experts are read into (0: 2 x top-k)
   bool overlap = true;
   std::string device = "auto";  // auto | cpu | cuda[:N]
   std::string gpu_mem;          // accelerator memory for weights (empty: no limit)

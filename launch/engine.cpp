@@ -191,6 +191,8 @@ ComputeSetup make_compute(const EngineOptions& o, int auto_index) {
               c.hetegen_cpu->name());
   }
   lo.disk_dir = o.disk_dir;
+  lo.resident_experts = o.resident_experts;
+  lo.expert_cache_slots = o.expert_cache;
   lo.limits = input_limits(o.limits);
   lo.check_weights = o.check_weights;
   // The activations are sized by these before any request arrives.
@@ -259,6 +261,7 @@ Engine make_engine(const EngineOptions& o) {
   const int32_t rows = std::max(e.local.max_batch, o.max_step_tokens);
   e.model = std::make_unique<Model>(m.config, std::move(m.weights), *e.backend, rows,
                                     std::move(m.streamer), std::move(m.feeder));
+  e.model->set_experts(std::move(m.experts));
   e.model->set_cache_options(c.cache);
   e.model->set_gpu_batch_size(c.gpu_batch_size);
   check_stage_memory(o, c, *e.model, e.local.packing);

@@ -159,6 +159,15 @@ void add_engine_options(CLI::App& cmd, EngineOptions& o) {
                  "Host memory for weights (e.g. 2GiB); layers beyond it stream from --disk-dir. "
                  "Under --policy: for everything the engine keeps in host memory");
   cmd.add_option("--disk-dir", o.disk_dir, "Where layers that do not fit --cpu-mem are kept");
+  cmd.add_option("--resident-experts", o.resident_experts,
+                 "MoE models: experts of each layer kept in host memory with it; the others "
+                 "live under --disk-dir and are read when the router picks them (default: all "
+                 "where --cpu-mem holds them, else as many as it holds)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--expert-cache", o.expert_cache,
+                 "MoE models: host slots of one expert each that disk experts are read into "
+                 "and kept in while popular (default 2 x experts per token)")
+      ->check(CLI::PositiveNumber);
   cmd.add_flag("!--no-overlap", o.overlap, "Load streamed layers only when needed (no prefetch)");
   cmd.add_option(
       "--device", o.device,

@@ -36,10 +36,11 @@ LayerLinears layer_linears(const ModelShape& s) {
            {LinearSlot::kK, true, kvw, h, ab},
            {LinearSlot::kV, true, kvw, h, ab},
            {LinearSlot::kO, true, h, qw, ab && !s.qkv_bias_only},
-           {LinearSlot::kGate, s.gated_mlp, f, h,
-            s.gated_mlp && mb},  // Llama's mlp_bias biases gate_proj too
-           {LinearSlot::kUp, true, f, h, mb},
-           {LinearSlot::kDown, true, h, f, mb}}};
+           // Llama's mlp_bias biases gate_proj too. A MoE layer without a shared expert
+           // (intermediate 0) has no dense MLP; its experts are not layer linears.
+           {LinearSlot::kGate, s.gated_mlp && f > 0, f, h, s.gated_mlp && mb},
+           {LinearSlot::kUp, f > 0, f, h, mb},
+           {LinearSlot::kDown, f > 0, h, f, mb}}};
 }
 
 bool compressible(int64_t in) {

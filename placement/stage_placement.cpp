@@ -50,6 +50,11 @@ KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, con
   };
   for (const LayerLinear& l : layer_linears(s))
     if (l.present) add(l.out, l.in, true);
+  if (s.moe()) {  // the router as stored (never compressed), an expert's three matrices
+    b.add_weight(s.n_experts, s.hidden, s.dtype, true);
+    add(s.expert_intermediate, s.hidden, true);
+    add(s.hidden, s.expert_intermediate, true);
+  }
   if (r.embedding && e != s.hidden) add(s.hidden, e, false);
   if (r.head && e != s.hidden) add(e, s.hidden, false);
   if (r.head) add(s.vocab, e, false);
@@ -61,11 +66,40 @@ KernelBounds stage_kernel_bounds(const ModelShape& s, const StageRequest& r, con
 std::vector<int64_t> layer_norm_bytes(const ModelShape& s) {
   std::vector<int64_t> n((s.norm_bias ? 4 : 2) + (s.post_norms ? 2 : 0), s.hidden * kF32);
   if (s.qk_norm) n.insert(n.end(), 2, s.head_dim * kF32);
+  if (s.qk_norm_whole) n.insert(n.end(), {s.q_width() * kF32, s.kv_width() * kF32});
   return n;
 }
 
+// A MoE layer's router (never compressed: its top-k decides which experts run), the shared
+// expert's gate (f32), and every expert's gate, up and down (worker/weights.h, the order
+// LayerLayout packs them in).
+std::vector<int64_t> expert_tensors(const ModelShape& s, bool compress) {
+  const int64_t h = s.hidden, f = s.expert_intermediate;
+  return {matrix_bytes(s, f, h, compress), matrix_bytes(s, f, h, compress),
+          matrix_bytes(s, h, f, compress)};
+}
+
+// The tensors of a MoE layer that holds `resident` of its experts.
+std::vector<int64_t> moe_layer_tensors(const ModelShape& s, bool compress, int64_t resident) {
+  std::vector<int64_t> t;
+  if (!s.moe()) return t;
+  t.push_back(matrix_bytes(s, s.n_experts, s.hidden, false));
+  if (s.shared_expert_gate) t.push_back(s.hidden * kF32);
+  for (int64_t e = 0; e < resident; ++e)
+    for (const int64_t b : expert_tensors(s, compress)) t.push_back(b);
+  return t;
+}
+
+// Tensors packed one after another, each 64-byte aligned, the blob page-aligned
+// (worker/layer_store.cpp LayerLayout).
+int64_t packed_bytes(const std::vector<int64_t>& tensors) {
+  int64_t packed = 0;
+  for (const int64_t b : tensors) packed = align_bytes(packed + b, 64);
+  return align_bytes(packed);
+}
+
 // One layer's tensors in LayerLayout's order (worker/layer_store.cpp kMembers), bytes each.
-std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
+std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress, int64_t resident) {
   const LayerLinears linears = layer_linears(s);
   std::vector<int64_t> t;
   for (LinearBlock block : {LinearBlock::kAttention, LinearBlock::kMlp}) {
@@ -77,8 +111,11 @@ std::vector<int64_t> layer_tensors(const ModelShape& s, bool compress) {
     for (const LayerLinear& l : linears)
       if (l.present && l.bias && linear_block(l.slot) == block) t.push_back(l.out * kF32);
     if (block == LinearBlock::kAttention && s.qk_norm) t.insert(t.end(), 2, s.head_dim * kF32);
+    if (block == LinearBlock::kAttention && s.qk_norm_whole)
+      t.insert(t.end(), {s.q_width() * kF32, s.kv_width() * kF32});
     if (s.post_norms) t.push_back(s.hidden * kF32);  // post_attn_norm, post_mlp_norm
   }
+  for (const int64_t bytes : moe_layer_tensors(s, compress, resident)) t.push_back(bytes);
   return t;
 }
 
@@ -219,7 +256,8 @@ int64_t WeightPlacement::cpu_bytes() const {
     for (const SplitBytes& b : split) host += b.host;
     return host + staging_bytes;
   }
-  return (device_compute ? 0 : fixed_bytes) + count(Tier::kCpu) * host_layer_bytes + staging_bytes;
+  return (device_compute ? 0 : fixed_bytes) + count(Tier::kCpu) * host_layer_bytes + staging_bytes +
+         expert_cache_bytes;
 }
 
 int64_t WeightPlacement::split_stream_total() const {
@@ -229,7 +267,7 @@ int64_t WeightPlacement::split_stream_total() const {
 }
 
 int64_t WeightPlacement::disk_bytes() const {
-  return count(Tier::kDisk) * layer_bytes;
+  return count(Tier::kDisk) * layer_bytes + expert_disk_bytes;
 }
 
 std::string WeightPlacement::str() const {
@@ -244,7 +282,13 @@ std::string WeightPlacement::str() const {
                         "streamed each pass",
                         hetegen_alpha, split_layers(), mib(split_gpu_bytes), mib(host_layer_bytes),
                         mib(split_stream_total()))
-          : "");
+          : "") +
+         (experts_on_disk()
+              ? fmt::format(", experts {} of {} per layer resident, the rest on disk ({:.1f} MiB "
+                            "each, {:.1f} MiB in all) through {} cache slots",
+                            resident_experts, n_experts, mib(expert_bytes), mib(expert_disk_bytes),
+                            expert_cache_slots)
+              : "");
 }
 
 int64_t KvPlacement::file_bytes() const {
@@ -386,8 +430,11 @@ KvPlacement place_cache(const ModelShape& s, const StageRequest& r, const Policy
 int64_t activation_bytes(const ModelShape& s, const StageRequest& r, int32_t gpu_batch_size) {
   const int64_t rows = r.max_rows;
   const int64_t wide = std::max({s.hidden, s.q_width(), s.embed_width()});
-  int64_t a = rows * kF32 *
-              (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * s.intermediate);  // h sel ..
+  const int64_t mlp = std::max(s.intermediate, s.expert_intermediate);
+  int64_t a = rows * kF32 * (2 * wide + 2 * s.q_width() + 2 * s.kv_width() + 2 * mlp);  // h sel ..
+  // A MoE layer's router logits, an expert's gathered rows and output, and each row's
+  // experts and weights.
+  if (s.moe()) a += rows * kF32 * (s.n_experts + 2 * s.hidden + 2 * s.experts_per_token + 2);
   if (r.head) a += std::min<int64_t>(rows, kLogitChunk) * s.vocab * kF32;
   if (!s.learned_positions)  // rotary (longrope: the short and the long factors' tables)
     a += 2 * s.max_positions * (s.longrope ? 2 : 1) * (s.head_dim / 2) * kF32;
@@ -424,11 +471,22 @@ void place_buffers(const ModelShape& s, const StageRequest& r, const Policy& pol
 
 // What one layer and the fixed parts weigh where they are held: packed, in host memory, and
 // split by HeteGen (without whole modules).
-WeightPlacement weight_sizes(const ModelShape& s, const StageRequest& r, bool compress) {
+WeightPlacement weight_sizes(const ModelShape& s, const StageRequest& r, bool compress,
+                             int32_t resident, int32_t n) {
   WeightPlacement w;
   w.device_compute = r.device_compute;
+  if (s.moe() && resident < s.n_experts) {
+    w.n_experts = static_cast<int32_t>(s.n_experts);
+    w.resident_experts = resident;
+    w.expert_cache_slots = r.expert_cache_slots > 0
+                               ? r.expert_cache_slots
+                               : static_cast<int32_t>(2 * s.experts_per_token);
+    w.expert_bytes = packed_bytes(expert_tensors(s, compress));
+    w.expert_disk_bytes = int64_t{n} * (s.n_experts - resident) * w.expert_bytes;
+    w.expert_cache_bytes = w.expert_cache_slots * (w.expert_bytes + kPageBytes);
+  }
   int64_t packed = 0, plain = 0;
-  for (int64_t b : layer_tensors(s, compress)) {
+  for (int64_t b : layer_tensors(s, compress, s.moe() ? resident : 0)) {
     packed = align_bytes(packed + b, 64);
     plain += b;
   }
@@ -511,6 +569,34 @@ void check_weight_budgets(const TierBudgets& b, bool device_compute, const Weigh
 
 }  // namespace
 
+namespace {
+
+// Experts each MoE layer holds: the request's, or all of them where the host's budget holds
+// every layer whole, else the most that keep every layer (attention, router and those
+// experts) in host memory with the rest of the experts on disk (their cache counted); 0
+// when not even that fits, and whole layers then go to disk too. A device stage keeps its
+// experts with its layers (the layer tiers decide).
+int32_t resident_experts(const ModelShape& s, const StageRequest& r, int32_t n,
+                         const StagePlacement& p, const Policy& policy) {
+  if (!s.moe()) return 0;
+  const auto all = static_cast<int32_t>(s.n_experts);
+  if (r.resident_experts >= 0) {
+    if (r.resident_experts > all)
+      fail_input("{} resident experts per layer, but the model has {}", r.resident_experts, all);
+    return r.resident_experts;
+  }
+  if (r.device_compute || r.budgets.cpu < 0 || (r.policy && r.weight_shares)) return all;
+  const int64_t other = r.budgets.whole_stage ? p.cache_bytes().cpu + p.buffer_bytes().cpu : 0;
+  for (int32_t k = all; k >= 0; --k) {
+    const WeightPlacement w = weight_sizes(s, r, policy.compress_weight, k, n);
+    if (w.fixed_bytes + n * w.host_layer_bytes + w.expert_cache_bytes + other <= r.budgets.cpu)
+      return k;
+  }
+  return 0;
+}
+
+}  // namespace
+
 StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   const int32_t end = stage_layer_end(s, r);
   const int32_t n = end - r.layer_begin;
@@ -527,7 +613,7 @@ StagePlacement place_stage(const ModelShape& s, const StageRequest& r) {
   p.cpu_attention = policy.cpu_cache_compute;
   p.cache = place_cache(s, r, policy, n);
   place_buffers(s, r, policy, p);
-  p.weights = weight_sizes(s, r, policy.compress_weight);
+  p.weights = weight_sizes(s, r, policy.compress_weight, resident_experts(s, r, n, p, policy), n);
   place_layer_tiers(r, n, p, p.weights);
   place_split_layers(s, r, policy.compress_weight, p);
   if (!r.budgets.whole_stage) check_weight_budgets(r.budgets, r.device_compute, p.weights);

@@ -48,6 +48,13 @@ struct PieHostLayers {
 
 // A stage and how the engine runs it: the memory model's inputs besides the model's shape.
 struct StageRequest {
+  // A MoE model's experts over the tiers (worker/expert_store.h): each layer holds
+  // `resident_experts` of its experts with its attention and router, the others live on
+  // disk and are read when the router picks them, through `expert_cache_slots` host buffers
+  // of one expert each. < 0: chosen here, all of them where the host budget holds them, else
+  // as many as it holds (before any whole layer goes to disk).
+  int32_t resident_experts = -1;
+  int32_t expert_cache_slots = 0;  // 0: 2 x experts_per_token
   // Layers [layer_begin, layer_end) (layer_end < 0: to the last); the embedding and the
   // head (final norm, projection, lm_head) only where the stage has them.
   int32_t layer_begin = 0;
@@ -89,6 +96,16 @@ struct StageRequest {
 
 struct WeightPlacement {
   bool device_compute = false;
+  // A MoE model: experts each layer holds (the rest on disk, read through the cache), one
+  // expert's packed bytes, and what the disk experts and the cache take. n_experts == 0:
+  // a dense model, or every expert with its layer.
+  int32_t n_experts = 0;
+  int32_t resident_experts = 0;
+  int32_t expert_cache_slots = 0;
+  int64_t expert_bytes = 0;
+  int64_t expert_disk_bytes = 0;   // every layer's disk experts
+  int64_t expert_cache_bytes = 0;  // the host slots
+  bool experts_on_disk() const { return n_experts > resident_experts; }
   int64_t fixed_bytes = 0;           // embeddings, positions, projections, final norm, head present
   int64_t layer_bytes = 0;           // one layer packed: a GPU-tier, streamed or disk layer
   int64_t host_layer_bytes = 0;      // a CPU-tier layer as held (packed when pinned for a device)

@@ -110,6 +110,10 @@ constexpr FamilyName kFamilies[] = {
     {ModelFamily::kPhi3, "phi3", "Phi3ForCausalLM"},
     {ModelFamily::kGemma2, "gemma2", "Gemma2ForCausalLM"},
     {ModelFamily::kOpt, "opt", "OPTForCausalLM"},
+    {ModelFamily::kMixtral, "mixtral", "MixtralForCausalLM"},
+    {ModelFamily::kQwen2Moe, "qwen2_moe", "Qwen2MoeForCausalLM"},
+    {ModelFamily::kQwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM"},
+    {ModelFamily::kOlmoe, "olmoe", "OlmoeForCausalLM"},
 };
 
 std::string supported_families() {
@@ -269,6 +273,30 @@ void parse_gemma2(const Fields& f, ModelConfig& c) {
   parse_sliding(f, c, f.integer("sliding_window", 4096), [](int32_t i) { return i % 2 == 0; });
 }
 
+// Every layer a MoE layer: a checkpoint whose layers mix dense MLPs in (Qwen's
+// mlp_only_layers, decoder_sparse_step > 1) would give layers of two shapes, which one stage's
+// layer layout cannot hold, so it is refused by name.
+void parse_moe(const Fields& f, ModelConfig& c, const char* experts_field,
+               const char* width_field, bool norm_topk_default) {
+  c.n_experts = f.integer(experts_field);
+  c.experts_per_token = f.integer("num_experts_per_tok");
+  c.expert_intermediate = f.integer(width_field);
+  c.norm_topk_prob = f.boolean("norm_topk_prob", norm_topk_default);
+  if (c.n_experts < 1 || c.experts_per_token < 1 || c.experts_per_token > c.n_experts)
+    fail_input("{}: num_experts_per_tok = {} must be in [1, {} = {}]", c.source,
+               c.experts_per_token, experts_field, c.n_experts);
+  if (c.expert_intermediate < 1)
+    fail_input("{}: {} must be positive, got {}", c.source, width_field, c.expert_intermediate);
+  if (const int32_t step = f.integer("decoder_sparse_step", 1); step != 1)
+    fail_input("{}: decoder_sparse_step = {} is not supported (every layer a MoE layer: 1)",
+               c.source, step);
+  if (const json* dense = f.find("mlp_only_layers"); dense != nullptr && !dense->empty())
+    fail_input("{}: mlp_only_layers = {} is not supported (every layer a MoE layer: [])",
+               c.source, dense->dump());
+  if (const json* clip = f.find("clip_qkv"))
+    fail_input("{}: clip_qkv = {} is not supported (null: no clipping)", c.source, clip->dump());
+}
+
 void parse_family(const json& j, ModelConfig& c) {
   const Fields f{j, c.source, ""};
   const bool gemma = c.family == ModelFamily::kGemma2;
@@ -297,6 +325,33 @@ void parse_family(const json& j, ModelConfig& c) {
       break;
     case ModelFamily::kGemma2:
       parse_gemma2(f, c);
+      break;
+    case ModelFamily::kMixtral:  // MixtralSparseMoeBlock renormalises its top-k always
+    {
+      parse_moe(f, c, "num_local_experts", "intermediate_size", true);
+      c.norm_topk_prob = true;
+      c.intermediate = 0;
+      const int32_t window = f.integer("sliding_window", 0);
+      parse_sliding(f, c, window, [&](int32_t) { return window > 0; });
+      break;
+    }
+    case ModelFamily::kQwen2Moe:  // Qwen2 attention; a shared expert beside the experts
+      c.attention_bias = true;
+      c.qkv_bias_only = true;
+      parse_moe(f, c, "num_experts", "moe_intermediate_size", false);
+      c.intermediate = f.integer("shared_expert_intermediate_size");
+      parse_qwen_window(f, c);
+      break;
+    case ModelFamily::kQwen3Moe:
+      c.attention_bias = f.boolean("attention_bias", false);
+      parse_moe(f, c, "num_experts", "moe_intermediate_size", false);
+      c.intermediate = 0;
+      parse_qwen_window(f, c);
+      break;
+    case ModelFamily::kOlmoe:
+      c.attention_bias = f.boolean("attention_bias", false);
+      parse_moe(f, c, "num_experts", "intermediate_size", false);
+      c.intermediate = 0;
       break;
     case ModelFamily::kOpt:
       STRATA_CHECK(false, "OPT is parsed by parse_opt");
@@ -357,8 +412,15 @@ void check_sizes(const ModelConfig& c, const InputLimits& l) {
       {"max_position_embeddings", c.max_positions, &InputLimits::context},
   };
   for (const Size& z : sizes) {
-    positive(z.field, z.value);
+    // A MoE layer may have no dense MLP beside its experts (intermediate 0).
+    if (!(c.moe() && z.limit == &InputLimits::intermediate && z.value == 0))
+      positive(z.field, z.value);
     l.check(z.limit, z.value, s, z.field);
+  }
+  if (c.moe()) {
+    l.check(&InputLimits::intermediate, c.expert_intermediate, s, "the experts' intermediate size");
+    if (int64_t{c.n_experts} * c.hidden > INT32_MAX)
+      fail_input("{}: {} experts x hidden_size {} is out of range", s, c.n_experts, c.hidden);
   }
   if (c.family == ModelFamily::kOpt) {
     positive("word_embed_proj_dim", c.word_embed_proj_dim);
@@ -489,7 +551,9 @@ Architecture Architecture::of(const ModelConfig& c) {
   a.final_norm = a.pre_norm;
   a.position_offset = c.position_offset;
   a.embed_dim = opt ? c.word_embed_proj_dim : c.hidden;
-  a.qk_norm = c.family == ModelFamily::kQwen3;
+  a.qk_norm = c.family == ModelFamily::kQwen3 || c.family == ModelFamily::kQwen3Moe;
+  a.qk_norm_whole = c.family == ModelFamily::kOlmoe;
+  a.moe = c.moe();
   a.post_norms = gemma;
   a.norm_offset = gemma ? 1.0f : 0.0f;
   // Gemma2Model multiplies by sqrt(hidden) cast to the weights' dtype first.
@@ -540,9 +604,14 @@ ModelShape ModelConfig::shape() const {
   s.qkv_bias_only = qkv_bias_only;
   s.mlp_bias = mlp_bias;
   s.qk_norm = a.qk_norm;
+  s.qk_norm_whole = a.qk_norm_whole;
   s.post_norms = a.post_norms;
   s.longrope = rope_scaling_type == "longrope";
   s.cache_window = cache_window();
+  s.n_experts = n_experts;
+  s.experts_per_token = experts_per_token;
+  s.expert_intermediate = expert_intermediate;
+  s.shared_expert_gate = family == ModelFamily::kQwen2Moe;
   return s;
 }
 
@@ -551,7 +620,8 @@ ModelConfig tensor_parallel_shard(const ModelConfig& full, int32_t degree) {
     fail_input("{}: tensor-parallel degree {} (must be 1 or more)", full.source, degree);
   for (const auto& [what, count] :
        {std::pair{"attention heads", full.n_heads}, std::pair{"KV heads", full.n_kv_heads},
-        std::pair{"MLP intermediate columns", full.intermediate}})
+        std::pair{"MLP intermediate columns", full.intermediate},
+        std::pair{"experts' intermediate columns", full.expert_intermediate}})
     if (count % degree != 0)
       fail_input("{}: tensor-parallel degree {} does not divide its {} {}", full.source, degree,
                  count, what);
@@ -559,6 +629,7 @@ ModelConfig tensor_parallel_shard(const ModelConfig& full, int32_t degree) {
   shard.n_heads /= degree;
   shard.n_kv_heads /= degree;
   shard.intermediate /= degree;
+  shard.expert_intermediate /= degree;  // each expert split as a dense MLP; the router whole
   return shard;
 }
 
@@ -571,6 +642,9 @@ std::string ModelConfig::str() const {
   if (attention_scale > 0.0f) extra += fmt::format(", score_scale={}", attention_scale);
   if (attn_softcap > 0.0f) extra += fmt::format(", attn_softcap={}", attn_softcap);
   if (final_softcap > 0.0f) extra += fmt::format(", final_softcap={}", final_softcap);
+  if (moe())
+    extra += fmt::format(", experts={} top-{} of {} columns{}", n_experts, experts_per_token,
+                         expert_intermediate, norm_topk_prob ? " renormalised" : "");
   return fmt::format(
       "ModelConfig({}, {}, hidden={}, intermediate={}, layers={}, heads={}, kv_heads={}, "
       "head_dim={}, vocab={}, max_pos={}, eps={}, dtype={}, tied={}{})",

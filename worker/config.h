@@ -1,5 +1,6 @@
 // Model configuration from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3,
-// Gemma-2 and OPT), or from a named dummy shape. One struct for every family: the layer code
+// Gemma-2, OPT, and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE), or from a
+// named dummy shape. One struct for every family: the layer code
 // reads the differences (norm kind, activation, positions, biases, windows, soft-caps) from
 // it instead of forking per architecture.
 #pragma once
@@ -17,7 +18,19 @@
 
 namespace strata {
 
-enum class ModelFamily { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kGemma2, kOpt };
+enum class ModelFamily {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kPhi3,
+  kGemma2,
+  kOpt,
+  kMixtral,
+  kQwen2Moe,
+  kQwen3Moe,
+  kOlmoe
+};
 const char* family_name(ModelFamily f);
 
 struct ModelConfig;
@@ -39,6 +52,8 @@ struct Architecture {
   int32_t position_offset = 0;  // learned positions: the table row of position 0
   int32_t embed_dim = 0;        // token embedding width (OPT's word_embed_proj_dim)
   bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k before RoPE
+  bool qk_norm_whole = false;   // OLMoE: the same over the whole q and k projections
+  bool moe = false;             // the MLP is a router and experts (config's n_experts)
   bool post_norms = false;      // Gemma-2: a norm on each block's output before its residual add
   float norm_offset = 0.0f;     // Gemma: RMSNorm scales by (offset + w), folded into w at load
   float embed_scale = 1.0f;     // Gemma: the token embedding times sqrt(hidden)
@@ -105,6 +120,20 @@ struct ModelConfig {
   bool qkv_bias_only = false;   // Qwen2: the biases on q/k/v, none on o
   bool mlp_bias = false;        // MLP biases (gate's too, where the MLP is gated)
   bool tie_word_embeddings = false;
+
+  // Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; n_experts 0: a dense MLP). A
+  // router [n_experts, hidden] scores each row; softmax over all experts, the
+  // experts_per_token best taken (their probabilities renormalised to sum 1 when
+  // norm_topk_prob: Mixtral always, Qwen3-MoE by its config), and the row's MLP output is
+  // their weighted sum, each a gated SwiGLU of expert_intermediate columns. `intermediate`
+  // is then the dense MLP beside the experts: Qwen2-MoE's shared expert, whose output is
+  // scaled by sigmoid(x . shared_expert_gate); 0 where there is none.
+  int32_t n_experts = 0;
+  int32_t experts_per_token = 0;
+  int32_t expert_intermediate = 0;
+  bool norm_topk_prob = false;
+  bool moe() const { return n_experts > 0; }
+
   int32_t bos_token_id = -1;  // -1: none given
   int32_t pad_token_id = -1;  // -1: none given
   std::vector<int32_t> eos_token_ids;

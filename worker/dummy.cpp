@@ -16,6 +16,9 @@ struct DummyShape {
   ModelFamily family;
   int32_t hidden, intermediate, layers, heads, kv_heads, vocab, max_positions;
   bool tied;
+  // MoE shapes: experts, experts per token, each expert's intermediate size, and a head_dim
+  // of its own (0: hidden / heads).
+  int32_t experts = 0, top_k = 0, expert_intermediate = 0, head_dim = 0;
 };
 
 // OPT shapes as FlexGen's opt_config.py lists them; Llama shapes from the published configs
@@ -43,6 +46,14 @@ constexpr DummyShape kShapes[] = {
     {"llama-30b", ModelFamily::kLlama, 6656, 17920, 60, 52, 52, 32000, 2048, false},
     {"llama-65b", ModelFamily::kLlama, 8192, 22016, 80, 64, 64, 32000, 2048, false},
     {"llama-70b", ModelFamily::kLlama, 8192, 28672, 80, 64, 8, 32000, 4096, false},
+    // Mixture-of-experts shapes from the published configs (Mixtral-8x7B-v0.1,
+    // OLMoE-1B-7B-0924, Qwen3-30B-A3B), and a Mixtral-shaped model small enough for a 2-core
+    // machine's benchmarks (8 experts, top-2, expert width 3.5 x hidden as Mixtral's).
+    {"mixtral-8x7b", ModelFamily::kMixtral, 4096, 0, 32, 32, 8, 32000, 32768, false, 8, 2, 14336},
+    {"olmoe-1b-7b", ModelFamily::kOlmoe, 2048, 0, 16, 16, 16, 50304, 4096, false, 64, 8, 1024},
+    {"qwen3-30b-a3b", ModelFamily::kQwen3Moe, 2048, 0, 48, 32, 4, 151936, 40960, false, 128, 8, 768,
+     128},
+    {"mixtral-mini", ModelFamily::kMixtral, 1024, 0, 8, 16, 4, 32000, 4096, false, 8, 2, 3584},
 };
 
 uint64_t mix64(uint64_t z) {
@@ -93,7 +104,11 @@ ModelConfig dummy_model_config(const std::string& name, DType dtype) {
     c.n_layers = s.layers;
     c.n_heads = s.heads;
     c.n_kv_heads = s.kv_heads;
-    c.head_dim = s.hidden / s.heads;
+    c.head_dim = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
+    c.n_experts = s.experts;
+    c.experts_per_token = s.top_k;
+    c.expert_intermediate = s.expert_intermediate;
+    c.norm_topk_prob = s.family == ModelFamily::kMixtral || s.family == ModelFamily::kQwen3Moe;
     c.vocab = s.vocab;
     c.max_positions = s.max_positions;
     c.dtype = dtype;

@@ -32,19 +32,38 @@ void* aligned_in(Buffer& b) {
 
 LayerLayout LayerLayout::of(const LayerWeights& example) {
   LayerLayout l;
-  for (auto member : kLayerMembers) {
-    const Tensor& t = example.*member;
-    if (t.data == nullptr) continue;
-    l.fields_.push_back({member, t.dtype, t.shape, l.bytes_});
+  const auto add = [&](const Field& f, const Tensor& t) {
+    if (t.data == nullptr) return;
+    Field placed = f;
+    placed.dtype = t.dtype;
+    placed.shape = t.shape;
+    placed.offset = l.bytes_;
+    l.fields_.push_back(placed);
     l.bytes_ = align_up(l.bytes_ + t.bytes(), 64);
-  }
+  };
+  for (auto member : kLayerMembers) add(Field{member, nullptr, -1, {}, {}, 0}, example.*member);
+  l.n_experts_ = example.experts.size();
+  for (size_t e = 0; e < example.experts.size(); ++e)
+    for (const ExpertMember m : kExpertMembers)
+      add(Field{nullptr, m, static_cast<int32_t>(e), {}, {}, 0}, example.experts[e].*m);
   l.bytes_ = align_up(l.bytes_);
   return l;
 }
 
+Tensor& LayerLayout::at(LayerWeights& w, const Field& f) {
+  return f.expert < 0 ? w.*(f.member) : w.experts[static_cast<size_t>(f.expert)].*(f.expert_member);
+}
+
+const Tensor& LayerLayout::at(const LayerWeights& w, const Field& f) {
+  if (f.expert < 0) return w.*(f.member);
+  STRATA_CHECK(static_cast<size_t>(f.expert) < w.experts.size(), "expert {} of a layer of {}",
+               f.expert, w.experts.size());
+  return w.experts[static_cast<size_t>(f.expert)].*(f.expert_member);
+}
+
 void LayerLayout::pack(const LayerWeights& src, void* blob) const {
   for (const Field& f : fields_) {
-    const Tensor& t = src.*(f.member);
+    const Tensor& t = at(src, f);
     STRATA_CHECK(t.shape == f.shape && t.dtype == f.dtype,
                  "layer tensor {} does not match the layout", t.describe());
     std::memcpy(static_cast<char*>(blob) + f.offset, t.data, t.bytes());
@@ -53,8 +72,9 @@ void LayerLayout::pack(const LayerWeights& src, void* blob) const {
 
 LayerWeights LayerLayout::bind(void* blob) const {
   LayerWeights w;
+  w.experts.resize(n_experts_);
   for (const Field& f : fields_) {
-    Tensor& t = w.*(f.member);
+    Tensor& t = at(w, f);
     t.data = static_cast<char*>(blob) + f.offset;
     t.dtype = f.dtype;
     t.shape = f.shape;
@@ -185,7 +205,7 @@ void LayerOffloader::operator()(int32_t layer, LayerWeights& w) {
 }
 
 void release_layer(LayerWeights& w) {
-  for (auto member : kLayerMembers) drop_mapped_pages(w.*member);  // mapped checkpoint pages
+  for_each_tensor(w, [](const Tensor& t) { drop_mapped_pages(t); });  // mapped checkpoint pages
   w = LayerWeights{};
 }
 

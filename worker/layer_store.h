@@ -29,13 +29,20 @@ class LayerLayout {
   LayerWeights bind(void* blob) const;  // views into `blob`
 
  private:
+  // A layer member, or (expert >= 0) a member of one of its experts.
   struct Field {
     Tensor LayerWeights::*member;
+    ExpertMember expert_member;
+    int32_t expert;
     DType dtype;
     Shape shape;
     size_t offset;
   };
+  static Tensor& at(LayerWeights& w, const Field& f);
+  static const Tensor& at(const LayerWeights& w, const Field& f);
+
   std::vector<Field> fields_;
+  size_t n_experts_ = 0;
   size_t bytes_ = 0;
 };
 

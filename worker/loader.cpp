@@ -82,6 +82,8 @@ int convert_layer(LayerWeights& w, std::vector<std::unique_ptr<OwnedTensor>>& st
   std::vector<float> f32;
   for (LinearSlot slot : kAllLinearSlots)
     converted += convert(w.*slot_weight_member(slot), store, f32);
+  for (ExpertWeights& e : w.experts)  // the router stays as stored: its top-k picks experts
+    for (const ExpertMember m : kExpertMembers) converted += convert(e.*m, store, f32);
   return converted;
 }
 
@@ -145,6 +147,8 @@ StageRequest weight_request(const LoadOptions& o) {
   r.hetegen_alpha = o.hetegen_alpha;
   r.hetegen_slot_alpha = o.hetegen_slot_alpha;
   r.hetegen_whole = o.hetegen_whole;
+  r.resident_experts = o.resident_experts;
+  r.expert_cache_slots = o.expert_cache_slots;
   const bool shares = o.w_gpu_percent >= 0 || o.w_cpu_percent >= 0;
   if (shares || o.compress_weight) {
     Policy p;
@@ -204,6 +208,16 @@ LayerSink placement_sink(LoadedModel& m, LayerOffloader& offloader) {
   return {};
 }
 
+// Each layer's experts that placement keeps off it to their disk file, then the layer to its
+// tier.
+LayerSink expert_sink(LayerSink place, ExpertOffloader& experts) {
+  if (!experts.active()) return place;
+  return [place = std::move(place), experts = &experts](int32_t i, LayerWeights& w) {
+    (*experts)(i, w);
+    if (place) place(i, w);
+  };
+}
+
 // kQ4 and panel storage of a layer before it is placed. 4-bit first: a matrix it leaves f32
 // (rows that are not whole groups) is still packed for the host's GEMM. The copies of the
 // layers that stay resident are kept in `converted`.
@@ -215,7 +229,11 @@ LayerSink converting_sink(LayerSink place, bool compress, bool pack,
         if (compress) compress_layer(w, *store);
         if (pack) pack_layer(w, *store);
         if (place) place(i, w);
-        if (w.q.data == nullptr) store->resize(mark);  // stored elsewhere: the copy is spent
+        if (w.q.data == nullptr) {
+          store->resize(mark);  // stored elsewhere: the copy is spent
+        } else {
+          drop_unreferenced(w, *store, mark);  // experts the sink moved to disk
+        }
       };
 }
 
@@ -274,7 +292,15 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
     follow_planned_tiers(m.placement, options.weight_tiers, parts.n_layers, full.source);
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
   m.feeder = device_feeder(options, m.placement.tiers);
-  LayerSink sink = placement_sink(m, offloader);
+  if (m.placement.experts_on_disk() && m.feeder != nullptr)
+    fail_input("{}: experts on disk ({} of {} per layer resident) need host compute; a device "
+               "stage keeps each layer's experts with it",
+               full.source, m.placement.resident_experts, m.placement.n_experts);
+  ExpertOffloader experts(parts.n_layers, m.placement.n_experts,
+                          m.placement.experts_on_disk() ? m.placement.resident_experts
+                                                        : m.placement.n_experts,
+                          options.disk_dir);
+  LayerSink sink = expert_sink(placement_sink(m, offloader), experts);
   // Nothing places a layer elsewhere: it stays in host memory (packing keeps its size).
   const bool host_resident = !sink && !options.compress_weight;
   const bool pack = options.device == nullptr && options.cpu_panels && cpu_panels_enabled();
@@ -284,6 +310,7 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   if (options.on_layer) sink = reporting_sink(std::move(sink), options, parts.n_layers);
   load_weights(m, spec, full, options, sink, parts, host_resident);
   finish_loading(m, options, pack, std::move(converted), offloader);
+  m.experts = experts.finish(m.placement.expert_cache_slots);
   return m;
 }
 

@@ -14,6 +14,7 @@
 #include "placement/stage_placement.h"
 #include "worker/config.h"
 #include "worker/layer_feeder.h"
+#include "worker/expert_store.h"
 #include "worker/layer_store.h"
 #include "worker/tokenizer.h"
 #include "worker/weights.h"
@@ -70,6 +71,12 @@ struct LoadOptions {
   // shard's (config.h's tensor_parallel_shard), and so are its placement and KV cache.
   int32_t tp_index = 0;
   int32_t tp_degree = 1;
+  // A MoE model's experts (placement/stage_placement.h StageRequest): how many of each
+  // layer's stay with it (< 0: all where cpu_mem holds them, else as many as it holds), the
+  // rest on disk under disk_dir read through `expert_cache_slots` host slots (0: 2 x top-k).
+  // Host compute only.
+  int32_t resident_experts = -1;
+  int32_t expert_cache_slots = 0;
   // Bounds on what the model files may ask for (input_limits.h), and whether to scan every
   // weight for NaN / infinity at load (--check-weights).
   InputLimits limits;
@@ -106,6 +113,7 @@ struct LoadedModel {
   WeightPlacement placement;
   std::unique_ptr<LayerStreamer> streamer;  // host compute: nullptr when every layer is resident
   std::unique_ptr<LayerFeeder> feeder;      // device compute: serves every layer
+  std::unique_ptr<ExpertStore> experts;     // a MoE model's disk experts (Model::set_experts)
 };
 
 LoadedModel load_model(const std::string& spec, const LoadOptions& options = {});

@@ -16,10 +16,25 @@ Model::Model(const ModelConfig& config, ModelWeights weights, Backend& backend, 
       transformer_(config_, weights_, backend, max_rows, layers_.device_compute()),
       executor_(transformer_, layers_, backend) {
   executor_.reserve(1);  // a step of one GPU batch runs without more
+  if (config_.moe()) {
+    popularity_ = std::make_unique<ExpertPopularity>(config_.n_layers, config_.n_experts);
+    transformer_.set_experts(nullptr, popularity_.get());
+  }
   if (feeder_splits_ != nullptr) {
     feeder_splits_->reserve(max_rows);  // the split linears' staging, once
     transformer_.set_split_linears(feeder_splits_);
   }
+}
+
+void Model::set_experts(std::unique_ptr<ExpertStore> store) {
+  experts_ = std::move(store);
+  if (experts_ != nullptr) {
+    STRATA_CHECK(config_.moe() && !layers_.device_compute(),
+                 "disk experts for a {} model computed on {}", family_name(config_.family),
+                 backend_.name());
+    experts_->set_popularity(popularity_.get());
+  }
+  transformer_.set_experts(experts_.get(), popularity_.get());
 }
 
 void Model::set_split_linears(SplitLinearTable* splits) {
@@ -82,7 +97,7 @@ TierBytes Model::weight_memory() const {
     m.cpu += bytes(*t);
   if (w.lm_head.data != w.embed.data) m.cpu += bytes(w.lm_head);
   for (const LayerWeights& L : w.layers)
-    for (const LayerMember t : kLayerMembers) m.cpu += bytes(L.*t);
+    for_each_tensor(L, [&](const Tensor& t) { m.cpu += bytes(t); });
   return m;
 }
 
@@ -91,7 +106,11 @@ WeightTraffic Model::weight_traffic() const {
     const FeedStats s = f->stats();
     return {static_cast<uint64_t>(s.bytes_from_cpu), static_cast<uint64_t>(s.bytes_from_disk)};
   }
-  if (const LayerStreamer* s = streamer()) return {0, static_cast<uint64_t>(s->stats().bytes_read)};
+  const uint64_t experts =
+      experts_ != nullptr ? static_cast<uint64_t>(experts_->stats().bytes_read) : 0;
+  if (const LayerStreamer* s = streamer())
+    return {0, static_cast<uint64_t>(s->stats().bytes_read) + experts};
+  if (experts > 0) return {0, experts};
   return {};
 }
 
@@ -99,6 +118,7 @@ TierBytes Model::memory() const {
   TierBytes m = weight_memory();
   m += transformer_.memory();
   m += executor_.memory();
+  if (experts_ != nullptr) m += experts_->memory();
   return m;
 }
 

@@ -76,6 +76,11 @@ class Model {
   // the model its own at construction, and those layers cannot run without it.
   void set_split_linears(SplitLinearTable* splits);
   int32_t gpu_batch_size() const { return executor_.gpu_batch_size(); }
+  // A MoE model's disk experts (expert_store.h; the loader's LoadedModel::experts, may be
+  // null), owned from here on; the router's counts (expert_popularity) rank its cache.
+  void set_experts(std::unique_ptr<ExpertStore> store);
+  const ExpertStore* expert_store() const { return experts_.get(); }
+  const ExpertPopularity* expert_popularity() const { return popularity_.get(); }
 
   // Runs one step. Writes logits [batch.logit_rows.size(), vocab] to host memory `logits`.
   void forward(const StepBatch& batch, KvCache& cache, float* logits);
@@ -94,6 +99,8 @@ class Model {
   Transformer transformer_;
   BlockExecutor executor_;
   std::function<void(int32_t, int32_t)> cache_check_;
+  std::unique_ptr<ExpertPopularity> popularity_;
+  std::unique_ptr<ExpertStore> experts_;
 };
 
 }  // namespace strata

@@ -66,6 +66,7 @@ PipelineStage::PipelineStage(const ClusterPlan& plan, const StagePlan& stage, Ba
   owned_ = std::make_unique<Model>(m.config, std::move(m.weights), backend, plan.max_batch_rows,
                                    std::move(m.streamer), std::move(m.feeder));
   model_ = owned_.get();
+  model_->set_experts(std::move(m.experts));
   model_->set_cache_options(so.cache);
   model_->set_gpu_batch_size(so.gpu_batch_size);
   if (stage.tp_degree() > 1) model_->set_block_reduce(so.tp_reduce);

@@ -68,8 +68,20 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& fixed, B
     attn_ = buf(static_cast<size_t>(config.q_width()));
     k_ = buf(static_cast<size_t>(config.kv_width()));
     v_ = buf(static_cast<size_t>(config.kv_width()));
-    f1_ = buf(static_cast<size_t>(config.intermediate));
-    f2_ = buf(static_cast<size_t>(config.intermediate));
+    const auto mlp = static_cast<size_t>(std::max(config.intermediate, config.expert_intermediate));
+    f1_ = buf(mlp);
+    f2_ = buf(mlp);
+    if (config.moe()) {
+      const auto k = static_cast<size_t>(config.experts_per_token);
+      route_ = buf(static_cast<size_t>(config.n_experts));
+      moe_in_ = buf(static_cast<size_t>(config.hidden));
+      moe_out_ = buf(static_cast<size_t>(config.hidden));
+      moe_ids_ = buf(2 * k + 2);  // each entry's row and weight, the shared expert's
+      host_route_.resize(rows * static_cast<size_t>(config.n_experts));
+      identity_rows_.resize(rows);
+      for (size_t r = 0; r < rows; ++r) identity_rows_[r] = static_cast<int32_t>(r);
+      shared_weights_.assign(rows, 1.0f);
+    }
     if (fixed.lm_head.data != nullptr)  // a pipeline stage without the head has no logits
       logits_ = DeviceBuffer(backend, static_cast<size_t>(std::min(max_rows, kLogitChunk)) *
                                           static_cast<size_t>(config.vocab) * sizeof(float));
@@ -256,6 +268,10 @@ void Transformer::layer(const LayerWeights& L, int32_t i, BatchState& s, int32_t
   attention_block(L, i, s, rows, cache, block_input(L.attn_norm, L.attn_norm_bias, x, rows));
   add_projection(i, LinearSlot::kO, attn_.f32(), rows, L.o, L.o_bias, L.post_attn_norm, x);
   if (!pre_norm) norm(L.attn_norm, L.attn_norm_bias, x, rows, x);
+  if (arch_.moe) {  // every MoE family is pre-norm
+    moe_block(L, i, rows, block_input(L.mlp_norm, L.mlp_norm_bias, x, rows), x);
+    return;
+  }
   mlp_block(L, i, rows, block_input(L.mlp_norm, L.mlp_norm_bias, x, rows));  // -> f1_
   add_projection(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, L.post_mlp_norm, x);
   if (!pre_norm) norm(L.mlp_norm, L.mlp_norm_bias, x, rows, x);
@@ -278,6 +294,11 @@ void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& 
                              {LinearSlot::kK, &L.k, &L.k_bias, k_.f32(), kv_width},
                              {LinearSlot::kV, &L.v, &L.v_bias, v_.f32(), kv_width}};
   block_linears(i, in, rows, qkv, false);
+  if (arch_.qk_norm_whole) {  // OLMoE: q and k RMS-normalised over the whole projection
+    backend_.rms_norm(q_.f32(), rows, config_.q_width(), L.q_norm.f32(), config_.norm_eps, q_.f32());
+    backend_.rms_norm(k_.f32(), rows, config_.kv_width(), L.k_norm.f32(), config_.norm_eps,
+                      k_.f32());
+  }
   if (arch_.qk_norm) {  // Qwen3: each head's q and k RMS-normalised over head_dim
     backend_.rms_norm(q_.f32(), int64_t{rows} * config_.n_heads, config_.head_dim, L.q_norm.f32(),
                       config_.norm_eps, q_.f32());
@@ -326,6 +347,130 @@ void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows, cons
     const BlockLinear up[] = {
         {LinearSlot::kUp, &L.up, &L.up_bias, f1_.f32(), config_.intermediate}};
     block_linears(i, in, rows, up, true);
+  }
+}
+
+// The grouping's arrays where the backend reads them: the host's own (a host backend), or
+// copied into moe_ids_ at element `at`.
+const int32_t* Transformer::device_ints(const int32_t* host, size_t n, size_t at) {
+  if (backend_.device() == Device::kHost) return host;
+  auto* d = static_cast<int32_t*>(moe_ids_.data()) + at;
+  backend_.copy(d, host, n * sizeof(int32_t), CopyKind::kHostToDevice);
+  return d;
+}
+
+const float* Transformer::device_floats(const float* host, size_t n, size_t at) {
+  if (backend_.device() == Device::kHost) return host;
+  float* d = moe_ids_.f32() + at;
+  backend_.copy(d, host, n * sizeof(float), CopyKind::kHostToDevice);
+  return d;
+}
+
+// The router's logits come to the host (rows x n_experts floats: small beside the layer),
+// where the top-k and the grouping by expert are decided: which experts run, and so which
+// disk experts are read, is a host decision anyway.
+void Transformer::route(const LayerWeights& L, int32_t i, const float* xin, int32_t rows) {
+  const size_t logits = static_cast<size_t>(rows) * static_cast<size_t>(config_.n_experts);
+  backend_.linear(xin, rows, L.router, nullptr, route_.f32());
+  const float* host = route_.f32();
+  if (backend_.device() != Device::kHost) {
+    backend_.copy(host_route_.data(), route_.data(), logits * sizeof(float),
+                  CopyKind::kDeviceToHost);
+    host = host_route_.data();
+  }
+  route_top_k(host, rows, config_.n_experts, config_.experts_per_token, config_.norm_topk_prob,
+              routing_);
+  if (popularity_ != nullptr) popularity_->record(i, routing_);
+  const size_t entries = routing_.rows.size();
+  const size_t max_entries =
+      static_cast<size_t>(max_rows_) * static_cast<size_t>(config_.experts_per_token);
+  moe_rows_ = device_ints(routing_.rows.data(), entries, 0);
+  moe_weights_ = device_floats(routing_.weights.data(), entries, max_entries);
+}
+
+// The expert's rows gathered into one matrix, so that gate and up are one GEMM each over
+// them (or one call for both where the backend has it), then down, then each row's share
+// added back with its weight.
+void Transformer::run_expert(const ExpertWeights& W, int32_t e, const float* xin, float* acc) {
+  const int32_t m = routing_.rows_of(e), b = routing_.begin(e);
+  const int64_t f = W.gate.shape[0];
+  const int64_t h = config_.hidden;
+  backend_.gather_rows(xin, h, moe_rows_ + b, m, moe_in_.f32());
+  const LinearOut gate_up[] = {{&W.gate, nullptr, f1_.f32()}, {&W.up, nullptr, f2_.f32()}};
+  if (!backend_.linears(moe_in_.f32(), m, gate_up, LinearsFold{})) {
+    backend_.linear(moe_in_.f32(), m, W.gate, nullptr, f1_.f32());
+    backend_.linear(moe_in_.f32(), m, W.up, nullptr, f2_.f32());
+  }
+  backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), int64_t{m} * f);
+  backend_.linear(f1_.f32(), m, W.down, nullptr, moe_out_.f32());
+  backend_.scatter_add_rows(moe_out_.f32(), h, moe_rows_ + b, moe_weights_ + b, m, acc);
+}
+
+// Qwen2-MoE's shared expert: a dense SwiGLU over every row (a HeteGen split where it has
+// one), its output times sigmoid(x . shared_expert_gate).
+void Transformer::shared_expert(const LayerWeights& L, int32_t i, const float* xin, int32_t rows,
+                                float* acc) {
+  const BlockLinear gate_up[] = {
+      {LinearSlot::kGate, &L.gate, &L.gate_bias, f1_.f32(), config_.intermediate},
+      {LinearSlot::kUp, &L.up, &L.up_bias, f2_.f32(), config_.intermediate}};
+  block_linears(i, BlockInput{xin}, rows, gate_up, false);
+  backend_.silu_mul(f1_.f32(), f2_.f32(), f1_.f32(), int64_t{rows} * config_.intermediate);
+  linear(i, LinearSlot::kDown, f1_.f32(), rows, L.down, L.down_bias, moe_out_.f32());
+  const auto n = static_cast<size_t>(rows);
+  if (L.shared_expert_gate.data != nullptr) {
+    backend_.linear(xin, rows, L.shared_expert_gate, nullptr, route_.f32());
+    backend_.copy(shared_weights_.data(), route_.data(), n * sizeof(float),
+                  CopyKind::kDeviceToHost);
+    for (size_t r = 0; r < n; ++r) shared_weights_[r] = 1.0f / (1.0f + std::exp(-shared_weights_[r]));
+  }
+  const size_t k = static_cast<size_t>(config_.experts_per_token);
+  const size_t at = 2 * static_cast<size_t>(max_rows_) * k;
+  const int32_t* ids = device_ints(identity_rows_.data(), n, at);
+  const float* weights = device_floats(shared_weights_.data(), n, at + static_cast<size_t>(max_rows_));
+  backend_.scatter_add_rows(moe_out_.f32(), config_.hidden, ids, weights, rows, acc);
+}
+
+// The resident experts run while the disk experts the step needs are read (in the order the
+// store gives), then those, each released once computed so its slot can take the next read.
+// A tensor-parallel shard's partial sums gather in h_ to be reduced once.
+void Transformer::moe_block(const LayerWeights& L, int32_t i, int32_t rows, const BlockInput& in,
+                            float* x) {
+  const int64_t n = int64_t{rows} * config_.hidden;
+  const float* xin = in.x;
+  if (in.norm_weight != nullptr) {
+    norm(*in.norm_weight, *in.norm_bias, in.x, rows, sel_.f32());
+    xin = sel_.f32();
+  }
+  route(L, i, xin, rows);
+  float* acc = x;
+  if (reduce_ != nullptr) {
+    acc = h_.f32();
+    backend_.copy(acc, xin, static_cast<size_t>(n) * sizeof(float), CopyKind::kDeviceToDevice);
+    backend_.scale(acc, n, 0.0f);
+  }
+  if (L.down.data != nullptr) shared_expert(L, i, xin, rows, acc);
+  disk_experts_.clear();
+  for (int32_t e = 0; e < config_.n_experts; ++e)
+    if (routing_.rows_of(e) > 0 && L.experts[static_cast<size_t>(e)].gate.data == nullptr)
+      disk_experts_.push_back(e);
+  std::span<const int32_t> order;
+  if (!disk_experts_.empty()) {
+    STRATA_CHECK(expert_source_ != nullptr, "layer {}: expert {} is neither in the layer nor on disk",
+                 i, disk_experts_.front());
+    order = expert_source_->request(i, disk_experts_);
+  }
+  for (int32_t e = 0; e < config_.n_experts; ++e) {
+    const ExpertWeights& W = L.experts[static_cast<size_t>(e)];
+    if (routing_.rows_of(e) > 0 && W.gate.data != nullptr) run_expert(W, e, xin, acc);
+  }
+  for (const int32_t e : order) {
+    run_expert(expert_source_->wait(i, e), e, xin, acc);
+    backend_.synchronize();  // the slot is read by the kernels until they are done
+    expert_source_->release(i, e);
+  }
+  if (reduce_ != nullptr) {
+    reduce_->sum(acc, n);
+    backend_.add(x, acc, n);
   }
 }
 
@@ -430,7 +575,17 @@ KernelBounds Transformer::kernel_bounds(const LayerWeights& L, int32_t capacity)
   auto add = [&](const Tensor& t, bool in_layer) {
     if (t.shape.rank == 2) b.add_weight(t.shape[0], t.shape[1], t.dtype, in_layer);
   };  // rank 0: absent in this family or on this stage
-  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*t, true);
+  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.router}) add(*t, true);
+  if (config_.moe()) {  // an expert's matrices (as the layer holds them, or as the config says)
+    const auto held = std::find_if(L.experts.begin(), L.experts.end(),
+                                   [](const ExpertWeights& e) { return e.gate.data != nullptr; });
+    if (held != L.experts.end()) {
+      for (const ExpertMember m : kExpertMembers) add((*held).*m, true);
+    } else {
+      b.add_weight(config_.expert_intermediate, config_.hidden, config_.dtype, true);
+      b.add_weight(config_.hidden, config_.expert_intermediate, config_.dtype, true);
+    }
+  }
   for (const Tensor* t : {&w.project_in, &w.project_out, &w.lm_head}) add(*t, false);
   return b;
 }
@@ -439,7 +594,8 @@ TierBytes Transformer::memory() const {
   TierBytes m = attention_.memory();
   int64_t& compute = device_compute_ || backend_.device() != Device::kHost ? m.gpu : m.cpu;
   for (const DeviceBuffer* b :
-       {&h_, &q_, &k_, &v_, &attn_, &f1_, &f2_, &sel_, &logits_, &rope_cos_, &rope_sin_})
+       {&h_, &q_, &k_, &v_, &attn_, &f1_, &f2_, &sel_, &logits_, &rope_cos_, &rope_sin_, &route_,
+        &moe_in_, &moe_out_, &moe_ids_})
     compute += static_cast<int64_t>(b->size());
   return m;
 }

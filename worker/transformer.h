@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/moe_route.h"
 #include "worker/config.h"
+#include "worker/expert_store.h"
 #include "worker/kv_attention.h"
 #include "worker/kv_cache.h"
 #include "worker/weights.h"
@@ -87,6 +89,14 @@ class Transformer {
   // (its gpu()) and a CPU backend (split_linear.h); the others, and all of them when
   // nullptr, run on the backend. It outlives the transformer's steps.
   void set_split_linears(SplitLinearTable* splits);
+  // A MoE model: where the experts a layer's weights do not hold live (nullptr: every
+  // expert is in its layer), and where the router's picks are counted (may be null). Both
+  // outlive the transformer's steps.
+  void set_experts(ExpertSource* source, ExpertPopularity* popularity) {
+    expert_source_ = source;
+    popularity_ = popularity;
+  }
+  const ExpertRouting& last_routing() const { return routing_; }
 
   // A GPU batch's state of this transformer's size.
   BatchState make_batch_state() const;
@@ -132,6 +142,17 @@ class Transformer {
   void attention_block(const LayerWeights& L, int32_t i, BatchState& s, int32_t rows,
                        KvCache& cache, const BlockInput& in);
   void mlp_block(const LayerWeights& L, int32_t i, int32_t rows, const BlockInput& in);
+  // A MoE layer's MLP: x += sum over each row's experts of weight * expert(norm(x)), plus
+  // Qwen2-MoE's gated shared expert.
+  void moe_block(const LayerWeights& L, int32_t i, int32_t rows, const BlockInput& in, float* x);
+  // Routes the normed rows `xin` and hands the grouping to the device (moe_rows_, moe_weights_).
+  void route(const LayerWeights& L, int32_t i, const float* xin, int32_t rows);
+  // One expert's rows of xin through it, added into `acc` with their weights.
+  void run_expert(const ExpertWeights& W, int32_t e, const float* xin, float* acc);
+  // The shared expert over every row, scaled by sigmoid(x . gate), added into `acc`.
+  void shared_expert(const LayerWeights& L, int32_t i, const float* xin, int32_t rows, float* acc);
+  const int32_t* device_ints(const int32_t* host, size_t n, size_t at);
+  const float* device_floats(const float* host, size_t n, size_t at);
   // The block's first linears over `in`, each y = relu(...) where `relu`.
   void block_linears(int32_t i, BlockInput in, int32_t rows, std::span<const BlockLinear> ls,
                      bool relu);
@@ -162,6 +183,18 @@ class Transformer {
   Tensor positions_;
   BlockReduce* reduce_ = nullptr;
   SplitLinearTable* splits_ = nullptr;
+  // MoE: router logits, an expert's gathered rows and its output, and the step's grouping as
+  // the device reads it (rows and weights of every entry, then the shared expert's).
+  DeviceBuffer route_, moe_in_, moe_out_, moe_ids_;
+  std::vector<float> host_route_;
+  std::vector<int32_t> identity_rows_;
+  std::vector<float> shared_weights_;
+  const int32_t* moe_rows_ = nullptr;
+  const float* moe_weights_ = nullptr;
+  std::vector<int32_t> disk_experts_;
+  ExpertRouting routing_;
+  ExpertSource* expert_source_ = nullptr;
+  ExpertPopularity* popularity_ = nullptr;
 };
 
 }  // namespace strata

@@ -33,7 +33,39 @@ struct NameTable {
   std::string qkv, gate_up;                   // Phi-3's fused projections (q, k, v, gate, up empty)
   std::string q_norm, k_norm;                 // Qwen3
   std::string post_attn_norm, post_mlp_norm;  // Gemma-2
+  // A MoE layer's router, the shared expert's gate (Qwen2-MoE), and each expert's linears:
+  // experts + "{j}." + expert_gate etc.
+  std::string router, shared_expert_gate, experts, expert_gate, expert_up, expert_down;
 };
+
+// The MoE families' MLP names: Mixtral's block_sparse_moe with w1 (gate), w3 (up), w2
+// (down); the Qwen MoE families' and OLMoE's mlp.experts with gate/up/down_proj, Qwen2-MoE's
+// dense gate/up/down being its shared expert.
+void moe_names(ModelFamily family, NameTable& n) {
+  if (family == ModelFamily::kMixtral) {
+    n.router = "block_sparse_moe.gate";
+    n.experts = "block_sparse_moe.experts.";
+    n.expert_gate = "w1";
+    n.expert_up = "w3";
+    n.expert_down = "w2";
+  } else {
+    n.router = "mlp.gate";
+    n.experts = "mlp.experts.";
+    n.expert_gate = "gate_proj";
+    n.expert_up = "up_proj";
+    n.expert_down = "down_proj";
+  }
+  if (family == ModelFamily::kQwen2Moe) {
+    n.gate = "mlp.shared_expert.gate_proj";
+    n.up = "mlp.shared_expert.up_proj";
+    n.down = "mlp.shared_expert.down_proj";
+    n.shared_expert_gate = "mlp.shared_expert_gate";
+  }
+  if (family == ModelFamily::kQwen3Moe || family == ModelFamily::kOlmoe) {
+    n.q_norm = "self_attn.q_norm";
+    n.k_norm = "self_attn.k_norm";
+  }
+}
 
 // Llama's names, which Mistral, Qwen2 and Qwen3 keep (Qwen3 adds q_norm / k_norm); Phi-3
 // fuses q/k/v and gate/up; Gemma-2 renames the MLP's norm and adds the two post-block norms.
@@ -65,6 +97,9 @@ NameTable decoder_names(ModelFamily family) {
     n.post_attn_norm = "post_attention_layernorm";
     n.mlp_norm = "pre_feedforward_layernorm";
     n.post_mlp_norm = "post_feedforward_layernorm";
+  } else if (family == ModelFamily::kMixtral || family == ModelFamily::kQwen2Moe ||
+             family == ModelFamily::kQwen3Moe || family == ModelFamily::kOlmoe) {
+    moe_names(family, n);
   }
   return n;
 }
@@ -133,6 +168,23 @@ void fetch_fused(const std::string& name, std::span<const LayerLinear> parts, co
   }
 }
 
+// A MoE layer's router, shared expert gate and experts, after its dense tensors.
+void build_experts(const ModelConfig& c, const NameTable& n, const std::string& p,
+                   const FetchFn& fetch, LayerWeights& L) {
+  const int64_t h = c.hidden, f = c.expert_intermediate;
+  L.router = fetch(p + n.router + ".weight", {c.n_experts, h}, Role::kMatrix, h);
+  if (!n.shared_expert_gate.empty())
+    L.shared_expert_gate = fetch(p + n.shared_expert_gate + ".weight", {1, h}, Role::kVector, -1);
+  L.experts.resize(static_cast<size_t>(c.n_experts));
+  for (int32_t j = 0; j < c.n_experts; ++j) {
+    const std::string e = p + n.experts + std::to_string(j) + ".";
+    ExpertWeights& x = L.experts[static_cast<size_t>(j)];
+    x.gate = fetch(e + n.expert_gate + ".weight", {f, h}, Role::kMatrix, h);
+    x.up = fetch(e + n.expert_up + ".weight", {f, h}, Role::kMatrix, h);
+    x.down = fetch(e + n.expert_down + ".weight", {h, f}, Role::kMatrix, f);
+  }
+}
+
 // Each block's norm, then its linears' weights, then their biases, then the block's extra
 // norms: the order the tensors are fetched in (which a dummy model's seeded weights follow).
 void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const FetchFn& fetch,
@@ -166,11 +218,13 @@ void build_layer(const ModelConfig& c, const NameTable& n, int32_t i, const Fetc
             fetch(p + linear_name(n, l.slot) + ".bias", {l.out}, Role::kVector, -1);
   };
   block(LinearBlock::kAttention, n.attn_norm, L.attn_norm, L.attn_norm_bias);
-  norm(n.q_norm, c.head_dim, L.q_norm);
-  norm(n.k_norm, c.head_dim, L.k_norm);
+  const bool whole = c.architecture().qk_norm_whole;  // OLMoE's over the projections
+  norm(n.q_norm, whole ? c.q_width() : c.head_dim, L.q_norm);
+  norm(n.k_norm, whole ? c.kv_width() : c.head_dim, L.k_norm);
   norm(n.post_attn_norm, h, L.post_attn_norm);
   block(LinearBlock::kMlp, n.mlp_norm, L.mlp_norm, L.mlp_norm_bias);
   norm(n.post_mlp_norm, h, L.post_mlp_norm);
+  if (c.moe()) build_experts(c, n, p, fetch, L);
 }
 
 void build_fixed(const ModelConfig& c, const NameTable& n, const FetchFn& fetch,
@@ -218,19 +272,8 @@ ModelWeights build_weights(const ModelConfig& c, const NameTable& n, const Fetch
       continue;
     }
     // Storage the sink or the shard replaced (a matrix compressed to 4-bit, the whole of a
-    // split matrix): the layer no longer reads it.
-    // A view into it counts (Phi-3's fused projections: k and v lie inside qkv's storage).
-    const auto used = [&](const std::unique_ptr<OwnedTensor>& t) {
-      const auto* begin = static_cast<const char*>(t->view.data);
-      for (const LayerMember m : kLayerMembers) {
-        const auto* d = static_cast<const char*>((L.*m).data);
-        if (d != nullptr && d >= begin && d < begin + t->view.bytes()) return true;
-      }
-      return false;
-    };
-    owned.erase(std::remove_if(owned.begin() + static_cast<std::ptrdiff_t>(mark), owned.end(),
-                               [&](const auto& t) { return !used(t); }),
-                owned.end());
+    // split matrix, experts moved to disk): the layer no longer reads it.
+    drop_unreferenced(L, owned, mark);
   }
   return w;
 }
@@ -282,8 +325,33 @@ void shard_layer(const WeightParts& parts, LayerWeights& L,
   for (Tensor* t : {&L.q, &L.k, &L.v, &L.q_bias, &L.k_bias, &L.v_bias, &L.gate, &L.gate_bias, &L.up,
                     &L.up_bias})
     *t = shard_rows(*t, i, d, owned);
-  for (Tensor* t : {&L.o, &L.down}) *t = shard_columns(*t, i, d, owned);
+  for (Tensor* t : {&L.o, &L.down})
+    if (t->data != nullptr) *t = shard_columns(*t, i, d, owned);
   if (i != 0) L.o_bias = L.down_bias = Tensor{};
+  // Each expert's columns as a dense MLP's: every shard routes alike (the router whole), and
+  // the weighted sum of partial outputs sums to the whole over the group.
+  for (ExpertWeights& e : L.experts) {
+    e.gate = shard_rows(e.gate, i, d, owned);
+    e.up = shard_rows(e.up, i, d, owned);
+    if (e.down.data != nullptr) e.down = shard_columns(e.down, i, d, owned);
+  }
+}
+
+// A view into an entry counts (Phi-3's fused projections: k and v lie inside qkv's storage).
+void drop_unreferenced(const LayerWeights& L, std::vector<std::unique_ptr<OwnedTensor>>& store,
+                       size_t mark) {
+  const auto used = [&](const std::unique_ptr<OwnedTensor>& t) {
+    const auto* begin = static_cast<const char*>(t->view.data);
+    bool in = false;
+    for_each_tensor(L, [&](const Tensor& x) {
+      const auto* d = static_cast<const char*>(x.data);
+      in = in || (d != nullptr && d >= begin && d < begin + t->view.bytes());
+    });
+    return in;
+  };
+  store.erase(std::remove_if(store.begin() + static_cast<std::ptrdiff_t>(mark), store.end(),
+                             [&](const auto& t) { return !used(t); }),
+              store.end());
 }
 
 int64_t ModelWeights::matrix_bytes() const {
@@ -291,8 +359,10 @@ int64_t ModelWeights::matrix_bytes() const {
                                        project_out.bytes());
   if (lm_head.data != embed.data) total += static_cast<int64_t>(lm_head.bytes());
   for (const LayerWeights& L : layers) {
-    for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+    for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.router})
       total += static_cast<int64_t>(t->bytes());
+    for (const ExpertWeights& e : L.experts)
+      for (const ExpertMember m : kExpertMembers) total += static_cast<int64_t>((e.*m).bytes());
   }
   return total;
 }

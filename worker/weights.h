@@ -19,6 +19,15 @@ namespace strata {
 
 class SafetensorsArchive;
 
+// One expert of a MoE layer: a gated SwiGLU MLP, gate and up [expert_intermediate, hidden],
+// down [hidden, expert_intermediate].
+struct ExpertWeights {
+  Tensor gate, up, down;
+};
+using ExpertMember = Tensor ExpertWeights::*;
+inline constexpr ExpertMember kExpertMembers[] = {&ExpertWeights::gate, &ExpertWeights::up,
+                                                  &ExpertWeights::down};
+
 struct LayerWeights {
   Tensor attn_norm, attn_norm_bias;  // bias: LayerNorm only
   Tensor q, k, v, o;                 // Phi-3's fused qkv_proj: views of its row blocks
@@ -31,6 +40,13 @@ struct LayerWeights {
   Tensor down;  // Llama down_proj / OPT fc2
   Tensor gate_bias, up_bias, down_bias;
   Tensor post_mlp_norm;  // Gemma-2: on the MLP's output before the residual add
+  // A MoE layer (config.h n_experts): gate/up/down above are the dense MLP beside the experts
+  // (Qwen2-MoE's shared expert, rank 0 where there is none).
+  Tensor router;              // [n_experts, hidden], as stored (never compressed)
+  Tensor shared_expert_gate;  // Qwen2-MoE: [1, hidden] f32, sigmoid(x . g) scales the shared
+  // One per expert; an expert that lives elsewhere (on disk: worker/expert_store.h) has rank
+  // 0 tensors here.
+  std::vector<ExpertWeights> experts;
 };
 
 // Every tensor of a layer, in the order LayerLayout packs them (worker/layer_store.cpp) and
@@ -58,7 +74,18 @@ inline constexpr LayerMember kLayerMembers[] = {&LayerWeights::attn_norm,
                                                 &LayerWeights::gate_bias,
                                                 &LayerWeights::up_bias,
                                                 &LayerWeights::down_bias,
-                                                &LayerWeights::post_mlp_norm};
+                                                &LayerWeights::post_mlp_norm,
+                                                &LayerWeights::router,
+                                                &LayerWeights::shared_expert_gate};
+
+// Every tensor of a layer: kLayerMembers' in order, then each expert's gate, up and down (the
+// order LayerLayout packs them in and placement's memory model counts them).
+template <class Layer, class F>
+void for_each_tensor(Layer& L, F&& f) {
+  for (const LayerMember m : kLayerMembers) f(L.*m);
+  for (auto& e : L.experts)
+    for (const ExpertMember m : kExpertMembers) f(e.*m);
+}
 
 // The members of `slot`'s weight and bias in LayerWeights.
 LayerMember slot_weight_member(LinearSlot slot);
@@ -84,6 +111,11 @@ struct ModelWeights {
 
   int64_t matrix_bytes() const;  // bytes of all weights as stored
 };
+
+// Removes the entries of store[mark, end) that no tensor of L points into any more (storage a
+// sink replaced or moved elsewhere).
+void drop_unreferenced(const LayerWeights& L, std::vector<std::unique_ptr<OwnedTensor>>& store,
+                       size_t mark);
 
 // Gives the pages behind a tensor back to the kernel once nothing reads it: a mapped
 // checkpoint view's are read from the file again if touched, owned memory reads as zeros.

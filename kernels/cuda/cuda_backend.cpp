@@ -198,6 +198,10 @@ class CudaBackend final : public Backend {
   void softcap(float* x, int64_t n, float cap) override;
   void relu(float* x, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
+  void gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n,
+                   float* out) override;
+  void scatter_add_rows(const float* y, int64_t width, const int32_t* rows, const float* weights,
+                        int64_t n, float* out) override;
   void softmax(float* x, int64_t m, int64_t n) override;
   void kv_store(const float* k, const float* v, const StepRows& rows,
                 const KvLayerView& cache) override;
@@ -702,6 +706,20 @@ void CudaBackend::rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim,
   checked_int(m, "rope rows");
   STRATA_CUDA_CHECK(cuda_kernels::rope(x, m, n_heads, head_dim, positions, tables.cos, tables.sin,
                                        tables.max_positions, stream()));
+}
+
+void CudaBackend::gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n,
+                              float* out) {
+  activate();
+  checked_int(n, "gathered rows");
+  STRATA_CUDA_CHECK(cuda_kernels::gather_rows(x, width, rows, n, out, stream()));
+}
+
+void CudaBackend::scatter_add_rows(const float* y, int64_t width, const int32_t* rows,
+                                   const float* weights, int64_t n, float* out) {
+  activate();
+  checked_int(n, "scattered rows");
+  STRATA_CUDA_CHECK(cuda_kernels::scatter_add_rows(y, width, rows, weights, n, out, stream()));
 }
 
 void CudaBackend::silu_mul(const float* gate, const float* up, float* out, int64_t n) {

@@ -293,6 +293,22 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
   }
 }
 
+// One block per row of an expert's gathered rows (a MoE layer's expert GEMM input/output).
+__global__ void gather_rows_kernel(const float* x, int64_t width, const int32_t* rows,
+                                   float* out) {
+  const float* in = x + static_cast<int64_t>(rows[blockIdx.x]) * width;
+  float* o = out + static_cast<int64_t>(blockIdx.x) * width;
+  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) o[j] = in[j];
+}
+
+__global__ void scatter_add_rows_kernel(const float* y, int64_t width, const int32_t* rows,
+                                        const float* weights, float* out) {
+  const float* in = y + static_cast<int64_t>(blockIdx.x) * width;
+  float* o = out + static_cast<int64_t>(rows[blockIdx.x]) * width;
+  const float g = weights[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) o[j] += g * in[j];
+}
+
 __global__ void gelu_tanh_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -603,6 +619,22 @@ KernelStatus rope(float* x, int64_t m, int32_t n_heads, int32_t head_dim, const 
   const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>(n_heads));
   rope_kernel<<<grid, row_threads(head_dim / 2), 0, as_stream(stream)>>>(
       x, n_heads, head_dim, positions, cos_table, sin_table, max_positions);
+  return last_status();
+}
+
+KernelStatus gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n, float* out,
+                         StreamHandle stream) {
+  if (n <= 0 || width <= 0) return {};
+  gather_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, as_stream(stream)>>>(x, width, rows,
+                                                                                  out);
+  return last_status();
+}
+
+KernelStatus scatter_add_rows(const float* y, int64_t width, const int32_t* rows,
+                              const float* weights, int64_t n, float* out, StreamHandle stream) {
+  if (n <= 0 || width <= 0) return {};
+  scatter_add_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, as_stream(stream)>>>(
+      y, width, rows, weights, out);
   return last_status();
 }
 

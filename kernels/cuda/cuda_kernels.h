@@ -78,6 +78,11 @@ KernelStatus gelu_tanh_mul(const float* gate, const float* up, float* out, int64
 KernelStatus scale_softcap(float* x, int64_t n, float s, float cap, StreamHandle stream);
 KernelStatus relu(float* x, int64_t n, StreamHandle stream);
 KernelStatus add(float* y, const float* x, int64_t n, StreamHandle stream);
+// out[i, :] = x[rows[i], :]; and out[rows[i], :] += weights[i] * y[i, :] (rows distinct).
+KernelStatus gather_rows(const float* x, int64_t width, const int32_t* rows, int64_t n, float* out,
+                         StreamHandle stream);
+KernelStatus scatter_add_rows(const float* y, int64_t width, const int32_t* rows,
+                              const float* weights, int64_t n, float* out, StreamHandle stream);
 KernelStatus softmax(float* x, int64_t m, int64_t n, StreamHandle stream);
 
 // Cache layout as KvLayerView: [slot][kv_head][capacity][head_dim], elements f32 or f16

@@ -45,6 +45,13 @@ class ForwardingBackend : public Backend {
   void softcap(float* x, int64_t n, float cap) override { inner_.softcap(x, n, cap); }
   void relu(float* x, int64_t n) override { inner_.relu(x, n); }
   void add(float* y, const float* x, int64_t n) override { inner_.add(y, x, n); }
+  void gather_rows(const float* x, int64_t w, const int32_t* r, int64_t n, float* o) override {
+    inner_.gather_rows(x, w, r, n, o);
+  }
+  void scatter_add_rows(const float* y, int64_t w, const int32_t* r, const float* g, int64_t n,
+                        float* o) override {
+    inner_.scatter_add_rows(y, w, r, g, n, o);
+  }
   void softmax(float* x, int64_t m, int64_t n) override { inner_.softmax(x, m, n); }
   void attention(const float* q, const StepRows& rows, const KvLayerView& c, const AttentionDims& d,
                  float* out) override {
