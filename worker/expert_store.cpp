@@ -1,6 +1,7 @@
 #include "worker/expert_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -252,11 +253,12 @@ ExpertOffloader::ExpertOffloader(int32_t n_layers, int32_t n_experts, int32_t re
     : n_experts_(n_experts), resident_(std::clamp(resident, 0, n_experts)) {
   if (!active()) return;
   disk_.resize(static_cast<size_t>(n_layers));
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const std::string path =
-      (std::filesystem::path(dir) / fmt::format("strata-experts-{}.bin", ::getpid())).string();
-  file_ = DirectFile::create(path);
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);
+  // One file per offloader: several models (pipeline stages) may share a process and a dir.
+  static std::atomic<int> files{0};
+  file_ = DirectFile::create(
+      (fs::path(dir) / fmt::format("strata-experts-{}-{}.bin", ::getpid(), files++)).string());
   file_.unlink_on_close();
 }
 

@@ -504,6 +504,41 @@ Outcome op_silu_mul(Backend& b) {
   return outcome(dout, ref);
 }
 
+// A MoE expert's rows: rows 5, 0 and 3 of a 6-row matrix gathered in that order.
+constexpr int64_t kExpertWidth = 300;
+
+Outcome op_gather_rows(Backend& b) {
+  const std::vector<int32_t> rows = {5, 0, 3};
+  const std::vector<float> x = random_floats(6 * kExpertWidth, 41);
+  DevVec<float> dx(b, x), dout(b, std::vector<float>(rows.size() * kExpertWidth));
+  DevVec<int32_t> dr(b, rows);
+  b.gather_rows(dx.data(), kExpertWidth, dr.data(), static_cast<int64_t>(rows.size()), dout.data());
+  Ref ref(rows.size() * kExpertWidth);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t j = 0; j < kExpertWidth; ++j)
+      ref[i * kExpertWidth + j] = x[static_cast<size_t>(rows[i] * kExpertWidth + j)];
+  return outcome(dout, ref);
+}
+
+// Its output added back with the router's weights: out[rows[i]] += w[i] * y[i]; row 1 and
+// row 4 untouched.
+Outcome op_scatter_add_rows(Backend& b) {
+  const std::vector<int32_t> rows = {5, 0, 3, 2};
+  const std::vector<float> w = {0.25f, 0.75f, 1.0f, -0.5f};
+  const std::vector<float> y = random_floats(rows.size() * kExpertWidth, 42);
+  const std::vector<float> out = random_floats(6 * kExpertWidth, 43);
+  DevVec<float> dy(b, y), dw(b, w), dout(b, out);
+  DevVec<int32_t> dr(b, rows);
+  b.scatter_add_rows(dy.data(), kExpertWidth, dr.data(), dw.data(),
+                     static_cast<int64_t>(rows.size()), dout.data());
+  Ref ref(out.begin(), out.end());
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t j = 0; j < kExpertWidth; ++j)
+      ref[static_cast<size_t>(rows[i] * kExpertWidth + j)] +=
+          double(w[i]) * y[i * kExpertWidth + static_cast<size_t>(j)];
+  return outcome(dout, ref);
+}
+
 Outcome op_relu(Backend& b) {
   const std::vector<float> x = random_floats(kElems, 15, -2, 2);
   DevVec<float> dx(b, x);
@@ -861,6 +896,8 @@ const std::vector<OpCase>& op_table() {
       {"rope", op_rope, 1e-5, 1e-5},
       {"silu_mul", op_silu_mul, 1e-5, 1e-5},
       {"relu", op_relu, 0, 0},
+      {"gather_rows", op_gather_rows, 0, 0},
+      {"scatter_add_rows", op_scatter_add_rows, 1e-6, 1e-6},
       {"add", op_add, 1e-6, 1e-6},
       {"softmax", op_softmax, 1e-5, 1e-5},
       {"kv_store", [](Backend& b) { return op_kv_store(b, false); }, 0, 0},
@@ -893,7 +930,8 @@ TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
       "copy",      "transfer",     "linear",   "linear_then",     "embedding",
       "rms_norm",  "layer_norm",   "rope",     "silu_mul",        "relu",
       "add",       "softmax",      "kv_store", "kv_store_q4",     "kv_dequantize",
-      "attention", "attention_q4", "linears",  "store_and_attend"};
+      "attention", "attention_q4", "linears",  "store_and_attend", "gather_rows",
+      "scatter_add_rows"};
   std::set<std::string> covered;
   for (const OpCase& c : op_table()) {
     std::string n = c.name;

@@ -1,6 +1,8 @@
 // ModelShape arithmetic against hand counts for a tiny Llama-style shape.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "placement/model_shape.h"
 
 namespace strata {
@@ -50,6 +52,58 @@ TEST(ModelShape, SequenceFlopsByHand) {
   EXPECT_DOUBLE_EQ(s.sequence_flops(3, 0), 0.0);
   EXPECT_DOUBLE_EQ(s.sequence_flops(3, 1), 7296.0 + 160);
   EXPECT_DOUBLE_EQ(s.sequence_flops(3, 2), 7296.0 + 160 + 2560 + 160);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Mixtral-8x7B-v0.1's config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 32000,
+// 8 experts of 14336, top-2, untied head. Mistral AI gives 46.7B parameters and 12.9B
+// active per token; by hand: a layer's attention 2 x 4096^2 + 2 x 4096 x 1024, its experts
+// 8 x 3 x 4096 x 14336, router 8 x 4096, two norms; embedding and head 32000 x 4096 each.
+ModelShape mixtral_8x7b() {
+  ModelShape s;
+  s.hidden = 4096;
+  s.intermediate = 0;
+  s.n_layers = 32;
+  s.n_heads = 32;
+  s.n_kv_heads = 8;
+  s.head_dim = 128;
+  s.vocab = 32000;
+  s.max_positions = 32768;
+  s.gated_mlp = true;
+  s.tied_head = false;
+  s.weight_bytes_per_elem = 2;
+  s.n_experts = 8;
+  s.experts_per_token = 2;
+  s.expert_intermediate = 14336;
+  return s;
+}
+
+TEST(ModelShape, MixtralParametersAsPublished) {
+  const ModelShape s = mixtral_8x7b();
+  EXPECT_EQ(s.params_per_layer(), 1'451'270'144);
+  EXPECT_EQ(s.total_params(), 46'702'792'704);  // "46.7B"
+  const int64_t active = s.n_layers * s.active_params_per_layer() + s.embedding_params() +
+                         s.head_params() + s.hidden;
+  EXPECT_EQ(active, 12'879'925'248);  // "12.9B active"
+}
+
+TEST(ModelShape, ActiveExpertsOfABatch) {
+  const ModelShape s = mixtral_8x7b();
+  EXPECT_DOUBLE_EQ(s.expected_active_experts(1), 2.0);
+  // 8 (1 - (6/8)^32): a batch of 32 touches nearly every expert.
+  EXPECT_NEAR(s.expected_active_experts(32), 8.0 * (1.0 - std::pow(0.75, 32)), 1e-12);
+  // Decode bytes at batch 1: every layer's attention, router, norms and two experts, the
+  // embedding row and the whole head, 2 bytes each.
+  const int64_t layer = s.params_per_layer() - 6 * s.expert_params();
+  EXPECT_EQ(s.decode_weight_bytes(1), (32 * layer + 4096 + 32000 * 4096) * 2);
+  // FLOPs per token count the two experts only.
+  EXPECT_DOUBLE_EQ(s.layer_flops_per_token(0),
+                   2.0 * 32 * (s.attention_params_per_layer() + 2 * s.expert_params() + 8 * 4096));
 }
 
 }  // namespace

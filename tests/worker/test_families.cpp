@@ -170,3 +170,111 @@ TEST(Families, ModelTypeAndArchitectureMustAgree) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// ---- mixture of experts -------------------------------------------------------------
+
+TEST(MoeFamilies, MixtralRenormalisesItsTopTwoAndHasNoDenseMlp) {
+  json j = base("mixtral", "MixtralForCausalLM");
+  j["num_local_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["sliding_window"] = nullptr;
+  const ModelConfig c = parse_model_config(j, "config.json");
+  EXPECT_EQ(c.family, ModelFamily::kMixtral);
+  EXPECT_EQ(c.n_experts, 8);
+  EXPECT_EQ(c.experts_per_token, 2);
+  EXPECT_EQ(c.expert_intermediate, 96);  // Mixtral's intermediate_size is an expert's
+  EXPECT_EQ(c.intermediate, 0);
+  EXPECT_TRUE(c.norm_topk_prob);
+  const LayerLinears l = layer_linears(c.shape());
+  EXPECT_FALSE(linear_of(l, LinearSlot::kGate).present);
+  EXPECT_FALSE(linear_of(l, LinearSlot::kDown).present);
+  // 4 layers x (attention 64x64 + 2 x 64x32 + 64x64, 8 experts x 3 x 64x96, router 8x64,
+  // norms 2 x 64) + embedding and head 2 x 256x64 + final norm 64.
+  const int64_t layer = 64 * 64 * 2 + 2 * 64 * 32 + 8 * 3 * 64 * 96 + 8 * 64 + 2 * 64;
+  EXPECT_EQ(c.shape().total_params(), 4 * layer + 2 * 256 * 64 + 64);
+  EXPECT_EQ(c.shape().active_params_per_layer(), layer - 6 * 3 * 64 * 96);
+}
+
+TEST(MoeFamilies, Qwen2MoeHasASharedExpertAndKeepsItsWeightsUnnormalised) {
+  json j = base("qwen2_moe", "Qwen2MoeForCausalLM");
+  j["num_experts"] = 60;
+  j["num_experts_per_tok"] = 4;
+  j["moe_intermediate_size"] = 32;
+  j["shared_expert_intermediate_size"] = 128;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array();
+  const ModelConfig c = parse_model_config(j, "config.json");
+  EXPECT_EQ(c.family, ModelFamily::kQwen2Moe);
+  EXPECT_EQ(c.intermediate, 128);  // the shared expert is the layer's dense MLP
+  EXPECT_EQ(c.expert_intermediate, 32);
+  EXPECT_FALSE(c.norm_topk_prob);  // Qwen2MoeConfig's default
+  EXPECT_TRUE(c.attention_bias && c.qkv_bias_only);
+  EXPECT_TRUE(c.shape().shared_expert_gate);
+}
+
+TEST(MoeFamilies, OlmoeNormsWholeProjectionsQwen3MoeEachHead) {
+  json o = base("olmoe", "OlmoeForCausalLM");
+  o["num_experts"] = 64;
+  o["num_experts_per_tok"] = 8;
+  const ModelConfig c = parse_model_config(o, "config.json");
+  EXPECT_TRUE(c.architecture().qk_norm_whole);
+  EXPECT_FALSE(c.architecture().qk_norm);
+  EXPECT_EQ(c.shape().qk_norm_elems(), 64 + 32);  // q 4 x 16, k 2 x 16
+  json q = base("qwen3_moe", "Qwen3MoeForCausalLM");
+  q["num_experts"] = 16;
+  q["num_experts_per_tok"] = 4;
+  q["moe_intermediate_size"] = 32;
+  q["norm_topk_prob"] = true;
+  q["head_dim"] = 24;
+  const ModelConfig d = parse_model_config(q, "config.json");
+  EXPECT_TRUE(d.architecture().qk_norm);
+  EXPECT_TRUE(d.norm_topk_prob);
+  EXPECT_EQ(d.shape().qk_norm_elems(), 2 * 24);
+}
+
+TEST(MoeFamilies, WhatOneLayoutCannotHoldIsRefusedByName) {
+  json j = base("qwen3_moe", "Qwen3MoeForCausalLM");
+  j["num_experts"] = 16;
+  j["num_experts_per_tok"] = 4;
+  j["moe_intermediate_size"] = 32;
+  json dense = j;
+  dense["mlp_only_layers"] = {0, 2};
+  EXPECT_NE(refusal(dense).find("mlp_only_layers = [0,2] is not supported"), std::string::npos)
+      << refusal(dense);
+  json step = j;
+  step["decoder_sparse_step"] = 2;
+  EXPECT_NE(refusal(step).find("decoder_sparse_step = 2"), std::string::npos) << refusal(step);
+  json topk = j;
+  topk["num_experts_per_tok"] = 17;
+  EXPECT_NE(refusal(topk).find("num_experts_per_tok = 17 must be in [1, num_experts = 16]"),
+            std::string::npos)
+      << refusal(topk);
+  json clip = base("olmoe", "OlmoeForCausalLM");
+  clip["num_experts"] = 8;
+  clip["num_experts_per_tok"] = 2;
+  clip["clip_qkv"] = 8.0;
+  EXPECT_NE(refusal(clip).find("clip_qkv = 8.0 is not supported"), std::string::npos)
+      << refusal(clip);
+  json missing = j;
+  missing.erase("moe_intermediate_size");
+  EXPECT_NE(refusal(missing).find("missing required field 'moe_intermediate_size'"),
+            std::string::npos)
+      << refusal(missing);
+}
+
+TEST(MoeFamilies, TensorParallelShardsSplitEachExpertAndKeepTheRouter) {
+  json j = base("mixtral", "MixtralForCausalLM");
+  j["num_local_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  const ModelConfig c = parse_model_config(j, "config.json");
+  const ModelConfig s = tensor_parallel_shard(c, 2);
+  EXPECT_EQ(s.expert_intermediate, 48);
+  EXPECT_EQ(s.n_experts, 8);
+  EXPECT_THROW(tensor_parallel_shard(c, 5), InputError);  // 4 heads
+}
+
+}  // namespace
+}  // namespace strata
