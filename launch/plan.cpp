@@ -12,6 +12,7 @@
 #include "launch/node_setup.h"
 #include "launch/plan_schedule.h"
 #include "launch/progress.h"
+#include "placement/moe_plan.h"
 #include "placement/offload_estimates.h"
 #include "placement/policy_search.h"
 #include "worker/config.h"
@@ -45,6 +46,7 @@ struct PlanOptions {
   std::string disk_dir = "/tmp";
   std::string device = "auto";
   bool remeasure = false;
+  CpuExpertRates cpu_experts;  // a MoE model's CPU expert compute (placement/moe_plan.h)
 };
 
 ModelConfig plan_config(const PlanOptions& o) {
@@ -185,6 +187,26 @@ int run_nodes_plan(const PlanOptions& o) {
   return 0;
 }
 
+// A MoE model: the expert placement (placement/moe_plan.h) beside FlexGen's layer offloading
+// of the same model, which streams every expert of each layer it does not hold.
+void add_moe_plan(const PlanOptions& o, const ModelShape& shape, const Workload& w,
+                  const HardwareSpec& hw, double layer_offloading, nlohmann::json& out,
+                  std::string& text) {
+  MoePlanOptions mo;
+  mo.cpu = o.cpu_experts;
+  const MoePlan p = plan_moe(shape, w, hw, mo);
+  out["moe"] = p.to_json();
+  out["moe"]["layer_offloading_throughput"] = layer_offloading;
+  out["moe"]["vs_layer_offloading"] = layer_offloading > 0 ? p.throughput / layer_offloading : 0;
+  out["moe"]["cpu_expert_rates"] = {{"weight_bdw", mo.cpu.weight_bdw},
+                                    {"gemm_flops", mo.cpu.gemm_flops}};
+  text += fmt::format(
+      "\n{}\n  vs FlexGen-style layer offloading of the same model (every expert streamed): "
+      "{:.2f} token/s, {:.2f}x (CPU expert rates: weights {:.1f} GB/s, GEMM {:.2f} TFLOP/s)",
+      p.str(), layer_offloading, layer_offloading > 0 ? p.throughput / layer_offloading : 0.0,
+      mo.cpu.weight_bdw / 1e9, mo.cpu.gemm_flops / 1e12);
+}
+
 int run_plan(const PlanOptions& o) {
   if (!o.schedule.node_file.empty()) return run_nodes_plan(o);
   if (!o.schedule.workload.empty()) {
@@ -201,6 +223,7 @@ int run_plan(const PlanOptions& o) {
   nlohmann::json out;
   std::string text;
   Policy chosen;
+  double layer_offloading = 0;  // the FlexGen policy's predicted throughput
   if (!o.policy.empty()) {
     chosen = Policy::parse(o.policy);
     const CostEstimate cost = estimate_cost(shape, w, chosen, hw);
@@ -209,6 +232,7 @@ int run_plan(const PlanOptions& o) {
       std::fprintf(stderr, "strata: policy does not fit: %s\n", s.c_str());
     out = cost.to_json();
     text = cost.str();
+    layer_offloading = cost.throughput;
     if (!shortfalls.empty()) {
       std::printf("%s\n", o.format == "json" ? out.dump(2).c_str() : text.c_str());
       return 1;
@@ -226,8 +250,11 @@ int run_plan(const PlanOptions& o) {
     out = r.to_json();
     text = r.str();
     chosen = r.policy;
+    layer_offloading = r.cost.throughput;
   }
   if (!o.host_compute) add_pie_hetegen(shape, w, chosen, hw, out, text);
+  if (shape.moe() && !o.host_compute)
+    add_moe_plan(o, shape, w, hw, layer_offloading, out, text);
   out["stages"] = stage_placements(o, hw, chosen, text);
   out["model"] = o.model;
   out["hardware"] = hw.to_json();
@@ -281,6 +308,13 @@ Command add_plan(CLI::App& app) {
   cmd->add_flag("--host-compute", o->host_compute,
                 "Place the stages for CPU compute (no GPU tier) instead of the GPU");
   cmd->add_option("--format", o->format, "Output format")->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--cpu-weight-bdw", o->cpu_experts.weight_bdw,
+                  "MoE: bytes/s the CPU streams an expert's weights at over few rows (Fiddler's "
+                  "CPU expert compute)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--cpu-gemm-flops", o->cpu_experts.gemm_flops,
+                  "MoE: FLOP/s of the CPU's GEMM over many rows")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-context", o->max_context, "As serve's: KV positions per sequence")
       ->check(non_negative())
       ->group("Cluster (--nodes)");

@@ -62,20 +62,24 @@ struct Sizes {
 };
 
 Sizes sizes_of(const ModelShape& m, const Workload& w, const Policy& p) {
-  STRATA_CHECK(m.hidden > 0 && m.intermediate > 0 && m.n_layers > 0 && m.n_heads > 0 &&
+  STRATA_CHECK(m.hidden > 0 && (m.intermediate > 0 || m.moe()) && m.n_layers > 0 && m.n_heads > 0 &&
                    m.n_kv_heads > 0 && m.head_dim > 0 && m.weight_bytes_per_elem > 0,
                "cost model needs a complete shape: {}", m.str());
   Sizes z;
   z.e = double(m.weight_bytes_per_elem);
   const double packed = compressed_fraction(m.weight_bytes_per_elem);
-  const double matmul_params = double(m.attention_params_per_layer() + m.mlp_params_per_layer());
+  // A MoE layer as FlexGen would offload it: every expert stored and streamed (w), the k a
+  // token runs computed (mm_flops_tok), an expert's width the MLP's working set.
+  const double matmul_params =
+      double(m.attention_params_per_layer() + m.mlp_params_per_layer() -
+             (m.n_experts - m.experts_per_token) * m.expert_params());
   z.w_fp = double(m.params_per_layer()) * z.e;
   z.w = z.w_fp * (p.compress_weight ? packed : 1.0);
   z.w_dequant = p.compress_weight ? z.w_fp : 0.0;
   z.kv_dim = double(m.n_kv_heads * m.head_dim);
   z.kv = 2 * z.kv_dim * kv_cache_elem_bytes(p);
   z.h1 = double(m.hidden);
-  z.h2 = double(m.intermediate);
+  z.h2 = double(std::max(m.intermediate, m.expert_intermediate));
   z.q_dim = double(m.n_heads * m.head_dim);
   z.mlp_in = z.h2 * (m.gated_mlp ? 2 : 1);
   z.nh = double(m.n_heads);
