@@ -20,7 +20,9 @@
 #include "launch/openmp_wait.h"
 #include "launch/progress.h"
 #include "placement/policy_search.h"
+#include "worker/direct_file.h"
 #include "worker/dummy.h"
+#include "worker/expert_store.h"
 
 namespace strata::cli {
 namespace {
@@ -326,6 +328,30 @@ nlohmann::json run_json(const Engine& e, const BenchOptions& o, const MeasuredRu
   return j;
 }
 
+// A MoE model's disk experts: what the steps read, and the rate against what the disk gives
+// O_DIRECT reads of the same size in the same run (time_direct_io, after the measured run).
+nlohmann::json expert_stream_json(const ExpertStore& store, const std::string& disk_dir) {
+  const ExpertStreamStats s = store.stats();
+  const size_t blob = store.expert_bytes();
+  const size_t probe = std::max<size_t>(blob, std::min<size_t>(size_t{1} << 30, 16 * blob));
+  const DirectIoTimes bound = time_direct_io(disk_dir, probe, blob);
+  const double bound_gbs = bound.read_s > 0 ? static_cast<double>(bound.bytes) / bound.read_s / 1e9 : 0;
+  const double read_gbs = s.read_rate() / 1e9;
+  return {{"disk_experts", store.disk_experts()},
+          {"cache_slots", store.cache_slots()},
+          {"expert_bytes", blob},
+          {"requested", s.requested},
+          {"cache_hits", s.hits},
+          {"reads", s.reads},
+          {"bytes_read", s.bytes_read},
+          {"read_seconds", s.read_seconds},
+          {"compute_wait_seconds", s.wait_seconds},
+          {"read_gbs", read_gbs},
+          {"o_direct_bound_gbs", bound_gbs},
+          {"o_direct", bound.o_direct},
+          {"fraction_of_bound", bound_gbs > 0 ? read_gbs / bound_gbs : 0.0}};
+}
+
 nlohmann::json disk_stream_json(const StreamStats& ss, bool overlap) {
   return {{"layers_read", ss.layers_read},
           {"bytes_read", ss.bytes_read},
@@ -410,6 +436,8 @@ int run_bench(BenchOptions o) {
   j["peak_rss_bytes"] = peak_rss_bytes();  // before the probes below allocate
   if (const LayerStreamer* st = e.model->streamer())
     j["disk_stream"] = disk_stream_json(st->stats(), o.engine.overlap);
+  if (const ExpertStore* xs = e.model->expert_store())
+    j["expert_stream"] = expert_stream_json(*xs, o.engine.disk_dir);
   const double decode_bytes = decode_weight_bytes(e.config.shape(), o.engine.policy);
   j["decode_weight_bytes_per_step"] = decode_bytes;
   if (on_device) add_device_bounds(j, e, o, run, decode_bytes);

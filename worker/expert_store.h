@@ -101,6 +101,7 @@ class ExpertStore final : public ExpertSource {
   TierBytes memory() const;
   int64_t disk_experts() const { return static_cast<int64_t>(index_.size()); }
   int32_t cache_slots() const { return static_cast<int32_t>(slots_.size()); }
+  size_t expert_bytes() const { return layout_.bytes(); }  // one expert's blob on disk
 
  private:
   struct Slot {
