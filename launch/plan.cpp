@@ -194,6 +194,7 @@ void add_moe_plan(const PlanOptions& o, const ModelShape& shape, const Workload&
                   std::string& text) {
   MoePlanOptions mo;
   mo.cpu = o.cpu_experts;
+  mo.compress_weight = o.compress_weight;
   const MoePlan p = plan_moe(shape, w, hw, mo);
   out["moe"] = p.to_json();
   out["moe"]["layer_offloading_throughput"] = layer_offloading;

@@ -32,7 +32,8 @@ constexpr double kPrefillChunk = 8192;
 
 // The model's sizes the plan is written in, bytes and parameters of one layer.
 struct MoeSizes {
-  double e = 0;             // bytes per element (weights and KV cache, as FlexGen plans)
+  double e = 0;             // bytes per element (KV cache, as FlexGen plans; weights stored)
+  double w = 0;             // bytes per weight element as stored (4-bit: compressed_fraction)
   double dense_params = 0;  // attention, norms, router, shared expert
   double expert_params = 0;
   double fixed_bytes = 0;   // embedding, head, final norm
@@ -40,15 +41,16 @@ struct MoeSizes {
   double l = 0, n_experts = 0, k = 0;
 };
 
-MoeSizes sizes(const ModelShape& s) {
+MoeSizes sizes(const ModelShape& s, bool compress) {
   MoeSizes z;
   z.e = static_cast<double>(s.weight_bytes_per_elem);
+  z.w = z.e * (compress ? compressed_fraction(s.weight_bytes_per_elem) : 1.0);
   z.expert_params = static_cast<double>(s.expert_params());
   z.n_experts = static_cast<double>(s.n_experts);
   z.k = static_cast<double>(s.experts_per_token);
   z.dense_params = static_cast<double>(s.params_per_layer()) - z.n_experts * z.expert_params;
   z.fixed_bytes =
-      static_cast<double>(s.embedding_params() + s.head_params() + s.hidden) * z.e;
+      static_cast<double>(s.embedding_params() + s.head_params() + s.hidden) * z.w;
   z.kv_token_layer = 2.0 * static_cast<double>(s.kv_width()) * z.e;
   z.l = static_cast<double>(s.n_layers);
   return z;
@@ -88,21 +90,22 @@ PhaseTimes phase(const ModelShape& s, const MoeSizes& z, const MoePlan& p, const
 }  // namespace
 
 MoePlan moe_plan_for(const ModelShape& s, const Workload& w, const HardwareSpec& hw,
-                     const CpuExpertRates& cpu, int64_t batch, bool kv_on_gpu, bool& fits) {
+                     const MoePlanOptions& options, int64_t batch, bool kv_on_gpu, bool& fits) {
   STRATA_CHECK(s.moe() && batch > 0, "a MoE plan of {} at batch {}", s.str(), batch);
-  const MoeSizes z = sizes(s);
+  const MoeSizes z = sizes(s, options.compress_weight);
+  const CpuExpertRates& cpu = options.cpu;
   const double b = static_cast<double>(batch), sl = static_cast<double>(w.prompt_len),
                n = static_cast<double>(w.gen_len);
   MoePlan p;
   p.batch = batch;
   p.kv_on_gpu = kv_on_gpu;
-  p.expert_bytes = z.expert_params * z.e;
+  p.expert_bytes = z.expert_params * z.w;
   const double kv = b * (sl + n) * z.kv_token_layer * z.l;
   const double staging = 2.0 * p.expert_bytes;  // a streamed expert's two device slots
   // Prefill's working set, its steps chunked to at most kPrefillChunk rows (the engine's
   // --max-step-tokens bounds a step the same way).
   const double act = 4.0 * std::min(b * sl, kPrefillChunk) * static_cast<double>(s.hidden) * z.e;
-  const double dense = z.l * z.dense_params * z.e;
+  const double dense = z.l * z.dense_params * z.w;
   const double gpu_left = hw.gpu_mem - z.fixed_bytes - dense - (kv_on_gpu ? kv : 0) - act - staging;
   const double host_left = hw.cpu_mem - (kv_on_gpu ? 0 : kv) - staging;
   const auto experts = static_cast<int64_t>(s.n_experts);
@@ -154,7 +157,7 @@ MoePlan plan_moe(const ModelShape& s, const Workload& w, const HardwareSpec& hw,
     bool fits_b = false;
     for (const bool kv_on_gpu : {true, false}) {
       bool fits = false;
-      const MoePlan p = moe_plan_for(s, w, hw, options.cpu, b, kv_on_gpu, fits);
+      const MoePlan p = moe_plan_for(s, w, hw, options, b, kv_on_gpu, fits);
       if (fits && (!fits_b || p.throughput > at_b.throughput)) at_b = p;
       fits_b = fits_b || fits;
     }
@@ -166,7 +169,7 @@ MoePlan plan_moe(const ModelShape& s, const Workload& w, const HardwareSpec& hw,
   best.by_batch = by_batch;
   if (!any) {
     bool fits = false;
-    const MoePlan p = moe_plan_for(s, w, hw, options.cpu, 1, false, fits);
+    const MoePlan p = moe_plan_for(s, w, hw, options, 1, false, fits);
     fail_input(
         "no expert placement fits: at batch 1 the GPU needs {:.2f} GiB for the embedding, head "
         "and every layer's attention and router but gpu_mem is {:.2f} GiB (short by {:.2f} GiB)",

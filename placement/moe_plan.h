@@ -73,6 +73,9 @@ struct MoePlan {
 
 struct MoePlanOptions {
   CpuExpertRates cpu;
+  // FlexGen's 4-bit group-wise weights (§5): every stored and moved weight byte times
+  // compressed_fraction (the CPU and GPU compute from them dequantised, as Strata's do).
+  bool compress_weight = false;
   std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
 };
 
@@ -82,6 +85,6 @@ MoePlan plan_moe(const ModelShape& shape, const Workload& w, const HardwareSpec&
                  const MoePlanOptions& options = {});
 // One batch's placement and time (what plan_moe compares); `fits` false when it does not.
 MoePlan moe_plan_for(const ModelShape& shape, const Workload& w, const HardwareSpec& hw,
-                     const CpuExpertRates& cpu, int64_t batch, bool kv_on_gpu, bool& fits);
+                     const MoePlanOptions& options, int64_t batch, bool kv_on_gpu, bool& fits);
 
 }  // namespace strata

@@ -54,7 +54,7 @@ TEST(MoePlan, MixtralOnTheT4KeepsDenseOnTheGpuAndExpertsOnTheHost) {
   hw.cpu_mem = 200.0 * (1 << 30);
   const Workload w{512, 32};
   bool fits = false;
-  const MoePlan b1 = moe_plan_for(mixtral(), w, hw, CpuExpertRates{}, 1, true, fits);
+  const MoePlan b1 = moe_plan_for(mixtral(), w, hw, MoePlanOptions{}, 1, true, fits);
   ASSERT_TRUE(fits);
   // GPU: 16 GiB less the embedding and head (2 x 32000 x 4096 x 2 B), 32 layers' attention,
   // norms and router (41.9M + 8192 + 32768 params, 2 B), a batch's KV cache and two expert

@@ -11,6 +11,9 @@ CASE:
             (up to the first end-of-sequence id, where Strata stops)
   disk      the same with every weight streamed from disk and the KV cache on disk
             (--policy w=0/0/100,c=0/0/100)
+  experts   MoE families: the same with one expert of each layer in host memory and the
+            others on disk, read through two cache slots (--resident-experts 1
+            --expert-cache 2), and strata bench's expert_stream showing they were read
   q4        4-bit weights (cw=1) against the reference on the same round-tripped weights
             (reference_forward.py --q4): 1e-4 x std and equal ids with the kernels that
             dequantise rows, 1e-2 x std with the int8-split panel kernels (docs/FAMILIES.md)
@@ -42,6 +45,18 @@ NEW = 32
 # with a window on every layer (mistral's 16) holds W - 1 + STEP + ceil(W / 8) = 25 rows, so
 # the 72 positions slide it every other step (kernels/backend.h KvWindow).
 STEP = 8
+
+
+# The MoE families' expert tensor names and expert-count fields (Hugging Face's).
+MOE_EXPERT = {
+    "mixtral": "model.layers.1.block_sparse_moe.experts.{j}.{part}.weight",
+    "qwen2moe": "model.layers.1.mlp.experts.{j}.{part}.weight",
+    "qwen3moe": "model.layers.1.mlp.experts.{j}.{part}.weight",
+    "olmoe": "model.layers.1.mlp.experts.{j}.{part}.weight",
+}
+MOE_DOWN = {"mixtral": "w2", "qwen2moe": "down_proj", "qwen3moe": "down_proj", "olmoe": "down_proj"}
+MOE_COUNT = {"mixtral": "num_local_experts", "qwen2moe": "num_experts", "qwen3moe": "num_experts",
+             "olmoe": "num_experts"}
 
 
 def fail(msg):
@@ -184,6 +199,28 @@ def check_read_from_disk(strata, family, tmp, options):
     print(f"{family}: {read} layer reads from disk")
 
 
+def check_experts_from_disk(strata, family, tmp, options, resident):
+    """What the option promises: each layer holds `resident` experts, the others were written to
+    disk and the steps read the ones the router picked from there (strata bench's
+    expert_stream counts), and the process's weights in host memory shrank accordingly."""
+    model = os.path.join(tmp, family)
+    with open(os.path.join(model, "config.json")) as f:
+        c = json.load(f)
+    experts = c.get("num_local_experts", c.get("num_experts"))
+    out = json.loads(run([strata, "bench", "--model", model, "--prompt-len", "8", "--gen-len", "4",
+                          "--threads", "2", *options]))
+    stream = out.get("expert_stream")
+    if stream is None:
+        fail(f"{family}: no expert_stream in strata bench's output: nothing came from disk")
+    want = c["num_hidden_layers"] * (experts - resident)
+    if stream["disk_experts"] != want:
+        fail(f"{family}: {stream['disk_experts']} experts on disk, expected {want}")
+    if stream["reads"] <= 0 or stream["bytes_read"] != stream["reads"] * stream["expert_bytes"]:
+        fail(f"{family}: expert reads {stream}")
+    print(f"{family}: {stream['disk_experts']} experts on disk, {stream['reads']} read "
+          f"({stream['cache_hits']} cache hits of {stream['requested']})")
+
+
 def case_cluster(strata, family, tmp):
     model = os.path.join(tmp, family)
     config = make_model(family, model)
@@ -285,6 +322,20 @@ def case_refuse(strata, family, tmp):
         def half(c):
             c["model_type"] = "llama"
         refused(strata, edit_config(model, os.path.join(tmp, "half"), half), "Qwen2ForCausalLM")
+    if family in MOE_EXPERT:
+        # A missing expert, an expert beyond the config's count, and a router of the wrong shape.
+        last = MOE_EXPERT[family].format(j=7, part=MOE_DOWN[family])
+        def drop_expert(header, blobs):
+            del header[last]
+        refused(strata, rewrite_tensors(model, os.path.join(tmp, "noexpert"), drop_expert), last,
+                "missing")
+        def fewer(c):
+            c[MOE_COUNT[family]] = 7
+        refused(strata, edit_config(model, os.path.join(tmp, "fewer"), fewer), "experts.7.",
+                "not read")
+        def top_k(c):
+            c["num_experts_per_tok"] = c[MOE_COUNT[family]] + 1
+        refused(strata, edit_config(model, os.path.join(tmp, "topk"), top_k), "num_experts_per_tok")
 
 
 def main():
@@ -301,6 +352,12 @@ def main():
             check_read_from_disk(strata, family, tmp, options)
         elif case == "q4":
             case_q4(strata, family, tmp)
+        elif case == "experts":  # MoE: one expert per layer in host memory, the rest on disk
+            disk = os.path.join(tmp, "disk")
+            os.mkdir(disk)
+            options = ["--resident-experts", "1", "--expert-cache", "2", "--disk-dir", disk]
+            case_engine(strata, family, tmp, options)
+            check_experts_from_disk(strata, family, tmp, options, 1)
         elif case == "cluster":
             case_cluster(strata, family, tmp)
         elif case == "refuse":
