@@ -147,6 +147,8 @@ CoordinatorOptions planned_run(const EngineOptions& e, int micro_batches, int ma
   c.max_context = max_context;
   c.stage_mem = stage_mem.empty() ? -1 : parse_size(stage_mem, "--stage-mem");
   c.placement.policy = e.policy;
+  c.placement.resident_experts = e.resident_experts;
+  c.placement.expert_cache_slots = e.expert_cache;
   // Without nodes (one process): the compute tier as this process finds it (--device auto:
   // a GPU when present).
   c.placement.device_compute =

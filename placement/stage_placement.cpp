@@ -585,7 +585,9 @@ int32_t resident_experts(const ModelShape& s, const StageRequest& r, int32_t n,
       fail_input("{} resident experts per layer, but the model has {}", r.resident_experts, all);
     return r.resident_experts;
   }
-  if (r.device_compute || r.budgets.cpu < 0 || (r.policy && r.weight_shares)) return all;
+  if (!r.experts_follow_budget || r.device_compute || r.budgets.cpu < 0 ||
+      (r.policy && r.weight_shares))
+    return all;
   const int64_t other = r.budgets.whole_stage ? p.cache_bytes().cpu + p.buffer_bytes().cpu : 0;
   for (int32_t k = all; k >= 0; --k) {
     const WeightPlacement w = weight_sizes(s, r, policy.compress_weight, k, n);

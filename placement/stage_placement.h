@@ -55,6 +55,9 @@ struct StageRequest {
   // as many as it holds (before any whole layer goes to disk).
   int32_t resident_experts = -1;
   int32_t expert_cache_slots = 0;  // 0: 2 x experts_per_token
+  // false: resident_experts < 0 keeps every expert whatever the budget (a cluster plan,
+  // whose workers load with the operator's count, not one chosen here).
+  bool experts_follow_budget = true;
   // Layers [layer_begin, layer_end) (layer_end < 0: to the last); the embedding and the
   // head (final norm, projection, lm_head) only where the stage has them.
   int32_t layer_begin = 0;

@@ -39,6 +39,9 @@ StageRequest stage_request(const StagePlan& stage, const ClusterPlan& plan,
   }
   r.budgets = o.budgets;
   r.budgets.whole_stage = true;
+  r.resident_experts = o.resident_experts;
+  r.expert_cache_slots = o.expert_cache_slots;
+  r.experts_follow_budget = false;
   // --stage-mem bounds the compute tier, under the node's own budget there.
   int64_t& compute = o.device_compute ? r.budgets.gpu : r.budgets.cpu;
   if (stage_mem >= 0) compute = compute < 0 ? stage_mem : std::min(compute, stage_mem);

@@ -28,6 +28,11 @@ struct StagePlacementOptions {
   // Per-stage budgets per tier for everything a stage allocates; unset tiers (< 0) take
   // stage_mem on the compute tier.
   TierBudgets budgets;
+  // A MoE model's experts per layer kept with it, the rest on disk (serve's
+  // --resident-experts, which every worker loads with too); < 0: all of them. The plan
+  // carries no count of its own to the workers, so it never chooses fewer by budget.
+  int32_t resident_experts = -1;
+  int32_t expert_cache_slots = 0;
 };
 
 struct PlanOptions {
