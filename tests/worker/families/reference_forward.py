@@ -544,6 +544,10 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def sigmoid(x):
+    return np.exp(-np.logaddexp(0.0, -x))  # 1 / (1 + e^-x) without overflow
+
+
 def gelu_tanh(x):
     # ACT2FN["gelu_pytorch_tanh"]: tanh approximation of GELU.
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
@@ -696,7 +700,7 @@ class Model:
             out[rows] += weights[rows, slot][:, None] * e
         if self.family == "qwen2_moe":  # Qwen2MoeSparseMoeBlock: + sigmoid(gate) * shared_expert
             shared_gate = linear(x, self.t(p + "mlp.shared_expert_gate.weight"))
-            out = out + 1.0 / (1.0 + np.exp(-shared_gate)) * self.swiglu(p + "mlp.shared_expert.", x)
+            out = out + sigmoid(shared_gate) * self.swiglu(p + "mlp.shared_expert.", x)
         return out
 
     def mlp(self, p, x):
