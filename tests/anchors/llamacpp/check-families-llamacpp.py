@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Cross-check of the model families against llama.cpp, the independent reference.
 
-For each family (default llama, mistral, qwen2, phi3, gemma2): make a random-weight HF folder
+For each family (default llama, mistral, qwen2, phi3, gemma2, mixtral, qwen2moe, olmoe): make a random-weight HF folder
 (tests/worker/families/make_model.py, fixed seed), convert it to an f32 GGUF (hf_to_gguf.py),
 evaluate a random prompt of ids in [3, vocab) with llama.cpp c392e5094 (llamacpp_eval.cpp,
 KV cache f32, 2 threads) and with the NumPy forward (tests/worker/families/reference_forward.py),
@@ -17,10 +17,17 @@ Where llama.cpp c392e5094 lacks a feature the row says so in "notes" and is run 
 feature does not matter: it has no sliding window for the llama arch (Mistral) nor for phi3
 (it never reads phi3's sliding_window from the GGUF) nor for qwen2, so for those the prompt
 and generation are cut to fit in the window (an extra "<family>>window" row shows the full
-length, where a disagreement is expected); it has no Qwen3 (that family is reported skipped).
+length, where a disagreement is expected); it has no Qwen3 nor Qwen3-MoE (qwen3 and qwen3moe
+are reported skipped).
+
+The MoE families (mixtral: llama.cpp's llama arch with expert tensors; qwen2moe; olmoe) go
+through the same comparison: llama.cpp's llm_build_moe_ffn routes as HF does (softmax over all
+experts, top-k of the probabilities, weights renormalised for the llama arch only, matching
+Mixtral's always and the test models' norm_topk_prob false for qwen2moe / olmoe).
 
   tests/anchors/llamacpp/check-families-llamacpp.py [--families llama,mistral,...] [--seed 0]
       [--prompt-len 40] [--new 32] [--work DIR] [--strata PATH] [--threads 2] [--keep]
+  (--strata /nonexistent, or any path that is not an executable: llama.cpp vs NumPy only)
 gemma2's GELU: ggml-cpu of this commit computes GELU through an fp16 table (ggml-cpu.c line 91,
 #define GGML_GELU_FP16: input and output rounded to fp16), which alone puts llama.cpp 1.5e-3 to
 1.6e-2 of std away from an f64 forward on the test models. So for gemma2 the script also builds
@@ -199,7 +206,7 @@ def run_strata(strata, model, ids, n_new, threads, vocab, work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default="llama,mistral,qwen2,phi3,gemma2")
+    ap.add_argument("--families", default="llama,mistral,qwen2,phi3,gemma2,mixtral,qwen2moe,olmoe")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompt-len", type=int, default=40)
     ap.add_argument("--new", type=int, default=32)
@@ -248,7 +255,7 @@ def main():
             arch = (cfg.get("architectures") or ["?"])[0]
             row["architecture"] = arch
             if arch.startswith("Qwen3"):
-                row["skipped"] = "llama.cpp c392e5094 has no Qwen3 architecture"
+                row["skipped"] = f"llama.cpp c392e5094 has no {arch[:-len('ForCausalLM')]} architecture"
                 print(json.dumps(row), flush=True)
                 continue
             gguf_path = os.path.join(fdir, "model-f32.gguf")
@@ -262,8 +269,10 @@ def main():
 
             # Sliding windows llama.cpp c392e5094 does not apply: fit the whole run inside.
             sw = cfg.get("sliding_window")
-            unsupported_sw = sw and (arch in ("MistralForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM")
-                                     or (arch == "Qwen2ForCausalLM" and cfg.get("use_sliding_window")))
+            unsupported_sw = sw and (arch in ("MistralForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM",
+                                              "MixtralForCausalLM")
+                                     or (arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+                                         and cfg.get("use_sliding_window")))
             runs = [(args.prompt_len, args.new, fam)]
             if unsupported_sw and args.prompt_len + args.new > sw:
                 n_new = min(args.new, max(1, sw // 2))

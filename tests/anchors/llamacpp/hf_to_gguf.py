@@ -17,6 +17,29 @@ applies per architecture exactly the transforms of that commit's convert_hf_to_g
   gemma2 (Gemma2Model): lm_head dropped (tied), every *norm.weight + 1, post_attention /
       pre_feedforward / post_feedforward norms to attn_post_norm / ffn_norm / ffn_post_norm,
       attn/final logit softcapping, sliding_window, key/value_length = head_dim.
+  mixtral (LlamaModel, the llama arch): as llama (q/k permuted), plus expert_count
+      (num_local_experts) and expert_used_count (num_experts_per_tok); block_sparse_moe.gate to
+      ffn_gate_inp, and each layer's experts' w1 / w3 / w2 stacked along a new first axis into
+      ffn_gate_exps / ffn_up_exps / ffn_down_exps [E, ...]. llama.cpp's llama graph renormalises
+      the top-k weights (llm_build_moe_ffn norm_w = true), as MixtralSparseMoeBlock does.
+  qwen2moe (Qwen2MoeModel): base metadata, expert_count (num_experts), expert_used_count,
+      expert_feed_forward_length (moe_intermediate_size), expert_shared_feed_forward_length
+      (shared_expert_intermediate_size); q/k/v biases as is (NEOX rope, no permute); experts'
+      gate/up/down_proj stacked into ffn_{gate,up,down}_exps, mlp.gate to ffn_gate_inp,
+      mlp.shared_expert.* to ffn_{gate,up,down}_shexp, mlp.shared_expert_gate to
+      ffn_gate_inp_shexp. Its graph never renormalises the top-k (norm_w = false), so a config
+      with norm_topk_prob true is refused.
+  olmoe (OlmoeModel): base metadata, expert_count, expert_used_count; q_norm / k_norm to
+      attn_q_norm / attn_k_norm (whole-width, no permute: NEOX rope); experts stacked as for
+      qwen2moe. Its graph never renormalises the top-k either (norm_topk_prob true refused),
+      has no clip (OlmoeModel writes no clamp_kqv, build_olmoe applies none: clip_qkv other than
+      null refused), and makes attn_q_norm / attn_k_norm n_embd wide, so GQA is refused.
+      OlmoeModel.set_gguf_parameters adds layer_norm_rms_eps = 1e-5 after the base class wrote
+      the config's rms_norm_eps, which gguf-py refuses as a duplicated key; written once here,
+      the config's value (a note when it is not 1e-5).
+(There is no Qwen3 nor Qwen3-MoE in c392e5094.) The expert stacking follows the converter's
+order (LlamaModel: w1, w2, w3; Qwen2MoeModel / OlmoeModel: down, gate, up), each stacked
+tensor written where the layer's last expert tensor was met.
 
 The vocabulary is tokenizer.ggml.model = "no_vocab" (llama-vocab.cpp accepts it and makes
 {arch}.vocab_size dummy tokens), so {arch}.vocab_size is written for every arch.
@@ -43,6 +66,7 @@ import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 import types
@@ -117,7 +141,56 @@ def find(h, keys, optional=False):
 ARCHS = {
     "LlamaForCausalLM": "LLAMA", "LLaMAForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA",
     "Qwen2ForCausalLM": "QWEN2", "Phi3ForCausalLM": "PHI3", "Gemma2ForCausalLM": "GEMMA2",
+    "MixtralForCausalLM": "LLAMA", "Qwen2MoeForCausalLM": "QWEN2MOE", "OlmoeForCausalLM": "OLMOE",
 }
+
+# Per MoE architecture: the config field of the expert count, a function of (layer, name) to
+# the expert tensor's stacked HF-like name (the key of gguf-py's tensor map) or None, and the
+# order in which the converter emits the stacked tensors.
+EXPERT_RE = {
+    "MixtralForCausalLM": (r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight",
+                           "layers.{bid}.feed_forward.experts.{w}.weight", ("w1", "w2", "w3"), "num_local_experts"),
+    "Qwen2MoeForCausalLM": (r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight",
+                            "model.layers.{bid}.mlp.experts.{w}.weight", ("down_proj", "gate_proj", "up_proj"),
+                            "num_experts"),
+    "OlmoeForCausalLM": (r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight",
+                         "model.layers.{bid}.mlp.experts.{w}.weight", ("down_proj", "gate_proj", "up_proj"),
+                         "num_experts"),
+}
+
+
+def stack_experts(tensors, arch_name, n_experts):
+    """The tensors with each layer's expert matrices replaced by [E, rows, cols] stacks (in
+    the converter's order, at the place of the layer's last expert tensor), keyed by the merged
+    names the converters map (LlamaModel / Qwen2MoeModel.modify_tensors)."""
+    if arch_name not in EXPERT_RE:
+        return tensors
+    pattern, merged, order, _ = EXPERT_RE[arch_name]
+    rx = re.compile(pattern)
+    pending, out = {}, {}
+    for name, t in tensors.items():
+        m = rx.fullmatch(name)
+        if m is None:
+            if ".experts." in name:
+                raise SystemExit(f"hf_to_gguf: expert tensor {name!r} not understood")
+            out[name] = t
+            continue
+        bid, xid, w = int(m.group(1)), int(m.group(2)), m.group(3)
+        if w not in order:
+            raise SystemExit(f"hf_to_gguf: expert tensor {name!r} not understood")
+        if xid >= n_experts:
+            raise SystemExit(f"hf_to_gguf: {name!r}: expert {xid} of {n_experts}")
+        pending.setdefault(bid, {})[(w, xid)] = t
+        if len(pending[bid]) == n_experts * len(order):
+            for wid in order:
+                out[merged.format(bid=bid, w=wid)] = np.stack(
+                    [pending[bid].pop((wid, x)) for x in range(n_experts)], axis=0)
+            del pending[bid]
+    if pending:
+        left = sorted(f"layer {b}: {len(d)}" for b, d in pending.items())
+        raise SystemExit(f"hf_to_gguf: unprocessed experts ({', '.join(left)} tensors; "
+                         f"expected {n_experts} x {len(order)} a layer)")
+    return out
 
 
 def base_params(w, h, n_layer):  # Model.set_gguf_parameters
@@ -138,6 +211,10 @@ def base_params(w, h, n_layer):  # Model.set_gguf_parameters
         w.add_layer_norm_rms_eps(v)
     if (v := find(h, ["layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"], True)) is not None:
         w.add_layer_norm_eps(v)
+    if (v := h.get("num_local_experts")) is not None:
+        w.add_expert_count(v)
+    if (v := h.get("num_experts_per_tok")) is not None:
+        w.add_expert_used_count(v)
     if (v := h.get("head_dim")) is not None:
         w.add_key_length(v)
         w.add_value_length(v)
@@ -158,6 +235,8 @@ def main():
         raise SystemExit(f"hf_to_gguf: architecture {archs} not handled (llama.cpp c392e5094 has no Qwen3)")
     arch = getattr(gguf.MODEL_ARCH, ARCHS[archs[0]])
     tensors = load_tensors(args.model)
+    if archs[0] in EXPERT_RE:
+        tensors = stack_experts(tensors, archs[0], h[EXPERT_RE[archs[0]][3]])
     n_layer_hf = find(h, ["n_layers", "num_hidden_layers", "n_layer", "num_layers"])
     n_layer = n_layer_hf
     notes = []
@@ -235,8 +314,9 @@ def main():
                     s = (old / wl - lo) / (hi - lo)
                     fac.append(1 / ((1 - s) / factor + s))
             extra.append((gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", np.array(fac, dtype=np.float32)))
-        if h.get("sliding_window") and archs[0] == "MistralForCausalLM":
-            notes.append(f"mistral: sliding_window={h['sliding_window']} ignored by llama.cpp's llama arch")
+        if h.get("sliding_window") and archs[0] in ("MistralForCausalLM", "MixtralForCausalLM"):
+            notes.append(f"{archs[0][:-len('ForCausalLM')].lower()}: sliding_window={h['sliding_window']} "
+                         "ignored by llama.cpp's llama arch")
     elif arch == gguf.MODEL_ARCH.QWEN2:
         base_params(w, h, n_layer)
         w.add_vocab_size(vocab)
@@ -245,6 +325,32 @@ def main():
             w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             w.add_rope_scaling_factor(rs["factor"])
             w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+    elif arch in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.OLMOE):
+        qwen = arch == gguf.MODEL_ARCH.QWEN2MOE
+        if h.get("norm_topk_prob"):
+            raise SystemExit(f"hf_to_gguf: {archs[0]} with norm_topk_prob true: llama.cpp c392e5094's "
+                             f"{'qwen2moe' if qwen else 'olmoe'} graph never renormalises the top-k weights")
+        if n_head * (n_embd // n_head) != n_embd or h.get("head_dim", n_embd // n_head) != n_embd // n_head:
+            raise SystemExit("hf_to_gguf: llama.cpp's qwen2moe / olmoe need head_dim = hidden / heads")
+        if not qwen:
+            if h.get("clip_qkv") is not None:
+                raise SystemExit("hf_to_gguf: OLMoE clip_qkv: llama.cpp c392e5094's olmoe does not clip")
+            if n_head_kv != n_head:
+                raise SystemExit("hf_to_gguf: OLMoE with num_key_value_heads != num_attention_heads: llama.cpp "
+                                 "c392e5094 makes attn_k_norm n_embd wide (HF: kv_heads * head_dim)")
+        base_params(w, h, n_layer)  # OlmoeModel's extra layer_norm_rms_eps: see the module doc
+        if not qwen and h.get("rms_norm_eps", 1e-5) != 1e-5:
+            notes.append(f"olmoe: rms_norm_eps {h['rms_norm_eps']} written (OlmoeModel also writes 1e-5, "
+                         "a duplicate key gguf-py refuses)")
+        w.add_vocab_size(vocab)
+        if (v := h.get("num_experts")) is not None:
+            w.add_expert_count(v)
+        if qwen and (v := h.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(v)
+        if qwen and (v := h.get("shared_expert_intermediate_size")) is not None:
+            w.add_expert_shared_feed_forward_length(v)
+        if qwen and h.get("use_sliding_window"):
+            notes.append("qwen2moe: use_sliding_window ignored by llama.cpp")
     elif arch == gguf.MODEL_ARCH.PHI3:
         max_pos = find(h, ["n_positions", "max_position_embeddings"])
         orig = find(h, ["original_max_position_embeddings"], optional=True)

@@ -4,10 +4,12 @@
   make_model.py --family F --out DIR [--seed N] [--shards K] [--dtype float32|bfloat16]
                 [--no-rope-scaling]
 
-F is one of llama, mistral, qwen2, qwen3, phi3, gemma2. DIR gets:
+F is one of llama, mistral, qwen2, qwen3, phi3, gemma2, and the mixture-of-experts families
+mixtral, qwen2moe, olmoe, qwen3moe. DIR gets:
   config.json   the fields the family's real Hugging Face config.json carries (as saved by
                 transformers 4.4x for Llama-3.2, Mistral-7B, Qwen2.5, Qwen3, Phi-3-128k,
-                Gemma-2), with tiny sizes;
+                Gemma-2, Mixtral-8x7B, Qwen1.5-MoE-A2.7B, OLMoE-1B-7B-0924, Qwen3-30B-A3B),
+                with tiny sizes;
   model.safetensors, or with --shards K > 1 model-0000i-of-0000K.safetensors and
                 model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"});
                 tensors under the family's HF names (modeling_<family>.py module paths).
@@ -19,6 +21,37 @@ sliding_window 16, so a 40-token prompt exceeds it. llama carries a llama3 rope_
 (original context 128, so all three wavelength bands of the llama3 rule occur with head_dim 16);
 --no-rope-scaling writes rope_scaling null instead. phi3 carries longrope with
 original_max_position_embeddings 128.
+
+Mixture-of-experts families (every layer a MoE layer; each expert a SwiGLU MLP
+down(silu(gate(x)) * up(x)); the router `gate` [num_experts, hidden]):
+  mixtral   num_local_experts 8, num_experts_per_tok 2, intermediate_size 96 (the expert's),
+            sliding_window null; block_sparse_moe.gate, block_sparse_moe.experts.{j}.w1 (gate),
+            w3 (up), w2 (down); llama attention (4 heads, 2 KV heads, no bias). HF always
+            renormalises the top-2 weights.
+  qwen2moe  model_type qwen2_moe: num_experts 8, num_experts_per_tok 4, moe_intermediate_size 32,
+            shared_expert_intermediate_size 64, intermediate_size 96 (dense layers only: none
+            here), norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []; mlp.gate,
+            mlp.experts.{j}.{gate,up,down}_proj, mlp.shared_expert.{gate,up,down}_proj and
+            mlp.shared_expert_gate [1, hidden]; Qwen2 attention (q/k/v bias, o none).
+  olmoe     num_experts 64, num_experts_per_tok 8, intermediate_size 32 (the expert's),
+            norm_topk_prob false, clip_qkv null; self_attn.q_norm [heads * head_dim] and
+            k_norm [kv_heads * head_dim] (RMSNorm over the whole projection), mlp.gate,
+            mlp.experts.{j}.{gate,up,down}_proj; no bias. num_key_value_heads = 4 = heads, as
+            OLMoE-1B-7B has (16 = 16): HF's OlmoeAttention would take GQA (k_norm is
+            kv_heads * head_dim wide), but llama.cpp c392e5094's olmoe makes attn_k_norm
+            n_embd wide, so GQA could not be cross-checked there.
+  qwen3moe  model_type qwen3_moe: num_experts 16, num_experts_per_tok 4, moe_intermediate_size 32,
+            intermediate_size 96 (unused), norm_topk_prob true, decoder_sparse_step 1,
+            mlp_only_layers [], head_dim 24 (as qwen3); Qwen3 attention (per-head q_norm /
+            k_norm [head_dim]); mlp.gate, mlp.experts.{j}.{gate,up,down}_proj.
+  The heads are untied (as every one of those checkpoints). Router weights are
+  N(0, (ROUTER_GAIN / sqrt(hidden))^2), so the router logits of the RMS-normed input have a
+  std of about ROUTER_GAIN (2; olmoe 3): the softmax is neither flat (top-k weights all ~1/E,
+  every expert alike) nor one-hot, different tokens pick different experts, and the logit gap
+  between the k-th and (k+1)-th expert is far above f32 rounding (selfcheck.py checks its
+  minimum over a prompt). Without renormalisation (qwen2moe, olmoe) the top-k weights sum to
+  well under 1, so those experts' down projections get a larger gain (MOE_OUT_GAIN) to keep
+  the MoE output of the order of the residual stream.
 
 The head is tied (no lm_head.weight) for qwen3 (as Qwen3-0.6B..4B) and gemma2, untied for
 the others (qwen2 as Qwen2.5-7B).
@@ -35,7 +68,11 @@ import sys
 
 import numpy as np
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2",
+            "mixtral", "qwen2moe", "olmoe", "qwen3moe")
+MOE_FAMILIES = ("mixtral", "qwen2moe", "olmoe", "qwen3moe")
+# config.json's model_type where it is not the family's name here
+MODEL_TYPE = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 
 HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, MAX_POS = 64, 4, 2, 96, 256, 512
 
@@ -54,7 +91,7 @@ def base_config(family, dtype):
         "initializer_range": 0.02,
         "intermediate_size": INTERMEDIATE,
         "max_position_embeddings": MAX_POS,
-        "model_type": family,
+        "model_type": MODEL_TYPE.get(family, family),
         "num_attention_heads": HEADS,
         "num_hidden_layers": 3,
         "num_key_value_heads": KV_HEADS,
@@ -75,6 +112,10 @@ ARCH = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -183,6 +224,90 @@ def gemma2_config(dtype, rope_scaling):
     return c
 
 
+def mixtral_config(dtype, rope_scaling):
+    # Mixtral-8x7B-v0.1's config.json: no head_dim (hidden / heads), sliding_window null,
+    # intermediate_size is each expert's.
+    c = base_config("mixtral", dtype)
+    c.update({
+        "num_experts_per_tok": 2,
+        "num_local_experts": 8,
+        "output_router_logits": False,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+    })
+    return c
+
+
+def qwen2moe_config(dtype, rope_scaling):
+    # Qwen1.5-MoE-A2.7B's config.json (plus mlp_only_layers, Qwen2MoeConfig's field): 4 of
+    # the experts and the shared expert; intermediate_size is for dense layers (none here).
+    c = base_config("qwen2moe", dtype)
+    c.update({
+        "decoder_sparse_step": 1,
+        "max_window_layers": 3,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": False,
+        "num_experts": 8,
+        "num_experts_per_tok": 4,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": 64,
+        "sliding_window": 512,
+        "use_sliding_window": False,
+    })
+    return c
+
+
+def olmoe_config(dtype, rope_scaling):
+    # OLMoE-1B-7B-0924's config.json: intermediate_size is each expert's, num_key_value_heads
+    # equal to num_attention_heads (see the module doc), no head_dim (OlmoeAttention uses
+    # hidden / heads).
+    c = base_config("olmoe", dtype)
+    c.update({
+        "attention_bias": False,
+        "clip_qkv": None,
+        "intermediate_size": 32,
+        "norm_topk_prob": False,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_key_value_heads": HEADS,
+        "output_router_logits": False,
+        "pad_token_id": 1,
+        "rope_scaling": None,
+        "router_aux_loss_coef": 0.01,
+    })
+    return c
+
+
+def qwen3moe_config(dtype, rope_scaling):
+    # Qwen3-30B-A3B's config.json: explicit head_dim (128 there, != 2048/32), norm_topk_prob
+    # true, untied head; intermediate_size is for dense layers (none here).
+    c = base_config("qwen3moe", dtype)
+    c.update({
+        "attention_bias": False,
+        "decoder_sparse_step": 1,
+        "head_dim": 24,
+        "max_window_layers": 3,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "use_sliding_window": False,
+    })
+    return c
+
+
 CONFIGS = {
     "llama": llama_config,
     "mistral": mistral_config,
@@ -190,6 +315,10 @@ CONFIGS = {
     "qwen3": qwen3_config,
     "phi3": phi3_config,
     "gemma2": gemma2_config,
+    "mixtral": mixtral_config,
+    "qwen2moe": qwen2moe_config,
+    "olmoe": olmoe_config,
+    "qwen3moe": qwen3moe_config,
 }
 
 
@@ -200,34 +329,67 @@ def head_dim_of(c):
 
 
 def layer_shapes(family, c):
-    """(name suffix, shape, kind) of one decoder layer; kind picks the init scale."""
-    h, i, d = c["hidden_size"], c["intermediate_size"], head_dim_of(c)
+    """(name suffix, shape, kind) of one decoder layer; kind picks the init scale. The order
+    (which fixes the random draws) is the norms, the attention projections, the MLP, then the
+    attention's extras (biases, q/k norms, gemma2's sandwich norms)."""
+    attention, extras = attention_shapes(family, c)
+    return attention + mlp_shapes(family, c) + extras
+
+
+def attention_shapes(family, c):
+    """(the norms and projections, the extras) of one layer's attention."""
+    h, d = c["hidden_size"], head_dim_of(c)
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     norms = [("input_layernorm.weight", [h], "norm"), ("post_attention_layernorm.weight", [h], "norm")]
-    if family == "phi3":  # Phi3Attention.qkv_proj rows q|k|v; Phi3MLP.gate_up_proj rows gate|up
+    if family == "phi3":  # Phi3Attention.qkv_proj rows q|k|v
         return norms + [
             ("self_attn.qkv_proj.weight", [q + 2 * kv, h], "in"),
             ("self_attn.o_proj.weight", [h, q], "out"),
-            ("mlp.gate_up_proj.weight", [2 * i, h], "in"),
-            ("mlp.down_proj.weight", [h, i], "out"),
-        ]
-    s = norms + [
+        ], []
+    attention = norms + [
         ("self_attn.q_proj.weight", [q, h], "qk"),
         ("self_attn.k_proj.weight", [kv, h], "qk"),
         ("self_attn.v_proj.weight", [kv, h], "in"),
         ("self_attn.o_proj.weight", [h, q], "out"),
-        ("mlp.gate_proj.weight", [i, h], "in"),
-        ("mlp.up_proj.weight", [i, h], "in"),
-        ("mlp.down_proj.weight", [h, i], "out"),
     ]
-    if family == "qwen2":  # Qwen2Attention: q/k/v with bias=True, o_proj without
+    s = []
+    if family in ("qwen2", "qwen2moe"):  # Qwen2(Moe)Attention: q/k/v with bias=True, o_proj without
         s += [("self_attn.q_proj.bias", [q], "bias"), ("self_attn.k_proj.bias", [kv], "bias"),
               ("self_attn.v_proj.bias", [kv], "bias")]
-    if family == "qwen3":  # Qwen3Attention.q_norm / k_norm: RMSNorm over head_dim
+    if family in ("qwen3", "qwen3moe"):  # Qwen3(Moe)Attention.q_norm / k_norm: RMSNorm over head_dim
         s += [("self_attn.q_norm.weight", [d], "norm"), ("self_attn.k_norm.weight", [d], "norm")]
+    if family == "olmoe":  # OlmoeAttention.q_norm / k_norm: RMSNorm over the whole projection
+        s += [("self_attn.q_norm.weight", [q], "norm"), ("self_attn.k_norm.weight", [kv], "norm")]
     if family == "gemma2":  # Gemma2DecoderLayer's sandwich norms
         s += [("pre_feedforward_layernorm.weight", [h], "norm"),
               ("post_feedforward_layernorm.weight", [h], "norm")]
+    return attention, s
+
+
+def swiglu_shapes(prefix, h, i, out_kind="out", names=("gate_proj", "up_proj", "down_proj")):
+    gate, up, down = names
+    return [(f"{prefix}{gate}.weight", [i, h], "in"), (f"{prefix}{up}.weight", [i, h], "in"),
+            (f"{prefix}{down}.weight", [h, i], out_kind)]
+
+
+def mlp_shapes(family, c):
+    h, i = c["hidden_size"], c["intermediate_size"]
+    if family == "phi3":  # Phi3MLP.gate_up_proj rows gate|up
+        return [("mlp.gate_up_proj.weight", [2 * i, h], "in"), ("mlp.down_proj.weight", [h, i], "out")]
+    if family not in MOE_FAMILIES:
+        return swiglu_shapes("mlp.", h, i)
+    if family == "mixtral":  # MixtralSparseMoeBlock: gate (router), experts[j].w1/w3/w2
+        s = [("block_sparse_moe.gate.weight", [c["num_local_experts"], h], "router")]
+        for j in range(c["num_local_experts"]):
+            s += swiglu_shapes(f"block_sparse_moe.experts.{j}.", h, i, "expert_out", ("w1", "w3", "w2"))
+        return s
+    width = c["moe_intermediate_size"] if "moe_intermediate_size" in c else i  # olmoe: intermediate_size
+    s = [("mlp.gate.weight", [c["num_experts"], h], "router")]
+    for j in range(c["num_experts"]):
+        s += swiglu_shapes(f"mlp.experts.{j}.", h, width, "expert_out")
+    if family == "qwen2moe":  # Qwen2MoeSparseMoeBlock: shared_expert, shared_expert_gate
+        s += swiglu_shapes("mlp.shared_expert.", h, c["shared_expert_intermediate_size"])
+        s.append(("mlp.shared_expert_gate.weight", [1, h], "in"))
     return s
 
 
@@ -243,6 +405,19 @@ def model_shapes(family, c):
 
 def tied(family, c):
     return c.get("tie_word_embeddings", family == "gemma2")
+
+
+# Per MoE family: the router logits' std (router rows N(0, (gain / sqrt(hidden))^2) on an
+# RMS-normed input), and the experts' down projection gain (the plain "out" gain is 0.7). Both
+# picked by trying a few values (seed 0): the routing is spread (different tokens pick
+# different expert sets; each layer uses every expert, or nearly so for olmoe's 64), the
+# router logit gap between the k-th and (k+1)-th expert stays above ~5e-4 over a 72-token
+# sequence (f32 rounding of a logit is ~1e-7), and greedy decoding wanders (16 to 29 distinct
+# ids of 32 on selfcheck.py's prompt, as the dense families). Without renormalisation the
+# top-k weights sum to well under 1 (qwen2moe's 4 of 8, olmoe's 8 of 64), hence the larger
+# down gains there.
+ROUTER_GAIN = {"mixtral": 2.0, "qwen2moe": 2.0, "olmoe": 3.0, "qwen3moe": 2.0}
+MOE_OUT_GAIN = {"mixtral": 1.0, "qwen2moe": 1.5, "olmoe": 2.5, "qwen3moe": 1.0}
 
 
 def init_tensor(rng, family, shape, kind, is_tied):
@@ -267,7 +442,8 @@ def init_tensor(rng, family, shape, kind, is_tied):
         return rng.normal(0.0, 0.2, shape)
     # gemma2's larger q/k gain gives attention scores up to ~20, so its softcap (50) matters;
     # more makes the softmax nearly hard and the model chaotic (f32 rounding visible in logits).
-    gain = {"qk": 2.0 if gemma else 1.0, "in": 1.0, "out": 0.7}[kind]
+    gain = {"qk": 2.0 if gemma else 1.0, "in": 1.0, "out": 0.7, "router": ROUTER_GAIN.get(family),
+            "expert_out": MOE_OUT_GAIN.get(family)}[kind]
     return rng.normal(0.0, gain / np.sqrt(shape[1]), shape)
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Float64 NumPy forward of a Hugging Face llama / mistral / qwen2 / qwen3 / phi3 / gemma2 folder.
+"""Float64 NumPy forward of a Hugging Face llama / mistral / qwen2 / qwen3 / phi3 / gemma2 / mixtral /
+qwen2_moe / olmoe / qwen3_moe folder.
 
   reference_forward.py --model DIR --ids "1 2 3 ..." [--new 32] [--q4] [--logits-out F] [--json-out F]
 
@@ -43,11 +44,27 @@ src/transformers/):
   * qwen2: q/k/v biases (o_proj none); qwen3: q_norm/k_norm (RMSNorm over head_dim) per head
     before RoPE; llama: attention_bias (q,k,v,o) and mlp_bias.
   * phi3: fused qkv_proj rows [q | k | v], gate_up_proj rows [gate | up], up * silu(gate).
+  * Mixture of experts (models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock,
+    qwen2_moe/modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock, olmoe/modeling_olmoe.py
+    OlmoeSparseMoeBlock, qwen3_moe/modeling_qwen3_moe.py Qwen3MoeSparseMoeBlock), per token:
+    router logits = x @ gate^T over all E experts; p = softmax(logits) (float); the k experts
+    of largest p (torch.topk; ties: lowest index first); their weights p_k, divided by their
+    sum where the top-k is renormalised (mixtral always, the others with norm_topk_prob);
+    out = sum_k w_k * down_k(silu(gate_k(x)) * up_k(x)). qwen2_moe adds
+    sigmoid(x @ shared_expert_gate^T) * shared_expert(x) (a SwiGLU MLP of
+    shared_expert_intermediate_size). Every layer is a MoE layer: decoder_sparse_step != 1 or
+    a non-empty mlp_only_layers is refused.
+  * olmoe (OlmoeAttention): q_norm / k_norm are RMSNorms over the whole q and k projections
+    (widths heads * head_dim and kv_heads * head_dim, head_dim = hidden / heads) before they are
+    split into heads and rotated; clip_qkv, when set, clamps q, k (after their norms) and v to
+    [-clip_qkv, clip_qkv]. qwen3_moe: qwen3's per-head q_norm / k_norm. qwen2_moe: qwen2's
+    q/k/v biases. mixtral: llama attention, mistral's sliding window rule.
 """
 import argparse
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -164,6 +181,13 @@ Q4_LAYER_MATRIX = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_a
                    "self_attn.o_proj.weight", "self_attn.qkv_proj.weight", "mlp.gate_proj.weight",
                    "mlp.up_proj.weight", "mlp.down_proj.weight", "mlp.gate_up_proj.weight")
 Q4_FIXED_MATRIX = ("model.embed_tokens.weight", "lm_head.weight")
+# The MoE layers' matrices that convert_layer compresses: Qwen2-MoE's shared expert (the
+# NameTable's gate/up/down slots) and every expert's gate/up/down (kExpertMembers). The router
+# (mlp.gate / block_sparse_moe.gate) stays as stored ("its top-k picks experts"), and so does
+# Qwen2-MoE's shared_expert_gate (a [1, hidden] vector).
+Q4_MOE_LAYER_MATRIX = ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+                       "mlp.shared_expert.down_proj.weight")
+Q4_EXPERT_MATRIX = re.compile(r"(block_sparse_moe\.experts\.\d+\.w[123]|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight")
 
 
 def q4_compress_weights(weights):
@@ -173,7 +197,9 @@ def q4_compress_weights(weights):
     placement/layer_linears.cpp compressible / stored_dtype):
       * compress_layer: every linear matrix of every layer whose `in` (columns) is a whole
         number of groups (compressible(in): in % 64 == 0); the others (e.g. down_proj with an
-        intermediate size of 96) stay as they are. Phi-3's fused qkv_proj / gate_up_proj are
+        intermediate size of 96) stay as they are. In a MoE layer that is every expert's
+        gate / up / down and Qwen2-MoE's shared expert, not the router nor shared_expert_gate
+        (loader.cpp convert_layer). Phi-3's fused qkv_proj / gate_up_proj are
         split by rows into q/k/v and gate/up views before compression (weights.cpp
         fetch_fused); groups run along `in`, inside one row, so a row split changes no group
         and the fused matrix is round-tripped here whole.
@@ -189,7 +215,9 @@ def q4_compress_weights(weights):
     """
     out, names = dict(weights), []
     for name, w in weights.items():
-        layer = name.startswith("model.layers.") and name.split(".", 3)[-1] in Q4_LAYER_MATRIX
+        suffix = name.split(".", 3)[-1]
+        layer = name.startswith("model.layers.") and (
+            suffix in Q4_LAYER_MATRIX or suffix in Q4_MOE_LAYER_MATRIX or Q4_EXPERT_MATRIX.fullmatch(suffix))
         if not (layer or name in Q4_FIXED_MATRIX):
             continue
         if w.ndim != 2 or w.shape[1] % Q4_GROUP:  # compressible(in)
@@ -238,7 +266,41 @@ FAMILY = {
                "defaults": {"rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096,
                             "head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
                             "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh"}},
+    # The MoE families (configuration_mixtral.py, configuration_qwen2_moe.py,
+    # configuration_olmoe.py, configuration_qwen3_moe.py). The router's training-only fields
+    # (router_aux_loss_coef, output_router_logits, router_jitter_noise: jitter only in
+    # training) change nothing here.
+    "mixtral": {"arch": "MixtralForCausalLM",
+                "fields": {"sliding_window", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+                           "output_router_logits", "router_jitter_noise"},
+                "defaults": {"rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": None,
+                             "num_local_experts": 8, "num_experts_per_tok": 2}},
+    "qwen2_moe": {"arch": "Qwen2MoeForCausalLM",
+                  "fields": {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+                             "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                             "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                             "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"},
+                  "defaults": {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "sliding_window": 4096,
+                               "use_sliding_window": False, "max_window_layers": 28, "num_experts": 60,
+                               "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                               "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+                               "decoder_sparse_step": 1}},
+    "olmoe": {"arch": "OlmoeForCausalLM",
+              "fields": {"attention_bias", "clip_qkv", "num_experts", "num_experts_per_tok", "norm_topk_prob",
+                         "router_aux_loss_coef", "output_router_logits"},
+              "defaults": {"rms_norm_eps": 1e-5, "tie_word_embeddings": False, "num_experts": 64,
+                           "num_experts_per_tok": 8, "norm_topk_prob": False, "clip_qkv": None}},
+    "qwen3_moe": {"arch": "Qwen3MoeForCausalLM",
+                  "fields": {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers",
+                             "layer_types", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                             "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+                             "output_router_logits"},
+                  "defaults": {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "sliding_window": 4096,
+                               "use_sliding_window": False, "max_window_layers": 28, "num_experts": 128,
+                               "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False,
+                               "decoder_sparse_step": 1}},
 }
+MOE = {"mixtral", "qwen2_moe", "olmoe", "qwen3_moe"}
 
 
 def get(cfg, key):
@@ -287,6 +349,38 @@ def check_values(cfg, family):
     prf = cfg.get("partial_rotary_factor", 1.0)
     if not 0.0 < prf <= 1.0:
         raise Unsupported(f"partial_rotary_factor {prf}")
+    if family in MOE:
+        check_moe(cfg, family)
+
+
+def check_moe(cfg, family):
+    e, k = n_experts(cfg), get(cfg, "num_experts_per_tok")
+    if not (isinstance(e, int) and isinstance(k, int) and 1 <= k <= e):
+        raise Unsupported(f"{family}: num_experts_per_tok {k} must be in [1, {e}] experts")
+    # Qwen MoE: layer i is a MoE layer iff i not in mlp_only_layers and (i + 1) % step == 0;
+    # a dense layer (mlp.gate_proj of intermediate_size) is not implemented here.
+    if get(cfg, "decoder_sparse_step") not in (None, 1):
+        raise Unsupported(f"{family}: decoder_sparse_step {cfg['decoder_sparse_step']} (only 1: every layer MoE)")
+    if cfg.get("mlp_only_layers"):
+        raise Unsupported(f"{family}: mlp_only_layers {cfg['mlp_only_layers']} (only []: every layer MoE)")
+    if family == "olmoe":
+        # OlmoeAttention: head_dim = hidden / heads whatever the config says.
+        if cfg.get("head_dim") not in (None, cfg["hidden_size"] // cfg["num_attention_heads"]):
+            raise Unsupported("olmoe: head_dim other than hidden_size / num_attention_heads")
+        clip = get(cfg, "clip_qkv")
+        if clip is not None and not (isinstance(clip, (int, float)) and clip > 0):
+            raise Unsupported(f"olmoe: clip_qkv {clip!r}")
+
+
+def n_experts(cfg):
+    return get(cfg, "num_local_experts" if cfg["model_type"] == "mixtral" else "num_experts")
+
+
+def norm_topk(cfg):
+    """Whether the top-k weights are divided by their sum."""
+    if cfg["model_type"] == "mixtral":  # MixtralSparseMoeBlock: routing_weights /= sum, always
+        return True
+    return bool(get(cfg, "norm_topk_prob"))
 
 
 ROPE_KEYS = {
@@ -294,8 +388,8 @@ ROPE_KEYS = {
     "llama3": ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, set()),
     "longrope": ({"short_factor", "long_factor"}, {"factor", "attention_factor", "original_max_position_embeddings"}),
 }
-ROPE_FAMILIES = {"linear": {"llama", "mistral", "qwen2", "qwen3"}, "llama3": {"llama", "mistral", "qwen2", "qwen3"},
-                 "longrope": {"phi3"}}
+_ROPE_COMMON = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "olmoe", "qwen3_moe"}
+ROPE_FAMILIES = {"linear": _ROPE_COMMON, "llama3": _ROPE_COMMON, "longrope": {"phi3"}}
 
 
 def rope_type(cfg):
@@ -328,11 +422,11 @@ def check_rope_scaling(cfg, family):
 def bias_layout(cfg):
     """(attention projections with a bias, MLP has biases), as each modeling file builds them."""
     family = cfg["model_type"]
-    if family == "qwen2":  # Qwen2Attention: q/k/v bias=True, o_proj bias=False
+    if family in ("qwen2", "qwen2_moe"):  # Qwen2(Moe)Attention: q/k/v bias=True, o_proj bias=False
         return {"q", "k", "v"}, False
-    if family in ("llama", "qwen3", "gemma2") and cfg.get("attention_bias", False):
+    if family in ("llama", "qwen3", "gemma2", "qwen3_moe", "olmoe") and cfg.get("attention_bias", False):
         return {"q", "k", "v", "o"}, bool(cfg.get("mlp_bias", False))
-    return set(), bool(cfg.get("mlp_bias", False))  # mistral, phi3: no biases
+    return set(), bool(cfg.get("mlp_bias", False))  # mistral, phi3, mixtral: no biases
 
 
 def head_dim(cfg):
@@ -348,13 +442,13 @@ def sliding_layers(cfg):
     """Per layer: the window size, or None for full causal attention."""
     family, n = cfg["model_type"], cfg["num_hidden_layers"]
     window = get(cfg, "sliding_window")
-    if family == "llama" or window is None:
+    if family in ("llama", "olmoe") or window is None:
         return [None] * n
     if cfg.get("layer_types") is not None:
         kinds = cfg["layer_types"]
-    elif family in ("mistral", "phi3"):  # one mask for every layer (create_sliding_window_causal_mask)
+    elif family in ("mistral", "phi3", "mixtral"):  # one mask for every layer (create_sliding_window_causal_mask)
         kinds = ["sliding_attention"] * n
-    elif family in ("qwen2", "qwen3"):  # configuration_qwen2.py: use_sliding_window and i >= max_window_layers
+    elif family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):  # configuration_qwen2.py: use_sliding_window and i >= max_window_layers
         on = bool(get(cfg, "use_sliding_window"))
         kinds = ["sliding_attention" if on and i >= get(cfg, "max_window_layers") else "full_attention"
                  for i in range(n)]
@@ -450,6 +544,10 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def sigmoid(x):
+    return np.exp(-np.logaddexp(0.0, -x))  # 1 / (1 + e^-x) without overflow
+
+
 def gelu_tanh(x):
     # ACT2FN["gelu_pytorch_tanh"]: tanh approximation of GELU.
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
@@ -487,6 +585,7 @@ class Model:
         self.windows = sliding_layers(cfg)
         self.attn_bias, self.mlp_bias = bias_layout(cfg)
         self.used = set()
+        self.routing = []  # MoE, of the last forward: per layer {"chosen": [n, k], "margin": [n]}
         self.head = self.lm_head_weight()
 
     def t(self, name):
@@ -523,8 +622,14 @@ class Model:
         else:
             q, k, v = (linear(x, self.t(p + f"{m}_proj.weight"), self.bias(p + f"{m}_proj", m in self.attn_bias))
                        for m in "qkv")
+        if self.family == "olmoe":  # OlmoeAttention: RMSNorm over the whole projections, then clip
+            q = rms_norm(q, self.t(p + "q_norm.weight"), self.eps, False)
+            k = rms_norm(k, self.t(p + "k_norm.weight"), self.eps, False)
+            clip = get(self.cfg, "clip_qkv")
+            if clip is not None:
+                q, k, v = (np.clip(a, -clip, clip) for a in (q, k, v))
         q, k, v = (a.reshape(n, -1, d).transpose(1, 0, 2) for a in (q, k, v))
-        if self.family == "qwen3":  # Qwen3Attention: per-head RMSNorm over head_dim, before RoPE
+        if self.family in ("qwen3", "qwen3_moe"):  # Qwen3(Moe)Attention: per-head RMSNorm over head_dim, before RoPE
             q = rms_norm(q, self.t(p + "q_norm.weight"), self.eps, False)
             k = rms_norm(k, self.t(p + "k_norm.weight"), self.eps, False)
         return q, k, v
@@ -556,6 +661,48 @@ class Model:
 
     # -- MLP
 
+    def swiglu(self, p, x, names=("gate_proj", "up_proj", "down_proj")):
+        gate, up, down = (self.t(p + m + ".weight") for m in names)
+        return linear(silu(linear(x, gate)) * linear(x, up), down)
+
+    def route(self, logits):
+        """(experts [n, k], weights [n, k]) of router logits [n, E], as the Sparse MoE blocks do:
+        softmax over all E (in float), top-k of the probabilities, renormalised if so configured."""
+        prob = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        prob /= prob.sum(axis=-1, keepdims=True)
+        k = get(self.cfg, "num_experts_per_tok")
+        # torch.topk: the k largest, in descending order; on equal values the lower index first
+        # (a stable sort of -p gives that order).
+        order = np.argsort(-prob, axis=-1, kind="stable")
+        chosen = order[:, :k]
+        weights = np.take_along_axis(prob, chosen, axis=-1)
+        ranked = np.take_along_axis(logits, order, axis=-1)
+        # kept for selfcheck.py: how near each token came to choosing other experts (the router
+        # logit gap between its k-th and (k+1)-th expert, log p_k - log p_k+1)
+        self.routing.append({"chosen": chosen, "margin": ranked[:, k - 1] - ranked[:, k] if k < prob.shape[1]
+                             else np.full(prob.shape[0], np.inf)})
+        if norm_topk(self.cfg):
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return chosen, weights
+
+    def moe(self, p, x):
+        """The sparse MoE block of one layer (p: the layer's prefix) on x [n, hidden]."""
+        if self.family == "mixtral":
+            router, experts, names = p + "block_sparse_moe.gate.weight", p + "block_sparse_moe.experts.", ("w1", "w3", "w2")
+        else:
+            router, experts, names = p + "mlp.gate.weight", p + "mlp.experts.", ("gate_proj", "up_proj", "down_proj")
+        chosen, weights = self.route(linear(x, self.t(router)))
+        out = np.zeros_like(x)
+        for j in range(n_experts(self.cfg)):
+            rows, slot = np.nonzero(chosen == j)
+            # every expert's tensors are read (and so "used") even when no token picks it
+            e = self.swiglu(f"{experts}{j}.", x[rows], names)
+            out[rows] += weights[rows, slot][:, None] * e
+        if self.family == "qwen2_moe":  # Qwen2MoeSparseMoeBlock: + sigmoid(gate) * shared_expert
+            shared_gate = linear(x, self.t(p + "mlp.shared_expert_gate.weight"))
+            out = out + sigmoid(shared_gate) * self.swiglu(p + "mlp.shared_expert.", x)
+        return out
+
     def mlp(self, p, x):
         if self.family == "phi3":  # Phi3MLP: gate, up = gate_up_proj(x).chunk(2)
             gate, up = np.split(linear(x, self.t(p + "gate_up_proj.weight")), 2, axis=-1)
@@ -579,7 +726,8 @@ class Model:
             ff = self.mlp(p + "mlp.", self.norm(p + "pre_feedforward_layernorm.weight", x))
             return x + self.norm(p + "post_feedforward_layernorm.weight", ff)
         x = x + attn
-        return x + self.mlp(p + "mlp.", self.norm(p + "post_attention_layernorm.weight", x))
+        h = self.norm(p + "post_attention_layernorm.weight", x)
+        return x + (self.moe(p, h) if self.family in MOE else self.mlp(p + "mlp.", h))
 
     def embed(self, ids):
         table = self.t("model.embed_tokens.weight")
@@ -593,6 +741,7 @@ class Model:
     def forward(self, ids):
         """Logits [len(ids), vocab] of the whole sequence (positions 0..n-1)."""
         x = self.embed(ids)
+        self.routing = []
         cos, sin = rope_for(self.cfg, len(ids))
         for n in range(self.cfg["num_hidden_layers"]):
             x = self.layer(n, x, cos, sin)
