@@ -17,8 +17,7 @@ int32_t ExpertRouting::active_experts() const {
 
 std::string ExpertRouting::str() const {
   std::string s;
-  for (int32_t e = 0; e < n_experts; ++e)
-    s += fmt::format("{}{}", e == 0 ? "" : " ", rows_of(e));
+  for (int32_t e = 0; e < n_experts; ++e) s += fmt::format("{}{}", e == 0 ? "" : " ", rows_of(e));
   return fmt::format("ExpertRouting({} experts, top-{}, rows per expert: {})", n_experts, top_k, s);
 }
 
@@ -73,7 +72,8 @@ void route_top_k(const float* logits, int64_t rows, int32_t n_experts, int32_t t
   prob.resize(static_cast<size_t>(n_experts));
   for (int64_t r = 0; r < rows; ++r)
     route_row(logits + r * n_experts, n_experts, top_k, renormalise, prob,
-              picked.data() + static_cast<size_t>(r) * k, weight.data() + static_cast<size_t>(r) * k);
+              picked.data() + static_cast<size_t>(r) * k,
+              weight.data() + static_cast<size_t>(r) * k);
   // Counting sort by expert: stable, so each expert's rows stay ascending.
   out.n_experts = n_experts;
   out.top_k = top_k;

@@ -117,9 +117,9 @@ bool ProfilingBackend::store_and_attend(const float* q, const float* k, const fl
 
 std::string ProfilingBackend::json() const {
   static constexpr const char* kNames[kNumOps] = {
-      "copy", "linear",   "embedding",     "rms_norm", "layer_norm",
-      "rope", "silu_mul", "gelu_tanh_mul", "scale",    "softcap",
-      "relu", "add",      "softmax",       "kv_store", "attention", "expert_rows"};
+      "copy",     "linear",        "embedding", "rms_norm",   "layer_norm", "rope",
+      "silu_mul", "gelu_tanh_mul", "scale",     "softcap",    "relu",       "add",
+      "softmax",  "kv_store",      "attention", "expert_rows"};
   std::string s = "{";
   for (int i = 0; i < kNumOps; ++i) {
     if (calls_[static_cast<size_t>(i)] == 0) continue;

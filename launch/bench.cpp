@@ -335,7 +335,8 @@ nlohmann::json expert_stream_json(const ExpertStore& store, const std::string& d
   const size_t blob = store.expert_bytes();
   const size_t probe = std::max<size_t>(blob, std::min<size_t>(size_t{1} << 30, 16 * blob));
   const DirectIoTimes bound = time_direct_io(disk_dir, probe, blob);
-  const double bound_gbs = bound.read_s > 0 ? static_cast<double>(bound.bytes) / bound.read_s / 1e9 : 0;
+  const double bound_gbs =
+      bound.read_s > 0 ? static_cast<double>(bound.bytes) / bound.read_s / 1e9 : 0;
   const double read_gbs = s.read_rate() / 1e9;
   return {{"disk_experts", store.disk_experts()},
           {"cache_slots", store.cache_slots()},

@@ -254,8 +254,7 @@ int run_plan(const PlanOptions& o) {
     layer_offloading = r.cost.throughput;
   }
   if (!o.host_compute) add_pie_hetegen(shape, w, chosen, hw, out, text);
-  if (shape.moe() && !o.host_compute)
-    add_moe_plan(o, shape, w, hw, layer_offloading, out, text);
+  if (shape.moe() && !o.host_compute) add_moe_plan(o, shape, w, hw, layer_offloading, out, text);
   out["stages"] = stage_placements(o, hw, chosen, text);
   out["model"] = o.model;
   out["hardware"] = hw.to_json();

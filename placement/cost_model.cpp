@@ -70,9 +70,8 @@ Sizes sizes_of(const ModelShape& m, const Workload& w, const Policy& p) {
   const double packed = compressed_fraction(m.weight_bytes_per_elem);
   // A MoE layer as FlexGen would offload it: every expert stored and streamed (w), the k a
   // token runs computed (mm_flops_tok), an expert's width the MLP's working set.
-  const double matmul_params =
-      double(m.attention_params_per_layer() + m.mlp_params_per_layer() -
-             (m.n_experts - m.experts_per_token) * m.expert_params());
+  const double matmul_params = double(m.attention_params_per_layer() + m.mlp_params_per_layer() -
+                                      (m.n_experts - m.experts_per_token) * m.expert_params());
   z.w_fp = double(m.params_per_layer()) * z.e;
   z.w = z.w_fp * (p.compress_weight ? packed : 1.0);
   z.w_dequant = p.compress_weight ? z.w_fp : 0.0;

@@ -53,8 +53,7 @@ int64_t ModelShape::active_params_per_layer() const {
 }
 
 int64_t ModelShape::params_per_layer() const {
-  const int64_t norms =
-      (2 + (post_norms ? 2 : 0)) * hidden * (norm_bias ? 2 : 1) + qk_norm_elems();
+  const int64_t norms = (2 + (post_norms ? 2 : 0)) * hidden * (norm_bias ? 2 : 1) + qk_norm_elems();
   return attention_params_per_layer() + mlp_params_per_layer() + norms;
 }
 
@@ -106,12 +105,12 @@ double ModelShape::sequence_flops(int64_t prompt_len, int64_t generated) const {
 
 std::string ModelShape::str() const {
   return fmt::format(
-      "ModelShape(h1={}, h2={}, layers={}, heads={}, kv_heads={}, head_dim={}, vocab={}, "
-      "max_pos={}, {}, {}{}, params={:.3f}M)",
-      hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab, max_positions,
-      gated_mlp ? "gated MLP" : "plain MLP", tied_head ? "tied head" : "untied head",
-      cache_window > 0 ? fmt::format(", KV window {}", cache_window) : "",
-      static_cast<double>(total_params()) / 1e6) +
+             "ModelShape(h1={}, h2={}, layers={}, heads={}, kv_heads={}, head_dim={}, vocab={}, "
+             "max_pos={}, {}, {}{}, params={:.3f}M)",
+             hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab, max_positions,
+             gated_mlp ? "gated MLP" : "plain MLP", tied_head ? "tied head" : "untied head",
+             cache_window > 0 ? fmt::format(", KV window {}", cache_window) : "",
+             static_cast<double>(total_params()) / 1e6) +
          (moe() ? fmt::format(" + MoE({} experts of {}, top-{}{}, active {:.3f}M/layer)", n_experts,
                               expert_intermediate, experts_per_token,
                               shared_expert_gate ? ", shared expert" : "",

@@ -74,9 +74,9 @@ struct ModelShape {
   // Parameter counts.
   int64_t attention_params_per_layer() const;
   int64_t mlp_params_per_layer() const;  // a MoE layer's: every expert, router, dense MLP
-  int64_t params_per_layer() const;  // incl. norms and biases
-  int64_t embedding_params() const;  // token (+ position) tables
-  int64_t head_params() const;       // 0 when tied
+  int64_t params_per_layer() const;      // incl. norms and biases
+  int64_t embedding_params() const;      // token (+ position) tables
+  int64_t head_params() const;           // 0 when tied
   int64_t total_params() const;
 
   // Bytes read from weights for one decode step of `rows` rows of the whole model (every

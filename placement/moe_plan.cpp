@@ -11,7 +11,8 @@
 namespace strata {
 
 void CpuExpertRates::validate() const {
-  if (!(weight_bdw > 0 && std::isfinite(weight_bdw)) || !(gemm_flops > 0 && std::isfinite(gemm_flops)))
+  if (!(weight_bdw > 0 && std::isfinite(weight_bdw)) ||
+      !(gemm_flops > 0 && std::isfinite(gemm_flops)))
     fail_input("CPU expert rates must be positive: weight bandwidth {} B/s, GEMM {} FLOP/s",
                weight_bdw, gemm_flops);
 }
@@ -36,7 +37,7 @@ struct MoeSizes {
   double w = 0;             // bytes per weight element as stored (4-bit: compressed_fraction)
   double dense_params = 0;  // attention, norms, router, shared expert
   double expert_params = 0;
-  double fixed_bytes = 0;   // embedding, head, final norm
+  double fixed_bytes = 0;  // embedding, head, final norm
   double kv_token_layer = 0;
   double l = 0, n_experts = 0, k = 0;
 };
@@ -49,8 +50,7 @@ MoeSizes sizes(const ModelShape& s, bool compress) {
   z.n_experts = static_cast<double>(s.n_experts);
   z.k = static_cast<double>(s.experts_per_token);
   z.dense_params = static_cast<double>(s.params_per_layer()) - z.n_experts * z.expert_params;
-  z.fixed_bytes =
-      static_cast<double>(s.embedding_params() + s.head_params() + s.hidden) * z.w;
+  z.fixed_bytes = static_cast<double>(s.embedding_params() + s.head_params() + s.hidden) * z.w;
   z.kv_token_layer = 2.0 * static_cast<double>(s.kv_width()) * z.e;
   z.l = static_cast<double>(s.n_layers);
   return z;
@@ -190,21 +190,24 @@ std::string MoePlan::str() const {
                        c.gpu_s * 1e3);
   };
   return fmt::format(
-      "MoE expert placement: batch {}, per layer {} experts on the GPU (the hottest), {} in host "
-      "memory, {} on disk ({:.1f} MiB each); the attention, norms and router of every layer on "
-      "the GPU; KV cache {}.\n"
-      "  decode step: {:.2f} active experts per layer, {:.1f} rows each; a host expert is "
-      "computed {}\n"
-      "  prefill: a host expert is computed {}\n"
-      "  decode per layer: gpu {:.2f} ms, cpu {:.2f} ms, link {:.2f} ms, disk {:.2f} ms -> "
-      "{:.2f} ms ({}-bound); prefill per layer {:.2f} ms\n"
-      "  memory: gpu {:.2f} GiB, cpu {:.2f} GiB, disk {:.2f} GiB; predicted throughput {:.2f} "
-      "token/s",
-      batch, gpu_experts, host_experts, disk_experts, expert_bytes / (1 << 20),
-      kv_on_gpu ? "on the GPU" : "in host memory (attention on the CPU)", active_experts,
-      rows_per_expert, site(decode_site), site(prefill_site), t_gpu * 1e3, t_cpu * 1e3,
-      t_link * 1e3, t_disk * 1e3, decode_layer_s * 1e3, bound(), prefill_layer_s * 1e3,
-      gpu_bytes / (1 << 30), cpu_bytes / (1 << 30), disk_bytes / (1 << 30), throughput) +
+             "MoE expert placement: batch {}, per layer {} experts on the GPU (the hottest), {} in "
+             "host "
+             "memory, {} on disk ({:.1f} MiB each); the attention, norms and router of every layer "
+             "on "
+             "the GPU; KV cache {}.\n"
+             "  decode step: {:.2f} active experts per layer, {:.1f} rows each; a host expert is "
+             "computed {}\n"
+             "  prefill: a host expert is computed {}\n"
+             "  decode per layer: gpu {:.2f} ms, cpu {:.2f} ms, link {:.2f} ms, disk {:.2f} ms -> "
+             "{:.2f} ms ({}-bound); prefill per layer {:.2f} ms\n"
+             "  memory: gpu {:.2f} GiB, cpu {:.2f} GiB, disk {:.2f} GiB; predicted throughput "
+             "{:.2f} "
+             "token/s",
+             batch, gpu_experts, host_experts, disk_experts, expert_bytes / (1 << 20),
+             kv_on_gpu ? "on the GPU" : "in host memory (attention on the CPU)", active_experts,
+             rows_per_expert, site(decode_site), site(prefill_site), t_gpu * 1e3, t_cpu * 1e3,
+             t_link * 1e3, t_disk * 1e3, decode_layer_s * 1e3, bound(), prefill_layer_s * 1e3,
+             gpu_bytes / (1 << 30), cpu_bytes / (1 << 30), disk_bytes / (1 << 30), throughput) +
          candidates();
 }
 
@@ -219,8 +222,8 @@ std::string MoePlan::candidates() const {
 
 nlohmann::json MoePlan::to_json() const {
   const auto site = [](const ExpertSiteChoice& c) {
-    return nlohmann::json{{"cpu", c.cpu}, {"cpu_s", c.cpu_s}, {"copy_s", c.copy_s},
-                          {"gpu_s", c.gpu_s}};
+    return nlohmann::json{
+        {"cpu", c.cpu}, {"cpu_s", c.cpu_s}, {"copy_s", c.copy_s}, {"gpu_s", c.gpu_s}};
   };
   return {{"batch", batch},
           {"gpu_experts_per_layer", gpu_experts},
@@ -232,8 +235,13 @@ nlohmann::json MoePlan::to_json() const {
           {"rows_per_expert", rows_per_expert},
           {"decode_host_expert", site(decode_site)},
           {"prefill_host_expert", site(prefill_site)},
-          {"decode_layer_s", {{"gpu", t_gpu}, {"cpu", t_cpu}, {"link", t_link}, {"disk", t_disk},
-                              {"step", decode_layer_s}, {"bound", bound()}}},
+          {"decode_layer_s",
+           {{"gpu", t_gpu},
+            {"cpu", t_cpu},
+            {"link", t_link},
+            {"disk", t_disk},
+            {"step", decode_layer_s},
+            {"bound", bound()}}},
           {"prefill_layer_s", prefill_layer_s},
           {"memory_bytes", {{"gpu", gpu_bytes}, {"cpu", cpu_bytes}, {"disk", disk_bytes}}},
           {"throughput", throughput},

@@ -49,8 +49,8 @@ struct MoePlan {
   int64_t gpu_experts = 0, host_experts = 0, disk_experts = 0;  // per layer
   bool kv_on_gpu = true;  // else in host memory, attended there (CPU attention)
   double expert_bytes = 0;
-  double active_experts = 0;   // per layer per decode step
-  double rows_per_expert = 0;  // of an active expert, per decode step
+  double active_experts = 0;                   // per layer per decode step
+  double rows_per_expert = 0;                  // of an active expert, per decode step
   ExpertSiteChoice decode_site, prefill_site;  // a host expert's, per phase
   double gpu_bytes = 0, cpu_bytes = 0, disk_bytes = 0;
   // Seconds per layer of one decode step, by resource, and the step's (their max).

@@ -272,17 +272,20 @@ int64_t WeightPlacement::disk_bytes() const {
 
 std::string WeightPlacement::str() const {
   return fmt::format(
-      "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer {:.1f} "
-      "MiB, device slots {:.1f} MiB, host staging {:.1f} MiB{})",
-      device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu), count(Tier::kDisk),
-      mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes), mib(staging_bytes),
-      hetegen()
-          ? fmt::format(", HeteGen alpha {:.3f}: {} CPU-tier layers split, {:.3f} MiB on "
-                        "the device + {:.1f} MiB in host memory each, {:.3f} MiB of alpha shares "
-                        "streamed each pass",
-                        hetegen_alpha, split_layers(), mib(split_gpu_bytes), mib(host_layer_bytes),
-                        mib(split_stream_total()))
-          : "") +
+             "WeightPlacement({} compute, layers gpu/cpu/disk {}/{}/{}, fixed {:.1f} MiB, layer "
+             "{:.1f} "
+             "MiB, device slots {:.1f} MiB, host staging {:.1f} MiB{})",
+             device_compute ? "device" : "host", count(Tier::kGpu), count(Tier::kCpu),
+             count(Tier::kDisk), mib(fixed_bytes), mib(layer_bytes), mib(device_staging_bytes),
+             mib(staging_bytes),
+             hetegen()
+                 ? fmt::format(
+                       ", HeteGen alpha {:.3f}: {} CPU-tier layers split, {:.3f} MiB on "
+                       "the device + {:.1f} MiB in host memory each, {:.3f} MiB of alpha shares "
+                       "streamed each pass",
+                       hetegen_alpha, split_layers(), mib(split_gpu_bytes), mib(host_layer_bytes),
+                       mib(split_stream_total()))
+                 : "") +
          (experts_on_disk()
               ? fmt::format(", experts {} of {} per layer resident, the rest on disk ({:.1f} MiB "
                             "each, {:.1f} MiB in all) through {} cache slots",
@@ -478,9 +481,8 @@ WeightPlacement weight_sizes(const ModelShape& s, const StageRequest& r, bool co
   if (s.moe() && resident < s.n_experts) {
     w.n_experts = static_cast<int32_t>(s.n_experts);
     w.resident_experts = resident;
-    w.expert_cache_slots = r.expert_cache_slots > 0
-                               ? r.expert_cache_slots
-                               : static_cast<int32_t>(2 * s.experts_per_token);
+    w.expert_cache_slots = r.expert_cache_slots > 0 ? r.expert_cache_slots
+                                                    : static_cast<int32_t>(2 * s.experts_per_token);
     w.expert_bytes = packed_bytes(expert_tensors(s, compress));
     w.expert_disk_bytes = int64_t{n} * (s.n_experts - resident) * w.expert_bytes;
     w.expert_cache_bytes = w.expert_cache_slots * (w.expert_bytes + kPageBytes);

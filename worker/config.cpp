@@ -276,8 +276,8 @@ void parse_gemma2(const Fields& f, ModelConfig& c) {
 // Every layer a MoE layer: a checkpoint whose layers mix dense MLPs in (Qwen's
 // mlp_only_layers, decoder_sparse_step > 1) would give layers of two shapes, which one stage's
 // layer layout cannot hold, so it is refused by name.
-void parse_moe(const Fields& f, ModelConfig& c, const char* experts_field,
-               const char* width_field, bool norm_topk_default) {
+void parse_moe(const Fields& f, ModelConfig& c, const char* experts_field, const char* width_field,
+               bool norm_topk_default) {
   c.n_experts = f.integer(experts_field);
   c.experts_per_token = f.integer("num_experts_per_tok");
   c.expert_intermediate = f.integer(width_field);
@@ -291,8 +291,8 @@ void parse_moe(const Fields& f, ModelConfig& c, const char* experts_field,
     fail_input("{}: decoder_sparse_step = {} is not supported (every layer a MoE layer: 1)",
                c.source, step);
   if (const json* dense = f.find("mlp_only_layers"); dense != nullptr && !dense->empty())
-    fail_input("{}: mlp_only_layers = {} is not supported (every layer a MoE layer: [])",
-               c.source, dense->dump());
+    fail_input("{}: mlp_only_layers = {} is not supported (every layer a MoE layer: [])", c.source,
+               dense->dump());
   if (const json* clip = f.find("clip_qkv"))
     fail_input("{}: clip_qkv = {} is not supported (null: no clipping)", c.source, clip->dump());
 }

@@ -1,13 +1,13 @@
 #include "worker/expert_store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
-
-#include <unistd.h>
 
 #include "kernels/clock.h"
 #include "kernels/error.h"
@@ -48,8 +48,8 @@ void ExpertPopularity::record(int32_t layer, const ExpertRouting& routing) {
                "popularity of layer {} ({} experts) given {} experts", layer, n_experts_,
                routing.n_experts);
   int32_t& slot = next_[static_cast<size_t>(layer)];
-  int32_t* counts =
-      ring_.data() + (static_cast<size_t>(layer) * window_ + static_cast<size_t>(slot)) * n_experts_;
+  int32_t* counts = ring_.data() +
+                    (static_cast<size_t>(layer) * window_ + static_cast<size_t>(slot)) * n_experts_;
   int64_t* sums = sums_.data() + static_cast<size_t>(layer) * n_experts_;
   for (int32_t e = 0; e < n_experts_; ++e) {
     sums[e] += routing.rows_of(e) - counts[e];  // the oldest routing leaves the window

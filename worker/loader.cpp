@@ -293,13 +293,14 @@ LoadedModel load_model_parts(const std::string& spec, const LoadOptions& options
   LayerOffloader offloader(m.placement.disk_layers, options.disk_dir);
   m.feeder = device_feeder(options, m.placement.tiers);
   if (m.placement.experts_on_disk() && m.feeder != nullptr)
-    fail_input("{}: experts on disk ({} of {} per layer resident) need host compute; a device "
-               "stage keeps each layer's experts with it",
-               full.source, m.placement.resident_experts, m.placement.n_experts);
-  ExpertOffloader experts(parts.n_layers, m.placement.n_experts,
-                          m.placement.experts_on_disk() ? m.placement.resident_experts
-                                                        : m.placement.n_experts,
-                          options.disk_dir);
+    fail_input(
+        "{}: experts on disk ({} of {} per layer resident) need host compute; a device "
+        "stage keeps each layer's experts with it",
+        full.source, m.placement.resident_experts, m.placement.n_experts);
+  ExpertOffloader experts(
+      parts.n_layers, m.placement.n_experts,
+      m.placement.experts_on_disk() ? m.placement.resident_experts : m.placement.n_experts,
+      options.disk_dir);
   LayerSink sink = expert_sink(placement_sink(m, offloader), experts);
   // Nothing places a layer elsewhere: it stays in host memory (packing keeps its size).
   const bool host_resident = !sink && !options.compress_weight;

@@ -295,7 +295,8 @@ void Transformer::attention_block(const LayerWeights& L, int32_t i, BatchState& 
                              {LinearSlot::kV, &L.v, &L.v_bias, v_.f32(), kv_width}};
   block_linears(i, in, rows, qkv, false);
   if (arch_.qk_norm_whole) {  // OLMoE: q and k RMS-normalised over the whole projection
-    backend_.rms_norm(q_.f32(), rows, config_.q_width(), L.q_norm.f32(), config_.norm_eps, q_.f32());
+    backend_.rms_norm(q_.f32(), rows, config_.q_width(), L.q_norm.f32(), config_.norm_eps,
+                      q_.f32());
     backend_.rms_norm(k_.f32(), rows, config_.kv_width(), L.k_norm.f32(), config_.norm_eps,
                       k_.f32());
   }
@@ -421,12 +422,14 @@ void Transformer::shared_expert(const LayerWeights& L, int32_t i, const float* x
     backend_.linear(xin, rows, L.shared_expert_gate, nullptr, route_.f32());
     backend_.copy(shared_weights_.data(), route_.data(), n * sizeof(float),
                   CopyKind::kDeviceToHost);
-    for (size_t r = 0; r < n; ++r) shared_weights_[r] = 1.0f / (1.0f + std::exp(-shared_weights_[r]));
+    for (size_t r = 0; r < n; ++r)
+      shared_weights_[r] = 1.0f / (1.0f + std::exp(-shared_weights_[r]));
   }
   const size_t k = static_cast<size_t>(config_.experts_per_token);
   const size_t at = 2 * static_cast<size_t>(max_rows_) * k;
   const int32_t* ids = device_ints(identity_rows_.data(), n, at);
-  const float* weights = device_floats(shared_weights_.data(), n, at + static_cast<size_t>(max_rows_));
+  const float* weights =
+      device_floats(shared_weights_.data(), n, at + static_cast<size_t>(max_rows_));
   backend_.scatter_add_rows(moe_out_.f32(), config_.hidden, ids, weights, rows, acc);
 }
 
@@ -455,8 +458,9 @@ void Transformer::moe_block(const LayerWeights& L, int32_t i, int32_t rows, cons
       disk_experts_.push_back(e);
   std::span<const int32_t> order;
   if (!disk_experts_.empty()) {
-    STRATA_CHECK(expert_source_ != nullptr, "layer {}: expert {} is neither in the layer nor on disk",
-                 i, disk_experts_.front());
+    STRATA_CHECK(expert_source_ != nullptr,
+                 "layer {}: expert {} is neither in the layer nor on disk", i,
+                 disk_experts_.front());
     order = expert_source_->request(i, disk_experts_);
   }
   for (int32_t e = 0; e < config_.n_experts; ++e) {
@@ -575,7 +579,8 @@ KernelBounds Transformer::kernel_bounds(const LayerWeights& L, int32_t capacity)
   auto add = [&](const Tensor& t, bool in_layer) {
     if (t.shape.rank == 2) b.add_weight(t.shape[0], t.shape[1], t.dtype, in_layer);
   };  // rank 0: absent in this family or on this stage
-  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.router}) add(*t, true);
+  for (const Tensor* t : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.router})
+    add(*t, true);
   if (config_.moe()) {  // an expert's matrices (as the layer holds them, or as the config says)
     const auto held = std::find_if(L.experts.begin(), L.experts.end(),
                                    [](const ExpertWeights& e) { return e.gate.data != nullptr; });
@@ -593,9 +598,8 @@ KernelBounds Transformer::kernel_bounds(const LayerWeights& L, int32_t capacity)
 TierBytes Transformer::memory() const {
   TierBytes m = attention_.memory();
   int64_t& compute = device_compute_ || backend_.device() != Device::kHost ? m.gpu : m.cpu;
-  for (const DeviceBuffer* b :
-       {&h_, &q_, &k_, &v_, &attn_, &f1_, &f2_, &sel_, &logits_, &rope_cos_, &rope_sin_, &route_,
-        &moe_in_, &moe_out_, &moe_ids_})
+  for (const DeviceBuffer* b : {&h_, &q_, &k_, &v_, &attn_, &f1_, &f2_, &sel_, &logits_, &rope_cos_,
+                                &rope_sin_, &route_, &moe_in_, &moe_out_, &moe_ids_})
     compute += static_cast<int64_t>(b->size());
   return m;
 }

@@ -294,8 +294,7 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
 }
 
 // One block per row of an expert's gathered rows (a MoE layer's expert GEMM input/output).
-__global__ void gather_rows_kernel(const float* x, int64_t width, const int32_t* rows,
-                                   float* out) {
+__global__ void gather_rows_kernel(const float* x, int64_t width, const int32_t* rows, float* out) {
   const float* in = x + static_cast<int64_t>(rows[blockIdx.x]) * width;
   float* o = out + static_cast<int64_t>(blockIdx.x) * width;
   for (int64_t j = threadIdx.x; j < width; j += blockDim.x) o[j] = in[j];
@@ -626,7 +625,7 @@ KernelStatus gather_rows(const float* x, int64_t width, const int32_t* rows, int
                          StreamHandle stream) {
   if (n <= 0 || width <= 0) return {};
   gather_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, as_stream(stream)>>>(x, width, rows,
-                                                                                  out);
+                                                                                   out);
   return last_status();
 }
 

@@ -926,12 +926,27 @@ const std::vector<OpCase>& op_table() {
 TEST(BackendOps, TheTableCoversEveryOpOfTheInterface) {
   // Backend's compute and memory ops as backend.h declares them (allocate, deallocate,
   // allocate_host, compute_waits, host_waits, synchronize run inside the cases above).
-  const std::set<std::string> interface = {
-      "copy",      "transfer",     "linear",   "linear_then",     "embedding",
-      "rms_norm",  "layer_norm",   "rope",     "silu_mul",        "relu",
-      "add",       "softmax",      "kv_store", "kv_store_q4",     "kv_dequantize",
-      "attention", "attention_q4", "linears",  "store_and_attend", "gather_rows",
-      "scatter_add_rows"};
+  const std::set<std::string> interface = {"copy",
+                                           "transfer",
+                                           "linear",
+                                           "linear_then",
+                                           "embedding",
+                                           "rms_norm",
+                                           "layer_norm",
+                                           "rope",
+                                           "silu_mul",
+                                           "relu",
+                                           "add",
+                                           "softmax",
+                                           "kv_store",
+                                           "kv_store_q4",
+                                           "kv_dequantize",
+                                           "attention",
+                                           "attention_q4",
+                                           "linears",
+                                           "store_and_attend",
+                                           "gather_rows",
+                                           "scatter_add_rows"};
   std::set<std::string> covered;
   for (const OpCase& c : op_table()) {
     std::string n = c.name;

@@ -87,8 +87,8 @@ TEST(ModelShape, MixtralParametersAsPublished) {
   const ModelShape s = mixtral_8x7b();
   EXPECT_EQ(s.params_per_layer(), 1'451'270'144);
   EXPECT_EQ(s.total_params(), 46'702'792'704);  // "46.7B"
-  const int64_t active = s.n_layers * s.active_params_per_layer() + s.embedding_params() +
-                         s.head_params() + s.hidden;
+  const int64_t active =
+      s.n_layers * s.active_params_per_layer() + s.embedding_params() + s.head_params() + s.hidden;
   EXPECT_EQ(active, 12'879'925'248);  // "12.9B active"
 }
 

@@ -73,7 +73,8 @@ TEST(ExpertStore, DiskExpertsComeBackAsWrittenAndOnlyThoseAsked) {
   off(0, l0.w);
   off(1, l1.w);
   EXPECT_NE(l0.w.experts[0].gate.data, nullptr);  // resident
-  for (int32_t e = 1; e < 4; ++e) EXPECT_EQ(l0.w.experts[static_cast<size_t>(e)].gate.data, nullptr);
+  for (int32_t e = 1; e < 4; ++e)
+    EXPECT_EQ(l0.w.experts[static_cast<size_t>(e)].gate.data, nullptr);
   std::unique_ptr<ExpertStore> store = off.finish(2);
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->disk_experts(), 6);
@@ -108,7 +109,7 @@ TEST(ExpertStore, CachedExpertsFirstThenReadsInOrderEvictingTheLeastPopular) {
     return order;
   };
   EXPECT_EQ(run({1, 2}), (std::vector<int32_t>{1, 2}));
-  pop.record(0, routing_of({0, 5, 1, 0}));  // expert 1 popular, 2 less, 0 and 3 not at all
+  pop.record(0, routing_of({0, 5, 1, 0}));         // expert 1 popular, 2 less, 0 and 3 not at all
   EXPECT_EQ(run({3}), (std::vector<int32_t>{3}));  // into the empty slot
   // 0 is read into the slot of the least popular cached expert (3), not of the least
   // recently used (1, which LRU would drop).
