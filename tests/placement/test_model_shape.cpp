@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "placement/model_shape.h"
+#include "support/moe_shapes.h"
 
 namespace strata {
 namespace {
@@ -60,28 +61,10 @@ TEST(ModelShape, SequenceFlopsByHand) {
 namespace strata {
 namespace {
 
-// Mixtral-8x7B-v0.1's config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 32000,
-// 8 experts of 14336, top-2, untied head. Mistral AI gives 46.7B parameters and 12.9B
-// active per token; by hand: a layer's attention 2 x 4096^2 + 2 x 4096 x 1024, its experts
-// 8 x 3 x 4096 x 14336, router 8 x 4096, two norms; embedding and head 32000 x 4096 each.
-ModelShape mixtral_8x7b() {
-  ModelShape s;
-  s.hidden = 4096;
-  s.intermediate = 0;
-  s.n_layers = 32;
-  s.n_heads = 32;
-  s.n_kv_heads = 8;
-  s.head_dim = 128;
-  s.vocab = 32000;
-  s.max_positions = 32768;
-  s.gated_mlp = true;
-  s.tied_head = false;
-  s.weight_bytes_per_elem = 2;
-  s.n_experts = 8;
-  s.experts_per_token = 2;
-  s.expert_intermediate = 14336;
-  return s;
-}
+// Mistral AI gives Mixtral 8x7B 46.7B parameters and 12.9B active per token; by hand: a
+// layer's attention 2 x 4096^2 + 2 x 4096 x 1024, its experts 8 x 3 x 4096 x 14336, router
+// 8 x 4096, two norms; embedding and head 32000 x 4096 each.
+using testing::mixtral_8x7b;
 
 TEST(ModelShape, MixtralParametersAsPublished) {
   const ModelShape s = mixtral_8x7b();

@@ -7,27 +7,13 @@
 
 #include "kernels/error.h"
 #include "placement/moe_plan.h"
+#include "support/moe_shapes.h"
 
 namespace strata {
 namespace {
 
-ModelShape mixtral() {  // Mixtral-8x7B-v0.1, f16
-  ModelShape s;
-  s.hidden = 4096;
-  s.n_layers = 32;
-  s.n_heads = 32;
-  s.n_kv_heads = 8;
-  s.head_dim = 128;
-  s.vocab = 32000;
-  s.max_positions = 32768;
-  s.gated_mlp = true;
-  s.tied_head = false;
-  s.weight_bytes_per_elem = 2;
-  s.dtype = DType::kF16;
-  s.n_experts = 8;
-  s.experts_per_token = 2;
-  s.expert_intermediate = 14336;
-  return s;
+ModelShape mixtral() {
+  return testing::mixtral_8x7b();
 }
 
 TEST(FiddlerRule, FewRowsOnTheCpuManyRowsCopied) {
