@@ -14,7 +14,15 @@ really change the output (so a cross-check against them can catch their absence)
                    a 128-token prompt's first 40 rows equal the 40-token prompt's; at 129 the
                    long factors apply to every position, so those rows change;
   gemma2           query_pre_attn_scalar, attention and final softcaps each move the logits;
-  llama            llama3 rope scaling moves the logits.
+  llama            llama3 rope scaling moves the logits;
+  MoE families     (mixtral, qwen2moe, olmoe, qwen3moe) the routing is spread: several expert
+                   sets per layer, most experts used, the router logit gap between the k-th and
+                   (k+1)-th expert above 1e-4 everywhere (so an f32 engine picks the same
+                   experts); num_experts_per_tok moves the logits; qwen2moe, olmoe and qwen3moe:
+                   norm_topk_prob moves them (mixtral renormalises always: the flag is refused);
+                   qwen2moe: closing the shared expert's gate moves them; olmoe: clip_qkv moves
+                   them; decoder_sparse_step 2 / mlp_only_layers [1] are refused; --q4
+                   compresses the experts' gate/up and leaves the router as stored.
 Also: an unknown config field is refused (exit status 2 from the CLI), and the CLI's
 --logits-out / --json-out match the in-process forward. Prints one line per check.
 """
@@ -69,8 +77,11 @@ def check_layouts(family, tmp, logits):
     check(f"{family}: 3 shards load the same weights", max_diff(ref.load_model(sharded).forward(PROMPT), logits) == 0)
     bf16 = os.path.join(tmp, f"{family}-bf16")
     make_model.make_model(family, bf16, seed=0, dtype="bfloat16")
-    d = max_diff(ref.load_model(bf16).forward(PROMPT), logits)
-    check(f"{family}: bfloat16 weights load (max |diff| vs f32 {d:.3f})", 0 < d < 1)
+    if family in make_model.MOE_FAMILIES:
+        check_moe_bf16(family, tmp, bf16, logits)
+    else:
+        d = max_diff(ref.load_model(bf16).forward(PROMPT), logits)
+        check(f"{family}: bfloat16 weights load (max |diff| vs f32 {d:.3f})", 0 < d < 1)
     # Not a check: how far f32-sized weight noise moves the logits, a floor for the tolerance
     # of a cross-check against an f32 engine.
     m = ref.load_model(os.path.join(tmp, family))
@@ -78,6 +89,25 @@ def check_layouts(family, tmp, logits):
     m.w = {k: v * (1 + rng.normal(0.0, 1e-6, v.shape)) for k, v in m.w.items()}
     m.head = m.lm_head_weight()
     print(f"info {family}: weights * (1 + N(0, 1e-6)) move the logits by {max_diff(m.forward(PROMPT), logits):.1e}")
+
+
+def check_moe_bf16(family, tmp, bf16, logits):
+    """bf16 rounding (~2e-3 relative) moves router logits by more than the smallest top-k gap,
+    so a few tokens switch experts and their logits move by O(1): compare the positions whose
+    experts are the f32 model's in every layer, and check the weights read are the f32 ones
+    rounded to bf16 (to nearest even)."""
+    f32 = ref.load_model(os.path.join(tmp, family))
+    f32.forward(PROMPT)
+    m = ref.load_model(bf16)
+    got = m.forward(PROMPT)
+    same = np.ones(len(PROMPT), dtype=bool)
+    for a, b in zip(f32.routing, m.routing):
+        same &= np.all(np.sort(a["chosen"], axis=1) == np.sort(b["chosen"], axis=1), axis=1)
+    rounded = all(np.array_equal(m.w[n], (make_model.to_bf16_bits(w).astype(np.uint32) << 16).view(np.float32))
+                  for n, w in f32.w.items())
+    d = max_diff(got[same], logits[same]) if same.any() else float("nan")
+    check(f"{family}: bfloat16 weights load as the f32 ones rounded (max |diff| vs f32 {d:.3f} on the "
+          f"{int(same.sum())} of {len(PROMPT)} positions routed alike)", rounded and same.sum() >= len(PROMPT) // 2 and 0 < d < 1)
 
 
 def check_window_boundary(family, model_dir, logits, window=16):
@@ -150,6 +180,48 @@ def check_cli(family, model_dir, logits, tmp):
     check(f"{family}: CLI --logits-out [n_prompt, vocab] f32 and --json-out match", ok, r.stderr.strip())
 
 
+def check_moe(family, model_dir, logits):
+    m = ref.load_model(model_dir)
+    m.forward(PROMPT)
+    k = m.cfg["num_experts_per_tok"]
+    e = ref.n_experts(m.cfg)
+    gap = min(float(r["margin"].min()) for r in m.routing)
+    sets = [len({tuple(sorted(c)) for c in r["chosen"]}) for r in m.routing]
+    used = [len(np.unique(r["chosen"])) for r in m.routing]
+    check(f"{family}: top-{k} of {e} router logit gap >= 1e-4 on every token and layer", gap >= 1e-4, f"min {gap:.2e}")
+    check(f"{family}: several expert sets a layer", min(sets) >= 8, f"distinct sets {sets} of {len(PROMPT)} tokens")
+    check(f"{family}: most experts used in every layer", min(used) >= 0.75 * e, f"used {used} of {e}")
+    d = max_diff(model_with(model_dir, num_experts_per_tok=k + 1).forward(PROMPT), logits)
+    check(f"{family}: num_experts_per_tok {k} -> {k + 1} moves the logits", d > 1e-3, f"max |diff| {d:.3f}")
+    if family != "mixtral":
+        flag = bool(m.cfg["norm_topk_prob"])
+        d = max_diff(model_with(model_dir, norm_topk_prob=not flag).forward(PROMPT), logits)
+        check(f"{family}: norm_topk_prob {flag} -> {not flag} moves the logits", d > 1e-3, f"max |diff| {d:.3f}")
+    for field, value in (("decoder_sparse_step", 2), ("mlp_only_layers", [1])):
+        if field in m.cfg:
+            try:
+                model_with(model_dir, **{field: value})
+                check(f"{family}: {field} {value} refused", False)
+            except ref.Unsupported as err:
+                check(f"{family}: {field} {value} refused", True, str(err))
+    if family == "qwen2moe":
+        shut = ref.load_model(model_dir)
+        for name in [n for n in shut.w if n.endswith("mlp.shared_expert_gate.weight")]:
+            shut.w[name] = np.full_like(shut.w[name], -1e3)  # sigmoid -> 0 on every token
+        d = max_diff(shut.forward(PROMPT), logits)
+        check("qwen2moe: the shared expert (sigmoid-gated) matters", d > 1e-3, f"max |diff| {d:.3f}")
+    if family == "olmoe":
+        d = max_diff(model_with(model_dir, clip_qkv=0.5).forward(PROMPT), logits)
+        check("olmoe: clip_qkv 0.5 moves the logits", d > 1e-3, f"max |diff| {d:.3f}")
+    q4 = ref.load_model(model_dir, q4=True).q4_compressed
+    experts = [n for n in q4 if ".experts." in n]
+    routers = [n for n in q4 if n.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "shared_expert_gate.weight"))]
+    # the gate and up matrices (in = hidden = 64, whole groups) of every expert of every layer
+    want = 2 * e * m.cfg["num_hidden_layers"]
+    check(f"{family}: --q4 compresses the experts' gate/up ({want}), not the router", len(experts) == want and not routers,
+          f"{len(experts)} expert matrices, routers {routers[:2]}")
+
+
 EXTRA = {
     "mistral": lambda d, l, t: check_window_boundary("mistral", d, l),
     "gemma2": lambda d, l, t: (check_window_boundary("gemma2", d, l), check_gemma2_features(d, l)),
@@ -157,6 +229,10 @@ EXTRA = {
     "phi3": lambda d, l, t: check_phi3_longrope(d, l),
     "llama": lambda d, l, t: (check_llama_rope(d, l), check_cli("llama", d, l, t)),
 }
+
+
+for _family in make_model.MOE_FAMILIES:
+    EXTRA[_family] = lambda d, l, t, f=_family: check_moe(f, d, l)
 
 
 def main(argv=None):

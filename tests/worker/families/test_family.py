@@ -5,6 +5,9 @@ family: tests/anchors/llamacpp).
 
     test_family.py STRATA FAMILY CASE
 
+FAMILY: one of make_model.py's FAMILIES (llama, mistral, qwen2, qwen3, phi3, gemma2 and the
+mixture-of-experts families mixtral, qwen2moe, olmoe, qwen3moe); the cases are the same for all.
+
 CASE:
   single    strata score's logits of a 40-token prompt within 1e-4 x their std of the
             reference's, and strata generate's 32 greedy ids equal to the reference's
@@ -46,6 +49,10 @@ NEW = 32
 # with a window on every layer (mistral's 16) holds W - 1 + STEP + ceil(W / 8) = 25 rows, so
 # the 72 positions slide it every other step (kernels/backend.h KvWindow).
 STEP = 8
+
+sys.dont_write_bytecode = True  # no __pycache__ left next to the scripts
+sys.path.insert(0, HERE)
+from make_model import FAMILIES  # noqa: E402
 
 
 # The MoE families' expert tensor names and expert-count fields (Hugging Face's).
@@ -352,7 +359,11 @@ def case_refuse(strata, family, tmp):
 
 
 def main():
+    if len(sys.argv) != 4:
+        fail("usage: test_family.py STRATA FAMILY CASE")
     strata, family, case = sys.argv[1:4]
+    if family not in FAMILIES:
+        fail(f"unknown family {family} (make_model.py has {', '.join(FAMILIES)})")
     tmp = tempfile.mkdtemp(prefix=f"strata-{family}-")
     try:
         if case == "single":
