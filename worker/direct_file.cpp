@@ -90,6 +90,19 @@ void DirectFile::read(void* buf, size_t bytes, uint64_t offset) const {
   }
 }
 
+std::string DirectFile::read_noexcept(void* buf, size_t bytes, uint64_t offset,
+                                      double& seconds) const {
+  const double t0 = now_s();
+  std::string error;
+  try {
+    read(buf, bytes, offset);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  seconds = now_s() - t0;
+  return error;
+}
+
 DirectIoTimes time_direct_io(const std::string& dir, size_t bytes, size_t chunk) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) fail_input("--disk-dir '{}' is not a directory", dir);

@@ -31,6 +31,10 @@ class DirectFile {
   void write(const void* buf, size_t bytes, uint64_t offset) const;
   void read(void* buf, size_t bytes, uint64_t offset) const;
 
+  // read() on an I/O thread: the error as text (empty when it succeeded) instead of a throw,
+  // which the thread hands to the one waiting for the data, and the seconds it took.
+  std::string read_noexcept(void* buf, size_t bytes, uint64_t offset, double& seconds) const;
+
   void sync() const;  // fdatasync: data on the device, whatever the mode
   bool direct() const { return direct_; }
   const std::string& path() const { return path_; }

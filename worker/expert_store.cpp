@@ -216,14 +216,8 @@ void ExpertStore::io_loop() {
     slot->used = clock_;
     const auto offset = static_cast<uint64_t>(index_of(layer, expert)) * layout_.bytes();
     lock.unlock();
-    const double t0 = now_s();
-    std::string error;
-    try {
-      file_.read(slot->blob, layout_.bytes(), offset);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    const double dt = now_s() - t0;
+    double dt = 0;
+    const std::string error = file_.read_noexcept(slot->blob, layout_.bytes(), offset, dt);
     lock.lock();
     if (!error.empty()) io_error_ = error;
     slot->ready = true;

@@ -155,14 +155,9 @@ void LayerStreamer::io_loop() {
     Slot* slot = pending_;
     const int32_t layer = slot->layer;
     lock.unlock();
-    const double t0 = now_s();
-    std::string error;
-    try {
-      file_.read(slot->blob, layout_.bytes(), index_of(layer) * layout_.bytes());
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    const double dt = now_s() - t0;
+    double dt = 0;
+    const std::string error =
+        file_.read_noexcept(slot->blob, layout_.bytes(), index_of(layer) * layout_.bytes(), dt);
     lock.lock();
     if (!error.empty()) io_error_ = error;
     slot->ready = true;
