@@ -195,7 +195,14 @@ void add_moe_plan(const PlanOptions& o, const ModelShape& shape, const Workload&
   MoePlanOptions mo;
   mo.cpu = o.cpu_experts;
   mo.compress_weight = o.compress_weight;
-  const MoePlan p = plan_moe(shape, w, hw, mo);
+  MoePlan p;
+  try {
+    p = plan_moe(shape, w, hw, mo);
+  } catch (const InputError& e) {  // FlexGen's layer offloading above may still fit
+    out["moe"] = {{"error", e.what()}};
+    text += fmt::format("\nMoE expert placement: {}", e.what());
+    return;
+  }
   out["moe"] = p.to_json();
   out["moe"]["layer_offloading_throughput"] = layer_offloading;
   out["moe"]["vs_layer_offloading"] = layer_offloading > 0 ? p.throughput / layer_offloading : 0;

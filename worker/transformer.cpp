@@ -351,19 +351,12 @@ void Transformer::mlp_block(const LayerWeights& L, int32_t i, int32_t rows, cons
   }
 }
 
-// The grouping's arrays where the backend reads them: the host's own (a host backend), or
-// copied into moe_ids_ at element `at`.
-const int32_t* Transformer::device_ints(const int32_t* host, size_t n, size_t at) {
+template <class T>
+const T* Transformer::on_backend(const T* host, size_t n, size_t at) {
+  static_assert(sizeof(T) == sizeof(float), "moe_ids_ holds 4-byte elements");
   if (backend_.device() == Device::kHost) return host;
-  auto* d = static_cast<int32_t*>(moe_ids_.data()) + at;
-  backend_.copy(d, host, n * sizeof(int32_t), CopyKind::kHostToDevice);
-  return d;
-}
-
-const float* Transformer::device_floats(const float* host, size_t n, size_t at) {
-  if (backend_.device() == Device::kHost) return host;
-  float* d = moe_ids_.f32() + at;
-  backend_.copy(d, host, n * sizeof(float), CopyKind::kHostToDevice);
+  T* d = static_cast<T*>(moe_ids_.data()) + at;
+  backend_.copy(d, host, n * sizeof(T), CopyKind::kHostToDevice);
   return d;
 }
 
@@ -385,8 +378,8 @@ void Transformer::route(const LayerWeights& L, int32_t i, const float* xin, int3
   const size_t entries = routing_.rows.size();
   const size_t max_entries =
       static_cast<size_t>(max_rows_) * static_cast<size_t>(config_.experts_per_token);
-  moe_rows_ = device_ints(routing_.rows.data(), entries, 0);
-  moe_weights_ = device_floats(routing_.weights.data(), entries, max_entries);
+  moe_rows_ = on_backend(routing_.rows.data(), entries, 0);
+  moe_weights_ = on_backend(routing_.weights.data(), entries, max_entries);
 }
 
 // The expert's rows gathered into one matrix, so that gate and up are one GEMM each over
@@ -427,9 +420,8 @@ void Transformer::shared_expert(const LayerWeights& L, int32_t i, const float* x
   }
   const size_t k = static_cast<size_t>(config_.experts_per_token);
   const size_t at = 2 * static_cast<size_t>(max_rows_) * k;
-  const int32_t* ids = device_ints(identity_rows_.data(), n, at);
-  const float* weights =
-      device_floats(shared_weights_.data(), n, at + static_cast<size_t>(max_rows_));
+  const int32_t* ids = on_backend(identity_rows_.data(), n, at);
+  const float* weights = on_backend(shared_weights_.data(), n, at + static_cast<size_t>(max_rows_));
   backend_.scatter_add_rows(moe_out_.f32(), config_.hidden, ids, weights, rows, acc);
 }
 

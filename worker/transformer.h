@@ -151,8 +151,10 @@ class Transformer {
   void run_expert(const ExpertWeights& W, int32_t e, const float* xin, float* acc);
   // The shared expert over every row, scaled by sigmoid(x . gate), added into `acc`.
   void shared_expert(const LayerWeights& L, int32_t i, const float* xin, int32_t rows, float* acc);
-  const int32_t* device_ints(const int32_t* host, size_t n, size_t at);
-  const float* device_floats(const float* host, size_t n, size_t at);
+  // n 4-byte values (int32 or f32) of host memory where the backend reads them: the host's
+  // own on a host backend, else copied into moe_ids_ at element `at`.
+  template <class T>
+  const T* on_backend(const T* host, size_t n, size_t at);
   // The block's first linears over `in`, each y = relu(...) where `relu`.
   void block_linears(int32_t i, BlockInput in, int32_t rows, std::span<const BlockLinear> ls,
                      bool relu);
