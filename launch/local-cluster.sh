@@ -67,7 +67,15 @@ had_ranks=0
 childless=0
 forced=0
 while kill -0 "$mpirun_pid" 2>/dev/null; do
-  ranks=$(pgrep -P "$mpirun_pid" | tr "\n" " " || true)
+  # A stop signal to this script's process group also reaches pgrep, which does not share
+  # the trap: its death is a look missed, not the script's end (set -e would make it one and
+  # leave mpirun running); pgrep says 1 for no rank. No command substitution: a subshell
+  # would die the same way, and a trap run while bash parses one can break the parse.
+  look=0
+  pgrep -P "$mpirun_pid" >"$STRATA_RANK_STATUS_DIR/children" || look=$?
+  [ "$look" -le 1 ] || continue
+  mapfile -t listed <"$STRATA_RANK_STATUS_DIR/children"
+  ranks=${listed[*]:-}
   for pid in $seen; do  # a rank gone before its start was over: the others cannot start
     case " $ranks " in *" $pid "*) continue ;; esac
     if [ ! -e "$STRATA_RANK_STATUS_DIR/started.$pid" ] && [ "$stopping" = 0 ]; then
@@ -101,12 +109,18 @@ rc=0
 wait "$mpirun_pid" || rc=$?
 # Rank 0 names the job's status when it leaves one (a dead worker: 1, not the 137 of the
 # killed rank that mpirun reports); else the first failing rank's, or mpirun's.
+status_in() {  # VAR FILE; read is a builtin: a second stop signal cannot end it, as above
+  local value=1
+  read -r value <"$2" || read -r value <"$2" || value=1
+  printf -v "$1" '%s' "$value"
+}
 if [ -e "$STRATA_RANK_STATUS_DIR/rank.0" ]; then
-  rc=$(cat "$STRATA_RANK_STATUS_DIR/rank.0")
+  status_in rc "$STRATA_RANK_STATUS_DIR/rank.0"
 else
+  status=0
   for f in "$STRATA_RANK_STATUS_DIR"/rank.*; do
     [ -e "$f" ] || continue
-    status=$(cat "$f")
+    status_in status "$f"
     if [ "$rc" = 0 ] && [ "$status" -gt 0 ] 2>/dev/null; then rc=$status; fi
   done
 fi
@@ -116,5 +130,6 @@ elif [ "$forced" = 1 ] && [ ! -e "$STRATA_RANK_STATUS_DIR/rank.0" ]; then
   rc=1
   if [ "$stopping" = 1 ]; then rc=143; fi
 fi
-rm -rf "$STRATA_RANK_STATUS_DIR"
+# A stop signal may end rm as it ends pgrep: again, then leave the folder rather than the status.
+rm -rf "$STRATA_RANK_STATUS_DIR" || rm -rf "$STRATA_RANK_STATUS_DIR" || true
 exit "$rc"

@@ -337,6 +337,9 @@ int run_cluster(const ServeOptions& o, const ClusterRoles& roles) {
   log::set_identity(session.rank(), "cpu");
   if (session.size() == 1) {
     watchdog.reset();
+    // Started as a cluster of one: launch/local-cluster.sh must not take this rank's end
+    // (when mpirun is slow to follow it) for a death while starting.
+    say_started();
     if (roles.check) roles.check(o);
     if (!o.nodes_file.empty())
       fail_input(

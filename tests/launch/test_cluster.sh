@@ -30,6 +30,10 @@
 #                                      an error result, the rest run, the job ends cleanly
 #   sigterm                            SIGTERM mid-run: the running requests get the grace
 #                                      period, every line of the file gets a result, exit 143
+#   launcher_signals                   stop signals storming local-cluster.sh's process group
+#                                      (they reach its pgrep and subshells too) while a rank
+#                                      runs: the script still waits for mpirun and exits with
+#                                      the ranks' status; a one-rank serve says it started
 #   dead_coordinator                   rank 0 killed mid-run: every worker notices at once (its
 #                                      liveness link closes) and ends the job naming it
 #   schedule NP                        --latency-bound with --workload (RRA): the run profiles its
@@ -581,6 +585,45 @@ PY
     jq -r 'select(.status == "error") | .error' "$tmp/r.jsonl" | grep -q "interrupted\|not started" ||
       fail "no interrupted or not-started results"
     echo "SIGTERM: exit $rc, 40 lines answered ($(jq -s '[.[] | select(.status == "ok")] | length' "$tmp/r.jsonl") finished)"
+    ;;
+  launcher_signals)
+    # The script's own loop under a storm of SIGTERM and SIGHUP, with a stand-in rank (a
+    # unit test of the script: the rank is not the point) that takes no signal, since it
+    # never says it is ready for one, and ends with status 0 after 3 s.
+    cat >"$tmp/rank.sh" <<'RANK'
+#!/usr/bin/env bash
+echo >"$STRATA_RANK_STATUS_DIR/started.$$"
+echo >"$RANK_MARK"
+sleep 3
+RANK
+    chmod +x "$tmp/rank.sh"
+    RANK_MARK=$tmp/rank-running STRATA=$tmp/rank.sh setsid bash "$root/launch/local-cluster.sh" 1 \
+      >"$tmp/out" 2>&1 &
+    job=$!
+    for _ in $(seq 300); do [ -e "$tmp/rank-running" ] && break; sleep 0.1; done
+    [ -e "$tmp/rank-running" ] || { cat "$tmp/out"; fail "the stand-in rank never ran"; }
+    sent=0
+    while kill -0 "$job" 2>/dev/null && [ "$sent" -lt 3000 ]; do
+      kill -TERM -- "-$job" 2>/dev/null || true
+      kill -HUP -- "-$job" 2>/dev/null || true
+      sent=$((sent + 1))
+      sleep 0.002
+    done
+    rc=0
+    wait "$job" || rc=$?
+    [ "$rc" -eq 0 ] || { cat "$tmp/out"; fail "the script exited $rc under $sent signal pairs; the rank ended 0"; }
+    ! pgrep -f "$tmp/rank.sh" >/dev/null || fail "the stand-in rank outlived the script"
+    echo "the script waited out its rank under $sent signal pairs and exited 0"
+    # A single process (mpirun -np 1) says its start is over, as every rank of a cluster
+    # does: else the script takes its end, when mpirun is slow to follow, for a death while
+    # starting.
+    echo '{"id": "a", "prompt": "Once upon a time", "max_new_tokens": 4}' >"$tmp/req.jsonl"
+    mkdir "$tmp/status"
+    STRATA_RANK_STATUS_DIR=$tmp/status "$strata" serve --model "$stories" --threads 1 \
+      --requests "$tmp/req.jsonl" --results "$tmp/r.jsonl" >"$tmp/out" 2>&1 ||
+      { cat "$tmp/out"; fail "serve failed"; }
+    compgen -G "$tmp/status/started.*" >/dev/null || { ls "$tmp/status"; fail "serve of one process left no started file"; }
+    echo "a one-process serve said it started"
     ;;
   dead_coordinator)
     # Long enough (200 steps of >= 0.1 s) that rank 0 dies mid-run however loaded the machine.
