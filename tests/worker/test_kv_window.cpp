@@ -127,9 +127,15 @@ TEST(KvWindow, BoundedCacheScoresTheWholeContextsLogits) {
     (max_rows == 512 ? want : got) = teacher_forced_logits(model, ids, kStepRows);
   }
   ASSERT_EQ(got.size(), want.size());
-  float worst = 0.0f;
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
-  EXPECT_LE(worst, 1e-5f);
+  // The same sums in another order (a slid slot's rows start elsewhere in the attention
+  // kernels' chunks): f32 rounding relative to the logits' size, some ulps of it (the
+  // largest is 22 for stories260K; 1.3e-5 apart on a 2-core EPYC).
+  float worst = 0.0f, scale = 0.0f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::fabs(got[i] - want[i]));
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  EXPECT_LE(worst, 2e-6f * scale) << "largest logit " << scale;
 }
 
 }  // namespace
