@@ -363,12 +363,14 @@ nlohmann::json disk_stream_json(const StreamStats& ss, bool overlap) {
           {"overlap", overlap}};
 }
 
-// What a decode step streams: under cw=1 each weight as the 4-bit layout stores it
-// (kernels/quant.h; a matrix whose rows are not whole groups stays as stored and reads
-// more, so there the fractions of its bound are understated).
-double decode_weight_bytes(const ModelShape& shape, const std::optional<Policy>& policy) {
+// What a decode step of `rows` sequences streams (a MoE layer: the experts they are expected
+// to pick between them, all 8 of 8 at batch 32 and top-2): under cw=1 each weight as the
+// 4-bit layout stores it (kernels/quant.h; a matrix whose rows are not whole groups stays as
+// stored and reads more, so there the fractions of its bound are understated).
+double decode_weight_bytes(const ModelShape& shape, const std::optional<Policy>& policy,
+                           int64_t rows) {
   const bool compressed = policy && policy->compress_weight;
-  return static_cast<double>(shape.decode_weight_bytes()) *
+  return static_cast<double>(shape.decode_weight_bytes(rows)) *
          (compressed
               ? quantized_bytes_per_element() / static_cast<double>(shape.weight_bytes_per_elem)
               : 1.0);
@@ -439,7 +441,7 @@ int run_bench(BenchOptions o) {
     j["disk_stream"] = disk_stream_json(st->stats(), o.engine.overlap);
   if (const ExpertStore* xs = e.model->expert_store())
     j["expert_stream"] = expert_stream_json(*xs, o.engine.disk_dir);
-  const double decode_bytes = decode_weight_bytes(e.config.shape(), o.engine.policy);
+  const double decode_bytes = decode_weight_bytes(e.config.shape(), o.engine.policy, o.batch);
   j["decode_weight_bytes_per_step"] = decode_bytes;
   if (on_device) add_device_bounds(j, e, o, run, decode_bytes);
   if (host_limits) add_host_bounds(j, e, o, run, before, decode_bytes);

@@ -7,10 +7,12 @@
 //   3  4-bit panels (kernels/gemm_q4_panel.h; AVX-512 VNNI)
 //   bench_gemm --benchmark_format=json            every shape, hot in cache
 //   bench_gemm --benchmark_filter=Step            a decode step's matrices streamed from memory
+//   bench_gemm --benchmark_filter=ExpertStep      a MoE decode step's experts, m rows each
 // STRATA_BENCH_THREADS sets the threads (default 2). Counters: GFLOP/s and weight GB/s, and
 // for a step read_bound_fraction (paired with the read stream, kernels/limits.h).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -73,30 +75,19 @@ void BM_Linear(benchmark::State& state) {
   report(state, 2.0 * static_cast<double>(m * n * k), static_cast<double>(w->view.bytes()));
 }
 
-// A decode step's matrices (12 layers of q, k, v, o, gate, up, down and the head), each
-// read from memory once per step: args layout, m, fused (q/k/v as one [2304, 768] matrix
-// and gate/up as one [4096, 768], as a loader that fused them would give; on the CPU the
-// engine keeps them apart, docs/BENCHMARKS.md "The read bound beside each step").
-void BM_Step(benchmark::State& state) {
-  const int64_t layout = state.range(0);
-  const int64_t m = state.range(1);
-  const bool fused = state.range(2) != 0;
-  using NK = std::pair<int64_t, int64_t>;
-  const std::vector<NK> apart = {{768, 768},  {768, 768},  {768, 768}, {768, 768},
-                                 {2048, 768}, {2048, 768}, {768, 2048}};
-  const std::vector<NK> joined = {{2304, 768}, {768, 768}, {4096, 768}, {768, 2048}};
-  std::vector<std::unique_ptr<OwnedTensor>> ws;
+// Every matrix of `ws` at m rows, each read from memory once a step; the counters as
+// report's, and read_bound_fraction: a pass of the read stream over the same bytes after
+// each step (untimed) pairs each step with the passes around it (kernels/limits.h).
+void time_steps(benchmark::State& state, const std::vector<std::unique_ptr<OwnedTensor>>& ws,
+                int64_t m) {
   double flop = 0, bytes = 0;
-  for (int layer = 0; layer < 12; ++layer)
-    for (const auto& [n, k] : fused ? joined : apart) ws.push_back(make_weight(n, k, layout));
-  ws.push_back(make_weight(32000, 768, layout));
+  int64_t widest = 0;
   for (const auto& w : ws) {
     flop += 2.0 * static_cast<double>(m * w->view.shape.numel());
     bytes += static_cast<double>(w->view.bytes());
+    widest = std::max({widest, w->view.shape[0], w->view.shape[1]});
   }
-  std::vector<float> x(static_cast<size_t>(m * 2048), 0.25f), y(static_cast<size_t>(m * 32000));
-  // A pass of the read stream over the same bytes after each step (untimed): the counter
-  // read_bound_fraction pairs each step with the passes around it (kernels/limits.h).
+  std::vector<float> x(static_cast<size_t>(m * widest), 0.25f), y(x.size());
   StepPairing pairing(static_cast<size_t>(bytes));
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -111,6 +102,36 @@ void BM_Step(benchmark::State& state) {
   state.counters["read_bound_fraction"] = pairing.summary().median_fraction;
 }
 
+// A decode step's matrices (12 layers of q, k, v, o, gate, up, down and the head): args
+// layout, m, fused (q/k/v as one [2304, 768] matrix and gate/up as one [4096, 768], as a
+// loader that fused them would give; on the CPU the engine keeps them apart,
+// docs/BENCHMARKS.md "The read bound beside each step").
+void BM_Step(benchmark::State& state) {
+  const int64_t layout = state.range(0);
+  const bool fused = state.range(2) != 0;
+  using NK = std::pair<int64_t, int64_t>;
+  const std::vector<NK> apart = {{768, 768},  {768, 768},  {768, 768}, {768, 768},
+                                 {2048, 768}, {2048, 768}, {768, 2048}};
+  const std::vector<NK> joined = {{2304, 768}, {768, 768}, {4096, 768}, {768, 2048}};
+  std::vector<std::unique_ptr<OwnedTensor>> ws;
+  for (int layer = 0; layer < 12; ++layer)
+    for (const auto& [n, k] : fused ? joined : apart) ws.push_back(make_weight(n, k, layout));
+  ws.push_back(make_weight(32000, 768, layout));
+  time_steps(state, ws, state.range(1));
+}
+
+// A decode step's expert matrices of a Mixtral-shaped MoE (scripts/make-moe-bench-model.py's
+// mixtral-mini: 8 layers of 8 experts, gate and up [3584, 1024], down [1024, 3584]; 2.8 GB in
+// f32), every expert at m rows: a batch of 32 at top-2 of 8 gives each about 8. args
+// layout, m.
+void BM_ExpertStep(benchmark::State& state) {
+  std::vector<std::unique_ptr<OwnedTensor>> ws;
+  for (int expert = 0; expert < 8 * 8; ++expert)
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{3584, 1024}, {3584, 1024}, {1024, 3584}})
+      ws.push_back(make_weight(n, k, state.range(0)));
+  time_steps(state, ws, state.range(1));
+}
+
 void linear_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"layout", "n", "k", "m"});
   for (int64_t layout : {0, 1, 2, 3})
@@ -123,6 +144,12 @@ BENCHMARK(BM_Linear)->Apply(linear_args)->UseRealTime()->MinTime(0.2);
 BENCHMARK(BM_Step)
     ->ArgNames({"layout", "m", "fused"})
     ->ArgsProduct({{0, 1, 2, 3}, {1, 32}, {0, 1}})
+    ->UseRealTime()
+    ->MinTime(1.0);
+
+BENCHMARK(BM_ExpertStep)
+    ->ArgNames({"layout", "m"})
+    ->ArgsProduct({{1, 3}, {1, 4, 8, 12}})
     ->UseRealTime()
     ->MinTime(1.0);
 
