@@ -602,6 +602,8 @@ RANK
     job=$!
     for _ in $(seq 300); do [ -e "$tmp/rank-running" ] && break; sleep 0.1; done
     [ -e "$tmp/rank-running" ] || { cat "$tmp/out"; fail "the stand-in rank never ran"; }
+    # The script leads its own process group (setsid did not fork), or the storm hits nothing.
+    kill -0 -- "-$job" 2>/dev/null || fail "the launch script is not its process group's leader"
     sent=0
     while kill -0 "$job" 2>/dev/null && [ "$sent" -lt 3000 ]; do
       kill -TERM -- "-$job" 2>/dev/null || true
