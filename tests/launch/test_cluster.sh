@@ -31,7 +31,7 @@
 #   sigterm                            SIGTERM mid-run: the running requests get the grace
 #                                      period, every line of the file gets a result, exit 143
 #   launcher_signals                   stop signals storming local-cluster.sh's process group
-#                                      (they reach its pgrep and subshells too) while a rank
+#                                      (they reach its pgrep and rm too) while a rank
 #                                      runs: the script still waits for mpirun and exits with
 #                                      the ranks' status; a one-rank serve says it started
 #   dead_coordinator                   rank 0 killed mid-run: every worker notices at once (its
