@@ -14,6 +14,7 @@ struct PanelAvx512 {
   static constexpr int kMr = 8;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec load_once(const float* p) { return _mm512_loadu_ps(p); }  // GCC keeps it in one
   static Vec bcast(const float* p) { return _mm512_set1_ps(*p); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }

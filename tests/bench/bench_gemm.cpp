@@ -135,8 +135,12 @@ void BM_ExpertStep(benchmark::State& state) {
 void linear_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"layout", "n", "k", "m"});
   for (int64_t layout : {0, 1, 2, 3})
-    for (const auto& [n, k] :
-         {std::pair<int64_t, int64_t>{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}})
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{768, 768},
+                               {2048, 768},
+                               {768, 2048},
+                               {32000, 768},
+                               {3584, 1024},
+                               {1024, 3584}})  // the last two: mixtral-mini's experts
       for (int64_t m : {1, 8, 32, 128}) b->Args({layout, n, k, m});
 }
 
