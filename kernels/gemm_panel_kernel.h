@@ -128,7 +128,8 @@ void panel_gemm(const PanelArgs& a, int64_t p0, int64_t p1) {
         const bool last = p + 1 == p1 && k1 == a.k;
         const int64_t next_k = k1 < a.k ? std::min(a.k - k1, kKc) : std::min(a.k, kKc);
         const bool ahead_pays = tiles > 1 && tiles <= kAheadMaxTiles && !last;
-        const int64_t share = ahead_pays ? next_k * kPanelRows * 4 / (tiles - 1) : 0;
+        const auto share =
+            ahead_pays ? next_k * kPanelRows * int64_t{sizeof(float)} / (tiles - 1) : 0;
         const char* next = reinterpret_cast<const char*>(a.w + (p * a.k + k1) * kPanelRows);
         const auto ahead = [&](int64_t t) {
           return t > 0 && share > 0 ? Ahead{next + (t - 1) * share, (share << 16) / (k1 - k0)}
